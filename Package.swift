@@ -1,0 +1,76 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let strict: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+]
+
+let package = Package(
+    name: "swift-lan-messaging",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "Messaging", targets: ["Messaging"]),
+        .library(name: "Discovery", targets: ["Discovery"]),
+        .library(name: "Transport", targets: ["Transport"]),
+        .library(name: "FastJSON", targets: ["FastJSON"]),
+        .executable(name: "discovery-demo", targets: ["discovery-demo"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
+    ],
+    targets: [
+        // Layer 0: the C headers of libavahi-client, nothing else. Only Discovery imports it.
+        .systemLibrary(
+            name: "CAvahiClient",
+            pkgConfig: "avahi-client",
+            providers: [.apt(["libavahi-client-dev"])]
+        ),
+        // Layer 1a: DNS-SD through Avahi on Dispatch. No sockets.
+        .target(
+            name: "Discovery",
+            dependencies: ["CAvahiClient", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+        // Layer 1b: sockets, Dispatch sources, framing, wire envelope, codecs. No Avahi.
+        .target(
+            name: "Transport",
+            dependencies: [.product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+        // A Codable JSON codec over bytes (no I/O).
+        .target(name: "FastJSON", swiftSettings: strict),
+        // Layer 2: server and client, Transport + Discovery joined. What users import.
+        .target(
+            name: "Messaging",
+            dependencies: [
+                "Discovery", "Transport", "FastJSON",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict
+        ),
+        // Demo programs: thin, argument parsing + UI only.
+        .executableTarget(
+            name: "discovery-demo",
+            dependencies: [
+                "Discovery",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Demo/discovery-demo",
+            swiftSettings: strict
+        ),
+        .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
+        .testTarget(name: "TransportTests", dependencies: ["Transport"], swiftSettings: strict),
+        .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
+        .testTarget(name: "MessagingTests", dependencies: ["Messaging"], swiftSettings: strict),
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: ["Discovery", "Messaging", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
