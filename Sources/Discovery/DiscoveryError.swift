@@ -1,0 +1,56 @@
+/// An error from service discovery: what happened and what to do about it.
+///
+/// New kinds of failure may be added as new ``Code`` values without breaking existing code.
+public struct DiscoveryError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The kind of failure.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        fileprivate enum Kind: Sendable, Hashable {
+            case invalidTXT, invalidArgument, daemonUnavailable, timedOut, avahi, collision, shutDown, notPublished
+        }
+        fileprivate let kind: Kind
+        /// A TXT record was rejected before it was sent (empty key, entry over 255 bytes, record over 1300 bytes).
+        public static let invalidTXT = Code(kind: .invalidTXT)
+        /// A name, type, port or interface was not acceptable.
+        public static let invalidArgument = Code(kind: .invalidArgument)
+        /// The Avahi daemon (or the system D-Bus) cannot be reached.
+        public static let daemonUnavailable = Code(kind: .daemonUnavailable)
+        /// A resolve did not find the service in time.
+        public static let timedOut = Code(kind: .timedOut)
+        /// Avahi reported an error; ``DiscoveryError/avahiErrorCode`` has its code.
+        public static let avahi = Code(kind: .avahi)
+        /// No free alternative name could be found for a colliding service.
+        public static let collision = Code(kind: .collision)
+        /// The discovery object was shut down.
+        public static let shutDown = Code(kind: .shutDown)
+        /// The service is not (or no longer) published.
+        public static let notPublished = Code(kind: .notPublished)
+
+        public var description: String {
+            switch kind {
+            case .invalidTXT: "invalid TXT record"
+            case .invalidArgument: "invalid argument"
+            case .daemonUnavailable: "avahi daemon unavailable"
+            case .timedOut: "timed out"
+            case .avahi: "avahi error"
+            case .collision: "name collision"
+            case .shutDown: "discovery shut down"
+            case .notPublished: "not published"
+            }
+        }
+    }
+
+    /// The kind of failure.
+    public let code: Code
+    /// A sentence saying what happened and what to do.
+    public let message: String
+    /// The Avahi error number (negative), when Avahi reported one.
+    public let avahiErrorCode: Int32?
+
+    init(_ code: Code, _ message: String, avahiErrorCode: Int32? = nil) {
+        self.code = code
+        self.message = message
+        self.avahiErrorCode = avahiErrorCode
+    }
+
+    public var description: String { message }
+}

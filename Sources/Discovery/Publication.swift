@@ -1,0 +1,297 @@
+import CAvahiClient
+import Dispatch
+import Synchronization
+
+/// A published service. Keep it to keep the service published; call ``unpublish()`` to withdraw it.
+///
+/// The name can change: when another service on the network has the same name, Avahi picks an
+/// alternative (`"Name #2"`) and ``events`` reports ``PublicationEvent/renamed(from:to:)``.
+public final class PublishedService: Sendable {
+    struct State {
+        var name: String
+        var txt: TXTRecord
+        var established = false
+        var failure: DiscoveryError?
+        var waiters: [Int: CheckedContinuation<Result<String, DiscoveryError>, Never>] = [:]
+        var nextWaiter = 0
+    }
+
+    let state: Mutex<State>
+    /// The publication's events: established, renamed, suspended, failed. One consumer.
+    public let events: AsyncStream<PublicationEvent>
+    let continuation: AsyncStream<PublicationEvent>.Continuation
+    /// The service type.
+    public let type: String
+    /// The port announced.
+    public let port: UInt16
+    nonisolated(unsafe) weak var publication: Publication?  // touched on the Avahi queue only
+    let core: DiscoveryCore
+
+    init(core: DiscoveryCore, name: String, type: String, port: UInt16, txt: TXTRecord) {
+        self.core = core
+        self.type = type
+        self.port = port
+        self.state = Mutex(State(name: name, txt: txt))
+        (events, continuation) = AsyncStream.makeStream(of: PublicationEvent.self)
+    }
+
+    /// The current name (it changes after a collision).
+    public var name: String { state.withLock { $0.name } }
+    /// The current TXT record.
+    public var txt: TXTRecord { state.withLock { $0.txt } }
+    /// Whether the service is currently announced on the network.
+    public var isEstablished: Bool { state.withLock { $0.established } }
+
+    /// Waits until the service is announced and returns its (possibly new) name.
+    /// - Throws: ``DiscoveryError`` `.timedOut` after `timeout`, or the error that made the publication fail.
+    @discardableResult
+    public func established(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
+        let result: Result<String, DiscoveryError> = await withCheckedContinuation { continuation in
+            let id: Int? = state.withLock { state in
+                if state.established { continuation.resume(returning: .success(state.name)); return nil }
+                if let failure = state.failure { continuation.resume(returning: .failure(failure)); return nil }
+                state.nextWaiter += 1
+                state.waiters[state.nextWaiter] = continuation
+                return state.nextWaiter
+            }
+            guard let id else { return }
+            core.queue.asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
+                let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+                waiter?.resume(returning: .failure(DiscoveryError(
+                    .timedOut, "service '\(self.name)' was not established within \(timeout); is the Avahi daemon running?")))
+            }
+        }
+        return try result.get()
+    }
+
+    /// Replaces the TXT record while the service stays published. Remote resolvers that watch the
+    /// service see the change (browsers do not).
+    /// - Throws: ``DiscoveryError`` `.invalidTXT` (nothing changed), or `.avahi` when the daemon refused it.
+    public func updateTXT(_ txt: TXTRecord) async throws(DiscoveryError) {
+        try txt.validate()
+        let result: Result<Void, DiscoveryError> = await core.perform { [self] in
+            guard let publication else {
+                return .failure(DiscoveryError(.notPublished, "service '\(name)' is no longer published"))
+            }
+            return publication.updateTXT(txt)
+        }
+        try result.get()
+    }
+
+    /// Withdraws the service from the network (remote browsers see it removed about a second later).
+    /// Idempotent.
+    public func unpublish() async {
+        await core.perform { [self] in
+            if let publication {
+                publication.stop(reason: nil)
+                core.removePublication(publication)
+            }
+        }
+    }
+
+    func record(_ event: PublicationEvent) {
+        let waiters: [CheckedContinuation<Result<String, DiscoveryError>, Never>]
+        let result: Result<String, DiscoveryError>?
+        (waiters, result) = state.withLock { state in
+            switch event {
+            case .established(let name):
+                state.name = name
+                state.established = true
+                state.failure = nil
+            case .renamed(_, let to):
+                state.name = to
+                state.established = false
+            case .suspended:
+                state.established = false
+            case .failed(let error):
+                state.established = false
+                state.failure = error
+            }
+            let outcome: Result<String, DiscoveryError>? =
+                switch event {
+                case .established(let name): .success(name)
+                case .failed(let error): .failure(error)
+                default: nil
+                }
+            guard outcome != nil else { return ([], nil) }
+            let all = Array(state.waiters.values)
+            state.waiters.removeAll()
+            return (all, outcome)
+        }
+        if let result { for waiter in waiters { waiter.resume(returning: result) } }
+        continuation.yield(event)
+    }
+}
+
+/// The Avahi side of a publication: one entry group. Confined to the core's queue.
+final class Publication: @unchecked Sendable {  // confined to core.queue
+    unowned let core: DiscoveryCore
+    let handle: PublishedService
+    let type: String
+    let domain: String?
+    let port: UInt16
+    let interface: Int32
+    let ipVersion: IPVersion
+    var name: String
+    var txt: TXTRecord
+    var group: OpaquePointer?
+    var stopped = false
+
+    init(
+        core: DiscoveryCore, name: String, type: String, domain: String?, port: UInt16, txt: TXTRecord,
+        interface: Int32?, ipVersion: IPVersion
+    ) {
+        self.core = core
+        self.name = name
+        self.type = type
+        self.domain = domain
+        self.port = port
+        self.txt = txt
+        self.interface = interface ?? ifUnspec
+        self.ipVersion = ipVersion
+        self.handle = PublishedService(core: core, name: name, type: type, port: port, txt: txt)
+        handle.publication = self
+    }
+
+    /// Creates (or reuses) the entry group, adds the service (renaming on a local collision) and commits.
+    func register() {
+        guard !stopped, let client = core.client else { return }
+        if group == nil {
+            group = avahi_entry_group_new(client, entryGroupCallback, Unmanaged.passUnretained(self).toOpaque())
+            guard group != nil else {
+                fail(avahi_client_errno(client), "cannot create an Avahi entry group")
+                return
+            }
+        }
+        guard let group else { return }
+        for _ in 0..<32 {
+            let result = addService(group, flags: AvahiPublishFlags(rawValue: 0))
+            if result == AVAHI_ERR_COLLISION {
+                // Same name already registered on this daemon (by us or another local process).
+                rename(reason: "already registered on this host")
+                continue
+            }
+            if result < 0 {
+                fail(result, "Avahi refused service '\(name)'")
+                return
+            }
+            let commit = avahi_entry_group_commit(group)
+            if commit < 0 { fail(commit, "Avahi could not commit service '\(name)'") }
+            return
+        }
+        fail(Int32(AVAHI_ERR_COLLISION), "no free name found for '\(name)' after 32 alternatives")
+    }
+
+    private func addService(_ group: OpaquePointer, flags: AvahiPublishFlags) -> Int32 {
+        withStringList(txt) { list in
+            avahi_entry_group_add_service_strlst(
+                group, interface, ipVersion.avahiProtocol, flags, name, type, domain, nil, port, list)
+        }
+    }
+
+    private func rename(reason: String) {
+        let old = name
+        guard let alternative = avahi_alternative_service_name(name) else { return }
+        name = String(cString: alternative)
+        avahi_free(alternative)
+        core.logger.notice(
+            "service name collision, renamed",
+            metadata: ["from": "\(old)", "to": "\(name)", "type": "\(type)", "reason": "\(reason)"])
+        handle.record(.renamed(from: old, to: name))
+    }
+
+    func groupStateChanged(_ group: OpaquePointer, _ state: AvahiEntryGroupState) {
+        switch state {
+        case AVAHI_ENTRY_GROUP_ESTABLISHED:
+            core.logger.debug("service established", metadata: ["name": "\(name)", "type": "\(type)"])
+            handle.record(.established(name: name))
+        case AVAHI_ENTRY_GROUP_COLLISION:
+            // Another host has the name: pick an alternative and publish again.
+            rename(reason: "another host publishes it")
+            avahi_entry_group_reset(group)
+            register()
+        case AVAHI_ENTRY_GROUP_FAILURE:
+            let error = core.client.map { avahi_client_errno($0) } ?? Int32(AVAHI_ERR_FAILURE)
+            fail(error, "service '\(name)' failed")
+        default:
+            break
+        }
+    }
+
+    func updateTXT(_ newTXT: TXTRecord) -> Result<Void, DiscoveryError> {
+        txt = newTXT
+        handle.state.withLock { $0.txt = newTXT }
+        guard let group, avahi_entry_group_is_empty(group) == 0 else { return .success(()) }  // applied at next register
+        let result = withStringList(newTXT) { list in
+            avahi_entry_group_update_service_txt_strlst(
+                group, interface, ipVersion.avahiProtocol, AvahiPublishFlags(rawValue: 0), name, type, domain, list)
+        }
+        if result < 0 {
+            return .failure(DiscoveryError(
+                .avahi, "Avahi refused the TXT update of '\(name)': \(avahiMessage(result))", avahiErrorCode: result))
+        }
+        return .success(())
+    }
+
+    /// The daemon's host name is re-registering: withdraw, re-add on RUNNING.
+    func reset() {
+        if let group { avahi_entry_group_reset(group) }
+    }
+
+    /// The client died: the group died with it.
+    func clientLost() {
+        group = nil
+        handle.record(.suspended)
+    }
+
+    func stop(reason: DiscoveryError?) {
+        guard !stopped else { return }
+        stopped = true
+        if let group {
+            avahi_entry_group_free(group)
+            self.group = nil
+        }
+        if let reason { handle.record(.failed(reason)) }
+        handle.continuation.finish()
+    }
+
+    private func fail(_ error: Int32, _ what: String) {
+        let failure = DiscoveryError(.avahi, "\(what): \(avahiMessage(error))", avahiErrorCode: error)
+        core.logger.error("publish failed", metadata: ["name": "\(name)", "error": "\(failure.message)"])
+        handle.record(.failed(failure))
+    }
+}
+
+private func entryGroupCallback(_ group: OpaquePointer?, _ state: AvahiEntryGroupState, _ userdata: UnsafeMutableRawPointer?) {
+    guard let group, let userdata else { return }
+    Unmanaged<Publication>.fromOpaque(userdata).takeUnretainedValue().groupStateChanged(group, state)
+}
+
+/// Builds an `AvahiStringList` for the TXT record, in order, and frees it after `body`.
+func withStringList<T>(_ txt: TXTRecord, _ body: (UnsafeMutablePointer<AvahiStringList>?) -> T) -> T {
+    var list: UnsafeMutablePointer<AvahiStringList>? = nil
+    // avahi_string_list_add_* prepends, and Avahi sends the list last-first (as avahi_string_list_new
+    // builds it): adding in order puts the entries on the wire in order.
+    for entry in txt.entries {
+        let bytes = entry.bytes
+        list = bytes.withUnsafeBufferPointer { avahi_string_list_add_arbitrary(list, $0.baseAddress, $0.count) }
+    }
+    defer { avahi_string_list_free(list) }
+    return body(list)
+}
+
+/// Reads an `AvahiStringList` into wire entries.
+func wireEntries(_ list: UnsafeMutablePointer<AvahiStringList>?) -> [[UInt8]] {
+    var out: [[UInt8]] = []
+    var node = list
+    var guardCount = 0
+    while let current = node, guardCount < 4096 {
+        let size = avahi_string_list_get_size(current)
+        if let text = avahi_string_list_get_text(current) {
+            out.append(Array(UnsafeBufferPointer(start: text, count: size)))
+        }
+        node = avahi_string_list_get_next(current)
+        guardCount += 1
+    }
+    return out
+}

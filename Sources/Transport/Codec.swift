@@ -1,0 +1,59 @@
+import Foundation
+
+/// Encodes and decodes message payloads. The ``id`` travels in every MESSAGE frame.
+///
+/// Codec ids: 0 raw bytes (built in, no codec object), 1 JSON; other values are free for apps.
+/// A faster JSON implementation may replace ``FoundationJSONCodec`` as long as it keeps id 1 and
+/// produces JSON that any JSON decoder accepts.
+public protocol MessageCodec: Sendable {
+    /// The codec id written into frames.
+    var id: UInt8 { get }
+    /// Encodes `value` into payload bytes.
+    func encode<T: Encodable>(_ value: T) throws -> [UInt8]
+    /// Decodes a value of type `type` from payload bytes.
+    func decode<T: Decodable>(_ type: T.Type, from bytes: UnsafeRawBufferPointer) throws -> T
+}
+
+/// JSON through Foundation's `JSONEncoder` / `JSONDecoder` (codec id 1).
+///
+/// Keys are sorted so the same value always produces the same bytes.
+public struct FoundationJSONCodec: MessageCodec {
+    /// The JSON codec id, 1.
+    public static let codecID: UInt8 = 1
+    /// Always ``codecID`` (1).
+    public var id: UInt8 { Self.codecID }
+
+    /// Creates the codec.
+    public init() {}
+
+    /// Encodes `value` as JSON (sorted keys, no slash escaping).
+    public func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return [UInt8](try encoder.encode(value))
+    }
+
+    /// Decodes JSON into `type`.
+    public func decode<T: Decodable>(_ type: T.Type, from bytes: UnsafeRawBufferPointer) throws -> T {
+        try JSONDecoder().decode(type, from: Data(bytes))
+    }
+}
+
+/// The codecs a channel can use: one for sending, any number for receiving (looked up by id).
+public struct CodecRegistry: Sendable {
+    /// The codec used by ``MessageChannel/send(_:type:)`` and friends.
+    public var sendCodec: any MessageCodec
+    private var byID: [UInt8: any MessageCodec]
+
+    /// Creates a registry with `sendCodec` plus any additional decoders.
+    public init(sendCodec: any MessageCodec = FoundationJSONCodec(), additional: [any MessageCodec] = []) {
+        self.sendCodec = sendCodec
+        var map: [UInt8: any MessageCodec] = [:]
+        for codec in additional { map[codec.id] = codec }
+        map[sendCodec.id] = sendCodec
+        self.byID = map
+    }
+
+    /// The codec for an id, if known.
+    public func codec(for id: UInt8) -> (any MessageCodec)? { byID[id] }
+}

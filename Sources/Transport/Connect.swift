@@ -1,0 +1,237 @@
+import Dispatch
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Outbound TCP connects: nonblocking `connect` with a timeout, raced across addresses (RFC 8305).
+public enum TCPConnector {
+    /// Orders addresses for Happy Eyeballs: families interleaved, IPv6 first, relative order kept.
+    public static func interleave(_ addresses: [SocketAddress]) -> [SocketAddress] {
+        let v6 = addresses.filter { $0.family == .ipv6 }
+        let v4 = addresses.filter { $0.family == .ipv4 }
+        var result: [SocketAddress] = []
+        result.reserveCapacity(addresses.count)
+        for index in 0..<max(v6.count, v4.count) {
+            if index < v6.count { result.append(v6[index]) }
+            if index < v4.count { result.append(v4[index]) }
+        }
+        return result
+    }
+
+    /// Connects to the first address that answers (Happy Eyeballs, RFC 8305).
+    ///
+    /// Addresses are interleaved by family (IPv6 first). A new attempt starts every `attemptDelay`,
+    /// or immediately when the previous one fails; the first established connection wins and the
+    /// others are cancelled. Link-local IPv6 addresses need a scope id (EINVAL otherwise).
+    ///
+    /// - Returns: The connected, nonblocking fd and the address it is connected to.
+    /// - Throws: ``TransportError/Code/connectFailed`` when every address failed, or
+    ///   ``TransportError/Code/connectTimedOut`` after `timeout`; ``TransportError/connectFailures``
+    ///   lists each address's failure.
+    static func connect(
+        to addresses: [SocketAddress], attemptDelay: Duration = .milliseconds(250), timeout: Duration = .seconds(10),
+        logger: Logger
+    ) async throws -> (fd: Int32, address: SocketAddress) {
+        guard !addresses.isEmpty else {
+            throw TransportError(.invalidArgument, "no addresses to connect to; resolve the service first")
+        }
+        let race = HappyEyeballsRace(
+            addresses: interleave(addresses), attemptDelay: attemptDelay, timeout: timeout, logger: logger)
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                race.start(continuation)
+            }
+        } onCancel: {
+            race.cancel()
+        }
+    }
+}
+
+/// One Happy Eyeballs race. `@unchecked Sendable`: all mutable state is confined to `queue`.
+final class HappyEyeballsRace: @unchecked Sendable {
+    private final class Attempt {
+        let address: SocketAddress
+        let fd: Int32
+        var source: (any DispatchSourceWrite)?
+        var closeOnCancel = true
+        init(address: SocketAddress, fd: Int32) {
+            self.address = address
+            self.fd = fd
+        }
+    }
+
+    private let queue = DispatchQueue(label: "transport.connect")
+    private let logger: Logger
+    private let attemptDelay: Duration
+    private let timeout: Duration
+    private var pending: [SocketAddress]
+    private var attempts: [Attempt] = []
+    private var failures: [TransportError.ConnectFailure] = []
+    private var continuation: CheckedContinuation<(fd: Int32, address: SocketAddress), any Error>?
+    private var nextAttempt: DispatchWorkItem?
+    private var overallTimeout: DispatchWorkItem?
+    private var finished = false
+
+    init(addresses: [SocketAddress], attemptDelay: Duration, timeout: Duration, logger: Logger) {
+        self.pending = addresses
+        self.attemptDelay = attemptDelay
+        self.timeout = timeout
+        self.logger = logger
+    }
+
+    func start(_ continuation: CheckedContinuation<(fd: Int32, address: SocketAddress), any Error>) {
+        queue.async {
+            self.continuation = continuation
+            if self.finished {  // cancelled before start
+                self.fail(TransportError(.connectFailed, "connecting was cancelled"))
+                return
+            }
+            let timeoutItem = DispatchWorkItem { [weak self] in self?.timedOut() }
+            self.overallTimeout = timeoutItem
+            self.queue.asyncAfter(deadline: .now() + self.timeout.timeInterval, execute: timeoutItem)
+            self.startNext()
+        }
+    }
+
+    func cancel() {
+        queue.async {
+            guard !self.finished else { return }
+            self.finished = true
+            self.cancelAll()
+            self.continuation?.resume(throwing: CancellationError())
+            self.continuation = nil
+        }
+    }
+
+    private func startNext() {
+        nextAttempt?.cancel()
+        nextAttempt = nil
+        guard !finished else { return }
+        guard !pending.isEmpty else {
+            if attempts.isEmpty { allFailed() }
+            return
+        }
+        let address = pending.removeFirst()
+        logger.debug("connecting to \(address)")
+        let fd: Int32
+        do {
+            fd = try SocketOps.makeSocket(domain: address.domain)
+        } catch {
+            record(address, error.message)
+            startNext()
+            return
+        }
+        do {
+            _ = try address.withSockAddr { (sa, len) throws(TransportError) in
+                try syscallValue("connect(\(address))") { Glibc.connect(fd, sa, len) }
+            }
+        } catch where error.errno == EINPROGRESS || error.errno == EALREADY {
+            // Completes asynchronously; watched below.
+        } catch {
+            closeFD(fd)
+            var message = error.message
+            if error.errno == EINVAL && address.isLinkLocalIPv6 && address.scopeID == 0 {
+                message += " (link-local IPv6 address without a scope id; pass the interface index)"
+            }
+            record(address, message)
+            startNext()
+            return
+        }
+        let attempt = Attempt(address: address, fd: fd)
+        attempts.append(attempt)
+        let source = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: queue)
+        source.setEventHandler { [weak self, unowned attempt] in self?.attemptReady(attempt) }
+        source.setCancelHandler { [weak self, attempt] in
+            if attempt.closeOnCancel {
+                closeFD(attempt.fd)
+            } else {
+                self?.handOver(attempt)
+            }
+        }
+        attempt.source = source
+        source.resume()
+        let item = DispatchWorkItem { [weak self] in self?.startNext() }
+        nextAttempt = item
+        queue.asyncAfter(deadline: .now() + attemptDelay.timeInterval, execute: item)
+    }
+
+    private func attemptReady(_ attempt: Attempt) {
+        guard !finished, attempt.source != nil else { return }
+        let error = SocketOps.socketError(attempt.fd)
+        if error == 0 {
+            logger.debug("connected to \(attempt.address)")
+            finished = true
+            attempt.closeOnCancel = false
+            attempts.removeAll { $0 === attempt }
+            let source = attempt.source
+            attempt.source = nil
+            cancelAll()
+            source?.cancel()  // its cancel handler hands the fd over
+            return
+        }
+        record(attempt.address, "connect: \(errnoString(error)) (errno \(error))")
+        attempts.removeAll { $0 === attempt }
+        attempt.source?.cancel()
+        attempt.source = nil
+        startNext()
+    }
+
+    private func handOver(_ attempt: Attempt) {
+        overallTimeout?.cancel()
+        if let continuation {
+            self.continuation = nil
+            continuation.resume(returning: (attempt.fd, attempt.address))
+        } else {
+            closeFD(attempt.fd)
+        }
+    }
+
+    private func record(_ address: SocketAddress, _ reason: String) {
+        logger.debug("connect to \(address) failed: \(reason)")
+        failures.append(.init(address: address, reason: reason))
+    }
+
+    private func cancelAll() {
+        nextAttempt?.cancel()
+        nextAttempt = nil
+        for attempt in attempts {
+            attempt.source?.cancel()
+            attempt.source = nil
+        }
+        attempts.removeAll()
+    }
+
+    private func timedOut() {
+        guard !finished else { return }
+        for attempt in attempts { failures.append(.init(address: attempt.address, reason: "timed out")) }
+        for address in pending { failures.append(.init(address: address, reason: "not tried before the timeout")) }
+        fail(
+            TransportError(
+                .connectTimedOut,
+                "could not connect within \(timeout): \(failures.map(\.description).joined(separator: "; ")); "
+                    + "check that the peer is running and reachable",
+                connectFailures: failures))
+    }
+
+    private func allFailed() {
+        fail(
+            TransportError(
+                .connectFailed,
+                "could not connect to any address: \(failures.map(\.description).joined(separator: "; ")); "
+                    + "check that the peer is running and reachable",
+                errno: failures.count == 1 ? nil : nil,
+                connectFailures: failures))
+    }
+
+    private func fail(_ error: TransportError) {
+        finished = true
+        overallTimeout?.cancel()
+        cancelAll()
+        continuation?.resume(throwing: error)
+        continuation = nil
+    }
+}

@@ -1,0 +1,149 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// An error thrown by the Transport module.
+///
+/// Match on ``code`` (for example `error.code == .requestTimedOut`); ``message`` says what happened
+/// and what to do about it. New codes may be added without breaking callers.
+public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The kind of a ``TransportError``.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Base: String, Hashable, Sendable {
+            case syscallFailed, invalidAddress, connectFailed, connectTimedOut, connectionClosed
+            case versionMismatch, helloRefused, helloFailed, requestTimedOut, encodingFailed, decodingFailed
+            case frameTooLarge, protocolViolation, transferFailed, invalidArgument, listenerFailed
+        }
+        private let base: Base
+        private init(_ base: Base) { self.base = base }
+
+        /// A system call failed; ``TransportError/errno`` and ``TransportError/call`` say which and why.
+        public static let syscallFailed = Code(.syscallFailed)
+        /// A string could not be parsed as a numeric IPv4/IPv6 address.
+        public static let invalidAddress = Code(.invalidAddress)
+        /// No address could be connected to; ``TransportError/connectFailures`` lists each attempt.
+        public static let connectFailed = Code(.connectFailed)
+        /// Connecting did not complete within the timeout.
+        public static let connectTimedOut = Code(.connectTimedOut)
+        /// The connection is closed; ``TransportError/closeReason`` says why.
+        public static let connectionClosed = Code(.connectionClosed)
+        /// The peers speak different protocol versions.
+        public static let versionMismatch = Code(.versionMismatch)
+        /// The peer refused the hello exchange.
+        public static let helloRefused = Code(.helloRefused)
+        /// The hello exchange failed (timeout, malformed hello, connection lost).
+        public static let helloFailed = Code(.helloFailed)
+        /// A request got no reply within its timeout.
+        public static let requestTimedOut = Code(.requestTimedOut)
+        /// A value could not be encoded by the codec.
+        public static let encodingFailed = Code(.encodingFailed)
+        /// A payload could not be decoded into the requested type.
+        public static let decodingFailed = Code(.decodingFailed)
+        /// A frame exceeds the configured maximum frame size.
+        public static let frameTooLarge = Code(.frameTooLarge)
+        /// The peer violated the wire protocol.
+        public static let protocolViolation = Code(.protocolViolation)
+        /// A streamed transfer failed or was aborted.
+        public static let transferFailed = Code(.transferFailed)
+        /// An argument was out of range.
+        public static let invalidArgument = Code(.invalidArgument)
+        /// The listener could not be set up.
+        public static let listenerFailed = Code(.listenerFailed)
+
+        /// The code's name.
+        public var description: String { base.rawValue }
+    }
+
+    /// One failed connection attempt, reported by ``TransportError/connectFailures``.
+    public struct ConnectFailure: Hashable, Sendable, CustomStringConvertible {
+        /// The address that was tried.
+        public let address: SocketAddress
+        /// Why the attempt failed (a syscall error, or a timeout/cancellation note).
+        public let reason: String
+        /// A textual description: `address: reason`.
+        public var description: String { "\(address): \(reason)" }
+    }
+
+    /// The kind of error.
+    public let code: Code
+    /// A human-readable explanation: what happened and what to do.
+    public let message: String
+    /// The `errno` value, for ``Code/syscallFailed`` and some connect failures.
+    public let errno: Int32?
+    /// The name of the failed system call, for ``Code/syscallFailed``.
+    public let call: String?
+    /// The reason the connection closed, for ``Code/connectionClosed``.
+    public let closeReason: CloseReason?
+    /// Each address's failure, for ``Code/connectFailed`` and ``Code/connectTimedOut``.
+    public let connectFailures: [ConnectFailure]
+
+    init(
+        _ code: Code, _ message: String, errno: Int32? = nil, call: String? = nil,
+        closeReason: CloseReason? = nil, connectFailures: [ConnectFailure] = []
+    ) {
+        self.code = code
+        self.message = message
+        self.errno = errno
+        self.call = call
+        self.closeReason = closeReason
+        self.connectFailures = connectFailures
+    }
+
+    /// A textual description including the code and message.
+    public var description: String { "TransportError.\(code): \(message)" }
+
+    static func syscall(_ call: String, errno: Int32) -> TransportError {
+        TransportError(
+            .syscallFailed, "\(call) failed: \(errnoString(errno)) (errno \(errno))", errno: errno, call: call)
+    }
+
+    static func closed(_ reason: CloseReason) -> TransportError {
+        TransportError(.connectionClosed, "the connection is closed (\(reason)); open a new one", closeReason: reason)
+    }
+}
+
+func errnoString(_ code: Int32) -> String {
+    String(cString: strerror(code))
+}
+
+/// Why a connection ended.
+public enum CloseReason: Hashable, Sendable, CustomStringConvertible {
+    /// The peer closed its side (end of file) without a GOODBYE frame.
+    case closedByPeer
+    /// The peer sent a GOODBYE frame with this reason text, then closed.
+    case goodbye(String)
+    /// The peer reset the connection (ECONNRESET / EPIPE).
+    case reset
+    /// The peer announced a frame larger than the configured limit.
+    case frameTooLarge(size: UInt64, limit: Int)
+    /// The peer violated the wire protocol; the text says how.
+    case protocolError(String)
+    /// Nothing complete arrived within the idle timeout (for example half a frame and then silence).
+    case idleTimeout
+    /// The peer did not answer pings within the heartbeat timeout.
+    case heartbeatTimeout
+    /// The hello exchange did not complete in time, or was refused; the text says why.
+    case helloFailed(String)
+    /// This side closed the connection (``MessageChannel/close()`` or ``MessageChannel/abort()``).
+    case localClose
+    /// A system call failed with this `errno`.
+    case error(Int32)
+
+    /// A textual description of the reason.
+    public var description: String {
+        switch self {
+        case .closedByPeer: "closed by peer"
+        case .goodbye(let reason): "peer said goodbye: \(reason)"
+        case .reset: "connection reset by peer"
+        case .frameTooLarge(let size, let limit): "frame of \(size) bytes exceeds the limit of \(limit) bytes"
+        case .protocolError(let text): "protocol error: \(text)"
+        case .idleTimeout: "idle timeout"
+        case .heartbeatTimeout: "heartbeat timeout"
+        case .helloFailed(let text): "hello failed: \(text)"
+        case .localClose: "closed locally"
+        case .error(let code): "error: \(errnoString(code)) (errno \(code))"
+        }
+    }
+}
