@@ -65,11 +65,13 @@ struct Browse: AsyncParsableCommand {
     func run() async throws {
         let discovery = ServiceDiscovery(logger: common.makeLogger(), programName: "discovery-demo")
         let browser = try discovery.browse(type: common.type)
-        let resolvedCount = Mutex(0)
+        let resolvedCount = Counter()
+        let stopAfterFirst = first
+        let seconds = timeout
         let found = await withTaskGroup(of: Int.self) { group in
             group.addTask {
                 var count = 0
-                defer { resolvedCount.withLock { $0 = count } }
+                defer { resolvedCount.value.withLock { $0 = count } }
                 for await event in browser {
                     emit("browse: \(event)")
                     if case .added(let service) = event {
@@ -77,7 +79,7 @@ struct Browse: AsyncParsableCommand {
                             let resolved = try await discovery.resolve(service)
                             emit("resolved: \(resolved)")
                             count += 1
-                            if first { return count }
+                            if stopAfterFirst { return count }
                         } catch {
                             emit("resolve failed: \(error)")
                         }
@@ -86,12 +88,12 @@ struct Browse: AsyncParsableCommand {
                 return count
             }
             group.addTask {
-                try? await Task.sleep(for: .seconds(timeout))
+                try? await Task.sleep(for: .seconds(seconds))
                 return -1
             }
             _ = await group.next()
             group.cancelAll()
-            return resolvedCount.withLock { $0 }
+            return resolvedCount.value.withLock { $0 }
         }
         if found == 0 { emit("no services of type \(common.type) resolved within \(timeout)s") }
         await discovery.shutdown()
@@ -101,4 +103,8 @@ struct Browse: AsyncParsableCommand {
 /// Writes one line to standard output at once (unbuffered, so scripts see it immediately).
 func emit(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+final class Counter: Sendable {
+    let value = Mutex(0)
 }

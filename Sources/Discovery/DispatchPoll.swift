@@ -18,6 +18,8 @@ final class DispatchPoll: @unchecked Sendable {
     /// Live objects, for leak checks in tests (queue-confined).
     fileprivate(set) var liveWatches = 0
     fileprivate(set) var liveTimeouts = 0
+    /// How many times a watch or timeout fired (queue-confined); an idle client should not move it.
+    fileprivate(set) var wakeups = 0
 
     init(queue: DispatchQueue) {
         self.queue = queue
@@ -106,6 +108,7 @@ private final class Watch {
 
     func fire(_ event: UInt32) {
         guard !freed else { return }
+        poll.wakeups += 1
         happened = event
         callback(handle, fd, AvahiWatchEvent(rawValue: event), userdata)
         happened = 0
@@ -190,6 +193,7 @@ private final class Timeout {
     func fire() {
         guard armed, !freed else { return }
         armed = false  // one-shot: disabled after firing until re-armed
+        poll.wakeups += 1
         callback(handle, userdata)
     }
 }

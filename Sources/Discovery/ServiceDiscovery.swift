@@ -183,6 +183,14 @@ public final class ServiceDiscovery: Sendable {
         await core.perform { core.shutdown() }
     }
 
+    /// Counters of the Dispatch poll adapter, for tests: live watches, live timeouts, wakeups so far.
+    var pollCounters: (watches: Int, timeouts: Int, wakeups: Int) {
+        get async {
+            let core = self.core
+            return await core.perform { (core.poll.liveWatches, core.poll.liveTimeouts, core.poll.wakeups) }
+        }
+    }
+
     static func validateType(_ type: String) throws(DiscoveryError) {
         let parts = type.split(separator: ".")
         guard parts.count >= 2, parts.allSatisfy({ $0.hasPrefix("_") && $0.count >= 2 }),
@@ -266,13 +274,15 @@ final class DiscoveryCore: @unchecked Sendable {
     var hostName: String { published.withLock { $0.hostName } }
 
     func setState(_ state: DaemonState) {
-        published.withLock { published in
-            guard published.state != state else { return }
+        // Yield outside the lock: finishing a stream runs its onTermination, which takes the lock.
+        let observers = published.withLock { published -> [AsyncStream<DaemonState>.Continuation] in
+            guard published.state != state else { return [] }
             published.state = state
-            for observer in published.observers.values {
-                observer.yield(state)
-                if case .stopped = state { observer.finish() }
-            }
+            return Array(published.observers.values)
+        }
+        for observer in observers {
+            observer.yield(state)
+            if case .stopped = state { observer.finish() }
         }
     }
 

@@ -19,13 +19,16 @@ need_root() { [ "$(id -u)" = 0 ] || die "must run as root (network namespaces); 
 
 state_get() { sed -n "s/^$2=//p" "$1/env" | tail -n 1; }
 holder() { state_get "$1" "HARNESS_HOST_$(echo "$2" | tr a-z A-Z)_PID"; }
-in_host() { local s=$1 h=$2; shift 2; local p; p=$(holder "$s" "$h"); [ -n "$p" ] || die "no host $h"; nsenter -t "$p" -m -n -- "$@"; }
+in_host() { local s=$1 h=$2; shift 2; local p; p=$(holder "$s" "$h"); [ -n "$p" ] || die "no host $h"; nsenter -t "$p" -m -n --wd="$PWD" -- "$@"; }
 
 # Safety: refuse to start a daemon unless the target is a namespace we made.
 assert_private_netns() {
   local pid=$1
   [ "$(readlink /proc/$pid/ns/net)" != "$(readlink /proc/1/ns/net)" ] || die "refusing: host $pid shares the main network namespace"
-  [ "$(readlink /proc/$pid/ns/net)" != "$(readlink /proc/self/ns/net)" ] || die "refusing: host $pid shares our network namespace"
+  local ns; ns=$(state_get "$STATE_FOR_CHECK" "HARNESS_NETNS_$HOST_FOR_CHECK")
+  if [ -n "$ns" ] && [ -e "/run/netns/$ns" ]; then
+    [ "$(stat -L -c %i "/proc/$pid/ns/net")" = "$(stat -L -c %i "/run/netns/$ns")" ] || die "refusing: host $pid is not in our namespace $ns"
+  fi
 }
 
 wait_for() { # wait_for SECONDS DESCRIPTION CMD... ; polls a condition with a deadline
@@ -38,7 +41,7 @@ wait_for() { # wait_for SECONDS DESCRIPTION CMD... ; polls a condition with a de
 
 start_dbus() {
   local s=$1 h=$2 p; p=$(holder "$s" "$h")
-  assert_private_netns "$p"
+  STATE_FOR_CHECK=$s HOST_FOR_CHECK=$(echo "$h" | tr a-z A-Z) assert_private_netns "$p"
   in_host "$s" "$h" sh -c 'rm -f /run/dbus/pid /run/dbus/system_bus_socket'
   local pid; pid=$(in_host "$s" "$h" dbus-daemon --system --fork --print-pid | head -n 1)
   echo "HARNESS_DBUS_$(echo "$h" | tr a-z A-Z)_PID=$pid" >> "$s/env"
@@ -49,7 +52,7 @@ avahi_pid() { local p; p=$(holder "$1" "$2"); cat "/proc/$p/root/run/avahi-daemo
 
 start_avahi() {
   local s=$1 h=$2 p; p=$(holder "$s" "$h")
-  assert_private_netns "$p"
+  STATE_FOR_CHECK=$s HOST_FOR_CHECK=$(echo "$h" | tr a-z A-Z) assert_private_netns "$p"
   local name; [ "$h" = a ] && name=alpha || name=bravo
   cat > "$s/avahi-$h.conf" <<CONF
 [server]
@@ -167,7 +170,7 @@ cmd_run() {
   local p; p=$(holder "$s" a)
   set +e
   # Export the state so the command (inside host a) can reach host b and control the daemons.
-  env $(grep -v '^#' "$s/env" | sort -u | tr '\n' ' ') nsenter -t "$p" -m -n -- "$@"
+  env $(grep -v '^#' "$s/env" | sort -u | tr '\n' ' ') nsenter -t "$p" -m -n --wd="$PWD" -- "$@"
   local rc=$?
   set -e
   return $rc

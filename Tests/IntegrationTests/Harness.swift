@@ -1,0 +1,187 @@
+import Foundation
+import Logging
+import Synchronization
+import Testing
+
+/// The avahi namespace harness (Tests/harness/avahi-harness.sh), seen from a test running inside host "a".
+enum Harness {
+    static let environment = ProcessInfo.processInfo.environment
+    /// True when the tests run inside the harness (Tests/run.sh does that).
+    static var isActive: Bool { environment["HARNESS_STATE"] != nil }
+    static var state: String { environment["HARNESS_STATE"]! }
+    static var script: String { environment["HARNESS_SCRIPT"]! }
+    static var hostBPID: String { environment["HARNESS_HOST_B_PID"]! }
+    static let disabledReason: Comment = "needs real avahi-daemons in network namespaces: run Tests/run.sh"
+
+    /// Repository root (for the built binaries).
+    static var repoRoot: URL {
+        var url = URL(fileURLWithPath: #filePath)
+        while url.path != "/" {
+            url.deleteLastPathComponent()
+            if FileManager.default.fileExists(atPath: url.appendingPathComponent("Package.swift").path) { return url }
+        }
+        fatalError("no Package.swift above \(#filePath)")
+    }
+
+    /// Runs a harness control command (avahi-kill, avahi-start, dbus-restart, ...) and waits for it.
+    static func control(_ action: String, host: String) throws {
+        let result = try run([script, action, state, host])
+        guard result.status == 0 else {
+            throw HarnessError("harness \(action) \(host) failed (\(result.status)): \(result.output)")
+        }
+    }
+
+    /// Runs a command to completion (bounded by `timeout`), returning exit status and combined output.
+    @discardableResult
+    static func run(_ arguments: [String], timeout: Duration = .seconds(30)) throws -> (status: Int32, output: String) {
+        let child = try Background(arguments)
+        let status = child.wait(timeout: timeout)
+        return (status ?? -1, child.text)
+    }
+
+    /// Runs `arguments` on host "b" (or here, for host "a") in the background; stop it with `stop()`.
+    static func spawn(onB: Bool, _ arguments: [String]) throws -> Background {
+        let prefix = onB ? ["nsenter", "-t", hostBPID, "-m", "-n", "--"] : []
+        return try Background(prefix + arguments)
+    }
+
+    static func logger(_ label: String) -> Logger {
+        var logger = Logger(label: label) { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = environment["TEST_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+        return logger
+    }
+
+    /// Prints a measured figure in a greppable form (Tests/run.sh collects these lines).
+    static func measured(_ what: String, _ duration: Duration) {
+        let ms = Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
+        print("MEASURED \(what): \(String(format: "%.1f", ms)) ms")
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A process started by a test (posix_spawn, output to a file), stopped by PID when the test ends —
+/// also on failure, via deinit.
+final class Background: @unchecked Sendable {  // pid is immutable; `exited` is locked
+    let pid: pid_t
+    let arguments: [String]
+    let outputPath: String
+    let exitStatus = Locked<Int32?>(nil)
+
+    init(_ arguments: [String]) throws {
+        self.arguments = arguments
+        outputPath = NSTemporaryDirectory() + "itest-\(UUID().uuidString).out"
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        let argv = (["/usr/bin/env"] + arguments).map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var child: pid_t = 0
+        let result = posix_spawn(&child, "/usr/bin/env", &actions, nil, argv, environ)
+        guard result == 0 else { throw HarnessError("cannot start \(arguments): \(String(cString: strerror(result)))") }
+        pid = child
+    }
+
+    var text: String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
+
+    /// Waits (bounded) until the output contains `needle`.
+    func waitForOutput(_ needle: String, timeout: Duration = .seconds(10)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while !text.contains(needle) {
+            guard ContinuousClock.now < deadline, poll() == nil else {
+                throw HarnessError("no '\(needle)' from \(arguments) within \(timeout); output: \(text)")
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// Reaps the child if it exited; returns its status.
+    @discardableResult
+    func poll() -> Int32? {
+        exitStatus.value.withLock { status in
+            if status != nil { return status }
+            var raw: Int32 = 0
+            if waitpid(pid, &raw, WNOHANG) == pid { status = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f) }
+            return status
+        }
+    }
+
+    /// Waits for exit (bounded); nil if still running at the deadline.
+    func wait(timeout: Duration) -> Int32? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let status = poll() { return status }
+            usleep(5_000)
+        }
+        return poll()
+    }
+
+    /// SIGTERM, then SIGKILL if it does not go within 5 s. Only this PID.
+    func stop() {
+        guard poll() == nil else { return }
+        kill(pid, SIGTERM)
+        if wait(timeout: .seconds(5)) == nil {
+            kill(pid, SIGKILL)
+            _ = wait(timeout: .seconds(5))
+        }
+    }
+
+    deinit {
+        stop()
+        unlink(outputPath)
+    }
+}
+
+/// Collects the elements of an async sequence in the background, so a test can wait (with a
+/// deadline) for the next element that matches, several times over one sequence.
+final class Collector<Element: Sendable>: Sendable {
+    let items = Locked<[Element]>([])
+    let task: Task<Void, Never>
+
+    init<S: AsyncSequence & Sendable>(_ sequence: S) where S.Element == Element {
+        let items = self.items
+        task = Task {
+            do {
+                for try await element in sequence { items.value.withLock { $0.append(element) } }
+            } catch {}
+        }
+    }
+
+    var all: [Element] { items.value.withLock { $0 } }
+    var count: Int { items.value.withLock { $0.count } }
+
+    /// Waits for an element at index ≥ `start` that matches; returns it and its index.
+    @discardableResult
+    func wait(
+        from start: Int = 0, timeout: Duration = .seconds(10), _ what: String = "event",
+        where predicate: (Element) -> Bool
+    ) async throws -> (element: Element, index: Int) {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let snapshot = all
+            if start < snapshot.count, let index = snapshot[start...].firstIndex(where: predicate) {
+                return (snapshot[index], index)
+            }
+            guard ContinuousClock.now < deadline else {
+                throw HarnessError("no \(what) within \(timeout); saw: \(snapshot)")
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    func cancel() { task.cancel() }
+
+    deinit { cancel() }
+}
+
+/// A lock-protected value in a class, so closures can share it.
+final class Locked<Value: Sendable>: Sendable {
+    let value: Mutex<Value>
+    init(_ value: Value) { self.value = Mutex(value) }
+}
