@@ -2,9 +2,9 @@ import Dispatch
 import Logging
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Outbound TCP connects: nonblocking `connect` with a timeout, raced across addresses (RFC 8305).
@@ -129,7 +129,7 @@ final class HappyEyeballsRace: @unchecked Sendable {
             _ = try address.withSockAddr { (sa, len) throws(TransportError) in
                 try syscallValue("connect(\(address))") { Glibc.connect(fd, sa, len) }
             }
-        } catch where error.errno == EINPROGRESS || error.errno == EALREADY {
+        } catch  where error.errno == EINPROGRESS || error.errno == EALREADY {
             // Completes asynchronously; watched below.
         } catch {
             closeFD(fd)

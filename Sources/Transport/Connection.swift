@@ -2,9 +2,9 @@ import Dispatch
 import Logging
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Frame-level settings of a connection.
@@ -46,7 +46,10 @@ final class WireBuffer {
 ///
 /// `@unchecked Sendable`: every mutable field is confined to ``queue``.
 final class Connection: @unchecked Sendable {
-    enum State { case idle, open, flushing, halfClosed, closed(CloseReason) }
+    enum State {
+        case idle, open, flushing, halfClosed
+        case closed(CloseReason)
+    }
 
     let queue: DispatchQueue
     let fd: Int32
@@ -79,6 +82,9 @@ final class Connection: @unchecked Sendable {
     private var onFrame: ((Frame) -> Void)?
     private var onClose: ((CloseReason) -> Void)?
 
+    /// The sequence number the next frame will get (tests count pings with it).
+    var nextSequenceForTests: UInt64 { nextSequence }
+
     /// The largest number of queued bytes seen (for tests of the bounded send queue).
     private(set) var maxQueuedBytes = 0
 
@@ -95,9 +101,18 @@ final class Connection: @unchecked Sendable {
         self.readBuffer = .allocate(byteCount: max(configuration.readBufferSize, 4096), alignment: 8)
         var one: Int32 = 1
         _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        self.queue.setSpecific(key: Connection.onQueueKey, value: ObjectIdentifier(self))
     }
 
     deinit { readBuffer.deallocate() }
+
+    private static let onQueueKey = DispatchSpecificKey<ObjectIdentifier>()
+
+    /// Runs `body` on ``queue`` and returns its result; runs it directly when already on ``queue``.
+    func onQueue<T>(_ body: () -> T) -> T {
+        DispatchQueue.getSpecific(key: Connection.onQueueKey) == ObjectIdentifier(self)
+            ? body() : queue.sync(execute: body)
+    }
 
     var isClosed: Bool {
         if case .closed = state { return true }
@@ -148,6 +163,14 @@ final class Connection: @unchecked Sendable {
         }
     }
 
+    /// Replaces the frame and close handlers (the handshake hands over to the channel). On ``queue``.
+    func setHandlers(onFrame: @escaping (Frame) -> Void, onClose: @escaping (CloseReason) -> Void) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard !isClosed else { return }
+        self.onFrame = onFrame
+        self.onClose = onClose
+    }
+
     private func checkIdle(_ idle: Duration) {
         guard !isClosed else { return }
         if readPauseCount > 0 {
@@ -155,8 +178,8 @@ final class Connection: @unchecked Sendable {
             return
         }
         if DispatchTime.now().uptimeNanoseconds - lastFrameTime.uptimeNanoseconds > idle.nanoseconds {
-            logger.warning(
-                "closing: no complete frame for \(idle) (\(decoder.bufferedByteCount) bytes of a partial frame buffered)")
+            let buffered = decoder.bufferedByteCount
+            logger.warning("closing: no complete frame for \(idle) (\(buffered) bytes of a partial frame buffered)")
             teardown(.idleTimeout)
         }
     }
@@ -184,7 +207,7 @@ final class Connection: @unchecked Sendable {
             teardown(reason ?? .localClose)
         case .open:
             state = .flushing
-            failWaiters(TransportError.closed(.localClose))
+            failWaiters(TransportError.closed(peerCloseReason ?? .localClose))
             if queuedBytes == 0 { shutdownWrite() } else { resumeWriteSource() }
         case .flushing, .halfClosed, .closed:
             break
@@ -319,7 +342,8 @@ final class Connection: @unchecked Sendable {
 
     private func handleEndOfFile() {
         if decoder.bufferedByteCount > 0 {
-            let text = "peer closed the connection in the middle of a frame (\(decoder.bufferedByteCount) bytes buffered)"
+            let text =
+                "peer closed the connection in the middle of a frame (\(decoder.bufferedByteCount) bytes buffered)"
             logger.warning("\(text)")
             teardown(.protocolError(text))
         } else if case .halfClosed = state {

@@ -72,7 +72,8 @@ public struct Frame: Sendable, Hashable {
 
     static func validatedSize(_ frame: Frame) throws(TransportError) -> Int {
         guard frame.typeID.utf8.count <= 255 else {
-            throw TransportError(.invalidArgument, "type id '\(frame.typeID)' is longer than 255 UTF-8 bytes; use a shorter id")
+            throw TransportError(
+                .invalidArgument, "type id '\(frame.typeID)' is longer than 255 UTF-8 bytes; use a shorter id")
         }
         return 4 + frame.bodySize
     }
@@ -82,7 +83,10 @@ public struct Frame: Sendable, Hashable {
         var i = 0
         func put<I: FixedWidthInteger>(_ value: I) {
             withUnsafeBytes(of: value.bigEndian) { bytes in
-                for b in bytes { out[i] = b; i += 1 }
+                for b in bytes {
+                    out[i] = b
+                    i += 1
+                }
             }
         }
         put(UInt32(bodySize))
@@ -90,7 +94,10 @@ public struct Frame: Sendable, Hashable {
         put(codecID)
         put(reference == nil ? UInt8(0) : Frame.flagHasReference)
         put(UInt8(typeID.utf8.count))
-        for b in typeID.utf8 { out[i] = b; i += 1 }
+        for b in typeID.utf8 {
+            out[i] = b
+            i += 1
+        }
         put(sequence)
         if let reference { put(reference) }
         if !payload.isEmpty {

@@ -3,9 +3,9 @@ import Foundation
 import Logging
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A freshly accepted TCP socket, owned until handed to ``MessageChannel/accept(_:configuration:logger:)``.
@@ -110,7 +110,8 @@ public final class Listener: @unchecked Sendable {
     ///   - logger: Where to log (bind results, accept failures, back-off).
     ///   - onAccept: Called on the listener's queue for every accepted socket. Hand the socket on quickly,
     ///     for example to `MessageChannel.accept` in a task.
-    /// - Throws: ``TransportError`` with ``TransportError/Code/listenerFailed`` or ``TransportError/Code/syscallFailed``.
+    /// - Throws: ``TransportError`` with ``TransportError/Code/listenerFailed`` or
+    ///   ``TransportError/Code/syscallFailed``.
     public init(
         configuration: Configuration = .init(), logger: Logger,
         onAccept: @escaping @Sendable (AcceptedSocket) -> Void
@@ -126,6 +127,7 @@ public final class Listener: @unchecked Sendable {
         self.families = Set(bound.map(\.family))
         self.boundAddresses = bound.compactMap { SocketOps.localAddress($0.fd) }
         logger.info("listening on port \(port) (\(boundAddresses.map { "\($0)" }.joined(separator: ", ")))")
+        queue.setSpecific(key: Listener.onQueueKey, value: ObjectIdentifier(self))
         queue.sync { self.startSources() }
     }
 
@@ -191,7 +193,8 @@ public final class Listener: @unchecked Sendable {
         case (.ipv4, true): address = .ipv4Loopback(port: port)
         case (.ipv4, false): address = SocketAddress(storage: .v4(address: 0, port: port))
         case (.ipv6, true): address = .ipv6Loopback(port: port)
-        case (.ipv6, false): address = SocketAddress(storage: .v6(address: [UInt8](repeating: 0, count: 16), port: port, scopeID: 0))
+        case (.ipv6, false):
+            address = SocketAddress(storage: .v6(address: [UInt8](repeating: 0, count: 16), port: port, scopeID: 0))
         }
         let fd = try SocketOps.makeSocket(domain: address.domain)
         do throws(TransportError) {
@@ -215,17 +218,18 @@ public final class Listener: @unchecked Sendable {
 
     // MARK: Accepting
 
-    private typealias Accept4 = @convention(c) (
-        Int32, UnsafeMutablePointer<sockaddr>?, UnsafeMutablePointer<socklen_t>?, Int32
-    ) -> Int32
+    private typealias Accept4 =
+        @convention(c) (
+            Int32, UnsafeMutablePointer<sockaddr>?, UnsafeMutablePointer<socklen_t>?, Int32
+        ) -> Int32
 
     /// `accept4` is not exported by the Swift Glibc module (it needs _GNU_SOURCE); look it up once.
     private static let accept4Function: Accept4? = {
         #if os(Linux)
-        guard let symbol = dlsym(nil, "accept4") else { return nil }
-        return unsafeBitCast(symbol, to: Accept4.self)
+            guard let symbol = dlsym(nil, "accept4") else { return nil }
+            return unsafeBitCast(symbol, to: Accept4.self)
         #else
-        return nil
+            return nil
         #endif
     }()
 
@@ -234,9 +238,9 @@ public final class Listener: @unchecked Sendable {
         _ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>
     ) -> Int32 {
         #if os(Linux)
-        if let accept4 = accept4Function {
-            return accept4(fd, address, length, Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue))
-        }
+            if let accept4 = accept4Function {
+                return accept4(fd, address, length, Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue))
+            }
         #endif
         let client = accept(fd, address, length)
         if client >= 0 {
@@ -263,8 +267,10 @@ public final class Listener: @unchecked Sendable {
             var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
             let result: IOResult<Int32>
             do {
-                result = try withUnsafeMutablePointer(to: &storage) { (pointer) throws(TransportError) -> IOResult<Int32> in
-                    try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { (sa) throws(TransportError) -> IOResult<Int32> in
+                result = try withUnsafeMutablePointer(to: &storage) {
+                    (pointer) throws(TransportError) -> IOResult<Int32> in
+                    try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                        (sa) throws(TransportError) -> IOResult<Int32> in
                         try syscall("accept4", nonblocking: true) { acceptCall(fd, sa, &length) }
                     }
                 }
@@ -297,7 +303,8 @@ public final class Listener: @unchecked Sendable {
         acceptPauses += 1
         let delay = backoff
         backoff = min(backoff * 2, configuration.maxAcceptBackoff)
-        logger.warning("accept: \(error.message); pausing accepts for \(delay) (raise the fd limit or close connections)")
+        logger.warning(
+            "accept: \(error.message); pausing accepts for \(delay) (raise the fd limit or close connections)")
         acceptSuspended = true
         for socket in sockets { socket.source?.suspend() }
         queue.asyncAfter(deadline: .now() + delay.timeInterval) { [weak self] in
@@ -308,9 +315,18 @@ public final class Listener: @unchecked Sendable {
         }
     }
 
+    private static let onQueueKey = DispatchSpecificKey<ObjectIdentifier>()
+
+    /// Runs `body` on the queue, also when already on it (for example `stop()` from `onAccept`).
+    private func onQueue<T>(_ body: () -> T) -> T {
+        DispatchQueue.getSpecific(key: Listener.onQueueKey) == ObjectIdentifier(self)
+            ? body() : queue.sync(execute: body)
+    }
+
     /// Stops listening and closes the listening sockets. Idempotent; established connections are unaffected.
+    /// Callable from any context, including `onAccept`.
     public func stop() {
-        queue.sync {
+        onQueue {
             guard !stopped else { return }
             stopped = true
             for socket in sockets {
@@ -323,10 +339,12 @@ public final class Listener: @unchecked Sendable {
     }
 
     /// Replaces the accept system call (tests simulate EMFILE with it).
-    func setAcceptCall(_ call: @escaping (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32) {
-        queue.sync { acceptCall = call }
+    func setAcceptCall(
+        _ call: @escaping (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32
+    ) {
+        onQueue { acceptCall = call }
     }
 
     /// Accept pauses so far (EMFILE/ENFILE back-offs). Callable from any context.
-    var acceptPauseCount: Int { queue.sync { acceptPauses } }
+    var acceptPauseCount: Int { onQueue { acceptPauses } }
 }

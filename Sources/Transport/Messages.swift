@@ -70,12 +70,15 @@ public struct IncomingMessage: Sendable {
         if codecID == WireProtocol.rawCodecID {
             if let bytes = payload as? T { return bytes }
             throw TransportError(
-                .decodingFailed, "message '\(typeID)' #\(sequence) carries raw bytes; read `payload` instead of decoding \(T.self)")
+                .decodingFailed,
+                "message '\(typeID)' #\(sequence) carries raw bytes; read `payload` instead of decoding \(T.self)")
         }
         guard let codec = codecs.codec(for: codecID) else {
             throw TransportError(
                 .decodingFailed,
-                "message '\(typeID)' #\(sequence) uses codec \(codecID), which is not configured; add it to CodecRegistry")
+                "message '\(typeID)' #\(sequence) uses codec \(codecID), which is not configured; "
+                    + "add it to CodecRegistry"
+            )
         }
         do {
             return try payload.withUnsafeBytes { try codec.decode(T.self, from: $0) }
@@ -179,7 +182,9 @@ public final class IncomingTransfer: Sendable {
             var offset = 0
             while offset < chunk.count {
                 let written = try chunk.withUnsafeBytes { (raw) throws(TransportError) -> Int in
-                    try syscallValue("write(\(path))") { Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset) }
+                    try syscallValue("write(\(path))") {
+                        Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
+                    }
                 }
                 offset += written
             }

@@ -1,7 +1,7 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// An IPv4 or IPv6 socket address (numeric host + port, plus a scope id for link-local IPv6).
@@ -75,7 +75,8 @@ public struct SocketAddress: Sendable, Hashable, CustomStringConvertible {
                 scope = if_nametoindex(suffix)
                 if scope == 0 {
                     throw TransportError(
-                        .invalidAddress, "unknown interface '\(suffix)' in address '\(ipAddress)'; use an interface index")
+                        .invalidAddress,
+                        "unknown interface '\(suffix)' in address '\(ipAddress)'; use an interface index")
                 }
             }
         }
@@ -94,7 +95,8 @@ public struct SocketAddress: Sendable, Hashable, CustomStringConvertible {
             return
         }
         throw TransportError(
-            .invalidAddress, "'\(ipAddress)' is not a numeric IPv4 or IPv6 address; pass a resolved address, not a host name")
+            .invalidAddress,
+            "'\(ipAddress)' is not a numeric IPv4 or IPv6 address; pass a resolved address, not a host name")
     }
 
     /// The IPv4 loopback address `127.0.0.1` with this port.
@@ -142,7 +144,9 @@ public struct SocketAddress: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Calls `body` with a `sockaddr` pointer and length for this address.
-    func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) throws(TransportError) -> R) throws(TransportError) -> R {
+    func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) throws(TransportError) -> R)
+        throws(TransportError) -> R
+    {
         switch storage {
         case .v4(let a, let port):
             var sin = sockaddr_in()
@@ -191,9 +195,9 @@ public struct SocketAddress: Sendable, Hashable, CustomStringConvertible {
 enum SocketOps {
     static let streamType: Int32 = {
         #if os(Linux)
-        Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+            Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         #else
-        SOCK_STREAM
+            SOCK_STREAM
         #endif
     }()
 
@@ -201,15 +205,17 @@ enum SocketOps {
     static func makeSocket(domain: Int32) throws(TransportError) -> Int32 {
         let fd = try syscallValue("socket") { socket(domain, streamType, 0) }
         #if !os(Linux)
-        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        var one: Int32 = 1
-        _ = setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, socklen_t(MemoryLayout<Int32>.size))
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            var one: Int32 = 1
+            _ = setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, socklen_t(MemoryLayout<Int32>.size))
         #endif
         return fd
     }
 
-    static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32, _ label: String) throws(TransportError) {
+    static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32, _ label: String)
+        throws(TransportError)
+    {
         var value = value
         try syscallValue("setsockopt(\(label))") {
             setsockopt(fd, level, name, &value, socklen_t(MemoryLayout<Int32>.size))

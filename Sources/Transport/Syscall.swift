@@ -1,7 +1,7 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The result of a nonblocking system call.
@@ -34,7 +34,8 @@ func syscall<T: FixedWidthInteger>(
 /// ``syscall(_:nonblocking:_:)`` for calls that cannot block: returns the value directly.
 @inline(__always)
 @discardableResult
-func syscallValue<T: FixedWidthInteger>(_ name: @autoclosure () -> String, _ body: () -> T) throws(TransportError) -> T {
+func syscallValue<T: FixedWidthInteger>(_ name: @autoclosure () -> String, _ body: () -> T) throws(TransportError) -> T
+{
     switch try syscall(name(), nonblocking: false, body) {
     case .processed(let value): return value
     case .wouldBlock: throw TransportError.syscall(name(), errno: EAGAIN)

@@ -1,0 +1,168 @@
+import Foundation
+import Testing
+
+@testable import Transport
+
+/// The hex test vectors of docs/PROTOCOL.md, section "Test vectors".
+enum Vectors {
+    static let hello = (
+        "000000420101000000000000000000017b226d65746164617461223a7b22617070223a2264656d6f227d2c226e616d65223a22616c696365222c2276657273696f6e223a317d",
+        Frame(
+            kind: .hello, codecID: 1, typeID: "", sequence: 1,
+            payload: Array(#"{"metadata":{"app":"demo"},"name":"alice","version":1}"#.utf8))
+    )
+    static let message = (
+        "000000251001000c636861742e6d65737361676500000000000000027b2274657874223a226869227d",
+        Frame(kind: .message, codecID: 1, typeID: "chat.message", sequence: 2, payload: Array(#"{"text":"hi"}"#.utf8))
+    )
+    static let reply = (
+        "0000002710010108636861742e61636b000000000000000700000000000000027b226f6b223a747275657d",
+        Frame(
+            kind: .message, codecID: 1, typeID: "chat.ack", sequence: 7, reference: 2,
+            payload: Array(#"{"ok":true}"#.utf8))
+    )
+    static let ping = ("0000000c110000000000000000000003", Frame(kind: .ping, codecID: 0, typeID: "", sequence: 3))
+
+    static let all = [hello, message, reply, ping]
+}
+
+func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+func bytes(hex: String) -> [UInt8] {
+    var result: [UInt8] = []
+    var index = hex.startIndex
+    while index < hex.endIndex {
+        let next = hex.index(index, offsetBy: 2)
+        result.append(UInt8(hex[index..<next], radix: 16)!)
+        index = next
+    }
+    return result
+}
+
+@Suite struct FrameDecoderTests {
+    @Test(arguments: 0..<4)
+    func hexVectorsEncode(index: Int) throws {
+        let (expected, frame) = Vectors.all[index]
+        #expect(hex(try frame.encoded()) == expected)
+    }
+
+    @Test(arguments: 0..<4)
+    func hexVectorsDecode(index: Int) throws {
+        let (encoded, frame) = Vectors.all[index]
+        var decoder = FrameDecoder(checkSequence: false)
+        decoder.append(contentsOf: bytes(hex: encoded))
+        #expect(try decoder.next() == frame)
+        #expect(try decoder.next() == nil)
+        #expect(decoder.bufferedByteCount == 0)
+    }
+
+    @Test func helloVectorPayloadIsWhatTheChannelSends() throws {
+        let payload = try FoundationJSONCodec().encode(PeerInfo(version: 1, name: "alice", metadata: ["app": "demo"]))
+        #expect(payload == Vectors.hello.1.payload)
+    }
+
+    static func sampleStream() throws -> (bytes: [UInt8], frames: [Frame]) {
+        var frames: [Frame] = []
+        for i in 1...40 {
+            frames.append(
+                Frame(
+                    kind: i % 5 == 0 ? .ping : .message, codecID: UInt8(i % 2), typeID: i % 3 == 0 ? "" : "type.\(i)",
+                    sequence: UInt64(i), reference: i % 4 == 0 ? UInt64(i - 1) : nil,
+                    payload: (0..<(i * 37 % 300)).map { UInt8(truncatingIfNeeded: $0 &* i) }))
+        }
+        return (try frames.flatMap { try $0.encoded() }, frames)
+    }
+
+    @Test func everySplitPoint() throws {
+        let (stream, frames) = try Self.sampleStream()
+        for split in 0...stream.count {
+            var decoder = FrameDecoder()
+            var decoded: [Frame] = []
+            decoder.append(contentsOf: stream[0..<split])
+            while let frame = try decoder.next() { decoded.append(frame) }
+            decoder.append(contentsOf: stream[split...])
+            while let frame = try decoder.next() { decoded.append(frame) }
+            #expect(decoded == frames, "split at \(split)")
+        }
+    }
+
+    @Test func byteByByteAndManyFramesPerRead() throws {
+        let (stream, frames) = try Self.sampleStream()
+        var decoder = FrameDecoder()
+        var decoded: [Frame] = []
+        for byte in stream {
+            decoder.append(contentsOf: [byte])
+            while let frame = try decoder.next() { decoded.append(frame) }
+        }
+        #expect(decoded == frames)
+
+        var whole = FrameDecoder()
+        stream.withUnsafeBytes { whole.append($0) }
+        decoded.removeAll()
+        while let frame = try whole.next() { decoded.append(frame) }
+        #expect(decoded == frames)
+    }
+
+    @Test func oversizedLengthRejectedBeforeTheBodyArrives() {
+        var decoder = FrameDecoder(maxFrameSize: 1024)
+        decoder.append(contentsOf: [0xFF, 0xFF, 0xFF, 0xFF])
+        #expect {
+            _ = try decoder.next()
+        } throws: { error in
+            let error = error as? TransportError
+            return error?.code == .frameTooLarge && error?.closeReason == .frameTooLarge(size: 0xFFFF_FFFF, limit: 1024)
+        }
+    }
+
+    @Test func sequenceMustCount() throws {
+        var decoder = FrameDecoder()
+        decoder.append(contentsOf: try Frame(kind: .ping, sequence: 1).encoded())
+        decoder.append(contentsOf: try Frame(kind: .ping, sequence: 3).encoded())
+        #expect(try decoder.next()?.sequence == 1)
+        #expect(throws: TransportError.self) { _ = try decoder.next() }
+    }
+
+    @Test func malformedFramesAreProtocolErrors() throws {
+        for body: [UInt8] in [
+            [0x7F, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],  // unknown kind
+            [0x10, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1],  // type id longer than the frame
+            [0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1],  // reference flag, no reference
+            [0x10, 0, 0, 2, 0xC3, 0x28, 0, 0, 0, 0, 0, 0, 0, 1],  // invalid UTF-8 type id
+            [0x10, 0, 0],  // shorter than the minimum header
+        ] {
+            var decoder = FrameDecoder()
+            decoder.append(contentsOf: withUnsafeBytes(of: UInt32(body.count).bigEndian, Array.init) + body)
+            #expect(
+                performing: { _ = try decoder.next() }, throws: { ($0 as? TransportError)?.code == .protocolViolation })
+        }
+    }
+
+    @Test func typeIDLongerThan255BytesIsRejected() {
+        #expect(throws: TransportError.self) {
+            _ = try Frame(kind: .message, typeID: String(repeating: "x", count: 256)).encoded()
+        }
+    }
+}
+
+@Suite struct SocketAddressTests {
+    @Test func parsing() throws {
+        let v4 = try SocketAddress(ipAddress: "10.0.0.1", port: 4000)
+        #expect(v4.family == .ipv4 && v4.description == "10.0.0.1:4000")
+        let v6 = try SocketAddress(ipAddress: "fe80::1%3", port: 80)
+        #expect(v6.family == .ipv6 && v6.scopeID == 3 && v6.isLinkLocalIPv6 && v6.description == "[fe80::1%3]:80")
+        let explicit = try SocketAddress(ipAddress: "fe80::1", port: 80, scopeID: 3)
+        #expect(explicit == v6)
+        #expect(try SocketAddress(ipAddress: "::1", port: 1) == .ipv6Loopback(port: 1))
+        #expect(try SocketAddress(ipAddress: "127.0.0.1", port: 1) == .ipv4Loopback(port: 1))
+        #expect(throws: TransportError.self) { try SocketAddress(ipAddress: "example.com", port: 1) }
+        #expect(throws: TransportError.self) { try SocketAddress(ipAddress: "fe80::1%nosuchif0", port: 1) }
+    }
+
+    @Test func interleavesFamiliesIPv6First() throws {
+        let a4 = try SocketAddress(ipAddress: "10.0.0.1", port: 1)
+        let b4 = try SocketAddress(ipAddress: "10.0.0.2", port: 1)
+        let a6 = try SocketAddress(ipAddress: "fd00::1", port: 1)
+        let b6 = try SocketAddress(ipAddress: "fd00::2", port: 1)
+        #expect(TCPConnector.interleave([a4, b4, a6, b6]) == [a6, a4, b6, b4])
+        #expect(TCPConnector.interleave([a4, b4, a6]) == [a6, a4, b4])
+    }
+}
