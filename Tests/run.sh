@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds once, runs every test: unit tests here, integration tests against
+# real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh). Exits non-zero
+# on any failure.
+#
+#   Tests/run.sh                 everything (as root: namespaces need it)
+#   Tests/run.sh --tsan          also run the unit + transport tests under ThreadSanitizer
+#   Tests/run.sh --asan          also run the unit tests under AddressSanitizer
+#   Tests/run.sh --unit-only     skip the namespace harness (no root needed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+tsan=no asan=no unit_only=no
+for arg in "$@"; do
+  case $arg in
+    --tsan) tsan=yes ;;
+    --asan) asan=yes ;;
+    --unit-only) unit_only=yes ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "unknown option $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+Tests/harness/install-deps.sh
+
+bin=.build/debug/swift-lan-messagingPackageTests.xctest
+echo "== build (debug, tests)"
+swift build --build-tests 2>&1 | grep -v "prohibited flag" | tail -n 20
+[ -x "$bin" ] || { echo "build failed: no $bin" >&2; exit 1; }
+
+logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
+status=0
+passed=0 failed=0
+
+# Runs the test binary ($1 = label, rest = binary + args), records counts, never aborts the script.
+run_suite() {
+  local label=$1; shift
+  echo "== $label"
+  set +e
+  "$@" 2>&1 | sed -u "s/\x1b\[[0-9;]*m//g" | tee "$logs/$label.log" | grep -E '^.{0,12}(✔|✘|➜|MEASURED|◇ Test run)' | grep -v '◇ Test [a-zA-Z]' || true
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local p f s
+  p=$(grep -cE '✔ Test [^r].*passed' "$logs/$label.log" || true)
+  f=$(grep -cE '✘ Test [^r].*failed' "$logs/$label.log" || true)
+  s=$(grep -cE '➜ Test .*skipped' "$logs/$label.log" || true)
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ "$rc" != 0 ] || [ "$f" != 0 ]; then echo "!! $label failed (exit $rc)"; status=1; fi
+  if [ "$s" != 0 ]; then echo "!! $label skipped $s tests: every test must run"; grep -E '➜ Test .*skipped' "$logs/$label.log"; status=1; fi
+  if ! grep -qE 'Test run with [0-9]+ test' "$logs/$label.log"; then echo "!! $label ran no test"; status=1; fi
+}
+
+# Unit tests: no daemon; D-Bus pointed at nothing so "no daemon" behaviour is what is tested.
+run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
+  "$bin" --testing-library swift-testing --skip IntegrationTests
+
+if [ "$unit_only" = no ]; then
+  run_suite integration Tests/harness/avahi-harness.sh run --hosts 2 -- \
+    "$root/$bin" --testing-library swift-testing --filter IntegrationTests
+fi
+
+if [ "$tsan" = yes ]; then
+  echo "== build (ThreadSanitizer)"
+  swift build --build-tests --sanitize=thread --scratch-path .build-tsan 2>&1 | grep -v "prohibited flag" | tail -n 5
+  run_suite tsan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus TSAN_OPTIONS=halt_on_error=1 \
+    .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --skip IntegrationTests
+fi
+if [ "$asan" = yes ]; then
+  echo "== build (AddressSanitizer)"
+  swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | grep -v "prohibited flag" | tail -n 5
+  run_suite asan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
+    .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --skip IntegrationTests
+fi
+
+echo
+grep -h MEASURED "$logs"/*.log | sort -u || true
+echo "logs: $logs"
+echo "$passed passed, $failed failed"
+exit $status
