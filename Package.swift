@@ -14,6 +14,7 @@ let package = Package(
         .library(name: "Transport", targets: ["Transport"]),
         .library(name: "FastJSON", targets: ["FastJSON"]),
         .executable(name: "discovery-demo", targets: ["discovery-demo"]),
+        .executable(name: "lanmsg-echo", targets: ["lanmsg-echo"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
@@ -60,6 +61,16 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Demo/discovery-demo",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "lanmsg-echo",
+            dependencies: [
+                "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Demo/lanmsg-echo",
             swiftSettings: strict
         ),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),

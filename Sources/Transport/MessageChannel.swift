@@ -167,6 +167,18 @@ public final class MessageChannel: @unchecked Sendable {
         _ = try await connection.send(Frame(kind: .message, codecID: codec, typeID: type, payload: payload))
     }
 
+    /// Encodes a value with this channel's send codec, without sending it — for sending the same bytes
+    /// to many channels (a broadcast encodes once) with ``sendEncoded(_:codecID:type:)``.
+    public func encodeForSending<T: Encodable>(_ value: T, type: String) throws(TransportError) -> (codecID: UInt8, payload: [UInt8]) {
+        let (codec, payload) = try encode(value, type: type)
+        return (codec, payload)
+    }
+
+    /// Sends a payload already encoded with the codec `codecID`.
+    public func sendEncoded(_ payload: [UInt8], codecID: UInt8, type: String) async throws {
+        _ = try await connection.send(Frame(kind: .message, codecID: codecID, typeID: type, payload: payload))
+    }
+
     /// Sends raw bytes (codec 0, no encoding, no base64).
     public func sendRaw(_ bytes: [UInt8], type: String) async throws {
         _ = try await connection.send(

@@ -1,0 +1,44 @@
+/// An error of the messaging layer (server or client): what happened and what to do.
+public struct MessagingError: Error, Sendable, CustomStringConvertible {
+    /// The kind of failure.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        fileprivate enum Kind: Sendable, Hashable {
+            case notStarted, alreadyStarted, listenFailed, publishFailed, serviceNotFound, ambiguousService
+            case connectFailed, stopped
+        }
+        fileprivate let kind: Kind
+        /// The server is not running.
+        public static let notStarted = Code(kind: .notStarted)
+        /// `start()` was called twice.
+        public static let alreadyStarted = Code(kind: .alreadyStarted)
+        /// The listening sockets could not be set up.
+        public static let listenFailed = Code(kind: .listenFailed)
+        /// Publishing through discovery failed.
+        public static let publishFailed = Code(kind: .publishFailed)
+        /// No service of that name (or type) was found in time.
+        public static let serviceNotFound = Code(kind: .serviceNotFound)
+        /// Several services matched and none was named.
+        public static let ambiguousService = Code(kind: .ambiguousService)
+        /// No address of the service accepted a connection.
+        public static let connectFailed = Code(kind: .connectFailed)
+        /// The server or client was stopped.
+        public static let stopped = Code(kind: .stopped)
+
+        public var description: String { "\(kind)" }
+    }
+
+    /// The kind of failure.
+    public let code: Code
+    /// What happened and what to do.
+    public let message: String
+    /// The underlying error (a `TransportError` or `DiscoveryError`), if any.
+    public let underlying: (any Error)?
+
+    init(_ code: Code, _ message: String, underlying: (any Error)? = nil) {
+        self.code = code
+        self.message = message
+        self.underlying = underlying
+    }
+
+    public var description: String { message }
+}

@@ -1,0 +1,269 @@
+import Foundation
+import Logging
+import Testing
+
+@testable import Messaging
+
+struct Note: Codable, Equatable, Sendable {
+    var text: String
+    var n: Int
+}
+
+func testLogger() -> Logger {
+    var logger = Logger(label: "messaging-test") { StreamLogHandler.standardError(label: $0) }
+    logger.logLevel = .warning
+    return logger
+}
+
+/// A server on loopback without discovery, with its events collected.
+final class LoopbackServer: Sendable {
+    let server: MessageServer
+    let events = EventLog<ServerEvent>()
+    let pump: Task<Void, Never>
+
+    init(configure: (inout ServerConfiguration) -> Void = { _ in }, handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }) async throws {
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Test")
+        configuration.publish = false
+        configuration.listener.loopbackOnly = true
+        configure(&configuration)
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+        try await server.start()
+        self.server = server
+        let events = self.events
+        pump = Task {
+            for await event in server.events {
+                events.append(event)
+                await handle(server, event)
+            }
+        }
+    }
+
+    var port: UInt16 { server.port! }
+
+    func client(_ name: String, configure: (inout ClientConfiguration) -> Void = { _ in }) async throws -> MessageClient {
+        var configuration = ClientConfiguration(name: name)
+        configure(&configuration)
+        return try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+    }
+}
+
+/// Thread-safe log of events with deadline-bounded waits.
+final class EventLog<Element: Sendable>: Sendable {
+    private let items = Mutex<[Element]>([])
+    func append(_ element: Element) { items.withLock { $0.append(element) } }
+    var all: [Element] { items.withLock { $0 } }
+
+    @discardableResult
+    func wait(timeout: Duration = .seconds(10), _ what: String, where predicate: (Element) -> Bool) async throws -> Element {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let match = all.first(where: predicate) { return match }
+            guard ContinuousClock.now < deadline else { throw TestFailure("no \(what) within \(timeout); saw \(all.count) events") }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    func count(where predicate: (Element) -> Bool) -> Int { all.filter(predicate).count }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+import Synchronization
+
+@Suite struct ServerClientTests {
+    @Test func clientSendsServerReceivesAndReplies() async throws {
+        let harness = try await LoopbackServer(handle: { server, event in
+            if case .received(let connection, let message) = event, message.typeID == "note.ask" {
+                var note = try! message.decode(Note.self)
+                note.n += 1
+                try? await connection.reply(to: message, with: note, type: "note.answer")
+            }
+        })
+        let client = try await harness.client("alice")
+        #expect(client.peer?.name == "Test")
+        let answer = try await client.request(Note(text: "hi", n: 41), type: "note.ask", expecting: Note.self)
+        #expect(answer == Note(text: "hi", n: 42))
+        try await harness.events.wait("accepted") { if case .accepted(let c) = $0 { c.peer.name == "alice" } else { false } }
+        #expect(harness.server.connections.count == 1)
+        await client.close()
+        let closed = try await harness.events.wait("closed") { if case .closed = $0 { true } else { false } }
+        if case .closed(_, let reason) = closed { #expect(reason == .goodbye("client closing")) }
+        await harness.server.stop()
+    }
+
+    @Test func hundredConcurrentClients() async throws {
+        let harness = try await LoopbackServer(handle: { _, event in
+            if case .received(let connection, let message) = event {
+                try? await connection.reply(to: message, with: try! message.decode(Note.self), type: "echo")
+            }
+        })
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<100 {
+                group.addTask {
+                    let client = try await harness.client("c\(index)")
+                    for round in 0..<3 {
+                        let sent = Note(text: "client \(index)", n: round)
+                        let back = try await client.request(sent, type: "echo", expecting: Note.self)
+                        #expect(back == sent)
+                    }
+                    await client.close()
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(harness.events.count { if case .accepted = $0 { true } else { false } } == 100)
+        await harness.server.stop()
+    }
+
+    @Test func broadcastReachesFiftyWithPerPeerResults() async throws {
+        let harness = try await LoopbackServer()
+        var clients: [MessageClient] = []
+        for index in 0..<50 { clients.append(try await harness.client("c\(index)")) }
+        try await harness.events.wait("50 accepted") { _ in harness.server.connections.count == 50 }
+        let results = await harness.server.broadcast(Note(text: "to all", n: 7), type: "note.all")
+        #expect(results.count == 50 && results.allSatisfy(\.succeeded))
+        for client in clients {
+            var iterator = client.events.makeAsyncIterator()
+            var got: Note?
+            while let event = await iterator.next() {
+                if case .received(let message) = event { got = try message.decode(Note.self); break }
+            }
+            #expect(got == Note(text: "to all", n: 7))
+        }
+        for client in clients { await client.close() }
+        await harness.server.stop()
+    }
+
+    @Test func peerThatNeverReadsIsDroppedByBroadcastOthersServed() async throws {
+        let harness = try await LoopbackServer { configuration in
+            configuration.channel.connection.sendHighWaterMark = 256 * 1024
+            configuration.channel.connection.sendLowWaterMark = 64 * 1024
+        }
+        let reader = try await harness.client("reader")
+        let stuck = try await harness.client("stuck")  // never consumes its events: stops reading
+        try await harness.events.wait("2 accepted") { _ in harness.server.connections.count == 2 }
+        let received = Mutex(0)
+        let consumer = Task {
+            for await event in reader.events {
+                if case .received = event { received.withLock { $0 += 1 } }
+            }
+        }
+        let payload = [UInt8](repeating: 0x5A, count: 64 * 1024)
+        var failures: [String] = []
+        for _ in 0..<400 {  // 25 MiB: far beyond socket buffers and the high-water mark
+            let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(1))
+            failures += results.filter { !$0.succeeded }.map { $0.connection.peer.name }
+            if harness.server.connections.count == 1 { break }
+        }
+        #expect(!failures.isEmpty && Set(failures) == ["stuck"], "failures: \(failures)")
+        try await harness.events.wait("stuck closed") { if case .closed(let c, _) = $0 { c.peer.name == "stuck" } else { false } }
+        // The reader is still served.
+        let before = received.withLock { $0 }
+        _ = await harness.server.broadcast([1, 2, 3], type: "after")
+        let deadline = ContinuousClock.now + .seconds(10)
+        while received.withLock({ $0 }) <= before && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(received.withLock { $0 } > before)
+        consumer.cancel()
+        await reader.close()
+        await stuck.close()
+        await harness.server.stop()
+    }
+
+    @Test func connectionLimitRefusesTheExtraClient() async throws {
+        let harness = try await LoopbackServer { $0.maxConnections = 2 }
+        let first = try await harness.client("one")
+        let second = try await harness.client("two")
+        await #expect(throws: MessagingError.self) {
+            _ = try await harness.client("three") { $0.channel.helloTimeout = .seconds(3) }
+        }
+        try await harness.events.wait("refused") { if case .refused(_, let reason) = $0 { reason.contains("limit of 2") } else { false } }
+        #expect(harness.server.connections.count == 2)
+        await first.close()
+        await second.close()
+        await harness.server.stop()
+    }
+
+    @Test func stopClosesClientsGracefullyAndEndsEvents() async throws {
+        let harness = try await LoopbackServer()
+        let client = try await harness.client("bye")
+        let clientEvents = EventLog<ClientEvent>()
+        let pump = Task { for await event in client.events { clientEvents.append(event) } }
+        try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        await harness.server.stop()
+        try await clientEvents.wait("disconnected") {
+            if case .disconnected(let reason) = $0 { reason == .goodbye("server stopping") } else { false }
+        }
+        await harness.pump.value  // the server's event stream ended
+        pump.cancel()
+        await client.close()
+    }
+
+    @Test func serviceLifecycleRunStopsOnCancellation() async throws {
+        var configuration = ServerConfiguration(serviceType: "_test._tcp")
+        configuration.publish = false
+        configuration.listener.loopbackOnly = true
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+        let running = Task { try await server.run() }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while server.port == nil && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        let port = try #require(server.port)
+        let client = try await MessageClient.connect(to: .host("::1", port: port), configuration: .init(name: "v6"), logger: testLogger())
+        #expect(client.channel?.remoteAddress?.family == .ipv6)
+        running.cancel()
+        try await running.value
+        var iterator = client.events.makeAsyncIterator()
+        var disconnected = false
+        while let event = await iterator.next() { if case .disconnected = event { disconnected = true; break } }
+        #expect(disconnected)
+    }
+
+    @Test func reconnectsToAFixedAddressWhenTheServerReturns() async throws {
+        var first: LoopbackServer? = try await LoopbackServer()
+        let port = first!.port
+        let client = try await first!.client("again") {
+            $0.reconnect = ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200), maxAttempts: 100)
+        }
+        let events = EventLog<ClientEvent>()
+        let pump = Task { for await event in client.events { events.append(event) } }
+        await first!.server.stop()
+        first = nil
+        try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
+        try await events.wait("reconnecting") { if case .reconnecting = $0 { true } else { false } }
+        let second = try await LoopbackServer { $0.listener.port = port }
+        try await events.wait("connected again") { event in
+            events.all.firstIndex { if case .disconnected = $0 { true } else { false } }.map { index in
+                events.all[index...].contains { if case .connected = $0 { true } else { false } }
+            } ?? false
+        }
+        try await client.send(Note(text: "back", n: 1), type: "note")
+        try await second.events.wait("received") { if case .received = $0 { true } else { false } }
+        pump.cancel()
+        await client.close()
+        await second.server.stop()
+    }
+}
+
+@Suite struct EventQueueTests {
+    @Test func pushSuspendsWhenFullAndResumesWhenDrained() async throws {
+        let queue = EventQueue<Int>(limit: 2)
+        await queue.push(1)
+        await queue.push(2)
+        let pushed = Mutex(false)
+        let producer = Task {
+            await queue.push(3)
+            pushed.withLock { $0 = true }
+        }
+        try await Task.sleep(for: .milliseconds(50))  // give the producer a chance to (wrongly) finish
+        #expect(!pushed.withLock { $0 })
+        #expect(await queue.next() == 1)
+        await producer.value
+        #expect(pushed.withLock { $0 })
+        #expect(await queue.next() == 2)
+        #expect(await queue.next() == 3)
+        queue.finish()
+        #expect(await queue.next() == nil)
+    }
+}
