@@ -15,11 +15,15 @@ let package = Package(
         .library(name: "FastJSON", targets: ["FastJSON"]),
         .executable(name: "discovery-demo", targets: ["discovery-demo"]),
         .executable(name: "lanmsg-echo", targets: ["lanmsg-echo"]),
+        .executable(name: "bonjour-chat", targets: ["bonjour-chat"]),
+        .executable(name: "preview-server", targets: ["preview-server"]),
+        .executable(name: "preview-push", targets: ["preview-push"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.0"),
     ],
     targets: [
         // Layer 0: the C headers of libavahi-client, nothing else. Only Discovery imports it.
@@ -73,6 +77,57 @@ let package = Package(
             path: "Demo/lanmsg-echo",
             swiftSettings: strict
         ),
+        // bonjour-chat: room logic in ChatKit (unit-tested), terminal UI in the executable.
+        .target(
+            name: "ChatKit",
+            dependencies: ["Messaging", .product(name: "Logging", package: "swift-log")],
+            path: "Demo/ChatKit",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "bonjour-chat",
+            dependencies: [
+                "ChatKit", "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Demo/bonjour-chat",
+            swiftSettings: strict
+        ),
+        // preview-server / preview-push: shared protocol and file handling in PreviewKit.
+        .target(
+            name: "PreviewKit",
+            dependencies: [
+                "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            path: "Demo/PreviewKit",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "preview-server",
+            dependencies: [
+                "PreviewKit", "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Demo/preview-server",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "preview-push",
+            dependencies: [
+                "PreviewKit", "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Demo/preview-push",
+            swiftSettings: strict
+        ),
+        .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
+        .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport"], swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),

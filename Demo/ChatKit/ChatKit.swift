@@ -1,0 +1,1 @@
+// Chat room logic (see issue 4).

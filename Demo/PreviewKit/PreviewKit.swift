@@ -1,0 +1,1 @@
+// Preview protocol and file handling (see issue 5).

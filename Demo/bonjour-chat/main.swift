@@ -1,0 +1,1 @@
+print("bonjour-chat: not built yet")

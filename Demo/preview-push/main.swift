@@ -1,0 +1,1 @@
+print("preview-push: not built yet")

@@ -1,0 +1,1 @@
+print("preview-server: not built yet")
