@@ -23,6 +23,19 @@ enum Harness {
         fatalError("no Package.swift above \(#filePath)")
     }
 
+    /// The directory of the built products (the directory of the running test binary, so a
+    /// `--scratch-path` build finds its own executables).
+    static var binDir: URL {
+        let executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        var directory = executable.deletingLastPathComponent()
+        // On Linux the test binary is <bin>/<Package>PackageTests.xctest
+        if directory.lastPathComponent.hasSuffix(".xctest") { directory.deleteLastPathComponent() }
+        return directory
+    }
+
+    /// Path of a built executable product, e.g. `binary("bonjour-chat")`.
+    static func binary(_ name: String) -> String { binDir.appendingPathComponent(name).path }
+
     /// Runs a harness control command (avahi-kill, avahi-start, dbus-restart, ...) and waits for it.
     static func control(_ action: String, host: String) throws {
         let result = try run([script, action, state, host])
