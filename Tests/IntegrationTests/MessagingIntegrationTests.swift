@@ -1,0 +1,80 @@
+import Foundation
+import Messaging
+import Testing
+
+/// Server on host "b" (the lanmsg-echo binary), client here on host "a", across the veth link.
+@Suite(.serialized, .enabled(if: Harness.isActive, Harness.disabledReason))
+struct MessagingIntegrationTests {
+    let logger = Harness.logger("messaging-test")
+
+    func startEcho(name: String, type: String) async throws -> Background {
+        let server = try Harness.spawn(onB: true, [Harness.binary("lanmsg-echo"), "--name", name, "--type", type])
+        try await server.waitForOutput("published as \(name)")
+        return server
+    }
+
+    @Test func serverFoundByBrowsingAndReachedOverIPv4AndIPv6LinkLocal() async throws {
+        let type = "_itest-echo._tcp"
+        let server = try await startEcho(name: "Echo B", type: type)
+        defer { server.stop() }
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        let found = try await MessageClient.find(name: "Echo B", type: type, discovery: discovery, timeout: .seconds(10))
+        let resolved = try await discovery.resolve(found)
+        #expect(resolved.txt["proto"] == String(WireProtocol.version))
+        let v4 = try #require(resolved.addresses.first { $0.ip.version == .ipv4 })
+        let v6 = try #require(resolved.addresses.first { $0.ip.version == .ipv6 && $0.ip.isLinkLocal })
+        for address in [v4, v6] {
+            let socketAddress = try SocketAddress(ipAddress: address.ip.description, port: address.port, scopeID: address.scopeID)
+            let start = ContinuousClock.now
+            let channel = try await MessageChannel.connect(
+                to: [socketAddress], configuration: ChannelConfiguration(name: "itest"), logger: logger)
+            Harness.measured("connect + hello over \(address.ip.version) across the link", ContinuousClock.now - start)
+            #expect(channel.remoteAddress?.family == (address.ip.version == .ipv4 ? .ipv4 : .ipv6))
+            let reply = try await channel.requestRaw(Array("ping \(address)".utf8), type: "echo")
+            #expect(reply.payload == Array("ping \(address)".utf8))
+            channel.close()
+            _ = await channel.closed()
+        }
+        // And by name, through the client (happy eyeballs over every address).
+        let client = try await MessageClient.connect(
+            to: .service(name: "Echo B", type: type, discovery: discovery), configuration: .init(name: "itest"),
+            logger: logger)
+        let count = try await client.request("stats", type: "echo.stats", expecting: Int.self)
+        #expect(count >= 3)
+        await client.close()
+    }
+
+    @Test func clientReconnectsWhenTheServerRestartsOnANewPort() async throws {
+        let type = "_itest-phoenix._tcp"
+        var server = try await startEcho(name: "Phoenix Echo", type: type)
+        let firstPort = server.text.split(separator: "\n").first { $0.hasPrefix("listening on port") }
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        var configuration = ClientConfiguration(name: "itest", reconnect: ReconnectPolicy(initialDelay: .milliseconds(100), maxDelay: .seconds(1), maxAttempts: 60))
+        configuration.channel.pingInterval = .seconds(1)
+        configuration.channel.heartbeatTimeout = .seconds(3)
+        let client = try await MessageClient.connect(
+            to: .service(name: "Phoenix Echo", type: type, discovery: discovery), configuration: configuration, logger: logger)
+        let events = Collector(client.events)
+        try await events.wait(timeout: .seconds(5), "connected") { if case .connected = $0 { true } else { false } }
+        kill(server.pid, SIGKILL)
+        _ = server.wait(timeout: .seconds(5))
+        let killedAt = ContinuousClock.now
+        try await events.wait(timeout: .seconds(10), "disconnected") { if case .disconnected = $0 { true } else { false } }
+        Harness.measured("server SIGKILLed → client notices", ContinuousClock.now - killedAt)
+        server = try await startEcho(name: "Phoenix Echo", type: type)
+        defer { server.stop() }
+        let secondPort = server.text.split(separator: "\n").first { $0.hasPrefix("listening on port") }
+        #expect(firstPort != secondPort)
+        let restartedAt = ContinuousClock.now
+        let connectedCount = events.all.filter { if case .connected = $0 { true } else { false } }.count
+        try await events.wait(timeout: .seconds(30), "connected again") { _ in
+            events.all.filter { if case .connected = $0 { true } else { false } }.count > connectedCount
+        }
+        Harness.measured("server back on a new port → client reconnected", ContinuousClock.now - restartedAt)
+        let reply = try await client.channel!.requestRaw(Array("again".utf8), type: "echo")
+        #expect(reply.payload == Array("again".utf8))
+        await client.close()
+    }
+}
