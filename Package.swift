@@ -41,7 +41,10 @@ let package = Package(
         // Layer 1b: sockets, Dispatch sources, framing, wire envelope, codecs. No Avahi.
         .target(
             name: "Transport",
-            dependencies: [.product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),  // HMAC-SHA256 for pre-shared keys
+            ],
             swiftSettings: strict
         ),
         // A Codable JSON codec over bytes (no I/O).

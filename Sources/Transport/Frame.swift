@@ -6,6 +6,10 @@ public enum FrameKind: UInt8, Sendable, Hashable, CaseIterable {
     case helloAck = 0x02
     /// The accepting side refuses the HELLO (JSON `{"code":…, "message":…}`); it closes afterwards.
     case refuse = 0x03
+    /// Client's proof of the pre-shared key (JSON `{"proof": hex}`), only when the server asked for it.
+    case auth = 0x04
+    /// The server accepted the client's proof; the hello exchange is complete.
+    case authOK = 0x05
     /// An application message: type id, codec id, payload, optional reply-to.
     case message = 0x10
     /// Liveness probe; the receiver answers with PONG.
@@ -78,8 +82,9 @@ public struct Frame: Sendable, Hashable {
         return 4 + frame.bodySize
     }
 
-    /// Writes the encoding (length prefix included) into `out`, which must hold exactly `4 + bodySize` bytes.
-    func write(into out: UnsafeMutableRawBufferPointer) {
+    /// Writes the encoding (length prefix included) into `out`, which must hold exactly `4 + bodySize` bytes
+    /// (without `includePayload`: everything but the payload, `4 + bodySize - payload.count` bytes).
+    func write(into out: UnsafeMutableRawBufferPointer, includePayload: Bool = true) {
         var i = 0
         func put<I: FixedWidthInteger>(_ value: I) {
             withUnsafeBytes(of: value.bigEndian) { bytes in
@@ -100,7 +105,7 @@ public struct Frame: Sendable, Hashable {
         }
         put(sequence)
         if let reference { put(reference) }
-        if !payload.isEmpty {
+        if includePayload && !payload.isEmpty {
             payload.withUnsafeBytes { src in
                 UnsafeMutableRawBufferPointer(rebasing: out[i..<(i + src.count)]).copyMemory(from: src)
             }
@@ -119,6 +124,18 @@ public struct FrameDecoder: Sendable {
     private var buffer: [UInt8] = []
     private var readIndex = 0
     private var expectedSequence: UInt64?
+    /// A large frame whose header is parsed and whose payload is being filled in place.
+    private var partial: PartialFrame?
+
+    /// Payloads at least this large are received into their own array (see ``fillPayload(_:)``)
+    /// instead of through the reassembly buffer, which saves two copies of every byte.
+    static let inPlacePayloadThreshold = 64 * 1024
+
+    private struct PartialFrame: Sendable {
+        var header: Frame  // everything but the payload
+        var payload: [UInt8]
+        var filled: Int
+    }
 
     /// Creates a decoder.
     /// - Parameters:
@@ -130,7 +147,27 @@ public struct FrameDecoder: Sendable {
     }
 
     /// The number of received bytes not yet consumed by ``next()``.
-    public var bufferedByteCount: Int { buffer.count - readIndex }
+    public var bufferedByteCount: Int {
+        buffer.count - readIndex + (partial.map { 4 + $0.header.bodySize + $0.filled } ?? 0)
+    }
+
+    /// While a large frame's payload is being received: how many of its bytes are still missing.
+    /// Read them straight into the payload with ``fillPayload(_:)``; plain ``append(_:)`` works too.
+    public var missingPayloadBytes: Int {
+        guard let partial else { return 0 }
+        return partial.payload.count - partial.filled
+    }
+
+    /// Lets `read` write into the missing part of a large frame's payload; `read` returns the number
+    /// of bytes it wrote (0 for none). Call ``next()`` afterwards. Does nothing without such a frame.
+    public mutating func fillPayload(_ read: (UnsafeMutableRawBufferPointer) -> Int) {
+        guard partial != nil else { return }
+        let filled = partial!.filled
+        let count = partial!.payload.withUnsafeMutableBytes { raw in
+            read(UnsafeMutableRawBufferPointer(rebasing: raw[filled...]))
+        }
+        partial!.filled += min(max(0, count), partial!.payload.count - filled)
+    }
 
     /// Appends received bytes.
     public mutating func append(_ bytes: UnsafeRawBufferPointer) {
@@ -160,6 +197,7 @@ public struct FrameDecoder: Sendable {
     ///   ``TransportError/Code/protocolViolation`` and a matching ``TransportError/closeReason``.
     ///   After an error the decoder is unusable; close the connection.
     public mutating func next() throws(TransportError) -> Frame? {
+        if partial != nil { return try completePartial() }
         let available = buffer.count - readIndex
         guard available >= 4 else { return nil }
         let length = buffer.withUnsafeBytes { raw -> UInt32 in
@@ -175,7 +213,10 @@ public struct FrameDecoder: Sendable {
         if bodySize < Frame.fixedHeaderSize {
             throw FrameDecoder.violation("frame body of \(bodySize) bytes is shorter than the 12-byte minimum")
         }
-        guard available >= 4 + bodySize else { return nil }
+        guard available >= 4 + bodySize else {
+            try startPartialIfLarge(bodySize: bodySize, available: available)
+            return partial != nil ? try completePartial() : nil
+        }
         let start = readIndex + 4
         let end = start + bodySize
         let parsed = buffer.withUnsafeBytes { raw in
@@ -185,12 +226,69 @@ public struct FrameDecoder: Sendable {
         }
         let frame = try parsed.get()
         readIndex = end
+        try checkSequence(frame)
+        return frame
+    }
+
+    private mutating func checkSequence(_ frame: Frame) throws(TransportError) {
         if let expected = expectedSequence {
             guard frame.sequence == expected else {
                 throw FrameDecoder.violation("sequence number \(frame.sequence) where \(expected) was expected")
             }
             expectedSequence = expected &+ 1
         }
+    }
+
+    /// With the header of an incomplete frame buffered and a payload of at least
+    /// ``inPlacePayloadThreshold`` bytes: parses the header, allocates the payload (the length was
+    /// already checked against ``maxFrameSize``) and moves the buffered part of the payload into it.
+    private mutating func startPartialIfLarge(bodySize: Int, available: Int) throws(TransportError) {
+        guard bodySize - Frame.fixedHeaderSize >= FrameDecoder.inPlacePayloadThreshold, available >= 8 else { return }
+        let (flags, typeLength) = buffer.withUnsafeBytes { raw in (raw[readIndex + 6], Int(raw[readIndex + 7])) }
+        let headerSize = Frame.fixedHeaderSize + typeLength + (flags & Frame.flagHasReference != 0 ? 8 : 0)
+        let payloadSize = bodySize - headerSize
+        guard payloadSize >= FrameDecoder.inPlacePayloadThreshold, available >= 4 + headerSize else { return }
+        let start = readIndex + 4
+        let header = try buffer.withUnsafeBytes { raw in
+            Result { () throws(TransportError) -> Frame in
+                try FrameDecoder.parse(UnsafeRawBufferPointer(rebasing: raw[start..<(start + headerSize)]))
+            }
+        }.get()
+        let buffered = min(available - 4 - headerSize, payloadSize)
+        let payloadStart = start + headerSize
+        let payload = [UInt8](unsafeUninitializedCapacity: payloadSize) { out, count in
+            buffer.withUnsafeBytes { raw in
+                UnsafeMutableRawBufferPointer(out).copyMemory(
+                    from: UnsafeRawBufferPointer(rebasing: raw[payloadStart..<(payloadStart + buffered)]))
+            }
+            // The rest is written by fillPayload/append before the frame is handed out.
+            count = payloadSize
+        }
+        readIndex = payloadStart + buffered
+        partial = PartialFrame(header: header, payload: payload, filled: buffered)
+    }
+
+    /// Moves buffered bytes into the partial frame's payload; returns the frame once it is complete.
+    private mutating func completePartial() throws(TransportError) -> Frame? {
+        let missing = missingPayloadBytes
+        let take = min(missing, buffer.count - readIndex)
+        if take > 0 {
+            let from = readIndex
+            let filled = partial!.filled
+            buffer.withUnsafeBytes { raw in
+                partial!.payload.withUnsafeMutableBytes { out in
+                    UnsafeMutableRawBufferPointer(rebasing: out[filled..<(filled + take)])
+                        .copyMemory(from: UnsafeRawBufferPointer(rebasing: raw[from..<(from + take)]))
+                }
+            }
+            partial!.filled += take
+            readIndex += take
+        }
+        guard missingPayloadBytes == 0, let done = partial else { return nil }
+        partial = nil
+        var frame = done.header
+        frame.payload = done.payload
+        try checkSequence(frame)
         return frame
     }
 

@@ -31,6 +31,10 @@ public struct ChannelConfiguration: Sendable {
     public var transferChunkBufferLimit: Int = 16
     /// Server side: return a non-nil refusal message to refuse a peer after its HELLO.
     public var helloValidator: (@Sendable (PeerInfo) -> String?)? = nil
+    /// A pre-shared key. When set, the hello includes a mutual HMAC-SHA256 challenge-response with
+    /// fresh nonces from both sides (the key never travels): a server accepts only clients proving
+    /// the same key, and a client accepts only a server proving it. See docs/PROTOCOL.md.
+    public var preSharedKey: PreSharedKey? = nil
 
     /// Creates a configuration with this side's name.
     public init(name: String) { self.name = name }
@@ -409,7 +413,7 @@ public final class MessageChannel: @unchecked Sendable {
             handleChunk(frame)
         case .streamEnd:
             handleStreamEnd(frame)
-        case .hello, .helloAck, .refuse:
+        case .hello, .helloAck, .refuse, .auth, .authOK:
             violation("unexpected \(frame.kind) frame after the hello exchange")
         }
     }
@@ -625,9 +629,20 @@ public final class OutgoingTransfer: @unchecked Sendable {
     }
 }
 
-/// The hello exchange on a fresh connection. `@unchecked Sendable`: state confined to the connection's queue.
+/// The hello exchange on a fresh connection, with optional pre-shared-key authentication.
+/// `@unchecked Sendable`: state confined to the connection's queue.
 final class Handshake: @unchecked Sendable {
     enum Role { case client, server }
+    /// Where an authenticated exchange stands.
+    private enum AuthState {
+        case none
+        /// Client: sent its nonce in HELLO.
+        case clientSentNonce([UInt8])
+        /// Client: sent AUTH, waiting for AUTH_OK.
+        case clientAwaitingOK(PeerInfo)
+        /// Server: sent its challenge, waiting for AUTH.
+        case serverAwaitingProof(info: PeerInfo, clientNonce: [UInt8], serverNonce: [UInt8])
+    }
 
     let connection: Connection
     let role: Role
@@ -636,6 +651,7 @@ final class Handshake: @unchecked Sendable {
     private var continuation: CheckedContinuation<MessageChannel, any Error>?
     private var done = false
     private var timeout: DispatchWorkItem?
+    private var auth = AuthState.none
 
     init(connection: Connection, role: Role, configuration: ChannelConfiguration, logger: Logger) {
         self.connection = connection
@@ -643,6 +659,8 @@ final class Handshake: @unchecked Sendable {
         self.configuration = configuration
         self.logger = connection.logger
     }
+
+    private var peerDescription: String { connection.remoteAddress.map { "\($0)" } ?? "?" }
 
     func run() async throws -> MessageChannel {
         try await withCheckedThrowingContinuation { continuation in
@@ -654,7 +672,13 @@ final class Handshake: @unchecked Sendable {
                 self.connection.queue.asyncAfter(
                     deadline: .now() + self.configuration.helloTimeout.timeInterval, execute: item)
                 if self.role == .client {
-                    self.send(.hello, self.configuration.peerInfo)
+                    if self.configuration.preSharedKey != nil {
+                        let nonce = AuthNonce.make()
+                        self.auth = .clientSentNonce(nonce)
+                        self.send(.hello, HelloPayload(self.configuration.peerInfo, nonce: Hex.encode(nonce)))
+                    } else {
+                        self.send(.hello, self.configuration.peerInfo)
+                    }
                 }
             }
         }
@@ -667,11 +691,22 @@ final class Handshake: @unchecked Sendable {
             completion: { _ in })
     }
 
+    private func refuse(code: String, _ text: String, error: TransportError.Code) {
+        send(.refuse, Refusal(code: code, message: text))
+        fail(TransportError(error, text, closeReason: .helloFailed(text)), close: .helloFailed(text))
+    }
+
+    private func authFailure(_ text: String) {
+        logger.warning("authentication failed with \(peerDescription): \(text)")
+        fail(TransportError(.authenticationFailed, text, closeReason: .helloFailed(text)), close: .helloFailed(text))
+    }
+
     private func handle(_ frame: Frame) {
         guard !done else { return }
         switch (role, frame.kind) {
         case (.client, .helloAck):
-            guard let info = decode(PeerInfo.self, frame) else { return }
+            guard let hello = decode(HelloPayload.self, frame) else { return }
+            let info = hello.info
             guard info.version == configuration.protocolVersion else {
                 let text =
                     "peer acknowledged with protocol version \(info.version), "
@@ -679,10 +714,44 @@ final class Handshake: @unchecked Sendable {
                 fail(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)), close: .helloFailed(text))
                 return
             }
+            switch (configuration.preSharedKey, auth, hello.auth) {
+            case (nil, _, nil):
+                succeed(info)
+            case (nil, _, .some):
+                authFailure("the server '\(info.name)' requires a pre-shared key; give this client the same key (--key-file)")
+            case (.some, _, nil):
+                authFailure(
+                    "the server '\(info.name)' did not prove the pre-shared key (it runs without one); refusing to talk to an unauthenticated server")
+            case (.some(let key), .clientSentNonce(let clientNonce), .some(let challenge)):
+                guard challenge.scheme == "hmac-sha256", let serverNonce = Hex.decode(challenge.nonce),
+                    serverNonce.count == AuthNonce.size, let proof = Hex.decode(challenge.proof)
+                else {
+                    authFailure("the server sent a malformed authentication challenge")
+                    return
+                }
+                guard constantTimeEqual(proof, key.serverProof(clientNonce: clientNonce, serverNonce: serverNonce)) else {
+                    authFailure("the server '\(info.name)' proved a different pre-shared key; check that both sides use the same key file")
+                    return
+                }
+                auth = .clientAwaitingOK(info)
+                send(.auth, AuthProof(proof: Hex.encode(key.clientProof(clientNonce: clientNonce, serverNonce: serverNonce))))
+            case (.some, _, .some):
+                authFailure("unexpected authentication state")
+            }
+        case (.client, .authOK):
+            guard case .clientAwaitingOK(let info) = auth else {
+                protocolFailure("AUTH_OK without an authentication exchange")
+                return
+            }
             succeed(info)
         case (.client, .refuse):
             let refusal = decode(Refusal.self, frame) ?? Refusal(code: "unknown", message: "refused")
-            let code: TransportError.Code = refusal.code == "version_mismatch" ? .versionMismatch : .helloRefused
+            let code: TransportError.Code =
+                switch refusal.code {
+                case "version_mismatch": .versionMismatch
+                case "auth_required", "auth_failed": .authenticationFailed
+                default: .helloRefused
+                }
             logger.warning("peer refused the hello: \(refusal.message)")
             fail(
                 TransportError(
@@ -690,34 +759,71 @@ final class Handshake: @unchecked Sendable {
                     closeReason: .helloFailed(refusal.message)),
                 close: .helloFailed(refusal.message))
         case (.server, .hello):
-            guard let info = decode(PeerInfo.self, frame) else { return }
+            guard case .none = auth, let hello = decode(HelloPayload.self, frame) else {
+                if case .none = auth {} else { protocolFailure("a second HELLO") }
+                return
+            }
+            let info = hello.info
             if info.version != configuration.protocolVersion {
                 let text =
                     "protocol version mismatch: the server speaks version \(configuration.protocolVersion), "
                     + "the client '\(info.name)' sent version \(info.version); update the older side"
                 logger.warning("refusing peer: \(text)")
-                send(.refuse, Refusal(code: "version_mismatch", message: text))
-                fail(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)), close: .helloFailed(text))
+                refuse(code: "version_mismatch", text, error: .versionMismatch)
                 return
             }
             if let refusal = configuration.helloValidator?(info) {
                 logger.info("refusing peer '\(info.name)': \(refusal)")
-                send(.refuse, Refusal(code: "refused", message: refusal))
-                fail(
-                    TransportError(
-                        .helloRefused, "refused peer '\(info.name)': \(refusal)", closeReason: .helloFailed(refusal)),
-                    close: .helloFailed(refusal))
+                refuse(code: "refused", "refused peer '\(info.name)': \(refusal)", error: .helloRefused)
                 return
             }
-            send(.helloAck, configuration.peerInfo)
+            guard let key = configuration.preSharedKey else {
+                send(.helloAck, configuration.peerInfo)
+                succeed(info)
+                return
+            }
+            guard let nonceText = hello.nonce, let clientNonce = Hex.decode(nonceText), clientNonce.count == AuthNonce.size else {
+                let text = "this server requires a pre-shared key; start the client with the same key (--key-file)"
+                logger.warning("refusing unauthenticated client '\(info.name)' from \(peerDescription): no key offered")
+                refuse(code: "auth_required", text, error: .authenticationFailed)
+                return
+            }
+            let serverNonce = AuthNonce.make()
+            auth = .serverAwaitingProof(info: info, clientNonce: clientNonce, serverNonce: serverNonce)
+            let challenge = AuthChallenge(
+                scheme: "hmac-sha256", nonce: Hex.encode(serverNonce),
+                proof: Hex.encode(key.serverProof(clientNonce: clientNonce, serverNonce: serverNonce)))
+            send(.helloAck, HelloPayload(configuration.peerInfo, auth: challenge))
+        case (.server, .auth):
+            guard case .serverAwaitingProof(let info, let clientNonce, let serverNonce) = auth,
+                let key = configuration.preSharedKey
+            else {
+                protocolFailure("AUTH without a challenge")
+                return
+            }
+            guard let proofMessage = decode(AuthProof.self, frame) else { return }
+            guard let proof = Hex.decode(proofMessage.proof),
+                constantTimeEqual(proof, key.clientProof(clientNonce: clientNonce, serverNonce: serverNonce))
+            else {
+                logger.warning("refusing client '\(info.name)' from \(peerDescription): wrong pre-shared key (or a replayed hello)")
+                refuse(
+                    code: "auth_failed", "authentication failed: wrong pre-shared key; use the server's key file",
+                    error: .authenticationFailed)
+                return
+            }
+            connection.enqueue(Frame(kind: .authOK), bypassLimit: true, completion: { _ in })
             succeed(info)
         default:
-            let text = "expected \(role == .client ? "HELLO_ACK or REFUSE" : "HELLO"), got \(frame.kind)"
-            logger.warning("hostile or broken peer during hello: \(text)")
-            fail(
-                TransportError(.helloFailed, "hello failed: \(text)", closeReason: .protocolError(text)),
-                close: .protocolError(text))
+            protocolFailure(
+                "expected \(role == .client ? "HELLO_ACK, AUTH_OK or REFUSE" : "HELLO or AUTH"), got \(frame.kind)")
         }
+    }
+
+    private func protocolFailure(_ text: String) {
+        logger.warning("hostile or broken peer \(peerDescription) during hello: \(text)")
+        fail(
+            TransportError(.helloFailed, "hello failed: \(text)", closeReason: .protocolError(text)),
+            close: .protocolError(text))
     }
 
     private func decode<T: Decodable>(_ type: T.Type, _ frame: Frame) -> T? {

@@ -14,7 +14,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         private enum Base: String, Hashable, Sendable {
             case syscallFailed, invalidAddress, connectFailed, connectTimedOut, connectionClosed
             case versionMismatch, helloRefused, helloFailed, requestTimedOut, encodingFailed, decodingFailed
-            case frameTooLarge, protocolViolation, transferFailed, invalidArgument, listenerFailed
+            case frameTooLarge, protocolViolation, transferFailed, invalidArgument, listenerFailed, authenticationFailed
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -51,6 +51,8 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         public static let invalidArgument = Code(.invalidArgument)
         /// The listener could not be set up.
         public static let listenerFailed = Code(.listenerFailed)
+        /// Pre-shared-key authentication failed: wrong or missing key on one side.
+        public static let authenticationFailed = Code(.authenticationFailed)
 
         /// The code's name.
         public var description: String { base.rawValue }
