@@ -8,7 +8,8 @@ import Foundation
 /// `JSONEncoder`.
 ///
 /// The encoder streams: each value is appended straight to a byte buffer as the `encode(to:)`
-/// methods run; no intermediate tree is built. The output is what `JSONEncoder` produces with its
+/// methods run; no intermediate tree is built. The finished bytes are copied once into the result
+/// (or appended to the caller's buffer). The output is what `JSONEncoder` produces with its
 /// default settings, except that
 /// - object keys appear in the order the `encode` calls were made (declaration order for
 ///   synthesized conformances) — Foundation's order is unspecified;
@@ -41,9 +42,7 @@ public struct FastJSONEncoder: Sendable {
     ///   support; the context's `underlyingError` is a ``FastJSONError``.
     @inlinable
     public func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
-        var buffer: [UInt8] = []
-        try encode(value, into: &buffer)
-        return buffer
+        try _encode(value) { Array($0) }
     }
 
     /// Encodes `value` and appends the JSON bytes to `buffer`.
@@ -52,9 +51,94 @@ public struct FastJSONEncoder: Sendable {
     /// messages) avoids allocating. If encoding throws, `buffer` is restored to its previous length.
     @inlinable
     public func encode<T: Encodable>(_ value: T, into buffer: inout [UInt8]) throws {
-        let state = _EncoderState(escapeSlashes: escapesForwardSlashes, userInfo: userInfo)
-        try state.run(value, into: &buffer)
+        try _encode(value) { buffer.append(contentsOf: $0) }
     }
+
+    /// Encodes into the encoder's scratch buffer and hands the finished bytes to `body`.
+    @usableFromInline
+    func _encode<T: Encodable, R>(_ value: T, _ body: (UnsafeBufferPointer<UInt8>) throws -> R) throws -> R {
+        var state = _EncoderState.make(escapeSlashes: escapesForwardSlashes, userInfo: userInfo)
+        defer { _EncoderState.recycle(&state) }
+        try _Encoding.encodeTopLevel(state.core, value)
+        return try body(state.core.pointee.out.bytes)
+    }
+}
+
+// MARK: - Output buffer
+
+/// A growable byte buffer over manually managed memory: appends cost a bounds check and a store
+/// (no uniqueness check, no retain). The owner calls ``deallocate()``.
+@usableFromInline
+struct _ByteBuffer {
+    private(set) var base: UnsafeMutablePointer<UInt8>
+    private(set) var count = 0
+    private var capacity: Int
+
+    init(capacity: Int) {
+        self.capacity = capacity
+        base = .allocate(capacity: capacity)
+    }
+
+    var bytes: UnsafeBufferPointer<UInt8> { UnsafeBufferPointer(start: base, count: count) }
+
+    @inline(__always)
+    mutating func reserve(_ extra: Int) {
+        if _slowPath(count &+ extra > capacity) { grow(count + extra) }
+    }
+
+    private mutating func grow(_ minimum: Int) {
+        let newCapacity = max(capacity * 2, minimum)
+        let bigger = UnsafeMutablePointer<UInt8>.allocate(capacity: newCapacity)
+        bigger.update(from: base, count: count)
+        base.deallocate()
+        base = bigger
+        capacity = newCapacity
+    }
+
+    @inline(__always)
+    mutating func append(_ byte: UInt8) {
+        reserve(1)
+        base[count] = byte
+        count &+= 1
+    }
+
+    @inline(__always)
+    mutating func append(_ a: UInt8, _ b: UInt8) {
+        reserve(2)
+        base[count] = a
+        base[count &+ 1] = b
+        count &+= 2
+    }
+
+    @inline(__always)
+    mutating func append(_ bytes: UnsafeBufferPointer<UInt8>) {
+        guard let source = bytes.baseAddress else { return }
+        reserve(bytes.count)
+        (base + count).update(from: source, count: bytes.count)
+        count &+= bytes.count
+    }
+
+    @inline(__always)
+    mutating func append(_ bytes: UnsafeRawBufferPointer) {
+        append(bytes.assumingMemoryBound(to: UInt8.self))
+    }
+
+    @inline(__always)
+    mutating func append(_ literal: StaticString) {
+        append(UnsafeBufferPointer(start: literal.utf8Start, count: literal.utf8CodeUnitCount))
+    }
+
+    @inline(__always)
+    mutating func removeLast(_ n: Int) { count -= n }
+
+    mutating func removeAll() { count = 0 }
+
+    var capacityInBytes: Int { capacity }
+
+    @inline(__always)
+    subscript(index: Int) -> UInt8 { base[index] }
+
+    func deallocate() { base.deallocate() }
 }
 
 // MARK: - State
@@ -70,17 +154,22 @@ struct _EncoderFrame {
     var id: UInt32
 }
 
-/// The encoder's shared mutable state; also the `Encoder` handed to values.
+/// The encoder's mutable state. It lives behind an `UnsafeMutablePointer` owned by
+/// ``_EncoderState``, so containers reach it without retain/release and without the dynamic
+/// exclusivity checks a class's stored properties would need.
 ///
 /// Output is written eagerly. Open containers form a stack of frames; writing through a container
 /// first closes every frame opened above it (which is how `}` and `]` get written: Codable has no
 /// "container finished" callback).
+///
+/// Methods here never call user code (`encode(to:)`), so no access to the state is open while user
+/// code runs; re-entrant operations live in ``_Encoding`` and access the state through the pointer.
 @usableFromInline
-final class _EncoderState: Encoder {
-    var out: [UInt8] = []
+struct _EncoderCore {
+    var out = _ByteBuffer(capacity: 256)
     var frames: [_EncoderFrame] = []
     var nextID: UInt32 = 0
-    /// The value slot the `Encoder` methods of `self` act on, and its coding-path depth.
+    /// The value slot the `Encoder` methods act on, and its coding-path depth.
     var currentSlot = 0
     var currentSlotID: UInt32 = 0
     var currentDepth = 0
@@ -88,19 +177,19 @@ final class _EncoderState: Encoder {
     var path: [any CodingKey] = []
     /// An error from a non-throwing API (`container(keyedBy:)` and friends), thrown at the end.
     var deferredError: (any Error)?
-    let escapeSlashes: Bool
-    let sendableUserInfo: [CodingUserInfoKey: any Sendable]
+    var escapeSlashes: Bool
+    var sendableUserInfo: [CodingUserInfoKey: any Sendable]
+    /// The `Encoder` handed to `encode(to:)`; it owns this state.
+    unowned(unsafe) var encoder: _EncoderState?
+    var containers = _ContainerCache<_KeyedEncoderRecord>()
 
-    @usableFromInline
     init(escapeSlashes: Bool, userInfo: [CodingUserInfoKey: any Sendable]) {
         self.escapeSlashes = escapeSlashes
         self.sendableUserInfo = userInfo
         frames.reserveCapacity(8)
     }
 
-    @usableFromInline var codingPath: [any CodingKey] { prefixPath(currentDepth) }
-
-    @usableFromInline var userInfo: [CodingUserInfoKey: Any] {
+    var userInfo: [CodingUserInfoKey: Any] {
         var result: [CodingUserInfoKey: Any] = [:]
         for (key, value) in sendableUserInfo { result[key] = value }
         return result
@@ -111,81 +200,40 @@ final class _EncoderState: Encoder {
     }
 
     @inline(__always)
-    func truncatePath(_ depth: Int) {
+    mutating func truncatePath(_ depth: Int) {
         if path.count > depth { path.removeLast(path.count - depth) }
-    }
-
-    // MARK: Entry point
-
-    @usableFromInline
-    func run<T: Encodable>(_ value: T, into buffer: inout [UInt8]) throws {
-        let start = buffer.count
-        swap(&out, &buffer)
-        defer { swap(&out, &buffer) }
-        if out.capacity - out.count < 64 { out.reserveCapacity(out.count + 128) }
-        do {
-            try encodeTopLevel(value)
-        } catch {
-            out.removeSubrange(start...)
-            throw error
-        }
-    }
-
-    func encodeTopLevel<T: Encodable>(_ value: T) throws {
-        let (slot, id) = push(.slot)
-        if try encodeSpecial(value, depth: 0, key: _JSONKey?.none) {
-            frames[slot].count = 1
-        } else {
-            currentSlot = slot
-            currentSlotID = id
-            currentDepth = 0
-            try value.encode(to: self)
-        }
-        if let deferredError { throw deferredError }
-        guard frames.count > slot, frames[slot].id == id else { throw usageError("the top-level slot was closed") }
-        closeFrames(above: slot)
-        guard frames[slot].count > 0 else {
-            throw EncodingError.invalidValue(value, EncodingError.Context(
-                codingPath: [],
-                debugDescription: "Top-level \(T.self) did not encode any values.",
-                underlyingError: FastJSONError(code: .noValueEncoded, offset: nil, codingPath: "",
-                                               message: "Top-level \(T.self) did not encode any values.")))
-        }
     }
 
     // MARK: Frames
 
     @inline(__always)
-    func push(_ kind: _EncoderFrame.Kind) -> (Int, UInt32) {
+    mutating func push(_ kind: _EncoderFrame.Kind) -> (Int, UInt32) {
         nextID &+= 1
         frames.append(_EncoderFrame(kind: kind, count: 0, id: nextID))
         return (frames.count - 1, nextID)
     }
 
     /// Closes (writes the closing bracket of) every frame above `index`.
-    func closeFrames(above index: Int) {
+    mutating func closeFrames(above index: Int) {
         while frames.count - 1 > index {
             let frame = frames.removeLast()
             switch frame.kind {
             case .object: out.append(UInt8(ascii: "}"))
             case .array: out.append(UInt8(ascii: "]"))
             case .slot:
-                if frame.count == 0 {
-                    out.append(UInt8(ascii: "{"))
-                    out.append(UInt8(ascii: "}"))
-                }
+                if frame.count == 0 { out.append(UInt8(ascii: "{"), UInt8(ascii: "}")) }
             }
         }
     }
 
     /// Makes frame `index` the innermost open frame, or throws if it was already closed.
     @inline(__always)
-    func activate(_ index: Int, _ id: UInt32) throws {
-        if frames.count &- 1 == index, frames[index].id == id { return }
+    mutating func activate(_ index: Int, _ id: UInt32) throws {
+        if index >= 0, frames.count &- 1 == index, frames[index].id == id { return }
         try activateSlow(index, id)
     }
 
-    func activateSlow(_ index: Int, _ id: UInt32) throws {
+    mutating func activateSlow(_ index: Int, _ id: UInt32) throws {
         guard index >= 0, index < frames.count, frames[index].id == id else {
             throw usageError(
                 "a container was written to after it was finished (FastJSON streams its output, so "
@@ -196,7 +244,7 @@ final class _EncoderState: Encoder {
     }
 
     func usageError(_ message: String) -> EncodingError {
-        let path = codingPath
+        let path = prefixPath(currentDepth)
         return EncodingError.invalidValue(
             Optional<Int>.none as Any,
             EncodingError.Context(
@@ -206,7 +254,7 @@ final class _EncoderState: Encoder {
     }
 
     @inline(__always)
-    func beginKey(_ frame: Int, _ id: UInt32, _ key: String) throws {
+    mutating func beginKey(_ frame: Int, _ id: UInt32, _ key: String) throws {
         try activate(frame, id)
         if frames[frame].count > 0 { out.append(UInt8(ascii: ",")) }
         frames[frame].count &+= 1
@@ -215,14 +263,14 @@ final class _EncoderState: Encoder {
     }
 
     @inline(__always)
-    func beginElement(_ frame: Int, _ id: UInt32) throws {
+    mutating func beginElement(_ frame: Int, _ id: UInt32) throws {
         try activate(frame, id)
         if frames[frame].count > 0 { out.append(UInt8(ascii: ",")) }
         frames[frame].count &+= 1
     }
 
     /// Starts the single value of a slot.
-    func beginSlotValue(_ slot: Int, _ id: UInt32) throws {
+    mutating func beginSlotValue(_ slot: Int, _ id: UInt32) throws {
         try activate(slot, id)
         guard frames[slot].count == 0 else {
             throw usageError("a single value container already holds a value")
@@ -232,8 +280,8 @@ final class _EncoderState: Encoder {
 
     /// The container frame for a slot: opened now, or the one already opened for this slot
     /// (a class and its superclass may both ask the same encoder for a keyed container).
-    func containerFrame(slot: Int, id: UInt32, kind: _EncoderFrame.Kind) -> (Int, UInt32)? {
-        guard slot < frames.count, frames[slot].id == id else { return nil }
+    mutating func containerFrame(slot: Int, id: UInt32, kind: _EncoderFrame.Kind) -> (Int, UInt32)? {
+        guard slot >= 0, slot < frames.count, frames[slot].id == id else { return nil }
         if frames[slot].count == 0 {
             closeFrames(above: slot)
             frames[slot].count = 1
@@ -247,71 +295,16 @@ final class _EncoderState: Encoder {
         return nil
     }
 
-    func keyedContainer<Key: CodingKey>(slot: Int, id: UInt32, depth: Int) -> KeyedEncodingContainer<Key> {
-        if let (frame, frameID) = containerFrame(slot: slot, id: id, kind: .object) {
-            return KeyedEncodingContainer(_KeyedEncoder<Key>(state: self, frame: frame, id: frameID, depth: depth))
-        }
-        if deferredError == nil { deferredError = usageError("keyed container requested for a value that already holds something else") }
-        return KeyedEncodingContainer(_KeyedEncoder<Key>(state: self, frame: -1, id: 0, depth: depth))
-    }
-
-    func unkeyedContainer(slot: Int, id: UInt32, depth: Int) -> any UnkeyedEncodingContainer {
-        if let (frame, frameID) = containerFrame(slot: slot, id: id, kind: .array) {
-            return _UnkeyedEncoder(state: self, frame: frame, id: frameID, depth: depth)
-        }
-        if deferredError == nil { deferredError = usageError("unkeyed container requested for a value that already holds something else") }
-        return _UnkeyedEncoder(state: self, frame: -1, id: 0, depth: depth)
-    }
-
-    // MARK: Encoder
-
-    @usableFromInline
-    func container<Key: CodingKey>(keyedBy type: Key.Type) -> KeyedEncodingContainer<Key> {
-        keyedContainer(slot: currentSlot, id: currentSlotID, depth: currentDepth)
-    }
-
-    @usableFromInline
-    func unkeyedContainer() -> any UnkeyedEncodingContainer {
-        unkeyedContainer(slot: currentSlot, id: currentSlotID, depth: currentDepth)
-    }
-
-    @usableFromInline
-    func singleValueContainer() -> any SingleValueEncodingContainer {
-        _SingleValueEncoder(state: self, slot: currentSlot, id: currentSlotID, depth: currentDepth)
+    mutating func deferError(_ error: any Error) {
+        if deferredError == nil { deferredError = error }
     }
 
     // MARK: Values
 
-    /// Encodes a non-primitive value into a fresh slot at the current output position.
-    func encodeNested<T: Encodable>(_ value: T, depth: Int) throws {
-        let (slot, id) = push(.slot)
-        let saved = (currentSlot, currentSlotID, currentDepth)
-        currentSlot = slot
-        currentSlotID = id
-        currentDepth = depth
-        defer { (currentSlot, currentSlotID, currentDepth) = saved }
-        try value.encode(to: self)
-        guard slot < frames.count, frames[slot].id == id else {
-            throw usageError("a container of an enclosing value was written to while \(T.self) was being encoded")
-        }
-        closeFrames(above: slot - 1)
-    }
-
-    /// Encodes `value` (already positioned: key or comma written) whose coding path is
-    /// `path[0..<depth] + [key]`.
-    @inline(__always)
-    func encodeValue<T: Encodable, K: CodingKey>(_ value: T, depth: Int, key: K) throws {
-        if try encodeSpecial(value, depth: depth, key: key) { return }
-        truncatePath(depth)
-        path.append(key)
-        try encodeNested(value, depth: depth + 1)
-        truncatePath(depth)
-    }
-
     /// Writes values with a JSON-specific representation (scalars, `Data`, `URL`, `Date`,
     /// `Decimal`, arrays of scalars) directly. Returns `false` for anything else.
     @inline(__always)
-    func encodeSpecial<T: Encodable, K: CodingKey>(_ value: T, depth: Int, key: K?) throws -> Bool {
+    mutating func encodeSpecial<T: Encodable, K: CodingKey>(_ value: T, depth: Int, key: K) throws -> Bool {
         if T.self == String.self {
             writeString(_cast(value, to: String.self))
         } else if T.self == Int.self {
@@ -350,7 +343,7 @@ final class _EncoderState: Encoder {
         return true
     }
 
-    func encodeSpecialRare<T: Encodable, K: CodingKey>(_ value: T, depth: Int, key: K?) throws -> Bool {
+    mutating func encodeSpecialRare<T: Encodable, K: CodingKey>(_ value: T, depth: Int, key: K) throws -> Bool {
         if T.self == Int64.self {
             writeInt(_cast(value, to: Int64.self))
         } else if T.self == UInt64.self {
@@ -382,7 +375,8 @@ final class _EncoderState: Encoder {
             guard decimal.isFinite else {
                 throw nonFinite(decimal, "Decimal.nan", depth: depth, key: key)
             }
-            out.append(contentsOf: decimal.description.utf8)
+            var text = decimal.description
+            text.withUTF8 { out.append($0) }
         } else {
             return false
         }
@@ -392,23 +386,13 @@ final class _EncoderState: Encoder {
     // MARK: Scalars
 
     @inline(__always)
-    func writeNull() {
-        out.append(contentsOf: [UInt8(ascii: "n"), UInt8(ascii: "u"), UInt8(ascii: "l"), UInt8(ascii: "l")])
-    }
+    mutating func writeNull() { out.append("null") }
 
     @inline(__always)
-    func writeBool(_ value: Bool) {
-        if value {
-            out.append(contentsOf: [UInt8(ascii: "t"), UInt8(ascii: "r"), UInt8(ascii: "u"), UInt8(ascii: "e")])
-        } else {
-            out.append(contentsOf: [
-                UInt8(ascii: "f"), UInt8(ascii: "a"), UInt8(ascii: "l"), UInt8(ascii: "s"), UInt8(ascii: "e"),
-            ])
-        }
-    }
+    mutating func writeBool(_ value: Bool) { out.append(value ? "true" : "false") }
 
     @inline(__always)
-    func writeInt<I: FixedWidthInteger & SignedInteger>(_ value: I) {
+    mutating func writeInt<I: FixedWidthInteger & SignedInteger>(_ value: I) {
         if value >= 0 && value < 10 {
             out.append(UInt8(truncatingIfNeeded: value) &+ 48)
         } else {
@@ -417,7 +401,7 @@ final class _EncoderState: Encoder {
     }
 
     @inline(__always)
-    func writeUInt<I: FixedWidthInteger & UnsignedInteger>(_ value: I) {
+    mutating func writeUInt<I: FixedWidthInteger & UnsignedInteger>(_ value: I) {
         if value < 10 {
             out.append(UInt8(truncatingIfNeeded: value) &+ 48)
         } else {
@@ -425,9 +409,10 @@ final class _EncoderState: Encoder {
         }
     }
 
-    func writeDigits(_ value: UInt64, negative: Bool) {
-        var storage: (UInt64, UInt64, UInt64) = (0, 0, 0)
-        withUnsafeMutableBytes(of: &storage) { buffer in
+    mutating func writeDigits(_ value: UInt64, negative: Bool) {
+        out.reserve(21)
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
+        withUnsafeMutableBytes(of: &digits) { buffer in
             var index = 24
             var rest = value
             repeat {
@@ -440,13 +425,13 @@ final class _EncoderState: Encoder {
                 index &-= 1
                 buffer[index] = UInt8(ascii: "-")
             }
-            out.append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[index...]))
+            out.append(UnsafeRawBufferPointer(rebasing: buffer[index...]))
         }
     }
 
-    func nonFinite<K: CodingKey>(_ value: Any, _ spelled: String, depth: Int, key: K?, index: Int? = nil) -> EncodingError {
+    func nonFinite<K: CodingKey>(_ value: Any, _ spelled: String, depth: Int, key: K, index: Int? = nil) -> EncodingError {
         var codingPath = prefixPath(depth)
-        if let key { codingPath.append(key) }
+        if K.self != _NoKey.self { codingPath.append(key) }
         if let index { codingPath.append(_JSONKey(intValue: index)) }
         let message = "Unable to encode \(spelled) directly in JSON."
         return EncodingError.invalidValue(value, EncodingError.Context(
@@ -456,19 +441,75 @@ final class _EncoderState: Encoder {
     }
 
     @inline(__always)
-    func writeDouble<K: CodingKey>(_ value: Double, depth: Int, key: K?, index: Int? = nil) throws {
+    mutating func writeDouble<K: CodingKey>(_ value: Double, depth: Int, key: K, index: Int? = nil) throws {
         guard value.isFinite else {
             throw nonFinite(value, value.isNaN ? "Double.nan" : value < 0 ? "-Double.infinity" : "Double.infinity",
                             depth: depth, key: key, index: index)
         }
-        if let exact = Int64(exactly: value), exact > -(1 << 53), exact < (1 << 53), !(exact == 0 && value.sign == .minus) {
-            writeInt(exact)
+        // Integral values below 2^53 print as plain integers (Swift's description would add ".0").
+        if value.magnitude < 9_007_199_254_740_992, value == value.rounded(.towardZero), value != 0 || value.sign == .plus {
+            writeInt(Int64(value))
             return
         }
+        if writeShortDecimal(value) { return }
         writeFloatingPoint(value)
     }
 
-    func writeFloat<K: CodingKey>(_ value: Float, depth: Int, key: K?, index: Int? = nil) throws {
+    /// Fast path for values with a few decimals, like `3.25` or `47.3712`: finds the smallest
+    /// `k ≤ 9` with `value == m / 10^k` for an integer `m < 2^53` and writes `m` with a decimal point.
+    /// Parsing that text divides two exact doubles, which is correctly rounded, so it reads back as
+    /// exactly `value`; and no spelling with fewer decimals exists, or a smaller `k` would have matched.
+    @inline(__always)
+    mutating func writeShortDecimal(_ value: Double) -> Bool {
+        let magnitude = value.magnitude
+        guard magnitude >= 1e-3, magnitude < 1e9 else { return false }
+        var scale = 10.0
+        for k in 1...9 {
+            let scaled = (magnitude * scale).rounded()
+            if scaled < 9_007_199_254_740_992, scaled / scale == magnitude {
+                writeFixed(UInt64(scaled), decimals: k, negative: value < 0)
+                return true
+            }
+            scale *= 10
+        }
+        return false
+    }
+
+    /// Writes `digits / 10^decimals` in fixed-point notation (`decimals` ≥ 1).
+    mutating func writeFixed(_ digits: UInt64, decimals: Int, negative: Bool) {
+        out.reserve(24)
+        var storage: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+        withUnsafeMutableBytes(of: &storage) { buffer in
+            var index = 32
+            var rest = digits
+            var written = 0
+            while written < decimals || rest != 0 {
+                if written == decimals {
+                    index &-= 1
+                    buffer[index] = UInt8(ascii: ".")
+                }
+                let (quotient, digit) = rest.quotientAndRemainder(dividingBy: 10)
+                index &-= 1
+                buffer[index] = UInt8(truncatingIfNeeded: digit) &+ 48
+                rest = quotient
+                written &+= 1
+            }
+            if written == decimals {
+                // No integer digits were written: "0.xx".
+                index &-= 1
+                buffer[index] = UInt8(ascii: ".")
+                index &-= 1
+                buffer[index] = UInt8(ascii: "0")
+            }
+            if negative {
+                index &-= 1
+                buffer[index] = UInt8(ascii: "-")
+            }
+            out.append(UnsafeRawBufferPointer(rebasing: buffer[index...]))
+        }
+    }
+
+    mutating func writeFloat<K: CodingKey>(_ value: Float, depth: Int, key: K, index: Int? = nil) throws {
         guard value.isFinite else {
             throw nonFinite(value, value.isNaN ? "Float.nan" : value < 0 ? "-Float.infinity" : "Float.infinity",
                             depth: depth, key: key, index: index)
@@ -477,30 +518,33 @@ final class _EncoderState: Encoder {
     }
 
     /// Writes Swift's shortest round-trip spelling (`description`), without a trailing `.0`.
-    func writeFloatingPoint<F: BinaryFloatingPoint & TextOutputStreamable>(_ value: F) {
-        var sink = _ByteSink()
-        swap(&sink.bytes, &out)
+    mutating func writeFloatingPoint<F: BinaryFloatingPoint & TextOutputStreamable>(_ value: F) {
+        var sink = _DigitSink()
         value.write(to: &sink)
-        swap(&sink.bytes, &out)
-        let count = out.count
-        if count >= 2, out[count - 1] == UInt8(ascii: "0"), out[count - 2] == UInt8(ascii: ".") {
-            out.removeLast(2)
+        withUnsafeBytes(of: &sink.storage) { raw in
+            var count = sink.count
+            if count >= 2, raw[count - 1] == UInt8(ascii: "0"), raw[count - 2] == UInt8(ascii: ".") { count -= 2 }
+            out.append(UnsafeRawBufferPointer(rebasing: raw[0..<count]))
         }
     }
 
     // MARK: Strings
 
     @inline(__always)
-    func writeString(_ string: String) {
-        var string = string
-        string.withUTF8 { writeEscaped($0) }
+    mutating func writeString(_ string: String) {
+        let done: Void? = string.utf8.withContiguousStorageIfAvailable { writeEscaped($0) }
+        if done == nil {
+            var copy = string
+            copy.withUTF8 { writeEscaped($0) }
+        }
     }
 
-    func writeEscaped(_ utf8: UnsafeBufferPointer<UInt8>) {
+    mutating func writeEscaped(_ utf8: UnsafeBufferPointer<UInt8>) {
+        let count = utf8.count
+        out.reserve(count + 2)
         out.append(UInt8(ascii: "\""))
         var runStart = 0
         var index = 0
-        let count = utf8.count
         let slash: UInt8 = escapeSlashes ? UInt8(ascii: "/") : 0
         while index < count {
             let byte = utf8[index]
@@ -509,44 +553,54 @@ final class _EncoderState: Encoder {
                 continue
             }
             if runStart < index {
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<index]))
+                out.append(UnsafeBufferPointer(rebasing: utf8[runStart..<index]))
             }
             writeEscape(byte)
             index &+= 1
             runStart = index
         }
         if runStart < count {
-            out.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<count]))
+            out.append(UnsafeBufferPointer(rebasing: utf8[runStart..<count]))
         }
         out.append(UInt8(ascii: "\""))
     }
 
-    func writeEscape(_ byte: UInt8) {
-        out.append(UInt8(ascii: "\\"))
+    mutating func writeEscape(_ byte: UInt8) {
         switch byte {
-        case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(byte)
-        case 0x08: out.append(UInt8(ascii: "b"))
-        case 0x0C: out.append(UInt8(ascii: "f"))
-        case 0x0A: out.append(UInt8(ascii: "n"))
-        case 0x0D: out.append(UInt8(ascii: "r"))
-        case 0x09: out.append(UInt8(ascii: "t"))
+        case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(UInt8(ascii: "\\"), byte)
+        case 0x08: out.append("\\b")
+        case 0x0C: out.append("\\f")
+        case 0x0A: out.append("\\n")
+        case 0x0D: out.append("\\r")
+        case 0x09: out.append("\\t")
         default:
-            let hex: [UInt8] = Array("0123456789abcdef".utf8)
-            out.append(contentsOf: [
-                UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)],
-            ])
+            let hex: StaticString = "0123456789abcdef"
+            out.append("\\u00")
+            out.append(hex.utf8Start[Int(byte >> 4)], hex.utf8Start[Int(byte & 0xF)])
         }
     }
 }
 
-/// Receives the digits of `Double.write(to:)` without building a `String`.
-struct _ByteSink: TextOutputStream {
-    var bytes: [UInt8] = []
+/// Receives the digits of `Double.write(to:)` / `Float.write(to:)` without building a `String`.
+struct _DigitSink: TextOutputStream {
+    var storage: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0)
+    var count = 0
 
-    mutating func write(_ string: String) { bytes.append(contentsOf: string.utf8) }
+    mutating func write(_ string: String) {
+        for byte in string.utf8 { push(byte) }
+    }
 
     // The standard library's floating-point `write(to:)` calls this with its digit buffer.
-    mutating func _writeASCII(_ buffer: UnsafeBufferPointer<UInt8>) { bytes.append(contentsOf: buffer) }
+    mutating func _writeASCII(_ buffer: UnsafeBufferPointer<UInt8>) {
+        for byte in buffer { push(byte) }
+    }
+
+    @inline(__always)
+    private mutating func push(_ byte: UInt8) {
+        guard count < 48 else { return }
+        withUnsafeMutableBytes(of: &storage) { $0[count] = byte }
+        count += 1
+    }
 }
 
 /// Reinterprets a value whose dynamic type the caller has already checked to be `U`.
@@ -555,99 +609,277 @@ func _cast<T, U>(_ value: T, to type: U.Type) -> U {
     unsafeBitCast(value, to: U.self)
 }
 
+/// Per-container data of a keyed encoding container (see ``_ContainerCache``).
+struct _KeyedEncoderRecord {
+    var frame: Int
+    var id: UInt32
+    var depth: Int
+}
+
+// MARK: - Re-entrant operations
+
+/// Operations that call user code (`encode(to:)`). They only touch the state through short,
+/// separate accesses via the pointer, never across the call into user code.
+enum _Encoding {
+    typealias Core = UnsafeMutablePointer<_EncoderCore>
+
+    static func encodeTopLevel<T: Encodable>(_ core: Core, _ value: T) throws {
+        let (slot, id) = core.pointee.push(.slot)
+        if try core.pointee.encodeSpecial(value, depth: 0, key: _NoKey()) {
+            core.pointee.frames[slot].count = 1
+        } else {
+            core.pointee.currentSlot = slot
+            core.pointee.currentSlotID = id
+            core.pointee.currentDepth = 0
+            try Unmanaged.passUnretained(core.pointee.encoder!)._withUnsafeGuaranteedRef { try value.encode(to: $0) }
+        }
+        if let error = core.pointee.deferredError { throw error }
+        guard core.pointee.frames.count > slot, core.pointee.frames[slot].id == id else {
+            throw core.pointee.usageError("the top-level slot was closed")
+        }
+        core.pointee.closeFrames(above: slot)
+        guard core.pointee.frames[slot].count > 0 else {
+            let message = "Top-level \(T.self) did not encode any values."
+            throw EncodingError.invalidValue(value, EncodingError.Context(
+                codingPath: [], debugDescription: message,
+                underlyingError: FastJSONError(code: .noValueEncoded, offset: nil, codingPath: "", message: message)))
+        }
+    }
+
+    /// Encodes a non-primitive value into a fresh slot at the current output position.
+    static func encodeNested<T: Encodable>(_ core: Core, _ value: T, depth: Int) throws {
+        let (slot, id) = core.pointee.push(.slot)
+        let saved = (core.pointee.currentSlot, core.pointee.currentSlotID, core.pointee.currentDepth)
+        core.pointee.currentSlot = slot
+        core.pointee.currentSlotID = id
+        core.pointee.currentDepth = depth
+        defer { (core.pointee.currentSlot, core.pointee.currentSlotID, core.pointee.currentDepth) = saved }
+        // The state is alive for the whole call (its owner holds it); skip the retain/release.
+        try Unmanaged.passUnretained(core.pointee.encoder!)._withUnsafeGuaranteedRef { try value.encode(to: $0) }
+        guard slot < core.pointee.frames.count, core.pointee.frames[slot].id == id else {
+            throw core.pointee.usageError(
+                "a container of an enclosing value was written to while \(T.self) was being encoded")
+        }
+        core.pointee.closeFrames(above: slot - 1)
+    }
+
+    /// Encodes `value` (already positioned: key or comma written) whose coding path is
+    /// `path[0..<depth] + [key]` (or `path[0..<depth]` for `_NoKey`).
+    @inline(__always)
+    static func encodeValue<T: Encodable, K: CodingKey>(_ core: Core, _ value: T, depth: Int, key: K) throws {
+        if try core.pointee.encodeSpecial(value, depth: depth, key: key) { return }
+        core.pointee.truncatePath(depth)
+        var valueDepth = depth
+        if K.self != _NoKey.self {
+            core.pointee.path.append(key)
+            valueDepth += 1
+        }
+        try encodeNested(core, value, depth: valueDepth)
+        core.pointee.truncatePath(depth)
+    }
+
+    static func keyedContainer<Key: CodingKey>(_ core: Core, slot: Int, id: UInt32, depth: Int)
+        -> KeyedEncodingContainer<Key>
+    {
+        if let (frame, frameID) = core.pointee.containerFrame(slot: slot, id: id, kind: .object) {
+            return makeKeyed(core, frame: frame, id: frameID, depth: depth)
+        }
+        core.pointee.deferError(core.pointee.usageError(
+            "keyed container requested for a value that already holds something else"))
+        return makeKeyed(core, frame: -1, id: 0, depth: depth)
+    }
+
+    /// A keyed container for `frame`, reusing a cached box when possible.
+    @inline(__always)
+    static func makeKeyed<Key: CodingKey>(_ core: Core, frame: Int, id: UInt32, depth: Int) -> KeyedEncodingContainer<Key> {
+        let record = _KeyedEncoderRecord(frame: frame, id: id, depth: depth)
+        let keyType = ObjectIdentifier(Key.self)
+        if let box = core.pointee.containers.reuse(keyType: keyType, record: record) {
+            return unsafeBitCast(box, to: KeyedEncodingContainer<Key>.self)
+        }
+        let pointer = core.pointee.containers.newRecord(record)
+        let container = KeyedEncodingContainer(_KeyedEncoder<Key>(core: core, record: pointer))
+        let box: AnyObject? = MemoryLayout<KeyedEncodingContainer<Key>>.size == MemoryLayout<AnyObject>.size
+            ? unsafeBitCast(container, to: AnyObject.self) : nil
+        core.pointee.containers.keep(box, keyType: keyType, record: pointer)
+        return container
+    }
+
+    static func unkeyedContainer(_ core: Core, slot: Int, id: UInt32, depth: Int) -> any UnkeyedEncodingContainer {
+        if let (frame, frameID) = core.pointee.containerFrame(slot: slot, id: id, kind: .array) {
+            return _UnkeyedEncoder(core: core, frame: frame, id: frameID, depth: depth)
+        }
+        core.pointee.deferError(core.pointee.usageError(
+            "unkeyed container requested for a value that already holds something else"))
+        return _UnkeyedEncoder(core: core, frame: -1, id: 0, depth: depth)
+    }
+}
+
+/// The `Encoder` handed to `encode(to:)`. Owns the state for one `encode` call.
+@usableFromInline
+final class _EncoderState: Encoder {
+    let core: UnsafeMutablePointer<_EncoderCore>
+
+    private init() {
+        core = .allocate(capacity: 1)
+        core.initialize(to: _EncoderCore(escapeSlashes: false, userInfo: [:]))
+        core.pointee.encoder = self
+    }
+
+    /// One recycled state, kept between calls so encoding doesn't allocate it (and its buffers) anew.
+    private static let cache = _ObjectCache()
+
+    /// A state ready for one `encode` call: recycled if one is available.
+    static func make(escapeSlashes: Bool, userInfo: [CodingUserInfoKey: any Sendable]) -> _EncoderState {
+        let state = cache.take(_EncoderState.self) ?? _EncoderState()
+        state.core.pointee.escapeSlashes = escapeSlashes
+        if !userInfo.isEmpty || !state.core.pointee.sendableUserInfo.isEmpty {
+            state.core.pointee.sendableUserInfo = userInfo
+        }
+        return state
+    }
+
+    /// Returns a state to the cache unless something else still references it or it grew large.
+    static func recycle(_ state: inout _EncoderState) {
+        guard isKnownUniquelyReferenced(&state), state.core.pointee.out.capacityInBytes <= 65_536 else { return }
+        let core = state.core
+        core.pointee.out.removeAll()
+        core.pointee.containers.reset()
+        core.pointee.frames.removeAll(keepingCapacity: true)
+        if !core.pointee.path.isEmpty { core.pointee.path.removeAll(keepingCapacity: true) }
+        if core.pointee.deferredError != nil { core.pointee.deferredError = nil }
+        core.pointee.currentSlot = 0
+        core.pointee.currentSlotID = 0
+        core.pointee.currentDepth = 0
+        cache.put(state)
+    }
+
+    deinit {
+        core.pointee.containers.destroy()
+        core.pointee.out.deallocate()
+        core.deinitialize(count: 1)
+        core.deallocate()
+    }
+
+    @usableFromInline var codingPath: [any CodingKey] { core.pointee.prefixPath(core.pointee.currentDepth) }
+
+    @usableFromInline var userInfo: [CodingUserInfoKey: Any] { core.pointee.userInfo }
+
+    @usableFromInline
+    func container<Key: CodingKey>(keyedBy type: Key.Type) -> KeyedEncodingContainer<Key> {
+        _Encoding.keyedContainer(core, slot: core.pointee.currentSlot, id: core.pointee.currentSlotID,
+                                 depth: core.pointee.currentDepth)
+    }
+
+    @usableFromInline
+    func unkeyedContainer() -> any UnkeyedEncodingContainer {
+        _Encoding.unkeyedContainer(core, slot: core.pointee.currentSlot, id: core.pointee.currentSlotID,
+                                   depth: core.pointee.currentDepth)
+    }
+
+    @usableFromInline
+    func singleValueContainer() -> any SingleValueEncodingContainer {
+        _SingleValueEncoder(core: core, slot: core.pointee.currentSlot, id: core.pointee.currentSlotID,
+                            depth: core.pointee.currentDepth)
+    }
+}
+
 // MARK: - Containers
+// Containers hold the state pointer, valid only during the `encode` call that created them.
 
 struct _KeyedEncoder<Key: CodingKey>: KeyedEncodingContainerProtocol {
-    let state: _EncoderState
-    let frame: Int
-    let id: UInt32
-    let depth: Int
+    let core: UnsafeMutablePointer<_EncoderCore>
+    let record: UnsafeMutablePointer<_KeyedEncoderRecord>
 
-    var codingPath: [any CodingKey] { state.prefixPath(depth) }
+    var frame: Int { record.pointee.frame }
+    var id: UInt32 { record.pointee.id }
+    var depth: Int { record.pointee.depth }
+
+    var codingPath: [any CodingKey] { core.pointee.prefixPath(depth) }
 
     @inline(__always)
     func begin(_ key: Key) throws {
-        try state.beginKey(frame, id, key.stringValue)
+        try core.pointee.beginKey(frame, id, key.stringValue)
     }
 
     mutating func encodeNil(forKey key: Key) throws {
         try begin(key)
-        state.writeNull()
+        core.pointee.writeNull()
     }
 
     mutating func encode(_ value: Bool, forKey key: Key) throws {
         try begin(key)
-        state.writeBool(value)
+        core.pointee.writeBool(value)
     }
 
     mutating func encode(_ value: String, forKey key: Key) throws {
         try begin(key)
-        state.writeString(value)
+        core.pointee.writeString(value)
     }
 
     mutating func encode(_ value: Double, forKey key: Key) throws {
         try begin(key)
-        try state.writeDouble(value, depth: depth, key: key)
+        try core.pointee.writeDouble(value, depth: depth, key: key)
     }
 
     mutating func encode(_ value: Float, forKey key: Key) throws {
         try begin(key)
-        try state.writeFloat(value, depth: depth, key: key)
+        try core.pointee.writeFloat(value, depth: depth, key: key)
     }
 
     mutating func encode(_ value: Int, forKey key: Key) throws {
         try begin(key)
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int8, forKey key: Key) throws {
         try begin(key)
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int16, forKey key: Key) throws {
         try begin(key)
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int32, forKey key: Key) throws {
         try begin(key)
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int64, forKey key: Key) throws {
         try begin(key)
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: UInt, forKey key: Key) throws {
         try begin(key)
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt8, forKey key: Key) throws {
         try begin(key)
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt16, forKey key: Key) throws {
         try begin(key)
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt32, forKey key: Key) throws {
         try begin(key)
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt64, forKey key: Key) throws {
         try begin(key)
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws {
         try begin(key)
-        try state.encodeValue(value, depth: depth, key: key)
+        try _Encoding.encodeValue(core, value, depth: depth, key: key)
     }
 
     mutating func nestedContainer<NestedKey: CodingKey>(
@@ -656,28 +888,28 @@ struct _KeyedEncoder<Key: CodingKey>: KeyedEncodingContainerProtocol {
         do {
             try begin(key)
         } catch {
-            if state.deferredError == nil { state.deferredError = error }
-            return KeyedEncodingContainer(_KeyedEncoder<NestedKey>(state: state, frame: -1, id: 0, depth: depth + 1))
+            core.pointee.deferError(error)
+            return _Encoding.makeKeyed(core, frame: -1, id: 0, depth: depth + 1)
         }
-        state.out.append(UInt8(ascii: "{"))
-        state.truncatePath(depth)
-        state.path.append(key)
-        let (frame, id) = state.push(.object)
-        return KeyedEncodingContainer(_KeyedEncoder<NestedKey>(state: state, frame: frame, id: id, depth: depth + 1))
+        core.pointee.out.append(UInt8(ascii: "{"))
+        core.pointee.truncatePath(depth)
+        core.pointee.path.append(key)
+        let (frame, id) = core.pointee.push(.object)
+        return _Encoding.makeKeyed(core, frame: frame, id: id, depth: depth + 1)
     }
 
     mutating func nestedUnkeyedContainer(forKey key: Key) -> any UnkeyedEncodingContainer {
         do {
             try begin(key)
         } catch {
-            if state.deferredError == nil { state.deferredError = error }
-            return _UnkeyedEncoder(state: state, frame: -1, id: 0, depth: depth + 1)
+            core.pointee.deferError(error)
+            return _UnkeyedEncoder(core: core, frame: -1, id: 0, depth: depth + 1)
         }
-        state.out.append(UInt8(ascii: "["))
-        state.truncatePath(depth)
-        state.path.append(key)
-        let (frame, id) = state.push(.array)
-        return _UnkeyedEncoder(state: state, frame: frame, id: id, depth: depth + 1)
+        core.pointee.out.append(UInt8(ascii: "["))
+        core.pointee.truncatePath(depth)
+        core.pointee.path.append(key)
+        let (frame, id) = core.pointee.push(.array)
+        return _UnkeyedEncoder(core: core, frame: frame, id: id, depth: depth + 1)
     }
 
     mutating func superEncoder() -> any Encoder {
@@ -689,119 +921,119 @@ struct _KeyedEncoder<Key: CodingKey>: KeyedEncodingContainerProtocol {
     }
 
     private func superEncoder(key: some CodingKey) -> any Encoder {
-        var codingPath = state.prefixPath(depth)
+        var codingPath = core.pointee.prefixPath(depth)
         codingPath.append(key)
         do {
-            try state.beginKey(frame, id, key.stringValue)
+            try core.pointee.beginKey(frame, id, key.stringValue)
         } catch {
-            if state.deferredError == nil { state.deferredError = error }
-            return _SuperEncoder(state: state, slot: -1, id: 0, codingPath: codingPath)
+            core.pointee.deferError(error)
+            return _SuperEncoder(core: core, slot: -1, id: 0, codingPath: codingPath)
         }
-        let (slot, id) = state.push(.slot)
-        return _SuperEncoder(state: state, slot: slot, id: id, codingPath: codingPath)
+        let (slot, id) = core.pointee.push(.slot)
+        return _SuperEncoder(core: core, slot: slot, id: id, codingPath: codingPath)
     }
 }
 
 struct _UnkeyedEncoder: UnkeyedEncodingContainer {
-    let state: _EncoderState
+    let core: UnsafeMutablePointer<_EncoderCore>
     let frame: Int
     let id: UInt32
     let depth: Int
     private(set) var count = 0
 
-    init(state: _EncoderState, frame: Int, id: UInt32, depth: Int) {
-        self.state = state
+    init(core: UnsafeMutablePointer<_EncoderCore>, frame: Int, id: UInt32, depth: Int) {
+        self.core = core
         self.frame = frame
         self.id = id
         self.depth = depth
     }
 
-    var codingPath: [any CodingKey] { state.prefixPath(depth) }
+    var codingPath: [any CodingKey] { core.pointee.prefixPath(depth) }
 
     @inline(__always)
     mutating func begin() throws {
-        try state.beginElement(frame, id)
+        try core.pointee.beginElement(frame, id)
         count &+= 1
     }
 
     mutating func encodeNil() throws {
         try begin()
-        state.writeNull()
+        core.pointee.writeNull()
     }
 
     mutating func encode(_ value: Bool) throws {
         try begin()
-        state.writeBool(value)
+        core.pointee.writeBool(value)
     }
 
     mutating func encode(_ value: String) throws {
         try begin()
-        state.writeString(value)
+        core.pointee.writeString(value)
     }
 
     mutating func encode(_ value: Double) throws {
         try begin()
-        try state.writeDouble(value, depth: depth, key: _JSONKey(intValue: count - 1))
+        try core.pointee.writeDouble(value, depth: depth, key: _JSONKey(intValue: count - 1))
     }
 
     mutating func encode(_ value: Float) throws {
         try begin()
-        try state.writeFloat(value, depth: depth, key: _JSONKey(intValue: count - 1))
+        try core.pointee.writeFloat(value, depth: depth, key: _JSONKey(intValue: count - 1))
     }
 
     mutating func encode(_ value: Int) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int8) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int16) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int32) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int64) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: UInt) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt8) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt16) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt32) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt64) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode<T: Encodable>(_ value: T) throws {
         try begin()
-        try state.encodeValue(value, depth: depth, key: _JSONKey(intValue: count - 1))
+        try _Encoding.encodeValue(core, value, depth: depth, key: _JSONKey(intValue: count - 1))
     }
 
     mutating func nestedContainer<NestedKey: CodingKey>(
@@ -810,172 +1042,169 @@ struct _UnkeyedEncoder: UnkeyedEncodingContainer {
         do {
             try begin()
         } catch {
-            if state.deferredError == nil { state.deferredError = error }
-            return KeyedEncodingContainer(_KeyedEncoder<NestedKey>(state: state, frame: -1, id: 0, depth: depth + 1))
+            core.pointee.deferError(error)
+            return _Encoding.makeKeyed(core, frame: -1, id: 0, depth: depth + 1)
         }
-        state.out.append(UInt8(ascii: "{"))
-        state.truncatePath(depth)
-        state.path.append(_JSONKey(intValue: count - 1))
-        let (frame, id) = state.push(.object)
-        return KeyedEncodingContainer(_KeyedEncoder<NestedKey>(state: state, frame: frame, id: id, depth: depth + 1))
+        core.pointee.out.append(UInt8(ascii: "{"))
+        core.pointee.truncatePath(depth)
+        core.pointee.path.append(_JSONKey(intValue: count - 1))
+        let (frame, id) = core.pointee.push(.object)
+        return _Encoding.makeKeyed(core, frame: frame, id: id, depth: depth + 1)
     }
 
     mutating func nestedUnkeyedContainer() -> any UnkeyedEncodingContainer {
         do {
             try begin()
         } catch {
-            if state.deferredError == nil { state.deferredError = error }
-            return _UnkeyedEncoder(state: state, frame: -1, id: 0, depth: depth + 1)
+            core.pointee.deferError(error)
+            return _UnkeyedEncoder(core: core, frame: -1, id: 0, depth: depth + 1)
         }
-        state.out.append(UInt8(ascii: "["))
-        state.truncatePath(depth)
-        state.path.append(_JSONKey(intValue: count - 1))
-        let (frame, id) = state.push(.array)
-        return _UnkeyedEncoder(state: state, frame: frame, id: id, depth: depth + 1)
+        core.pointee.out.append(UInt8(ascii: "["))
+        core.pointee.truncatePath(depth)
+        core.pointee.path.append(_JSONKey(intValue: count - 1))
+        let (frame, id) = core.pointee.push(.array)
+        return _UnkeyedEncoder(core: core, frame: frame, id: id, depth: depth + 1)
     }
 
     mutating func superEncoder() -> any Encoder {
-        var codingPath = state.prefixPath(depth)
+        var codingPath = core.pointee.prefixPath(depth)
         codingPath.append(_JSONKey(intValue: count))
         do {
             try begin()
         } catch {
-            if state.deferredError == nil { state.deferredError = error }
-            return _SuperEncoder(state: state, slot: -1, id: 0, codingPath: codingPath)
+            core.pointee.deferError(error)
+            return _SuperEncoder(core: core, slot: -1, id: 0, codingPath: codingPath)
         }
-        let (slot, id) = state.push(.slot)
-        return _SuperEncoder(state: state, slot: slot, id: id, codingPath: codingPath)
+        let (slot, id) = core.pointee.push(.slot)
+        return _SuperEncoder(core: core, slot: slot, id: id, codingPath: codingPath)
     }
 }
 
 struct _SingleValueEncoder: SingleValueEncodingContainer {
-    let state: _EncoderState
+    let core: UnsafeMutablePointer<_EncoderCore>
     let slot: Int
     let id: UInt32
     let depth: Int
 
-    var codingPath: [any CodingKey] { state.prefixPath(depth) }
+    var codingPath: [any CodingKey] { core.pointee.prefixPath(depth) }
 
     @inline(__always)
     func begin() throws {
-        try state.beginSlotValue(slot, id)
+        try core.pointee.beginSlotValue(slot, id)
     }
 
     mutating func encodeNil() throws {
         try begin()
-        state.writeNull()
+        core.pointee.writeNull()
     }
 
     mutating func encode(_ value: Bool) throws {
         try begin()
-        state.writeBool(value)
+        core.pointee.writeBool(value)
     }
 
     mutating func encode(_ value: String) throws {
         try begin()
-        state.writeString(value)
+        core.pointee.writeString(value)
     }
 
     mutating func encode(_ value: Double) throws {
         try begin()
-        try state.writeDouble(value, depth: depth, key: _JSONKey?.none)
+        try core.pointee.writeDouble(value, depth: depth, key: _NoKey())
     }
 
     mutating func encode(_ value: Float) throws {
         try begin()
-        try state.writeFloat(value, depth: depth, key: _JSONKey?.none)
+        try core.pointee.writeFloat(value, depth: depth, key: _NoKey())
     }
 
     mutating func encode(_ value: Int) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int8) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int16) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int32) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: Int64) throws {
         try begin()
-        state.writeInt(value)
+        core.pointee.writeInt(value)
     }
 
     mutating func encode(_ value: UInt) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt8) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt16) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt32) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode(_ value: UInt64) throws {
         try begin()
-        state.writeUInt(value)
+        core.pointee.writeUInt(value)
     }
 
     mutating func encode<T: Encodable>(_ value: T) throws {
         try begin()
-        if try state.encodeSpecial(value, depth: depth, key: _JSONKey?.none) { return }
-        state.truncatePath(depth)
-        try state.encodeNested(value, depth: depth)
+        try _Encoding.encodeValue(core, value, depth: depth, key: _NoKey())
     }
 }
 
 /// The encoder returned by `superEncoder()`: writes one value into the slot reserved for it.
 final class _SuperEncoder: Encoder {
-    let state: _EncoderState
+    let core: UnsafeMutablePointer<_EncoderCore>
     let slot: Int
     let id: UInt32
     let codingPath: [any CodingKey]
+    /// Keeps the state alive while this encoder exists.
+    let owner: _EncoderState?
 
-    init(state: _EncoderState, slot: Int, id: UInt32, codingPath: [any CodingKey]) {
-        self.state = state
+    init(core: UnsafeMutablePointer<_EncoderCore>, slot: Int, id: UInt32, codingPath: [any CodingKey]) {
+        self.core = core
         self.slot = slot
         self.id = id
         self.codingPath = codingPath
+        self.owner = core.pointee.encoder
     }
 
-    var userInfo: [CodingUserInfoKey: Any] { state.userInfo }
-
-    private func preparePath() {
-        state.path = codingPath
-    }
+    var userInfo: [CodingUserInfoKey: Any] { core.pointee.userInfo }
 
     func container<Key: CodingKey>(keyedBy type: Key.Type) -> KeyedEncodingContainer<Key> {
-        preparePath()
-        return state.keyedContainer(slot: slot, id: id, depth: codingPath.count)
+        core.pointee.path = codingPath
+        return _Encoding.keyedContainer(core, slot: slot, id: id, depth: codingPath.count)
     }
 
     func unkeyedContainer() -> any UnkeyedEncodingContainer {
-        preparePath()
-        return state.unkeyedContainer(slot: slot, id: id, depth: codingPath.count)
+        core.pointee.path = codingPath
+        return _Encoding.unkeyedContainer(core, slot: slot, id: id, depth: codingPath.count)
     }
 
     func singleValueContainer() -> any SingleValueEncodingContainer {
-        preparePath()
-        return _SingleValueEncoder(state: state, slot: slot, id: id, depth: codingPath.count)
+        core.pointee.path = codingPath
+        return _SingleValueEncoder(core: core, slot: slot, id: id, depth: codingPath.count)
     }
 }

@@ -105,22 +105,34 @@ func _describe(codingPath: [any CodingKey]) -> String {
 }
 
 /// The coding key used for array indexes and `super`; an index's string is built only on demand.
+/// Kept to three words so that it fits an existential's inline buffer (no allocation per element).
 @usableFromInline
 struct _JSONKey: CodingKey {
     @usableFromInline let string: String?
-    @usableFromInline let intValue: Int?
+    @usableFromInline let index: Int
 
-    @usableFromInline var stringValue: String { string ?? "Index \(intValue ?? 0)" }
+    @usableFromInline var stringValue: String { string ?? "Index \(index)" }
+    @usableFromInline var intValue: Int? { string == nil ? index : nil }
 
     @usableFromInline init(stringValue: String) {
         self.string = stringValue
-        self.intValue = nil
+        self.index = 0
     }
 
     @usableFromInline init(intValue: Int) {
         self.string = nil
-        self.intValue = intValue
+        self.index = intValue
     }
 
     static let `super` = _JSONKey(stringValue: "super")
+}
+
+/// Stands for "no key" in generic error-path parameters (a generic `Optional<Key>` would need
+/// runtime metadata on every call).
+struct _NoKey: CodingKey {
+    var stringValue: String { "" }
+    var intValue: Int? { nil }
+    init() {}
+    init?(stringValue: String) { nil }
+    init?(intValue: Int) { nil }
 }

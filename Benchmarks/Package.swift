@@ -1,0 +1,68 @@
+// swift-tools-version:6.0
+// Benchmarks live in their own package so benchmark-only code stays out of the library's manifest.
+// Run with `Benchmarks/run-codec.sh`.
+import Foundation
+import PackageDescription
+
+// A path dependency's identity is its directory name (e.g. "main"), which depends on where the
+// repository was cloned; derive it instead of hard-coding it.
+let parentIdentity = URL(fileURLWithPath: #filePath)
+    .deletingLastPathComponent().deletingLastPathComponent().lastPathComponent.lowercased()
+
+let package = Package(
+    name: "Benchmarks",
+    platforms: [.macOS(.v14)],
+    dependencies: [
+        .package(path: ".."),
+        // Issue 7 (Benchmarks/run.sh): the SwiftNIO peer.
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.0"),
+        .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
+    ],
+    targets: [
+        .executableTarget(
+            name: "codec-bench",
+            dependencies: [.product(name: "FastJSON", package: parentIdentity)],
+            path: "Sources/codec-bench",
+            swiftSettings: [.enableUpcomingFeature("ExistentialAny")]
+        ),
+        // Issue 7 (Benchmarks/run.sh): workloads W1-W5 and D1, ours vs the SwiftNIO peer.
+        // The workload definitions shared by both implementations (Sample, timing, options).
+        .target(name: "CBenchSupport", path: "Sources/CBenchSupport"),
+        .target(name: "BenchCommon", dependencies: ["CBenchSupport"], path: "Sources/BenchCommon"),
+        // W1-W5 with our Transport (+ FoundationJSONCodec or FastJSON).
+        .executableTarget(
+            name: "bench-ours",
+            dependencies: [
+                "BenchCommon",
+                .product(name: "Transport", package: parentIdentity),
+                .product(name: "FastJSON", package: parentIdentity),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/bench-ours"
+        ),
+        // W1-W5 with the SwiftNIO peer: NIOPosix + NIOExtras length-field framing + Foundation JSON.
+        .executableTarget(
+            name: "bench-nio",
+            dependencies: [
+                "BenchCommon",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOExtras", package: "swift-nio-extras"),
+            ],
+            path: "Sources/bench-nio"
+        ),
+        // D1: publish -> resolve -> connect, and stop -> removed, across the two-host avahi harness.
+        .executableTarget(
+            name: "bench-discovery",
+            dependencies: [
+                .product(name: "Discovery", package: parentIdentity),
+                .product(name: "Transport", package: parentIdentity),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/bench-discovery"
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,131 @@
+// What both implementations share: the message, the workload sizes, timing, and the result lines
+// that Benchmarks/run.sh parses. Nothing here does I/O on sockets.
+import CBenchSupport
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The W1/W2/W4 message.
+public struct Sample: Codable, Sendable, Equatable {
+    public var id: Int
+    public var name: String
+    public var value: Double
+    public var tags: [String]
+
+    public init(id: Int, name: String, value: Double, tags: [String]) {
+        self.id = id
+        self.name = name
+        self.value = value
+        self.tags = tags
+    }
+
+    /// The i-th sample: a 16-ASCII-character name, three short tags.
+    public static func make(_ i: Int) -> Sample {
+        Sample(
+            id: i, name: "sample-name-\(String(format: "%04d", i % 10000))", value: Double(i) * 0.25 + 0.5,
+            tags: ["alpha", "beta", "gamma"])
+    }
+}
+
+/// Workload sizes (exactly as issue 7 defines them).
+public enum Workload {
+    public static let w1Messages = 1_000_000
+    public static let w2RoundTrips = 100_000
+    public static let w2Warmup = 2_000
+    public static let w3Messages = 1024
+    public static let w3MessageSize = 1 << 20
+    public static let w4Clients = 50
+    public static let w4Messages = 20_000
+    public static let w5Connections = 5_000
+}
+
+/// Parsed `--key value` options and the positional words.
+public struct Options: Sendable {
+    public var words: [String] = []
+    public var values: [String: String] = [:]
+
+    public init(_ arguments: [String] = Array(CommandLine.arguments.dropFirst())) {
+        var i = 0
+        while i < arguments.count {
+            let a = arguments[i]
+            if a.hasPrefix("--"), i + 1 < arguments.count {
+                values[String(a.dropFirst(2))] = arguments[i + 1]
+                i += 2
+            } else {
+                words.append(a)
+                i += 1
+            }
+        }
+    }
+
+    public func int(_ key: String, _ fallback: Int) -> Int { values[key].flatMap(Int.init) ?? fallback }
+    public func string(_ key: String, _ fallback: String) -> String { values[key] ?? fallback }
+}
+
+/// Seconds elapsed since `start`.
+public func seconds(since start: ContinuousClock.Instant) -> Double {
+    let d = ContinuousClock.now - start
+    return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+}
+
+/// Prints one line and flushes (the runner reads stdout line by line).
+public func emit(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+/// Prints to stderr and exits with status 1.
+public func fail(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("bench: \(message)\n".utf8))
+    exit(1)
+}
+
+/// Exits the process after `seconds` no matter what (every benchmark process is bounded).
+public func armWatchdog(seconds: Int) {
+    let t = Thread {
+        Thread.sleep(forTimeInterval: TimeInterval(seconds))
+        FileHandle.standardError.write(Data("bench: watchdog fired after \(seconds) s\n".utf8))
+        exit(2)
+    }
+    t.start()
+}
+
+/// VmRSS of this process in bytes (from /proc/self/status).
+public func residentBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
+    for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        let parts = line.split(separator: " ", omittingEmptySubsequences: true)
+        if parts.count >= 2, let kb = Int(parts[1]) { return kb * 1024 }
+    }
+    return 0
+}
+
+/// Bytes of heap in use (glibc mallinfo2: small chunks plus mmapped blocks), all arenas.
+public func heapInUse() -> Int {
+    Int(bench_heap_in_use())
+}
+
+/// Latency percentiles of W2 (microseconds).
+public func latencySummary(_ nanos: [UInt64]) -> (p50: Double, p99: Double, max: Double) {
+    let sorted = nanos.sorted()
+    func at(_ q: Double) -> Double {
+        Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))]) / 1000
+    }
+    return (at(0.50), at(0.99), Double(sorted.last ?? 0) / 1000)
+}
+
+/// The monotonic clock in nanoseconds.
+@inline(__always) public func nowNanos() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
+/// Result line format parsed by run.sh:
+/// `RESULT <workload> <impl> <metric>=<value> ...`
+public func result(_ workload: String, _ impl: String, _ fields: KeyValuePairs<String, String>) {
+    emit("RESULT \(workload) \(impl) " + fields.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
+}
+
+public func fmt(_ v: Double, _ digits: Int = 1) -> String { String(format: "%.\(digits)f", v) }

@@ -1,0 +1,11 @@
+#include "CBenchSupport.h"
+#include <stdlib.h>
+#if defined(__linux__) && defined(__GLIBC__)
+#include <malloc.h>
+size_t bench_heap_in_use(void) {
+    struct mallinfo2 info = mallinfo2();
+    return info.uordblks + info.hblkhd;
+}
+#else
+size_t bench_heap_in_use(void) { return 0; }
+#endif

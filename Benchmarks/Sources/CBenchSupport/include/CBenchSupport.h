@@ -1,0 +1,8 @@
+#ifndef CBENCHSUPPORT_H
+#define CBENCHSUPPORT_H
+#include <stddef.h>
+
+/// Bytes of heap in use (glibc mallinfo2: uordblks + hblkhd, all arenas); 0 elsewhere.
+size_t bench_heap_in_use(void);
+
+#endif

@@ -1,0 +1,471 @@
+// W1-W5 with the SwiftNIO peer: NIOPosix sockets, NIOExtras LengthFieldBasedFrameDecoder /
+// LengthFieldPrepender (4-byte big-endian length), Foundation JSONEncoder / JSONDecoder.
+//
+//   bench-nio server W1|W2|W3|W4|W5      prints "READY <port>", then (W4, W5) a RESULT line
+//   bench-nio client W1|W2|W3|W4|W5 --port P
+//
+// Written the way a careful NIO user would: one event loop per core, encoding and writing on the
+// channel's event loop, flush per batch (not per message), writes stop while the channel is not
+// writable (water marks 256 KiB / 1 MiB, the same as our send queue) and resume on
+// channelWritabilityChanged; reads flush in channelReadComplete.
+//
+// Each frame body starts with one kind byte, then the JSON (or raw) payload.
+import BenchCommon
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOExtras
+import NIOPosix
+
+enum Kind {
+    static let sample: UInt8 = 1
+    static let end: UInt8 = 2
+    static let count: UInt8 = 3
+    static let bulk: UInt8 = 4
+    static let done: UInt8 = 5
+    static let ack: UInt8 = 6
+}
+
+let options = Options()
+guard options.words.count >= 2 else { fail("usage: bench-nio server|client W1..W5 [--port P]") }
+let role = options.words[0]
+let workload = options.words[1]
+let impl = "nio"
+armWatchdog(seconds: options.int("timeout", 120))
+
+let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+let waterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 256 * 1024, high: 1024 * 1024)
+
+func frame(_ allocator: ByteBufferAllocator, kind: UInt8, _ bytes: some Sequence<UInt8>) -> ByteBuffer {
+    var buffer = allocator.buffer(capacity: 128)
+    buffer.writeInteger(kind)
+    buffer.writeBytes(bytes)
+    return buffer
+}
+
+// Handlers are created on (and confined to) their channel's event loop.
+@Sendable func addFraming(_ channel: any Channel, make: @escaping () -> any ChannelHandler) -> EventLoopFuture<Void> {
+    channel.eventLoop.makeCompletedFuture {
+        try channel.pipeline.syncOperations.addHandlers([
+            ByteToMessageHandler(LengthFieldBasedFrameDecoder(lengthFieldBitLength: .fourBytes)),
+            LengthFieldPrepender(lengthFieldBitLength: .fourBytes),
+            make(),
+        ])
+    }
+}
+
+// MARK: Server handlers
+
+final class W1Server: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let decoder = JSONDecoder()
+    var count = 0
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        switch buffer.readInteger(as: UInt8.self) {
+        case Kind.sample:
+            guard (try? decoder.decode(Sample.self, from: Data(buffer.readableBytesView))) != nil else {
+                fail("W1: undecodable sample")
+            }
+            count += 1
+        case Kind.end:
+            context.writeAndFlush(
+                wrapOutboundOut(frame(context.channel.allocator, kind: Kind.count, String(count).utf8)), promise: nil)
+        default: fail("W1: unexpected frame")
+        }
+    }
+}
+
+final class W2Server: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let decoder = JSONDecoder()
+    let encoder = JSONEncoder()
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        _ = buffer.readInteger(as: UInt8.self)
+        guard let sample = try? decoder.decode(Sample.self, from: Data(buffer.readableBytesView)),
+            let json = try? encoder.encode(sample)
+        else { fail("W2: codec") }
+        context.write(wrapOutboundOut(frame(context.channel.allocator, kind: Kind.sample, json)), promise: nil)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) { context.flush() }
+}
+
+final class W3Server: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    var bytes = 0
+    var count = 0
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard buffer.readInteger(as: UInt8.self) == Kind.bulk else { fail("W3: unexpected frame") }
+        bytes += buffer.readableBytes
+        count += 1
+        if count == Workload.w3Messages {
+            context.writeAndFlush(
+                wrapOutboundOut(frame(context.channel.allocator, kind: Kind.done, String(bytes).utf8)), promise: nil)
+        }
+    }
+}
+
+/// W4: counts acks from clients.
+final class W4Server: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    let acks: NIOLockedValueBox<Int>
+    let clients: Int
+    let allAcked: EventLoopPromise<Void>
+    init(acks: NIOLockedValueBox<Int>, clients: Int, allAcked: EventLoopPromise<Void>) {
+        self.acks = acks
+        self.clients = clients
+        self.allAcked = allAcked
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard buffer.readInteger(as: UInt8.self) == Kind.ack else { fail("W4: unexpected frame") }
+        if acks.withLockedValue({ $0 += 1; return $0 }) == clients { allAcked.succeed() }
+    }
+}
+
+final class Idle: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+}
+
+// MARK: Client handlers
+
+/// W1: encodes and writes samples on the event loop while the channel is writable, flushing every 64.
+final class W1Client: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let n: Int
+    let done: EventLoopPromise<Double>
+    let encoder = JSONEncoder()
+    var sent = 0
+    var start: ContinuousClock.Instant?
+    init(n: Int, done: EventLoopPromise<Double>) {
+        self.n = n
+        self.done = done
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        start = .now
+        pump(context)
+        context.fireChannelActive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { pump(context) }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func pump(_ context: ChannelHandlerContext) {
+        guard sent < n else { return }
+        while context.channel.isWritable && sent < n {
+            guard let json = try? encoder.encode(Sample.make(sent)) else { fail("W1: encode") }
+            context.write(wrapOutboundOut(frame(context.channel.allocator, kind: Kind.sample, json)), promise: nil)
+            sent += 1
+            if sent % 64 == 0 { context.flush() }
+        }
+        if sent == n {
+            context.write(wrapOutboundOut(frame(context.channel.allocator, kind: Kind.end, [])), promise: nil)
+        }
+        context.flush()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard buffer.readInteger(as: UInt8.self) == Kind.count,
+            Int(String(decoding: buffer.readableBytesView, as: UTF8.self)) == n
+        else { fail("W1: the server did not count \(n) messages") }
+        done.succeed(seconds(since: start!))
+    }
+}
+
+/// W2: one sample in flight; the reply is decoded and checked.
+final class W2Client: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let n: Int
+    let done: EventLoopPromise<[UInt64]>
+    let encoder = JSONEncoder()
+    let decoder = JSONDecoder()
+    let sample = Sample.make(42)
+    var latencies: [UInt64] = []
+    var i = 0
+    var t0: UInt64 = 0
+    init(n: Int, done: EventLoopPromise<[UInt64]>) {
+        self.n = n
+        self.done = done
+        latencies.reserveCapacity(n)
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        send(context)
+        context.fireChannelActive()
+    }
+
+    func send(_ context: ChannelHandlerContext) {
+        t0 = nowNanos()
+        guard let json = try? encoder.encode(sample) else { fail("W2: encode") }
+        context.writeAndFlush(wrapOutboundOut(frame(context.channel.allocator, kind: Kind.sample, json)), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        _ = buffer.readInteger(as: UInt8.self)
+        guard let back = try? decoder.decode(Sample.self, from: Data(buffer.readableBytesView)), back == sample else {
+            fail("W2: bad reply")
+        }
+        if i >= Workload.w2Warmup { latencies.append(nowNanos() - t0) }
+        i += 1
+        if i == Workload.w2Warmup + n {
+            done.succeed(latencies)
+        } else {
+            send(context)
+        }
+    }
+}
+
+/// W3: writes 1 MiB raw messages (one shared buffer, no copies) while writable.
+final class W3Client: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let done: EventLoopPromise<Double>
+    var sent = 0
+    var start: ContinuousClock.Instant?
+    var chunk: ByteBuffer?
+    init(done: EventLoopPromise<Double>) { self.done = done }
+
+    func channelActive(context: ChannelHandlerContext) {
+        var buffer = context.channel.allocator.buffer(capacity: Workload.w3MessageSize + 1)
+        buffer.writeInteger(Kind.bulk)
+        buffer.writeRepeatingByte(0x5a, count: Workload.w3MessageSize)
+        chunk = buffer
+        start = .now
+        pump(context)
+        context.fireChannelActive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { pump(context) }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func pump(_ context: ChannelHandlerContext) {
+        while context.channel.isWritable && sent < Workload.w3Messages {
+            context.write(wrapOutboundOut(chunk!), promise: nil)
+            sent += 1
+            context.flush()
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard buffer.readInteger(as: UInt8.self) == Kind.done,
+            Int(String(decoding: buffer.readableBytesView, as: UTF8.self))
+                == Workload.w3Messages * Workload.w3MessageSize
+        else { fail("W3: the server did not receive every byte") }
+        done.succeed(seconds(since: start!))
+    }
+}
+
+/// W4: decodes every broadcast sample; acks after the last one.
+final class W4Client: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let decoder = JSONDecoder()
+    let done: EventLoopPromise<Void>
+    var count = 0
+    init(done: EventLoopPromise<Void>) { self.done = done }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        _ = buffer.readInteger(as: UInt8.self)
+        guard (try? decoder.decode(Sample.self, from: Data(buffer.readableBytesView))) != nil else {
+            fail("W4: undecodable sample")
+        }
+        count += 1
+        if count == Workload.w4Messages {
+            context.writeAndFlush(wrapOutboundOut(frame(context.channel.allocator, kind: Kind.ack, [])), promise: nil)
+            done.succeed()
+        }
+    }
+}
+
+// MARK: Bootstraps
+
+func serve(
+    connected: (@Sendable (any Channel) -> Void)? = nil, make: @escaping @Sendable () -> any ChannelHandler
+) throws -> any Channel {
+    try ServerBootstrap(group: group)
+        .serverChannelOption(.backlog, value: 4096)
+        .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+        .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+        .childChannelOption(.writeBufferWaterMark, value: waterMark)
+        .childChannelInitializer { channel in
+            connected?(channel)
+            return addFraming(channel, make: make)
+        }
+        .bind(host: "127.0.0.1", port: 0).wait()
+}
+
+func connect(_ port: Int, make: @escaping @Sendable (any Channel) -> any ChannelHandler) -> EventLoopFuture<any Channel> {
+    ClientBootstrap(group: group)
+        .channelOption(.socketOption(.tcp_nodelay), value: 1)
+        .channelOption(.writeBufferWaterMark, value: waterMark)
+        .channelInitializer { channel in addFraming(channel, make: { make(channel) }) }
+        .connect(host: "127.0.0.1", port: port)
+}
+
+func runServer() throws {
+    switch workload {
+    case "W1", "W2", "W3":
+        let server = try serve {
+            switch workload {
+            case "W1": W1Server()
+            case "W2": W2Server()
+            default: W3Server()
+            }
+        }
+        emit("READY \(server.localAddress!.port!)")
+        // Runs until the client is done and the runner stops this process.
+        try server.closeFuture.wait()
+    case "W4":
+        let clients = options.int("clients", Workload.w4Clients)
+        let channels = NIOLockedValueBox<[any Channel]>([])
+        let acks = NIOLockedValueBox(0)
+        let allJoined = group.next().makePromise(of: Void.self)
+        let allAcked = group.next().makePromise(of: Void.self)
+        let server = try serve(connected: { channel in
+            let n = channels.withLockedValue { $0.append(channel); return $0.count }
+            if n == clients { allJoined.succeed() }
+        }) { W4Server(acks: acks, clients: clients, allAcked: allAcked) }
+        emit("READY \(server.localAddress!.port!)")
+        try allJoined.futureResult.wait()
+        let all = channels.withLockedValue { $0 }
+        // Every channel must be active (handlers added) before broadcasting.
+        for channel in all { _ = try channel.pipeline.handler(type: W4Server.self).map { _ in () }.wait() }
+        let encoder = JSONEncoder()
+        let allocator = ByteBufferAllocator()
+        let batchSize = 256
+        var previous: [EventLoopFuture<Void>] = []
+        let start = ContinuousClock.now
+        var i = 0
+        while i < Workload.w4Messages {
+            // Encode each message once; every channel gets the same buffers (no copies).
+            var batch: [ByteBuffer] = []
+            batch.reserveCapacity(batchSize)
+            for j in i..<min(i + batchSize, Workload.w4Messages) {
+                guard let json = try? encoder.encode(Sample.make(j)) else { fail("W4: encode") }
+                batch.append(frame(allocator, kind: Kind.sample, json))
+            }
+            i += batch.count
+            // Back-pressure: at most two batches in flight per channel.
+            for future in previous { try future.wait() }
+            let frozen = batch
+            previous = all.map { channel in
+                channel.eventLoop.flatSubmit {
+                    var last: EventLoopFuture<Void>?
+                    for buffer in frozen { last = channel.write(buffer) }
+                    channel.flush()
+                    return last!
+                }
+            }
+        }
+        try allAcked.futureResult.wait()
+        let elapsed = seconds(since: start)
+        let delivered = Double(clients * Workload.w4Messages)
+        result("W4", impl, ["msgs_per_s": fmt(delivered / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        for channel in all { channel.close(promise: nil) }
+    case "W5":
+        let target = options.int("connections", Workload.w5Connections)
+        let established = NIOLockedValueBox(0)
+        let all = group.next().makePromise(of: Void.self)
+        Thread.sleep(forTimeInterval: 0.2)
+        let before = residentBytes()
+        let heapBefore = heapInUse()
+        let server = try serve(connected: { _ in
+            if established.withLockedValue({ $0 += 1; return $0 }) == target { all.succeed() }
+        }) { Idle() }
+        emit("READY \(server.localAddress!.port!)")
+        try all.futureResult.wait()
+        Thread.sleep(forTimeInterval: 1)
+        let after = residentBytes()
+        let heapAfter = heapInUse()
+        let per = Double(after - before) / Double(target)
+        result(
+            "W5", impl,
+            [
+                "bytes_per_conn": fmt(per, 0), "heap_per_conn": fmt(Double(heapAfter - heapBefore) / Double(target), 0),
+                "rss_before": "\(before)", "rss_after": "\(after)", "connections": "\(target)",
+            ])
+    default:
+        fail("unknown workload \(workload)")
+    }
+}
+
+func runClient() throws {
+    let port = options.int("port", 0)
+    switch workload {
+    case "W1":
+        let n = options.int("messages", Workload.w1Messages)
+        let done = group.next().makePromise(of: Double.self)
+        let channel = try connect(port) { _ in W1Client(n: n, done: done) }.wait()
+        let elapsed = try done.futureResult.wait()
+        result("W1", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        try channel.close().wait()
+    case "W2":
+        let n = options.int("messages", Workload.w2RoundTrips)
+        let done = group.next().makePromise(of: [UInt64].self)
+        let channel = try connect(port) { _ in W2Client(n: n, done: done) }.wait()
+        let s = latencySummary(try done.futureResult.wait())
+        result("W2", impl, ["p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max)])
+        try channel.close().wait()
+    case "W3":
+        let done = group.next().makePromise(of: Double.self)
+        let channel = try connect(port) { _ in W3Client(done: done) }.wait()
+        let elapsed = try done.futureResult.wait()
+        let mib = Double(Workload.w3Messages * Workload.w3MessageSize) / Double(1 << 20)
+        result("W3", impl, ["mib_per_s": fmt(mib / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        try channel.close().wait()
+    case "W4":
+        let clients = options.int("clients", Workload.w4Clients)
+        var futures: [EventLoopFuture<Void>] = []
+        var channels: [any Channel] = []
+        for _ in 0..<clients {
+            let done = group.next().makePromise(of: Void.self)
+            channels.append(try connect(port) { _ in W4Client(done: done) }.wait())
+            futures.append(done.futureResult)
+        }
+        for future in futures { try future.wait() }
+        for channel in channels { try? channel.close().wait() }
+    case "W5":
+        let target = options.int("connections", Workload.w5Connections)
+        var channels: [any Channel] = []
+        channels.reserveCapacity(target)
+        var i = 0
+        while i < target {
+            let batch = (i..<min(i + 32, target)).map { _ in connect(port) { _ in Idle() } }
+            for future in batch { channels.append(try future.wait()) }
+            i += batch.count
+        }
+        emit("CONNECTED \(target)")
+        Thread.sleep(forTimeInterval: TimeInterval(options.int("hold", 60)))
+    default:
+        fail("unknown workload \(workload)")
+    }
+}
+
+do {
+    if role == "server" { try runServer() } else { try runClient() }
+} catch {
+    fail("\(role) \(workload): \(error)")
+}
+exit(0)

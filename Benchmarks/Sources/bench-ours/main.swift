@@ -1,0 +1,287 @@
+// W1-W5 with our library: Transport's Listener + MessageChannel.accept / MessageChannel.connect.
+//
+//   bench-ours server W1|W2|W3|W4|W5 [--codec foundation|fast]     prints "READY <port>", then a RESULT line
+//   bench-ours client W1|W2|W3|W4|W5 --port P [--codec ...]        prints a RESULT line
+//
+// The codec is FoundationJSONCodec (Foundation's JSONEncoder/JSONDecoder) or FastJSON; both are codec
+// id 1 and put the same kind of JSON on the wire. Raw bytes (W3) use codec 0, no JSON.
+import BenchCommon
+import FastJSON
+import Foundation
+import Logging
+import Transport
+
+/// FastJSON as a Transport codec (id 1, JSON on the wire like FoundationJSONCodec).
+struct FastJSONCodec: MessageCodec {
+    var id: UInt8 { WireProtocol.jsonCodecID }
+    func encode<T: Encodable>(_ value: T) throws -> [UInt8] { try FastJSONEncoder().encode(value) }
+    func decode<T: Decodable>(_ type: T.Type, from bytes: UnsafeRawBufferPointer) throws -> T {
+        try FastJSONDecoder().decode(type, from: bytes)
+    }
+}
+
+/// A counter shared between a channel's queue (handlers) and the main task.
+final class Counter: @unchecked Sendable {
+    // Guarded by lock.
+    private let lock = NSLock()
+    private var value = 0
+    func add(_ n: Int = 1) -> Int { lock.withLock { value += n; return value } }
+    var current: Int { lock.withLock { value } }
+}
+
+let options = Options()
+guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..W5 [--port P] [--codec foundation|fast]") }
+let role = options.words[0]
+let workload = options.words[1]
+let codecName = options.string("codec", "foundation")
+let impl = codecName == "fast" ? "ours+fastjson" : "ours"
+armWatchdog(seconds: options.int("timeout", 120))
+
+let logger: Logger = {
+    var logger = Logger(label: "bench")
+    logger.logLevel = .error
+    return logger
+}()
+
+func configuration(_ name: String) -> ChannelConfiguration {
+    var c = ChannelConfiguration(name: name)
+    c.codecs = codecName == "fast" ? CodecRegistry(sendCodec: FastJSONCodec()) : CodecRegistry()
+    c.pingInterval = nil  // no heartbeat traffic in measurements (W5: idle means idle)
+    c.heartbeatTimeout = .seconds(3600)
+    c.helloTimeout = .seconds(60)
+    return c
+}
+
+
+/// Starts a loopback listener; every accepted socket becomes a channel passed to `handle` (in a task).
+func listen(_ handle: @escaping @Sendable (MessageChannel) async -> Void) throws -> Listener {
+    var lc = Listener.Configuration()
+    lc.loopbackOnly = true
+    lc.families = [.ipv4]
+    lc.backlog = 4096
+    let config = configuration("server")
+    return try Listener(configuration: lc, logger: logger) { socket in
+        Task {
+            do {
+                let channel = try await MessageChannel.accept(socket, configuration: config, logger: logger)
+                await handle(channel)
+            } catch {
+                fail("accept: \(error)")
+            }
+        }
+    }
+}
+
+func connect(_ port: UInt16) async throws -> MessageChannel {
+    try await MessageChannel.connect(
+        to: [SocketAddress.ipv4Loopback(port: port)], configuration: configuration("client"), logger: logger)
+}
+
+// MARK: Servers
+
+func runServer() async throws {
+    let done = AsyncStream<Void>.makeStream()
+    let listener: Listener
+    switch workload {
+    case "W1":
+        listener = try listen { channel in
+            let count = Counter()
+            channel.on(type: "s", as: Sample.self) { _, _ in _ = count.add() }
+            for await message in channel.messages where message.typeID == "end" {
+                try? await channel.sendRaw(Array(String(count.current).utf8), type: "count")
+                break
+            }
+            _ = await channel.closed()
+            done.continuation.finish()
+        }
+    case "W2":
+        listener = try listen { channel in
+            for await message in channel.messages {
+                guard let sample = try? message.decode(Sample.self) else { fail("W2: undecodable") }
+                try? await channel.reply(to: message, with: sample, type: "s")
+            }
+            done.continuation.finish()
+        }
+    case "W3":
+        listener = try listen { channel in
+            var bytes = 0
+            var count = 0
+            for await message in channel.messages {
+                bytes += message.payload.count
+                count += 1
+                if count == Workload.w3Messages {
+                    try? await channel.sendRaw(Array(String(bytes).utf8), type: "done")
+                }
+            }
+            done.continuation.finish()
+        }
+    case "W4":
+        let clients = options.int("clients", Workload.w4Clients)
+        let joined = AsyncStream<MessageChannel>.makeStream()
+        listener = try listen { channel in joined.continuation.yield(channel) }
+        emit("READY \(listener.port)")
+        var channels: [MessageChannel] = []
+        for await channel in joined.stream {
+            channels.append(channel)
+            if channels.count == clients { break }
+        }
+        let acks = Counter()
+        let allAcked = AsyncStream<Void>.makeStream()
+        for channel in channels {
+            channel.on(type: "ack", as: Int.self) { _, _ in
+                if acks.add() == clients { allAcked.continuation.finish() }
+            }
+        }
+        let start = ContinuousClock.now
+        for i in 0..<Workload.w4Messages {
+            let (codec, payload) = try channels[0].encodeForSending(Sample.make(i), type: "s")
+            for channel in channels { try await channel.sendEncoded(payload, codecID: codec, type: "s") }
+        }
+        for await _ in allAcked.stream {}
+        let elapsed = seconds(since: start)
+        let delivered = Double(clients * Workload.w4Messages)
+        result("W4", impl, ["msgs_per_s": fmt(delivered / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        for channel in channels { channel.close() }
+        listener.stop()
+        return
+    case "W5":
+        let target = options.int("connections", Workload.w5Connections)
+        let established = Counter()
+        let all = AsyncStream<Void>.makeStream()
+        let holder = ChannelHolder()
+        // Baseline after the runtime, Dispatch and the listener are up (the same point as the NIO peer).
+        try await Task.sleep(for: .milliseconds(200))
+        let before = residentBytes()
+        let heapBefore = heapInUse()
+        listener = try listen { channel in
+            holder.keep(channel)
+            if established.add() == target { all.continuation.finish() }
+        }
+        emit("READY \(listener.port)")
+        for await _ in all.stream {}
+        try await Task.sleep(for: .seconds(1))  // let every handshake's leftovers settle
+        let after = residentBytes()
+        let heapAfter = heapInUse()
+        let per = Double(after - before) / Double(target)
+        result(
+            "W5", impl,
+            [
+                "bytes_per_conn": fmt(per, 0), "heap_per_conn": fmt(Double(heapAfter - heapBefore) / Double(target), 0),
+                "rss_before": "\(before)", "rss_after": "\(after)", "connections": "\(target)",
+            ])
+        holder.closeAll()
+        listener.stop()
+        return
+    default:
+        fail("unknown workload \(workload)")
+    }
+    emit("READY \(listener.port)")
+    for await _ in done.stream {}
+    listener.stop()
+}
+
+final class ChannelHolder: @unchecked Sendable {
+    // Guarded by lock.
+    private let lock = NSLock()
+    private var channels: [MessageChannel] = []
+    func keep(_ channel: MessageChannel) { lock.withLock { channels.append(channel) } }
+    func closeAll() { for channel in lock.withLock({ channels }) { channel.abort() } }
+}
+
+// MARK: Clients
+
+func runClient() async throws {
+    let port = UInt16(options.int("port", 0))
+    switch workload {
+    case "W1":
+        let n = options.int("messages", Workload.w1Messages)
+        let channel = try await connect(port)
+        var iterator = channel.messages.makeAsyncIterator()
+        let start = ContinuousClock.now
+        for i in 0..<n { try await channel.send(Sample.make(i), type: "s") }
+        try await channel.sendRaw([], type: "end")
+        guard let reply = await iterator.next(), let count = Int(String(decoding: reply.payload, as: UTF8.self)),
+            count == n
+        else { fail("W1: the server did not count \(n) messages") }
+        let elapsed = seconds(since: start)
+        result("W1", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        channel.close()
+    case "W2":
+        let n = options.int("messages", Workload.w2RoundTrips)
+        let channel = try await connect(port)
+        var iterator = channel.messages.makeAsyncIterator()
+        var latencies = [UInt64]()
+        latencies.reserveCapacity(n)
+        let sample = Sample.make(42)
+        for i in 0..<(Workload.w2Warmup + n) {
+            let t0 = nowNanos()
+            try await channel.send(sample, type: "s")
+            guard let reply = await iterator.next(), let back = try? reply.decode(Sample.self), back == sample else {
+                fail("W2: bad reply")
+            }
+            if i >= Workload.w2Warmup { latencies.append(nowNanos() - t0) }
+        }
+        let s = latencySummary(latencies)
+        result("W2", impl, ["p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max)])
+        channel.close()
+    case "W3":
+        let channel = try await connect(port)
+        var iterator = channel.messages.makeAsyncIterator()
+        let chunk = [UInt8](repeating: 0x5a, count: Workload.w3MessageSize)
+        let start = ContinuousClock.now
+        for _ in 0..<Workload.w3Messages { try await channel.sendRaw(chunk, type: "b") }
+        guard let reply = await iterator.next(),
+            Int(String(decoding: reply.payload, as: UTF8.self)) == Workload.w3Messages * Workload.w3MessageSize
+        else { fail("W3: the server did not receive every byte") }
+        let elapsed = seconds(since: start)
+        let mib = Double(Workload.w3Messages * Workload.w3MessageSize) / Double(1 << 20)
+        result("W3", impl, ["mib_per_s": fmt(mib / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        channel.close()
+    case "W4":
+        let clients = options.int("clients", Workload.w4Clients)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<clients {
+                group.addTask {
+                    let channel = try await connect(port)
+                    let got = Counter()
+                    let finished = AsyncStream<Void>.makeStream()
+                    channel.on(type: "s", as: Sample.self) { _, _ in
+                        if got.add() == Workload.w4Messages { finished.continuation.finish() }
+                    }
+                    for await _ in finished.stream {}
+                    try await channel.send(Workload.w4Messages, type: "ack")
+                    _ = await channel.closed()
+                }
+            }
+            try await group.waitForAll()
+        }
+    case "W5":
+        let target = options.int("connections", Workload.w5Connections)
+        let holder = ChannelHolder()
+        let parallel = 32
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for worker in 0..<parallel {
+                group.addTask {
+                    var i = worker
+                    while i < target {
+                        holder.keep(try await connect(port))
+                        i += parallel
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        emit("CONNECTED \(target)")
+        // Hold them until the server (or the runner) ends the run.
+        try await Task.sleep(for: .seconds(options.int("hold", 60)))
+    default:
+        fail("unknown workload \(workload)")
+    }
+}
+
+do {
+    if role == "server" { try await runServer() } else { try await runClient() }
+} catch {
+    fail("\(role) \(workload): \(error)")
+}
+exit(0)

@@ -1,0 +1,114 @@
+/* W3 baseline: plain blocking sockets moving 1 GiB over loopback as 1,024 length-prefixed
+ * messages of 1 MiB (the same framing cost as a 4-byte length prefix, no envelope).
+ *
+ *   bulk server            prints "READY <port>", receives, replies with the byte count
+ *   bulk client PORT       sends, waits for the reply, prints "RESULT W3 c mib_per_s=... seconds=..."
+ *
+ * Built by Benchmarks/run.sh with gcc -O2. Loopback (127.0.0.1) only.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MESSAGES 1024
+#define MESSAGE_SIZE (1 << 20)
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static void read_full(int fd, void *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r <= 0) die("read");
+        got += (size_t)r;
+    }
+}
+
+static void write_full(int fd, const void *buf, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, (const char *)buf + done, n - done);
+        if (w <= 0) die("write");
+        done += (size_t)w;
+    }
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int server(void) {
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    if (ls < 0) die("socket");
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(ls, (struct sockaddr *)&addr, sizeof addr) < 0) die("bind");
+    if (listen(ls, 16) < 0) die("listen");
+    socklen_t len = sizeof addr;
+    getsockname(ls, (struct sockaddr *)&addr, &len);
+    printf("READY %d\n", ntohs(addr.sin_port));
+    fflush(stdout);
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0) die("accept");
+    char *buf = malloc(MESSAGE_SIZE);
+    uint64_t total = 0;
+    for (int i = 0; i < MESSAGES; i++) {
+        uint32_t prefix;
+        read_full(fd, &prefix, 4);
+        uint32_t size = ntohl(prefix);
+        if (size > MESSAGE_SIZE) { fprintf(stderr, "bad size %u\n", size); return 1; }
+        read_full(fd, buf, size);
+        total += size;
+    }
+    uint64_t reply = total;
+    write_full(fd, &reply, sizeof reply);
+    close(fd);
+    close(ls);
+    free(buf);
+    return 0;
+}
+
+static int client(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) die("socket");
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) die("connect");
+    char *buf = malloc(MESSAGE_SIZE);
+    memset(buf, 0x5a, MESSAGE_SIZE);
+    double start = now();
+    for (int i = 0; i < MESSAGES; i++) {
+        uint32_t prefix = htonl(MESSAGE_SIZE);
+        write_full(fd, &prefix, 4);
+        write_full(fd, buf, MESSAGE_SIZE);
+    }
+    uint64_t reply;
+    read_full(fd, &reply, sizeof reply);
+    double elapsed = now() - start;
+    if (reply != (uint64_t)MESSAGES * MESSAGE_SIZE) { fprintf(stderr, "short: %llu\n", (unsigned long long)reply); return 1; }
+    printf("RESULT W3 c mib_per_s=%.0f seconds=%.3f\n", (double)MESSAGES * MESSAGE_SIZE / (1 << 20) / elapsed, elapsed);
+    close(fd);
+    free(buf);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "server") == 0) return server();
+    if (argc >= 3 && strcmp(argv[1], "client") == 0) return client(atoi(argv[2]));
+    fprintf(stderr, "usage: bulk server | bulk client PORT\n");
+    return 2;
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Issue 7: every workload for our library and for the SwiftNIO peer, client and server as separate
+# processes on loopback (127.0.0.1), plus the C baseline for W3 and (as root, with avahi installed)
+# D1 in the two-host avahi harness. Prints one RESULT line per workload and implementation, the
+# ratio ours/peer, then a table.
+#
+#   Benchmarks/run.sh                 everything (about 3-5 minutes on 2 cores, build excluded)
+#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 D1)
+#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+fastjson nio)
+#
+# Every process runs under `timeout`; the script kills only the PIDs it started.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$HERE"
+
+WORKLOADS=("$@")
+[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 D1)
+read -r -a IMPLS <<< "${IMPLS:-ours ours+fastjson nio}"
+PROC_TIMEOUT=${PROC_TIMEOUT:-90}
+
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
+
+echo "== building (release) in $HERE/.build"
+nice -n 5 swift build -c release 2>&1 | grep -v -e "prohibited flag" -e "^\[" || true
+BIN="$(swift build -c release --show-bin-path)"
+[ -x "$BIN/bench-ours" ] && [ -x "$BIN/bench-nio" ] || { echo "build failed" >&2; exit 1; }
+gcc -O2 -Wall -o "$BIN/c-bulk" c/bulk.c
+
+WORK="$(mktemp -d /tmp/bench-run.XXXXXX)"
+RESULTS="$WORK/results"
+: > "$RESULTS"
+STARTED=()
+cleanup() {
+    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${STARTED[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# command line of an implementation: bench-ours [--codec fast] | bench-nio | c-bulk
+impl_cmd() {
+    case "$1" in
+        ours) echo "$BIN/bench-ours" ;;
+        ours+fastjson) echo "$BIN/bench-ours --codec fast" ;;
+        nio) echo "$BIN/bench-nio" ;;
+        c) echo "$BIN/c-bulk" ;;
+    esac
+}
+
+# wait_ready FILE PID: prints the port once the server wrote "READY <port>" (max 30 s)
+wait_ready() {
+    local file=$1 pid=$2 i
+    for i in $(seq 1 300); do
+        if grep -q '^READY ' "$file" 2>/dev/null; then sed -n 's/^READY //p' "$file" | head -n 1; return 0; fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# stop PID: TERM, then wait (bounded), then KILL
+stop() {
+    local pid=$1 i
+    kill "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# run_one WORKLOAD IMPL: server and client as separate processes; RESULT lines go to $RESULTS
+run_one() {
+    local w=$1 impl=$2 cmd tag="$WORK/$1-$2" port spid cpid
+    cmd=$(impl_cmd "$impl")
+    local sargs=(server "$w") cargs=(client "$w")
+    if [ "$impl" = c ]; then sargs=(server); cargs=(client); fi
+    # shellcheck disable=SC2086
+    timeout -k 5 "$PROC_TIMEOUT" $cmd "${sargs[@]}" > "$tag.server" 2> "$tag.server.err" &
+    spid=$!
+    STARTED+=("$spid")
+    if ! port=$(wait_ready "$tag.server" "$spid"); then
+        echo "FAILED $w $impl: server did not start"; cat "$tag.server.err" >&2; stop "$spid"; return 0
+    fi
+    if [ "$impl" = c ]; then cargs=(client "$port"); else cargs+=(--port "$port"); fi
+    case "$w" in
+        W4|W5)
+            # The server measures and prints the result; the client runs in the background.
+            # shellcheck disable=SC2086
+            timeout -k 5 "$PROC_TIMEOUT" $cmd "${cargs[@]}" > "$tag.client" 2> "$tag.client.err" &
+            cpid=$!
+            STARTED+=("$cpid")
+            wait "$spid" 2>/dev/null || echo "FAILED $w $impl: server exit $? $(tail -n 2 "$tag.server.err" "$tag.client.err" | tr '\n' ' ')"
+            stop "$cpid"
+            ;;
+        *)
+            # shellcheck disable=SC2086
+            timeout -k 5 "$PROC_TIMEOUT" $cmd "${cargs[@]}" > "$tag.client" 2> "$tag.client.err" \
+                || echo "FAILED $w $impl: client exit $? $(tail -n 2 "$tag.client.err" | tr '\n' ' ')"
+            stop "$spid"
+            ;;
+    esac
+    grep -h '^RESULT ' "$tag.server" "$tag.client" | tee -a "$RESULTS" || true
+}
+
+# The headline metric of a workload and whether lower is better.
+metric() {
+    case "$1" in
+        W1|W4) echo "msgs_per_s higher" ;;
+        W2) echo "p50_us lower" ;;
+        W3) echo "mib_per_s higher" ;;
+        W5) echo "bytes_per_conn lower" ;;
+        D1) echo "connect_ms lower" ;;
+    esac
+}
+
+value() { # value WORKLOAD IMPL KEY
+    awk -v w="$1" -v i="$2" -v k="$3" '$1=="RESULT" && $2==w && $3==i {
+        for (f = 4; f <= NF; f++) { split($f, kv, "="); if (kv[1] == k) print kv[2] } }' "$RESULTS" | tail -n 1
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+
+for w in "${WORKLOADS[@]}"; do
+    [ "$w" = D1 ] && continue
+    echo "== $w"
+    for impl in "${IMPLS[@]}"; do run_one "$w" "$impl"; done
+    [ "$w" = W3 ] && run_one W3 c
+    read -r key _ <<< "$(metric "$w")"
+    for impl in "${IMPLS[@]}"; do
+        [ "$impl" = nio ] && continue
+        echo "RATIO $w $impl/nio $key=$(ratio "$(value "$w" "$impl" "$key")" "$(value "$w" nio "$key")")"
+        [ "$w" = W2 ] && echo "RATIO W2 $impl/nio p99_us=$(ratio "$(value W2 "$impl" p99_us)" "$(value W2 nio p99_us)")"
+        [ "$w" = W3 ] && echo "RATIO W3 $impl/c mib_per_s=$(ratio "$(value W3 "$impl" mib_per_s)" "$(value W3 c mib_per_s)")"
+    done
+done
+
+if printf '%s\n' "${WORKLOADS[@]}" | grep -qx D1; then
+    echo "== D1 (two-host avahi harness)"
+    if [ "$(id -u)" != 0 ] || ! command -v avahi-daemon >/dev/null; then
+        echo "SKIPPED D1: needs root and avahi-daemon (the harness uses network namespaces)"
+    else
+        D1_ROUNDS=${D1_ROUNDS:-5} timeout -k 5 180 "$HERE/../Tests/harness/avahi-harness.sh" run --hosts 2 -- \
+            env BIN="$BIN" D1_ROUNDS="${D1_ROUNDS:-5}" bash "$HERE/d1.sh" > "$WORK/d1.out" 2> "$WORK/d1.err" \
+            || echo "FAILED D1: $(tail -n 3 "$WORK/d1.err" | tr '\n' ' ')"
+        grep -h '^RESULT ' "$WORK/d1.out" | tee -a "$RESULTS" || true
+    fi
+fi
+
+# The table.
+echo
+printf '%-4s %-16s %14s %14s %14s %8s %8s\n' "" "metric" "ours" "ours+fastjson" "nio" "ours/nio" "fast/nio"
+row() { # row WORKLOAD KEY
+    local o f n
+    o=$(value "$1" ours "$2"); f=$(value "$1" ours+fastjson "$2"); n=$(value "$1" nio "$2")
+    printf '%-4s %-16s %14s %14s %14s %8s %8s\n' "$1" "$2" "${o:--}" "${f:--}" "${n:--}" "$(ratio "$o" "$n")" "$(ratio "$f" "$n")"
+}
+for w in "${WORKLOADS[@]}"; do
+    case "$w" in
+        W1|W4) row "$w" msgs_per_s ;;
+        W2) row W2 p50_us; row W2 p99_us; row W2 max_us ;;
+        W3) row W3 mib_per_s
+            c=$(value W3 c mib_per_s)
+            printf '%-4s %-16s %14s %14s %14s %8s %8s\n' "W3" "C baseline" "${c:--}" "" "" "$(ratio "$(value W3 ours mib_per_s)" "$c")" "(ours/C)" ;;
+        W5) row W5 bytes_per_conn ;;
+        D1) for k in connect_ms_p50 connect_ms_max removed_ms_p50 removed_ms_max; do
+                v=$(value D1 ours "$k"); printf '%-4s %-16s %14s\n' "D1" "$k" "${v:--}"
+            done ;;
+    esac
+done
+echo "(logs: $WORK)"
