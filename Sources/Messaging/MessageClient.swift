@@ -20,7 +20,9 @@ public struct ClientConfiguration: Sendable {
     public var eventBufferLimit = 256
 
     public init(name: String, reconnect: ReconnectPolicy? = nil) {
-        self.channel = ChannelConfiguration(name: name)
+        var channel = ChannelConfiguration(name: name)
+        channel.codecs = .messagingDefault
+        self.channel = channel
         self.reconnect = reconnect
     }
 }
@@ -308,7 +310,8 @@ public final class MessageClient: Sendable {
             }
             var result: [DiscoveredService] = []
             for await value in group {
-                if let value { result = value; break }
+                result = value ?? []  // the first to finish decides: the browse, or the timeout (nil)
+                break
             }
             group.cancelAll()
             return result

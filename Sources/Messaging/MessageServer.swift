@@ -32,7 +32,12 @@ public struct ServerConfiguration: Sendable {
     public init(serviceType: String, serviceName: String? = nil, peerName: String? = nil) {
         self.serviceType = serviceType
         self.serviceName = serviceName
-        self.channel = ChannelConfiguration(name: peerName ?? serviceName ?? serviceType)
+        var channel = ChannelConfiguration(name: peerName ?? serviceName ?? serviceType)
+        // A peer that sends no complete frame for 30 s (healthy peers ping every 5 s) is dropped:
+        // half-sent frames cannot pin a connection forever.
+        channel.connection.idleTimeout = .seconds(30)
+        channel.codecs = .messagingDefault
+        self.channel = channel
     }
 }
 

@@ -75,24 +75,24 @@ import Testing
         // Session 1: a legitimate exchange, recorded.
         let first = try RawClient(port: server.port)
         try first.write(hello())
-        let ack = try first.readFrame()
+        let ack = try await blocking { try first.readFrame() }
         let challenge = try #require(try JSONDecoder().decode(HelloPayload.self, from: Data(ack.payload)).auth)
         let serverNonce = try #require(Hex.decode(challenge.nonce))
         let proof = AuthProof(proof: Hex.encode(key.clientProof(clientNonce: clientNonce, serverNonce: serverNonce)))
         let authFrame = Frame(kind: .auth, codecID: 1, sequence: 2, payload: try FoundationJSONCodec().encode(proof))
         try first.write(authFrame)
-        #expect(try first.readFrame().kind == .authOK)
+        #expect(try await blocking { try first.readFrame() }.kind == .authOK)
         guard case .success(let channel) = try await server.next() else { Issue.record("legit session refused"); return }
         channel.close()
         first.close()
         // Session 2: the captured bytes replayed verbatim.
         let second = try RawClient(port: server.port)
         try second.write(hello())
-        let secondAck = try second.readFrame()
+        let secondAck = try await blocking { try second.readFrame() }
         let secondChallenge = try #require(try JSONDecoder().decode(HelloPayload.self, from: Data(secondAck.payload)).auth)
         #expect(secondChallenge.nonce != challenge.nonce)
         try second.write(authFrame)
-        let refusal = try second.readFrame()
+        let refusal = try await blocking { try second.readFrame() }
         #expect(refusal.kind == .refuse)
         #expect(String(decoding: refusal.payload, as: UTF8.self).contains("auth_failed"))
         guard case .failure(let error) = try await server.next() else { Issue.record("replay accepted"); return }
@@ -114,7 +114,7 @@ import Testing
             payload: FoundationJSONCodec().encode(HelloPayload(PeerInfo(name: "x"), nonce: Hex.encode(nonce)))
         ).encoded()
         try raw.write(helloBytes)
-        let ack = try raw.readFrame()
+        let ack = try await blocking { try raw.readFrame() }
         let wire = helloBytes + ack.payload
         #expect(!contains(wire, secret) && !contains(wire, Array(Hex.encode(secret).utf8)))
         raw.close()

@@ -171,3 +171,11 @@ func deadPort() throws -> UInt16 {
     _ = try address.withSockAddr { (sa, len) throws(TransportError) in try syscallValue("bind") { bind(fd, sa, len) } }
     return SocketOps.localAddress(fd)!.port
 }
+
+/// Runs a blocking call (raw socket reads) on a Dispatch thread, off Swift's cooperative pool, so a
+/// blocked test cannot starve the server it is talking to (2 cores: the pool has 2 threads).
+func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+    }
+}

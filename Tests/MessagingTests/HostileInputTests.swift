@@ -1,0 +1,255 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import Messaging
+@testable import Transport
+
+/// Runs a blocking call (raw socket reads) on a Dispatch thread, off Swift's cooperative pool.
+func offThePool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in
+        DispatchQueue.global().async { continuation.resume(returning: body()) }
+    }
+}
+
+/// Resident set size of this process, bytes.
+func residentBytes() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    else { return 0 }
+    return (Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0) * 1024
+}
+
+/// A raw TCP peer on 127.0.0.1 that writes hand-made bytes.
+final class HostilePeer: @unchecked Sendable {
+    let fd: Int32
+    private var sequence: UInt64 = 0
+
+    init(port: UInt16) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard result == 0 else { throw TestFailure("connect failed: errno \(errno)") }
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    func write(_ bytes: [UInt8]) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 { return }
+            offset += n
+        }
+    }
+
+    func frame(_ kind: FrameKind, codec: UInt8 = 0, type: String = "", payload: [UInt8] = []) -> [UInt8] {
+        sequence += 1
+        return (try? Frame(kind: kind, codecID: codec, typeID: type, sequence: sequence, payload: payload).encoded()) ?? []
+    }
+
+    func hello(version: Int = WireProtocol.version) {
+        let payload = try! JSONEncoder().encode(PeerInfo(version: version, name: "hostile"))
+        write(frame(.hello, codec: 1, payload: Array(payload)))
+    }
+
+    /// Reads until EOF (or the 10 s receive timeout); returns whether the server closed the socket.
+    func serverClosed() -> Bool {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        for _ in 0..<10_000 {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n == 0 { return true }
+            if n < 0 { return errno == ECONNRESET }
+        }
+        return false
+    }
+
+    /// Closes with an RST (SO_LINGER 0).
+    func reset() {
+        var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        close(fd)
+    }
+
+    deinit { close(fd) }
+}
+
+/// Every hostile peer is dropped (or its message rejected) while a well-behaved client keeps being
+/// served, and memory does not spike.
+@Suite(.serialized) struct HostileInputTests {
+    static let echo: @Sendable (MessageServer, ServerEvent) async -> Void = { _, event in
+        if case .received(let connection, let message) = event, message.replyTo == nil, message.typeID == "echo" {
+            try? await connection.channel.replyRaw(to: message, bytes: message.payload, type: "echo")
+        }
+    }
+
+    func withServer(
+        _ body: (LoopbackServer, MessageClient) async throws -> Void,
+        configure: (inout ServerConfiguration) -> Void = { _ in }
+    ) async throws {
+        let harness = try await LoopbackServer(configure: configure, handle: Self.echo)
+        let good = try await harness.client("good")
+        let before = residentBytes()
+        try await body(harness, good)
+        // The well-behaved client is still served.
+        let reply = try await good.channel!.requestRaw(Array("still here".utf8), type: "echo", timeout: .seconds(10))
+        #expect(reply.payload == Array("still here".utf8))
+        let growth = residentBytes() - before
+        print("MEASURED RSS growth: \(growth / 1024) KiB")
+        #expect(growth < 64 * 1024 * 1024, "RSS grew by \(growth) bytes")
+        await good.close()
+        await harness.server.stop()
+    }
+
+    func closedReason(_ harness: LoopbackServer, name: String = "hostile") async throws -> CloseReason {
+        let event = try await harness.events.wait("hostile peer closed") {
+            if case .closed(let connection, _) = $0 { connection.peer.name == name } else { false }
+        }
+        guard case .closed(_, let reason) = event else { throw TestFailure("not a close") }
+        return reason
+    }
+
+    @Test func lengthPrefixAllOnes() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            peer.write([0xFF, 0xFF, 0xFF, 0xFF, 0x10, 0x00])
+            #expect(await offThePool { peer.serverClosed() })
+            #expect(try await closedReason(harness) == .frameTooLarge(size: 0xFFFF_FFFF, limit: 16 * 1024 * 1024))
+        }
+    }
+
+    @Test func lengthJustOverTheLimit() async throws {
+        try await withServer({ harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            peer.write([0x00, 0x01, 0x00, 0x01, 0x10])  // 65537 > 64 KiB limit
+            #expect(await offThePool { peer.serverClosed() })
+            #expect(try await closedReason(harness) == .frameTooLarge(size: 65537, limit: 65536))
+        }, configure: { $0.channel.connection.maxFrameSize = 65536 })
+    }
+
+    @Test func truncatedFrameThenClose() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            let whole = peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 1, count: 100))
+            peer.write(Array(whole.prefix(40)))
+            try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            shutdown(peer.fd, Int32(SHUT_WR))
+            let reason = try await closedReason(harness)
+            guard case .protocolError(let text) = reason else { Issue.record("reason \(reason)"); return }
+            #expect(text.contains("middle of a frame"), "reason: \(text)")
+        }
+    }
+
+    @Test func resetMidFrame() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: [1, 2, 3, 4, 5, 6]).prefix(10)))
+            peer.reset()
+            let reason = try await closedReason(harness)
+            #expect(reason == .reset || reason == .closedByPeer || { if case .protocolError = reason { true } else { false } }())
+        }
+    }
+
+    @Test func bytesBeforeTheHello() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.write(Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+            #expect(await offThePool { peer.serverClosed() })
+            try await harness.events.wait("refused") { if case .refused = $0 { true } else { false } }
+            #expect(harness.server.connections.count == 1)
+        }
+    }
+
+    @Test func wrongProtocolVersion() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello(version: 99)
+            #expect(await offThePool { peer.serverClosed() })
+            let refused = try await harness.events.wait("refused") { if case .refused = $0 { true } else { false } }
+            if case .refused(_, let reason) = refused { #expect(reason.contains("version")) }
+        }
+    }
+
+    @Test func invalidJSONAndWrongShapeAreRejectedMessagesNotDroppedPeers() async throws {
+        let rejected = Mutex<[String]>([])
+        let harness = try await LoopbackServer(handle: { _, event in
+            if case .received(_, let message) = event, message.typeID == "note" {
+                do { _ = try message.decode(Note.self) } catch { rejected.withLock { $0.append("\(error)") } }
+            }
+        })
+        let peer = try HostilePeer(port: harness.port)
+        peer.hello()
+        peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array("{not json".utf8)))
+        peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":5,"n":"x"}"#.utf8)))
+        peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":"ok","n":1}"#.utf8)))
+        try await harness.events.wait("three notes") { _ in
+            harness.events.count { if case .received = $0 { true } else { false } } == 3
+        }
+        #expect(rejected.withLock { $0.count } == 2)
+        #expect(rejected.withLock { $0 }.allSatisfy { $0.contains("decod") || $0.contains("JSON") || $0.contains("data") })
+        #expect(harness.server.connections.count == 1)  // the peer was not dropped
+        await harness.server.stop()
+    }
+
+    @Test func unknownTypeIDReachesTheAppWithRawBytes() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            peer.write(peer.frame(.message, codec: 0, type: "never.heard.of.it", payload: [0xDE, 0xAD]))
+            let event = try await harness.events.wait("received") {
+                if case .received(_, let message) = $0 { message.typeID == "never.heard.of.it" } else { false }
+            }
+            if case .received(_, let message) = event { #expect(message.payload == [0xDE, 0xAD]) }
+        }
+    }
+
+    @Test func tenThousandTinyFramesInOneBurst() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            var burst: [UInt8] = []
+            for index in 0..<10_000 { burst += peer.frame(.message, codec: 0, type: "t", payload: [UInt8(index & 0xFF)]) }
+            peer.write(burst)
+            try await harness.events.wait(timeout: .seconds(30), "10,000 received") { _ in
+                harness.events.count { if case .received(let c, _) = $0 { c.peer.name == "hostile" } else { false } } == 10_000
+            }
+        }
+    }
+
+    @Test func thousandHalfFramesAreFreedByTheIdleTimeoutWhileARealClientIsServed() async throws {
+        try await withServer({ harness, good in
+            var peers: [HostilePeer] = []
+            for _ in 0..<1000 {
+                let peer = try HostilePeer(port: harness.port)
+                peer.hello()
+                peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 7, count: 64)).prefix(20)))
+                peers.append(peer)
+            }
+            try await harness.events.wait(timeout: .seconds(30), "1000 accepted") { _ in harness.server.connections.count == 1001 }
+            // Meanwhile the real client is served normally.
+            let reply = try await good.channel!.requestRaw([1], type: "echo")
+            #expect(reply.payload == [1])
+            let start = ContinuousClock.now
+            try await harness.events.wait(timeout: .seconds(30), "stalled peers freed") { _ in harness.server.connections.count == 1 }
+            print("MEASURED 1000 stalled half-frame peers freed after: \(ContinuousClock.now - start)")
+            let idle = harness.events.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } }
+            #expect(idle == 1000)
+            let stalled = peers
+            #expect(await offThePool { stalled.allSatisfy { $0.serverClosed() } })
+        }, configure: {
+            $0.channel.connection.idleTimeout = .seconds(2)
+            $0.channel.pingInterval = .seconds(1)  // the good client pings, so it is never idle
+        })
+    }
+}
