@@ -7,6 +7,7 @@
 #   Tests/run.sh --tsan          also run the unit + transport tests under ThreadSanitizer
 #   Tests/run.sh --asan          also run the unit tests under AddressSanitizer
 #   Tests/run.sh --unit-only     skip the namespace harness (no root needed)
+#   FUZZ_SECONDS=N Tests/run.sh  fuzz each libFuzzer target N seconds (default 15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -59,6 +60,16 @@ if [ "$unit_only" = no ]; then
   run_suite integration Tests/harness/avahi-harness.sh run --hosts 2 -- \
     "$root/$bin" --testing-library swift-testing --filter IntegrationTests
 fi
+
+# Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600).
+echo "== fuzz (${FUZZ_SECONDS:-15} s per target)"
+for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh; do
+  if "$fuzz" "${FUZZ_SECONDS:-15}" > "$logs/$(basename "$fuzz" .sh).log" 2>&1; then
+    grep -h "executions" "$logs/$(basename "$fuzz" .sh).log"
+  else
+    echo "!! $fuzz found a problem or failed:"; tail -n 20 "$logs/$(basename "$fuzz" .sh).log"; status=1
+  fi
+done
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"

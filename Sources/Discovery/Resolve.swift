@@ -171,15 +171,10 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
 
     func record(handle: Handle, event: AvahiBrowserEvent, type: UInt16, rdata: UnsafeRawPointer?, size: Int) {
         guard !done, let rdata, event == AVAHI_BROWSER_NEW || event == AVAHI_BROWSER_REMOVE else { return }
-        let bytes = Array(UnsafeRawBufferPointer(start: rdata, count: size))
-        let ip: IPAddress
-        if type == 1, size == 4 {
-            ip = .v4(bytes[0], bytes[1], bytes[2], bytes[3])
-        } else if type == 28, size == 16 {
-            ip = .v6(bytes)
-        } else {
-            return  // malformed record from the network: ignore it
-        }
+        // A malformed record from the network is ignored.
+        guard size == 4 || size == 16,
+            let ip = IPAddress(recordType: type, rdata: Array(UnsafeRawBufferPointer(start: rdata, count: size)))
+        else { return }
         guard let port = currentFound()?.port else { return }
         let address = ServiceAddress(ip: ip, interfaceIndex: handle.interface, port: port)
         if event == AVAHI_BROWSER_NEW {

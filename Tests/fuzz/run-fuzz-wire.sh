@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Fuzzes the wire decoder (frames + envelope) and the DNS-SD record parsing (TXT, A/AAAA) with
+# libFuzzer for a bounded time each.
+#
+#   Tests/fuzz/run-fuzz-wire.sh [SECONDS]     (default 30 per target; e.g. 3600 for a long run)
+#
+# Seeds: the hex test vectors of docs/PROTOCOL.md and typical TXT records. Prints executions per
+# target; exits non-zero on a crash (inputs kept in the work dir, printed). FUZZ_WORK_DIR keeps the
+# corpus between runs.
+set -euo pipefail
+SECONDS_TO_RUN="${1:-30}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+WORK="${FUZZ_WORK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/fuzz-wire.XXXXXX")}"
+SWIFTC="${SWIFTC:-swiftc}"
+status=0
+
+build() {  # build NAME SOURCES...
+  local name=$1; shift
+  if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library -O -module-name "$(echo "$name" | tr -c "a-zA-Z0-9\n" "_")" "$@" \
+      -o "$WORK/$name" >"$WORK/$name.build.log" 2>&1; then
+    cat "$WORK/$name.build.log" >&2; echo "fuzz-wire: build of $name failed" >&2; exit 2
+  fi
+}
+
+run() {  # run NAME MAXLEN
+  local name=$1 maxlen=$2
+  mkdir -p "$WORK/$name.corpus" "$WORK/$name.artifacts"
+  set +e
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" "$WORK/$name" -max_total_time="$SECONDS_TO_RUN" -max_len="$maxlen" \
+    -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$WORK/$name.artifacts/" \
+    "$WORK/$name.corpus" >"$WORK/$name.log" 2>&1
+  local rc=$?
+  set -e
+  local execs; execs=$(grep -E '^stat::number_of_executed_units' "$WORK/$name.log" | awk '{print $2}' | tail -1)
+  echo "fuzz-wire: $name ran ${SECONDS_TO_RUN}s, executions: ${execs:-unknown}"
+  if [ $rc -ne 0 ]; then
+    echo "fuzz-wire: $name FAILED (exit $rc):" >&2; tail -n 30 "$WORK/$name.log" >&2; ls "$WORK/$name.artifacts" >&2; status=1
+  fi
+}
+
+mkdir -p "$WORK/fuzz-frames.corpus" "$WORK/fuzz-txt.corpus"
+# Seeds from the spec's hex vectors (lines of hex in the "Test vectors" section).
+awk '/^## Test vectors/{on=1} on && /^```/{block=!block; if(!block) n++; next} on && block {print > "'"$WORK"'/vec" n ".hex"}' \
+  "$REPO/docs/PROTOCOL.md" || true
+for f in "$WORK"/vec*.hex; do
+  [ -f "$f" ] || continue
+  tr -cd '0-9a-fA-F' < "$f" | xxd -r -p > "$WORK/fuzz-frames.corpus/$(basename "$f" .hex)" 2>/dev/null || true
+done
+printf '\x05txt=1\x0bpath=/a/b/c\x04flag\x03v=x' > "$WORK/fuzz-txt.corpus/typical"
+printf '\x0dproto=lanmsg\x01\x00' > "$WORK/fuzz-txt.corpus/odd"
+printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"
+
+T="$REPO/Sources/Transport"
+D="$REPO/Sources/Discovery"
+build fuzz-frames "$HERE/FuzzFrames.swift" "$T/Frame.swift" "$T/TransportError.swift" "$T/SocketAddress.swift" "$T/Syscall.swift"
+build fuzz-txt "$HERE/FuzzTXT.swift" "$D/TXTRecord.swift" "$D/DiscoveryError.swift" "$D/RecordParsing.swift" "$D/Types.swift"
+run fuzz-frames 70000
+run fuzz-txt 4096
+exit $status
