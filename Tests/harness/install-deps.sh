@@ -12,6 +12,8 @@ command -v dbus-daemon >/dev/null || missing+=(dbus)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nsenter >/dev/null || missing+=(util-linux)
 command -v python3 >/dev/null || missing+=(python3)
+command -v xxd >/dev/null || missing+=(xxd)
+command -v tmux >/dev/null || missing+=(tmux)
 for extra in "$@"; do command -v "$extra" >/dev/null || missing+=("$extra"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
