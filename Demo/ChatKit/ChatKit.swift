@@ -1,1 +1,0 @@
-// Chat room logic (see issue 4).

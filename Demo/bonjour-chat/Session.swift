@@ -1,0 +1,506 @@
+import ChatKit
+import Foundation
+import Logging
+import Messaging
+
+/// Where `join` goes.
+enum JoinTarget: Sendable {
+    /// A room by name, or (nil) the only one there is.
+    case room(String?)
+    /// A host and port, without discovery.
+    case direct(host: String, port: UInt16)
+}
+
+/// What host and join share: output, input, discovery, the merged event stream.
+final class ChatSession {
+    let logger: Logger
+    let nick: String
+    let interactive: Bool
+    let formatter: ChatFormatter
+    let console: Console
+    let discovery: ServiceDiscovery
+    let stream: AsyncStream<LoopInput>
+    let continuation: AsyncStream<LoopInput>.Continuation
+
+    init(options: CommonOptions, nick: String) {
+        logger = options.logger()
+        self.nick = nick
+        interactive = isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
+        formatter = ChatFormatter(
+            color: shouldUseColor(
+                isTerminal: isatty(STDOUT_FILENO) == 1, environment: ProcessInfo.processInfo.environment))
+        console = Console(interactive: interactive)
+        discovery = ServiceDiscovery(logger: logger, programName: "bonjour-chat")
+        (stream, continuation) = AsyncStream.makeStream(of: LoopInput.self)
+    }
+
+    var now: Double { Date().timeIntervalSince1970 }
+
+    func notice(_ text: String) { console.show(formatter.notice(text, at: now)) }
+    func problem(_ text: String) { console.show(formatter.error(text, at: now)) }
+
+    /// Signals, raw mode (TTY), the prompt, the stdin reader.
+    func startInput(prompt: String) {
+        Signals.forward(into: continuation)
+        if interactive { RawTerminal.enter() }
+        console.activate(prompt: prompt)
+        InputReader.start(console: console, into: continuation)
+    }
+
+    /// Clears the prompt, restores the terminal, stops discovery.
+    func finish() async {
+        console.deactivate()
+        RawTerminal.restore()
+        await discovery.shutdown()
+    }
+
+    func showHelp() {
+        console.show(ChatCommand.helpLines.map { formatter.notice($0, at: now) })
+    }
+
+    /// Lists the rooms without blocking the chat; the lines arrive as `.output`.
+    func listRoomsInBackground() {
+        notice("looking for rooms…")
+        let finder = RoomFinder(discovery: discovery)
+        let formatter = self.formatter
+        let continuation = self.continuation
+        Task {
+            let lines: [String]
+            do {
+                let rooms = try await finder.list(timeout: .seconds(2))
+                let time = Date().timeIntervalSince1970
+                lines =
+                    rooms.isEmpty
+                    ? [formatter.notice("no rooms found", at: time)]
+                    : rooms.map { formatter.notice("room: " + $0.summary, at: time) }
+            } catch let error as ChatExit {
+                lines = [formatter.error(error.message, at: Date().timeIntervalSince1970)]
+            } catch {
+                lines = [formatter.error("\(error)", at: Date().timeIntervalSince1970)]
+            }
+            continuation.yield(.output(lines))
+        }
+    }
+
+    /// Reports a command the chat does not know or that misses its argument; true if it did.
+    func reportBadCommand(_ command: ChatCommand) -> Bool {
+        switch command {
+        case .usage(let usage): problem("usage: \(usage)")
+        case .unknown(let name):
+            problem("unknown command /\(name); /help lists the commands (//text sends a line starting with /)")
+        default: return false
+        }
+        return true
+    }
+
+    func channelConfiguration(_ channel: inout ChannelConfiguration) {
+        channel.pingInterval = .seconds(2)
+        channel.heartbeatTimeout = .seconds(6)
+    }
+
+    // MARK: host
+
+    func host(room name: String, topic: String, port: UInt16) async -> ChatExit {
+        var room = Room(name: name, topic: topic)
+        var me = Participant(nick: nick, room: name, formatter: formatter)
+        let firstLines = room.handle(.join(nick: nick), from: Room.localID, at: now)
+        var configuration = ServerConfiguration(serviceType: chatServiceType, serviceName: name, peerName: name)
+        configuration.txt = TXTRecord(room.txt)
+        configuration.listener.port = port
+        configuration.stopGracePeriod = .seconds(2)
+        channelConfiguration(&configuration.channel)
+        let server = MessageServer(configuration: configuration, discovery: discovery, logger: logger)
+        do {
+            try await server.start()
+        } catch {
+            await discovery.shutdown()
+            let hint = port != 0 ? "; is port \(port) in use? pick another --port or leave it out" : ""
+            return ChatExit(ExitStatus.cannotHost, "cannot host \(name): \(error.message)\(hint)")
+        }
+        let continuation = self.continuation
+        Task {
+            for await event in server.events { continuation.yield(.server(event)) }
+        }
+        startInput(prompt: me.prompt)
+        notice(
+            "hosting \(name) on port \(server.port ?? port); others join with: bonjour-chat join \(shellQuoted(name))")
+        let discovery = self.discovery
+        let formatter = self.formatter
+        let listening = server.port ?? port
+        Task {
+            try? await Task.sleep(for: .seconds(5))
+            let state = discovery.daemonState
+            guard state != .running else { return }
+            continuation.yield(
+                .output([
+                    formatter.error(
+                        "the room is not published yet: the avahi-daemon is not reachable (\(state)); "
+                            + "others can still join with: "
+                            + "bonjour-chat join --host <this host's address> --port \(listening)",
+                        at: Date().timeIntervalSince1970)
+                ]))
+        }
+        var connections: [MemberID: ServerConnection] = [:]
+        var publishedTXT = room.txt
+
+        func deliver(_ deliveries: [Room.Delivery]) async {
+            for delivery in deliveries {
+                let targets: [MemberID]
+                let message: HostMessage
+                switch delivery {
+                case .to(let id, let value): (targets, message) = ([id], value)
+                case .everyone(let value): (targets, message) = (room.members.map(\.id), value)
+                case .everyoneBut(let id, let value):
+                    (targets, message) = (room.members.map(\.id).filter { $0 != id }, value)
+                }
+                if targets.contains(Room.localID) { console.show(me.receive(message, at: now)) }
+                await send(message, to: targets.compactMap { connections[$0] })
+            }
+            console.setPrompt(me.prompt)
+        }
+
+        await deliver(firstLines)
+        var status = ExitStatus.ok
+        loop: for await input in stream {
+            switch input {
+            case .server(let event):
+                switch event {
+                case .published(let published):
+                    notice("the room is published on the network as \(published)")
+                case .renamed(let from, let to):
+                    room.name = to
+                    notice("a room named \(from) exists already; this one is published as \(to)")
+                case .accepted(let connection):
+                    connections[connection.id] = connection
+                case .received(let connection, let message):
+                    guard let request = try? ParticipantRequest.decode(message) else {
+                        logger.notice(
+                            "ignoring message", metadata: ["type": "\(message.typeID)", "from": "\(connection)"])
+                        continue loop
+                    }
+                    await deliver(room.handle(request, from: connection.id, at: now))
+                case .closed(let connection, _):
+                    connections[connection.id] = nil
+                    await deliver(room.disconnected(connection.id, at: now))
+                case .transfer(_, let transfer):
+                    transfer.discard()
+                case .refused(let remote, let reason):
+                    logger.notice(
+                        "refused", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
+                }
+            case .line(let line):
+                let command = ChatCommand.parse(line)
+                switch command {
+                case .say(let text): await deliver(room.handle(.say(text), from: Room.localID, at: now))
+                case .me(let text): await deliver(room.handle(.me(text), from: Room.localID, at: now))
+                case .nick(let new): await deliver(room.handle(.nick(new), from: Room.localID, at: now))
+                case .topic(nil):
+                    notice(room.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(room.topic)")
+                case .topic(let text?): await deliver(room.handle(.topic(text), from: Room.localID, at: now))
+                case .who: await deliver(room.handle(.members, from: Room.localID, at: now))
+                case .rooms: listRoomsInBackground()
+                case .help: showHelp()
+                case .quit: break loop
+                case .empty, .usage, .unknown: _ = reportBadCommand(command)
+                }
+            case .endOfInput:
+                if interactive { break loop }  // Ctrl-D; in scripted mode the room stays open
+            case .interrupt:
+                break loop
+            case .output(let lines):
+                console.show(lines)
+            case .client, .rejoinDeadline, .byeTimeout:
+                break
+            }
+            if room.txt != publishedTXT {
+                publishedTXT = room.txt
+                do {
+                    try await server.updateTXT(TXTRecord(room.txt))
+                } catch {
+                    logger.warning("TXT update failed", metadata: ["error": "\(error.message)"])
+                }
+            }
+        }
+        let closing = RoomEvent(.notice, time: now, text: "\(me.nick) closed the room \(room.name)")
+        console.show(me.receive(.event(closing), at: now))
+        await send(.event(closing), to: room.members.compactMap { connections[$0.id] })
+        await server.stop()
+        await finish()
+        _ = status
+        status = ExitStatus.ok
+        return ChatExit(status)
+    }
+
+    /// Sends to several connections at once, in order per connection. A connection that does not take
+    /// the message within 5 s (a peer that stopped reading) is dropped rather than stalling the room.
+    func send(_ message: HostMessage, to connections: [ServerConnection]) async {
+        await withTaskGroup(of: Void.self) { outer in
+            for connection in connections {
+                outer.addTask {
+                    await withTaskGroup(of: Void.self) { race in
+                        race.addTask { try? await connection.send(message) }
+                        race.addTask {
+                            try? await Task.sleep(for: .seconds(5))
+                            if !Task.isCancelled { connection.channel.abort() }
+                        }
+                        await race.next()
+                        race.cancelAll()
+                    }
+                }
+            }
+        }
+    }
+
+    // MARK: join
+
+    func join(_ target: JoinTarget, timeout: Double, rejoinTimeout: Double) async -> ChatExit {
+        let serviceTarget: ServiceTarget
+        let label: String
+        switch target {
+        case .direct(let host, let port):
+            serviceTarget = .host(host, port: port)
+            label = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        case .room(let name?):
+            serviceTarget = .service(name: name, type: chatServiceType, discovery: discovery)
+            label = name
+        case .room(nil):
+            let found: [DiscoveredService]
+            do {
+                found = try await RoomFinder(discovery: discovery).discover(timeout: seconds(timeout))
+            } catch {
+                await discovery.shutdown()
+                return error
+            }
+            let names = found.map(\.name)
+            let chosen: String
+            switch names.count {
+            case 0:
+                await discovery.shutdown()
+                return ChatExit(
+                    ExitStatus.roomNotFound,
+                    "no rooms found (looked for \(formatSeconds(timeout))); start one with: bonjour-chat host NAME")
+            case 1:
+                chosen = names[0]
+            default:
+                guard interactive, let picked = pick(from: names) else {
+                    await discovery.shutdown()
+                    let list = names.map { "  \($0)" }.joined(separator: "\n")
+                    return ChatExit(
+                        ExitStatus.roomNotFound,
+                        "\(names.count) rooms found; name the one to join (bonjour-chat join NAME):\n\(list)")
+                }
+                chosen = picked
+            }
+            serviceTarget = .service(name: chosen, type: chatServiceType, discovery: discovery)
+            label = chosen
+        }
+
+        var configuration = ClientConfiguration(
+            name: nick,
+            reconnect: rejoinTimeout > 0
+                ? ReconnectPolicy(initialDelay: .milliseconds(250), maxDelay: .seconds(2)) : nil)
+        configuration.browseTimeout = seconds(timeout)
+        channelConfiguration(&configuration.channel)
+        let client: MessageClient
+        do {
+            client = try await MessageClient.connect(to: serviceTarget, configuration: configuration, logger: logger)
+        } catch {
+            let state = discovery.daemonState
+            await discovery.shutdown()
+            if error.code == .serviceNotFound, case .service = serviceTarget, state != .running {
+                return ChatExit(
+                    ExitStatus.failure,
+                    "cannot look for \(label): the avahi-daemon is not reachable (\(state)); "
+                        + "start it, or join directly with --host H --port P"
+                )
+            }
+            if error.code == .serviceNotFound || error.code == .ambiguousService {
+                return ChatExit(ExitStatus.roomNotFound, "\(error.message); `bonjour-chat rooms` lists the rooms")
+            }
+            return ChatExit(ExitStatus.connectionLost, "cannot join \(label): \(error.message)")
+        }
+        let continuation = self.continuation
+        Task {
+            for await event in client.events { continuation.yield(.client(event)) }
+        }
+        var me = Participant(nick: nick, room: label, formatter: formatter)
+        startInput(prompt: me.prompt)
+
+        var everConnected = false
+        var leaving = false
+        var inputDone = false
+        var pending: [ParticipantRequest] = []
+        var generation = 0
+
+        func leave(_ reason: String) async -> ChatExit? {
+            guard me.joined else {
+                await client.close()
+                await finish()
+                return ChatExit(ExitStatus.ok)
+            }
+            leaving = true
+            do {
+                try await client.send(.leave(reason))
+            } catch {
+                await client.close()
+                await finish()
+                return ChatExit(ExitStatus.ok)
+            }
+            Task {
+                try? await Task.sleep(for: .seconds(3))
+                continuation.yield(.byeTimeout)
+            }
+            return nil
+        }
+
+        func submit(_ request: ParticipantRequest) async {
+            guard me.joined, pending.isEmpty else {
+                guard pending.count < 500 else {
+                    problem("not connected and too much waiting to be sent; dropped")
+                    return
+                }
+                pending.append(request)
+                return
+            }
+            do {
+                try await client.send(request)
+            } catch {
+                pending.append(request)  // sent again after the rejoin
+            }
+        }
+
+        func flushPending() async {
+            while me.joined, let request = pending.first {
+                do {
+                    try await client.send(request)
+                    pending.removeFirst()
+                } catch {
+                    return
+                }
+            }
+        }
+
+        for await input in stream {
+            switch input {
+            case .client(let event):
+                switch event {
+                case .connected(_, let via):
+                    if everConnected { notice("found the room again\(via.map { " at \($0)" } ?? ""); rejoining") }
+                    everConnected = true
+                    try? await client.send(ParticipantRequest.join(nick: me.nick))
+                case .received(let message):
+                    guard let decoded = try? HostMessage.decode(message) else { continue }
+                    console.show(me.receive(decoded, at: now))
+                    console.setPrompt(me.prompt)
+                    switch decoded {
+                    case .welcome:
+                        generation += 1
+                        await flushPending()
+                        if inputDone && pending.isEmpty && !leaving, let exit = await leave("") { return exit }
+                    case .bye:
+                        await client.close()
+                        await finish()
+                        return ChatExit(ExitStatus.ok)
+                    default:
+                        break
+                    }
+                case .disconnected(let reason):
+                    me.connectionLost()
+                    if leaving {
+                        await client.close()
+                        await finish()
+                        return ChatExit(ExitStatus.ok)
+                    }
+                    guard rejoinTimeout > 0 else {
+                        problem("lost the connection to the host of \(me.room) (\(reason))")
+                        await client.close()
+                        await finish()
+                        return ChatExit(ExitStatus.connectionLost)
+                    }
+                    problem(
+                        "lost the connection to the host of \(me.room) (\(reason)); "
+                            + "looking for the room to rejoin for \(formatSeconds(rejoinTimeout))"
+                    )
+                    generation += 1
+                    let current = generation
+                    let delay = seconds(rejoinTimeout)
+                    Task {
+                        try? await Task.sleep(for: delay)
+                        continuation.yield(.rejoinDeadline(current))
+                    }
+                case .reconnecting:
+                    break
+                case .gaveUp(let error):
+                    problem("gave up rejoining: \(error.message)")
+                    await finish()
+                    return ChatExit(ExitStatus.connectionLost)
+                case .transfer(let transfer):
+                    transfer.discard()
+                }
+            case .rejoinDeadline(let which):
+                guard which == generation, !me.joined else { continue }
+                problem("could not rejoin \(me.room) within \(formatSeconds(rejoinTimeout)); giving up")
+                await client.close()
+                await finish()
+                return ChatExit(ExitStatus.connectionLost)
+            case .line(let line):
+                guard !leaving else { continue }
+                let command = ChatCommand.parse(line)
+                switch command {
+                case .say(let text): await submit(.say(text))
+                case .me(let text): await submit(.me(text))
+                case .nick(let new): await submit(.nick(new))
+                case .topic(nil): notice(me.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(me.topic)")
+                case .topic(let text?): await submit(.topic(text))
+                case .who: await submit(.members)
+                case .rooms: listRoomsInBackground()
+                case .help: showHelp()
+                case .quit(let reason):
+                    if let exit = await leave(reason) { return exit }
+                case .empty, .usage, .unknown: _ = reportBadCommand(command)
+                }
+            case .endOfInput:
+                inputDone = true
+                if !leaving && (interactive || (me.joined && pending.isEmpty)), let exit = await leave("") {
+                    return exit
+                }
+            case .interrupt:
+                if leaving {
+                    await finish()
+                    return ChatExit(ExitStatus.ok)
+                }
+                if let exit = await leave("") { return exit }
+            case .byeTimeout:
+                await client.close()
+                await finish()
+                return ChatExit(ExitStatus.ok)
+            case .output(let lines):
+                console.show(lines)
+            case .server:
+                break
+            }
+        }
+        await finish()
+        return ChatExit(ExitStatus.ok)
+    }
+
+    /// Asks on the terminal which room to join (before raw mode); nil when nothing usable was typed.
+    func pick(from names: [String]) -> String? {
+        writeAll(STDOUT_FILENO, "rooms on the network:\n")
+        for (index, name) in names.enumerated() { writeAll(STDOUT_FILENO, "  \(index + 1)) \(Room.clean(name))\n") }
+        for _ in 0..<3 {
+            writeAll(STDOUT_FILENO, "join which room? [1-\(names.count)] ")
+            guard let answer = readLine()?.trimmingCharacters(in: .whitespaces) else { return nil }
+            if let number = Int(answer), (1...names.count).contains(number) { return names[number - 1] }
+            if let match = names.first(where: { $0 == answer }) { return match }
+        }
+        return nil
+    }
+}
+
+func seconds(_ value: Double) -> Duration { .milliseconds(Int((value * 1000).rounded())) }
+
+func shellQuoted(_ text: String) -> String {
+    text.allSatisfy { $0.isLetter || $0.isNumber || "-_.".contains($0) }
+        ? text : "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'"
+}

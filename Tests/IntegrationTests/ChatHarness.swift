@@ -1,0 +1,193 @@
+import Foundation
+import Synchronization
+
+/// A process started by a chat test with a pipe on its stdin (so a test can type into a scripted
+/// `bonjour-chat`), output to a file. Stopped by PID when the test ends — also on failure, via deinit.
+final class ChatProcess: Sendable {
+    let pid: pid_t
+    let arguments: [String]
+    let outputPath: String
+    private let input: Mutex<Int32>
+    private let exitStatus = Mutex<Int32?>(nil)
+
+    /// Starts `arguments` on host "b" (through nsenter) or here, on host "a".
+    init(onB: Bool, _ arguments: [String]) throws {
+        signal(SIGPIPE, SIG_IGN)  // a child that exits must not take the test runner with it
+        let prefix = onB ? ["nsenter", "-t", Harness.hostBPID, "-m", "-n", "--"] : []
+        self.arguments = prefix + arguments
+        outputPath = NSTemporaryDirectory() + "chat-itest-\(UUID().uuidString).out"
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { throw HarnessError("pipe: \(String(cString: strerror(errno)))") }
+        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, fds[0], 0)  // dup2 clears O_CLOEXEC on fd 0
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        let argv = (["/usr/bin/env"] + self.arguments).map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var child: pid_t = 0
+        let result = posix_spawn(&child, "/usr/bin/env", &actions, nil, argv, environ)
+        close(fds[0])
+        guard result == 0 else {
+            close(fds[1])
+            throw HarnessError("cannot start \(arguments): \(String(cString: strerror(result)))")
+        }
+        pid = child
+        input = Mutex(fds[1])
+    }
+
+    var text: String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
+    var lines: [String] { text.split(separator: "\n").map(String.init) }
+
+    /// Types one line into the process's stdin.
+    func send(_ line: String) throws {
+        try input.withLock { fd in
+            guard fd >= 0 else { throw HarnessError("stdin of \(arguments) is closed") }
+            let bytes = Array((line + "\n").utf8)
+            var offset = 0
+            while offset < bytes.count {
+                let written = bytes[offset...].withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    throw HarnessError("write to \(arguments): \(String(cString: strerror(errno)))")
+                }
+                offset += written
+            }
+        }
+    }
+
+    /// Closes stdin (end of input).
+    func closeInput() {
+        input.withLock { fd in
+            if fd >= 0 { close(fd) }
+            fd = -1
+        }
+    }
+
+    /// Waits (bounded) until the output contains `needle`; fails early if the process exits first.
+    @discardableResult
+    func waitForOutput(_ needle: String, timeout: Duration = .seconds(15)) async throws -> String {
+        try await waitForOutput(needle, timeout: timeout) { $0.contains(needle) }
+    }
+
+    /// Waits (bounded) until a line of output satisfies `predicate`; returns that line.
+    @discardableResult
+    func waitForOutput(_ what: String, timeout: Duration = .seconds(15), where predicate: (String) -> Bool) async throws
+        -> String
+    {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let line = lines.first(where: predicate) { return line }
+            let exited = poll() != nil
+            if exited, let line = lines.first(where: predicate) { return line }
+            guard ContinuousClock.now < deadline, !exited else {
+                throw HarnessError(
+                    "no '\(what)' from \(arguments) within \(timeout)"
+                        + "\(exited ? " (it exited: \(poll()!))" : ""); output:\n\(text)"
+                )
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// Reaps the child if it exited; returns its status (128 + signal when killed).
+    @discardableResult
+    func poll() -> Int32? {
+        exitStatus.withLock { status in
+            if status != nil { return status }
+            var raw: Int32 = 0
+            if waitpid(pid, &raw, WNOHANG) == pid { status = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f) }
+            return status
+        }
+    }
+
+    /// Waits (bounded) for the exit status; nil if still running at the deadline.
+    func waitForExit(timeout: Duration) async -> Int32? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let status = poll() { return status }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return poll()
+    }
+
+    /// Sends a signal to this PID only.
+    func deliver(signal number: Int32) {
+        if poll() == nil { kill(pid, number) }
+    }
+
+    /// SIGTERM, then SIGKILL if it does not go within 5 s. Only this PID.
+    func stop() {
+        closeInput()
+        guard poll() == nil else { return }
+        kill(pid, SIGTERM)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while poll() == nil && ContinuousClock.now < deadline { usleep(5_000) }
+        if poll() == nil {
+            kill(pid, SIGKILL)
+            let hard = ContinuousClock.now + .seconds(5)
+            while poll() == nil && ContinuousClock.now < hard { usleep(5_000) }
+        }
+    }
+
+    deinit {
+        stop()
+        unlink(outputPath)
+    }
+}
+
+/// A tmux server of its own (private socket) running one command in a 120×30 window.
+final class TmuxSession: Sendable {
+    let socket = "chat-itest-\(UUID().uuidString.prefix(8))"
+
+    init(_ command: [String]) throws {
+        let line = command.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
+        try tmux(["new-session", "-d", "-x", "120", "-y", "30", "-s", "chat", line])
+    }
+
+    @discardableResult
+    func tmux(_ arguments: [String]) throws -> String {
+        let result = try Harness.run(["tmux", "-L", socket] + arguments, timeout: .seconds(10))
+        guard result.status == 0 else {
+            throw HarnessError("tmux \(arguments) failed (\(result.status)): \(result.output)")
+        }
+        return result.output
+    }
+
+    /// Types text literally (no key names).
+    func type(_ text: String) throws { try tmux(["send-keys", "-t", "chat", "-l", text]) }
+    /// Presses keys by name (`Enter`, `C-c`).
+    func press(_ keys: String...) throws { try tmux(["send-keys", "-t", "chat"] + keys) }
+
+    /// The visible screen, one string per row (trailing blank rows dropped); `escapes` keeps colours.
+    func screen(escapes: Bool = false) throws -> [String] {
+        var rows = try tmux(["capture-pane", "-p", "-t", "chat"] + (escapes ? ["-e"] : []))
+            .split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        while let last = rows.last, last.trimmingCharacters(in: .whitespaces).isEmpty { rows.removeLast() }
+        return rows
+    }
+
+    /// Waits (bounded) until the screen satisfies `predicate`.
+    @discardableResult
+    func waitForScreen(_ what: String, timeout: Duration = .seconds(15), _ predicate: ([String]) -> Bool) async throws
+        -> [String]
+    {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let rows = (try? screen()) ?? []
+            if predicate(rows) { return rows }
+            guard ContinuousClock.now < deadline else {
+                throw HarnessError(
+                    "screen never showed \(what) within \(timeout); screen:\n\(rows.joined(separator: "\n"))")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+    }
+
+    /// Ends this tmux server (its own socket only).
+    func kill() { _ = try? Harness.run(["tmux", "-L", socket, "kill-server"], timeout: .seconds(10)) }
+
+    deinit { kill() }
+}
