@@ -34,4 +34,37 @@ pids+=($!)
 "$bin/discovery-demo" browse --first --timeout 10
 
 echo
+echo "== 2. preview: preview-server on one host, preview-push a file to it from the other"
+preview_dir=$(mktemp -d /tmp/preview-demo.XXXXXX)
+preview_src=$(mktemp -d /tmp/preview-src.XXXXXX)
+printf 'Hello from preview-push, %s\n' "$(date -u)" > "$preview_src/hello.txt"
+"${other[@]}" "$bin/preview-server" --directory "$preview_dir" --name "Demo Preview" --log-level warning &
+preview_pid=$!
+pids+=($preview_pid)
+# preview-push browses until "Demo Preview" shows up (bounded by --timeout), then pushes.
+push_status=0
+timeout 60 "$bin/preview-push" "$preview_src/hello.txt" --to "Demo Preview" --timeout 15 || push_status=$?
+echo "-- stored on the server side:"
+ls -l "$preview_dir"
+kill "$preview_pid" 2>/dev/null || true
+wait "$preview_pid" 2>/dev/null || true
+rm -rf "$preview_dir" "$preview_src"
+[ "$push_status" -eq 0 ] || { echo "preview push failed ($push_status)"; exit 1; }
+
+echo
+echo "== 3. bonjour-chat: host a room on one host; list it, join it and chat from the other"
+# The host (bob) reads no input here (stdin /dev/null: the room stays open); its lines appear as they happen.
+"${other[@]}" "$bin/bonjour-chat" host Lobby --topic "demo time" --nick bob < /dev/null > >(sed -u 's/^/   [bob]   /') &
+chat_pid=$!
+pids+=($chat_pid)
+echo "-- bonjour-chat rooms:"
+"$bin/bonjour-chat" rooms --timeout 3
+echo "-- alice joins with a scripted stdin, says hello and leaves at end of input:"
+chat_status=0
+printf 'hello from the demo\n/me waves\n/who\n' | timeout 30 "$bin/bonjour-chat" join Lobby --nick alice > >(sed -u 's/^/   [alice] /') || chat_status=$?
+kill "$chat_pid" 2>/dev/null || true   # SIGTERM: the host closes the room politely
+wait "$chat_pid" 2>/dev/null || true
+[ "$chat_status" -eq 0 ] || { echo "bonjour-chat join failed ($chat_status)"; exit 1; }
+
+echo
 echo "demo finished"

@@ -1,1 +1,185 @@
-print("preview-push: not built yet")
+import ArgumentParser
+import Foundation
+import Logging
+import Messaging
+import PreviewKit
+
+/// The editor-side client: pushes files to a preview server found on the LAN.
+struct PreviewPushCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "preview-push",
+        abstract: "Push files to a preview server (_preview._tcp) on the local network.",
+        discussion: """
+            Without --to, the only previewer found is used; when several are found they are listed and \
+            nothing is sent. --host/--port skip discovery (an IPv6 link-local address needs its \
+            interface: fe80::1%eth0). Exits non-zero if any file failed.
+            """)
+
+    @Argument(help: "Files to push.")
+    var files: [String] = []
+
+    @Flag(help: "List the previewers found on the network and exit.")
+    var list = false
+
+    @Option(help: "The previewer's service name (see --list).")
+    var to: String?
+
+    @Option(help: "Connect to this host or address instead of browsing (needs --port).")
+    var host: String?
+
+    @Option(help: "The port with --host.")
+    var port: UInt16?
+
+    @Option(help: "Seconds to wait for discovery, connecting and the server's answers.")
+    var timeout: Double = 10
+
+    @Option(help: "Limit the sending rate, in bytes per second.")
+    var limitRate: UInt64?
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    var logLevel: String = "warning"
+
+    func validate() throws {
+        if list && !files.isEmpty { throw ValidationError("--list takes no files") }
+        if !list && files.isEmpty { throw ValidationError("name at least one file to push (or use --list)") }
+        if (host == nil) != (port == nil) { throw ValidationError("--host and --port go together") }
+        if host != nil && to != nil {
+            throw ValidationError("--to (discovery) and --host (no discovery) exclude each other")
+        }
+        guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
+    }
+
+    var timeoutDuration: Duration { .milliseconds(Int64(timeout * 1000)) }
+
+    func run() async throws { try await execute() }
+
+    func execute() async throws {
+        var logger = Logger(label: "preview-push") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = Logger.Level(rawValue: logLevel) ?? .warning
+        if list {
+            try await listPreviewers(logger: logger)
+            return
+        }
+        let discovery: ServiceDiscovery? =
+            host == nil ? ServiceDiscovery(logger: logger, programName: "preview-push") : nil
+        let target: ServiceTarget
+        if let host, let port {
+            target = .host(host, port: port)
+        } else {
+            target = .service(name: to, type: PreviewProtocol.serviceType, discovery: discovery!)
+        }
+        var configuration = ClientConfiguration(name: "preview-push")
+        configuration.browseTimeout = timeoutDuration
+        configuration.resolveTimeout = timeoutDuration
+        configuration.channel.connectTimeout = timeoutDuration
+        let client: MessageClient
+        do {
+            client = try await MessageClient.connect(to: target, configuration: configuration, logger: logger)
+        } catch {
+            var message = error.message
+            if error.code == .ambiguousService { message += "; pick one with --to NAME (see --list)" }
+            fail("preview-push: \(message)")
+            await discovery?.shutdown()
+            throw ExitCode(2)
+        }
+        guard let channel = client.channel else {
+            fail("preview-push: the connection closed at once")
+            throw ExitCode(2)
+        }
+        let server = channel.peer.name
+        let drain = Task { for await _ in client.events {} }
+        let pusher = PreviewPusher(channel: channel)
+        let interactive = isatty(STDERR_FILENO) == 1
+        var failures = 0
+        for file in files {
+            let bar = ProgressBar(interactive: interactive)
+            if !interactive { say("pushing \(file) to '\(server)'") }
+            do {
+                let result = try await pusher.push(
+                    path: file, bytesPerSecond: limitRate, timeout: timeoutDuration,
+                    resultTimeout: max(timeoutDuration, .seconds(120)),
+                    progress: { bar.update($0) })
+                bar.finish()
+                let seconds = bar.elapsedSeconds
+                let rate = seconds > 0 ? Double(result.size ?? 0) / seconds / 1_048_576 : 0
+                say(
+                    "stored \(file) on '\(server)' as '\(result.storedName ?? "?")' (\(result.size ?? 0) bytes, "
+                        + "sha256 \(result.sha256 ?? "?"), \(String(format: "%.1f", rate)) MiB/s)")
+            } catch {
+                bar.finish()
+                failures += 1
+                fail("failed \(file): \(error.message) [\(error.code)]")
+            }
+        }
+        await client.close()
+        drain.cancel()
+        await discovery?.shutdown()
+        if failures > 0 {
+            fail("preview-push: \(failures) of \(files.count) file\(files.count == 1 ? "" : "s") failed")
+            throw ExitCode(1)
+        }
+    }
+
+    func listPreviewers(logger: Logger) async throws {
+        let discovery = ServiceDiscovery(logger: logger, programName: "preview-push")
+        defer { Task { await discovery.shutdown() } }
+        let browser = try discovery.browse(type: PreviewProtocol.serviceType)
+        let deadline = timeoutDuration
+        let found: [DiscoveredService] = await withTaskGroup(of: [DiscoveredService]?.self) { group in
+            group.addTask {
+                var seen: [DiscoveredService] = []
+                for await event in browser {
+                    switch event {
+                    case .added(let service):
+                        seen.removeAll { $0.identity == service.identity }
+                        seen.append(service)
+                    case .removed(let service): seen.removeAll { $0.identity == service.identity }
+                    case .allForNow: return seen
+                    case .failed: break
+                    }
+                }
+                return seen
+            }
+            group.addTask {
+                try? await Task.sleep(for: deadline)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first ?? []
+        }
+        if found.isEmpty {
+            fail(
+                "preview-push: no previewers found within \(timeoutDuration) (is a preview-server running on this network?)"
+            )
+            throw ExitCode(1)
+        }
+        for service in found.sorted(by: { $0.name < $1.name }) {
+            guard let resolved = try? await discovery.resolve(service, timeout: timeoutDuration) else {
+                say("\(service.name)\t(does not resolve)")
+                continue
+            }
+            let free = resolved.txt[PreviewProtocol.TXTKey.freeSpace].flatMap(UInt64.init).map(formatBytes) ?? "?"
+            let max = resolved.txt[PreviewProtocol.TXTKey.maxSize].flatMap(UInt64.init).map(formatBytes) ?? "?"
+            let addresses = resolved.addresses.map(\.description).joined(separator: ", ")
+            say("\(service.name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)")
+        }
+    }
+}
+
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+func fail(_ line: String) {
+    FileHandle.standardError.write(Data((line + "\n").utf8))
+}
+
+// Top-level code (this target has several files, so no @main): parse, then run asynchronously.
+do {
+    let command = try PreviewPushCommand.parse()
+    try await command.execute()
+} catch {
+    PreviewPushCommand.exit(withError: error)
+}

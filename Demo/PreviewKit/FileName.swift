@@ -1,0 +1,68 @@
+/// File names pushed to a preview server: validation and " (n)" suffixes.
+public enum FileName {
+    /// The longest name accepted, in UTF-8 bytes (the Linux NAME_MAX).
+    public static let maxBytes = 255
+    /// Prefix of the server's temporary files; pushed names may not start with it.
+    public static let tempPrefix = ".preview-"
+    /// Suffix of the server's temporary files.
+    public static let tempSuffix = ".part"
+
+    /// Checks that `name` is a single, plain path component: not empty, at most 255 bytes, no `/`,
+    /// no NUL or other control character, not `.` or `..` (so `../x` and `a/../b` are refused), and not
+    /// a name reserved for the server's temporary files.
+    /// - Throws: ``PreviewFailure`` with code ``PreviewFailure/badName``.
+    public static func validate(_ name: String) throws(PreviewFailure) {
+        func bad(_ why: String) -> PreviewFailure {
+            PreviewFailure(PreviewFailure.badName, "bad file name '\(printable(name))': \(why)")
+        }
+        if name.isEmpty { throw bad("it is empty") }
+        if name.utf8.count > maxBytes {
+            throw bad("it is \(name.utf8.count) bytes long, at most \(maxBytes) are allowed")
+        }
+        if name.utf8.contains(0) { throw bad("it contains a NUL byte") }
+        if name.contains("/") { throw bad("it contains '/' (path traversal is refused; send a plain file name)") }
+        if name == "." || name == ".." { throw bad("'.' and '..' are not file names") }
+        if name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            throw bad("it contains a control character")
+        }
+        if name.hasPrefix(tempPrefix) { throw bad("names starting with '\(tempPrefix)' are reserved") }
+    }
+
+    /// The `attempt`-th candidate for storing `name`: attempt 1 is `name` itself, attempt n ≥ 2 inserts
+    /// " (n)" before the extension (`report.pdf` → `report (2).pdf`, `.profile` → `.profile (2)`),
+    /// shortening the stem if the result would exceed ``maxBytes``.
+    public static func candidate(_ name: String, attempt: Int) -> String {
+        guard attempt > 1 else { return name }
+        var stem = Substring(name)
+        var ext: Substring = ""
+        if let dot = name.lastIndex(of: "."), dot != name.startIndex {
+            stem = name[..<dot]
+            ext = name[dot...]
+        }
+        let suffix = " (\(attempt))"
+        var result = String(stem) + suffix + ext
+        while result.utf8.count > maxBytes, !stem.isEmpty {
+            stem = stem.dropLast()
+            result = String(stem) + suffix + ext
+        }
+        return result
+    }
+
+    /// Whether a directory entry is one of the server's temporary files.
+    public static func isTempFile(_ entry: String) -> Bool {
+        entry.hasPrefix(tempPrefix) && entry.hasSuffix(tempSuffix)
+    }
+
+    /// `name` with control characters escaped, for messages and logs.
+    static func printable(_ name: String) -> String {
+        var out = ""
+        for scalar in name.unicodeScalars {
+            if scalar.value < 0x20 || scalar.value == 0x7F {
+                out += "\\u{\(String(scalar.value, radix: 16))}"
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        return out.count > 80 ? String(out.prefix(80)) + "…" : out
+    }
+}

@@ -1,0 +1,280 @@
+import Logging
+import Messaging
+import Synchronization
+
+/// The server side of the push protocol on top of a ``MessageServer``: feed it every server event with
+/// ``handle(_:)``. It answers offers, receives the matching transfers into a ``PreviewStore`` (one task
+/// per push, so several clients push at once), sends each result, and can drain or abort in-flight
+/// pushes for a graceful shutdown.
+public final class PreviewService: Sendable {
+    private struct Pending {
+        let connectionID: UInt64
+        let reservation: Reservation
+        let expiry: Task<Void, Never>
+    }
+
+    private struct State {
+        var pending: [String: Pending] = [:]
+        var inFlight: [String: Task<Void, Never>] = [:]
+        var draining = false
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    /// Where files go.
+    public let store: PreviewStore
+    private let logger: Logger
+    private let offerExpiry: Duration
+    private let onStored: @Sendable (StoredFile) async -> Void
+    private let state = Mutex(State())
+
+    /// - Parameters:
+    ///   - store: The directory and its limits.
+    ///   - offerExpiry: How long an accepted offer waits for its transfer before its space is released.
+    ///   - logger: Where pushes are logged.
+    ///   - onStored: Called after each stored file (update the TXT record, run a hook…).
+    public init(
+        store: PreviewStore, offerExpiry: Duration = .seconds(60), logger: Logger,
+        onStored: @escaping @Sendable (StoredFile) async -> Void = { _ in }
+    ) {
+        self.store = store
+        self.offerExpiry = offerExpiry
+        self.logger = logger
+        self.onStored = onStored
+    }
+
+    /// True once ``beginDraining()`` was called: new offers are refused.
+    public var isDraining: Bool { state.withLock { $0.draining } }
+    /// Pushes whose data is being received.
+    public var inFlightCount: Int { state.withLock { $0.inFlight.count } }
+
+    /// Handles one server event without blocking (work runs in tasks).
+    public func handle(_ event: ServerEvent) {
+        switch event {
+        case .received(let connection, let message):
+            if message.typeID == PreviewProtocol.TypeID.offer {
+                Task { await self.offer(message, from: connection) }
+            } else {
+                logger.debug(
+                    "ignoring message", metadata: ["type": "\(message.typeID)", "connection": "\(connection)"])
+            }
+        case .transfer(let connection, let transfer):
+            start(transfer, from: connection)
+        case .closed(let connection, _):
+            dropPending(of: connection.id)
+        case .accepted(let connection):
+            logger.info("client connected", metadata: ["connection": "\(connection)"])
+        case .refused(let remote, let reason):
+            logger.notice(
+                "refused connection", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
+        case .published, .renamed:
+            break
+        }
+    }
+
+    private func offer(_ message: IncomingMessage, from connection: ServerConnection) async {
+        let reply: PreviewOfferReply
+        do {
+            let offer = try message.decode(PreviewOffer.self)
+            reply = admit(offer, from: connection)
+        } catch {
+            reply = .refuse(PreviewFailure(PreviewFailure.badRequest, "malformed offer: \(error.message)"))
+        }
+        if let failure = reply.failure {
+            logger.notice("refused offer", metadata: ["connection": "\(connection)", "reason": "\(failure.message)"])
+        }
+        do {
+            try await connection.reply(to: message, with: reply, type: PreviewProtocol.TypeID.offerReply)
+        } catch {
+            logger.notice("cannot answer offer", metadata: ["connection": "\(connection)", "error": "\(error)"])
+            if let id = reply.offerID { expire(id) }
+        }
+    }
+
+    private func admit(_ offer: PreviewOffer, from connection: ServerConnection) -> PreviewOfferReply {
+        guard !isDraining else {
+            return .refuse(
+                PreviewFailure(PreviewFailure.shuttingDown, "the server is shutting down; try another one or later"))
+        }
+        let reservation: Reservation
+        do {
+            reservation = try store.reserve(offer)
+        } catch {
+            return .refuse(error)
+        }
+        let expiry = offerExpiry
+        let timer = Task { [weak self] in
+            try? await Task.sleep(for: expiry)
+            if !Task.isCancelled { self?.expire(reservation.id) }
+        }
+        state.withLock {
+            $0.pending[reservation.id] = Pending(connectionID: connection.id, reservation: reservation, expiry: timer)
+        }
+        logger.info(
+            "accepted offer",
+            metadata: [
+                "name": "\(offer.name)", "bytes": "\(offer.size)", "offer": "\(reservation.id)",
+                "connection": "\(connection)",
+            ])
+        return .accept(reservation.id)
+    }
+
+    private func expire(_ id: String) {
+        guard let entry = state.withLock({ $0.pending.removeValue(forKey: id) }) else { return }
+        entry.expiry.cancel()
+        store.release(entry.reservation)
+        logger.notice("offer expired without data", metadata: ["offer": "\(id)"])
+    }
+
+    private func dropPending(of connectionID: UInt64) {
+        let dropped = state.withLock { state -> [Pending] in
+            let entries = state.pending.filter { $0.value.connectionID == connectionID }
+            for key in entries.keys { state.pending.removeValue(forKey: key) }
+            return Array(entries.values)
+        }
+        for entry in dropped {
+            entry.expiry.cancel()
+            store.release(entry.reservation)
+        }
+    }
+
+    private func start(_ transfer: IncomingTransfer, from connection: ServerConnection) {
+        guard transfer.typeID == PreviewProtocol.TypeID.file,
+            let id = transfer.metadata[PreviewProtocol.offerMetadataKey]
+        else {
+            logger.notice(
+                "discarding unexpected transfer",
+                metadata: ["type": "\(transfer.typeID)", "connection": "\(connection)"])
+            transfer.discard()
+            return
+        }
+        let started: Pending? = state.withLock { state in
+            guard let entry = state.pending[id], entry.connectionID == connection.id else { return nil }
+            state.pending.removeValue(forKey: id)
+            return entry
+        }
+        guard let entry = started else {
+            transfer.discard()
+            logger.notice("transfer for an unknown offer", metadata: ["offer": "\(id)", "connection": "\(connection)"])
+            let failure = PreviewFailure(
+                PreviewFailure.badRequest, "unknown or expired offer \(id); offer the file again")
+            Task {
+                try? await connection.send(
+                    PreviewResult(offerID: id, failure: failure), type: PreviewProtocol.TypeID.result)
+            }
+            return
+        }
+        entry.expiry.cancel()
+        guard transfer.totalSize == entry.reservation.offer.size else {
+            transfer.discard()
+            store.release(entry.reservation)
+            let failure = PreviewFailure(
+                PreviewFailure.sizeMismatch,
+                "the transfer announces \(transfer.totalSize) bytes, the offer \(entry.reservation.offer.size)")
+            Task {
+                try? await connection.send(
+                    PreviewResult(offerID: id, failure: failure), type: PreviewProtocol.TypeID.result)
+            }
+            return
+        }
+        // Created under the lock, so the task cannot remove itself before it is registered.
+        state.withLock { state in
+            state.inFlight[id] = Task {
+                await self.receive(entry.reservation, transfer: transfer, from: connection)
+                let waiters = self.state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                    state.inFlight.removeValue(forKey: id)
+                    guard state.inFlight.isEmpty else { return [] }
+                    defer { state.idleWaiters.removeAll() }
+                    return state.idleWaiters
+                }
+                for waiter in waiters { waiter.resume() }
+            }
+        }
+    }
+
+    private func receive(_ reservation: Reservation, transfer: IncomingTransfer, from connection: ServerConnection)
+        async
+    {
+        let id = reservation.id
+        let result: PreviewResult
+        var stored: StoredFile?
+        do {
+            let file = try await store.receive(reservation, chunks: transfer.chunks)
+            stored = file
+            result = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size)
+        } catch {
+            transfer.discard()
+            logger.warning(
+                "push failed",
+                metadata: [
+                    "name": "\(reservation.offer.name)", "connection": "\(connection)", "reason": "\(error.message)",
+                ])
+            result = PreviewResult(offerID: id, failure: error)
+        }
+        store.release(reservation)
+        if Task.isCancelled {
+            // Aborted for shutdown: tell the client, but do not wait on a peer that does not read.
+            Task { try? await connection.send(result, type: PreviewProtocol.TypeID.result) }
+        } else {
+            do {
+                try await connection.send(result, type: PreviewProtocol.TypeID.result)
+            } catch {
+                logger.notice("cannot send the result", metadata: ["connection": "\(connection)", "error": "\(error)"])
+            }
+        }
+        if let stored { await onStored(stored) }
+    }
+
+    /// Refuses new offers from now on.
+    public func beginDraining() {
+        state.withLock { $0.draining = true }
+    }
+
+    /// Waits until no push is in flight, at most `timeout`; returns whether none is left.
+    public func waitForInFlight(timeout: Duration) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                await withCheckedContinuation { continuation in
+                    let idle = self.state.withLock { state -> Bool in
+                        if state.inFlight.isEmpty { return true }
+                        state.idleWaiters.append(continuation)
+                        return false
+                    }
+                    if idle { continuation.resume() }
+                }
+                return true
+            }
+            group.addTask {
+                try? await Task.sleep(for: timeout)
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            if !first {
+                // Release the idle waiter so the group can finish.
+                let waiters = self.state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                    defer { state.idleWaiters.removeAll() }
+                    return state.idleWaiters
+                }
+                for waiter in waiters { waiter.resume() }
+            }
+            return first || inFlightCount == 0
+        }
+    }
+
+    /// Aborts every push in flight (their temporary files are deleted) and waits for them to end;
+    /// releases pending offers.
+    public func abortInFlight() async {
+        let (tasks, pending) = state.withLock { state in
+            let result = (Array(state.inFlight.values), Array(state.pending.values))
+            state.pending.removeAll()
+            return result
+        }
+        for entry in pending {
+            entry.expiry.cancel()
+            store.release(entry.reservation)
+        }
+        if !tasks.isEmpty { logger.warning("aborting pushes in flight", metadata: ["count": "\(tasks.count)"]) }
+        for task in tasks { task.cancel() }
+        for task in tasks { await task.value }
+    }
+}

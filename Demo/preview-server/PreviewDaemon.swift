@@ -1,0 +1,130 @@
+import Foundation
+import Logging
+import Messaging
+import PreviewKit
+import ServiceLifecycle
+import Synchronization
+
+/// The daemon as a swift-service-lifecycle service: listen, publish, receive pushes; on graceful
+/// shutdown unpublish, stop accepting, drain (or abort) pushes in flight and stop.
+final class PreviewDaemon: Service, Sendable {
+    let store: PreviewStore
+    let name: String
+    let port: UInt16
+    let onReceive: String?
+    let gracePeriod: Duration
+    let logger: Logger
+
+    init(store: PreviewStore, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration, logger: Logger) {
+        self.store = store
+        self.name = name
+        self.port = port
+        self.onReceive = onReceive
+        self.gracePeriod = gracePeriod
+        self.logger = logger
+    }
+
+    func run() async throws {
+        let logger = self.logger
+        let discovery = ServiceDiscovery(logger: logger, programName: "preview-server")
+        let stopping = Mutex(false)
+        let service = PreviewService(store: store, logger: logger) { [weak self] file in
+            await self?.stored(file)
+        }
+
+        var configuration = ServerConfiguration(
+            serviceType: PreviewProtocol.serviceType, serviceName: name, peerName: name)
+        configuration.publish = false  // published below, so shutdown can unpublish before draining
+        configuration.listener.port = port
+        configuration.stopGracePeriod = .seconds(2)
+        configuration.channel.helloValidator = { _ in
+            stopping.withLock { $0 } ? "the preview server is shutting down" : nil
+        }
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+        try await server.start()
+        let port = server.port ?? 0
+        say("listening on port \(port)")
+
+        var txt = PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace())
+        txt["proto"] = String(WireProtocol.version)
+        let publication = try await discovery.publish(
+            name: name, type: PreviewProtocol.serviceType, port: port, txt: txt)
+        publicationBox.set(publication)
+        let publicationEvents = Task {
+            for await event in publication.events {
+                switch event {
+                case .established(let name): self.say("published as '\(name)'")
+                case .renamed(let from, let to): logger.notice("name collision: renamed '\(from)' → '\(to)'")
+                case .suspended:
+                    logger.warning("publication suspended (avahi-daemon lost); it comes back with the daemon")
+                case .failed(let error): logger.error("publishing failed: \(error.message)")
+                }
+            }
+        }
+        let events = Task {
+            for await event in server.events { service.handle(event) }
+        }
+        // Keep the advertised free space current even when something else fills the disk.
+        let refresher = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(60))
+                if Task.isCancelled { break }
+                await self.updateTXT()
+            }
+        }
+
+        try? await gracefulShutdown()
+
+        logger.info("shutting down: unpublishing, refusing new pushes")
+        refresher.cancel()
+        stopping.withLock { $0 = true }
+        service.beginDraining()
+        await publication.unpublish()
+        publicationEvents.cancel()
+        if service.inFlightCount > 0 {
+            logger.info(
+                "waiting for pushes in flight",
+                metadata: ["count": "\(service.inFlightCount)", "grace": "\(gracePeriod)"])
+        }
+        if await !service.waitForInFlight(timeout: gracePeriod) {
+            logger.warning("grace period over: aborting pushes in flight (their partial data is deleted)")
+        }
+        await service.abortInFlight()  // what is left, and offers whose data never started
+        await server.stop()
+        await events.value
+        await discovery.shutdown()
+        say("stopped")
+    }
+
+    private let publicationBox = PublicationBox()
+
+    private func stored(_ file: StoredFile) async {
+        say("stored '\(file.name)' (\(file.size) bytes, sha256 \(file.sha256))")
+        await updateTXT()
+        if let onReceive { Hook.run(onReceive, path: file.path, logger: logger) }
+    }
+
+    private func updateTXT() async {
+        guard let publication = publicationBox.value else { return }
+        var txt = PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace())
+        txt["proto"] = String(WireProtocol.version)
+        guard txt != publication.txt else { return }
+        do {
+            try await publication.updateTXT(txt)
+        } catch {
+            logger.notice("cannot update the TXT record: \(error.message)")
+        }
+    }
+
+    /// A line on standard output (the log goes to standard error).
+    func say(_ line: String) {
+        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    }
+}
+
+/// The current publication, for TXT updates from push tasks.
+final class PublicationBox: Sendable {
+    private let box = Mutex<PublishedService?>(nil)
+    var value: PublishedService? { box.withLock { $0 } }
+    func set(_ publication: PublishedService?) { box.withLock { $0 = publication } }
+}

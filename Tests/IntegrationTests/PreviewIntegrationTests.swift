@@ -1,0 +1,492 @@
+import Foundation
+import Logging
+import Messaging
+import Testing
+
+/// preview-server on host "b", preview-push on host "a" (this process), across the veth link, with
+/// the built binaries. Files live under /tmp, which both namespace hosts share.
+@Suite(.serialized, .enabled(if: Harness.isActive, Harness.disabledReason))
+struct PreviewIntegrationTests {
+    static let hostB = "10.77.0.2"
+    let logger = Harness.logger("preview-test")
+
+    // MARK: Fixtures
+
+    func makeDirectory() throws -> String {
+        var template = Array("/tmp/preview-itest-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed") }
+        return String(cString: made)
+    }
+
+    func remove(_ path: String) { try? FileManager.default.removeItem(atPath: path) }
+
+    func entries(_ directory: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+    }
+
+    /// A file of `size` bytes: a pseudo-random 1 MiB block, rotated per block (fast, not compressible).
+    func makeFile(_ path: String, size: Int, seed: UInt64 = 1) throws {
+        var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
+        let block = (0..<(1 << 20)).map { _ -> UInt8 in
+            state ^= state << 13
+            state ^= state >> 7
+            state ^= state << 17
+            return UInt8(truncatingIfNeeded: state)
+        }
+        guard FileManager.default.createFile(atPath: path, contents: nil),
+            let handle = FileHandle(forWritingAtPath: path)
+        else { throw HarnessError("cannot create \(path)") }
+        defer { try? handle.close() }
+        var written = 0
+        var index = 0
+        while written < size {
+            let rotation = index % block.count
+            var chunk = Array(block[rotation...] + block[..<rotation])
+            if chunk.count > size - written { chunk = Array(chunk[0..<(size - written)]) }
+            try handle.write(contentsOf: chunk)
+            written += chunk.count
+            index += 7919
+        }
+    }
+
+    func sameBytes(_ a: String, _ b: String) throws -> Bool {
+        try Harness.run(["cmp", a, b], timeout: .seconds(120)).status == 0
+    }
+
+    /// Starts preview-server on host b and waits until it is published; returns it and its port.
+    func startServer(
+        directory: String, name: String, _ extra: [String] = []
+    ) async throws -> (server: Background, port: UInt16) {
+        let server = try Harness.spawn(
+            onB: true,
+            [Harness.binary("preview-server"), "--directory", directory, "--name", name, "--log-level", "info"] + extra)
+        try await server.waitForOutput("published as", timeout: .seconds(15))
+        let line = try #require(server.text.split(separator: "\n").first { $0.hasPrefix("listening on port ") })
+        let port = try #require(UInt16(line.dropFirst("listening on port ".count)))
+        return (server, port)
+    }
+
+    func pushArguments(_ files: [String], _ options: [String]) -> [String] {
+        [Harness.binary("preview-push")] + files + options
+    }
+
+    /// Runs preview-push to completion on host a.
+    func push(_ files: [String], _ options: [String], timeout: Duration = .seconds(120)) throws -> (
+        status: Int32, output: String
+    ) {
+        try Harness.run(pushArguments(files, options), timeout: timeout)
+    }
+
+    /// Waits (bounded) until `condition` holds.
+    func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while try !condition() {
+            guard ContinuousClock.now < deadline else { throw HarnessError("\(what) did not happen within \(timeout)") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    func hasTempFile(_ directory: String) -> Bool {
+        entries(directory).contains { $0.hasPrefix(".preview-") && $0.hasSuffix(".part") }
+    }
+
+    /// Host b's IPv6 link-local address on its end of the veth link.
+    func linkLocalAddressOfB() throws -> String {
+        let result = try Harness.run([
+            "nsenter", "-t", Harness.hostBPID, "-n", "ip", "-6", "-o", "addr", "show", "dev", "vb", "scope", "link",
+        ])
+        let words = result.output.split(whereSeparator: { $0 == " " || $0 == "\n" }).map(String.init)
+        guard let index = words.firstIndex(of: "inet6"), index + 1 < words.count else {
+            throw HarnessError("no link-local IPv6 address on host b's vb: \(result.output)")
+        }
+        return String(words[index + 1].split(separator: "/")[0])
+    }
+
+    /// Peak resident set size (VmHWM) of a running process, in KiB.
+    func peakRSS(_ pid: pid_t) throws -> Int {
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        let line = try #require(status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") })
+        return try #require(Int(line.split(separator: " ", omittingEmptySubsequences: true)[1]))
+    }
+
+    /// Runs a command to completion and reports its peak RSS (wait4 rusage, KiB).
+    func runMeasured(_ arguments: [String], timeout: Duration) throws -> (status: Int32, output: String, maxRSS: Int) {
+        let output = NSTemporaryDirectory() + "preview-itest-\(UUID().uuidString).out"
+        defer { unlink(output) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, arguments[0], &actions, nil, argv, environ)
+        guard spawned == 0 else {
+            throw HarnessError("cannot start \(arguments[0]): \(String(cString: strerror(spawned)))")
+        }
+        let deadline = ContinuousClock.now + timeout
+        var raw: Int32 = 0
+        var usage = rusage()
+        while wait4(pid, &raw, WNOHANG, &usage) != pid {
+            guard ContinuousClock.now < deadline else {
+                kill(pid, SIGKILL)
+                _ = wait4(pid, &raw, 0, &usage)
+                throw HarnessError("\(arguments) did not finish within \(timeout)")
+            }
+            usleep(10_000)
+        }
+        let status = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
+        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        return (status, text, Int(usage.ru_maxrss))
+    }
+
+    static func measured(_ what: String, _ value: Double, _ unit: String) {
+        print("MEASURED \(what): \(String(format: "%.1f", value)) \(unit)")
+    }
+
+    // MARK: Tests
+
+    @Test func pushesAcrossTheLinkOverIPv4IPv6AndDiscovery() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Basic")
+        defer { server.stop() }
+        let file = source + "/report.pdf"
+        try makeFile(file, size: 3 * 1024 * 1024 + 17)
+
+        // IPv4, no discovery.
+        let v4 = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(v4.status == 0, "\(v4.output)")
+        #expect(v4.output.contains("as 'report.pdf'"))
+        #expect(try sameBytes(file, directory + "/report.pdf"))
+
+        // IPv6 link-local with the interface as scope.
+        let address = try linkLocalAddressOfB()
+        let v6 = try push([file], ["--host", "\(address)%va", "--port", String(port)])
+        #expect(v6.status == 0, "\(v6.output)")
+        #expect(v6.output.contains("as 'report (2).pdf'"), "\(v6.output)")
+        #expect(try sameBytes(file, directory + "/report (2).pdf"))
+
+        // Discovery by name.
+        let found = try push([file], ["--to", "Preview ITest Basic"])
+        #expect(found.status == 0, "\(found.output)")
+        #expect(found.output.contains("as 'report (3).pdf'"), "\(found.output)")
+        #expect(try sameBytes(file, directory + "/report (3).pdf"))
+        #expect(entries(directory) == ["report (2).pdf", "report (3).pdf", "report.pdf"])
+
+        // The server reports the stored name and hash; the hash printed is the file's.
+        let hash = try Harness.run(["sha256sum", file]).output.prefix(64)
+        #expect(v4.output.contains("sha256 \(hash)"))
+    }
+
+    @Test func publishesItsLimitsAndKeepsFreeSpaceCurrent() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let (server, port) = try await startServer(
+            directory: directory, name: "Preview ITest TXT", ["--max-size", "123456789"])
+        defer { server.stop() }
+        func txt() throws -> String {
+            let lines = try Harness.run(["avahi-browse", "-rpt", "_preview._tcp"]).output.split(separator: "\n")
+            return String(lines.first { $0.hasPrefix("=") && $0.contains("Preview\\032ITest\\032TXT") } ?? "")
+        }
+        var before = ""
+        try await waitUntil("the TXT record is seen from host a") {
+            before = try txt()
+            return !before.isEmpty
+        }
+        #expect(before.contains("\"pv=1\"") && before.contains("\"max=123456789\"") && before.contains("\"sv="))
+        #expect(before.contains("\"free="))
+        let file = source + "/data.bin"
+        try makeFile(file, size: 16 * 1024 * 1024)
+        let result = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(result.status == 0, "\(result.output)")
+        func free(_ line: String) -> String? {
+            line.split(separator: ";").last?.split(separator: " ").first { $0.hasPrefix("\"free=") }.map(String.init)
+        }
+        let old = free(before)
+        try await waitUntil("the free space in the TXT record changes after a push") { free(try txt()) != old }
+    }
+
+    @Test func pushesOneGiBWithBoundedMemory() async throws {
+        let size = ProcessInfo.processInfo.environment["PREVIEW_BIG_BYTES"].flatMap(Int.init) ?? 1 << 30
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Big")
+        defer { server.stop() }
+        let comm = try String(contentsOfFile: "/proc/\(server.pid)/comm", encoding: .utf8)
+        try #require(comm.hasPrefix("preview-server"), "the spawned pid is \(comm), not the server")
+        let file = source + "/big.bin"
+        try makeFile(file, size: size)
+        let start = ContinuousClock.now
+        let result = try runMeasured(
+            pushArguments([file], ["--host", Self.hostB, "--port", String(port)]), timeout: .seconds(600))
+        let elapsed = ContinuousClock.now - start
+        let serverPeak = try peakRSS(server.pid)
+        #expect(result.status == 0, "\(result.output)")
+        #expect(try sameBytes(file, directory + "/big.bin"))
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        Self.measured(
+            "preview push \(size >> 20) MiB throughput (hash + offer + stream + fsync)",
+            Double(size) / 1_048_576 / seconds, "MiB/s")
+        Self.measured("preview-push peak RSS (\(size >> 20) MiB push)", Double(result.maxRSS) / 1024, "MiB")
+        Self.measured("preview-server peak RSS (\(size >> 20) MiB push)", Double(serverPeak) / 1024, "MiB")
+        // "Well under 128 MiB" whatever the file size: chunks are streamed, never the whole file.
+        #expect(result.maxRSS < 96 * 1024, "client peak RSS \(result.maxRSS) KiB")
+        #expect(serverPeak < 96 * 1024, "server peak RSS \(serverPeak) KiB")
+    }
+
+    @Test func aClientKilledMidPushLeavesNothingBehind() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Kill")
+        defer { server.stop() }
+        let file = source + "/slow.bin"
+        try makeFile(file, size: 64 * 1024 * 1024)
+        let client = try Harness.spawn(
+            onB: false,
+            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
+        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        kill(client.pid, SIGKILL)
+        #expect(client.wait(timeout: .seconds(5)) != nil)
+        try await waitUntil("the temporary file is deleted") { entries(directory).isEmpty }
+        #expect(server.poll() == nil, "the server must keep running: \(server.text)")
+        // And it still takes pushes.
+        let small = source + "/small.txt"
+        try makeFile(small, size: 1000)
+        let after = try push([small], ["--host", Self.hostB, "--port", String(port)])
+        #expect(after.status == 0, "\(after.output)")
+        #expect(entries(directory) == ["small.txt"])
+    }
+
+    @Test func aTooLargeFileIsRefusedBeforeDataFlowsAndStaleTemporariesAreCleaned() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        // A temporary file left by a crashed server is removed when the server starts.
+        let stale = directory + "/.preview-0badc0de.part"
+        try makeFile(stale, size: 4096)
+        let (server, port) = try await startServer(
+            directory: directory, name: "Preview ITest Small", ["--max-size", "1000"])
+        #expect(!FileManager.default.fileExists(atPath: stale), "the stale temporary file is still there")
+        defer { server.stop() }
+        let file = source + "/big.bin"
+        try makeFile(file, size: 1 << 20)
+        let result = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(result.status != 0)
+        #expect(result.output.contains("at most 1000 bytes") && result.output.contains("too-large"), "\(result.output)")
+        // Refused at the offer: the server never accepted it nor saw a transfer.
+        #expect(server.text.contains("refused offer"))
+        #expect(!server.text.contains("accepted offer"))
+        #expect(entries(directory).isEmpty)
+    }
+
+    @Test func twoClientsPushAtOnce() async throws {
+        let directory = try makeDirectory()
+        let sourceA = try makeDirectory()
+        let sourceB = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(sourceA)
+            remove(sourceB)
+        }
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Two")
+        defer { server.stop() }
+        let fileA = sourceA + "/same.bin"
+        let fileB = sourceB + "/same.bin"
+        try makeFile(fileA, size: 24 * 1024 * 1024, seed: 11)
+        try makeFile(fileB, size: 24 * 1024 * 1024, seed: 22)
+        let options = ["--host", Self.hostB, "--port", String(port), "--limit-rate", "12000000"]
+        let first = try Harness.spawn(onB: false, pushArguments([fileA], options))
+        let second = try Harness.spawn(onB: false, pushArguments([fileB], options))
+        try await waitUntil("both pushes are in flight together") {
+            entries(directory).filter { $0.hasPrefix(".preview-") }.count == 2
+        }
+        #expect(first.wait(timeout: .seconds(60)) == 0, "\(first.text)")
+        #expect(second.wait(timeout: .seconds(60)) == 0, "\(second.text)")
+        #expect(entries(directory) == ["same (2).bin", "same.bin"])
+        let plain = directory + "/same.bin"
+        let suffixed = directory + "/same (2).bin"
+        let aIsPlain = try sameBytes(fileA, plain)
+        #expect(try sameBytes(aIsPlain ? fileB : fileA, suffixed))
+        #expect(try sameBytes(aIsPlain ? fileA : fileB, plain))
+    }
+
+    @Test func sigtermDuringAPushAbortsItCleanlyAfterTheGracePeriod() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let (server, port) = try await startServer(
+            directory: directory, name: "Preview ITest Term", ["--grace-period", "1"])
+        defer { server.stop() }
+        let file = source + "/slow.bin"
+        try makeFile(file, size: 64 * 1024 * 1024)
+        let client = try Harness.spawn(
+            onB: false,
+            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
+        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        let start = ContinuousClock.now
+        kill(server.pid, SIGTERM)
+        let status = server.wait(timeout: .seconds(20))
+        Harness.measured("preview-server SIGTERM → exit (grace period 1 s, push aborted)", ContinuousClock.now - start)
+        #expect(status == 0, "\(server.text)")
+        #expect(entries(directory).isEmpty, "left behind: \(entries(directory))")
+        let clientStatus = client.wait(timeout: .seconds(20))
+        #expect(clientStatus != nil && clientStatus != 0)
+        #expect(client.text.contains("failed"), "\(client.text)")
+    }
+
+    @Test func sigtermLetsAPushInFlightFinish() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let (server, port) = try await startServer(
+            directory: directory, name: "Preview ITest Drain", ["--grace-period", "30"])
+        defer { server.stop() }
+        let file = source + "/doc.bin"
+        try makeFile(file, size: 8 * 1024 * 1024)
+        let client = try Harness.spawn(
+            onB: false,
+            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
+        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        kill(server.pid, SIGTERM)
+        #expect(server.wait(timeout: .seconds(40)) == 0, "\(server.text)")
+        #expect(client.wait(timeout: .seconds(10)) == 0, "\(client.text)")
+        #expect(entries(directory) == ["doc.bin"])
+        #expect(try sameBytes(file, directory + "/doc.bin"))
+    }
+
+    /// Offers from a hand-written client (the CLI only sends plain base names).
+    struct RawOffer: Codable {
+        var name: String
+        var size: UInt64
+        var sha256: String
+    }
+    struct RawFailure: Codable {
+        var code: String
+        var message: String
+    }
+    struct RawReply: Codable {
+        var accepted: Bool
+        var offerID: String?
+        var failure: RawFailure?
+    }
+
+    @Test func pathTraversalNamesAreRefused() async throws {
+        let directory = try makeDirectory()
+        defer { remove(directory) }
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Names")
+        defer { server.stop() }
+        let channel = try await MessageChannel.connect(
+            to: [try SocketAddress(ipAddress: Self.hostB, port: port)],
+            configuration: ChannelConfiguration(name: "raw-itest"),
+            logger: logger)
+        defer { channel.close() }
+        let hash = String(repeating: "0", count: 64)
+        let escape = "preview-itest-escape-\(UUID().uuidString)"
+        for name in ["../x", "../\(escape)", "../../etc/passwd", "..", "a/b", "/etc/passwd", "x\u{0}y", ""] {
+            let reply = try await channel.request(
+                RawOffer(name: name, size: 10, sha256: hash), type: "preview.offer", expecting: RawReply.self)
+            #expect(!reply.accepted, "\(name) was accepted")
+            #expect(reply.failure?.code == "bad-name", "\(name): \(String(describing: reply.failure))")
+        }
+        let ok = try await channel.request(
+            RawOffer(name: "fine.txt", size: 10, sha256: hash), type: "preview.offer", expecting: RawReply.self)
+        #expect(ok.accepted)
+        #expect(entries(directory).isEmpty)
+        #expect(!FileManager.default.fileExists(atPath: directory + "/../" + escape))
+    }
+
+    @Test func onReceiveRunsAndItsFailureDoesNotStopTheServer() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let marker = source + "/marker"
+        let hook = source + "/hook.sh"
+        try "#!/bin/sh\necho \"$1\" >> '\(marker)'\nexit 3\n".write(toFile: hook, atomically: true, encoding: .utf8)
+        chmod(hook, 0o755)
+        let (server, port) = try await startServer(
+            directory: directory, name: "Preview ITest Hook", ["--on-receive", hook])
+        defer { server.stop() }
+        let file = source + "/shown.txt"
+        try makeFile(file, size: 4096)
+        let first = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(first.status == 0, "\(first.output)")
+        try await waitUntil("the hook writes its marker") {
+            ((try? String(contentsOfFile: marker, encoding: .utf8)) ?? "").contains(directory + "/shown.txt")
+        }
+        try await server.waitForOutput("--on-receive failed")
+        let second = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(second.status == 0, "\(second.output)")
+        try await waitUntil("the hook runs for the second file") {
+            ((try? String(contentsOfFile: marker, encoding: .utf8)) ?? "").contains(directory + "/shown (2).txt")
+        }
+        #expect(server.poll() == nil)
+    }
+
+    @Test func picksTheOnlyPreviewerAndFailsClearlyWhenAmbiguous() async throws {
+        let directoryA = try makeDirectory()
+        let directoryB = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directoryA)
+            remove(directoryB)
+            remove(source)
+        }
+        let file = source + "/note.txt"
+        try makeFile(file, size: 2000)
+        let (first, _) = try await startServer(directory: directoryA, name: "Preview ITest One")
+        defer { first.stop() }
+        let only = try push([file], ["--timeout", "5"])
+        #expect(only.status == 0, "\(only.output)")
+        #expect(entries(directoryA) == ["note.txt"])
+
+        let (second, _) = try await startServer(directory: directoryB, name: "Preview ITest Two Of Two")
+        defer { second.stop() }
+        var listed = ""
+        try await waitUntil("--list shows both previewers") {
+            listed = try push([], ["--list", "--timeout", "5"]).output
+            return listed.contains("Preview ITest One") && listed.contains("Preview ITest Two Of Two")
+        }
+        #expect(listed.contains("free"))
+        let ambiguous = try push([file], ["--timeout", "5"])
+        #expect(ambiguous.status != 0)
+        #expect(
+            ambiguous.output.contains("'Preview ITest One'") && ambiguous.output.contains("'Preview ITest Two Of Two'"),
+            "\(ambiguous.output)")
+        #expect(ambiguous.output.contains("--to"))
+        let named = try push([file], ["--to", "Preview ITest Two Of Two", "--timeout", "5"])
+        #expect(named.status == 0, "\(named.output)")
+        #expect(entries(directoryB) == ["note.txt"])
+        #expect(entries(directoryA) == ["note.txt"])
+    }
+}

@@ -1,0 +1,122 @@
+import Foundation
+import Logging
+import Messaging
+import PreviewKit
+import Synchronization
+import Testing
+
+/// The push protocol end to end over loopback TCP, in process (no discovery, no harness).
+@Suite struct LoopbackPushTests {
+    let logger = Logger(label: "preview-loopback")
+
+    /// A listening (unpublished) server whose events go to a PreviewService over `directory`.
+    func startServer(_ directory: TempDirectory, maxSize: UInt64 = 1 << 30) async throws -> (
+        MessageServer, PreviewService, Task<Void, Never>
+    ) {
+        var configuration = ServerConfiguration(serviceType: PreviewProtocol.serviceType, serviceName: "Loopback")
+        configuration.publish = false
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+        try await server.start()
+        let store = try PreviewStore(directory: directory.path, maxSize: maxSize, logger: logger)
+        let service = PreviewService(store: store, logger: logger)
+        let events = Task { for await event in server.events { service.handle(event) } }
+        return (server, service, events)
+    }
+
+    func connect(_ server: MessageServer) async throws -> MessageChannel {
+        try await MessageChannel.connect(
+            to: [.ipv4Loopback(port: try #require(server.port))], configuration: ChannelConfiguration(name: "pusher"),
+            logger: logger)
+    }
+
+    @Test func pushesFilesAndSuffixesRepeatedNames() async throws {
+        let directory = try TempDirectory()
+        let source = try TempDirectory()
+        defer {
+            directory.remove()
+            source.remove()
+        }
+        let (server, service, events) = try await startServer(directory)
+        let channel = try await connect(server)
+        let pusher = PreviewPusher(channel: channel)
+        let bytes = pattern(3 * 256 * 1024 + 5)
+        let file = try source.write("doc.pdf", bytes)
+        let progress = ProgressLog()
+        let first = try await pusher.push(path: file, progress: { progress.append($0.sentBytes) })
+        let second = try await pusher.push(path: file)
+        let empty = try await pusher.push(path: try source.write("empty.txt", []))
+        #expect(first.storedName == "doc.pdf")
+        #expect(second.storedName == "doc (2).pdf")
+        #expect(empty.storedName == "empty.txt" && empty.size == 0)
+        #expect(first.sha256 == (try sha256OfFile(atPath: file).hex))
+        #expect(directory.read("doc.pdf") == bytes && directory.read("doc (2).pdf") == bytes)
+        #expect(directory.entries == ["doc (2).pdf", "doc.pdf", "empty.txt"])
+        #expect(progress.values.last == UInt64(bytes.count))
+        #expect(service.store.reservationCount == 0)
+        channel.close()
+        await server.stop()
+        await events.value
+    }
+
+    @Test func refusalsComeBeforeAnyData() async throws {
+        let directory = try TempDirectory()
+        let source = try TempDirectory()
+        defer {
+            directory.remove()
+            source.remove()
+        }
+        let (server, _, events) = try await startServer(directory, maxSize: 1000)
+        let channel = try await connect(server)
+        let pusher = PreviewPusher(channel: channel)
+        let file = try source.write("big.bin", pattern(1001))
+        await #expect { try await pusher.push(path: file) } throws: {
+            ($0 as? PreviewFailure)?.code == PreviewFailure.tooLarge
+        }
+        await #expect { try await pusher.push(path: file, name: "../escape") } throws: {
+            ($0 as? PreviewFailure)?.code == PreviewFailure.badName
+        }
+        #expect(directory.entries.isEmpty)
+        channel.close()
+        await server.stop()
+        await events.value
+    }
+
+    @Test func drainingRefusesNewOffersAndAbortDeletesPartialData() async throws {
+        let directory = try TempDirectory()
+        let source = try TempDirectory()
+        defer {
+            directory.remove()
+            source.remove()
+        }
+        let (server, service, events) = try await startServer(directory)
+        let channel = try await connect(server)
+        let pusher = PreviewPusher(channel: channel)
+        let file = try source.write("slow.bin", pattern(4 << 20))
+        // 1 MiB/s: still in flight when the service aborts it.
+        let push = Task { try await pusher.push(path: file, chunkSize: 64 * 1024, bytesPerSecond: 1 << 20) }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while service.inFlightCount == 0 || !directory.entries.contains(where: FileName.isTempFile) {
+            guard ContinuousClock.now < deadline else { throw TestError("the push did not start") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        service.beginDraining()
+        let other = try source.write("late.txt", [1, 2, 3])
+        await #expect { try await pusher.push(path: other) } throws: {
+            ($0 as? PreviewFailure)?.code == PreviewFailure.shuttingDown
+        }
+        #expect(await service.waitForInFlight(timeout: .milliseconds(100)) == false)
+        await service.abortInFlight()
+        #expect(directory.entries.isEmpty)
+        await #expect { try await push.value } throws: { $0 is PreviewFailure }
+        channel.close()
+        await server.stop()
+        await events.value
+    }
+}
+
+/// Progress values, collected from the push's callback.
+final class ProgressLog: Sendable {
+    private let storage = Mutex<[UInt64]>([])
+    func append(_ value: UInt64) { storage.withLock { $0.append(value) } }
+    var values: [UInt64] { storage.withLock { $0 } }
+}
