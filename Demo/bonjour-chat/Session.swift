@@ -21,9 +21,11 @@ final class ChatSession {
     let discovery: ServiceDiscovery
     let stream: AsyncStream<LoopInput>
     let continuation: AsyncStream<LoopInput>.Continuation
+    let key: PreSharedKey?
 
     init(options: CommonOptions, nick: String) {
         logger = options.logger()
+        key = (try? options.preSharedKey()) ?? nil  // validated when the options were parsed
         self.nick = nick
         interactive = isatty(STDIN_FILENO) == 1 && isatty(STDOUT_FILENO) == 1
         formatter = ChatFormatter(
@@ -94,6 +96,7 @@ final class ChatSession {
     }
 
     func channelConfiguration(_ channel: inout ChannelConfiguration) {
+        channel.preSharedKey = key
         channel.pingInterval = .seconds(2)
         channel.heartbeatTimeout = .seconds(6)
     }

@@ -61,6 +61,26 @@ struct CommonOptions: ParsableArguments {
     @Option(help: "Log level of the library on stderr (trace, debug, info, notice, warning, error, critical).")
     var logLevel: Logger.Level = .error
 
+    @Option(
+        help: ArgumentHelp(
+            "A pre-shared key file (at least 16 bytes, e.g. `head -c 32 /dev/urandom | base64 > chat.key`).",
+            discussion: "host: only people with the same key can join. join: the host must prove the same key."))
+    var keyFile: String?
+
+    /// The pre-shared key, when --key-file was given (validated before the command runs).
+    func preSharedKey() throws(TransportError) -> PreSharedKey? {
+        guard let keyFile else { return nil }
+        return try PreSharedKey(contentsOfFile: keyFile)
+    }
+
+    func validate() throws {
+        do {
+            _ = try preSharedKey()
+        } catch {
+            throw ValidationError(error.message)
+        }
+    }
+
     func logger() -> Logger {
         var logger = Logger(label: "bonjour-chat") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = logLevel

@@ -39,6 +39,9 @@ struct PreviewPushCommand: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "warning"
 
+    @Option(help: "A pre-shared key file (≥ 16 bytes): the previewer must prove the same key, and so do we.")
+    var keyFile: String?
+
     func validate() throws {
         if list && !files.isEmpty { throw ValidationError("--list takes no files") }
         if !list && files.isEmpty { throw ValidationError("name at least one file to push (or use --list)") }
@@ -48,6 +51,9 @@ struct PreviewPushCommand: AsyncParsableCommand {
         }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
+        if let keyFile {
+            do { _ = try PreSharedKey(contentsOfFile: keyFile) } catch { throw ValidationError(error.message) }
+        }
     }
 
     var timeoutDuration: Duration { .milliseconds(Int64(timeout * 1000)) }
@@ -73,6 +79,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
         configuration.browseTimeout = timeoutDuration
         configuration.resolveTimeout = timeoutDuration
         configuration.channel.connectTimeout = timeoutDuration
+        configuration.channel.preSharedKey = try keyFile.map { try PreSharedKey(contentsOfFile: $0) }
         let client: MessageClient
         do {
             client = try await MessageClient.connect(to: target, configuration: configuration, logger: logger)

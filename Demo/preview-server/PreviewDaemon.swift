@@ -13,9 +13,14 @@ final class PreviewDaemon: Service, Sendable {
     let port: UInt16
     let onReceive: String?
     let gracePeriod: Duration
+    let key: PreSharedKey?
     let logger: Logger
 
-    init(store: PreviewStore, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration, logger: Logger) {
+    init(
+        store: PreviewStore, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration,
+        key: PreSharedKey? = nil, logger: Logger
+    ) {
+        self.key = key
         self.store = store
         self.name = name
         self.port = port
@@ -36,6 +41,7 @@ final class PreviewDaemon: Service, Sendable {
             serviceType: PreviewProtocol.serviceType, serviceName: name, peerName: name)
         configuration.publish = false  // published below, so shutdown can unpublish before draining
         configuration.listener.port = port
+        configuration.channel.preSharedKey = key
         configuration.stopGracePeriod = .seconds(2)
         configuration.channel.helloValidator = { _ in
             stopping.withLock { $0 } ? "the preview server is shutting down" : nil

@@ -38,11 +38,17 @@ struct PreviewServerCommand: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel: String = "info"
 
+    @Option(help: "A pre-shared key file (≥ 16 bytes): only pushers proving the same key are accepted.")
+    var keyFile: String?
+
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("unknown log level '\(logLevel)'")
         }
         guard gracePeriod >= 0 else { throw ValidationError("--grace-period must not be negative") }
+        if let keyFile {
+            do { _ = try PreSharedKey(contentsOfFile: keyFile) } catch { throw ValidationError(error.message) }
+        }
         if let name, name.isEmpty || name.utf8.count > 63 {
             throw ValidationError("--name must be 1 to 63 bytes")
         }
@@ -62,7 +68,8 @@ struct PreviewServerCommand: AsyncParsableCommand {
         store.removeStaleTempFiles()
         let daemon = PreviewDaemon(
             store: store, name: name ?? "Preview on \(Self.hostName())", port: port, onReceive: onReceive,
-            gracePeriod: .milliseconds(Int64(gracePeriod * 1000)), logger: logger)
+            gracePeriod: .milliseconds(Int64(gracePeriod * 1000)),
+            key: try keyFile.map { try PreSharedKey(contentsOfFile: $0) }, logger: logger)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 services: [.init(service: daemon)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))

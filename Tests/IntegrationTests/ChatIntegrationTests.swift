@@ -108,6 +108,35 @@ struct ChatIntegrationTests {
         #expect(host.text.contains("hal closed the room"))
     }
 
+    @Test func keyFileKeepsStrangersOut() async throws {
+        let keyPath = NSTemporaryDirectory() + "chat-\(UUID().uuidString).key"
+        let otherPath = keyPath + ".other"
+        try "a shared secret for the test room\n".write(toFile: keyPath, atomically: true, encoding: .utf8)
+        try "somebody else's secret, not ours\n".write(toFile: otherPath, atomically: true, encoding: .utf8)
+        defer { unlink(keyPath); unlink(otherPath) }
+        let room = roomName("Keyed")
+        let host = try await hostOnB(room, ["--key-file", keyPath])
+        defer { host.stop() }
+        // No key: refused with a clear message, non-zero exit.
+        let stranger = try ChatProcess(onB: false, [chat, "join", room, "--nick", "eve", "--rejoin-timeout", "0"])
+        defer { stranger.stop() }
+        let strangerStatus = await stranger.waitForExit(timeout: .seconds(20))
+        #expect(strangerStatus != nil && strangerStatus != 0, "\(stranger.text)")
+        #expect(stranger.text.contains("pre-shared key"), "\(stranger.text)")
+        // Wrong key: refused too.
+        let wrong = try ChatProcess(onB: false, [chat, "join", room, "--nick", "mallory", "--rejoin-timeout", "0", "--key-file", otherPath])
+        defer { wrong.stop() }
+        let wrongStatus = await wrong.waitForExit(timeout: .seconds(20))
+        #expect(wrongStatus != nil && wrongStatus != 0, "\(wrong.text)")
+        #expect(wrong.text.contains("key"), "\(wrong.text)")
+        // The same key: in.
+        let friend = try await join([room, "--key-file", keyPath], nick: "friend")
+        defer { friend.stop() }
+        try friend.send("hello with the key")
+        try await host.waitForOutput("<friend> hello with the key")
+        #expect(!host.text.contains("eve joined") && !host.text.contains("mallory joined"))
+    }
+
     @Test func lateJoinerGetsTheHistory() async throws {
         let room = roomName("History")
         let host = try await hostOnB(room)

@@ -185,6 +185,33 @@ struct PreviewIntegrationTests {
         #expect(v4.output.contains("sha256 \(hash)"))
     }
 
+    @Test func keyFileAdmitsOnlyPushersWithTheSameKey() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let key = source + "/preview.key"
+        let other = source + "/other.key"
+        try "the previewer's shared secret 123\n".write(toFile: key, atomically: true, encoding: .utf8)
+        try "not the previewer's secret at all\n".write(toFile: other, atomically: true, encoding: .utf8)
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Key", ["--key-file", key])
+        defer { server.stop() }
+        let file = source + "/note.txt"
+        try makeFile(file, size: 4096)
+        let target = ["--host", Self.hostB, "--port", String(port)]
+        let none = try push([file], target)
+        #expect(none.status != 0 && none.output.contains("pre-shared key"), "\(none.output)")
+        let wrong = try push([file], target + ["--key-file", other])
+        #expect(wrong.status != 0 && wrong.output.contains("key"), "\(wrong.output)")
+        #expect(entries(directory).isEmpty)
+        let right = try push([file], target + ["--key-file", key])
+        #expect(right.status == 0, "\(right.output)")
+        #expect(try sameBytes(file, directory + "/note.txt"))
+        #expect(server.text.contains("authentication failed") || server.text.contains("pre-shared key"), "\(server.text)")
+    }
+
     @Test func publishesItsLimitsAndKeepsFreeSpaceCurrent() async throws {
         let directory = try makeDirectory()
         let source = try makeDirectory()
