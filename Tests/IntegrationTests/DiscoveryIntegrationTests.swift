@@ -125,6 +125,47 @@ struct DiscoveryIntegrationTests {
         #expect(own == ["Clash #2"])
     }
 
+    @Test func defaultNameAndBrowseFiltersByIPVersionAndInterface() async throws {
+        let type = "_itest-filter._tcp"
+        let peer = try Harness.spawn(onB: true, ["avahi-publish", "-s", "Filtered", type, "7400"])
+        defer { peer.stop() }
+        try await peer.waitForOutput("Established")
+        let discovery = ServiceDiscovery(logger: logger, programName: "itest")
+        defer { Task { await discovery.shutdown() } }
+        // Default name: "<program> on <host>" (the Avahi host name of host a is "alpha").
+        let own = try await discovery.publish(type: type, port: 7401)
+        #expect(try await own.established() == "itest on alpha")
+
+        func sightings(_ browser: ServiceBrowser) async throws -> Set<DiscoveredService.Sighting> {
+            let events = Collector(browser)
+            try await events.wait(timeout: .seconds(10), "Filtered added") {
+                if case .added(let s) = $0 { s.name == "Filtered" } else { false }
+            }
+            try await events.wait(timeout: .seconds(10), "all for now") { $0 == .allForNow }
+            var seen: Set<DiscoveredService.Sighting> = []
+            for event in events.all { if case .added(let s) = event, s.name == "Filtered" { seen.formUnion(s.seenOn) } }
+            events.cancel()
+            return seen
+        }
+        let v4 = try await sightings(try discovery.browse(type: type, ipVersion: .ipv4))
+        #expect(!v4.isEmpty && v4.allSatisfy { $0.ipVersion == .ipv4 }, "\(v4)")
+        let v6 = try await sightings(try discovery.browse(type: type, ipVersion: .ipv6))
+        #expect(!v6.isEmpty && v6.allSatisfy { $0.ipVersion == .ipv6 }, "\(v6)")
+        let va = Int32(if_nametoindex("va"))
+        let onVA = try await sightings(try discovery.browse(type: type, interface: .named("va")))
+        #expect(!onVA.isEmpty && onVA.allSatisfy { $0.interfaceIndex == va }, "\(onVA)")
+        // Nothing of host b's is seen on loopback.
+        let lo = Collector(try discovery.browse(type: type, interface: .named("lo")))
+        try await lo.wait(timeout: .seconds(10), "all for now on lo") { $0 == .allForNow }
+        #expect(!lo.all.contains { if case .added(let s) = $0 { s.name == "Filtered" } else { false } })
+        do {
+            _ = try discovery.browse(type: type, interface: .named("nosuch0"))
+            Issue.record("browse accepted an interface that does not exist")
+        } catch {
+            #expect(error.code == .invalidArgument && error.message.contains("nosuch0"))
+        }
+    }
+
     @Test func sameNameTwiceOnOneHostIsRenamed() async throws {
         let discovery = ServiceDiscovery(logger: logger)
         defer { Task { await discovery.shutdown() } }
