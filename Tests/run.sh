@@ -52,13 +52,16 @@ run_suite() {
   if ! grep -qE 'Test run with [0-9]+ test' "$logs/$label.log"; then echo "!! $label ran no test"; status=1; fi
 }
 
+# Tests run one at a time (--no-parallel): several tests deliberately load the machine (1,000
+# stalled peers, 10,000-frame bursts) or restart the daemons, and 2 cores give Swift's cooperative
+# pool only 2 threads.
 # Unit tests: no daemon; D-Bus pointed at nothing so "no daemon" behaviour is what is tested.
 run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
-  "$bin" --testing-library swift-testing --skip IntegrationTests
+  "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 
 if [ "$unit_only" = no ]; then
   run_suite integration Tests/harness/avahi-harness.sh run --hosts 2 -- \
-    "$root/$bin" --testing-library swift-testing --filter IntegrationTests
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests
 fi
 
 # Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600).
@@ -75,13 +78,13 @@ if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
   swift build --build-tests --sanitize=thread --scratch-path .build-tsan 2>&1 | grep -v "prohibited flag" | tail -n 5
   run_suite tsan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus TSAN_OPTIONS=halt_on_error=1 \
-    .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --skip IntegrationTests
+    .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel --skip IntegrationTests
 fi
 if [ "$asan" = yes ]; then
   echo "== build (AddressSanitizer)"
   swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | grep -v "prohibited flag" | tail -n 5
   run_suite asan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
-    .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --skip IntegrationTests
+    .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel --skip IntegrationTests
 fi
 
 echo
