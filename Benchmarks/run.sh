@@ -4,7 +4,7 @@
 # D1 in the two-host avahi harness. Prints one RESULT line per workload and implementation, the
 # ratio ours/peer, then a table.
 #
-#   Benchmarks/run.sh                 everything (about 3-5 minutes on 2 cores, build excluded)
+#   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
 #   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 D1)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+fastjson nio)
 #
@@ -20,6 +20,8 @@ PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r)"
+echo "== $(swift --version 2>/dev/null | head -n 1); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== building (release) in $HERE/.build"
 nice -n 5 swift build -c release 2>&1 | grep -v -e "prohibited flag" -e "^\[" || true
 BIN="$(swift build -c release --show-bin-path)"

@@ -8,7 +8,7 @@ import Foundation
 ///
 /// `@unchecked Sendable`: every mutable field is guarded by `lock`.
 final class BoundedBuffer<Element: Sendable>: @unchecked Sendable {
-    private let lock = NSLock()
+    private let lock = Lock()
     private var items: [Element] = []
     private var head = 0
     private var waiters: [(id: UInt64, continuation: CheckedContinuation<Element?, any Error>)] = []

@@ -27,14 +27,106 @@ public struct ConnectionConfiguration: Sendable {
     public init() {}
 }
 
-/// One encoded frame waiting to be written: a single allocation holding the whole frame.
+/// Bytes waiting to be written: either one allocation holding a whole encoded frame (or only its
+/// header), or a large payload array written in place (no copy; its own iovec).
 final class WireBuffer {
-    let bytes: UnsafeMutableRawBufferPointer
-    init(frame: Frame, size: Int) {
-        bytes = .allocate(byteCount: size, alignment: 8)
-        frame.write(into: bytes)
+    /// Payloads at least this large are not copied into the frame's buffer.
+    static let inPlacePayloadThreshold = 16 * 1024
+
+    let base: UnsafeRawPointer
+    let count: Int
+    private let owned: UnsafeMutableRawBufferPointer?
+    private let payload: [UInt8]?
+
+    /// The whole frame (`includePayload`) or everything but its payload, in one allocation.
+    init(frame: Frame, size: Int, includePayload: Bool = true) {
+        let bytes = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
+        frame.write(into: bytes, includePayload: includePayload)
+        owned = bytes
+        payload = nil
+        base = UnsafeRawPointer(bytes.baseAddress!)
+        count = size
     }
-    deinit { bytes.deallocate() }
+
+    /// A payload written from the array's own storage. The array is kept alive and never mutated,
+    /// so its storage (and `base`) stays valid for this object's lifetime.
+    init(payload: [UInt8]) {
+        self.payload = payload
+        owned = nil
+        base = payload.withUnsafeBytes { UnsafeRawPointer($0.baseAddress!) }
+        count = payload.count
+    }
+
+    deinit { owned?.deallocate() }
+
+    /// Appends the buffers of one frame of `size` bytes (length prefix included) to `output`.
+    static func append(_ frame: Frame, size: Int, to output: inout [WireBuffer], sizes: inout [Int]) {
+        if frame.payload.count >= inPlacePayloadThreshold {
+            let header = size - frame.payload.count
+            output.append(WireBuffer(frame: frame, size: header, includePayload: false))
+            sizes.append(header)
+            output.append(WireBuffer(payload: frame.payload))
+            sizes.append(frame.payload.count)
+        } else {
+            output.append(WireBuffer(frame: frame, size: size))
+            sizes.append(size)
+        }
+    }
+}
+
+/// The read buffer of the current thread. A connection reads on whichever Dispatch worker runs its
+/// queue and copies the bytes into its ``FrameDecoder`` before the event handler returns, so one
+/// buffer per thread serves every connection, and an idle connection holds no read buffer at all.
+enum ReadScratch {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let status = pthread_key_create(&key) { pointer in
+            pointer?.deallocate()
+        }
+        precondition(status == 0, "pthread_key_create failed: \(status)")
+        return key
+    }()
+
+    /// At least `minimumSize` bytes, valid on this thread until the next call on this thread.
+    static func buffer(minimumSize: Int) -> UnsafeMutableRawBufferPointer {
+        // Layout: one Int (the capacity), then the bytes.
+        let header = MemoryLayout<Int>.stride
+        if let pointer = pthread_getspecific(key) {
+            let capacity = pointer.load(as: Int.self)
+            if capacity >= minimumSize {
+                return UnsafeMutableRawBufferPointer(start: pointer + header, count: capacity)
+            }
+            pointer.deallocate()
+        }
+        let pointer = UnsafeMutableRawPointer.allocate(byteCount: header + minimumSize, alignment: 16)
+        pointer.storeBytes(of: minimumSize, as: Int.self)
+        pthread_setspecific(key, pointer)
+        return UnsafeMutableRawBufferPointer(start: pointer + header, count: minimumSize)
+    }
+}
+
+/// When the current thread last sent a frame on the fast path (any connection), in uptime nanoseconds.
+enum SendPacing {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let status = pthread_key_create(&key) { pointer in pointer?.deallocate() }
+        precondition(status == 0, "pthread_key_create failed: \(status)")
+        return key
+    }()
+
+    /// Stores `now` for this thread and returns the previous value (0 the first time).
+    static func exchange(_ now: UInt64) -> UInt64 {
+        let slot: UnsafeMutablePointer<UInt64>
+        if let pointer = pthread_getspecific(key) {
+            slot = pointer.assumingMemoryBound(to: UInt64.self)
+        } else {
+            slot = .allocate(capacity: 1)
+            slot.initialize(to: 0)
+            pthread_setspecific(key, slot)
+        }
+        defer { slot.pointee = now }
+        return slot.pointee
+    }
 }
 
 /// A nonblocking TCP connection exchanging ``Frame``s.
@@ -44,7 +136,14 @@ final class WireBuffer {
 /// Outbound sequence numbers are assigned here, at the moment a frame enters the send queue, so
 /// they always match the order on the wire.
 ///
-/// `@unchecked Sendable`: every mutable field is confined to ``queue``.
+/// Sending has a fast path: while the send queue is below the high-water mark, ``send(_:bypassLimit:)``
+/// numbers the frame and appends it to a lock-protected inbox without hopping onto ``queue``; one
+/// `queue.async` drains everything that piled up meanwhile and writes it with one `sendmsg`. Every
+/// path that admits frames on ``queue`` drains the inbox first, under the same lock that hands out
+/// sequence numbers, so numbers still match the order on the wire.
+///
+/// `@unchecked Sendable`: every mutable field is confined to ``queue``, except the fields marked
+/// "guarded by sendLock".
 final class Connection: @unchecked Sendable {
     enum State {
         case idle, open, flushing, halfClosed
@@ -53,7 +152,15 @@ final class Connection: @unchecked Sendable {
 
     let queue: DispatchQueue
     let fd: Int32
-    let logger: Logger
+    /// The logger given to init, without per-connection metadata (shared, costs nothing per connection).
+    private let baseLogger: Logger
+    /// This connection's logger: the given one with `peer` metadata. Built on each use: copying the
+    /// metadata costs about 450 bytes, too much to keep for each of thousands of idle connections.
+    var logger: Logger {
+        var logger = baseLogger
+        logger[metadataKey: "peer"] = "\(remoteAddress.map { "\($0)" } ?? "?")"
+        return logger
+    }
     let configuration: ConnectionConfiguration
     let remoteAddress: SocketAddress?
     let localAddress: SocketAddress?
@@ -64,8 +171,10 @@ final class Connection: @unchecked Sendable {
     private var writeSourceResumed = false
     private var readPauseCount = 0
     private var cancelledSources = 0
+    private var sourcesToCancel = 0
+    private var isFlushing = false
     private var decoder: FrameDecoder
-    private let readBuffer: UnsafeMutableRawBufferPointer
+    private let readBufferSize: Int
     private var output: [WireBuffer] = []
     private var outputHead = 0
     private var outputOffset = 0  // bytes of output[outputHead] already written
@@ -73,7 +182,19 @@ final class Connection: @unchecked Sendable {
     private(set) var queuedBytes = 0
     private var waiters: [(Frame, (Result<UInt64, TransportError>) -> Void)] = []
     private var waitersHead = 0
-    private var nextSequence: UInt64 = 1
+    private let sendLock = Lock()
+    private var nextSequence: UInt64 = 1  // guarded by sendLock
+    private var inbox = Inbox()  // guarded by sendLock
+    private var lastFastSend: UInt64 = 0  // guarded by sendLock: uptime (ns) of the last fast-path send
+    /// A sender that sends again within this time is streaming: its frames are batched through the
+    /// inbox (one `sendmsg` per batch) instead of written one by one. Checked per connection and per
+    /// thread (a broadcast loop sends to many connections back to back: each connection sees a
+    /// gap, the thread does not).
+    private static let streamingGap: UInt64 = 20_000
+    private var drainScheduled = false  // guarded by sendLock
+    private var unsentBytes = 0  // guarded by sendLock: inbox + output bytes not yet written
+    private var slowSenders = 0  // guarded by sendLock: senders waiting in the slow path
+    private var acceptingFastSends = false  // guarded by sendLock: state is .open
     private var peerCloseReason: CloseReason?
     private var idleTimer: (any DispatchSourceTimer)?
     private var lingerTimer: DispatchWorkItem?
@@ -83,7 +204,7 @@ final class Connection: @unchecked Sendable {
     private var onClose: ((CloseReason) -> Void)?
 
     /// The sequence number the next frame will get (tests count pings with it).
-    var nextSequenceForTests: UInt64 { nextSequence }
+    var nextSequenceForTests: UInt64 { sendLock.withLock { nextSequence } }
 
     /// The largest number of queued bytes seen (for tests of the bounded send queue).
     private(set) var maxQueuedBytes = 0
@@ -93,18 +214,15 @@ final class Connection: @unchecked Sendable {
         self.configuration = configuration
         self.remoteAddress = SocketOps.remoteAddress(fd)
         self.localAddress = SocketOps.localAddress(fd)
-        var logger = logger
-        logger[metadataKey: "peer"] = "\(remoteAddress.map { "\($0)" } ?? "?")"
-        self.logger = logger
+        self.baseLogger = logger
         self.queue = queue ?? DispatchQueue(label: "transport.connection.\(fd)")
         self.decoder = FrameDecoder(maxFrameSize: configuration.maxFrameSize)
-        self.readBuffer = .allocate(byteCount: max(configuration.readBufferSize, 4096), alignment: 8)
+        self.readBufferSize = max(configuration.readBufferSize, 4096)
         var one: Int32 = 1
         _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         self.queue.setSpecific(key: Connection.onQueueKey, value: ObjectIdentifier(self))
     }
 
-    deinit { readBuffer.deallocate() }
 
     private static let onQueueKey = DispatchSpecificKey<ObjectIdentifier>()
 
@@ -133,26 +251,17 @@ final class Connection: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         guard case .idle = state else { return }
         state = .open
+        sendLock.withLock { acceptingFastSends = true }
         self.onFrame = onFrame
         self.onClose = onClose
         lastFrameTime = .now()
         let read = DispatchSource.makeReadSource(fileDescriptor: fd, queue: queue)
-        let write = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: queue)
         read.setEventHandler { [unowned self] in self.handleReadable() }
-        write.setEventHandler { [unowned self] in self.flush() }
-        // The fd is closed only after BOTH cancel handlers ran (GCDAsyncSocket pattern).
-        let cancel: () -> Void = { [self] in
-            self.cancelledSources += 1
-            if self.cancelledSources == 2 {
-                self.logger.trace("both sources cancelled, closing fd \(self.fd)")
-                closeFD(self.fd)
-            }
-        }
-        read.setCancelHandler(handler: cancel)
-        write.setCancelHandler(handler: cancel)
+        read.setCancelHandler { [self] in self.sourceCancelled() }
         readSource = read
-        writeSource = write
         read.resume()
+        // The write source is made on the first write that would block (see resumeWriteSource()):
+        // most frames are written at once, and an idle connection then costs one source, not two.
         if let idle = configuration.idleTimeout {
             let timer = DispatchSource.makeTimerSource(queue: queue)
             let tick = max(idle / 4, .milliseconds(10))
@@ -160,6 +269,15 @@ final class Connection: @unchecked Sendable {
             timer.setEventHandler { [weak self] in self?.checkIdle(idle) }
             timer.resume()
             idleTimer = timer
+        }
+    }
+
+    /// The fd is closed only after every source's cancel handler ran (GCDAsyncSocket pattern).
+    private func sourceCancelled() {
+        cancelledSources += 1
+        if cancelledSources == sourcesToCancel {
+            logger.trace("all sources cancelled, closing fd \(fd)")
+            closeFD(fd)
         }
     }
 
@@ -206,7 +324,9 @@ final class Connection: @unchecked Sendable {
         case .idle:
             teardown(reason ?? .localClose)
         case .open:
+            drainInbox()
             state = .flushing
+            sendLock.withLock { acceptingFastSends = false }
             failWaiters(TransportError.closed(peerCloseReason ?? .localClose))
             if queuedBytes == 0 { shutdownWrite() } else { resumeWriteSource() }
         case .flushing, .halfClosed, .closed:
@@ -252,11 +372,20 @@ final class Connection: @unchecked Sendable {
         outputHead = 0
         outputOffset = 0
         queuedBytes = 0
-        if wasStarted, let read = readSource, let write = writeSource {
+        sendLock.withLock {
+            // Frames still in the inbox are dropped like frames in the output queue.
+            acceptingFastSends = false
+            inbox = Inbox()
+            unsentBytes = 0
+        }
+        if wasStarted, let read = readSource {
+            sourcesToCancel = writeSource == nil ? 1 : 2
             read.cancel()
             if readPauseCount > 0 { read.resume() }  // a suspended source never runs its cancel handler
-            write.cancel()
-            if !writeSourceResumed { write.resume() }
+            if let write = writeSource {
+                write.cancel()
+                if !writeSourceResumed { write.resume() }
+            }
             readSource = nil
             writeSource = nil
         } else {
@@ -303,21 +432,44 @@ final class Connection: @unchecked Sendable {
             case .open, .flushing, .halfClosed: break
             case .idle, .closed: return
             }
-            let result: IOResult<Int>
-            do {
-                result = try syscall("read", nonblocking: true) { read(fd, readBuffer.baseAddress, readBuffer.count) }
-            } catch {
-                teardown(Connection.reason(for: error))
+            var result: IOResult<Int> = .wouldBlock
+            var failure: TransportError?
+            if decoder.missingPayloadBytes > 0 {
+                // A large payload: read straight into its array (no reassembly copies).
+                decoder.fillPayload { space in
+                    do throws(TransportError) {
+                        result = try syscall("read", nonblocking: true) { read(fd, space.baseAddress, space.count) }
+                    } catch {
+                        failure = error
+                    }
+                    if case .processed(let count) = result { return count }
+                    return 0
+                }
+            } else {
+                let readBuffer = ReadScratch.buffer(minimumSize: readBufferSize)
+                do {
+                    result = try syscall("read", nonblocking: true) {
+                        read(fd, readBuffer.baseAddress, readBuffer.count)
+                    }
+                    if case .processed(let count) = result, count > 0 {
+                        decoder.append(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]))
+                    }
+                } catch {
+                    failure = error
+                }
+            }
+            if let failure {
+                teardown(Connection.reason(for: failure))
                 return
             }
             switch result {
             case .wouldBlock:
+                decoder.releaseStorageIfEmpty()  // the socket is drained: do not hold storage while idle
                 return
             case .processed(0):
                 handleEndOfFile()
                 return
-            case .processed(let count):
-                decoder.append(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]))
+            case .processed:
                 deliverFrames()
             }
         }
@@ -383,6 +535,7 @@ final class Connection: @unchecked Sendable {
             completion(.failure(TransportError.closed(reason)))
             return
         }
+        drainInbox()
         if !bypassLimit && (queuedBytes > configuration.sendHighWaterMark || waitersHead < waiters.count) {
             waiters.append((frame, completion))
             return
@@ -393,16 +546,165 @@ final class Connection: @unchecked Sendable {
     /// Async form of ``enqueue(_:bypassLimit:completion:)``: suspends while the send queue is above
     /// the high-water mark; returns the frame's sequence number. Callable from any context.
     func send(_ frame: Frame, bypassLimit: Bool = false) async throws -> UInt64 {
-        try await withCheckedThrowingContinuation { continuation in
+        if case .sent(let sequence) = submitFast(frame, bypassLimit: bypassLimit) { return sequence }
+        // Slow path: the queue is full (or closing, or the frame is invalid); wait in FIFO order.
+        // While any sender waits here, the fast path is closed so nobody overtakes it.
+        sendLock.withLock { slowSenders += 1 }
+        return try await withCheckedThrowingContinuation { continuation in
             queue.async {
-                self.enqueue(frame, bypassLimit: bypassLimit) { continuation.resume(with: $0) }
+                self.enqueue(frame, bypassLimit: bypassLimit) { result in
+                    self.sendLock.withLock { self.slowSenders -= 1 }
+                    continuation.resume(with: result)
+                }
             }
+        }
+    }
+
+    /// Frames numbered and encoded by senders on any thread, on their way into the output queue.
+    struct Inbox {
+        var buffers: [WireBuffer] = []
+        var sizes: [Int] = []
+        /// Bytes at the start of `buffers[0]` that a direct write already sent.
+        var skip = 0
+        var isEmpty: Bool { buffers.isEmpty }
+
+        mutating func append(_ frame: Frame, size: Int) {
+            WireBuffer.append(frame, size: size, to: &buffers, sizes: &sizes)
+        }
+    }
+
+    /// The fast path of ``send(_:bypassLimit:)``: numbers and encodes the frame when the connection
+    /// is open, nobody waits in the slow path and (unless `bypassLimit`) the unsent bytes are at most
+    /// the high-water mark. When nothing at all is unsent, the caller writes the socket itself (no
+    /// thread hop; what the socket does not take goes to the inbox); otherwise the frame goes to the
+    /// inbox and one `queue.async` moves the inbox into the output queue. Returns nil when the slow
+    /// path must be taken.
+    private func submitFast(_ frame: Frame, bypassLimit: Bool) -> FastSend {
+        guard let size = try? Frame.validatedSize(frame) else { return .invalid }
+        var frame = frame
+        var refusal = FastSend.full
+        let accepted: (sequence: UInt64, schedule: Bool)? = sendLock.withLock {
+            guard acceptingFastSends else {
+                refusal = .closed
+                return nil
+            }
+            guard slowSenders == 0, bypassLimit || unsentBytes <= configuration.sendHighWaterMark else { return nil }
+            frame.sequence = nextSequence
+            nextSequence &+= 1
+            // Nothing unsent anywhere (inbox and output queue empty): no byte can be ahead of this
+            // frame, and the queue cannot start writing while we hold the lock. Direct writes save
+            // a thread hop (latency); a streaming sender is better served by batches (throughput).
+            let now = DispatchTime.now().uptimeNanoseconds
+            let threadLast = SendPacing.exchange(now)
+            let writeDirectly =
+                unsentBytes == 0 && now &- lastFastSend >= Connection.streamingGap
+                && now &- threadLast >= Connection.streamingGap
+            lastFastSend = now
+            inbox.append(frame, size: size)
+            unsentBytes += size
+            if writeDirectly {
+                unsentBytes -= writeInboxDirectly()
+                if inbox.isEmpty { return (frame.sequence, false) }
+            }
+            defer { drainScheduled = true }
+            return (frame.sequence, !drainScheduled)
+        }
+        guard let accepted else { return refusal }
+        if accepted.schedule {
+            queue.async {
+                self.drainInbox()
+                self.flush()
+            }
+        }
+        return .sent(accepted.sequence)
+    }
+
+    enum FastSend {
+        case sent(UInt64)
+        /// Above the high-water mark, or a sender waits in the slow path.
+        case full
+        /// Not open (not started, closing or closed).
+        case closed
+        /// The frame cannot be encoded (type id too long).
+        case invalid
+    }
+
+    /// Queues (or writes) `frame` without waiting; false when the send queue is full. Any context.
+    /// - Throws: ``TransportError/Code/connectionClosed``, ``TransportError/Code/invalidArgument``.
+    func trySend(_ frame: Frame) throws(TransportError) -> Bool {
+        switch submitFast(frame, bypassLimit: false) {
+        case .sent: return true
+        case .full: return false
+        case .closed: throw TransportError(.connectionClosed, "the connection is closed or closing")
+        case .invalid:
+            _ = try Frame.validatedSize(frame)
+            return false
+        }
+    }
+
+    /// One nonblocking `sendmsg` of the inbox (one frame: one or two buffers), called with
+    /// `sendLock` held while nothing else is unsent; drops what was written and returns its size.
+    /// Would-block and errors write nothing here: the queue's ``flush()`` meets them again and
+    /// handles them (write source, teardown).
+    private func writeInboxDirectly() -> Int {
+        let count = min(inbox.buffers.count, 2)
+        let written = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { vecs -> Int in
+            for index in 0..<count {
+                let buffer = inbox.buffers[index]
+                vecs[index] = iovec(iov_base: UnsafeMutableRawPointer(mutating: buffer.base), iov_len: buffer.count)
+            }
+            var message = msghdr()
+            message.msg_iov = vecs.baseAddress
+            message.msg_iovlen = numericCast(count)
+            var result: Int
+            repeat {
+                result = sendmsg(fd, &message, Int32(MSG_NOSIGNAL))
+            } while result < 0 && errno == EINTR
+            return max(result, 0)
+        }
+        var remaining = written
+        while !inbox.buffers.isEmpty && remaining >= inbox.sizes[0] - inbox.skip {
+            remaining -= inbox.sizes[0] - inbox.skip
+            inbox.skip = 0
+            inbox.buffers.removeFirst()
+            inbox.sizes.removeFirst()
+        }
+        inbox.skip += remaining
+        return written
+    }
+
+    /// Moves the inbox's frames (already numbered) into the output queue. On ``queue``.
+    private func drainInbox() {
+        var taken = Inbox()
+        sendLock.withLock {
+            drainScheduled = false
+            swap(&taken, &inbox)
+        }
+        appendToOutput(taken)
+    }
+
+    /// Appends frames taken from the inbox to the output queue. On ``queue``.
+    private func appendToOutput(_ taken: Inbox) {
+        guard !taken.isEmpty else { return }
+        switch state {
+        case .open, .flushing:
+            if taken.skip > 0 {
+                // A direct write sent the start of this frame; it was written while nothing else was
+                // unsent, so everything before it in the output queue is written too.
+                assert(outputHead == output.count && outputOffset == 0)
+                outputOffset = taken.skip
+            }
+            output.append(contentsOf: taken.buffers)
+            outputSizes.append(contentsOf: taken.sizes)
+            queuedBytes += taken.sizes.reduce(0, +) - taken.skip
+            maxQueuedBytes = max(maxQueuedBytes, queuedBytes)
+        case .idle, .halfClosed, .closed:
+            break  // teardown already dropped what was queued; so are these
         }
     }
 
     private func admit(_ frame: Frame, _ completion: (Result<UInt64, TransportError>) -> Void) {
         var frame = frame
-        frame.sequence = nextSequence
         let size: Int
         do {
             size = try Frame.validatedSize(frame)
@@ -410,19 +712,39 @@ final class Connection: @unchecked Sendable {
             completion(.failure(error))
             return
         }
-        nextSequence &+= 1
-        output.append(WireBuffer(frame: frame, size: size))
-        outputSizes.append(size)
+        // Drain and number under one lock: no fast-path frame can get a smaller number and still
+        // be behind this one in the output queue.
+        var pending = Inbox()
+        frame.sequence = sendLock.withLock {
+            swap(&pending, &inbox)
+            let sequence = nextSequence
+            nextSequence &+= 1
+            unsentBytes += size
+            return sequence
+        }
+        appendToOutput(pending)
+        WireBuffer.append(frame, size: size, to: &output, sizes: &outputSizes)
         queuedBytes += size
         maxQueuedBytes = max(maxQueuedBytes, queuedBytes)
         completion(.success(frame.sequence))
-        resumeWriteSource()
+        // Write at once (the write source is only for when the socket is full); inside flush()
+        // (admitting waiters) the running flush loop picks the frame up.
+        if !isFlushing { flush() }
     }
 
     private func resumeWriteSource() {
-        guard !writeSourceResumed, let writeSource else { return }
+        guard !writeSourceResumed, readSource != nil else { return }  // no sources before start / after teardown
+        let source: any DispatchSourceWrite
+        if let writeSource {
+            source = writeSource
+        } else {
+            source = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: queue)
+            source.setEventHandler { [unowned self] in self.flush() }
+            source.setCancelHandler { [self] in self.sourceCancelled() }
+            writeSource = source
+        }
         writeSourceResumed = true
-        writeSource.resume()
+        source.resume()
     }
 
     private func suspendWriteSource() {
@@ -435,15 +757,18 @@ final class Connection: @unchecked Sendable {
 
     /// Writes as much queued output as the socket takes: `sendmsg` with up to 64 iovecs and MSG_NOSIGNAL.
     private func flush() {
+        isFlushing = true
+        defer { isFlushing = false }
         while outputHead < output.count {
             if isClosed { return }
             var iovecs = [iovec]()
             iovecs.reserveCapacity(Connection.maxIOVecs)
             var index = outputHead
             while index < output.count && iovecs.count < Connection.maxIOVecs {
-                let buffer = output[index].bytes
+                let buffer = output[index]
                 let skip = index == outputHead ? outputOffset : 0
-                iovecs.append(iovec(iov_base: buffer.baseAddress! + skip, iov_len: buffer.count - skip))
+                let base = UnsafeMutableRawPointer(mutating: buffer.base + skip)
+                iovecs.append(iovec(iov_base: base, iov_len: buffer.count - skip))
                 index += 1
             }
             let result: IOResult<Int>
@@ -467,8 +792,9 @@ final class Connection: @unchecked Sendable {
             }
         }
         // Everything written.
-        output.removeAll(keepingCapacity: true)
-        outputSizes.removeAll(keepingCapacity: true)
+        // Released, not kept: an idle connection then holds no output storage.
+        output.removeAll()
+        outputSizes.removeAll()
         outputHead = 0
         outputOffset = 0
         suspendWriteSource()
@@ -478,6 +804,7 @@ final class Connection: @unchecked Sendable {
     private func consume(_ written: Int) {
         var remaining = written
         queuedBytes -= written
+        sendLock.withLock { unsentBytes -= written }
         while remaining > 0 {
             let left = outputSizes[outputHead] - outputOffset
             if remaining >= left {

@@ -124,8 +124,9 @@ public struct FrameDecoder: Sendable {
     private var buffer: [UInt8] = []
     private var readIndex = 0
     private var expectedSequence: UInt64?
-    /// A large frame whose header is parsed and whose payload is being filled in place.
-    private var partial: PartialFrame?
+    /// A large frame whose header is parsed and whose payload is being filled in place: zero or
+    /// one element (an array keeps an idle decoder small, and value semantics).
+    private var partials: [PartialFrame] = []
 
     /// Payloads at least this large are received into their own array (see ``fillPayload(_:)``)
     /// instead of through the reassembly buffer, which saves two copies of every byte.
@@ -148,25 +149,25 @@ public struct FrameDecoder: Sendable {
 
     /// The number of received bytes not yet consumed by ``next()``.
     public var bufferedByteCount: Int {
-        buffer.count - readIndex + (partial.map { 4 + $0.header.bodySize + $0.filled } ?? 0)
+        buffer.count - readIndex + (partials.first.map { 4 + $0.header.bodySize + $0.filled } ?? 0)
     }
 
     /// While a large frame's payload is being received: how many of its bytes are still missing.
     /// Read them straight into the payload with ``fillPayload(_:)``; plain ``append(_:)`` works too.
     public var missingPayloadBytes: Int {
-        guard let partial else { return 0 }
+        guard let partial = partials.first else { return 0 }
         return partial.payload.count - partial.filled
     }
 
     /// Lets `read` write into the missing part of a large frame's payload; `read` returns the number
     /// of bytes it wrote (0 for none). Call ``next()`` afterwards. Does nothing without such a frame.
     public mutating func fillPayload(_ read: (UnsafeMutableRawBufferPointer) -> Int) {
-        guard partial != nil else { return }
-        let filled = partial!.filled
-        let count = partial!.payload.withUnsafeMutableBytes { raw in
+        guard !partials.isEmpty else { return }
+        let filled = partials[0].filled
+        let count = partials[0].payload.withUnsafeMutableBytes { raw in
             read(UnsafeMutableRawBufferPointer(rebasing: raw[filled...]))
         }
-        partial!.filled += min(max(0, count), partial!.payload.count - filled)
+        partials[0].filled += min(max(0, count), partials[0].payload.count - filled)
     }
 
     /// Appends received bytes.
@@ -179,6 +180,14 @@ public struct FrameDecoder: Sendable {
     public mutating func append(contentsOf bytes: some Collection<UInt8>) {
         compactIfUseful()
         buffer.append(contentsOf: bytes)
+    }
+
+    /// Frees the reassembly buffer when it holds no bytes (an idle connection keeps no storage).
+    mutating func releaseStorageIfEmpty() {
+        if readIndex == buffer.count && buffer.capacity > 0 {
+            buffer = []
+            readIndex = 0
+        }
     }
 
     private mutating func compactIfUseful() {
@@ -197,7 +206,7 @@ public struct FrameDecoder: Sendable {
     ///   ``TransportError/Code/protocolViolation`` and a matching ``TransportError/closeReason``.
     ///   After an error the decoder is unusable; close the connection.
     public mutating func next() throws(TransportError) -> Frame? {
-        if partial != nil { return try completePartial() }
+        if !partials.isEmpty { return try completePartial() }
         let available = buffer.count - readIndex
         guard available >= 4 else { return nil }
         let length = buffer.withUnsafeBytes { raw -> UInt32 in
@@ -215,7 +224,7 @@ public struct FrameDecoder: Sendable {
         }
         guard available >= 4 + bodySize else {
             try startPartialIfLarge(bodySize: bodySize, available: available)
-            return partial != nil ? try completePartial() : nil
+            return partials.isEmpty ? nil : try completePartial()
         }
         let start = readIndex + 4
         let end = start + bodySize
@@ -265,7 +274,7 @@ public struct FrameDecoder: Sendable {
             count = payloadSize
         }
         readIndex = payloadStart + buffered
-        partial = PartialFrame(header: header, payload: payload, filled: buffered)
+        partials = [PartialFrame(header: header, payload: payload, filled: buffered)]
     }
 
     /// Moves buffered bytes into the partial frame's payload; returns the frame once it is complete.
@@ -274,18 +283,17 @@ public struct FrameDecoder: Sendable {
         let take = min(missing, buffer.count - readIndex)
         if take > 0 {
             let from = readIndex
-            let filled = partial!.filled
+            let filled = partials[0].filled
             buffer.withUnsafeBytes { raw in
-                partial!.payload.withUnsafeMutableBytes { out in
+                partials[0].payload.withUnsafeMutableBytes { out in
                     UnsafeMutableRawBufferPointer(rebasing: out[filled..<(filled + take)])
                         .copyMemory(from: UnsafeRawBufferPointer(rebasing: raw[from..<(from + take)]))
                 }
             }
-            partial!.filled += take
+            partials[0].filled += take
             readIndex += take
         }
-        guard missingPayloadBytes == 0, let done = partial else { return nil }
-        partial = nil
+        guard missingPayloadBytes == 0, let done = partials.popLast() else { return nil }
         var frame = done.header
         frame.payload = done.payload
         try checkSequence(frame)

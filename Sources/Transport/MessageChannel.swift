@@ -53,7 +53,8 @@ public struct ChannelConfiguration: Sendable {
 public final class MessageChannel: @unchecked Sendable {
     let connection: Connection
     let configuration: ChannelConfiguration
-    let logger: Logger
+    /// The connection's logger (with `peer` metadata), built when a line is logged.
+    var logger: Logger { connection.logger }
     var queue: DispatchQueue { connection.queue }
 
     /// What the peer said about itself in the hello exchange.
@@ -81,7 +82,6 @@ public final class MessageChannel: @unchecked Sendable {
         self.connection = connection
         self.peer = peer
         self.configuration = configuration
-        self.logger = logger
         let queue = connection.queue
         let pause: @Sendable () -> Void = { [connection] in
             // Called from push(), which runs on the queue.
@@ -181,6 +181,26 @@ public final class MessageChannel: @unchecked Sendable {
     /// Sends a payload already encoded with the codec `codecID`.
     public func sendEncoded(_ payload: [UInt8], codecID: UInt8, type: String) async throws {
         _ = try await connection.send(Frame(kind: .message, codecID: codecID, typeID: type, payload: payload))
+    }
+
+    /// Sends a message without suspending, when the send queue has room: callable from any context,
+    /// including an ``on(type:as:_:)`` handler (which runs on the channel's queue), so a handler can
+    /// answer without a task. An idle connection writes the frame to the socket at once.
+    /// - Parameters:
+    ///   - value: The value to encode with the configured codec.
+    ///   - type: The stable type id.
+    ///   - replyTo: The sequence number of the message this one answers (``IncomingMessage/sequence``).
+    /// - Returns: false, having sent nothing, while the send queue is above
+    ///   ``ConnectionConfiguration/sendHighWaterMark`` (or other senders are waiting): use
+    ///   ``send(_:type:)`` then, which waits for room.
+    /// - Throws: ``TransportError/Code/encodingFailed``, ``TransportError/Code/connectionClosed``,
+    ///   ``TransportError/Code/invalidArgument`` (type id longer than 255 bytes).
+    public func trySend<T: Encodable>(
+        _ value: T, type: String, replyTo: UInt64? = nil
+    ) throws(TransportError) -> Bool {
+        let (codec, payload) = try encode(value, type: type)
+        return try connection.trySend(
+            Frame(kind: .message, codecID: codec, typeID: type, reference: replyTo, payload: payload))
     }
 
     /// Sends raw bytes (codec 0, no encoding, no base64).
@@ -650,7 +670,7 @@ final class Handshake: @unchecked Sendable {
     let logger: Logger
     private var continuation: CheckedContinuation<MessageChannel, any Error>?
     private var done = false
-    private var timeout: DispatchWorkItem?
+    private var timeout: (any DispatchSourceTimer)?
     private var auth = AuthState.none
 
     init(connection: Connection, role: Role, configuration: ChannelConfiguration, logger: Logger) {
@@ -667,10 +687,13 @@ final class Handshake: @unchecked Sendable {
             connection.queue.async {
                 self.continuation = continuation
                 self.connection.start(onFrame: { [self] in handle($0) }, onClose: { [self] in closed($0) })
-                let item = DispatchWorkItem { [weak self] in self?.timedOut() }
-                self.timeout = item
-                self.connection.queue.asyncAfter(
-                    deadline: .now() + self.configuration.helloTimeout.timeInterval, execute: item)
+                // A timer source, not asyncAfter: cancelling it frees it at once, while a cancelled
+                // asyncAfter item stays allocated until its deadline (per connection, for 10 s).
+                let timer = DispatchSource.makeTimerSource(queue: self.connection.queue)
+                timer.schedule(deadline: .now() + self.configuration.helloTimeout.timeInterval)
+                timer.setEventHandler { [weak self] in self?.timedOut() }
+                timer.resume()
+                self.timeout = timer
                 if self.role == .client {
                     if self.configuration.preSharedKey != nil {
                         let nonce = AuthNonce.make()

@@ -118,7 +118,7 @@ final class HostilePeer: @unchecked Sendable {
         try await withServer { harness, _ in
             let peer = try HostilePeer(port: harness.port)
             peer.hello()
-            try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            try await harness.events.wait("hostile accepted") { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
             peer.write([0xFF, 0xFF, 0xFF, 0xFF, 0x10, 0x00])
             #expect(await offThePool { peer.serverClosed() })
             #expect(try await closedReason(harness) == .frameTooLarge(size: 0xFFFF_FFFF, limit: 16 * 1024 * 1024))
@@ -129,6 +129,7 @@ final class HostilePeer: @unchecked Sendable {
         try await withServer({ harness, _ in
             let peer = try HostilePeer(port: harness.port)
             peer.hello()
+            try await harness.events.wait("hostile accepted") { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
             peer.write([0x00, 0x01, 0x00, 0x01, 0x10])  // 65537 > 64 KiB limit
             #expect(await offThePool { peer.serverClosed() })
             #expect(try await closedReason(harness) == .frameTooLarge(size: 65537, limit: 65536))
@@ -141,7 +142,7 @@ final class HostilePeer: @unchecked Sendable {
             peer.hello()
             let whole = peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 1, count: 100))
             peer.write(Array(whole.prefix(40)))
-            try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            try await harness.events.wait("hostile accepted") { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
             shutdown(peer.fd, Int32(SHUT_WR))
             let reason = try await closedReason(harness)
             guard case .protocolError(let text) = reason else { Issue.record("reason \(reason)"); return }
@@ -153,7 +154,7 @@ final class HostilePeer: @unchecked Sendable {
         try await withServer { harness, _ in
             let peer = try HostilePeer(port: harness.port)
             peer.hello()
-            try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            try await harness.events.wait("hostile accepted") { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
             peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: [1, 2, 3, 4, 5, 6]).prefix(10)))
             peer.reset()
             let reason = try await closedReason(harness)
@@ -236,15 +237,18 @@ final class HostilePeer: @unchecked Sendable {
                 peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 7, count: 64)).prefix(20)))
                 peers.append(peer)
             }
-            try await harness.events.wait(timeout: .seconds(30), "1000 accepted") { _ in harness.server.connections.count == 1001 }
+            try await harness.events.wait(timeout: .seconds(30), "1000 accepted") { _ in
+                harness.events.count { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } } == 1000
+            }
             // Meanwhile the real client is served normally.
             let reply = try await good.channel!.requestRaw([1], type: "echo")
             #expect(reply.payload == [1])
             let start = ContinuousClock.now
             try await harness.events.wait(timeout: .seconds(30), "stalled peers freed") { _ in harness.server.connections.count == 1 }
             print("MEASURED 1000 stalled half-frame peers freed after: \(ContinuousClock.now - start)")
-            let idle = harness.events.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } }
-            #expect(idle == 1000)
+            try await harness.events.wait(timeout: .seconds(30), "1000 idle timeouts") { _ in
+                harness.events.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } } == 1000
+            }
             let stalled = peers
             #expect(await offThePool { stalled.allSatisfy { $0.serverClosed() } })
         }, configure: {

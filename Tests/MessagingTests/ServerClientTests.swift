@@ -11,7 +11,7 @@ struct Note: Codable, Equatable, Sendable {
 
 func testLogger() -> Logger {
     var logger = Logger(label: "messaging-test") { StreamLogHandler.standardError(label: $0) }
-    logger.logLevel = .warning
+    logger.logLevel = ProcessInfo.processInfo.environment["MESSAGING_TEST_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
     return logger
 }
 

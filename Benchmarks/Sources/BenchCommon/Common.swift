@@ -23,9 +23,10 @@ public struct Sample: Codable, Sendable, Equatable {
 
     /// The i-th sample: a 16-ASCII-character name, three short tags.
     public static func make(_ i: Int) -> Sample {
-        Sample(
-            id: i, name: "sample-name-\(String(format: "%04d", i % 10000))", value: Double(i) * 0.25 + 0.5,
-            tags: ["alpha", "beta", "gamma"])
+        let digits = String(i % 10000)
+        return Sample(
+            id: i, name: "sample-name-" + String(repeating: "0", count: 4 - digits.count) + digits,
+            value: Double(i) * 0.25 + 0.5, tags: ["alpha", "beta", "gamma"])
     }
 }
 

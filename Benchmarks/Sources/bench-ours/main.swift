@@ -87,7 +87,13 @@ func runServer() async throws {
         listener = try listen { channel in
             let count = Counter()
             channel.on(type: "s", as: Sample.self) { _, _ in _ = count.add() }
-            for await message in channel.messages where message.typeID == "end" {
+            for await message in channel.messages {
+                if message.typeID == "s" {
+                    // Arrived before the handler above was installed (on(type:) installs it async).
+                    guard (try? message.decode(Sample.self)) != nil else { fail("W1: undecodable") }
+                    _ = count.add()
+                    continue
+                }
                 try? await channel.sendRaw(Array(String(count.current).utf8), type: "count")
                 break
             }
@@ -95,7 +101,18 @@ func runServer() async throws {
             done.continuation.finish()
         }
     case "W2":
+        // Default: the reply is sent inline from an on(type:) handler with trySend (no task hop);
+        // --w2-server stream: the messages AsyncSequence and `await reply(to:)` in a task.
+        let inline = options.string("w2-server", "handler") == "handler"
         listener = try listen { channel in
+            if inline {
+                channel.on(type: "s", as: Sample.self) { sample, message in
+                    guard (try? channel.trySend(sample, type: "s", replyTo: message.sequence)) == true else {
+                        fail("W2: the send queue of a ping-pong cannot be full")
+                    }
+                }
+            }
+            // (also the samples that arrive before on(type:) has installed the handler)
             for await message in channel.messages {
                 guard let sample = try? message.decode(Sample.self) else { fail("W2: undecodable") }
                 try? await channel.reply(to: message, with: sample, type: "s")
@@ -200,9 +217,9 @@ func runClient() async throws {
         let start = ContinuousClock.now
         for i in 0..<n { try await channel.send(Sample.make(i), type: "s") }
         try await channel.sendRaw([], type: "end")
-        guard let reply = await iterator.next(), let count = Int(String(decoding: reply.payload, as: UTF8.self)),
-            count == n
-        else { fail("W1: the server did not count \(n) messages") }
+        let reply = await iterator.next()
+        let text = String(decoding: reply?.payload ?? [], as: UTF8.self)
+        guard Int(text) == n else { fail("W1: the server counted '\(text)', not \(n) messages") }
         let elapsed = seconds(since: start)
         result("W1", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
         channel.close()
@@ -248,7 +265,15 @@ func runClient() async throws {
                     channel.on(type: "s", as: Sample.self) { _, _ in
                         if got.add() == Workload.w4Messages { finished.continuation.finish() }
                     }
+                    // Samples that arrive before the handler is installed (on(type:) installs it async).
+                    let early = Task {
+                        for await message in channel.messages where message.typeID == "s" {
+                            guard (try? message.decode(Sample.self)) != nil else { fail("W4: undecodable") }
+                            if got.add() == Workload.w4Messages { finished.continuation.finish() }
+                        }
+                    }
                     for await _ in finished.stream {}
+                    early.cancel()
                     try await channel.send(Workload.w4Messages, type: "ack")
                     _ = await channel.closed()
                 }

@@ -1,0 +1,75 @@
+import Foundation
+import Testing
+
+@testable import Transport
+
+/// The send fast path (direct writes, the inbox, trySend) keeps frames in order and numbered.
+@Suite struct SendPathTests {
+    /// A handler answers inline with trySend (no task); replies carry reply-to and arrive in order.
+    @Test func handlerRepliesInlineWithTrySend() async throws {
+        try await withDeadline {
+            let server = try TestServer(config("server"))
+            let client = try await MessageChannel.connect(
+                to: [server.v4], configuration: config("client"), logger: testLogger())
+            let accepted = try await server.nextChannel()
+            accepted.on(type: "ping", as: Int.self) { value, message in
+                // Runs on the channel's queue.
+                #expect((try? accepted.trySend(value + 1, type: "pong", replyTo: message.sequence)) == true)
+            }
+            try await Task.sleep(for: .milliseconds(50))  // on(type:) installs the handler asynchronously
+            var replies = client.messages.makeAsyncIterator()
+            for i in 0..<200 {
+                try await client.send(i, type: "ping")
+                let reply = try #require(await replies.next())
+                #expect(reply.typeID == "pong" && reply.replyTo != nil)
+                #expect(try reply.decode(Int.self) == i + 1)
+            }
+            client.close()
+            _ = await accepted.closed()
+        }
+    }
+
+    /// Many concurrent senders (fast path, inbox, slow path past the high-water mark) mixed with
+    /// requests: the receiver's sequence check would close the connection on any reordering.
+    @Test func concurrentSendersKeepSequenceNumbersInWireOrder() async throws {
+        try await withDeadline {
+            var serverConfig = config("server")
+            serverConfig.connection.sendHighWaterMark = 8 * 1024
+            serverConfig.connection.sendLowWaterMark = 2 * 1024
+            let server = try TestServer(serverConfig)
+            var clientConfig = config("client")
+            clientConfig.connection.sendHighWaterMark = 8 * 1024
+            clientConfig.connection.sendLowWaterMark = 2 * 1024
+            let client = try await MessageChannel.connect(
+                to: [server.v4], configuration: clientConfig, logger: testLogger())
+            let accepted = try await server.nextChannel()
+            let senders = 8
+            let perSender = 500
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for sender in 0..<senders {
+                    group.addTask {
+                        for i in 0..<perSender {
+                            let size = i % 50 == 0 ? 40_000 : 100  // some payloads take the in-place path
+                            let bytes = [UInt8](repeating: UInt8(sender), count: size)
+                            if i % 3 == 0, (try? client.trySend(bytes, type: "t")) == true {
+                                continue
+                            }
+                            try await client.sendRaw([UInt8](repeating: UInt8(sender), count: size), type: "s\(sender)")
+                        }
+                    }
+                }
+                group.addTask {
+                    var count = 0
+                    for await _ in accepted.messages {
+                        count += 1
+                        if count == senders * perSender { break }
+                    }
+                    #expect(count == senders * perSender)
+                }
+                try await group.waitForAll()
+            }
+            #expect(accepted.connection.onQueue { !accepted.connection.isClosed })
+            client.close()
+        }
+    }
+}
