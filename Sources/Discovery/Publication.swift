@@ -1,6 +1,5 @@
 import CAvahiClient
 import Dispatch
-import Synchronization
 
 /// A published service. Keep it to keep the service published; call ``unpublish()`` to withdraw it.
 ///
@@ -16,7 +15,7 @@ public final class PublishedService: Sendable {
         var nextWaiter = 0
     }
 
-    let state: Mutex<State>
+    let state: Locked<State>
     /// The publication's events: established, renamed, suspended, failed. One consumer.
     public let events: AsyncStream<PublicationEvent>
     let continuation: AsyncStream<PublicationEvent>.Continuation
@@ -31,7 +30,7 @@ public final class PublishedService: Sendable {
         self.core = core
         self.type = type
         self.port = port
-        self.state = Mutex(State(name: name, txt: txt))
+        self.state = Locked(State(name: name, txt: txt))
         (events, continuation) = AsyncStream.makeStream(of: PublicationEvent.self)
     }
 

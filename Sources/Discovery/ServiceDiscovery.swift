@@ -1,7 +1,6 @@
 import CAvahiClient
 import Dispatch
 import Logging
-import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -233,7 +232,7 @@ final class DiscoveryCore: @unchecked Sendable {
     let logger: Logger
     let programName: String
     let poll: DispatchPoll
-    let published: Mutex<PublishedState>
+    let published: Locked<PublishedState>
 
     // queue-confined
     private(set) var client: OpaquePointer?
@@ -250,7 +249,7 @@ final class DiscoveryCore: @unchecked Sendable {
         self.logger = logger
         self.programName = programName
         self.poll = DispatchPoll(queue: queue)
-        self.published = Mutex(PublishedState(hostName: Self.kernelHostName()))
+        self.published = Locked(PublishedState(hostName: Self.kernelHostName()))
     }
 
     static func kernelHostName() -> String {

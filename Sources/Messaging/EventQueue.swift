@@ -1,4 +1,3 @@
-import Synchronization
 
 /// A bounded multi-producer, single-consumer async queue.
 ///
@@ -20,7 +19,7 @@ final class EventQueue<Element: Sendable>: Sendable {
         case wait
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     let limit: Int
 
     init(limit: Int) { self.limit = max(1, limit) }

@@ -1,6 +1,5 @@
 import Discovery
 import Logging
-import Synchronization
 import Transport
 #if canImport(Glibc)
 import Glibc
@@ -118,7 +117,7 @@ public final class MessageClient: Sendable {
     /// The configuration it was created with.
     public let configuration: ClientConfiguration
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let queue: EventQueue<ClientEvent>
     /// What happens on the client, in order; see ``ClientEvent``.
     public let events: ClientEvents

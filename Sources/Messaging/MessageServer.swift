@@ -1,7 +1,6 @@
 import Discovery
 import Logging
 import ServiceLifecycle
-import Synchronization
 import Transport
 
 /// How a ``MessageServer`` listens, publishes and treats its connections.
@@ -163,7 +162,7 @@ public final class MessageServer: Service, Sendable {
     public let configuration: ServerConfiguration
     private let discovery: ServiceDiscovery?
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let queue: EventQueue<ServerEvent>
     /// What happens on the server, in order; see ``ServerEvent``.
     public let events: ServerEvents
@@ -399,7 +398,7 @@ func raceTimeout(_ timeout: Duration, _ body: @escaping @Sendable () async -> Vo
 
 /// Resumes a continuation once, with whichever outcome comes first.
 private final class Race: Sendable {
-    private let continuation = Mutex<CheckedContinuation<Bool, Never>?>(nil)
+    private let continuation = Locked<CheckedContinuation<Bool, Never>?>(nil)
     func set(_ value: CheckedContinuation<Bool, Never>) { continuation.withLock { $0 = value } }
     func finish(_ outcome: Bool) {
         let waiting = continuation.withLock { value -> CheckedContinuation<Bool, Never>? in

@@ -117,7 +117,7 @@ final class BoundedBuffer<Element: Sendable>: @unchecked Sendable {
             nextWaiterID += 1
             return nextWaiterID
         }
-        return try await withTaskCancellationHandler {
+        let value = try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Element?, any Error>) in
                 let result: Poll? = lock.withLock {
                     let polled = poll()
@@ -145,5 +145,9 @@ final class BoundedBuffer<Element: Sendable>: @unchecked Sendable {
             }
             waiter?.resume(throwing: CancellationError())
         }
+        // A continuation resumed before this task suspended hands over without any synchronization
+        // ThreadSanitizer can see; taking the lock the pusher released makes the hand-off visible.
+        lock.withLock {}
+        return value
     }
 }

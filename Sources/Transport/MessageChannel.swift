@@ -682,7 +682,18 @@ final class Handshake: @unchecked Sendable {
 
     private var peerDescription: String { connection.remoteAddress.map { "\($0)" } ?? "?" }
 
+    /// Released by `succeed` after the channel is built, taken by `run` after the hand-off: makes the
+    /// hand-off visible to ThreadSanitizer (a continuation resumed before its task suspended
+    /// synchronizes through the runtime's atomics, which it does not see).
+    private let handoff = Lock()
+
     func run() async throws -> MessageChannel {
+        let channel = try await handshake()
+        handoff.withLock {}
+        return channel
+    }
+
+    private func handshake() async throws -> MessageChannel {
         try await withCheckedThrowingContinuation { continuation in
             connection.queue.async {
                 self.continuation = continuation
@@ -866,8 +877,11 @@ final class Handshake: @unchecked Sendable {
         done = true
         timeout?.cancel()
         logger.debug("hello complete with '\(info.name)' (version \(info.version))")
-        let channel = MessageChannel(connection: connection, peer: info, configuration: configuration, logger: logger)
-        channel.activate()
+        let channel = handoff.withLock {
+            let channel = MessageChannel(connection: connection, peer: info, configuration: configuration, logger: logger)
+            channel.activate()
+            return channel
+        }
         continuation?.resume(returning: channel)
         continuation = nil
     }

@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 import Testing
 
 @testable import Messaging
@@ -11,6 +10,9 @@ func offThePool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
         DispatchQueue.global().async { continuation.resume(returning: body()) }
     }
 }
+
+/// Whether this binary runs under ThreadSanitizer or AddressSanitizer.
+let underSanitizer = dlsym(nil, "__tsan_init") != nil || dlsym(nil, "__asan_init") != nil
 
 /// Resident set size of this process, bytes.
 func residentBytes() -> Int {
@@ -101,7 +103,8 @@ final class HostilePeer: @unchecked Sendable {
         #expect(reply.payload == Array("still here".utf8))
         let growth = residentBytes() - before
         print("MEASURED RSS growth: \(growth / 1024) KiB")
-        #expect(growth < 64 * 1024 * 1024, "RSS grew by \(growth) bytes")
+        // Sanitizers' shadow memory makes RSS meaningless; the bound is checked in plain builds.
+        if !underSanitizer { #expect(growth < 64 * 1024 * 1024, "RSS grew by \(growth) bytes") }
         await good.close()
         await harness.server.stop()
     }
@@ -183,7 +186,7 @@ final class HostilePeer: @unchecked Sendable {
     }
 
     @Test func invalidJSONAndWrongShapeAreRejectedMessagesNotDroppedPeers() async throws {
-        let rejected = Mutex<[String]>([])
+        let rejected = Locked<[String]>([])
         let harness = try await LoopbackServer(handle: { _, event in
             if case .received(_, let message) = event, message.typeID == "note" {
                 do { _ = try message.decode(Note.self) } catch { rejected.withLock { $0.append("\(error)") } }

@@ -49,7 +49,7 @@ final class LoopbackServer: Sendable {
 
 /// Thread-safe log of events with deadline-bounded waits.
 final class EventLog<Element: Sendable>: Sendable {
-    private let items = Mutex<[Element]>([])
+    private let items = Locked<[Element]>([])
     func append(_ element: Element) { items.withLock { $0.append(element) } }
     var all: [Element] { items.withLock { $0 } }
 
@@ -71,7 +71,6 @@ struct TestFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-import Synchronization
 
 @Suite struct ServerClientTests {
     @Test func clientSendsServerReceivesAndReplies() async throws {
@@ -145,7 +144,7 @@ import Synchronization
         let reader = try await harness.client("reader")
         let stuck = try await harness.client("stuck")  // never consumes its events: stops reading
         try await harness.events.wait("2 accepted") { _ in harness.server.connections.count == 2 }
-        let received = Mutex(0)
+        let received = Locked(0)
         let consumer = Task {
             for await event in reader.events {
                 if case .received = event { received.withLock { $0 += 1 } }
@@ -251,7 +250,7 @@ import Synchronization
         let queue = EventQueue<Int>(limit: 2)
         await queue.push(1)
         await queue.push(2)
-        let pushed = Mutex(false)
+        let pushed = Locked(false)
         let producer = Task {
             await queue.push(3)
             pushed.withLock { $0 = true }
