@@ -153,7 +153,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let payload = [UInt8](repeating: 0x5A, count: 64 * 1024)
         var failures: [String] = []
         for _ in 0..<400 {  // 25 MiB: far beyond socket buffers and the high-water mark
-            let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(1))
+            let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(5))
             failures += results.filter { !$0.succeeded }.map { $0.connection.peer.name }
             if harness.server.connections.count == 1 { break }
         }
