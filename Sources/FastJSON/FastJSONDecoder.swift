@@ -188,8 +188,11 @@ struct _DecoderCore {
     var hints: [(object: Int, key: Int)] = []
     var sendableUserInfo: [CodingUserInfoKey: any Sendable]
     /// The `Decoder` handed to `init(from:)`; it owns this state.
-    unowned(unsafe) var decoder: _DecoderState?
+    /// (Unmanaged: reading it for a call costs no retain/release pair.)
+    var decoder: Unmanaged<_DecoderState>?
     var containers = _ContainerCache<_KeyedDecoderRecord>()
+    /// ``_smallASCIIStringsSupported``, copied here to skip the global's lazy-initialization check.
+    let smallStrings = _smallASCIIStringsSupported
 
     init(bytes: UnsafeBufferPointer<UInt8>, tokens: _Tape, userInfo: [CodingUserInfoKey: any Sendable]) {
         self.bytes = bytes
@@ -321,6 +324,17 @@ struct _DecoderCore {
     @inline(__always)
     func makeString(_ token: _Token) -> String {
         let raw = text(token)
+        // Short plain-ASCII strings (most keys' values: tags, ids, names) are built directly in
+        // the small-string form, skipping UTF-8 validation the parser has already done.
+        if token.flags == 0 && token.length <= 15 && smallStrings {
+            let start = Int(token.start)
+            if start &+ 16 <= bytes.count {
+                // Room for two whole words: load them and mask, without branching on the length.
+                let count = Int(token.length)
+                return _smallASCIIString(_maskedLoad16(bytes.baseAddress! + start, count), count: count)
+            }
+            return _smallASCIIString(raw)
+        }
         if token.flags & _Token.hasEscapes == 0 {
             return String(decoding: raw, as: UTF8.self)
         }
@@ -361,27 +375,20 @@ struct _DecoderCore {
         guard token.kind == .array else { throw mismatch([String].self, index, depth, key) }
         let count = Int(token.length)
         var i = index + 1
-        // All elements are strings in the common case: decode them in one pass, else fall back.
-        var allStrings = true
-        var probe = i
-        for _ in 0..<count {
-            if tokens[probe].kind != .string {
-                allStrings = false
-                break
-            }
-            probe += 1
-        }
-        guard allStrings else {
-            return try decodeArray(at: index, depth: depth, key: key) { core, i, path, key in
-                try core.decodeString(at: i, depth: path, key: key)
-            }
-        }
         // (reserveCapacity + append is fully inlinable and specialized; the unsafeUninitializedCapacity
         // initializer allocates through unspecialized code that looks up the storage type's metadata.)
         var result: [String] = []
         result.reserveCapacity(count)
         for _ in 0..<count {
-            result.append(makeString(tokens[i]))
+            let element = tokens[i]
+            // All elements are strings in the common case (then they are consecutive tokens);
+            // otherwise start over element by element, for errors with the element's path.
+            guard element.kind == .string else {
+                return try decodeArray(at: index, depth: depth, key: key) { core, i, path, key in
+                    try core.decodeString(at: i, depth: path, key: key)
+                }
+            }
+            result.append(makeString(element))
             i += 1
         }
         return result
@@ -403,12 +410,9 @@ struct _DecoderCore {
     @inline(__always)
     mutating func find(_ keyBytes: UnsafeBufferPointer<UInt8>, in object: Int, end: Int, depth: Int, inOrder: Bool) -> Int? {
         do {
-            var isASCII = true
-            for byte in keyBytes where byte >= 0x80 {
-                isASCII = false
-                break
-            }
-            guard isASCII else { return findSlow(String(decoding: keyBytes, as: UTF8.self), in: object, end: end) }
+            // A byte-for-byte match with a plain token (ASCII, no escapes) implies an ASCII key, so
+            // the key's ASCII check is needed only on the other outcomes: a non-ASCII key must be
+            // compared as a String with every key (it may be canonically equivalent to an ASCII one).
             if inOrder, depth < hints.count, hints[depth].object == object {
                 let keyIndex = hints[depth].key
                 if keyIndex < end, keyEquals(tokens[keyIndex], keyBytes) {
@@ -426,17 +430,26 @@ struct _DecoderCore {
                     }
                 } else if makeString(token) == String(decoding: keyBytes, as: UTF8.self) {
                     // Escaped or non-ASCII JSON key: compare as Strings (canonical equivalence).
-                    return i + 1
+                    return _isASCII(keyBytes) ? i + 1 : findSlow(keyBytes, in: object, end: end)
                 }
                 i = Int(tokens[i + 1].next)
             }
-            return nil
+            return _isASCII(keyBytes) ? nil : findSlow(keyBytes, in: object, end: end)
         }
+    }
+
+    func _isASCII(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        for byte in bytes where byte >= 0x80 { return false }
+        return true
     }
 
     mutating func remember(object: Int, next: Int, depth: Int) {
         while hints.count <= depth { hints.append((-1, -1)) }
         hints[depth] = (object, next)
+    }
+
+    func findSlow(_ keyBytes: UnsafeBufferPointer<UInt8>, in object: Int, end: Int) -> Int? {
+        findSlow(String(decoding: keyBytes, as: UTF8.self), in: object, end: end)
     }
 
     func findSlow(_ key: String, in object: Int, end: Int) -> Int? {
@@ -452,8 +465,13 @@ struct _DecoderCore {
     func keyEquals(_ token: _Token, _ key: UnsafeBufferPointer<UInt8>) -> Bool {
         let count = Int(token.length)
         guard count == key.count else { return false }
+        if count == 0 { return true }
         let json = bytes.baseAddress! + Int(token.start)
         let swift = key.baseAddress!
+        if count <= 16 {
+            // Typical keys: two (possibly overlapping) word loads per side, no loop.
+            return _load16(json, count) == _load16(swift, count)
+        }
         var i = 0
         while i &+ 8 <= count {
             if UnsafeRawPointer(json + i).loadUnaligned(as: UInt64.self)
@@ -547,11 +565,7 @@ enum _Decoding {
             // Move the array into the result (bit-casting would copy it: a retain and a release),
             // then leave an empty array behind for the local's own cleanup.
             var array = try core.pointee.decodeStringArray(at: index, depth: depth, key: key)
-            return withUnsafeMutablePointer(to: &array) { pointer in
-                let result = UnsafeMutableRawPointer(pointer).assumingMemoryBound(to: T.self).move()
-                pointer.initialize(to: [])
-                return result
-            }
+            return _take(&array, as: T.self)
         } else if T.self == [Int].self {
             return _cast(try core.pointee.decodeArray(at: index, depth: depth, key: key) { core, i, path, key in
                 try core.decodeInt(at: i, depth: path, key: key)
@@ -562,6 +576,14 @@ enum _Decoding {
             }, to: T.self)
         }
         return try decodeRare(core, type, at: index, depth: depth, key: key)
+    }
+
+    /// Moves `array` out as a `T` (which must be `[String]`), leaving an empty array behind.
+    @inline(__always)
+    static func _take<T>(_ array: UnsafeMutablePointer<[String]>, as type: T.Type) -> T {
+        let result = UnsafeMutableRawPointer(array).assumingMemoryBound(to: T.self).move()
+        array.initialize(to: [])
+        return result
     }
 
     static func decodeNested<T: Decodable, K: CodingKey>(_ core: Core, _ type: T.Type, at index: Int, depth: Int, key: K) throws -> T {
@@ -579,7 +601,7 @@ enum _Decoding {
             core.pointee.truncatePath(depth)
         }
         // The state is alive for the whole call (its owner holds it); skip the retain/release.
-        return try Unmanaged.passUnretained(core.pointee.decoder!)._withUnsafeGuaranteedRef { try T(from: $0) }
+        return try core.pointee.decoder!._withUnsafeGuaranteedRef { try T(from: $0) }
     }
 
     static func decodeRare<T: Decodable, K: CodingKey>(_ core: Core, _ type: T.Type, at index: Int, depth: Int, key: K) throws -> T {
@@ -643,7 +665,7 @@ final class _DecoderState: Decoder {
         core = .allocate(capacity: 1)
         core.initialize(to: _DecoderCore(bytes: UnsafeBufferPointer(start: nil, count: 0), tokens: _Tape(capacity: 64),
                                          userInfo: [:]))
-        core.pointee.decoder = self
+        core.pointee.decoder = Unmanaged.passUnretained(self)
     }
 
     /// One recycled state, kept between calls so decoding doesn't allocate it (and its tape) anew.
@@ -696,6 +718,93 @@ final class _DecoderState: Decoder {
     func singleValueContainer() throws -> any SingleValueDecodingContainer {
         _SingleValueDecoder(core: core, index: core.pointee.current, depth: core.pointee.currentDepth)
     }
+}
+
+/// Whether ``_smallASCIIString(_:)`` builds strings exactly as the standard library does: checked
+/// once against `String(decoding:as:)` for every length, so a different string layout merely
+/// disables the fast path.
+let _smallASCIIStringsSupported: Bool = {
+    #if _pointerBitWidth(_64) && _endian(little)
+    let letters = Array("abcdefghijklmnopq".utf8)
+    return letters.withUnsafeBufferPointer { all in
+        for count in 0...15 {
+            let slice = UnsafeBufferPointer(rebasing: all[0..<count])
+            let expected = String(decoding: slice, as: UTF8.self)
+            let built = _smallASCIIStringBits(slice)
+            let same = withUnsafeBytes(of: expected) { a in
+                withUnsafeBytes(of: built) { b in a.elementsEqual(b) }
+            }
+            let masked = _maskedLoad16(all.baseAddress!, count)
+            guard same, masked == _load16(all.baseAddress!, count), _smallASCIIString(slice) == expected,
+                  _smallASCIIString(slice).utf8.count == count else {
+                return false
+            }
+        }
+        return true
+    }
+    #else
+    return false
+    #endif
+}()
+
+/// The bits of a small ASCII `String` holding `bytes` (at most 15): the code units in order, then
+/// the discriminator (immortal, small, ASCII: 0xE) and the count in the top byte.
+@inline(__always)
+func _smallASCIIStringBits(_ bytes: UnsafeBufferPointer<UInt8>) -> (UInt64, UInt64) {
+    guard let base = bytes.baseAddress else { return (0, UInt64(0xE0) << 56) }
+    var bits = _load16(base, bytes.count)
+    bits.1 |= UInt64(0xE0 | bytes.count) << 56
+    return bits
+}
+
+/// The first `count` (at most 16) bytes at `p` packed into two words, byte `k` at bits `8k…8k+7`
+/// of the pair (zero-filled), reading only those bytes (with overlapping loads).
+@inline(__always)
+func _load16(_ p: UnsafePointer<UInt8>, _ count: Int) -> (UInt64, UInt64) {
+    let raw = UnsafeRawPointer(p)
+    if count >= 8 {
+        let low = UInt64(littleEndian: raw.loadUnaligned(as: UInt64.self))
+        if count == 8 { return (low, 0) }
+        let tail = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self))
+        return (low, tail &>> UInt64(truncatingIfNeeded: 8 &* (16 &- count)))
+    }
+    if count >= 4 {
+        let head = UInt64(UInt32(littleEndian: raw.loadUnaligned(as: UInt32.self)))
+        let tail = UInt64(UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: count &- 4, as: UInt32.self)))
+        return (head | tail &<< UInt64(truncatingIfNeeded: 8 &* (count &- 4)), 0)
+    }
+    if count == 0 { return (0, 0) }
+    let middle = count &>> 1
+    let word = UInt64(p[0]) | UInt64(p[middle]) &<< UInt64(truncatingIfNeeded: 8 &* middle)
+        | UInt64(p[count &- 1]) &<< UInt64(truncatingIfNeeded: 8 &* (count &- 1))
+    return (word, 0)
+}
+
+/// Like ``_load16(_:_:)``, but reads all 16 bytes at `p` (which must be readable) and masks off
+/// those from `count` on.
+@inline(__always)
+func _maskedLoad16(_ p: UnsafePointer<UInt8>, _ count: Int) -> (UInt64, UInt64) {
+    let raw = UnsafeRawPointer(p)
+    let low = UInt64(littleEndian: raw.loadUnaligned(as: UInt64.self))
+    let high = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+    // Smart shifts: by 64 or more they give 0, so the masks are all ones or zeros at the ends.
+    let lowMask = ~(UInt64.max << (8 &* count))
+    let highMask = ~(UInt64.max << (8 &* (count > 8 ? count &- 8 : 0)))
+    return (low & lowMask, high & highMask)
+}
+
+/// A `String` of 0…15 ASCII bytes (no validation: the parser has checked them), built without
+/// calling into the runtime. Only used when ``_smallASCIIStringsSupported``.
+@inline(__always)
+func _smallASCIIString(_ bytes: UnsafeBufferPointer<UInt8>) -> String {
+    unsafeBitCast(_smallASCIIStringBits(bytes), to: String.self)
+}
+
+/// The small ASCII `String` of the `count` (at most 15) bytes packed in `packed` (zero-filled),
+/// as from ``_load16(_:_:)``. Only used when ``_smallASCIIStringsSupported``.
+@inline(__always)
+func _smallASCIIString(_ packed: (UInt64, UInt64), count: Int) -> String {
+    unsafeBitCast((packed.0, packed.1 | UInt64(0xE0 | count) << 56), to: String.self)
 }
 
 /// Decodes the contents of a string token that contains escapes (already validated).
@@ -1142,7 +1251,7 @@ final class _SubDecoder: Decoder {
         self.core = core
         self.index = index
         self.codingPath = codingPath
-        self.owner = core.pointee.decoder
+        self.owner = core.pointee.decoder?.takeUnretainedValue()
     }
 
     var userInfo: [CodingUserInfoKey: Any] { core.pointee.userInfo }

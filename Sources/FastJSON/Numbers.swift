@@ -6,6 +6,52 @@ let _powersOfTen: [Double] = [
     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ]
 
+/// 10^k for 0 ≤ k ≤ 8 as an integer.
+@inline(__always)
+func _powerOfTenInteger(_ k: Int) -> UInt64 {
+    switch k {
+    case 0: 1
+    case 1: 10
+    case 2: 100
+    case 3: 1000
+    case 4: 10000
+    case 5: 100_000
+    case 6: 1_000_000
+    case 7: 10_000_000
+    default: 100_000_000
+    }
+}
+
+/// 10^k for 0 ≤ k ≤ 22 (exact as a `Double`), without the global array's lazy-initialization check.
+@inline(__always)
+func _exactPowerOfTen(_ k: Int) -> Double {
+    switch k {
+    case 0: 1e0
+    case 1: 1e1
+    case 2: 1e2
+    case 3: 1e3
+    case 4: 1e4
+    case 5: 1e5
+    case 6: 1e6
+    case 7: 1e7
+    case 8: 1e8
+    case 9: 1e9
+    case 10: 1e10
+    case 11: 1e11
+    case 12: 1e12
+    case 13: 1e13
+    case 14: 1e14
+    case 15: 1e15
+    case 16: 1e16
+    case 17: 1e17
+    case 18: 1e18
+    case 19: 1e19
+    case 20: 1e20
+    case 21: 1e21
+    default: 1e22
+    }
+}
+
 @usableFromInline
 let _powersOfTenFloat: [Float] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10]
 
@@ -118,6 +164,10 @@ func _parseMagnitude(_ text: UnsafeBufferPointer<UInt8>, flags: UInt8) -> _Parse
     if flags & _Token.notInteger == 0 {
         var i = negative ? 1 : 0
         let n = text.count
+        if n &- i <= 8, let base = text.baseAddress {
+            // Up to eight digits at once, without a loop (and its mispredicted exit).
+            return _ParsedInteger(_eightDigits(base + i, n &- i), negative: negative, valid: true)
+        }
         if n - i <= 18 {
             while i < n {
                 magnitude = magnitude &* 10 &+ UInt64(text[i] &- UInt8(ascii: "0"))
@@ -135,6 +185,17 @@ func _parseMagnitude(_ text: UnsafeBufferPointer<UInt8>, flags: UInt8) -> _Parse
         return _ParsedInteger(magnitude, negative: negative, valid: true)
     }
     return _parseMagnitudeSlow(text, negative: negative)
+}
+
+/// The value of `count` (1…8) ASCII digits at `p`: loaded as one word (first digit in the low
+/// byte), shifted so that they end in the top byte (the zero bytes below act as leading zeros),
+/// then combined pairwise by multiplication (Lemire's eight-digit method).
+@inline(__always)
+func _eightDigits(_ p: UnsafePointer<UInt8>, _ count: Int) -> UInt64 {
+    var value = _load16(p, count).0 &<< UInt64(truncatingIfNeeded: 8 &* (8 &- count))
+    value = ((value & 0x0F0F_0F0F_0F0F_0F0F) &* 2561) &>> 8
+    value = ((value & 0x00FF_00FF_00FF_00FF) &* 6_553_601) &>> 16
+    return ((value & 0x0000_FFFF_0000_FFFF) &* 42_949_672_960_001) &>> 32
 }
 
 /// Integers written with a fraction or exponent, decided exactly as `JSONDecoder` decides them:
@@ -242,29 +303,51 @@ func _parseDouble(_ text: UnsafeBufferPointer<UInt8>, flags: UInt8) -> Double? {
         let value = Double(magnitude)
         return negative ? -value : value
     }
+    // Most common: `-?digits.digits` without exponent, at most eight digits on either side (the
+    // parser recorded where the '.' is): both runs at once, one correctly rounded division.
+    let integerDigits = _Token.integerDigits(flags)
+    if flags & _Token.hasExponent == 0 && integerDigits != 0 && integerDigits <= 8, let base = text.baseAddress {
+        let sign = Int(flags & _Token.negative) &>> 1
+        let fractionDigits = text.count &- sign &- integerDigits &- 1
+        if fractionDigits <= 8 && fractionDigits >= 1 {
+            let whole = _eightDigits(base + sign, integerDigits)
+            let fraction = _eightDigits(base + sign + integerDigits + 1, fractionDigits)
+            // At most 16 digits: below 2^53 unless all of them are used, so check.
+            let mantissa = whole &* _powerOfTenInteger(fractionDigits) &+ fraction
+            if mantissa < (1 << 53) {
+                let value = Double(mantissa) / _exactPowerOfTen(fractionDigits)
+                return sign != 0 ? -value : value
+            }
+        }
+    }
     // Common case: `-?digits.digits` with at most 15 significant digits, no exponent.
     if text.count <= 17 {
         let negative = flags & _Token.negative != 0
+        let n = text.count
         var i = negative ? 1 : 0
         var mantissa: UInt64 = 0
-        var decimals = -1
-        var simple = true
-        while i < text.count {
-            let byte = text[i]
-            let digit = byte &- UInt8(ascii: "0")
-            if digit < 10 {
-                mantissa = mantissa &* 10 &+ UInt64(digit)
-                if decimals >= 0 { decimals &+= 1 }
-            } else if byte == UInt8(ascii: ".") {
-                decimals = 0
-            } else {
-                simple = false
-                break
-            }
+        // Integer digits, then fraction digits: two loops without a branch on '.' per digit.
+        while i < n {
+            let digit = text[i] &- UInt8(ascii: "0")
+            if digit >= 10 { break }
+            mantissa = mantissa &* 10 &+ UInt64(digit)
             i &+= 1
         }
-        if simple && mantissa < (1 << 53) {
-            let value = decimals > 0 ? Double(mantissa) / _powersOfTen[decimals] : Double(mantissa)
+        var decimals = 0
+        if i < n && text[i] == UInt8(ascii: ".") {
+            i &+= 1
+            let fractionStart = i
+            while i < n {
+                let digit = text[i] &- UInt8(ascii: "0")
+                if digit >= 10 { break }
+                mantissa = mantissa &* 10 &+ UInt64(digit)
+                i &+= 1
+            }
+            decimals = i &- fractionStart
+        }
+        // (At most 16 digits here, so `decimals` ≤ 16 and 10^decimals is exact.)
+        if i == n && mantissa < (1 << 53) {
+            let value = decimals > 0 ? Double(mantissa) / _exactPowerOfTen(decimals) : Double(mantissa)
             return negative ? -value : value
         }
     }

@@ -20,7 +20,9 @@ enum _Kind: UInt8 {
 @usableFromInline
 struct _Token {
     @usableFromInline var kind: _Kind
-    /// Strings: `hasEscapes` | `nonASCII`. Numbers: `notInteger` | `negative`.
+    /// Strings: `hasEscapes` | `nonASCII`. Numbers: `notInteger` | `negative` | `hasExponent`, and
+    /// for numbers with a fraction the count of integer digits (1…31, else 0) in the top five bits
+    /// (see ``integerDigits(_:)``).
     @usableFromInline var flags: UInt8
     /// Byte offset of the value (strings: of the first byte after the opening quote).
     @usableFromInline var start: UInt32
@@ -34,6 +36,12 @@ struct _Token {
     static let nonASCII: UInt8 = 2
     static let notInteger: UInt8 = 1
     static let negative: UInt8 = 2
+    static let hasExponent: UInt8 = 4
+    static let integerDigitsShift: UInt8 = 3
+
+    /// Numbers with a fraction: the count of digits before the '.', or 0 if unknown (more than 31).
+    @inline(__always)
+    static func integerDigits(_ flags: UInt8) -> Int { Int(flags &>> integerDigitsShift) }
 }
 
 /// The parsed tokens, in a manually managed buffer (reading a class's array property costs a
@@ -427,6 +435,23 @@ func _validateUTF8Sequence(_ p: UnsafePointer<UInt8>, _ n: Int, _ i: Int) -> Int
     return i &+ length
 }
 
+/// The index of the first non-digit at or after `start` (or `n`): eight bytes at a time where the
+/// input allows, so a short run costs one step instead of a loop with a mispredicted exit.
+@inline(__always)
+func _skipDigits(_ p: UnsafePointer<UInt8>, _ n: Int, _ start: Int) -> Int {
+    var i = start
+    while i &+ 8 <= n {
+        let word = UInt64(littleEndian: UnsafeRawPointer(p + i).loadUnaligned(as: UInt64.self))
+        // A byte is a digit iff neither byte + 0x46 nor byte - 0x30 sets its top bit. Carries and
+        // borrows only come from non-digit bytes, so they can't hide the lowest non-digit.
+        let nonDigits = ((word &+ 0x4646_4646_4646_4646) | (word &- 0x3030_3030_3030_3030)) & 0x8080_8080_8080_8080
+        if nonDigits != 0 { return i &+ nonDigits.trailingZeroBitCount &>> 3 }
+        i &+= 8
+    }
+    while i < n && p[i] &- UInt8(ascii: "0") < 10 { i &+= 1 }
+    return i
+}
+
 /// Scans a number per RFC 8259; returns the index after it (or a failure) and sets `flags`
 /// (``_Token/negative``, ``_Token/notInteger``).
 @inline(__always)
@@ -441,8 +466,7 @@ func _scanNumber(_ p: UnsafePointer<UInt8>, _ n: Int, _ start: Int, _ flags: ino
     if first == UInt8(ascii: "0") {
         i &+= 1
     } else if first &- UInt8(ascii: "1") < 9 {
-        i &+= 1
-        while i < n && p[i] &- UInt8(ascii: "0") < 10 { i &+= 1 }
+        i = _skipDigits(p, n, i &+ 1)
     } else {
         return _failure(.expectedDigit, at: i)
     }
@@ -450,14 +474,16 @@ func _scanNumber(_ p: UnsafePointer<UInt8>, _ n: Int, _ start: Int, _ flags: ino
     var byte = p[i]
     if byte == UInt8(ascii: ".") {
         flags |= _Token.notInteger
+        let integerDigits = i &- start &- Int(flags & _Token.negative) &>> 1
+        if integerDigits < 32 { flags |= UInt8(truncatingIfNeeded: integerDigits) &<< _Token.integerDigitsShift }
         i &+= 1
         guard i < n && p[i] &- UInt8(ascii: "0") < 10 else { return _failure(.expectedFractionDigit, at: i) }
-        repeat { i &+= 1 } while i < n && p[i] &- UInt8(ascii: "0") < 10
+        i = _skipDigits(p, n, i &+ 1)
         guard i < n else { return i }
         byte = p[i]
     }
     if byte | 0x20 == UInt8(ascii: "e") {
-        flags |= _Token.notInteger
+        flags |= _Token.notInteger | _Token.hasExponent
         i &+= 1
         if i < n && (p[i] == UInt8(ascii: "+") || p[i] == UInt8(ascii: "-")) { i &+= 1 }
         guard i < n && p[i] &- UInt8(ascii: "0") < 10 else { return _failure(.expectedExponentDigit, at: i) }
