@@ -93,6 +93,9 @@ final class EventQueue<Element: Sendable>: Sendable {
         }
     }
 
+    /// Producers suspended because the queue is full (for tests).
+    var suspendedProducers: Int { state.withLock { $0.producers.count } }
+
     /// Ends the queue: waiting producers return, the consumer drains the rest, then gets nil.
     func finish() {
         let (consumer, producers) = state.withLock { state in

@@ -419,7 +419,8 @@ func sendWithDeadline(
     if !finished {
         connection.channel.abort()
         throw MessagingError(
-            .stopped, "\(connection) did not accept data for \(timeout) (a peer that does not read); dropped it")
+            .peerTooSlow,
+            "\(connection) did not accept data for \(timeout) (a peer that does not read); dropped it — raise the broadcast timeout if such peers are expected")
     }
     try await sender.value
 }

@@ -4,7 +4,7 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         fileprivate enum Kind: Sendable, Hashable {
             case notStarted, alreadyStarted, listenFailed, publishFailed, serviceNotFound, ambiguousService
-            case connectFailed, stopped
+            case connectFailed, stopped, peerTooSlow
         }
         fileprivate let kind: Kind
         /// The server is not running.
@@ -21,6 +21,8 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         public static let ambiguousService = Code(kind: .ambiguousService)
         /// No address of the service accepted a connection.
         public static let connectFailed = Code(kind: .connectFailed)
+        /// A peer did not accept data within the deadline (it does not read); it was dropped.
+        public static let peerTooSlow = Code(kind: .peerTooSlow)
         /// The server or client was stopped.
         public static let stopped = Code(kind: .stopped)
 

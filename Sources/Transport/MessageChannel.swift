@@ -321,7 +321,8 @@ public final class MessageChannel: @unchecked Sendable {
     public func on<T: Decodable>(
         type: String, as _: T.Type, _ handler: @escaping @Sendable (T, IncomingMessage) -> Void
     ) {
-        queue.async {
+        // Installed before returning: a message that arrives after `on` returns reaches the handler.
+        connection.onQueue {
             self.handlers[type] = { [weak self] message in
                 do throws(TransportError) {
                     handler(try message.decode(T.self), message)

@@ -152,12 +152,15 @@ struct TestFailure: Error, CustomStringConvertible {
         }
         let payload = [UInt8](repeating: 0x5A, count: 64 * 1024)
         var failures: [String] = []
+        var slow = 0
         for _ in 0..<400 {  // 25 MiB: far beyond socket buffers and the high-water mark
             let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(5))
             failures += results.filter { !$0.succeeded }.map { $0.connection.peer.name }
+            slow += results.filter { ($0.error as? MessagingError)?.code == .peerTooSlow }.count
             if harness.server.connections.count == 1 { break }
         }
         #expect(!failures.isEmpty && Set(failures) == ["stuck"], "failures: \(failures)")
+        #expect(slow == 1, "the non-reading peer is reported as too slow once, then as closed")
         try await harness.events.wait("stuck closed") { if case .closed(let c, _) = $0 { c.peer.name == "stuck" } else { false } }
         // The reader is still served.
         let before = received.withLock { $0 }
@@ -255,8 +258,12 @@ struct TestFailure: Error, CustomStringConvertible {
             await queue.push(3)
             pushed.withLock { $0 = true }
         }
-        try await Task.sleep(for: .milliseconds(50))  // give the producer a chance to (wrongly) finish
-        #expect(!pushed.withLock { $0 })
+        let deadline = ContinuousClock.now + .seconds(10)
+        while queue.suspendedProducers == 0 && !pushed.withLock({ $0 }) && ContinuousClock.now < deadline {
+            await Task.yield()
+        }
+        #expect(queue.suspendedProducers == 1)  // it waits for room…
+        #expect(!pushed.withLock { $0 })  // …and did not get in
         #expect(await queue.next() == 1)
         await producer.value
         #expect(pushed.withLock { $0 })

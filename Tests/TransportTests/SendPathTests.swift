@@ -16,7 +16,6 @@ import Testing
                 // Runs on the channel's queue.
                 #expect((try? accepted.trySend(value + 1, type: "pong", replyTo: message.sequence)) == true)
             }
-            try await Task.sleep(for: .milliseconds(50))  // on(type:) installs the handler asynchronously
             var replies = client.messages.makeAsyncIterator()
             for i in 0..<200 {
                 try await client.send(i, type: "ping")
