@@ -154,14 +154,14 @@ struct TestFailure: Error, CustomStringConvertible {
         var failures: [String] = []
         var slow = 0
         for _ in 0..<400 {  // 25 MiB: far beyond socket buffers and the high-water mark
-            let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(5))
+            let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(20))
             failures += results.filter { !$0.succeeded }.map { $0.connection.peer.name }
             slow += results.filter { ($0.error as? MessagingError)?.code == .peerTooSlow }.count
             if harness.server.connections.count == 1 { break }
         }
         #expect(!failures.isEmpty && Set(failures) == ["stuck"], "failures: \(failures)")
         #expect(slow == 1, "the non-reading peer is reported as too slow once, then as closed")
-        try await harness.events.wait("stuck closed") { if case .closed(let c, _) = $0 { c.peer.name == "stuck" } else { false } }
+        try await harness.events.wait(timeout: .seconds(30), "stuck closed") { if case .closed(let c, _) = $0 { c.peer.name == "stuck" } else { false } }
         // The reader is still served.
         let before = received.withLock { $0 }
         _ = await harness.server.broadcast([1, 2, 3], type: "after")
