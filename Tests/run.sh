@@ -60,7 +60,7 @@ run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 
 if [ "$unit_only" = no ]; then
-  run_suite integration Tests/harness/avahi-harness.sh run --hosts 2 -- \
+  run_suite integration env HARNESS_LOG_DIR="$logs" Tests/harness/avahi-harness.sh run --hosts 2 -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests
 fi
 
@@ -95,5 +95,8 @@ fi
 echo
 grep -h MEASURED "$logs"/*.log | sort -u || true
 echo "logs: $logs"
+if [ "$failed" != 0 ]; then
+  echo "failures:"; grep -h -E '✘ Test .*(recorded an issue|failed)' "$logs"/*.log | head -n 40
+fi
 echo "$passed passed, $failed failed"
 exit $status

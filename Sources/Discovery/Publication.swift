@@ -13,6 +13,8 @@ public final class PublishedService: Sendable {
         var failure: DiscoveryError?
         var waiters: [Int: CheckedContinuation<Result<String, DiscoveryError>, Never>] = [:]
         var nextWaiter = 0
+        /// Re-registrations after stalled probing (for tests and diagnostics).
+        var stallRetries = 0
     }
 
     let state: Locked<State>
@@ -40,6 +42,8 @@ public final class PublishedService: Sendable {
     public var txt: TXTRecord { state.withLock { $0.txt } }
     /// Whether the service is currently announced on the network.
     public var isEstablished: Bool { state.withLock { $0.established } }
+    /// How many times the registration was withdrawn and repeated because Avahi's probing stalled.
+    var stallRetries: Int { state.withLock { $0.stallRetries } }
 
     /// Waits until the service is announced and returns its (possibly new) name.
     /// - Throws: ``DiscoveryError`` `.timedOut` after `timeout`, or the error that made the publication fail.
@@ -56,8 +60,13 @@ public final class PublishedService: Sendable {
             guard let id else { return }
             core.queue.asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
                 let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
-                waiter?.resume(returning: .failure(DiscoveryError(
-                    .timedOut, "service '\(self.name)' was not established within \(timeout); is the Avahi daemon running?")))
+                guard let waiter else { return }
+                let daemon = core.published.withLock { $0.state }
+                let registered = publication.map { $0.group != nil } ?? false
+                waiter.resume(returning: .failure(DiscoveryError(
+                    .timedOut,
+                    "service '\(self.name)' was not established within \(timeout) (daemon connection: \(daemon), "
+                        + "\(registered ? "registered, still probing" : "not yet registered")); is the Avahi daemon running?")))
             }
         }
         return try result.get()
@@ -135,6 +144,10 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     var txt: TXTRecord
     var group: OpaquePointer?
     var stopped = false
+    /// Armed while the group probes (REGISTERING); see ``probingStalled()``.
+    private var probeWatchdog: (any DispatchSourceTimer)?
+    /// Re-registrations after a stalled probe, since the last time the group was established.
+    private var stallRetries = 0
 
     init(
         core: DiscoveryCore, name: String, type: String, domain: String?, port: UInt16, txt: TXTRecord,
@@ -175,6 +188,7 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
                 return
             }
             let commit = avahi_entry_group_commit(group)
+            core.logger.trace("entry group committed", metadata: ["name": "\(name)", "result": "\(commit)"])
             if commit < 0 { fail(commit, "Avahi could not commit service '\(name)'") }
             return
         }
@@ -200,8 +214,11 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     }
 
     func groupStateChanged(_ group: OpaquePointer, _ state: AvahiEntryGroupState) {
+        core.logger.trace("entry group state", metadata: ["name": "\(name)", "state": "\(state.rawValue)"])
+        if state == AVAHI_ENTRY_GROUP_REGISTERING { armProbeWatchdog() } else { cancelProbeWatchdog() }
         switch state {
         case AVAHI_ENTRY_GROUP_ESTABLISHED:
+            stallRetries = 0
             core.logger.debug("service established", metadata: ["name": "\(name)", "type": "\(type)"])
             handle.record(.established(name: name))
         case AVAHI_ENTRY_GROUP_COLLISION:
@@ -234,11 +251,13 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
 
     /// The daemon's host name is re-registering: withdraw, re-add on RUNNING.
     func reset() {
+        cancelProbeWatchdog()
         if let group { avahi_entry_group_reset(group) }
     }
 
     /// The client died: the group died with it.
     func clientLost() {
+        cancelProbeWatchdog()
         group = nil
         handle.record(.suspended)
     }
@@ -246,12 +265,51 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     func stop(reason: DiscoveryError?) {
         guard !stopped else { return }
         stopped = true
+        cancelProbeWatchdog()
         if let group {
             avahi_entry_group_free(group)
             self.group = nil
         }
         if let reason { handle.record(.failed(reason)) }
         handle.continuation.finish()
+    }
+
+    // MARK: Stalled probing
+
+    /// Probing normally takes under a second (three probes 250 ms apart). Avahi 0.8 sometimes never
+    /// finishes it on one interface (a known class of bugs: the group's probe counter never reaches
+    /// zero; seen here on loopback/IPv6, about 1 run in 10 of our integration suite), leaving the
+    /// group REGISTERING for good. After this long we withdraw the group and register it again
+    /// (a reset clears the counter), at most ``maxStallRetries`` times in a row.
+    private func armProbeWatchdog() {
+        guard probeWatchdog == nil, stallRetries < Publication.maxStallRetries else { return }
+        let timer = DispatchSource.makeTimerSource(queue: core.queue)
+        timer.schedule(deadline: .now() + core.probeStallTimeout.dispatchInterval)
+        timer.setEventHandler { [weak self] in self?.probingStalled() }
+        timer.resume()
+        probeWatchdog = timer
+    }
+
+    private func cancelProbeWatchdog() {
+        probeWatchdog?.cancel()
+        probeWatchdog = nil
+    }
+
+    static let maxStallRetries = 3
+
+    private func probingStalled() {
+        probeWatchdog = nil
+        guard !stopped, let group, avahi_entry_group_get_state(group) == Int32(AVAHI_ENTRY_GROUP_REGISTERING.rawValue) else { return }
+        stallRetries += 1
+        handle.state.withLock { $0.stallRetries += 1 }
+        core.logger.notice(
+            "service still probing, registering it again",
+            metadata: [
+                "name": "\(name)", "type": "\(type)", "after": "\(core.probeStallTimeout)",
+                "attempt": "\(stallRetries) of \(Publication.maxStallRetries)",
+            ])
+        avahi_entry_group_reset(group)
+        register()
     }
 
     private func fail(_ error: Int32, _ what: String) {

@@ -182,6 +182,13 @@ public final class ServiceDiscovery: Sendable {
         await core.perform { core.shutdown() }
     }
 
+    /// How long a publication may stay in Avahi's probing phase before it is withdrawn and
+    /// registered again (default 5 s; tests shorten it).
+    func setProbeStallTimeout(_ timeout: Duration) async {
+        let core = self.core
+        await core.perform { core.probeStallTimeout = timeout }
+    }
+
     /// Counters of the Dispatch poll adapter, for tests: live watches, live timeouts, wakeups so far.
     var pollCounters: (watches: Int, timeouts: Int, wakeups: Int) {
         get async {
@@ -238,6 +245,8 @@ final class DiscoveryCore: @unchecked Sendable {
     private(set) var client: OpaquePointer?
     private var retryTimer: (any DispatchSourceTimer)?
     private var retryDelay: Duration = .milliseconds(250)
+    /// How long a publication may probe before it is registered again (see `Publication`).
+    var probeStallTimeout: Duration = .seconds(5)
     private var stopped = false
     private var publications: [ObjectIdentifier: Publication] = [:]
     private var browses: [ObjectIdentifier: BrowseSession] = [:]

@@ -199,6 +199,27 @@ struct DiscoveryIntegrationTests {
         #expect(service.txt["rev"] == "2")
     }
 
+    /// Avahi sometimes never finishes probing on one interface (the group stays REGISTERING); we
+    /// then withdraw and re-register. Here the threshold is shorter than any probe (0.1 s), so every
+    /// registration is repeated up to the limit: the service must still end up established under its
+    /// own name and visible on the other host.
+    @Test func stalledProbingIsRegisteredAgain() async throws {
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        await discovery.setProbeStallTimeout(.milliseconds(100))
+        let type = "_itest-stall._tcp"
+        let service = try await discovery.publish(name: "Slow Prober", type: type, port: 4711)
+        let name = try await service.established(timeout: .seconds(15))
+        #expect(name == "Slow Prober")
+        #expect(service.stallRetries >= 1, "the 0.1 s watchdog never fired")
+        #expect(service.stallRetries <= 3, "re-registered \(service.stallRetries) times (limit 3)")
+        // Announced: host b resolves it over the link.
+        var lines: [[String]] = []
+        let deadline = ContinuousClock.now + .seconds(10)
+        while lines.isEmpty && ContinuousClock.now < deadline { lines = try avahiBrowseResolved(type, onB: true) }
+        #expect(lines.contains { $0[3] == "Slow\\032Prober" && $0[8] == "4711" }, "avahi-browse on b: \(lines)")
+    }
+
     @Test func invalidTXTRejected() async throws {
         let discovery = ServiceDiscovery(logger: logger)
         defer { Task { await discovery.shutdown() } }
@@ -215,7 +236,11 @@ struct DiscoveryIntegrationTests {
     @Test func idleClientUsesNoWakeups() async throws {
         let discovery = ServiceDiscovery(logger: logger)
         let service = try await discovery.publish(name: "Idle", type: "_itest-idle._tcp", port: 1)
-        try await service.established()
+        do { try await service.established() } catch {
+            let seen = try Harness.run(["avahi-browse", "-prt", "_itest-idle._tcp"], timeout: .seconds(10))
+            print("DIAG avahi-browse after the timeout: \(seen.output)")
+            throw error
+        }
         let browse = Collector(try discovery.browse(type: "_itest-idle._tcp"))
         try await browse.wait(timeout: .seconds(10), "all for now") { $0 == .allForNow }
         let before = await discovery.pollCounters

@@ -71,9 +71,11 @@ publish-workstation=no
 [rlimits]
 CONF
   in_host "$s" "$h" sh -c 'rm -f /run/avahi-daemon/pid /run/avahi-daemon/socket'
-  in_host "$s" "$h" avahi-daemon -f "$s/avahi-$h.conf" --no-drop-root --no-chroot --no-rlimits -D 2>>"$s/avahi-$h.log" \
-    || die "avahi-daemon failed to start on $h (see $s/avahi-$h.log)"
-  wait_for 10 "avahi pid file on $h" test -s "/proc/$p/root/run/avahi-daemon/pid"
+  # Not daemonized (-D would log to syslog, which these hosts lack): backgrounded, logging to a file.
+  echo "--- avahi-daemon start $(date +%T.%N)" >> "$s/avahi-$h.log"
+  in_host "$s" "$h" sh -c 'exec avahi-daemon -f "$1" --no-drop-root --no-chroot --no-rlimits </dev/null >>"$2" 2>&1 &' \
+    sh "$s/avahi-$h.conf" "$s/avahi-$h.log" || die "avahi-daemon failed to start on $h (see $s/avahi-$h.log)"
+  wait_for 10 "avahi pid file on $h (see $s/avahi-$h.log)" test -s "/proc/$p/root/run/avahi-daemon/pid"
   local pid; pid=$(avahi_pid "$s" "$h")
   echo "HARNESS_AVAHI_$(echo "$h" | tr a-z A-Z)_PID=$pid" >> "$s/env"
   # Ready when the daemon answers on the bus with its host name.
@@ -164,7 +166,8 @@ cmd_run() {
   need_root
   RUN_STATE=$(mktemp -d /tmp/avahi-harness.XXXXXX)
   local s=$RUN_STATE
-  trap 'cmd_down "$RUN_STATE"' EXIT
+  # HARNESS_LOG_DIR: where the daemons' logs are copied after tear-down (for diagnosing failures).
+  trap 'cmd_down "$RUN_STATE"; [ -z "${HARNESS_LOG_DIR:-}" ] || cp "$RUN_STATE"/avahi-*.log "$HARNESS_LOG_DIR"/ 2>/dev/null || true' EXIT
   trap 'exit 130' INT TERM
   cmd_up "$s" "$hosts"
   local p; p=$(holder "$s" a)
