@@ -385,13 +385,15 @@ func raceTimeout(_ timeout: Duration, _ body: @escaping @Sendable () async -> Vo
     return await withCheckedContinuation { continuation in
         race.set(continuation)
         let timer = Task {
-            try? await Task.sleep(for: timeout)
+            // Cancelled (the body finished first): not a timeout. Finishing with false here would
+            // race the body's finish(true) and could report a timeout for a body that completed.
+            do { try await Task.sleep(for: timeout) } catch { return }
             race.finish(false)
         }
         Task {
             await body()
-            timer.cancel()
             race.finish(true)
+            timer.cancel()
         }
     }
 }

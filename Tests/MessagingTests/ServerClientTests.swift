@@ -156,6 +156,7 @@ struct TestFailure: Error, CustomStringConvertible {
         for _ in 0..<400 {  // 25 MiB: far beyond socket buffers and the high-water mark
             let results = await harness.server.broadcast(payload, type: "bulk", timeout: .seconds(20))
             failures += results.filter { !$0.succeeded }.map { $0.connection.peer.name }
+            for r in results where !r.succeeded { print("broadcast to \(r.connection.peer.name) failed: \(String(describing: r.error))") }
             slow += results.filter { ($0.error as? MessagingError)?.code == .peerTooSlow }.count
             if harness.server.connections.count == 1 { break }
         }
@@ -271,5 +272,23 @@ struct TestFailure: Error, CustomStringConvertible {
         #expect(await queue.next() == 3)
         queue.finish()
         #expect(await queue.next() == nil)
+    }
+}
+
+/// `raceTimeout` decides between a body and a deadline. A body that finishes long before the
+/// deadline must always count as finished: the deadline's task, cancelled when the body ends, once
+/// raced the body to report a timeout (broadcast then dropped healthy peers as "too slow").
+struct RaceTimeoutTests {
+    @Test func bodyThatFinishesFirstIsNeverReportedAsATimeout() async {
+        var timeouts = 0
+        for _ in 0..<2_000 {
+            if await !raceTimeout(.seconds(30), {}) { timeouts += 1 }
+        }
+        #expect(timeouts == 0, "\(timeouts) of 2,000 immediate bodies reported as timed out")
+    }
+
+    @Test func bodyThatOutlivesTheDeadlineIsReportedAsATimeout() async {
+        let finished = await raceTimeout(.milliseconds(50)) { try? await Task.sleep(for: .seconds(30)) }
+        #expect(!finished)
     }
 }
