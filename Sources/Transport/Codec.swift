@@ -16,26 +16,34 @@ public protocol MessageCodec: Sendable {
 
 /// JSON through Foundation's `JSONEncoder` / `JSONDecoder` (codec id 1).
 ///
-/// Keys are sorted so the same value always produces the same bytes.
+/// By default keys are sorted, so the same value always produces the same bytes; pass
+/// `sortedKeys: false` to skip the sorting (faster). One encoder and one decoder serve every message
+/// (both are thread-safe): creating them per message costs about a microsecond.
 public struct FoundationJSONCodec: MessageCodec {
     /// The JSON codec id, 1.
     public static let codecID: UInt8 = 1
     /// Always ``codecID`` (1).
     public var id: UInt8 { Self.codecID }
 
-    /// Creates the codec.
-    public init() {}
+    private let encoder: JSONEncoder
+    private let decoder = JSONDecoder()
 
-    /// Encodes `value` as JSON (sorted keys, no slash escaping).
+    /// Creates the codec.
+    /// - Parameter sortedKeys: Sort object keys (deterministic bytes; default) or keep the order of
+    ///   the `Encodable` implementation.
+    public init(sortedKeys: Bool = true) {
+        encoder = JSONEncoder()
+        encoder.outputFormatting = sortedKeys ? [.sortedKeys, .withoutEscapingSlashes] : [.withoutEscapingSlashes]
+    }
+
+    /// Encodes `value` as JSON (no slash escaping).
     public func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return [UInt8](try encoder.encode(value))
+        [UInt8](try encoder.encode(value))
     }
 
     /// Decodes JSON into `type`.
     public func decode<T: Decodable>(_ type: T.Type, from bytes: UnsafeRawBufferPointer) throws -> T {
-        try JSONDecoder().decode(type, from: Data(bytes))
+        try decoder.decode(type, from: Data(bytes))
     }
 }
 

@@ -9,22 +9,68 @@ import Logging
 
 /// Frame-level settings of a connection.
 public struct ConnectionConfiguration: Sendable {
+    // Shared immutable storage, replaced on change (see ChannelConfiguration).
+    struct Values: Sendable {
+        var maxFrameSize: Int = 16 * 1024 * 1024
+        var sendHighWaterMark: Int = 1024 * 1024
+        var sendLowWaterMark: Int = 256 * 1024
+        var idleTimeout: Duration? = nil
+        var closeLinger: Duration = .seconds(2)
+        var readBufferSize: Int = 64 * 1024
+    }
+
+    final class Storage: Sendable {
+        let values: Values
+        init(_ values: Values) { self.values = values }
+    }
+
+    private var storage: Storage
+
+    private mutating func update(_ body: (inout Values) -> Void) {
+        var values = storage.values
+        body(&values)
+        storage = Storage(values)
+    }
+
     /// The largest accepted frame body in bytes (default 16 MiB). Larger length prefixes close the
     /// connection with ``CloseReason/frameTooLarge(size:limit:)`` before anything is allocated.
-    public var maxFrameSize: Int = 16 * 1024 * 1024
+    public var maxFrameSize: Int {
+        get { storage.values.maxFrameSize }
+        set { update { $0.maxFrameSize = newValue } }
+    }
+
     /// Senders suspend while more than this many bytes are queued for the socket (default 1 MiB).
-    public var sendHighWaterMark: Int = 1024 * 1024
+    public var sendHighWaterMark: Int {
+        get { storage.values.sendHighWaterMark }
+        set { update { $0.sendHighWaterMark = newValue } }
+    }
+
     /// Suspended senders resume once the queue drains to this many bytes (default 256 KiB).
-    public var sendLowWaterMark: Int = 256 * 1024
+    public var sendLowWaterMark: Int {
+        get { storage.values.sendLowWaterMark }
+        set { update { $0.sendLowWaterMark = newValue } }
+    }
+
     /// Close with ``CloseReason/idleTimeout`` when no complete frame arrived for this long (nil: never).
-    public var idleTimeout: Duration? = nil
+    public var idleTimeout: Duration? {
+        get { storage.values.idleTimeout }
+        set { update { $0.idleTimeout = newValue } }
+    }
+
     /// How long a graceful close waits for the peer to close its side after ours was shut down.
-    public var closeLinger: Duration = .seconds(2)
+    public var closeLinger: Duration {
+        get { storage.values.closeLinger }
+        set { update { $0.closeLinger = newValue } }
+    }
+
     /// Size of the reusable read buffer (default 64 KiB).
-    public var readBufferSize: Int = 64 * 1024
+    public var readBufferSize: Int {
+        get { storage.values.readBufferSize }
+        set { update { $0.readBufferSize = newValue } }
+    }
 
     /// Creates the default configuration.
-    public init() {}
+    public init() { storage = Storage(Values()) }
 }
 
 /// Bytes waiting to be written: either one allocation holding a whole encoded frame (or only its
@@ -105,6 +151,37 @@ enum ReadScratch {
     }
 }
 
+/// The serial queues every connection queue targets: one per core, like an event-loop group. Each
+/// connection keeps its own queue (its own order), but at most this many threads run connection
+/// work at once, so thousands of connections do not make Dispatch spawn dozens of threads (each
+/// with a stack, a read buffer and malloc caches).
+enum ConnectionLoops {
+    /// Each loop queue's index, visible from every queue that targets it.
+    static let key = DispatchSpecificKey<Int>()
+    static let loops: [DispatchQueue] = {
+        let count = max(1, min(sysconf(Int32(_SC_NPROCESSORS_ONLN)), 64))
+        return (0..<count).map { index in
+            let loop = DispatchQueue(label: "transport.loop.\(index)")
+            loop.setSpecific(key: key, value: index)
+            return loop
+        }
+    }()
+    private static let counter = Lock()
+    nonisolated(unsafe) private static var nextIndex = 0  // guarded by counter
+
+    /// The loop for a new connection, round robin: its index and queue.
+    static func next() -> (index: Int, queue: DispatchQueue) {
+        let index = counter.withLock { () -> Int in
+            defer { nextIndex &+= 1 }
+            return nextIndex % loops.count
+        }
+        return (index, loops[index])
+    }
+
+    /// The loop running the current code, if any.
+    static var current: Int? { DispatchQueue.getSpecific(key: key) }
+}
+
 /// When the current thread last sent a frame on the fast path (any connection), in uptime nanoseconds.
 enum SendPacing {
     private static let key: pthread_key_t = {
@@ -131,8 +208,8 @@ enum SendPacing {
 
 /// A nonblocking TCP connection exchanging ``Frame``s.
 ///
-/// One serial queue, one read and one write Dispatch source; the fd is closed only after both
-/// sources' cancel handlers ran. The write source is resumed only while output is pending.
+/// One serial queue (targeting one of the ``ConnectionLoops``), one read and one write Dispatch
+/// source; the fd is closed only after both sources' cancel handlers ran. The write source is resumed only while output is pending.
 /// Outbound sequence numbers are assigned here, at the moment a frame enters the send queue, so
 /// they always match the order on the wire.
 ///
@@ -151,6 +228,8 @@ final class Connection: @unchecked Sendable {
     }
 
     let queue: DispatchQueue
+    /// The index of the loop ``queue`` targets (see ``ConnectionLoops``).
+    let loop: Int
     let fd: Int32
     /// The logger given to init, without per-connection metadata (shared, costs nothing per connection).
     private let baseLogger: Logger
@@ -209,27 +288,39 @@ final class Connection: @unchecked Sendable {
     /// The largest number of queued bytes seen (for tests of the bounded send queue).
     private(set) var maxQueuedBytes = 0
 
-    init(fd: Int32, configuration: ConnectionConfiguration, logger: Logger, queue: DispatchQueue? = nil) {
+    init(fd: Int32, configuration: ConnectionConfiguration, logger: Logger) {
         self.fd = fd
         self.configuration = configuration
         self.remoteAddress = SocketOps.remoteAddress(fd)
         self.localAddress = SocketOps.localAddress(fd)
         self.baseLogger = logger
-        self.queue = queue ?? DispatchQueue(label: "transport.connection.\(fd)")
+        let loop = ConnectionLoops.next()
+        self.loop = loop.index
+        self.queue = DispatchQueue(label: "transport.connection", target: loop.queue)
         self.decoder = FrameDecoder(maxFrameSize: configuration.maxFrameSize)
         self.readBufferSize = max(configuration.readBufferSize, 4096)
         var one: Int32 = 1
         _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        self.queue.setSpecific(key: Connection.onQueueKey, value: ObjectIdentifier(self))
     }
 
 
-    private static let onQueueKey = DispatchSpecificKey<ObjectIdentifier>()
-
-    /// Runs `body` on ``queue`` and returns its result; runs it directly when already on ``queue``.
+    /// Runs `body` with this connection's queue excluded and returns its result: directly when
+    /// already on its loop (the loop is serial: no queue that targets it, this one included, runs
+    /// meanwhile), else with `queue.sync`. So a handler of one connection can call this on another
+    /// connection of the same loop without deadlocking.
     func onQueue<T>(_ body: () -> T) -> T {
-        DispatchQueue.getSpecific(key: Connection.onQueueKey) == ObjectIdentifier(self)
-            ? body() : queue.sync(execute: body)
+        ConnectionLoops.current == loop ? body() : queue.sync(execute: body)
+    }
+
+    /// A one-line summary of the connection's I/O state, for diagnostics. Any context.
+    var stateSummary: String {
+        let locked = sendLock.withLock {
+            "unsent=\(unsentBytes) inbox=\(inbox.buffers.count) drainScheduled=\(drainScheduled) slowSenders=\(slowSenders) fast=\(acceptingFastSends)"
+        }
+        let queued = onQueue {
+            "state=\(state) queued=\(queuedBytes) output=\(output.count - outputHead) waiters=\(waiters.count - waitersHead) readPaused=\(readPauseCount) writeSource=\(writeSourceResumed) flushing=\(isFlushing)"
+        }
+        return "\(queued) \(locked)"
     }
 
     var isClosed: Bool {
@@ -566,10 +657,13 @@ final class Connection: @unchecked Sendable {
         var sizes: [Int] = []
         /// Bytes at the start of `buffers[0]` that a direct write already sent.
         var skip = 0
+        /// Bytes not yet written.
+        var bytes = 0
         var isEmpty: Bool { buffers.isEmpty }
 
         mutating func append(_ frame: Frame, size: Int) {
             WireBuffer.append(frame, size: size, to: &buffers, sizes: &sizes)
+            bytes += size
         }
     }
 
@@ -603,7 +697,7 @@ final class Connection: @unchecked Sendable {
             inbox.append(frame, size: size)
             unsentBytes += size
             if writeDirectly {
-                unsentBytes -= writeInboxDirectly()
+                unsentBytes -= writeInboxDirectly(maxBuffers: 2)
                 if inbox.isEmpty { return (frame.sequence, false) }
             }
             defer { drainScheduled = true }
@@ -642,16 +736,19 @@ final class Connection: @unchecked Sendable {
         }
     }
 
-    /// One nonblocking `sendmsg` of the inbox (one frame: one or two buffers), called with
-    /// `sendLock` held while nothing else is unsent; drops what was written and returns its size.
-    /// Would-block and errors write nothing here: the queue's ``flush()`` meets them again and
-    /// handles them (write source, teardown).
-    private func writeInboxDirectly() -> Int {
-        let count = min(inbox.buffers.count, 2)
-        let written = withUnsafeTemporaryAllocation(of: iovec.self, capacity: 2) { vecs -> Int in
+    /// One nonblocking `sendmsg` of the start of the inbox (at most `maxBuffers` buffers), called
+    /// with `sendLock` held while everything unsent is in the inbox (so nothing can be ahead of it);
+    /// drops what was written and returns its size. Would-block and errors write nothing here: the
+    /// queue's ``flush()`` meets them again and handles them (write source, teardown).
+    private func writeInboxDirectly(maxBuffers: Int) -> Int {
+        let count = min(inbox.buffers.count, maxBuffers)
+        guard count > 0 else { return 0 }
+        let written = withUnsafeTemporaryAllocation(of: iovec.self, capacity: count) { vecs -> Int in
             for index in 0..<count {
                 let buffer = inbox.buffers[index]
-                vecs[index] = iovec(iov_base: UnsafeMutableRawPointer(mutating: buffer.base), iov_len: buffer.count)
+                let skip = index == 0 ? inbox.skip : 0
+                vecs[index] = iovec(
+                    iov_base: UnsafeMutableRawPointer(mutating: buffer.base + skip), iov_len: buffer.count - skip)
             }
             var message = msghdr()
             message.msg_iov = vecs.baseAddress
@@ -663,13 +760,20 @@ final class Connection: @unchecked Sendable {
             return max(result, 0)
         }
         var remaining = written
-        while !inbox.buffers.isEmpty && remaining >= inbox.sizes[0] - inbox.skip {
-            remaining -= inbox.sizes[0] - inbox.skip
+        var done = 0
+        while done < inbox.buffers.count {
+            let left = inbox.sizes[done] - (done == 0 ? inbox.skip : 0)
+            guard remaining >= left else { break }
+            remaining -= left
+            done += 1
+        }
+        if done > 0 {
+            inbox.buffers.removeFirst(done)
+            inbox.sizes.removeFirst(done)
             inbox.skip = 0
-            inbox.buffers.removeFirst()
-            inbox.sizes.removeFirst()
         }
         inbox.skip += remaining
+        inbox.bytes -= written
         return written
     }
 

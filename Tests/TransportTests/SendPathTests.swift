@@ -28,6 +28,49 @@ import Testing
         }
     }
 
+    /// Connection queues share a few loop queues. A handler of one connection that installs a
+    /// handler on, and reads the queue size of, another connection on the same loop must not
+    /// deadlock (a plain `queue.sync` onto a queue of the loop that is running would).
+    @Test func handlerCanConfigureAnotherConnectionOfItsLoop() async throws {
+        try await withDeadline {
+            let server = try TestServer(config("server"))
+            var clients: [MessageChannel] = []
+            var accepted: [MessageChannel] = []
+            for index in 0...ConnectionLoops.loops.count {  // one more than there are loops
+                clients.append(try await MessageChannel.connect(
+                    to: [server.v4], configuration: config("c\(index)"), logger: testLogger()))
+                accepted.append(try await server.nextChannel())
+            }
+            // Two accepted channels on the same loop (pigeonhole).
+            var pair: (MessageChannel, MessageChannel)?
+            for a in accepted.indices {
+                for b in accepted.indices where b > a && accepted[a].connection.loop == accepted[b].connection.loop {
+                    pair = (accepted[a], accepted[b])
+                }
+            }
+            let (first, second) = try #require(pair)
+            first.on(type: "configure", as: Int.self) { value, _ in
+                // On first's queue, i.e. on the loop second's queue also targets.
+                second.on(type: "echo", as: Int.self) { echoed, message in
+                    _ = try? second.trySend(echoed, type: "echoed", replyTo: message.sequence)
+                }
+                _ = second.queuedBytes
+                _ = try? first.trySend(value, type: "configured")
+            }
+            let firstClient = clients[try #require(accepted.firstIndex { $0 === first })]
+            let secondClient = clients[try #require(accepted.firstIndex { $0 === second })]
+            try await firstClient.send(1, type: "configure")
+            var firstReplies = firstClient.messages.makeAsyncIterator()
+            #expect(await firstReplies.next()?.typeID == "configured")
+            try await secondClient.send(42, type: "echo")
+            var secondReplies = secondClient.messages.makeAsyncIterator()
+            let echoed = try #require(await secondReplies.next())
+            #expect(echoed.typeID == "echoed")
+            #expect(try echoed.decode(Int.self) == 42)
+            for client in clients { client.close() }
+        }
+    }
+
     /// Many concurrent senders (fast path, inbox, slow path past the high-water mark) mixed with
     /// requests: the receiver's sequence check would close the connection on any reordering.
     @Test func concurrentSendersKeepSequenceNumbersInWireOrder() async throws {

@@ -45,7 +45,8 @@ let logger: Logger = {
 
 func configuration(_ name: String) -> ChannelConfiguration {
     var c = ChannelConfiguration(name: name)
-    c.codecs = codecName == "fast" ? CodecRegistry(sendCodec: FastJSONCodec()) : CodecRegistry()
+    // Foundation without key sorting: the same work as the NIO peer's plain JSONEncoder.
+    c.codecs = CodecRegistry(sendCodec: codecName == "fast" ? FastJSONCodec() : FoundationJSONCodec(sortedKeys: false))
     c.pingInterval = nil  // no heartbeat traffic in measurements (W5: idle means idle)
     c.heartbeatTimeout = .seconds(3600)
     c.helloTimeout = .seconds(60)
@@ -222,6 +223,39 @@ func runClient() async throws {
         guard Int(text) == n else { fail("W1: the server counted '\(text)', not \(n) messages") }
         let elapsed = seconds(since: start)
         result("W1", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        channel.close()
+    case "W2" where options.string("w2-client", "handler") == "handler":
+        // Default, like the NIO peer's client (next request sent from channelRead): the reply is
+        // handled by an on(type:) handler on the channel's queue, which sends the next request
+        // with trySend. --w2-client stream: an async loop over `messages` with `await send`.
+        let n = options.int("messages", Workload.w2RoundTrips)
+        let channel = try await connect(port)
+        let sample = Sample.make(42)
+        let finished = AsyncStream<[UInt64]>.makeStream()
+        final class State: @unchecked Sendable {  // touched only by the handler (serial) and before it runs
+            var latencies: [UInt64] = []
+            var i = 0
+            var t0: UInt64 = 0
+        }
+        let state = State()
+        state.latencies.reserveCapacity(n)
+        channel.on(type: "s", as: Sample.self) { back, _ in
+            guard back == sample else { fail("W2: bad reply") }
+            if state.i >= Workload.w2Warmup { state.latencies.append(nowNanos() - state.t0) }
+            state.i += 1
+            if state.i == Workload.w2Warmup + n {
+                finished.continuation.yield(state.latencies)
+                return
+            }
+            state.t0 = nowNanos()
+            guard (try? channel.trySend(sample, type: "s")) == true else { fail("W2: send queue full") }
+        }
+        state.t0 = nowNanos()
+        try await channel.send(sample, type: "s")
+        var results = finished.stream.makeAsyncIterator()
+        guard let latencies = await results.next() else { fail("W2: no result") }
+        let s = latencySummary(latencies)
+        result("W2", impl, ["p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max)])
         channel.close()
     case "W2":
         let n = options.int("messages", Workload.w2RoundTrips)
