@@ -151,12 +151,13 @@ enum ReadScratch {
     }
 }
 
-/// The serial queues every connection queue targets: one per core, like an event-loop group. Each
-/// connection keeps its own queue (its own order), but at most this many threads run connection
-/// work at once, so thousands of connections do not make Dispatch spawn dozens of threads (each
-/// with a stack, a read buffer and malloc caches).
+/// The serial queues connections run on: one per core, like an event-loop group. Each connection
+/// is assigned one (round robin) and does all its work there, so at most this many threads run
+/// connection work at once — thousands of connections do not make Dispatch spawn dozens of threads
+/// (each with a stack, a read buffer and malloc caches) — and an idle connection holds no queue of
+/// its own.
 enum ConnectionLoops {
-    /// Each loop queue's index, visible from every queue that targets it.
+    /// Each loop queue's index (also visible from any queue that targets it).
     static let key = DispatchSpecificKey<Int>()
     static let loops: [DispatchQueue] = {
         let count = max(1, min(sysconf(Int32(_SC_NPROCESSORS_ONLN)), 64))
@@ -208,8 +209,8 @@ enum SendPacing {
 
 /// A nonblocking TCP connection exchanging ``Frame``s.
 ///
-/// One serial queue (targeting one of the ``ConnectionLoops``), one read and one write Dispatch
-/// source; the fd is closed only after both sources' cancel handlers ran. The write source is resumed only while output is pending.
+/// One serial queue (one of the ``ConnectionLoops``, shared with other connections), one read and
+/// one write Dispatch source; the fd is closed only after both sources' cancel handlers ran. The write source is resumed only while output is pending.
 /// Outbound sequence numbers are assigned here, at the moment a frame enters the send queue, so
 /// they always match the order on the wire.
 ///
@@ -296,7 +297,7 @@ final class Connection: @unchecked Sendable {
         self.baseLogger = logger
         let loop = ConnectionLoops.next()
         self.loop = loop.index
-        self.queue = DispatchQueue(label: "transport.connection", target: loop.queue)
+        self.queue = loop.queue
         self.decoder = FrameDecoder(maxFrameSize: configuration.maxFrameSize)
         self.readBufferSize = max(configuration.readBufferSize, 4096)
         var one: Int32 = 1
@@ -304,10 +305,8 @@ final class Connection: @unchecked Sendable {
     }
 
 
-    /// Runs `body` with this connection's queue excluded and returns its result: directly when
-    /// already on its loop (the loop is serial: no queue that targets it, this one included, runs
-    /// meanwhile), else with `queue.sync`. So a handler of one connection can call this on another
-    /// connection of the same loop without deadlocking.
+    /// Runs `body` on this connection's queue and returns its result: directly when already on
+    /// it (e.g. from a handler of another connection of the same loop), else with `queue.sync`.
     func onQueue<T>(_ body: () -> T) -> T {
         ConnectionLoops.current == loop ? body() : queue.sync(execute: body)
     }

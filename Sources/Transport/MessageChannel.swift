@@ -404,8 +404,8 @@ public final class MessageChannel: @unchecked Sendable {
 
     /// Routes messages of one type id to `handler` instead of ``messages``.
     ///
-    /// The handler runs on the channel's queue. Connection queues share a few loop queues (one per
-    /// core, like event loops), so a slow handler also delays other connections: keep it short and
+    /// The handler runs on the channel's queue, which is shared with other connections (one loop
+    /// queue per core, like event loops), so a slow handler also delays them: keep it short and
     /// start a task for slow work. It may call ``trySend(_:type:replyTo:)`` on any channel. A payload
     /// that does not decode as `T` is logged and delivered to ``messages`` with its raw bytes.
     public func on<T: Decodable>(
