@@ -7,9 +7,31 @@ import Logging
     import Darwin
 #endif
 
+/// A configuration's values in one immutable object, replaced (not mutated) on change: copies of
+/// the configuration share it, so thousands of connections made with one configuration hold one
+/// pointer each instead of their own copy of every field.
+struct SharedValues<Values: Sendable>: Sendable {
+    private final class Box: Sendable {
+        let values: Values
+        init(_ values: Values) { self.values = values }
+    }
+
+    private var box: Box
+
+    init(_ values: Values) { box = Box(values) }
+
+    var values: Values { box.values }
+
+    mutating func update(_ body: (inout Values) -> Void) {
+        var values = box.values
+        body(&values)
+        box = Box(values)
+    }
+}
+
 /// Frame-level settings of a connection.
 public struct ConnectionConfiguration: Sendable {
-    // Shared immutable storage, replaced on change (see ChannelConfiguration).
+    // Shared immutable storage, replaced on change (see SharedValues).
     struct Values: Sendable {
         var maxFrameSize: Int = 16 * 1024 * 1024
         var sendHighWaterMark: Int = 1024 * 1024
@@ -19,58 +41,47 @@ public struct ConnectionConfiguration: Sendable {
         var readBufferSize: Int = 64 * 1024
     }
 
-    final class Storage: Sendable {
-        let values: Values
-        init(_ values: Values) { self.values = values }
-    }
-
-    private var storage: Storage
-
-    private mutating func update(_ body: (inout Values) -> Void) {
-        var values = storage.values
-        body(&values)
-        storage = Storage(values)
-    }
+    private var storage: SharedValues<Values>
 
     /// The largest accepted frame body in bytes (default 16 MiB). Larger length prefixes close the
     /// connection with ``CloseReason/frameTooLarge(size:limit:)`` before anything is allocated.
     public var maxFrameSize: Int {
         get { storage.values.maxFrameSize }
-        set { update { $0.maxFrameSize = newValue } }
+        set { storage.update { $0.maxFrameSize = newValue } }
     }
 
     /// Senders suspend while more than this many bytes are queued for the socket (default 1 MiB).
     public var sendHighWaterMark: Int {
         get { storage.values.sendHighWaterMark }
-        set { update { $0.sendHighWaterMark = newValue } }
+        set { storage.update { $0.sendHighWaterMark = newValue } }
     }
 
     /// Suspended senders resume once the queue drains to this many bytes (default 256 KiB).
     public var sendLowWaterMark: Int {
         get { storage.values.sendLowWaterMark }
-        set { update { $0.sendLowWaterMark = newValue } }
+        set { storage.update { $0.sendLowWaterMark = newValue } }
     }
 
     /// Close with ``CloseReason/idleTimeout`` when no complete frame arrived for this long (nil: never).
     public var idleTimeout: Duration? {
         get { storage.values.idleTimeout }
-        set { update { $0.idleTimeout = newValue } }
+        set { storage.update { $0.idleTimeout = newValue } }
     }
 
     /// How long a graceful close waits for the peer to close its side after ours was shut down.
     public var closeLinger: Duration {
         get { storage.values.closeLinger }
-        set { update { $0.closeLinger = newValue } }
+        set { storage.update { $0.closeLinger = newValue } }
     }
 
     /// Size of the reusable read buffer (default 64 KiB).
     public var readBufferSize: Int {
         get { storage.values.readBufferSize }
-        set { update { $0.readBufferSize = newValue } }
+        set { storage.update { $0.readBufferSize = newValue } }
     }
 
     /// Creates the default configuration.
-    public init() { storage = Storage(Values()) }
+    public init() { storage = SharedValues(Values()) }
 }
 
 /// Bytes waiting to be written: either one allocation holding a whole encoded frame (or only its

@@ -4,9 +4,8 @@ import Logging
 
 /// Settings of a ``MessageChannel``.
 public struct ChannelConfiguration: Sendable {
-    // The values live in one immutable, shared object (replaced on every change, which is rare):
-    // every channel accepted with the same configuration shares it instead of holding ~300 bytes
-    // of its own, which matters for thousands of idle connections.
+    // The values live in one immutable, shared object (see SharedValues): every channel accepted
+    // with the same configuration shares it instead of holding ~300 bytes of its own.
     struct Values: Sendable {
         var name: String
         var metadata: [String: String] = [:]
@@ -24,96 +23,85 @@ public struct ChannelConfiguration: Sendable {
         var preSharedKey: PreSharedKey? = nil
     }
 
-    final class Storage: Sendable {
-        let values: Values
-        init(_ values: Values) { self.values = values }
-    }
-
-    private var storage: Storage
-
-    private mutating func update(_ body: (inout Values) -> Void) {
-        var values = storage.values
-        body(&values)
-        storage = Storage(values)
-    }
+    private var storage: SharedValues<Values>
 
     /// This side's name, sent in HELLO.
     public var name: String {
         get { storage.values.name }
-        set { update { $0.name = newValue } }
+        set { storage.update { $0.name = newValue } }
     }
 
     /// App metadata sent in HELLO.
     public var metadata: [String: String] {
         get { storage.values.metadata }
-        set { update { $0.metadata = newValue } }
+        set { storage.update { $0.metadata = newValue } }
     }
 
     /// Codecs: the one used to send, plus any others accepted on receive.
     public var codecs: CodecRegistry {
         get { storage.values.codecs }
-        set { update { $0.codecs = newValue } }
+        set { storage.update { $0.codecs = newValue } }
     }
 
     /// Frame-level settings (max frame size, send-queue water marks, idle timeout).
     public var connection: ConnectionConfiguration {
         get { storage.values.connection }
-        set { update { $0.connection = newValue } }
+        set { storage.update { $0.connection = newValue } }
     }
 
     /// The protocol version this side speaks. Leave at ``WireProtocol/version`` (tests change it).
     public var protocolVersion: Int {
         get { storage.values.protocolVersion }
-        set { update { $0.protocolVersion = newValue } }
+        set { storage.update { $0.protocolVersion = newValue } }
     }
 
     /// Close the connection when the hello exchange does not complete within this time.
     public var helloTimeout: Duration {
         get { storage.values.helloTimeout }
-        set { update { $0.helloTimeout = newValue } }
+        set { storage.update { $0.helloTimeout = newValue } }
     }
 
     /// Send a PING this often (nil: no heartbeat).
     public var pingInterval: Duration? {
         get { storage.values.pingInterval }
-        set { update { $0.pingInterval = newValue } }
+        set { storage.update { $0.pingInterval = newValue } }
     }
 
     /// Close with ``CloseReason/heartbeatTimeout`` when nothing arrived from the peer for this long
     /// (checked every ``pingInterval``).
     public var heartbeatTimeout: Duration {
         get { storage.values.heartbeatTimeout }
-        set { update { $0.heartbeatTimeout = newValue } }
+        set { storage.update { $0.heartbeatTimeout = newValue } }
     }
 
     /// Overall timeout of an outbound connect (all addresses).
     public var connectTimeout: Duration {
         get { storage.values.connectTimeout }
-        set { update { $0.connectTimeout = newValue } }
+        set { storage.update { $0.connectTimeout = newValue } }
     }
 
     /// Delay between Happy Eyeballs attempts (RFC 8305 recommends 250 ms).
     public var connectAttemptDelay: Duration {
         get { storage.values.connectAttemptDelay }
-        set { update { $0.connectAttemptDelay = newValue } }
+        set { storage.update { $0.connectAttemptDelay = newValue } }
     }
 
     /// How many unconsumed messages (and transfers) are buffered before reading pauses.
     public var incomingBufferLimit: Int {
         get { storage.values.incomingBufferLimit }
-        set { update { $0.incomingBufferLimit = newValue } }
+        set { storage.update { $0.incomingBufferLimit = newValue } }
     }
 
     /// How many unconsumed chunks per incoming transfer are buffered before reading pauses.
     public var transferChunkBufferLimit: Int {
         get { storage.values.transferChunkBufferLimit }
-        set { update { $0.transferChunkBufferLimit = newValue } }
+        set { storage.update { $0.transferChunkBufferLimit = newValue } }
     }
 
     /// Server side: return a non-nil refusal message to refuse a peer after its HELLO.
     public var helloValidator: (@Sendable (PeerInfo) -> String?)? {
         get { storage.values.helloValidator }
-        set { update { $0.helloValidator = newValue } }
+        set { storage.update { $0.helloValidator = newValue } }
     }
 
     /// A pre-shared key. When set, the hello includes a mutual HMAC-SHA256 challenge-response with
@@ -121,11 +109,11 @@ public struct ChannelConfiguration: Sendable {
     /// the same key, and a client accepts only a server proving it. See docs/PROTOCOL.md.
     public var preSharedKey: PreSharedKey? {
         get { storage.values.preSharedKey }
-        set { update { $0.preSharedKey = newValue } }
+        set { storage.update { $0.preSharedKey = newValue } }
     }
 
     /// Creates a configuration with this side's name.
-    public init(name: String) { storage = Storage(Values(name: name)) }
+    public init(name: String) { storage = SharedValues(Values(name: name)) }
 
     var peerInfo: PeerInfo { PeerInfo(version: protocolVersion, name: name, metadata: metadata) }
 }
