@@ -6,7 +6,8 @@
 #
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
 #   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 D1)
-#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+fastjson nio)
+#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+fastjson nio; also
+#                                       ours+batch, ours+fastjson+batch: W1 with send(contentsOf:) 64 at a time)
 #
 # Every process runs under `timeout`; the script kills only the PIDs it started.
 set -euo pipefail
@@ -43,6 +44,8 @@ impl_cmd() {
     case "$1" in
         ours) echo "$BIN/bench-ours" ;;
         ours+fastjson) echo "$BIN/bench-ours --codec fast" ;;
+        ours+batch) echo "$BIN/bench-ours --w1-batch 64" ;;                  # W1: send(contentsOf:) 64 at a time
+        ours+fastjson+batch) echo "$BIN/bench-ours --codec fast --w1-batch 64" ;;
         nio) echo "$BIN/bench-nio" ;;
         c) echo "$BIN/c-bulk" ;;
     esac

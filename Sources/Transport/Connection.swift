@@ -644,6 +644,59 @@ final class Connection: @unchecked Sendable {
         admit(frame, completion)
     }
 
+    /// Sends `frames` in order: as one batch through the fast path when the queue is below the
+    /// high-water mark (see ``submitFastBatch(_:)``), else one by one through ``send(_:bypassLimit:)``.
+    /// Callable from any context.
+    func send(contentsOf frames: [Frame]) async throws {
+        guard !frames.isEmpty else { return }
+        var sizes: [Int] = []
+        sizes.reserveCapacity(frames.count)
+        for frame in frames { sizes.append(try Frame.validatedSize(frame)) }  // nothing sent if one is invalid
+        if case .sent = submitFastBatch(frames, sizes: sizes) { return }
+        // Full or closing: one by one through the slow path (which reports the close reason).
+        for frame in frames { _ = try await send(frame) }
+    }
+
+    /// The fast path for a batch: numbers every frame and appends them to the inbox under one lock
+    /// acquisition. When nothing else is unsent, this thread writes the batch itself (up to
+    /// ``maxIOVecs`` buffers in one `sendmsg`); the rest goes to the queue with one `queue.async`.
+    private func submitFastBatch(_ frames: [Frame], sizes: [Int]) -> FastSend {
+        let total = sizes.reduce(0, +)
+        var refusal = FastSend.full
+        let schedule: Bool? = sendLock.withLock {
+            guard acceptingFastSends else {
+                refusal = .closed
+                return nil
+            }
+            guard slowSenders == 0, unsentBytes <= configuration.sendHighWaterMark else { return nil }
+            let idle = unsentBytes == 0
+            for index in frames.indices {
+                var frame = frames[index]
+                frame.sequence = nextSequence
+                nextSequence &+= 1
+                inbox.append(frame, size: sizes[index])
+            }
+            unsentBytes += total
+            lastFastSend = DispatchTime.now().uptimeNanoseconds
+            if idle {
+                // Nothing was unsent: nothing can be ahead of the batch, and the queue cannot start
+                // writing while we hold the lock (see submitFast).
+                unsentBytes -= writeInboxDirectly(maxBuffers: Connection.maxIOVecs)
+                if inbox.isEmpty { return false }
+            }
+            defer { drainScheduled = true }
+            return !drainScheduled
+        }
+        guard let schedule else { return refusal }
+        if schedule {
+            queue.async {
+                self.drainInbox()
+                self.flush()
+            }
+        }
+        return .sent(0)
+    }
+
     /// Async form of ``enqueue(_:bypassLimit:completion:)``: suspends while the send queue is above
     /// the high-water mark; returns the frame's sequence number. Callable from any context.
     func send(_ frame: Frame, bypassLimit: Bool = false) async throws -> UInt64 {

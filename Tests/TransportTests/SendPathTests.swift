@@ -28,6 +28,67 @@ import Testing
         }
     }
 
+    /// Batches (`send(contentsOf:type:)`) mixed with single sends, with a send queue small enough
+    /// that some batches take the one-by-one slow path: everything arrives, in order (the
+    /// receiver's sequence check would close the connection on any misnumbering).
+    @Test func batchesAndSingleSendsArriveInOrder() async throws {
+        try await withDeadline {
+            let server = try TestServer(config("server"))
+            var clientConfig = config("client")
+            clientConfig.connection.sendHighWaterMark = 4 * 1024
+            clientConfig.connection.sendLowWaterMark = 1024
+            let client = try await MessageChannel.connect(to: [server.v4], configuration: clientConfig, logger: testLogger())
+            let accepted = try await server.nextChannel()
+            var expected: [Int] = []
+            var next = 0
+            for round in 0..<40 {
+                let batch = Array(next..<next + 1 + round * 7)  // 1 to 274 messages
+                next += batch.count
+                expected += batch
+                try await client.send(contentsOf: batch, type: "n")
+                try await client.send(next, type: "n")
+                expected.append(next)
+                next += 1
+            }
+            var received: [Int] = []
+            var iterator = accepted.messages.makeAsyncIterator()
+            while received.count < expected.count, let message = await iterator.next() {
+                received.append(try message.decode(Int.self))
+            }
+            #expect(received == expected)
+            client.close()
+        }
+    }
+
+    /// A batch with a value that cannot be encoded sends nothing: the next message is the first
+    /// the peer sees.
+    @Test func batchThatCannotBeEncodedSendsNothing() async throws {
+        struct Picky: Encodable {
+            let value: Int
+            func encode(to encoder: any Encoder) throws {
+                if value == 3 { throw EncodingError.invalidValue(value, .init(codingPath: [], debugDescription: "no 3")) }
+                var container = encoder.singleValueContainer()
+                try container.encode(value)
+            }
+        }
+        try await withDeadline {
+            let server = try TestServer(config("server"))
+            let client = try await MessageChannel.connect(to: [server.v4], configuration: config("client"), logger: testLogger())
+            let accepted = try await server.nextChannel()
+            do {
+                try await client.send(contentsOf: (1...5).map(Picky.init), type: "n")
+                Issue.record("a batch with an unencodable value was sent")
+            } catch let error as TransportError {
+                #expect(error.code == .encodingFailed)
+            }
+            try await client.send(42, type: "n")
+            var iterator = accepted.messages.makeAsyncIterator()
+            let first = try #require(await iterator.next())
+            #expect(try first.decode(Int.self) == 42)
+            client.close()
+        }
+    }
+
     /// Connection queues share a few loop queues. A handler of one connection that installs a
     /// handler on, and reads the queue size of, another connection on the same loop must not
     /// deadlock (a plain `queue.sync` onto a queue of the loop that is running would).

@@ -2,6 +2,7 @@
 //
 //   bench-ours server W1|W2|W3|W4|W5 [--codec foundation|fast]     prints "READY <port>", then a RESULT line
 //   bench-ours client W1|W2|W3|W4|W5 --port P [--codec ...]        prints a RESULT line
+//   (W1 client: --w1-batch N sends N samples per send(contentsOf:) call; default 1, one send each)
 //
 // The codec is FoundationJSONCodec (Foundation's JSONEncoder/JSONDecoder) or FastJSON; both are codec
 // id 1 and put the same kind of JSON on the wire. Raw bytes (W3) use codec 0, no JSON.
@@ -34,7 +35,7 @@ guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..
 let role = options.words[0]
 let workload = options.words[1]
 let codecName = options.string("codec", "foundation")
-let impl = codecName == "fast" ? "ours+fastjson" : "ours"
+let impl = (codecName == "fast" ? "ours+fastjson" : "ours") + (options.int("w1-batch", 1) > 1 ? "+batch" : "")
 armWatchdog(seconds: options.int("timeout", 120))
 
 let logger: Logger = {
@@ -216,7 +217,19 @@ func runClient() async throws {
         let channel = try await connect(port)
         var iterator = channel.messages.makeAsyncIterator()
         let start = ContinuousClock.now
-        for i in 0..<n { try await channel.send(Sample.make(i), type: "s") }
+        let batch = options.int("w1-batch", 1)
+        if batch > 1 {
+            // send(contentsOf:): encode `batch` samples, hand them over together (like the NIO
+            // peer's flush every 64 writes).
+            var i = 0
+            while i < n {
+                let end = min(i + batch, n)
+                try await channel.send(contentsOf: (i..<end).lazy.map(Sample.make), type: "s")
+                i = end
+            }
+        } else {
+            for i in 0..<n { try await channel.send(Sample.make(i), type: "s") }
+        }
         try await channel.sendRaw([], type: "end")
         let reply = await iterator.next()
         let text = String(decoding: reply?.payload ?? [], as: UTF8.self)
