@@ -159,6 +159,13 @@ public final class MessageClient: Sendable {
         try await currentChannel().send(value, type: type)
     }
 
+    /// Sends several messages of one type in order with one hand-off to the connection (see
+    /// `MessageChannel.send(contentsOf:type:)`): cheaper than one `send` each for a stream of
+    /// small messages.
+    public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
+        try await currentChannel().send(contentsOf: values, type: type)
+    }
+
     /// Sends a request and waits for the reply.
     public func request<Request: Encodable, Response: Decodable>(
         _ value: Request, type: String, expecting: Response.Type = Response.self, timeout: Duration = .seconds(10)

@@ -93,6 +93,22 @@ struct TestFailure: Error, CustomStringConvertible {
         await harness.server.stop()
     }
 
+    @Test func clientSendsABatchInOrder() async throws {
+        let received = Locked<[Int]>([])
+        let harness = try await LoopbackServer(handle: { _, event in
+            if case .received(_, let message) = event, message.typeID == "note.batch" {
+                let note = try! message.decode(Note.self)
+                received.withLock { $0.append(note.n) }
+            }
+        })
+        let client = try await harness.client("batcher")
+        try await client.send(contentsOf: (0..<300).map { Note(text: "b", n: $0) }, type: "note.batch")
+        try await harness.events.wait("300 received") { _ in received.withLock { $0.count } == 300 }
+        #expect(received.withLock { $0 } == Array(0..<300))
+        await client.close()
+        await harness.server.stop()
+    }
+
     @Test func hundredConcurrentClients() async throws {
         let harness = try await LoopbackServer(handle: { _, event in
             if case .received(let connection, let message) = event {
