@@ -645,7 +645,8 @@ final class Connection: @unchecked Sendable {
     }
 
     /// Sends `frames` in order: as one batch through the fast path when the queue is below the
-    /// high-water mark (see ``submitFastBatch(_:)``), else one by one through ``send(_:bypassLimit:)``.
+    /// high-water mark and the batch is not larger than it (see ``submitFastBatch(_:sizes:)``), else
+    /// one by one through ``send(_:bypassLimit:)``. So the queue never holds more than twice the mark.
     /// Callable from any context.
     func send(contentsOf frames: [Frame]) async throws {
         guard !frames.isEmpty else { return }
@@ -668,7 +669,10 @@ final class Connection: @unchecked Sendable {
                 refusal = .closed
                 return nil
             }
-            guard slowSenders == 0, unsentBytes <= configuration.sendHighWaterMark else { return nil }
+            // A batch larger than the high-water mark goes frame by frame (bounded queue).
+            guard slowSenders == 0, unsentBytes <= configuration.sendHighWaterMark,
+                total <= configuration.sendHighWaterMark
+            else { return nil }
             let idle = unsentBytes == 0
             for index in frames.indices {
                 var frame = frames[index]

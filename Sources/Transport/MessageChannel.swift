@@ -252,9 +252,9 @@ public final class MessageChannel: @unchecked Sendable {
     /// the socket allows (often one, from this thread). For a stream of small messages this saves
     /// a thread wake-up per message or two, like a NIO handler that flushes every N writes.
     ///
-    /// The batch is admitted as a whole while the send queue is below its high-water mark (so the
-    /// queue can exceed the mark by one batch); when the queue is full, the messages wait one by one
-    /// like ``send(_:type:)``.
+    /// The batch is admitted as a whole while the send queue is below its high-water mark and the
+    /// batch is not larger than the mark (so the queue exceeds the mark by at most one batch);
+    /// otherwise the messages wait one by one like ``send(_:type:)``.
     /// - Throws: ``TransportError/Code/encodingFailed`` (nothing of the batch is sent),
     ///   ``TransportError/Code/connectionClosed``.
     public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
