@@ -221,7 +221,8 @@ enum SendPacing {
 /// A nonblocking TCP connection exchanging ``Frame``s.
 ///
 /// One serial queue (one of the ``ConnectionLoops``, shared with other connections), one read and
-/// one write Dispatch source; the fd is closed only after both sources' cancel handlers ran. The write source is resumed only while output is pending.
+/// one write Dispatch source; the fd is closed only after both sources' cancel handlers ran. The
+/// write source is resumed only while output is pending.
 /// Outbound sequence numbers are assigned here, at the moment a frame enters the send queue, so
 /// they always match the order on the wire.
 ///
@@ -240,7 +241,7 @@ final class Connection: @unchecked Sendable {
     }
 
     let queue: DispatchQueue
-    /// The index of the loop ``queue`` targets (see ``ConnectionLoops``).
+    /// The index of the loop that ``queue`` is (see ``ConnectionLoops``).
     let loop: Int
     let fd: Int32
     /// The logger given to init, without per-connection metadata (shared, costs nothing per connection).
