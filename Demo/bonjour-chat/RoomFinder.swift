@@ -1,7 +1,6 @@
 import ChatKit
 import Foundation
 import Messaging
-import Synchronization
 
 /// A room seen on the network, with what its TXT record says.
 struct RoomInfo: Sendable {
@@ -34,28 +33,12 @@ struct RoomFinder: Sendable {
 
     /// The rooms seen within `timeout` (sorted by name).
     func discover(timeout: Duration) async throws(ChatExit) -> [DiscoveredService] {
-        let browser: ServiceBrowser
+        let found: [DiscoveredService]
         do {
-            browser = try discovery.browse(type: chatServiceType)
+            found = try await discovery.services(ofType: chatServiceType, timeout: timeout)
         } catch {
             throw ChatExit(ExitStatus.failure, "cannot browse for rooms: \(error.message)")
         }
-        let seen = SeenServices()
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask {
-                for await event in browser {
-                    switch event {
-                    case .added(let service): seen.value.withLock { $0[service.identity] = service }
-                    case .removed(let service): seen.value.withLock { _ = $0.removeValue(forKey: service.identity) }
-                    case .allForNow, .failed: break
-                    }
-                }
-            }
-            group.addTask { try? await Task.sleep(for: timeout) }
-            await group.next()
-            group.cancelAll()
-        }
-        let found = seen.value.withLock { Array($0.values) }.sorted { $0.name < $1.name }
         let state = discovery.daemonState
         if found.isEmpty, state != .running {
             throw ChatExit(
@@ -93,9 +76,4 @@ struct RoomFinder: Sendable {
             return rooms.sorted { $0.name < $1.name }
         }
     }
-}
-
-/// Services seen by a browse, shared between the browsing task and the caller.
-final class SeenServices: Sendable {
-    let value = Mutex<[ServiceIdentity: DiscoveredService]>([:])
 }

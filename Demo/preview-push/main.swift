@@ -131,30 +131,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
     func listPreviewers(logger: Logger) async throws {
         let discovery = ServiceDiscovery(logger: logger, programName: "preview-push")
         defer { Task { await discovery.shutdown() } }
-        let browser = try discovery.browse(type: PreviewProtocol.serviceType)
-        let deadline = timeoutDuration
-        let found: [DiscoveredService] = await withTaskGroup(of: [DiscoveredService]?.self) { group in
-            group.addTask {
-                var seen: [DiscoveredService] = []
-                for await event in browser {
-                    switch event {
-                    case .added(let service):
-                        seen.removeAll { $0.identity == service.identity }
-                        seen.append(service)
-                    case .removed(let service): seen.removeAll { $0.identity == service.identity }
-                    case .allForNow: return seen
-                    case .failed: break
-                    }
-                }
-                return seen
-            }
-            group.addTask {
-                try? await Task.sleep(for: deadline)
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first ?? []
+        let found = try await discovery.services(ofType: PreviewProtocol.serviceType, timeout: timeoutDuration) {
+            _, allForNow in allForNow
         }
         if found.isEmpty {
             fail(
@@ -162,7 +140,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
             )
             throw ExitCode(1)
         }
-        for service in found.sorted(by: { $0.name < $1.name }) {
+        for service in found {
             guard let resolved = try? await discovery.resolve(service, timeout: timeoutDuration) else {
                 say("\(service.name)\t(does not resolve)")
                 continue

@@ -13,8 +13,6 @@ import Glibc
 /// into this adapter only from calls we make on `queue` or from the sources' handlers on `queue`).
 final class DispatchPoll: @unchecked Sendable {
     let queue: DispatchQueue
-    /// Trace every wakeup to stderr (diagnostics; env DISCOVERY_POLL_TRACE=1).
-    static let trace = getenv("DISCOVERY_POLL_TRACE") != nil
     /// Stable storage for the C vtable; its `userdata` points back at `self` (unretained).
     let api: UnsafeMutablePointer<AvahiPoll>
     /// Live objects, for leak checks in tests (queue-confined).
@@ -49,12 +47,6 @@ final class DispatchPoll: @unchecked Sendable {
     fileprivate static func from(_ api: UnsafePointer<AvahiPoll>?) -> DispatchPoll {
         Unmanaged<DispatchPoll>.fromOpaque(api!.pointee.userdata!).takeUnretainedValue()
     }
-}
-
-/// Writes one diagnostics line to standard error (see `DispatchPoll.trace`).
-private func pollTrace(_ text: String) {
-    var line = text + "\n"
-    line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
 }
 
 // MARK: - Watches
@@ -117,7 +109,6 @@ private final class Watch {
     func fire(_ event: UInt32) {
         guard !freed else { return }
         poll.wakeups += 1
-        if DispatchPoll.trace { pollTrace("poll: fd \(fd) event \(event) requested \(requested)") }
         happened = event
         callback(handle, fd, AvahiWatchEvent(rawValue: event), userdata)
         happened = 0
@@ -191,7 +182,6 @@ private final class Timeout {
             return
         }
         armed = true
-        if DispatchPoll.trace { pollTrace("poll: timeout armed \(tv.pointee.tv_sec).\(tv.pointee.tv_usec)") }
         var now = timeval()
         gettimeofday(&now, nil)
         let target = Int64(tv.pointee.tv_sec) * 1_000_000 + Int64(tv.pointee.tv_usec)
@@ -204,7 +194,6 @@ private final class Timeout {
         guard armed, !freed else { return }
         armed = false  // one-shot: disabled after firing until re-armed
         poll.wakeups += 1
-        if DispatchPoll.trace { pollTrace("poll: timeout fired") }
         callback(handle, userdata)
     }
 }

@@ -121,6 +121,40 @@ public final class ServiceDiscovery: Sendable {
         return ServiceBrowser(stream: stream)
     }
 
+    /// Browses for a while and returns the services seen, sorted by name: the snapshot a "list"
+    /// command or a "find the one named X" needs.
+    ///
+    /// Returns when `done` says so (it is asked after every browse event with what is seen and
+    /// whether Avahi reported "all for now") or at `timeout`, whichever comes first. The default
+    /// `done` browses for the whole `timeout`.
+    /// - Throws: ``DiscoveryError`` `.invalidArgument` for a malformed type, `.shutDown`.
+    public func services(
+        ofType type: String, timeout: Duration,
+        until done: @escaping @Sendable (_ seen: [DiscoveredService], _ allForNow: Bool) -> Bool = { _, _ in false }
+    ) async throws(DiscoveryError) -> [DiscoveredService] {
+        let browser = try browse(type: type)
+        let seen = Locked<[ServiceIdentity: DiscoveredService]>([:])
+        let sorted: @Sendable () -> [DiscoveredService] = { seen.withLock { Array($0.values) }.sorted { $0.name < $1.name } }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await event in browser {
+                    var allForNow = false
+                    switch event {
+                    case .added(let service): seen.withLock { $0[service.identity] = service }
+                    case .removed(let service): _ = seen.withLock { $0.removeValue(forKey: service.identity) }
+                    case .allForNow: allForNow = true
+                    case .failed: break
+                    }
+                    if done(sorted(), allForNow) { return }
+                }
+            }
+            group.addTask { try? await Task.sleep(for: timeout) }
+            await group.next()  // the first to finish decides; the other is cancelled
+            group.cancelAll()
+        }
+        return sorted()
+    }
+
     /// Resolves a browsed service: host name, port, TXT and every address with its interface.
     ///
     /// Resolves on every interface and IP version the service was seen on, then collects all A and

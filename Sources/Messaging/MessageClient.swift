@@ -285,42 +285,15 @@ public final class MessageClient: Sendable {
     public static func find(
         name: String?, type: String, discovery: ServiceDiscovery, timeout: Duration
     ) async throws(MessagingError) -> DiscoveredService {
-        let browser: ServiceBrowser
+        let found: [DiscoveredService]
         do {
-            browser = try discovery.browse(type: type)
+            // With a name: until that one is seen. Without: until Avahi's first "all for now" that
+            // saw something (a lone service must not be mistaken for the only one too early).
+            found = try await discovery.services(ofType: type, timeout: timeout) { seen, allForNow in
+                if let name { seen.contains { $0.name == name } } else { allForNow && !seen.isEmpty }
+            }
         } catch {
             throw MessagingError(.serviceNotFound, "cannot browse for \(type): \(error.message)", underlying: error)
-        }
-        let found: [DiscoveredService] = await withTaskGroup(of: [DiscoveredService]?.self) { group in
-            group.addTask {
-                var seen: [DiscoveredService] = []
-                for await event in browser {
-                    switch event {
-                    case .added(let service):
-                        if let name, service.name == name { return [service] }
-                        seen.removeAll { $0.identity == service.identity }
-                        seen.append(service)
-                    case .removed(let service):
-                        seen.removeAll { $0.identity == service.identity }
-                    case .allForNow:
-                        if name == nil, !seen.isEmpty { return seen }
-                    case .failed:
-                        break
-                    }
-                }
-                return seen
-            }
-            group.addTask {
-                try? await Task.sleep(for: timeout)
-                return nil
-            }
-            var result: [DiscoveredService] = []
-            for await value in group {
-                result = value ?? []  // the first to finish decides: the browse, or the timeout (nil)
-                break
-            }
-            group.cancelAll()
-            return result
         }
         if let name {
             guard let match = found.first(where: { $0.name == name }) else {

@@ -323,17 +323,6 @@ final class Connection: @unchecked Sendable {
         ConnectionLoops.current == loop ? body() : queue.sync(execute: body)
     }
 
-    /// A one-line summary of the connection's I/O state, for diagnostics. Any context.
-    var stateSummary: String {
-        let locked = sendLock.withLock {
-            "unsent=\(unsentBytes) inbox=\(inbox.buffers.count) drainScheduled=\(drainScheduled) slowSenders=\(slowSenders) fast=\(acceptingFastSends)"
-        }
-        let queued = onQueue {
-            "state=\(state) queued=\(queuedBytes) output=\(output.count - outputHead) waiters=\(waiters.count - waitersHead) readPaused=\(readPauseCount) writeSource=\(writeSourceResumed) flushing=\(isFlushing)"
-        }
-        return "\(queued) \(locked)"
-    }
-
     var isClosed: Bool {
         if case .closed = state { return true }
         return false

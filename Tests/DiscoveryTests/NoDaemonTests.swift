@@ -40,6 +40,18 @@ struct NoDaemonTests {
         #expect(counters.watches == 0 && counters.timeouts == 0)
     }
 
+    /// Without a daemon a snapshot finds nothing and ends at its timeout; a malformed type is
+    /// refused before browsing.
+    @Test func servicesSnapshotWithoutADaemonIsEmptyAtTheTimeout() async throws {
+        let discovery = ServiceDiscovery(logger: Logger(label: "test"))
+        let found = try await discovery.services(ofType: "_test._tcp", timeout: .milliseconds(200))
+        #expect(found.isEmpty)
+        await #expect {
+            _ = try await discovery.services(ofType: "no-underscore", timeout: .seconds(60))
+        } throws: { ($0 as? DiscoveryError)?.code == .invalidArgument }
+        await discovery.shutdown()
+    }
+
     @Test func invalidTXTIsRejectedBeforeAnythingIsSent() async {
         let discovery = ServiceDiscovery(logger: Logger(label: "test"))
         var txt = TXTRecord()

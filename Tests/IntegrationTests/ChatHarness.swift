@@ -98,7 +98,7 @@ final class ChatProcess: Sendable {
         exitStatus.withLock { status in
             if status != nil { return status }
             var raw: Int32 = 0
-            if waitpid(pid, &raw, WNOHANG) == pid { status = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f) }
+            if waitpid(pid, &raw, WNOHANG) == pid { status = exitCode(waitStatus: raw) }
             return status
         }
     }
@@ -121,15 +121,7 @@ final class ChatProcess: Sendable {
     /// SIGTERM, then SIGKILL if it does not go within 5 s. Only this PID.
     func stop() {
         closeInput()
-        guard poll() == nil else { return }
-        kill(pid, SIGTERM)
-        let deadline = ContinuousClock.now + .seconds(5)
-        while poll() == nil && ContinuousClock.now < deadline { usleep(5_000) }
-        if poll() == nil {
-            kill(pid, SIGKILL)
-            let hard = ContinuousClock.now + .seconds(5)
-            while poll() == nil && ContinuousClock.now < hard { usleep(5_000) }
-        }
+        terminate(pid, poll: poll)
     }
 
     deinit {

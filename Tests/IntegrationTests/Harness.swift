@@ -66,9 +66,38 @@ enum Harness {
 
     /// Prints a measured figure in a greppable form (Tests/run.sh collects these lines).
     static func measured(_ what: String, _ duration: Duration) {
-        let ms = Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
-        print("MEASURED \(what): \(String(format: "%.1f", ms)) ms")
+        measured(what, Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15, "ms")
     }
+
+    /// Prints a measured figure with its unit (Tests/run.sh collects these lines).
+    static func measured(_ what: String, _ value: Double, _ unit: String) {
+        print("MEASURED \(what): \(String(format: "%.1f", value)) \(unit)")
+    }
+}
+
+/// Polls `poll` until it reports an exit status or `timeout` passes (then nil).
+func waitForExit(timeout: Duration, poll: () -> Int32?) -> Int32? {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if let status = poll() { return status }
+        usleep(5_000)
+    }
+    return poll()
+}
+
+/// SIGTERM to `pid` (only that one), then SIGKILL if `poll` reports no exit within 5 s.
+func terminate(_ pid: pid_t, poll: () -> Int32?) {
+    guard poll() == nil else { return }
+    kill(pid, SIGTERM)
+    if waitForExit(timeout: .seconds(5), poll: poll) == nil {
+        kill(pid, SIGKILL)
+        _ = waitForExit(timeout: .seconds(5), poll: poll)
+    }
+}
+
+/// A `waitpid` status as a shell would report it: the exit code, or 128 + the signal.
+func exitCode(waitStatus raw: Int32) -> Int32 {
+    raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
 }
 
 struct HarnessError: Error, CustomStringConvertible {
@@ -83,6 +112,8 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
     let arguments: [String]
     let outputPath: String
     let exitStatus = Locked<Int32?>(nil)
+    /// The child's peak resident set size in KiB (`wait4` rusage), once it exited.
+    let peakRSSKiB = Locked<Int?>(nil)
 
     init(_ arguments: [String]) throws {
         self.arguments = arguments
@@ -120,30 +151,20 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
         exitStatus.value.withLock { status in
             if status != nil { return status }
             var raw: Int32 = 0
-            if waitpid(pid, &raw, WNOHANG) == pid { status = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f) }
+            var usage = rusage()
+            if wait4(pid, &raw, WNOHANG, &usage) == pid {
+                status = exitCode(waitStatus: raw)
+                peakRSSKiB.value.withLock { $0 = Int(usage.ru_maxrss) }
+            }
             return status
         }
     }
 
     /// Waits for exit (bounded); nil if still running at the deadline.
-    func wait(timeout: Duration) -> Int32? {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if let status = poll() { return status }
-            usleep(5_000)
-        }
-        return poll()
-    }
+    func wait(timeout: Duration) -> Int32? { waitForExit(timeout: timeout, poll: poll) }
 
     /// SIGTERM, then SIGKILL if it does not go within 5 s. Only this PID.
-    func stop() {
-        guard poll() == nil else { return }
-        kill(pid, SIGTERM)
-        if wait(timeout: .seconds(5)) == nil {
-            kill(pid, SIGKILL)
-            _ = wait(timeout: .seconds(5))
-        }
-    }
+    func stop() { terminate(pid, poll: poll) }
 
     deinit {
         stop()

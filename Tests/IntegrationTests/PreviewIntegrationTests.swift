@@ -18,7 +18,18 @@ struct PreviewIntegrationTests {
         return String(cString: made)
     }
 
-    func remove(_ path: String) { try? FileManager.default.removeItem(atPath: path) }
+    func remove(_ paths: String...) { for path in paths { try? FileManager.default.removeItem(atPath: path) } }
+
+    /// Starts pushing a new file of `size` bytes to host b at 4 MB/s and waits until the server
+    /// is receiving it (its temporary file appeared in `directory`).
+    func startSlowPush(_ file: String, size: Int, port: UInt16, into directory: String) async throws -> Background {
+        try makeFile(file, size: size)
+        let client = try Harness.spawn(
+            onB: false,
+            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
+        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        return client
+    }
 
     func entries(_ directory: String) -> [String] {
         ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
@@ -109,52 +120,21 @@ struct PreviewIntegrationTests {
         return try #require(Int(line.split(separator: " ", omittingEmptySubsequences: true)[1]))
     }
 
-    /// Runs a command to completion and reports its peak RSS (wait4 rusage, KiB).
+    /// Runs a command to completion (bounded) and reports its peak RSS (wait4 rusage, KiB).
     func runMeasured(_ arguments: [String], timeout: Duration) throws -> (status: Int32, output: String, maxRSS: Int) {
-        let output = NSTemporaryDirectory() + "preview-itest-\(UUID().uuidString).out"
-        defer { unlink(output) }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-        posix_spawn_file_actions_adddup2(&actions, 1, 2)
-        let argv = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        var pid: pid_t = 0
-        let spawned = posix_spawn(&pid, arguments[0], &actions, nil, argv, environ)
-        guard spawned == 0 else {
-            throw HarnessError("cannot start \(arguments[0]): \(String(cString: strerror(spawned)))")
+        let child = try Background(arguments)
+        guard let status = child.wait(timeout: timeout) else {
+            child.stop()
+            throw HarnessError("\(arguments) did not finish within \(timeout); output: \(child.text)")
         }
-        let deadline = ContinuousClock.now + timeout
-        var raw: Int32 = 0
-        var usage = rusage()
-        while wait4(pid, &raw, WNOHANG, &usage) != pid {
-            guard ContinuousClock.now < deadline else {
-                kill(pid, SIGKILL)
-                _ = wait4(pid, &raw, 0, &usage)
-                throw HarnessError("\(arguments) did not finish within \(timeout)")
-            }
-            usleep(10_000)
-        }
-        let status = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
-        let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
-        return (status, text, Int(usage.ru_maxrss))
-    }
-
-    static func measured(_ what: String, _ value: Double, _ unit: String) {
-        print("MEASURED \(what): \(String(format: "%.1f", value)) \(unit)")
+        return (status, child.text, child.peakRSSKiB.value.withLock { $0 } ?? 0)
     }
 
     // MARK: Tests
 
     @Test func pushesAcrossTheLinkOverIPv4IPv6AndDiscovery() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let (server, port) = try await startServer(directory: directory, name: "Preview ITest Basic")
         defer { server.stop() }
         let file = source + "/report.pdf"
@@ -186,12 +166,8 @@ struct PreviewIntegrationTests {
     }
 
     @Test func keyFileAdmitsOnlyPushersWithTheSameKey() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let key = source + "/preview.key"
         let other = source + "/other.key"
         try "the previewer's shared secret 123\n".write(toFile: key, atomically: true, encoding: .utf8)
@@ -213,12 +189,8 @@ struct PreviewIntegrationTests {
     }
 
     @Test func publishesItsLimitsAndKeepsFreeSpaceCurrent() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let (server, port) = try await startServer(
             directory: directory, name: "Preview ITest TXT", ["--max-size", "123456789"])
         defer { server.stop() }
@@ -246,12 +218,8 @@ struct PreviewIntegrationTests {
 
     @Test func pushesOneGiBWithBoundedMemory() async throws {
         let size = ProcessInfo.processInfo.environment["PREVIEW_BIG_BYTES"].flatMap(Int.init) ?? 1 << 30
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let (server, port) = try await startServer(directory: directory, name: "Preview ITest Big")
         defer { server.stop() }
         let comm = try String(contentsOfFile: "/proc/\(server.pid)/comm", encoding: .utf8)
@@ -266,31 +234,23 @@ struct PreviewIntegrationTests {
         #expect(result.status == 0, "\(result.output)")
         #expect(try sameBytes(file, directory + "/big.bin"))
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        Self.measured(
+        Harness.measured(
             "preview push \(size >> 20) MiB throughput (hash + offer + stream + fsync)",
             Double(size) / 1_048_576 / seconds, "MiB/s")
-        Self.measured("preview-push peak RSS (\(size >> 20) MiB push)", Double(result.maxRSS) / 1024, "MiB")
-        Self.measured("preview-server peak RSS (\(size >> 20) MiB push)", Double(serverPeak) / 1024, "MiB")
+        Harness.measured("preview-push peak RSS (\(size >> 20) MiB push)", Double(result.maxRSS) / 1024, "MiB")
+        Harness.measured("preview-server peak RSS (\(size >> 20) MiB push)", Double(serverPeak) / 1024, "MiB")
         // "Well under 128 MiB" whatever the file size: chunks are streamed, never the whole file.
         #expect(result.maxRSS < 96 * 1024, "client peak RSS \(result.maxRSS) KiB")
         #expect(serverPeak < 96 * 1024, "server peak RSS \(serverPeak) KiB")
     }
 
     @Test func aClientKilledMidPushLeavesNothingBehind() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let (server, port) = try await startServer(directory: directory, name: "Preview ITest Kill")
         defer { server.stop() }
         let file = source + "/slow.bin"
-        try makeFile(file, size: 64 * 1024 * 1024)
-        let client = try Harness.spawn(
-            onB: false,
-            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
-        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        let client = try await startSlowPush(file, size: 64 * 1024 * 1024, port: port, into: directory)
         kill(client.pid, SIGKILL)
         #expect(client.wait(timeout: .seconds(5)) != nil)
         try await waitUntil("the temporary file is deleted") { entries(directory).isEmpty }
@@ -304,12 +264,8 @@ struct PreviewIntegrationTests {
     }
 
     @Test func aTooLargeFileIsRefusedBeforeDataFlowsAndStaleTemporariesAreCleaned() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         // A temporary file left by a crashed server is removed when the server starts.
         let stale = directory + "/.preview-0badc0de.part"
         try makeFile(stale, size: 4096)
@@ -360,21 +316,13 @@ struct PreviewIntegrationTests {
     }
 
     @Test func sigtermDuringAPushAbortsItCleanlyAfterTheGracePeriod() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let (server, port) = try await startServer(
             directory: directory, name: "Preview ITest Term", ["--grace-period", "1"])
         defer { server.stop() }
         let file = source + "/slow.bin"
-        try makeFile(file, size: 64 * 1024 * 1024)
-        let client = try Harness.spawn(
-            onB: false,
-            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
-        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        let client = try await startSlowPush(file, size: 64 * 1024 * 1024, port: port, into: directory)
         let start = ContinuousClock.now
         kill(server.pid, SIGTERM)
         let status = server.wait(timeout: .seconds(20))
@@ -387,21 +335,13 @@ struct PreviewIntegrationTests {
     }
 
     @Test func sigtermLetsAPushInFlightFinish() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let (server, port) = try await startServer(
             directory: directory, name: "Preview ITest Drain", ["--grace-period", "30"])
         defer { server.stop() }
         let file = source + "/doc.bin"
-        try makeFile(file, size: 8 * 1024 * 1024)
-        let client = try Harness.spawn(
-            onB: false,
-            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
-        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        let client = try await startSlowPush(file, size: 8 * 1024 * 1024, port: port, into: directory)
         kill(server.pid, SIGTERM)
         #expect(server.wait(timeout: .seconds(40)) == 0, "\(server.text)")
         #expect(client.wait(timeout: .seconds(10)) == 0, "\(client.text)")
@@ -451,12 +391,8 @@ struct PreviewIntegrationTests {
     }
 
     @Test func onReceiveRunsAndItsFailureDoesNotStopTheServer() async throws {
-        let directory = try makeDirectory()
-        let source = try makeDirectory()
-        defer {
-            remove(directory)
-            remove(source)
-        }
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
         let marker = source + "/marker"
         let hook = source + "/hook.sh"
         try "#!/bin/sh\necho \"$1\" >> '\(marker)'\nexit 3\n".write(toFile: hook, atomically: true, encoding: .utf8)

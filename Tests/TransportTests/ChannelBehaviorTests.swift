@@ -109,9 +109,7 @@ func serveEcho(_ channel: MessageChannel) {
             var serverConfig = config("server")
             serverConfig.incomingBufferLimit = 4
             let server = try TestServer(serverConfig)
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             let sender = Task {
                 for i in 0..<2000 { try await client.send(Ping(n: i), type: "n") }
             }
@@ -133,9 +131,7 @@ func serveEcho(_ channel: MessageChannel) {
     @Test func gracefulCloseFlushesQueuedFrames() async throws {
         try await withDeadline {
             let server = try TestServer()
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             for i in 0..<500 { try await client.send(Ping(n: i), type: "n") }
             client.close(reason: "finished")
             var count = 0
@@ -202,9 +198,7 @@ func serveEcho(_ channel: MessageChannel) {
     @Test func requestTimesOutWhenTheServerNeverReplies() async throws {
         try await withDeadline {
             let server = try TestServer()
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             await #expect {
                 _ = try await client.request(
                     Ping(n: 1), type: "ignored", expecting: Pong.self, timeout: .milliseconds(100))
@@ -223,9 +217,7 @@ func serveEcho(_ channel: MessageChannel) {
     @Test func cancellingARequestStopsTheWait() async throws {
         try await withDeadline {
             let server = try TestServer()
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             let request = Task {
                 try await client.request(Ping(n: 1), type: "slow", expecting: Pong.self, timeout: .seconds(600))
             }
@@ -244,9 +236,7 @@ func serveEcho(_ channel: MessageChannel) {
     @Test func unknownTypesAndBadPayloadsReachTheAppAsRawBytes() async throws {
         try await withDeadline {
             let server = try TestServer()
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             let (handled, handledContinuation) = AsyncStream.makeStream(of: Chat.self)
             accepted.on(type: "chat", as: Chat.self) { value, _ in handledContinuation.yield(value) }
             try await client.send(Chat(text: "typed"), type: "chat")
@@ -287,9 +277,7 @@ func serveEcho(_ channel: MessageChannel) {
             try data.write(to: source)
 
             let server = try TestServer()
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             let senderProgress = ProgressLog()
             let send = Task {
                 try await client.sendFile(
@@ -322,9 +310,7 @@ func serveEcho(_ channel: MessageChannel) {
     @Test func abortedTransferThrowsOnTheReceivingSide() async throws {
         try await withDeadline {
             let server = try TestServer()
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             let outgoing = try await client.startTransfer(type: "blob", totalSize: 10)
             try await outgoing.send([1, 2, 3])
             await #expect(throws: TransportError.self) { try await outgoing.finish() }
@@ -363,9 +349,7 @@ func serveEcho(_ channel: MessageChannel) {
             let server = try TestServer(fast)
             var clientConfig = config("client")
             clientConfig.pingInterval = nil  // only answers the server's pings
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: clientConfig, logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair(clientConfig)
             // Wait for enough pings to span several heartbeat timeouts (counted by sequence numbers).
             try await waitUntil("many pings") {
                 accepted.connection.queue.sync { accepted.connection.nextSequenceForTests } > 40

@@ -15,9 +15,7 @@ struct Chat: Codable, Sendable, Equatable {
             let server = try TestServer(serverConfig)
             var clientConfig = config("client")
             clientConfig.metadata = ["app": "test"]
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: clientConfig, logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair(clientConfig)
             #expect(client.peer.name == "server" && client.peer.metadata == ["role": "server"])
             #expect(accepted.peer.name == "client" && accepted.peer.metadata == ["app": "test"])
 

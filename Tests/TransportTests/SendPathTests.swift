@@ -9,9 +9,7 @@ import Testing
     @Test func handlerRepliesInlineWithTrySend() async throws {
         try await withDeadline {
             let server = try TestServer(config("server"))
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             accepted.on(type: "ping", as: Int.self) { value, message in
                 // Runs on the channel's queue.
                 #expect((try? accepted.trySend(value + 1, type: "pong", replyTo: message.sequence)) == true)
@@ -37,8 +35,7 @@ import Testing
             var clientConfig = config("client")
             clientConfig.connection.sendHighWaterMark = 4 * 1024
             clientConfig.connection.sendLowWaterMark = 1024
-            let client = try await MessageChannel.connect(to: [server.v4], configuration: clientConfig, logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair(clientConfig)
             var expected: [Int] = []
             var next = 0
             for round in 0..<40 {
@@ -73,8 +70,7 @@ import Testing
         }
         try await withDeadline {
             let server = try TestServer(config("server"))
-            let client = try await MessageChannel.connect(to: [server.v4], configuration: config("client"), logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair()
             do {
                 try await client.send(contentsOf: (1...5).map(Picky.init), type: "n")
                 Issue.record("a batch with an unencodable value was sent")
@@ -143,9 +139,7 @@ import Testing
             var clientConfig = config("client")
             clientConfig.connection.sendHighWaterMark = 8 * 1024
             clientConfig.connection.sendLowWaterMark = 2 * 1024
-            let client = try await MessageChannel.connect(
-                to: [server.v4], configuration: clientConfig, logger: testLogger())
-            let accepted = try await server.nextChannel()
+            let (client, accepted) = try await server.connectedPair(clientConfig)
             let senders = 8
             let perSender = 500
             try await withThrowingTaskGroup(of: Void.self) { group in

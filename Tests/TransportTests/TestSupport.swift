@@ -48,10 +48,14 @@ func withDeadline<T: Sendable>(
         let work = Task {
             do { once.resume(.success(try await body())) } catch { once.resume(.failure(error)) }
         }
-        Task {
-            try? await Task.sleep(for: .seconds(seconds))
+        let deadline = Task {
+            do { try await Task.sleep(for: .seconds(seconds)) } catch { return }  // cancelled: the body ended
             work.cancel()
             once.resume(.failure(TestTimeout(what: what)))
+        }
+        Task {
+            _ = await work.result
+            deadline.cancel()  // no sleeping deadline task left behind per test
         }
     }
 }
@@ -109,6 +113,15 @@ final class TestServer: Sendable {
     }
 
     func nextChannel() async throws -> MessageChannel { try await next().get() }
+
+    /// Connects a client channel over IPv4 and returns it with the server's side of it.
+    func connectedPair(
+        _ clientConfiguration: ChannelConfiguration = config("client")
+    ) async throws -> (client: MessageChannel, accepted: MessageChannel) {
+        let client = try await MessageChannel.connect(
+            to: [v4], configuration: clientConfiguration, logger: testLogger())
+        return (client, try await nextChannel())
+    }
 
     deinit { listener.stop() }
 }
