@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Synchronization
 import Logging
 
 /// Settings of a ``MessageChannel``.
@@ -143,7 +144,14 @@ public final class MessageChannel: @unchecked Sendable {
     /// taken by an ``on(type:as:_:)`` handler — including unknown type ids and undecodable payloads.
     public let messages: IncomingMessages
     /// Streamed transfers from the peer.
-    public let transfers: IncomingTransfers
+    public var transfers: IncomingTransfers { IncomingTransfers(buffer: transferBuffer) }
+    /// The transfers' buffer, made on first use: most channels never receive a transfer, and an
+    /// idle channel should not pay for a second buffer.
+    private let lazyTransferBuffer = AtomicLazyReference<BoundedBuffer<IncomingTransfer>>()
+    private var transferBuffer: BoundedBuffer<IncomingTransfer> {
+        if let buffer = lazyTransferBuffer.load() { return buffer }
+        return lazyTransferBuffer.storeIfNil(Self.inboundBuffer(connection, limit: configuration.incomingBufferLimit))
+    }
 
     // Queue-confined state.
     private var pendingRequests: [UInt64: CheckedContinuation<IncomingMessage, any Error>] = [:]
@@ -158,16 +166,15 @@ public final class MessageChannel: @unchecked Sendable {
         self.connection = connection
         self.peer = peer
         self.configuration = configuration
-        let queue = connection.queue
-        let pause: @Sendable () -> Void = { [connection] in
-            // Called from push(), which runs on the queue.
-            connection.pauseReading()
-        }
-        let resume: @Sendable () -> Void = { [connection] in queue.async { connection.resumeReading() } }
-        messages = IncomingMessages(
-            buffer: BoundedBuffer(limit: configuration.incomingBufferLimit, onFull: pause, onDrained: resume))
-        transfers = IncomingTransfers(
-            buffer: BoundedBuffer(limit: configuration.incomingBufferLimit, onFull: pause, onDrained: resume))
+        messages = IncomingMessages(buffer: Self.inboundBuffer(connection, limit: configuration.incomingBufferLimit))
+    }
+
+    /// A buffer of inbound elements that pauses reading `connection` while it holds `limit` or more.
+    private static func inboundBuffer<Element>(_ connection: Connection, limit: Int) -> BoundedBuffer<Element> {
+        BoundedBuffer(
+            limit: limit,
+            onFull: { connection.pauseReading() },  // called from push(), which runs on the queue
+            onDrained: { connection.queue.async { connection.resumeReading() } })
     }
 
     // MARK: Opening
@@ -585,7 +592,7 @@ public final class MessageChannel: @unchecked Sendable {
             TransferProgress(
                 streamID: frame.sequence, typeID: frame.typeID, completedBytes: 0, totalBytes: header.size,
                 isFinished: false))
-        transfers.buffer.push(transfer)
+        transferBuffer.push(transfer)
     }
 
     private func handleChunk(_ frame: Frame) {
@@ -663,7 +670,7 @@ public final class MessageChannel: @unchecked Sendable {
         incoming.removeAll()
         handlers.removeAll()
         messages.buffer.finish()
-        transfers.buffer.finish()
+        transferBuffer.finish()
     }
 }
 

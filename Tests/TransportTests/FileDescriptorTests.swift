@@ -1,0 +1,64 @@
+import Foundation
+import Testing
+
+@testable import Transport
+
+/// Every way a connection ends must close its socket. The fd is closed from the Dispatch sources'
+/// cancel handlers, which are installed at teardown (not for the connection's whole life), so a
+/// missing or late handler would show up here as sockets left open.
+@Suite(.serialized) struct FileDescriptorTests {
+    static func openDescriptors() -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+    }
+
+    @Test func everyWayOfClosingClosesTheSockets() async throws {
+        try await withDeadline(90, "closing 40 connections") {
+            // Before: this process's descriptors. Allowed after: the listener's socket plus up to 3
+            // that Dispatch makes lazily and keeps (epoll, eventfd, timerfd). A leak of any one
+            // way of closing leaves 20 sockets open (10 rounds, both ends).
+            let before = Self.openDescriptors()
+            let allowed = before + 4
+            let server = try TestServer(families: [.ipv4])
+            let rounds = 10
+            for _ in 0..<rounds {
+                // Graceful close by the client (GOODBYE, flush, peer's end of file).
+                var pair = try await server.connectedPair()
+                pair.client.close()
+                #expect(await pair.accepted.closed() == .goodbye("closing"))
+                _ = await pair.client.closed()
+
+                // Abort by the server.
+                pair = try await server.connectedPair()
+                pair.accepted.abort()
+                #expect(await pair.accepted.closed() == .localClose)
+                _ = await pair.client.closed()
+
+                // Close from a handler: teardown while the connection's read source is running.
+                pair = try await server.connectedPair()
+                let accepted = pair.accepted
+                accepted.on(type: "bye", as: Int.self) { _, _ in accepted.abort() }
+                try await pair.client.send(1, type: "bye")
+                #expect(await accepted.closed() == .localClose)
+                _ = await pair.client.closed()
+
+                // With a write source: the client stops reading (nobody consumes its messages), the
+                // server's send queue fills until the socket would block, then the server aborts.
+                pair = try await server.connectedPair()
+                let chunk = [UInt8](repeating: 7, count: 64 * 1024)
+                let sender = pair.accepted
+                let filling = Task { while !Task.isCancelled { try await sender.sendRaw(chunk, type: "fill") } }
+                try await waitUntil("the server's send queue backs up") { sender.queuedBytes > 0 }
+                sender.abort()
+                #expect(await sender.closed() == .localClose)
+                pair.client.abort()  // its reading is paused (full buffer): it would not see the end
+                _ = await pair.client.closed()
+                filling.cancel()
+                _ = await filling.result
+            }
+            try await waitUntil("every socket closed (\(before) descriptors open before)", seconds: 20) {
+                Self.openDescriptors() <= allowed
+            }
+            #expect(Self.openDescriptors() <= allowed)
+        }
+    }
+}
