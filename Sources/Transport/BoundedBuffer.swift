@@ -9,13 +9,13 @@ import Foundation
 /// `@unchecked Sendable`: every mutable field is guarded by `lock`.
 final class BoundedBuffer<Element: Sendable>: @unchecked Sendable {
     private let lock = Lock()
+    private var finished = false  // (the small fields next to the 4-byte lock: one word for all three)
+    private var overLimit = false
     private var items: [Element] = []
     private var head = 0
     private var waiters: [(id: UInt64, continuation: CheckedContinuation<Element?, any Error>)] = []
     private var nextWaiterID: UInt64 = 0
-    private var finished = false
     private var failure: (any Error)?
-    private var overLimit = false
     private let limit: Int
     private let onFull: @Sendable () -> Void
     private let onDrained: @Sendable () -> Void
