@@ -266,6 +266,8 @@ final class Connection: @unchecked Sendable {
     private var cancelledSources: UInt8 = 0
     private var sourcesToCancel: UInt8 = 0
     private var readPauseCount: Int32 = 0
+    /// The socket's `SO_RCVLOWAT` (1 unless a large payload is being received; see handleReadable()).
+    private(set) var receiveLowWater: Int32 = 1
     private var readSource: (any DispatchSourceRead)?
     private var writeSource: (any DispatchSourceWrite)?
     private var decoder: FrameDecoder
@@ -522,6 +524,18 @@ final class Connection: @unchecked Sendable {
         }
     }
 
+    /// The largest `SO_RCVLOWAT` asked for: the kernel grows the receive buffer to hold it.
+    static let maxReceiveLowWater = 1024 * 1024
+
+    /// Sets `SO_RCVLOWAT` to `bytes` (at least 1) when it differs from the current value.
+    private func setReceiveLowWater(_ bytes: Int) {
+        var value = Int32(clamping: max(bytes, 1))
+        guard value != receiveLowWater else { return }
+        if setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &value, socklen_t(MemoryLayout<Int32>.size)) == 0 {
+            receiveLowWater = value
+        }
+    }
+
     private func handleReadable() {
         for _ in 0..<8 {
             guard readPauseCount == 0 else { return }
@@ -562,11 +576,16 @@ final class Connection: @unchecked Sendable {
             switch result {
             case .wouldBlock:
                 decoder.releaseStorageIfEmpty()  // the socket is drained: do not hold storage while idle
+                // While a large payload is incomplete, ask the kernel to report the socket readable
+                // only once the rest (up to 1 MiB) has arrived: one wake-up per megabyte instead of
+                // one per few segments. End of file and errors are reported regardless of it.
+                setReceiveLowWater(min(decoder.missingPayloadBytes, Connection.maxReceiveLowWater))
                 return
             case .processed(0):
                 handleEndOfFile()
                 return
             case .processed:
+                if receiveLowWater > 1 && decoder.missingPayloadBytes == 0 { setReceiveLowWater(1) }
                 deliverFrames()
             }
         }

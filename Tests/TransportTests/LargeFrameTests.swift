@@ -104,4 +104,40 @@ import Testing
         let joined = output.flatMap { Array(UnsafeRawBufferPointer(start: $0.base, count: $0.count)) }
         #expect(joined == encoded)
     }
+
+    /// While a large payload is incomplete, the socket's `SO_RCVLOWAT` asks the kernel to wake the
+    /// reader only when the rest is there; it must go back to 1 once the payload is complete, or a
+    /// small frame behind it would never be reported readable. Here reading pauses right after the
+    /// large frame (a buffer of one message), so only that reset lets the small frame through.
+    @Test func receiveLowWaterFollowsALargePayloadAndIsReset() async throws {
+        try await withDeadline {
+            var configuration = config("server")
+            configuration.incomingBufferLimit = 1
+            let server = try TestServer(configuration, families: [.ipv4])
+            let raw = try RawClient(port: server.port)
+            defer { raw.close() }
+            try raw.hello()
+            let channel = try await server.nextChannel()
+            #expect(try raw.readFrame().kind == .helloAck)
+            let payload = (0..<(300 * 1024)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+            let large = try Frame(kind: .message, typeID: "big", sequence: 2, payload: payload).encoded()
+            try raw.write(Array(large[0..<(100 * 1024)]))
+            // The reader has taken the first part and now waits for the rest of the payload.
+            let expected = Int32(large.count - 100 * 1024)
+            try await waitUntil("SO_RCVLOWAT raised for the rest of the payload") {
+                channel.connection.onQueue { channel.connection.receiveLowWater } == expected
+            }
+            let small = try Frame(kind: .message, typeID: "small", sequence: 3, payload: [1, 2, 3]).encoded()
+            try raw.write(Array(large[(100 * 1024)...]) + small)
+            try await waitUntil("reading paused by the full buffer") { channel.connection.onQueue { channel.connection.isReadPaused } }
+            #expect(channel.connection.onQueue { channel.connection.receiveLowWater } == 1)
+            var iterator = channel.messages.makeAsyncIterator()
+            let first = await iterator.next()
+            #expect(first?.typeID == "big")
+            #expect(first?.payload == payload)
+            let second = await iterator.next()  // reading resumes; the 3-byte frame must be reported readable
+            #expect(second?.typeID == "small")
+            #expect(second?.payload == [1, 2, 3])
+        }
+    }
 }

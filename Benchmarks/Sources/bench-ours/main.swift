@@ -122,16 +122,22 @@ func runServer() async throws {
             done.continuation.finish()
         }
     case "W3":
+        // Default: an on(type:) handler, which runs on the channel's queue as each message arrives
+        // (like the NIO peer's channelRead), so one payload array at a time is alive;
+        // --w3-server stream: the messages AsyncSequence in a task.
+        let inline = options.string("w3-server", "handler") == "handler"
         listener = try listen { channel in
-            var bytes = 0
-            var count = 0
-            for await message in channel.messages {
-                bytes += message.payload.count
-                count += 1
-                if count == Workload.w3Messages {
-                    try? await channel.sendRaw(Array(String(bytes).utf8), type: "done")
+            let bytes = Counter()
+            let count = Counter()
+            @Sendable func received(_ payload: [UInt8]) {
+                _ = bytes.add(payload.count)
+                if count.add() == Workload.w3Messages {
+                    Task { try? await channel.sendRaw(Array(String(bytes.current).utf8), type: "done") }
                 }
             }
+            if inline { channel.on(type: "b", as: [UInt8].self) { payload, _ in received(payload) } }
+            // (also the messages that arrive before on(type:) has installed the handler)
+            for await message in channel.messages { received(message.payload) }
             done.continuation.finish()
         }
     case "W4":
