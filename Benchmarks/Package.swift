@@ -36,7 +36,7 @@ let package = Package(
             dependencies: [
                 "BenchCommon",
                 .product(name: "Transport", package: parentIdentity),
-                .product(name: "FastJSON", package: parentIdentity),
+                .product(name: "Messaging", package: parentIdentity),  // its default codec, FastJSONCodec
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/bench-ours"

@@ -7,8 +7,11 @@
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
 #   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 D1)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
-#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+fastjson nio; also
-#                                       ours+batch, ours+fastjson+batch: W1 with send(contentsOf:) 64 at a time)
+#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+foundation nio; also
+#                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time)
+#
+# "ours" is the library as the messaging layer configures it (its default codec, FastJSON);
+# "ours+foundation" uses Foundation's JSONEncoder/JSONDecoder like the NIO peer.
 #
 # Every process runs under `timeout`; the script kills only the PIDs it started.
 set -euo pipefail
@@ -17,7 +20,7 @@ cd "$HERE"
 
 WORKLOADS=("$@")
 [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 D1)
-read -r -a IMPLS <<< "${IMPLS:-ours ours+fastjson nio}"
+read -r -a IMPLS <<< "${IMPLS:-ours ours+foundation nio}"
 PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
@@ -40,13 +43,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# command line of an implementation: bench-ours [--codec fast] | bench-nio | c-bulk
+# command line of an implementation: bench-ours [--codec foundation] | bench-nio | c-bulk
 impl_cmd() {
     case "$1" in
         ours) echo "$BIN/bench-ours" ;;
-        ours+fastjson) echo "$BIN/bench-ours --codec fast" ;;
+        ours+foundation) echo "$BIN/bench-ours --codec foundation" ;;
         ours+batch) echo "$BIN/bench-ours --w1-batch 64" ;;                  # W1: send(contentsOf:) 64 at a time
-        ours+fastjson+batch) echo "$BIN/bench-ours --codec fast --w1-batch 64" ;;
+        ours+foundation+batch) echo "$BIN/bench-ours --codec foundation --w1-batch 64" ;;
         nio) echo "$BIN/bench-nio" ;;
         c) echo "$BIN/c-bulk" ;;
     esac
@@ -176,11 +179,11 @@ fi
 
 # The table.
 echo
-printf '%-4s %-16s %14s %14s %14s %8s %8s\n' "" "metric" "ours" "ours+fastjson" "nio" "ours/nio" "fast/nio"
+printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "" "metric" "ours" "ours+foundation" "nio" "ours/nio" "fdn/nio"
 row() { # row WORKLOAD KEY
     local o f n
-    o=$(value "$1" ours "$2"); f=$(value "$1" ours+fastjson "$2"); n=$(value "$1" nio "$2")
-    printf '%-4s %-16s %14s %14s %14s %8s %8s\n' "$1" "$2" "${o:--}" "${f:--}" "${n:--}" "$(ratio "$o" "$n")" "$(ratio "$f" "$n")"
+    o=$(value "$1" ours "$2"); f=$(value "$1" ours+foundation "$2"); n=$(value "$1" nio "$2")
+    printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "$1" "$2" "${o:--}" "${f:--}" "${n:--}" "$(ratio "$o" "$n")" "$(ratio "$f" "$n")"
 }
 for w in "${WORKLOADS[@]}"; do
     case "$w" in
@@ -188,7 +191,7 @@ for w in "${WORKLOADS[@]}"; do
         W2) row W2 p50_us; row W2 p99_us; row W2 max_us ;;
         W3) row W3 mib_per_s
             c=$(value W3 c mib_per_s)
-            printf '%-4s %-16s %14s %14s %14s %8s %8s\n' "W3" "C baseline" "${c:--}" "" "" "$(ratio "$(value W3 ours mib_per_s)" "$c")" "(ours/C)" ;;
+            printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "W3" "C baseline" "${c:--}" "" "" "$(ratio "$(value W3 ours mib_per_s)" "$c")" "(ours/C)" ;;
         W5) row W5 bytes_per_conn ;;
         D1) for k in connect_ms_p50 connect_ms_max removed_ms_p50 removed_ms_max; do
                 v=$(value D1 ours "$k"); printf '%-4s %-16s %14s\n' "D1" "$k" "${v:--}"

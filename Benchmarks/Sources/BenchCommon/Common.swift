@@ -92,19 +92,28 @@ public func armWatchdog(seconds: Int) {
     t.start()
 }
 
-/// VmRSS of this process in bytes (from /proc/self/status).
-public func residentBytes() -> Int {
+/// A numeric field of /proc/self/status (`kB` fields in bytes), or 0.
+public func processStatus(_ field: String) -> Int {
     guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
-    for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
-        let parts = line.split(separator: " ", omittingEmptySubsequences: true)
-        if parts.count >= 2, let kb = Int(parts[1]) { return kb * 1024 }
+    for line in text.split(separator: "\n") where line.hasPrefix(field + ":") {
+        let parts = line.split(separator: " ", omittingEmptySubsequences: true).flatMap { $0.split(separator: "\t") }
+        guard parts.count >= 2, let value = Int(parts[1]) else { return 0 }
+        return parts.count >= 3 && parts[2] == "kB" ? value * 1024 : value
     }
     return 0
 }
 
+/// VmRSS of this process in bytes (from /proc/self/status).
+public func residentBytes() -> Int { processStatus("VmRSS") }
+
 /// Bytes of heap in use (glibc mallinfo2: small chunks plus mmapped blocks), all arenas.
 public func heapInUse() -> Int {
     Int(bench_heap_in_use())
+}
+
+/// Bytes malloc holds free inside its arenas (touched pages it keeps for reuse), all arenas.
+public func heapFree() -> Int {
+    Int(bench_heap_free())
 }
 
 /// Latency percentiles of W2 (microseconds).

@@ -6,6 +6,8 @@ size_t bench_heap_in_use(void) {
     struct mallinfo2 info = mallinfo2();
     return info.uordblks + info.hblkhd;
 }
+size_t bench_heap_free(void) { return mallinfo2().fordblks; }
 #else
 size_t bench_heap_in_use(void) { return 0; }
+size_t bench_heap_free(void) { return 0; }
 #endif

@@ -388,9 +388,17 @@ func runServer() throws {
         let target = options.int("connections", Workload.w5Connections)
         let established = NIOLockedValueBox(0)
         let all = group.next().makePromise(of: Void.self)
+        // Warm-up (ours does the same): one connection to ourselves, opened and closed, so that code
+        // run for the first time is not counted as growth per connection. Then the baseline.
+        let warm = try serve(connected: { channel in channel.close(promise: nil) }) { Idle() }
+        let client = try connect(warm.localAddress!.port!) { _ in Idle() }.wait()
+        try client.closeFuture.wait()
+        try warm.close().wait()
         Thread.sleep(forTimeInterval: 0.2)
         let before = residentBytes()
         let heapBefore = heapInUse()
+        let freeBefore = heapFree()
+        let threadsBefore = processStatus("Threads")
         let server = try serve(connected: { _ in
             if established.withLockedValue({ $0 += 1; return $0 }) == target { all.succeed() }
         }) { Idle() }
@@ -399,11 +407,15 @@ func runServer() throws {
         Thread.sleep(forTimeInterval: 1)
         let after = residentBytes()
         let heapAfter = heapInUse()
+        let freeAfter = heapFree()
+        let threadsAfter = processStatus("Threads")
         let per = Double(after - before) / Double(target)
         result(
             "W5", impl,
             [
                 "bytes_per_conn": fmt(per, 0), "heap_per_conn": fmt(Double(heapAfter - heapBefore) / Double(target), 0),
+                "malloc_free_per_conn": fmt(Double(freeAfter - freeBefore) / Double(target), 0),
+                "threads": "\(threadsBefore)->\(threadsAfter)",
                 "rss_before": "\(before)", "rss_after": "\(after)", "connections": "\(target)",
             ])
     default:

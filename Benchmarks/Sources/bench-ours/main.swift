@@ -1,25 +1,18 @@
 // W1-W5 with our library: Transport's Listener + MessageChannel.accept / MessageChannel.connect.
 //
-//   bench-ours server W1|W2|W3|W4|W5 [--codec foundation|fast]     prints "READY <port>", then a RESULT line
+//   bench-ours server W1|W2|W3|W4|W5 [--codec fast|foundation]     prints "READY <port>", then a RESULT line
 //   bench-ours client W1|W2|W3|W4|W5 --port P [--codec ...]        prints a RESULT line
 //   (W1 client: --w1-batch N sends N samples per send(contentsOf:) call; default 1, one send each)
 //
-// The codec is FoundationJSONCodec (Foundation's JSONEncoder/JSONDecoder) or FastJSON; both are codec
-// id 1 and put the same kind of JSON on the wire. Raw bytes (W3) use codec 0, no JSON.
+// The codec is the messaging layer's default, `FastJSONCodec` (implementation "ours"), or
+// `FoundationJSONCodec(sortedKeys: false)` (--codec foundation, implementation "ours+foundation": the
+// same Foundation JSON as the NIO peer, so the difference is the transport). Both are codec id 1 and
+// put the same kind of JSON on the wire. Raw bytes (W3) use codec 0, no JSON.
 import BenchCommon
-import FastJSON
 import Foundation
 import Logging
+import Messaging
 import Transport
-
-/// FastJSON as a Transport codec (id 1, JSON on the wire like FoundationJSONCodec).
-struct FastJSONCodec: MessageCodec {
-    var id: UInt8 { WireProtocol.jsonCodecID }
-    func encode<T: Encodable>(_ value: T) throws -> [UInt8] { try FastJSONEncoder().encode(value) }
-    func decode<T: Decodable>(_ type: T.Type, from bytes: UnsafeRawBufferPointer) throws -> T {
-        try FastJSONDecoder().decode(type, from: bytes)
-    }
-}
 
 /// A counter shared between a channel's queue (handlers) and the main task.
 final class Counter: @unchecked Sendable {
@@ -34,8 +27,8 @@ let options = Options()
 guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..W5 [--port P] [--codec foundation|fast]") }
 let role = options.words[0]
 let workload = options.words[1]
-let codecName = options.string("codec", "foundation")
-let impl = (codecName == "fast" ? "ours+fastjson" : "ours") + (options.int("w1-batch", 1) > 1 ? "+batch" : "")
+let codecName = options.string("codec", "fast")
+let impl = (codecName == "fast" ? "ours" : "ours+foundation") + (options.int("w1-batch", 1) > 1 ? "+batch" : "")
 armWatchdog(seconds: options.int("timeout", 120))
 
 let logger: Logger = {
@@ -47,7 +40,7 @@ let logger: Logger = {
 func configuration(_ name: String) -> ChannelConfiguration {
     var c = ChannelConfiguration(name: name)
     // Foundation without key sorting: the same work as the NIO peer's plain JSONEncoder.
-    c.codecs = CodecRegistry(sendCodec: codecName == "fast" ? FastJSONCodec() : FoundationJSONCodec(sortedKeys: false))
+    c.codecs = codecName == "fast" ? .messagingDefault : CodecRegistry(sendCodec: FoundationJSONCodec(sortedKeys: false))
     c.pingInterval = nil  // no heartbeat traffic in measurements (W5: idle means idle)
     c.heartbeatTimeout = .seconds(3600)
     c.helloTimeout = .seconds(60)
@@ -174,10 +167,17 @@ func runServer() async throws {
         let established = Counter()
         let all = AsyncStream<Void>.makeStream()
         let holder = ChannelHolder()
-        // Baseline after the runtime, Dispatch and the listener are up (the same point as the NIO peer).
+        // Warm-up (the NIO peer does the same): one connection to ourselves, opened and closed, so
+        // that code run for the first time (pages of the binary and libraries, counted in VmRSS) is
+        // not counted as growth per connection. Then the baseline.
+        let warm = try listen { channel in channel.close() }
+        _ = await (try await connect(warm.port)).closed()
+        warm.stop()
         try await Task.sleep(for: .milliseconds(200))
         let before = residentBytes()
         let heapBefore = heapInUse()
+        let freeBefore = heapFree()
+        let threadsBefore = processStatus("Threads")
         listener = try listen { channel in
             holder.keep(channel)
             if established.add() == target { all.continuation.finish() }
@@ -187,11 +187,15 @@ func runServer() async throws {
         try await Task.sleep(for: .seconds(1))  // let every handshake's leftovers settle
         let after = residentBytes()
         let heapAfter = heapInUse()
+        let freeAfter = heapFree()
+        let threadsAfter = processStatus("Threads")
         let per = Double(after - before) / Double(target)
         result(
             "W5", impl,
             [
                 "bytes_per_conn": fmt(per, 0), "heap_per_conn": fmt(Double(heapAfter - heapBefore) / Double(target), 0),
+                "malloc_free_per_conn": fmt(Double(freeAfter - freeBefore) / Double(target), 0),
+                "threads": "\(threadsBefore)->\(threadsAfter)",
                 "rss_before": "\(before)", "rss_after": "\(after)", "connections": "\(target)",
             ])
         holder.closeAll()
