@@ -2,7 +2,8 @@
 //
 //   bench-ours server W1|W2|W3|W4|W5 [--codec fast|foundation]     prints "READY <port>", then a RESULT line
 //   bench-ours client W1|W2|W3|W4|W5 --port P [--codec ...]        prints a RESULT line
-//   (W1 client: --w1-batch N sends N samples per send(contentsOf:) call; default 1, one send each)
+//   (W1 client: --w1-batch N sends N samples per send(contentsOf:) call; default 1, one send each;
+//    --w1-client loop|pool: the sending task prefers the channel's loop executor (default) or not)
 //
 // The codec is the messaging layer's default, `FastJSONCodec` (implementation "ours"), or
 // `FoundationJSONCodec(sortedKeys: false)` (--codec foundation, implementation "ours+foundation": the
@@ -236,6 +237,13 @@ func runClient() async throws {
                 let end = min(i + batch, n)
                 try await channel.send(contentsOf: (i..<end).lazy.map(Sample.make), type: "s")
                 i = end
+            }
+        } else if options.string("w1-client", "loop") == "loop" {
+            // Default: the sending task prefers the channel's loop executor, so its frames need no
+            // hand-off to another thread (like the NIO peer's client, which encodes and writes on the
+            // channel's event loop). --w1-client pool: the task stays on the cooperative pool.
+            try await withTaskExecutorPreference(channel.taskExecutor) {
+                for i in 0..<n { try await channel.send(Sample.make(i), type: "s") }
             }
         } else {
             for i in 0..<n { try await channel.send(Sample.make(i), type: "s") }
