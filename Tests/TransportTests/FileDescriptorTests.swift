@@ -12,7 +12,7 @@ import Testing
     }
 
     @Test func everyWayOfClosingClosesTheSockets() async throws {
-        try await withDeadline(90, "closing 40 connections") {
+        try await withDeadline(90, "closing 50 connections") {
             // Before: this process's descriptors. Allowed after: the listener's socket plus up to 3
             // that Dispatch makes lazily and keeps (epoll, eventfd, timerfd). A leak of any one
             // way of closing leaves 20 sockets open (10 rounds, both ends).
@@ -54,6 +54,21 @@ import Testing
                 _ = await pair.client.closed()
                 filling.cancel()
                 _ = await filling.result
+
+                // With a suspended write source: the socket blocked once (source made), then the
+                // client read everything, the queue drained (source suspended), then the server aborts.
+                pair = try await server.connectedPair()
+                let drained = pair.accepted
+                let chunks = 200  // 12.5 MiB: more than the client's buffer of 64 messages plus socket buffers
+                let sending = Task { for _ in 0..<chunks { try await drained.sendRaw(chunk, type: "fill") } }
+                try await waitUntil("the server's send queue backs up") { drained.queuedBytes > 0 }
+                var iterator = pair.client.messages.makeAsyncIterator()
+                for _ in 0..<chunks { _ = await iterator.next() }
+                try await sending.value
+                try await waitUntil("the server's send queue drains") { drained.queuedBytes == 0 }
+                drained.abort()
+                #expect(await drained.closed() == .localClose)
+                _ = await pair.client.closed()
             }
             try await waitUntil("every socket closed (\(before) descriptors open before)", seconds: 20) {
                 Self.openDescriptors() <= allowed
