@@ -9,7 +9,7 @@ import Foundation
 /// `@unchecked Sendable`: every mutable field is guarded by `lock`.
 final class BoundedBuffer<Element: Sendable>: @unchecked Sendable {
     private let lock = Lock()
-    private var finished = false  // (the small fields next to the 4-byte lock: one word for all three)
+    private var finished = false  // (the two flags share one word)
     private var overLimit = false
     private var items: [Element] = []
     private var head = 0
