@@ -10,7 +10,8 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
         case watch(AsyncStream<ResolvedService>.Continuation)
     }
 
-    /// How long a one-shot resolve waits, after the first answer, for the other address families.
+    /// How long a one-shot resolve waits, after the first answer, for the other address families
+    /// (it ends sooner once every resolver has answered and every wanted family has an address).
     static let grace: Duration = .milliseconds(250)
 
     unowned let core: DiscoveryCore
@@ -206,7 +207,12 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
     private func changed() {
         switch mode {
         case .once:
-            guard graceTimer == nil, !addresses.isEmpty else { return }
+            guard !addresses.isEmpty else { return }
+            if hasEverything {
+                finish(.success(snapshot()))
+                return
+            }
+            guard graceTimer == nil else { return }
             let timer = DispatchSource.makeTimerSource(queue: core.queue)
             timer.schedule(deadline: .now() + Self.grace.dispatchInterval)
             timer.setEventHandler { [weak self] in
@@ -222,6 +228,17 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
                 lastYielded = current
                 continuation.yield(current)
             }
+        }
+    }
+
+    /// Whether waiting longer cannot add anything the grace period waits for: every resolver has
+    /// answered (found or failed) and each wanted address family has an address.
+    private var hasEverything: Bool {
+        guard found.count + failures >= resolvers.count else { return false }
+        let versions = Set(addresses.map(\.ip.version))
+        switch ipVersion {
+        case .any: return versions.contains(.ipv4) && versions.contains(.ipv6)
+        case .ipv4, .ipv6: return versions.contains(ipVersion)
         }
     }
 

@@ -158,8 +158,9 @@ public final class ServiceDiscovery: Sendable {
     /// Resolves a browsed service: host name, port, TXT and every address with its interface.
     ///
     /// Resolves on every interface and IP version the service was seen on, then collects all A and
-    /// AAAA records of its host. Returns shortly (a quarter second) after the first answer so that
-    /// the other address families can arrive too.
+    /// AAAA records of its host. Returns as soon as every resolver has answered with both an IPv4 and
+    /// an IPv6 address (only the family asked for, with `ipVersion`), else a quarter second after the
+    /// first answer, so that the other address family can arrive too.
     /// - Throws: ``DiscoveryError`` with code `.timedOut` when nothing answers within `timeout`.
     public func resolve(
         _ service: DiscoveredService, ipVersion: IPVersion = .any, timeout: Duration = .seconds(5)
