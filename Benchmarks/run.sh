@@ -27,6 +27,9 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r)"
 echo "== $(swift --version 2>/dev/null | head -n 1); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+# What the build needs on a fresh machine (libavahi-client-dev: bench-ours links the messaging
+# layer, bench-discovery the discovery layer; gcc: the C baseline; avahi for D1).
+"$HERE/../Tests/harness/install-deps.sh" gcc
 echo "== building (release) in $HERE/.build"
 nice -n 5 swift build -c release 2>&1 | grep -v -e "prohibited flag" -e "^\[" || true
 BIN="$(swift build -c release --show-bin-path)"
