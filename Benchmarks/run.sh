@@ -7,6 +7,7 @@
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
 #   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 D1)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
+#   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+foundation nio; also
 #                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time)
 #
@@ -83,6 +84,7 @@ run_one() {
     local w=$1 impl=$2 cmd tag="$WORK/$1-$2" port spid cpid
     cmd=$(impl_cmd "$impl")
     local sargs=(server "$w") cargs=(client "$w")
+    [ "$w" = W5 ] && sargs+=(--w5-warmup "${W5_WARMUP:-1}")
     if [ "$impl" = c ]; then sargs=(server); cargs=(client); fi
     # shellcheck disable=SC2086
     timeout -k 5 "$PROC_TIMEOUT" $cmd "${sargs[@]}" > "$tag.server" 2> "$tag.server.err" &

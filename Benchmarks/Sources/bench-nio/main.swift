@@ -390,10 +390,13 @@ func runServer() throws {
         let all = group.next().makePromise(of: Void.self)
         // Warm-up (ours does the same): one connection to ourselves, opened and closed, so that code
         // run for the first time is not counted as growth per connection. Then the baseline.
-        let warm = try serve(connected: { channel in channel.close(promise: nil) }) { Idle() }
-        let client = try connect(warm.localAddress!.port!) { _ in Idle() }.wait()
-        try client.closeFuture.wait()
-        try warm.close().wait()
+        // (--w5-warmup 0: no warm-up, the method of the runs before it.)
+        if options.int("w5-warmup", 1) > 0 {
+            let warm = try serve(connected: { channel in channel.close(promise: nil) }) { Idle() }
+            let client = try connect(warm.localAddress!.port!) { _ in Idle() }.wait()
+            try client.closeFuture.wait()
+            try warm.close().wait()
+        }
         Thread.sleep(forTimeInterval: 0.2)
         let before = residentBytes()
         let heapBefore = heapInUse()

@@ -171,9 +171,12 @@ func runServer() async throws {
         // Warm-up (the NIO peer does the same): one connection to ourselves, opened and closed, so
         // that code run for the first time (pages of the binary and libraries, counted in VmRSS) is
         // not counted as growth per connection. Then the baseline.
-        let warm = try listen { channel in channel.close() }
-        _ = await (try await connect(warm.port)).closed()
-        warm.stop()
+        // (--w5-warmup 0: no warm-up, the method of the runs before it.)
+        if options.int("w5-warmup", 1) > 0 {
+            let warm = try listen { channel in channel.close() }
+            _ = await (try await connect(warm.port)).closed()
+            warm.stop()
+        }
         try await Task.sleep(for: .milliseconds(200))
         let before = residentBytes()
         let heapBefore = heapInUse()
