@@ -703,16 +703,10 @@ final class Connection: @unchecked Sendable {
                 unsentBytes -= writeInboxDirectly(maxBuffers: Connection.maxIOVecs)
                 if inbox.isEmpty { return false }
             }
-            defer { drainScheduled = true }
-            return !drainScheduled
+            return claimDrain()
         }
         guard let schedule else { return refusal }
-        if schedule {
-            queue.async {
-                self.drainInbox()
-                self.flush()
-            }
-        }
+        if schedule { scheduleDrain() }
         return .sent(0)
     }
 
@@ -739,13 +733,10 @@ final class Connection: @unchecked Sendable {
         var sizes: [Int] = []
         /// Bytes at the start of `buffers[0]` that a direct write already sent.
         var skip = 0
-        /// Bytes not yet written.
-        var bytes = 0
         var isEmpty: Bool { buffers.isEmpty }
 
         mutating func append(_ frame: Frame, size: Int) {
             WireBuffer.append(frame, size: size, to: &buffers, sizes: &sizes)
-            bytes += size
         }
     }
 
@@ -753,8 +744,8 @@ final class Connection: @unchecked Sendable {
     /// is open, nobody waits in the slow path and (unless `bypassLimit`) the unsent bytes are at most
     /// the high-water mark. When nothing at all is unsent, the caller writes the socket itself (no
     /// thread hop; what the socket does not take goes to the inbox); otherwise the frame goes to the
-    /// inbox and one `queue.async` moves the inbox into the output queue. Returns nil when the slow
-    /// path must be taken.
+    /// inbox and one `queue.async` moves the inbox into the output queue. Returns `.full` or
+    /// `.closed` when the slow path must be taken, `.invalid` for a frame that cannot be encoded.
     private func submitFast(_ frame: Frame, bypassLimit: Bool) -> FastSend {
         guard let size = try? Frame.validatedSize(frame) else { return .invalid }
         var frame = frame
@@ -782,16 +773,10 @@ final class Connection: @unchecked Sendable {
                 unsentBytes -= writeInboxDirectly(maxBuffers: 2)
                 if inbox.isEmpty { return (frame.sequence, false) }
             }
-            defer { drainScheduled = true }
-            return (frame.sequence, !drainScheduled)
+            return (frame.sequence, claimDrain())
         }
         guard let accepted else { return refusal }
-        if accepted.schedule {
-            queue.async {
-                self.drainInbox()
-                self.flush()
-            }
-        }
+        if accepted.schedule { scheduleDrain() }
         return .sent(accepted.sequence)
     }
 
@@ -855,8 +840,22 @@ final class Connection: @unchecked Sendable {
             inbox.skip = 0
         }
         inbox.skip += remaining
-        inbox.bytes -= written
         return written
+    }
+
+    /// With `sendLock` held, after frames went to the inbox: whether the caller must schedule the
+    /// drain (true for the first since the last drain; later ones ride along).
+    private func claimDrain() -> Bool {
+        defer { drainScheduled = true }
+        return !drainScheduled
+    }
+
+    /// One `queue.async` that moves the inbox into the output queue and writes it.
+    private func scheduleDrain() {
+        queue.async {
+            self.drainInbox()
+            self.flush()
+        }
     }
 
     /// Moves the inbox's frames (already numbered) into the output queue. On ``queue``.

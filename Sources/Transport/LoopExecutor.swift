@@ -7,14 +7,10 @@ import Dispatch
 /// pile up and are written in one `sendmsg` when it suspends), and its awaits on the channel resume
 /// without waking a cooperative-pool thread. One executor per loop, made once.
 final class LoopExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked Sendable: immutable after init (a queue and an index).
+    // @unchecked Sendable: immutable after init.
     let queue: DispatchQueue
-    let loop: Int
 
-    private init(loop: Int) {
-        self.loop = loop
-        queue = ConnectionLoops.loops[loop]
-    }
+    private init(loop: Int) { queue = ConnectionLoops.loops[loop] }
 
     static let executors: [LoopExecutor] = ConnectionLoops.loops.indices.map { LoopExecutor(loop: $0) }
 

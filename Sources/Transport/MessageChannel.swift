@@ -581,11 +581,7 @@ public final class MessageChannel: @unchecked Sendable {
             violation("STREAM_START #\(frame.sequence) has a malformed header: \(error)")
             return
         }
-        let queue = self.queue
-        let connection = self.connection
-        let buffer = BoundedBuffer<[UInt8]>(
-            limit: configuration.transferChunkBufferLimit, onFull: { connection.pauseReading() },
-            onDrained: { queue.async { connection.resumeReading() } })
+        let buffer: BoundedBuffer<[UInt8]> = Self.inboundBuffer(connection, limit: configuration.transferChunkBufferLimit)
         let transfer = IncomingTransfer(streamID: frame.sequence, typeID: frame.typeID, header: header, buffer: buffer)
         incoming[frame.sequence] = (transfer, 0)
         transfer.progressContinuation.yield(
