@@ -38,12 +38,22 @@ let package = Package(
             dependencies: ["CAvahiClient", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
-        // Layer 1b: sockets, Dispatch sources, framing, wire envelope, codecs. No Avahi.
+        // Layer 1b: the protocol core. No I/O: no sockets, no Dispatch, no files. Frames, the
+        // envelope and the connection's logic as state machines that take events and return actions.
+        .target(
+            name: "ProtocolCore",
+            dependencies: [
+                "FastJSON",  // hello payloads
+                .product(name: "Crypto", package: "swift-crypto"),  // HMAC-SHA256 for pre-shared keys
+            ],
+            swiftSettings: strict
+        ),
+        // Layer 1c: I/O only: sockets, Dispatch sources, the driver that carries out the core's actions.
         .target(
             name: "Transport",
             dependencies: [
+                "ProtocolCore",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "Crypto", package: "swift-crypto"),  // HMAC-SHA256 for pre-shared keys
             ],
             swiftSettings: strict
         ),
@@ -132,6 +142,7 @@ let package = Package(
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
+        .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport"], swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(name: "MessagingTests", dependencies: ["Messaging"], swiftSettings: strict),

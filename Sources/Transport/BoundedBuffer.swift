@@ -1,3 +1,4 @@
+import ProtocolCore
 import Foundation
 
 /// A single- or multi-consumer async buffer with a soft limit, used for every inbound stream.

@@ -1,3 +1,4 @@
+import ProtocolCore
 import Foundation
 
 /// Encodes and decodes message payloads. The ``id`` travels in every MESSAGE frame.

@@ -1,3 +1,4 @@
+import ProtocolCore
 import Dispatch
 import Foundation
 import Logging

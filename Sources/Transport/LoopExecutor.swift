@@ -1,3 +1,4 @@
+import ProtocolCore
 import Dispatch
 
 /// A task executor that runs jobs on one of the ``ConnectionLoops`` queues.

@@ -1,43 +1,5 @@
 import Foundation
-
-/// The wire protocol's constants.
-public enum WireProtocol {
-    /// The protocol version sent in HELLO. Peers with different versions refuse each other.
-    public static let version = 1
-    /// Codec id of raw bytes (no codec).
-    public static let rawCodecID: UInt8 = 0
-    /// Codec id of JSON.
-    public static let jsonCodecID: UInt8 = 1
-}
-
-/// What a peer says about itself in the hello exchange.
-public struct PeerInfo: Sendable, Codable, Hashable {
-    /// The peer's protocol version.
-    public var version: Int
-    /// The peer's display name.
-    public var name: String
-    /// App metadata (for example an app version or capabilities).
-    public var metadata: [String: String]
-
-    /// Creates peer info.
-    public init(version: Int = WireProtocol.version, name: String, metadata: [String: String] = [:]) {
-        self.version = version
-        self.name = name
-        self.metadata = metadata
-    }
-}
-
-/// The payload of a REFUSE frame.
-struct Refusal: Codable {
-    var code: String
-    var message: String
-}
-
-/// The payload of a STREAM_START frame.
-struct TransferHeader: Codable {
-    var size: UInt64
-    var metadata: [String: String]
-}
+import ProtocolCore
 
 /// A message received from the peer.
 public struct IncomingMessage: Sendable {

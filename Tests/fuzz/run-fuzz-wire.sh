@@ -53,7 +53,8 @@ printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"
 
 T="$REPO/Sources/Transport"
 D="$REPO/Sources/Discovery"
-build fuzz-frames "$HERE/FuzzFrames.swift" "$T/Frame.swift" "$T/TransportError.swift" "$T/SocketAddress.swift" "$T/Syscall.swift"
+C="$REPO/Sources/ProtocolCore"
+build fuzz-frames "$HERE/FuzzFrames.swift" "$C/Frame.swift" "$C/FrameDecoder.swift" "$C/Errors.swift"
 build fuzz-txt "$HERE/FuzzTXT.swift" "$D/TXTRecord.swift" "$D/DiscoveryError.swift" "$D/RecordParsing.swift" "$D/Types.swift"
 run fuzz-frames 70000
 run fuzz-txt 4096

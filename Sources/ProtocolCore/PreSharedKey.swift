@@ -1,12 +1,11 @@
 import Crypto
-import Foundation
 
 /// A pre-shared key for mutual authentication in the hello (HMAC-SHA256 challenge-response).
 ///
 /// The key never goes on the wire: each side sends a fresh 32-byte nonce and proves the key by an
 /// HMAC over both nonces, so a captured hello cannot be replayed.
 public struct PreSharedKey: Sendable {
-    let keyBytes: [UInt8]
+    package let keyBytes: [UInt8]
 
     /// A key from raw bytes (at least 16).
     /// - Throws: ``TransportError`` `.invalidArgument` for a shorter key.
@@ -19,21 +18,8 @@ public struct PreSharedKey: Sendable {
         keyBytes = bytes
     }
 
-    /// Reads a key file: its bytes with surrounding whitespace trimmed (so `base64` output or a
-    /// passphrase line works as well as raw random bytes).
-    /// - Throws: ``TransportError`` `.invalidArgument` when unreadable or too short.
-    public init(contentsOfFile path: String) throws(TransportError) {
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw TransportError(.invalidArgument, "cannot read the key file '\(path)'; check the path and its permissions")
-        }
-        var bytes = [UInt8](data)
-        while let last = bytes.last, last == 0x0A || last == 0x0D || last == 0x20 || last == 0x09 { bytes.removeLast() }
-        while let first = bytes.first, first == 0x0A || first == 0x0D || first == 0x20 || first == 0x09 { bytes.removeFirst() }
-        try self.init(bytes: bytes)
-    }
-
     /// HMAC-SHA256 over `label || first || second`.
-    func proof(_ label: String, _ first: [UInt8], _ second: [UInt8]) -> [UInt8] {
+    package func proof(_ label: String, _ first: [UInt8], _ second: [UInt8]) -> [UInt8] {
         var mac = HMAC<SHA256>(key: SymmetricKey(data: keyBytes))
         mac.update(data: Array(label.utf8))
         mac.update(data: first)
@@ -42,34 +28,34 @@ public struct PreSharedKey: Sendable {
     }
 
     /// The server's proof: HMAC(key, "lanmsg-auth-v1 server" || client nonce || server nonce).
-    func serverProof(clientNonce: [UInt8], serverNonce: [UInt8]) -> [UInt8] {
+    package func serverProof(clientNonce: [UInt8], serverNonce: [UInt8]) -> [UInt8] {
         proof("lanmsg-auth-v1 server", clientNonce, serverNonce)
     }
 
     /// The client's proof: HMAC(key, "lanmsg-auth-v1 client" || server nonce || client nonce).
-    func clientProof(clientNonce: [UInt8], serverNonce: [UInt8]) -> [UInt8] {
+    package func clientProof(clientNonce: [UInt8], serverNonce: [UInt8]) -> [UInt8] {
         proof("lanmsg-auth-v1 client", serverNonce, clientNonce)
     }
 }
 
-enum AuthNonce {
-    static let size = 32
-    static func make() -> [UInt8] {
+package enum AuthNonce {
+    package static let size = 32
+    package static func make() -> [UInt8] {
         var generator = SystemRandomNumberGenerator()
         return (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
     }
 }
 
 /// Constant-time comparison (no early exit on the first differing byte).
-func constantTimeEqual(_ lhs: [UInt8], _ rhs: [UInt8]) -> Bool {
+package func constantTimeEqual(_ lhs: [UInt8], _ rhs: [UInt8]) -> Bool {
     guard lhs.count == rhs.count else { return false }
     var difference: UInt8 = 0
     for index in lhs.indices { difference |= lhs[index] ^ rhs[index] }
     return difference == 0
 }
 
-enum Hex {
-    static func encode(_ bytes: [UInt8]) -> String {
+package enum Hex {
+    package static func encode(_ bytes: [UInt8]) -> String {
         let digits = Array("0123456789abcdef".utf8)
         var out = [UInt8]()
         out.reserveCapacity(bytes.count * 2)
@@ -80,7 +66,7 @@ enum Hex {
         return String(decoding: out, as: UTF8.self)
     }
 
-    static func decode(_ text: String) -> [UInt8]? {
+    package static func decode(_ text: String) -> [UInt8]? {
         let utf8 = Array(text.utf8)
         guard utf8.count % 2 == 0, utf8.count <= 256 else { return nil }
         func nibble(_ c: UInt8) -> UInt8? {
@@ -102,33 +88,3 @@ enum Hex {
     }
 }
 
-/// HELLO / HELLO_ACK payload: the public ``PeerInfo`` plus the authentication fields.
-struct HelloPayload: Codable {
-    var version: Int
-    var name: String
-    var metadata: [String: String]
-    /// Client's nonce (hex), sent when the client has a pre-shared key.
-    var nonce: String?
-    /// Server's challenge and proof, sent when the server has a pre-shared key.
-    var auth: AuthChallenge?
-
-    init(_ info: PeerInfo, nonce: String? = nil, auth: AuthChallenge? = nil) {
-        version = info.version
-        name = info.name
-        metadata = info.metadata
-        self.nonce = nonce
-        self.auth = auth
-    }
-
-    var info: PeerInfo { PeerInfo(version: version, name: name, metadata: metadata) }
-}
-
-struct AuthChallenge: Codable {
-    var scheme: String
-    var nonce: String
-    var proof: String
-}
-
-struct AuthProof: Codable {
-    var proof: String
-}

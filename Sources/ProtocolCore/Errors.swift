@@ -4,7 +4,7 @@
     import Darwin
 #endif
 
-/// An error thrown by the Transport module.
+/// An error of a connection, a channel or a message (connecting, the hello, sending, decoding).
 ///
 /// Match on ``code`` (for example `error.code == .requestTimedOut`); ``message`` says what happened
 /// and what to do about it. New codes may be added without breaking callers.
@@ -66,6 +66,11 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         public let reason: String
         /// A textual description: `address: reason`.
         public var description: String { "\(address): \(reason)" }
+
+        package init(address: SocketAddress, reason: String) {
+            self.address = address
+            self.reason = reason
+        }
     }
 
     /// The kind of error.
@@ -81,7 +86,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     /// Each address's failure, for ``Code/connectFailed`` and ``Code/connectTimedOut``.
     public let connectFailures: [ConnectFailure]
 
-    init(
+    package init(
         _ code: Code, _ message: String, errno: Int32? = nil, call: String? = nil,
         closeReason: CloseReason? = nil, connectFailures: [ConnectFailure] = []
     ) {
@@ -96,17 +101,17 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     /// A textual description including the code and message.
     public var description: String { "TransportError.\(code): \(message)" }
 
-    static func syscall(_ call: String, errno: Int32) -> TransportError {
+    package static func syscall(_ call: String, errno: Int32) -> TransportError {
         TransportError(
             .syscallFailed, "\(call) failed: \(errnoString(errno)) (errno \(errno))", errno: errno, call: call)
     }
 
-    static func closed(_ reason: CloseReason) -> TransportError {
+    package static func closed(_ reason: CloseReason) -> TransportError {
         TransportError(.connectionClosed, "the connection is closed (\(reason)); open a new one", closeReason: reason)
     }
 }
 
-func errnoString(_ code: Int32) -> String {
+package func errnoString(_ code: Int32) -> String {
     String(cString: strerror(code))
 }
 

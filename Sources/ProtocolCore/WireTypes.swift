@@ -1,0 +1,119 @@
+/// The wire protocol's constants.
+public enum WireProtocol {
+    /// The protocol version sent in HELLO. Peers with different versions refuse each other.
+    public static let version = 1
+    /// Codec id of raw bytes (no codec).
+    public static let rawCodecID: UInt8 = 0
+    /// Codec id of JSON.
+    public static let jsonCodecID: UInt8 = 1
+}
+
+/// What a peer says about itself in the hello exchange.
+public struct PeerInfo: Sendable, Codable, Hashable {
+    /// The peer's protocol version.
+    public var version: Int
+    /// The peer's display name.
+    public var name: String
+    /// App metadata (for example an app version or capabilities).
+    public var metadata: [String: String]
+
+    /// Creates peer info.
+    public init(version: Int = WireProtocol.version, name: String, metadata: [String: String] = [:]) {
+        self.version = version
+        self.name = name
+        self.metadata = metadata
+    }
+}
+
+/// The payload of a REFUSE frame.
+package struct Refusal: Codable, Sendable {
+    package var code: String
+    package var message: String
+    package init(code: String, message: String) {
+        self.code = code
+        self.message = message
+    }
+}
+
+/// The payload of a STREAM_START frame.
+package struct TransferHeader: Codable, Sendable {
+    // Declared in sorted order (the encoder writes keys in declaration order).
+    package var metadata: [String: String]
+    package var size: UInt64
+    package init(size: UInt64, metadata: [String: String]) {
+        self.size = size
+        self.metadata = metadata
+    }
+}
+
+
+/// HELLO / HELLO_ACK payload: the public ``PeerInfo``, this side's frame limit and the
+/// authentication fields. Required on receive: `version` (integer) and `name` (string); `metadata`
+/// defaults to `{}`, `max_frame` to 16 MiB. Encoded with sorted keys.
+package struct HelloPayload: Codable, Sendable {
+    package var version: Int
+    package var name: String
+    package var metadata: [String: String]
+    /// The largest frame body the sender accepts (bytes after the length prefix).
+    package var maxFrame: Int?
+    /// Client's nonce (hex), sent when the client has a pre-shared key.
+    package var nonce: String?
+    /// Server's challenge and proof, sent when the server has a pre-shared key.
+    package var auth: AuthChallenge?
+
+    package init(_ info: PeerInfo, nonce: String? = nil, auth: AuthChallenge? = nil) {
+        version = info.version
+        name = info.name
+        metadata = info.metadata
+        self.nonce = nonce
+        self.auth = auth
+    }
+
+    package var info: PeerInfo { PeerInfo(version: version, name: name, metadata: metadata) }
+
+    // Declared in sorted order: the encoder writes keys in this order.
+    enum CodingKeys: String, CodingKey {
+        case auth
+        case maxFrame = "max_frame"
+        case metadata, name, nonce, version
+    }
+
+    package init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        version = try container.decode(Int.self, forKey: .version)
+        name = try container.decode(String.self, forKey: .name)
+        metadata = try container.decodeIfPresent([String: String].self, forKey: .metadata) ?? [:]
+        maxFrame = try container.decodeIfPresent(Int.self, forKey: .maxFrame)
+        nonce = try container.decodeIfPresent(String.self, forKey: .nonce)
+        auth = try container.decodeIfPresent(AuthChallenge.self, forKey: .auth)
+    }
+
+    package func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encodeIfPresent(auth, forKey: .auth)
+        try container.encodeIfPresent(maxFrame, forKey: .maxFrame)
+        try container.encode(metadata, forKey: .metadata)
+        try container.encode(name, forKey: .name)
+        try container.encodeIfPresent(nonce, forKey: .nonce)
+        try container.encode(version, forKey: .version)
+    }
+}
+
+/// The server's challenge in HELLO_ACK (pre-shared key only).
+package struct AuthChallenge: Codable, Sendable {
+    // Sorted order (see HelloPayload).
+    package var nonce: String
+    package var proof: String
+    package var scheme: String
+    package init(scheme: String, nonce: String, proof: String) {
+        self.scheme = scheme
+        self.nonce = nonce
+        self.proof = proof
+    }
+}
+
+/// The client's proof in AUTH (pre-shared key only).
+package struct AuthProof: Codable, Sendable {
+    package var proof: String
+    package init(proof: String) { self.proof = proof }
+}

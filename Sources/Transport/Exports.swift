@@ -1,0 +1,2 @@
+// The core's types are part of this module's API (until the public API is trimmed).
+@_exported import ProtocolCore
