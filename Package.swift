@@ -32,10 +32,12 @@ let package = Package(
             pkgConfig: "avahi-client",
             providers: [.apt(["libavahi-client-dev"])]
         ),
+        // The package's one lock type (a pthread mutex with its value in one allocation).
+        .target(name: "Locks", swiftSettings: strict),
         // Layer 1a: DNS-SD through Avahi on Dispatch. No sockets.
         .target(
             name: "Discovery",
-            dependencies: ["CAvahiClient", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CAvahiClient", "Locks", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         // Layer 1b: the protocol core. No I/O: no sockets, no Dispatch, no files. Frames, the
@@ -52,7 +54,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "ProtocolCore",
+                "ProtocolCore", "Locks",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -63,7 +65,7 @@ let package = Package(
         .target(
             name: "Messaging",
             dependencies: [
-                "Discovery", "Transport", "FastJSON",
+                "Discovery", "Transport", "ProtocolCore", "Locks", "FastJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -143,9 +145,13 @@ let package = Package(
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
-        .testTarget(name: "TransportTests", dependencies: ["Transport"], swiftSettings: strict),
+        .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore"], swiftSettings: strict),
+        // MessageChannel over real loopback sockets: hello, messages, requests, transfers, limits.
+        .testTarget(
+            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore"], swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
-        .testTarget(name: "MessagingTests", dependencies: ["Messaging"], swiftSettings: strict),
+        .testTarget(
+            name: "MessagingTests", dependencies: ["Messaging", "Transport", "ProtocolCore"], swiftSettings: strict),
         .testTarget(
             name: "IntegrationTests",
             dependencies: ["Discovery", "Messaging", .product(name: "Logging", package: "swift-log")],

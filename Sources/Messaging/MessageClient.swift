@@ -1,9 +1,8 @@
 import Discovery
+import Locks
 import Logging
+import ProtocolCore
 import Transport
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// How a ``MessageClient`` finds, connects and reconnects.
 public struct ClientConfiguration: Sendable {
@@ -71,11 +70,11 @@ public enum ClientEvent: Sendable, CustomStringConvertible {
 /// The client's events, in order. One consumer.
 public struct ClientEvents: AsyncSequence, Sendable {
     public typealias Element = ClientEvent
-    let queue: EventQueue<ClientEvent>
+    let queue: BoundedQueue<ClientEvent>
 
     public struct AsyncIterator: AsyncIteratorProtocol {
-        let queue: EventQueue<ClientEvent>
-        public mutating func next() async -> ClientEvent? { await queue.next() }
+        let queue: BoundedQueue<ClientEvent>
+        public mutating func next() async -> ClientEvent? { try? await queue.next() }
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
@@ -118,7 +117,7 @@ public final class MessageClient: Sendable {
     public let configuration: ClientConfiguration
     private let logger: Logger
     private let state = Locked(State())
-    private let queue: EventQueue<ClientEvent>
+    private let queue: BoundedQueue<ClientEvent>
     /// What happens on the client, in order; see ``ClientEvent``.
     public let events: ClientEvents
 
@@ -126,7 +125,7 @@ public final class MessageClient: Sendable {
         self.target = target
         self.configuration = configuration
         self.logger = logger
-        self.queue = EventQueue(limit: configuration.eventBufferLimit)
+        self.queue = BoundedQueue(limit: configuration.eventBufferLimit)
         self.events = ClientEvents(queue: queue)
     }
 
@@ -198,19 +197,19 @@ public final class MessageClient: Sendable {
             channel.close(reason: "client closed")
             return
         }
-        queue.pushNow(.connected(channel.peer, via: channel.remoteAddress))
+        queue.push(.connected(channel.peer, via: channel.remoteAddress))
         let queue = self.queue
         Task {
-            for await transfer in channel.transfers { await queue.push(.transfer(transfer)) }
+            for await transfer in channel.transfers { await queue.pushWaiting(.transfer(transfer)) }
         }
         Task {
-            for await message in channel.messages { await queue.push(.received(message)) }
+            for await message in channel.messages { await queue.pushWaiting(.received(message)) }
             let reason = await channel.closed()
             let closedByUs = self.state.withLock { state -> Bool in
                 if state.channel === channel { state.channel = nil }
                 return state.closed
             }
-            queue.pushNow(.disconnected(reason))
+            queue.push(.disconnected(reason))
             if !closedByUs, self.configuration.reconnect != nil {
                 await self.reconnectLoop()
             } else if !closedByUs {
@@ -228,12 +227,12 @@ public final class MessageClient: Sendable {
             if let max = policy.maxAttempts, attempt > max {
                 let error = MessagingError(.connectFailed, "gave up reconnecting to \(target) after \(max) attempts")
                 logger.warning("\(error.message)")
-                queue.pushNow(.gaveUp(error))
+                queue.push(.gaveUp(error))
                 state.withLock { $0.closed = true }
                 queue.finish()
                 return
             }
-            queue.pushNow(.reconnecting(attempt: attempt, delay: delay))
+            queue.push(.reconnecting(attempt: attempt, delay: delay))
             try? await Task.sleep(for: delay)
             do {
                 let channel = try await establish()
@@ -260,7 +259,11 @@ public final class MessageClient: Sendable {
     private func addresses() async throws(MessagingError) -> [SocketAddress] {
         switch target {
         case .host(let host, let port):
-            return try Self.lookup(host: host, port: port)
+            do {
+                return try HostLookup.addresses(host: host, port: port)
+            } catch {
+                throw MessagingError(.connectFailed, error.message, underlying: error)
+            }
         case .service(let name, let type, let discovery):
             let service = try await Self.find(name: name, type: type, discovery: discovery, timeout: configuration.browseTimeout)
             let resolved: ResolvedService
@@ -270,7 +273,7 @@ public final class MessageClient: Sendable {
                 throw MessagingError(.serviceNotFound, "found \(service.identity) but could not resolve it: \(error.message)", underlying: error)
             }
             let addresses = resolved.addresses.compactMap {
-                try? SocketAddress(ipAddress: $0.ip.description, port: $0.port, scopeID: $0.scopeID)
+                SocketAddress(bytes: $0.ip.bytes, port: $0.port, scopeID: $0.scopeID)
             }
             guard !addresses.isEmpty else {
                 throw MessagingError(.serviceNotFound, "\(service.identity) resolved without a usable address")
@@ -310,43 +313,5 @@ public final class MessageClient: Sendable {
             let names = found.map { "'\($0.name)'" }.sorted().joined(separator: ", ")
             throw MessagingError(.ambiguousService, "\(found.count) \(type) services found (\(names)); name the one you want")
         }
-    }
-
-    /// Numeric address or host name → socket addresses (getaddrinfo; IPv6 first).
-    static func lookup(host: String, port: UInt16) throws(MessagingError) -> [SocketAddress] {
-        if let numeric = try? SocketAddress(ipAddress: host, port: port) { return [numeric] }
-        var hints = addrinfo()
-        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-        var info: UnsafeMutablePointer<addrinfo>?
-        let result = getaddrinfo(host, String(port), &hints, &info)
-        guard result == 0, let info else {
-            throw MessagingError(.connectFailed, "cannot resolve host '\(host)': \(String(cString: gai_strerror(result)))")
-        }
-        defer { freeaddrinfo(info) }
-        var out: [SocketAddress] = []
-        var node: UnsafeMutablePointer<addrinfo>? = info
-        while let current = node {
-            var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
-            var scope: UInt32 = 0
-            if current.pointee.ai_family == AF_INET6 {
-                current.pointee.ai_addr.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
-                    var addr = sin6.pointee.sin6_addr
-                    scope = sin6.pointee.sin6_scope_id
-                    inet_ntop(AF_INET6, &addr, &buffer, socklen_t(buffer.count))
-                }
-            } else if current.pointee.ai_family == AF_INET {
-                current.pointee.ai_addr.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
-                    var addr = sin.pointee.sin_addr
-                    inet_ntop(AF_INET, &addr, &buffer, socklen_t(buffer.count))
-                }
-            }
-            let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            if let address = try? SocketAddress(ipAddress: text, port: port, scopeID: scope), !out.contains(address) {
-                out.append(address)
-            }
-            node = current.pointee.ai_next
-        }
-        guard !out.isEmpty else { throw MessagingError(.connectFailed, "host '\(host)' has no IPv4 or IPv6 address") }
-        return out
     }
 }

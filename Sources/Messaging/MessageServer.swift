@@ -1,5 +1,7 @@
 import Discovery
+import Locks
 import Logging
+import ProtocolCore
 import ServiceLifecycle
 import Transport
 
@@ -121,11 +123,11 @@ public struct BroadcastResult: Sendable {
 /// stops reading from its connections (bounded memory) until it does.
 public struct ServerEvents: AsyncSequence, Sendable {
     public typealias Element = ServerEvent
-    let queue: EventQueue<ServerEvent>
+    let queue: BoundedQueue<ServerEvent>
 
     public struct AsyncIterator: AsyncIteratorProtocol {
-        let queue: EventQueue<ServerEvent>
-        public mutating func next() async -> ServerEvent? { await queue.next() }
+        let queue: BoundedQueue<ServerEvent>
+        public mutating func next() async -> ServerEvent? { try? await queue.next() }
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
@@ -163,7 +165,7 @@ public final class MessageServer: Service, Sendable {
     private let discovery: ServiceDiscovery?
     private let logger: Logger
     private let state = Locked(State())
-    private let queue: EventQueue<ServerEvent>
+    private let queue: BoundedQueue<ServerEvent>
     /// What happens on the server, in order; see ``ServerEvent``.
     public let events: ServerEvents
 
@@ -175,7 +177,7 @@ public final class MessageServer: Service, Sendable {
         self.configuration = configuration
         self.discovery = discovery
         self.logger = logger
-        self.queue = EventQueue(limit: configuration.eventBufferLimit)
+        self.queue = BoundedQueue(limit: configuration.eventBufferLimit)
         self.events = ServerEvents(queue: queue)
     }
 
@@ -220,8 +222,8 @@ public final class MessageServer: Service, Sendable {
                 Task {
                     for await event in publication.events {
                         switch event {
-                        case .established(let name): queue.pushNow(.published(name: name))
-                        case .renamed(let from, let to): queue.pushNow(.renamed(from: from, to: to))
+                        case .established(let name): queue.push(.published(name: name))
+                        case .renamed(let from, let to): queue.push(.renamed(from: from, to: to))
                         default: break
                         }
                     }
@@ -262,7 +264,7 @@ public final class MessageServer: Service, Sendable {
             let reason = "connection limit of \(limit) reached (or server stopping)"
             logger.warning("refusing connection", metadata: ["remote": "\(socket.remoteAddress.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
             socket.close()
-            queue.pushNow(.refused(remote: socket.remoteAddress, reason: reason))
+            queue.push(.refused(remote: socket.remoteAddress, reason: reason))
             return
         }
         let remote = socket.remoteAddress
@@ -273,7 +275,7 @@ public final class MessageServer: Service, Sendable {
             } catch {
                 state.withLock { $0.pendingHellos -= 1 }
                 logger.notice("hello failed", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "error": "\(error)"])
-                queue.pushNow(.refused(remote: remote, reason: "\(error)"))
+                queue.push(.refused(remote: remote, reason: "\(error)"))
             }
         }
     }
@@ -292,17 +294,17 @@ public final class MessageServer: Service, Sendable {
             return
         }
         logger.debug("accepted", metadata: ["connection": "\(connection)"])
-        queue.pushNow(.accepted(connection))
+        queue.push(.accepted(connection))
         let queue = self.queue
         Task {
-            for await message in channel.messages { await queue.push(.received(connection, message)) }
+            for await message in channel.messages { await queue.pushWaiting(.received(connection, message)) }
             let reason = await channel.closed()
             self.state.withLock { _ = $0.connections.removeValue(forKey: connection.id) }
             self.logger.debug("closed", metadata: ["connection": "\(connection)", "reason": "\(reason)"])
-            queue.pushNow(.closed(connection, reason))
+            queue.push(.closed(connection, reason))
         }
         Task {
-            for await transfer in channel.transfers { await queue.push(.transfer(connection, transfer)) }
+            for await transfer in channel.transfers { await queue.pushWaiting(.transfer(connection, transfer)) }
         }
     }
 

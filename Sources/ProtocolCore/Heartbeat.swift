@@ -1,7 +1,7 @@
 /// Liveness of the peer, without I/O: send a PING every `interval`, close the connection when
-/// nothing arrived for `timeout`. Every received frame counts as a sign of life; while this side
-/// has paused reading on purpose (its consumer is slow), the peer is not silent. Times are uptime
-/// nanoseconds.
+/// nothing arrived for `timeout`. Every received frame counts as a sign of life (the connection
+/// keeps the time of the last one); while this side has paused reading on purpose (its consumer is
+/// slow), the peer is not silent. Times are uptime nanoseconds.
 package struct Heartbeat: Sendable {
     /// What to do when the heartbeat deadline passes.
     package enum Tick: Equatable, Sendable {
@@ -13,31 +13,19 @@ package struct Heartbeat: Sendable {
 
     package let interval: UInt64
     package let timeout: UInt64
-    package private(set) var lastHeard: UInt64
 
     /// - Parameters:
     ///   - interval: Nanoseconds between pings.
     ///   - timeout: Nanoseconds of silence after which the peer is considered gone.
-    ///   - now: The current time (counts as heard).
-    package init(interval: UInt64, timeout: UInt64, now: UInt64) {
+    package init(interval: UInt64, timeout: UInt64) {
         self.interval = max(interval, 1)
         self.timeout = timeout
-        self.lastHeard = now
     }
 
-    /// The first tick's time.
-    package var firstTick: UInt64 { lastHeard &+ interval }
-
-    /// A frame arrived from the peer.
-    package mutating func heard(at now: UInt64) { lastHeard = now }
-
-    /// The tick deadline passed. `readingPaused`: this side stopped reading on purpose.
-    package mutating func tick(now: UInt64, readingPaused: Bool) -> Tick {
-        if readingPaused {
-            lastHeard = now
-        } else if now &- lastHeard > timeout {
-            return .timedOut
-        }
+    /// The heartbeat deadline passed. `lastHeard`: when the last frame arrived; `readingPaused`:
+    /// this side stopped reading on purpose.
+    package func tick(now: UInt64, lastHeard: UInt64, readingPaused: Bool) -> Tick {
+        if !readingPaused && now &- lastHeard > timeout { return .timedOut }
         return .ping(next: now &+ interval)
     }
 }

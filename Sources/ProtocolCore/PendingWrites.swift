@@ -61,6 +61,8 @@ package struct PendingWrites<Waiter> {
 
     /// Why a frame was not queued.
     package enum Refusal: Error, Equatable {
+        /// The frame is larger than the peer accepts (its `max_frame`): it must never be sent.
+        case tooLarge(size: Int, limit: Int)
         /// Above the high-water mark, or senders are waiting: wait (``enqueueOrWait(_:size:bypassLimit:waiter:)``).
         case full
         /// The connection no longer accepts frames (not started, closing or closed).
@@ -96,6 +98,8 @@ package struct PendingWrites<Waiter> {
     package private(set) var nextSequence: UInt64 = 1
     /// When a frame was last queued (uptime nanoseconds).
     private var lastEnqueue: UInt64 = 0
+    /// The largest frame body the peer accepts (learnt in the hello).
+    package var peerMaxFrameSize = Int.max
     /// Whether frames are accepted (the connection is open).
     package private(set) var isAccepting = false
     /// A flush is scheduled on the loop, or the loop waits for the socket to become writable.
@@ -157,6 +161,7 @@ package struct PendingWrites<Waiter> {
         _ frame: Frame, size: Int, bypassLimit: Bool = false, now: UInt64 = 0, threadQuiet: Bool = false
     ) throws(Refusal) -> (sequence: UInt64, next: Next) {
         guard isAccepting else { throw .closed }
+        guard size - 4 <= peerMaxFrameSize else { throw .tooLarge(size: size - 4, limit: peerMaxFrameSize) }
         guard waitingCount == 0, bypassLimit || unwrittenBytes <= highWaterMark else { throw .full }
         let wasEmpty = unwrittenBytes == 0
         let streaming = now &- lastEnqueue < PendingWrites.streamingGap
@@ -173,6 +178,9 @@ package struct PendingWrites<Waiter> {
         throws(Refusal) -> Next
     {
         guard isAccepting else { throw .closed }
+        if let largest = frameSizes.max(), largest - 4 > peerMaxFrameSize {
+            throw .tooLarge(size: largest - 4, limit: peerMaxFrameSize)
+        }
         let total = frameSizes.reduce(0, +)
         guard waitingCount == 0, unwrittenBytes <= highWaterMark, total <= highWaterMark else { throw .full }
         let wasEmpty = unwrittenBytes == 0
@@ -196,6 +204,7 @@ package struct PendingWrites<Waiter> {
         throws(Refusal) -> Queued
     {
         guard isAccepting else { throw .closed }
+        guard size - 4 <= peerMaxFrameSize else { throw .tooLarge(size: size - 4, limit: peerMaxFrameSize) }
         if bypassLimit || (waitingCount == 0 && unwrittenBytes <= highWaterMark) {
             let sequence = append(frame, size: size)
             return .queued(sequence: sequence, next: claimFlush())
@@ -301,6 +310,9 @@ package struct PendingWrites<Waiter> {
             waitersHead = 0
         }
     }
+
+    /// The loop's flush starts: until everything is written, senders do not write themselves.
+    package mutating func beginFlush() { flushPending = true }
 
     /// The loop's flush found the socket full: the flush stays pending until the socket is writable.
     /// When it found everything written, ``didWrite(_:admitted:)`` returned `.drained`: call

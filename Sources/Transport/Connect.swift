@@ -9,9 +9,9 @@ import Logging
 #endif
 
 /// Outbound TCP connects: nonblocking `connect` with a timeout, raced across addresses (RFC 8305).
-public enum TCPConnector {
+package enum TCPConnector {
     /// Orders addresses for Happy Eyeballs: families interleaved, IPv6 first, relative order kept.
-    public static func interleave(_ addresses: [SocketAddress]) -> [SocketAddress] {
+    package static func interleave(_ addresses: [SocketAddress]) -> [SocketAddress] {
         let v6 = addresses.filter { $0.family == .ipv6 }
         let v4 = addresses.filter { $0.family == .ipv4 }
         var result: [SocketAddress] = []
@@ -33,10 +33,10 @@ public enum TCPConnector {
     /// - Throws: ``TransportError/Code/connectFailed`` when every address failed, or
     ///   ``TransportError/Code/connectTimedOut`` after `timeout`; ``TransportError/connectFailures``
     ///   lists each address's failure.
-    static func connect(
+    package static func connect(
         to addresses: [SocketAddress], attemptDelay: Duration = .milliseconds(250), timeout: Duration = .seconds(10),
         logger: Logger
-    ) async throws -> (fd: Int32, address: SocketAddress) {
+    ) async throws -> (fd: FileDescriptor, address: SocketAddress) {
         guard !addresses.isEmpty else {
             throw TransportError(.invalidArgument, "no addresses to connect to; resolve the service first")
         }
@@ -56,10 +56,10 @@ public enum TCPConnector {
 final class HappyEyeballsRace: @unchecked Sendable {
     private final class Attempt {
         let address: SocketAddress
-        let fd: Int32
+        let fd: FileDescriptor
         var source: (any DispatchSourceWrite)?
         var closeOnCancel = true
-        init(address: SocketAddress, fd: Int32) {
+        init(address: SocketAddress, fd: FileDescriptor) {
             self.address = address
             self.fd = fd
         }
@@ -72,9 +72,11 @@ final class HappyEyeballsRace: @unchecked Sendable {
     private var pending: [SocketAddress]
     private var attempts: [Attempt] = []
     private var failures: [TransportError.ConnectFailure] = []
-    private var continuation: CheckedContinuation<(fd: Int32, address: SocketAddress), any Error>?
-    private var nextAttempt: DispatchWorkItem?
-    private var overallTimeout: DispatchWorkItem?
+    private var continuation: CheckedContinuation<(fd: FileDescriptor, address: SocketAddress), any Error>?
+    /// Starts the next attempt after the attempt delay.
+    private var nextAttempt: (any DispatchSourceTimer)?
+    /// Ends the race after the overall timeout.
+    private var overallTimeout: (any DispatchSourceTimer)?
     private var finished = false
 
     init(addresses: [SocketAddress], attemptDelay: Duration, timeout: Duration, logger: Logger) {
@@ -84,16 +86,14 @@ final class HappyEyeballsRace: @unchecked Sendable {
         self.logger = logger
     }
 
-    func start(_ continuation: CheckedContinuation<(fd: Int32, address: SocketAddress), any Error>) {
+    func start(_ continuation: CheckedContinuation<(fd: FileDescriptor, address: SocketAddress), any Error>) {
         queue.async {
             self.continuation = continuation
             if self.finished {  // cancelled before start
                 self.fail(TransportError(.connectFailed, "connecting was cancelled"))
                 return
             }
-            let timeoutItem = DispatchWorkItem { [weak self] in self?.timedOut() }
-            self.overallTimeout = timeoutItem
-            self.queue.asyncAfter(deadline: .now() + self.timeout.timeInterval, execute: timeoutItem)
+            self.overallTimeout = self.timer(after: self.timeout) { $0.timedOut() }
             self.startNext()
         }
     }
@@ -118,7 +118,7 @@ final class HappyEyeballsRace: @unchecked Sendable {
         }
         let address = pending.removeFirst()
         logger.debug("connecting to \(address)")
-        let fd: Int32
+        let fd: FileDescriptor
         do {
             fd = try SocketOps.makeSocket(domain: address.domain)
         } catch {
@@ -128,12 +128,12 @@ final class HappyEyeballsRace: @unchecked Sendable {
         }
         do {
             _ = try address.withSockAddr { (sa, len) throws(TransportError) in
-                try syscallValue("connect(\(address))") { Glibc.connect(fd, sa, len) }
+                try syscallValue("connect(\(address))") { Glibc.connect(fd.rawValue, sa, len) }
             }
         } catch  where error.errno == EINPROGRESS || error.errno == EALREADY {
             // Completes asynchronously; watched below.
         } catch {
-            closeFD(fd)
+            fd.close()
             var message = error.message
             if error.errno == EINVAL && address.isLinkLocalIPv6 && address.scopeID == 0 {
                 message += " (link-local IPv6 address without a scope id; pass the interface index)"
@@ -144,20 +144,30 @@ final class HappyEyeballsRace: @unchecked Sendable {
         }
         let attempt = Attempt(address: address, fd: fd)
         attempts.append(attempt)
-        let source = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: queue)
+        let source = DispatchSource.makeWriteSource(fileDescriptor: fd.rawValue, queue: queue)
         source.setEventHandler { [weak self, unowned attempt] in self?.attemptReady(attempt) }
         source.setCancelHandler { [weak self, attempt] in
             if attempt.closeOnCancel {
-                closeFD(attempt.fd)
+                attempt.fd.close()
             } else {
                 self?.handOver(attempt)
             }
         }
         attempt.source = source
         source.resume()
-        let item = DispatchWorkItem { [weak self] in self?.startNext() }
-        nextAttempt = item
-        queue.asyncAfter(deadline: .now() + attemptDelay.timeInterval, execute: item)
+        nextAttempt = timer(after: attemptDelay) { $0.startNext() }
+    }
+
+    /// A one-shot timer source on the race's queue; cancelled when no longer needed.
+    private func timer(after delay: Duration, _ action: @escaping (HappyEyeballsRace) -> Void) -> any DispatchSourceTimer {
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + .nanoseconds(Int(clamping: delay.nanoseconds)))
+        timer.setEventHandler { [weak self] in
+            guard let self else { return }
+            action(self)
+        }
+        timer.resume()
+        return timer
     }
 
     private func attemptReady(_ attempt: Attempt) {
@@ -187,7 +197,7 @@ final class HappyEyeballsRace: @unchecked Sendable {
             self.continuation = nil
             continuation.resume(returning: (attempt.fd, attempt.address))
         } else {
-            closeFD(attempt.fd)
+            attempt.fd.close()
         }
     }
 
@@ -224,7 +234,6 @@ final class HappyEyeballsRace: @unchecked Sendable {
                 .connectFailed,
                 "could not connect to any address: \(failures.map(\.description).joined(separator: "; ")); "
                     + "check that the peer is running and reachable",
-                errno: failures.count == 1 ? nil : nil,
                 connectFailures: failures))
     }
 

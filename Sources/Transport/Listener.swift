@@ -1,6 +1,6 @@
 import ProtocolCore
 import Dispatch
-import Foundation
+import Locks
 import Logging
 
 #if canImport(Glibc)
@@ -12,38 +12,34 @@ import Logging
 /// A freshly accepted TCP socket, owned until handed to ``MessageChannel/accept(_:configuration:logger:)``.
 ///
 /// If nobody takes it, the socket is closed when this object is released.
-/// `@unchecked Sendable`: the only mutable field, `fd`, is guarded by `lock`.
-public final class AcceptedSocket: @unchecked Sendable, CustomStringConvertible {
-    private let lock = NSLock()
-    private var fd: Int32?  // guarded by `lock`
+public final class AcceptedSocket: Sendable, CustomStringConvertible {
+    private let fd: Locked<FileDescriptor?>
     /// The peer's address.
     public let remoteAddress: SocketAddress?
     /// The local address the peer connected to.
     public let localAddress: SocketAddress?
 
-    init(fd: Int32, remoteAddress: SocketAddress?) {
-        self.fd = fd
+    init(fd: FileDescriptor, remoteAddress: SocketAddress?) {
+        self.fd = Locked(fd)
         self.remoteAddress = remoteAddress
         self.localAddress = SocketOps.localAddress(fd)
     }
 
     /// Takes ownership of the fd (once); nil when already taken or closed.
-    func take() -> Int32? {
-        lock.withLock {
+    package func take() -> FileDescriptor? {
+        fd.withLock { fd in
             defer { fd = nil }
             return fd
         }
     }
 
     /// Closes the socket if it has not been handed on.
-    public func close() {
-        if let fd = take() { closeFD(fd) }
-    }
+    public func close() { take()?.close() }
 
     /// `"accepted <remote>"`.
     public var description: String { "accepted \(remoteAddress.map { "\($0)" } ?? "?")" }
 
-    deinit { if let fd { closeFD(fd) } }
+    deinit { close() }
 }
 
 /// A TCP listener on IPv4 and IPv6 with the same port.
@@ -77,7 +73,7 @@ public final class Listener: @unchecked Sendable {
     }
 
     private struct Socket {
-        let fd: Int32
+        let fd: FileDescriptor
         let family: SocketAddress.Family
         let port: UInt16
         var source: (any DispatchSourceRead)?
@@ -91,9 +87,10 @@ public final class Listener: @unchecked Sendable {
     private var stopped = false
     private var acceptSuspended = false
     private var backoff: Duration
-    /// The accept call; replaceable by tests (through ``setAcceptCall(_:)``) to simulate EMFILE.
-    private var acceptCall: (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32 =
-        Listener.systemAccept
+    /// The accept call (tests pass one that fails with EMFILE).
+    private let acceptCall: AcceptCall
+    /// Resumes accepting after an EMFILE/ENFILE pause.
+    private var backoffTimer: (any DispatchSourceTimer)?
     /// Number of times accepting was paused for lack of file descriptors (for tests and metrics).
     private(set) var acceptPauses = 0
 
@@ -113,10 +110,23 @@ public final class Listener: @unchecked Sendable {
     ///     for example to `MessageChannel.accept` in a task.
     /// - Throws: ``TransportError`` with ``TransportError/Code/listenerFailed`` or
     ///   ``TransportError/Code/syscallFailed``.
-    public init(
+    public convenience init(
         configuration: Configuration = .init(), logger: Logger,
         onAccept: @escaping @Sendable (AcceptedSocket) -> Void
     ) throws(TransportError) {
+        try self.init(configuration: configuration, logger: logger, acceptCall: Listener.systemAccept, onAccept: onAccept)
+    }
+
+    /// The accept system call's shape (`accept4` with nonblocking, close-on-exec flags).
+    package typealias AcceptCall =
+        @Sendable (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32
+
+    /// ``init(configuration:logger:onAccept:)`` with another accept call (tests simulate EMFILE).
+    package init(
+        configuration: Configuration = .init(), logger: Logger, acceptCall: @escaping AcceptCall,
+        onAccept: @escaping @Sendable (AcceptedSocket) -> Void
+    ) throws(TransportError) {
+        self.acceptCall = acceptCall
         self.configuration = configuration
         self.logger = logger
         self.onAccept = onAccept
@@ -136,7 +146,7 @@ public final class Listener: @unchecked Sendable {
         // A listener released without stop(): cancel its sources (their cancel handlers close the fds).
         for socket in sockets {
             guard let source = socket.source else {
-                closeFD(socket.fd)
+                socket.fd.close()
                 continue
             }
             if !stopped {
@@ -168,14 +178,14 @@ public final class Listener: @unchecked Sendable {
                 switch error.errno {
                 case EADDRINUSE where configuration.port == 0:
                     logger.debug("IPv6 port \(v4.port) is taken (attempt \(attempt)); trying a fresh port pair")
-                    closeFD(v4.fd)
+                    v4.fd.close()
                     lastError = error
                     continue
                 case EAFNOSUPPORT, EADDRNOTAVAIL, EPROTONOSUPPORT:
                     logger.notice("IPv6 is not available (\(error.message)); listening on IPv4 only, port \(v4.port)")
                     return [v4]
                 default:
-                    closeFD(v4.fd)
+                    v4.fd.close()
                     throw error
                 }
             }
@@ -204,15 +214,15 @@ public final class Listener: @unchecked Sendable {
                 try SocketOps.setOption(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, 1, "IPV6_V6ONLY")
             }
             _ = try address.withSockAddr { (sa, len) throws(TransportError) in
-                try syscallValue("bind(\(address))") { bind(fd, sa, len) }
+                try syscallValue("bind(\(address))") { bind(fd.rawValue, sa, len) }
             }
-            try syscallValue("listen") { listen(fd, configuration.backlog) }
+            try syscallValue("listen") { listen(fd.rawValue, configuration.backlog) }
             guard let local = SocketOps.localAddress(fd) else {
                 throw TransportError.syscall("getsockname", errno: errno)
             }
             return Socket(fd: fd, family: family, port: local.port)
         } catch {
-            closeFD(fd)
+            fd.close()
             throw error
         }
     }
@@ -254,15 +264,15 @@ public final class Listener: @unchecked Sendable {
     private func startSources() {
         for index in sockets.indices {
             let fd = sockets[index].fd
-            let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: queue)
+            let source = DispatchSource.makeReadSource(fileDescriptor: fd.rawValue, queue: queue)
             source.setEventHandler { [weak self] in self?.acceptAll(fd: fd) }
-            source.setCancelHandler { closeFD(fd) }
+            source.setCancelHandler { fd.close() }
             sockets[index].source = source
             source.resume()
         }
     }
 
-    private func acceptAll(fd: Int32) {
+    private func acceptAll(fd: FileDescriptor) {
         while !stopped && !acceptSuspended {
             var storage = sockaddr_storage()
             var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
@@ -272,7 +282,7 @@ public final class Listener: @unchecked Sendable {
                     (pointer) throws(TransportError) -> IOResult<Int32> in
                     try pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                         (sa) throws(TransportError) -> IOResult<Int32> in
-                        try syscall("accept4", nonblocking: true) { acceptCall(fd, sa, &length) }
+                        try syscall("accept4", nonblocking: true) { acceptCall(fd.rawValue, sa, &length) }
                     }
                 }
             } catch {
@@ -293,7 +303,7 @@ public final class Listener: @unchecked Sendable {
                 return
             case .processed(let clientFD):
                 backoff = configuration.initialAcceptBackoff
-                let socket = AcceptedSocket(fd: clientFD, remoteAddress: SocketAddress(storage: storage))
+                let socket = AcceptedSocket(fd: FileDescriptor(clientFD), remoteAddress: SocketAddress(storage: storage))
                 logger.debug("accepted \(socket.remoteAddress.map { "\($0)" } ?? "?")")
                 onAccept(socket)
             }
@@ -308,12 +318,20 @@ public final class Listener: @unchecked Sendable {
             "accept: \(error.message); pausing accepts for \(delay) (raise the fd limit or close connections)")
         acceptSuspended = true
         for socket in sockets { socket.source?.suspend() }
-        queue.asyncAfter(deadline: .now() + delay.timeInterval) { [weak self] in
-            guard let self, self.acceptSuspended else { return }
-            self.acceptSuspended = false
-            guard !self.stopped else { return }
-            for socket in self.sockets { socket.source?.resume() }
+        let timer = backoffTimer ?? DispatchSource.makeTimerSource(queue: queue)
+        if backoffTimer == nil {
+            timer.setEventHandler { [weak self] in self?.resumeAccepting() }
+            timer.resume()
+            backoffTimer = timer
         }
+        timer.schedule(deadline: .now() + .nanoseconds(Int(clamping: delay.nanoseconds)))
+    }
+
+    private func resumeAccepting() {
+        guard acceptSuspended else { return }
+        acceptSuspended = false
+        guard !stopped else { return }
+        for socket in sockets { socket.source?.resume() }
     }
 
     private static let onQueueKey = DispatchSpecificKey<ObjectIdentifier>()
@@ -335,17 +353,12 @@ public final class Listener: @unchecked Sendable {
                 if acceptSuspended { socket.source?.resume() }
             }
             acceptSuspended = false
+            backoffTimer?.cancel()
+            backoffTimer = nil
             logger.info("stopped listening on port \(port)")
         }
     }
 
-    /// Replaces the accept system call (tests simulate EMFILE with it).
-    func setAcceptCall(
-        _ call: @escaping (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32
-    ) {
-        onQueue { acceptCall = call }
-    }
-
     /// Accept pauses so far (EMFILE/ENFILE back-offs). Callable from any context.
-    var acceptPauseCount: Int { onQueue { acceptPauses } }
+    package var acceptPauseCount: Int { onQueue { acceptPauses } }
 }

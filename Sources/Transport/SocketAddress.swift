@@ -93,7 +93,16 @@ extension SocketAddress {
 
 
 /// Socket helpers shared by the listener and outbound connects.
-enum SocketOps {
+package enum SocketOps {
+    /// `SOCK_STREAM` as `getaddrinfo`'s hints take it.
+    package static var plainStreamType: Int32 {
+        #if os(Linux)
+            Int32(SOCK_STREAM.rawValue)
+        #else
+            SOCK_STREAM
+        #endif
+    }
+
     static let streamType: Int32 = {
         #if os(Linux)
             Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
@@ -103,48 +112,48 @@ enum SocketOps {
     }()
 
     /// Creates a nonblocking, close-on-exec TCP socket.
-    static func makeSocket(domain: Int32) throws(TransportError) -> Int32 {
-        let fd = try syscallValue("socket") { socket(domain, streamType, 0) }
+    package static func makeSocket(domain: Int32) throws(TransportError) -> FileDescriptor {
+        let fd = FileDescriptor(try syscallValue("socket") { socket(domain, streamType, 0) })
         #if !os(Linux)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd.rawValue, F_SETFD, FD_CLOEXEC)
+            _ = fcntl(fd.rawValue, F_SETFL, fcntl(fd.rawValue, F_GETFL) | O_NONBLOCK)
             var one: Int32 = 1
-            _ = setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, socklen_t(MemoryLayout<Int32>.size))
+            _ = setsockopt(fd.rawValue, SOL_SOCKET, SO_NOSIGPIPE, &one, socklen_t(MemoryLayout<Int32>.size))
         #endif
         return fd
     }
 
-    static func setOption(_ fd: Int32, _ level: Int32, _ name: Int32, _ value: Int32, _ label: String)
+    package static func setOption(_ fd: FileDescriptor, _ level: Int32, _ name: Int32, _ value: Int32, _ label: String)
         throws(TransportError)
     {
         var value = value
         try syscallValue("setsockopt(\(label))") {
-            setsockopt(fd, level, name, &value, socklen_t(MemoryLayout<Int32>.size))
+            setsockopt(fd.rawValue, level, name, &value, socklen_t(MemoryLayout<Int32>.size))
         }
     }
 
-    static func localAddress(_ fd: Int32) -> SocketAddress? {
+    package static func localAddress(_ fd: FileDescriptor) -> SocketAddress? {
         var ss = sockaddr_storage()
         var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
         let rc = withUnsafeMutablePointer(to: &ss) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd.rawValue, $0, &len) }
         }
         return rc == 0 ? SocketAddress(storage: ss) : nil
     }
 
-    static func remoteAddress(_ fd: Int32) -> SocketAddress? {
+    package static func remoteAddress(_ fd: FileDescriptor) -> SocketAddress? {
         var ss = sockaddr_storage()
         var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
         let rc = withUnsafeMutablePointer(to: &ss) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &len) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd.rawValue, $0, &len) }
         }
         return rc == 0 ? SocketAddress(storage: ss) : nil
     }
 
-    static func socketError(_ fd: Int32) -> Int32 {
+    package static func socketError(_ fd: FileDescriptor) -> Int32 {
         var err: Int32 = 0
         var len = socklen_t(MemoryLayout<Int32>.size)
-        if getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 { return errno }
+        if getsockopt(fd.rawValue, SOL_SOCKET, SO_ERROR, &err, &len) != 0 { return errno }
         return err
     }
 }

@@ -1,7 +1,9 @@
 import Foundation
 import Testing
 
+import Locks
 @testable import Messaging
+import ProtocolCore
 @testable import Transport
 
 /// Runs a blocking call (raw socket reads) on a Dispatch thread, off Swift's cooperative pool.

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Testing
 
+import Locks
 @testable import Messaging
 
 struct Note: Codable, Equatable, Sendable {
@@ -265,14 +266,14 @@ struct TestFailure: Error, CustomStringConvertible {
     }
 }
 
-@Suite struct EventQueueTests {
-    @Test func pushSuspendsWhenFullAndResumesWhenDrained() async throws {
-        let queue = EventQueue<Int>(limit: 2)
-        await queue.push(1)
-        await queue.push(2)
+@Suite struct BoundedQueueTests {
+    @Test func pushWaitingSuspendsWhenFullAndResumesWhenDrained() async throws {
+        let queue = BoundedQueue<Int>(limit: 2)
+        await queue.pushWaiting(1)
+        await queue.pushWaiting(2)
         let pushed = Locked(false)
         let producer = Task {
-            await queue.push(3)
+            await queue.pushWaiting(3)
             pushed.withLock { $0 = true }
         }
         let deadline = ContinuousClock.now + .seconds(10)
@@ -281,13 +282,13 @@ struct TestFailure: Error, CustomStringConvertible {
         }
         #expect(queue.suspendedProducers == 1)  // it waits for room…
         #expect(!pushed.withLock { $0 })  // …and did not get in
-        #expect(await queue.next() == 1)
+        #expect(try await queue.next() == 1)
         await producer.value
         #expect(pushed.withLock { $0 })
-        #expect(await queue.next() == 2)
-        #expect(await queue.next() == 3)
+        #expect(try await queue.next() == 2)
+        #expect(try await queue.next() == 3)
         queue.finish()
-        #expect(await queue.next() == nil)
+        #expect(try await queue.next() == nil)
     }
 }
 

@@ -74,18 +74,15 @@ import Testing
 
 @Suite struct HeartbeatTests {
     @Test func pingsWhileHeardAndTimesOutWhenSilent() {
-        var beat = Heartbeat(interval: 5, timeout: 15, now: 0)
-        #expect(beat.firstTick == 5)
-        #expect(beat.tick(now: 5, readingPaused: false) == .ping(next: 10))
-        beat.heard(at: 9)
-        #expect(beat.tick(now: 20, readingPaused: false) == .ping(next: 25))
-        #expect(beat.tick(now: 25, readingPaused: false) == .timedOut)
+        let beat = Heartbeat(interval: 5, timeout: 15)
+        #expect(beat.tick(now: 5, lastHeard: 0, readingPaused: false) == .ping(next: 10))
+        #expect(beat.tick(now: 20, lastHeard: 9, readingPaused: false) == .ping(next: 25))
+        #expect(beat.tick(now: 25, lastHeard: 9, readingPaused: false) == .timedOut)
     }
 
     @Test func pausedReadingIsNotSilence() {
-        var beat = Heartbeat(interval: 5, timeout: 15, now: 0)
-        #expect(beat.tick(now: 100, readingPaused: true) == .ping(next: 105))
-        #expect(beat.tick(now: 110, readingPaused: false) == .ping(next: 115))
+        let beat = Heartbeat(interval: 5, timeout: 15)
+        #expect(beat.tick(now: 100, lastHeard: 0, readingPaused: true) == .ping(next: 105))
     }
 }
 

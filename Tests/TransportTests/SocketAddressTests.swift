@@ -1,5 +1,6 @@
 import Testing
 
+import ProtocolCore
 @testable import Transport
 
 @Suite struct SocketAddressTests {

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 #if canImport(Glibc)
@@ -114,7 +116,7 @@ func serveEcho(_ channel: MessageChannel) {
                 for i in 0..<2000 { try await client.send(Ping(n: i), type: "n") }
             }
             try await waitUntil("server to pause reading") {
-                accepted.connection.queue.sync { accepted.connection.isReadPaused }
+                accepted.driver.queue.sync { accepted.driver.isReadPaused }
             }
             #expect(accepted.messages.buffer.count <= 4 + 64 * 1024 / 20)
             var next = 0
@@ -242,7 +244,7 @@ func serveEcho(_ channel: MessageChannel) {
             try await client.send(Chat(text: "typed"), type: "chat")
             try await client.sendRaw(Array("{not json".utf8), type: "mystery.type")
             let badJSON = Frame(kind: .message, codecID: 1, typeID: "chat", payload: Array("{\"text\": 42}".utf8))
-            _ = try await client.connection.send(badJSON)
+            _ = try await client.driver.send(badJSON)
             try await client.send(Chat(text: "still alive"), type: "chat")
 
             var handledIterator = handled.makeAsyncIterator()
@@ -352,7 +354,7 @@ func serveEcho(_ channel: MessageChannel) {
             let (client, accepted) = try await server.connectedPair(clientConfig)
             // Wait for enough pings to span several heartbeat timeouts (counted by sequence numbers).
             try await waitUntil("many pings") {
-                accepted.connection.queue.sync { accepted.connection.nextSequenceForTests } > 40
+                accepted.driver.queue.sync { accepted.driver.nextSequence } > 40
             }
             try await client.send(Chat(text: "still here"), type: "chat")
             var messages = accepted.messages.makeAsyncIterator()
@@ -428,7 +430,7 @@ func serveEcho(_ channel: MessageChannel) {
                 try syscallValue("bind") { bind(fd, sa, len) }
             }
             listen(fd, 0)  // never accepts: after the backlog fills, connects hang in SYN_SENT
-            let port = SocketOps.localAddress(fd)!.port
+            let port = SocketOps.localAddress(FileDescriptor(fd))!.port
             var fillers: [Int32] = []
             defer { for f in fillers { close(f) } }
             for _ in 0..<8 {
@@ -441,7 +443,7 @@ func serveEcho(_ channel: MessageChannel) {
             do {
                 let (fd, _) = try await TCPConnector.connect(
                     to: [.ipv4Loopback(port: port)], timeout: .milliseconds(300), logger: testLogger())
-                close(fd)  // the kernel completed it after all; nothing to assert about timing
+                fd.close()  // the kernel completed it after all; nothing to assert about timing
             } catch let error as TransportError {
                 #expect(error.code == .connectTimedOut)
                 #expect(error.connectFailures.first?.reason == "timed out")
@@ -451,16 +453,15 @@ func serveEcho(_ channel: MessageChannel) {
 
     @Test func acceptBacksOffOnEMFILE() async throws {
         try await withDeadline {
-            let server = try TestServer()
             let failures = Counter()
-            server.listener.setAcceptCall { fd, address, length in
+            let server = try TestServer(acceptCall: { fd, address, length in
                 if failures.value < 3 {
                     failures.increment()
                     errno = EMFILE
                     return -1
                 }
                 return Listener.systemAccept(fd, address, length)
-            }
+            })
             let client = try await MessageChannel.connect(
                 to: [server.v4], configuration: config("client"), logger: testLogger())
             #expect(try await server.nextChannel().peer.name == "client")

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 @Suite struct PreSharedKeyTests {

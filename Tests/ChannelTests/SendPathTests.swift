@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 /// The send fast path (direct writes, the inbox, trySend) keeps frames in order and numbered.
@@ -93,7 +95,7 @@ import Testing
             let server = try TestServer(config("server"))
             var clients: [MessageChannel] = []
             var accepted: [MessageChannel] = []
-            for index in 0...ConnectionLoops.loops.count {  // one more than there are loops
+            for index in 0...LoopGroup.shared.count {  // one more than there are loops
                 clients.append(try await MessageChannel.connect(
                     to: [server.v4], configuration: config("c\(index)"), logger: testLogger()))
                 accepted.append(try await server.nextChannel())
@@ -101,7 +103,7 @@ import Testing
             // Two accepted channels on the same loop (pigeonhole).
             var pair: (MessageChannel, MessageChannel)?
             for a in accepted.indices {
-                for b in accepted.indices where b > a && accepted[a].connection.loop == accepted[b].connection.loop {
+                for b in accepted.indices where b > a && accepted[a].driver.loop === accepted[b].driver.loop {
                     pair = (accepted[a], accepted[b])
                 }
             }
@@ -165,7 +167,7 @@ import Testing
                 }
                 try await group.waitForAll()
             }
-            #expect(accepted.connection.onQueue { !accepted.connection.isClosed })
+            #expect(accepted.driver.loop.run { !accepted.driver.isClosed })
             client.close()
         }
     }

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 /// `MessageChannel.taskExecutor`: a task preferring it runs on the channel's loop queue, where its
@@ -33,11 +35,11 @@ import Testing
             let order = InOrder()
             accepted.on(type: "n", as: Int.self) { value, _ in order.receive(value) }
             let count = 20_000
-            let loop = Int(client.connection.loop)
+            let loop = client.driver.loop
             let everySendOnTheLoop = try await withTaskExecutorPreference(client.taskExecutor) {
                 var onLoop = true
                 for i in 0..<count {
-                    if ConnectionLoops.current != loop { onLoop = false }
+                    if !loop.isCurrent { onLoop = false }
                     try await client.send(i, type: "n")
                 }
                 return onLoop

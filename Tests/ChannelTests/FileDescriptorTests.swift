@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 /// Every way a connection ends must close its socket. The fd is closed from the Dispatch sources'

@@ -1,5 +1,6 @@
 import Foundation
 import ProtocolCore
+import Transport
 
 /// A message received from the peer.
 public struct IncomingMessage: Sendable {
@@ -57,11 +58,11 @@ public struct IncomingMessage: Sendable {
 public struct IncomingMessages: AsyncSequence, Sendable {
     /// The element type.
     public typealias Element = IncomingMessage
-    let buffer: BoundedBuffer<IncomingMessage>
+    let buffer: BoundedQueue<IncomingMessage>
 
     /// The iterator.
     public struct AsyncIterator: AsyncIteratorProtocol {
-        let buffer: BoundedBuffer<IncomingMessage>
+        let buffer: BoundedQueue<IncomingMessage>
         /// The next message, or nil once the channel is closed (or the task is cancelled).
         public mutating func next() async -> IncomingMessage? {
             try? await buffer.next()
@@ -105,10 +106,10 @@ public final class IncomingTransfer: Sendable {
     public let metadata: [String: String]
     /// Progress as bytes arrive (latest value buffered); finishes when the transfer ends.
     public let progress: AsyncStream<TransferProgress>
-    let buffer: BoundedBuffer<[UInt8]>
+    let buffer: BoundedQueue<[UInt8]>
     let progressContinuation: AsyncStream<TransferProgress>.Continuation
 
-    init(streamID: UInt64, typeID: String, header: TransferHeader, buffer: BoundedBuffer<[UInt8]>) {
+    init(streamID: UInt64, typeID: String, header: TransferHeader, buffer: BoundedQueue<[UInt8]>) {
         self.streamID = streamID
         self.typeID = typeID
         self.totalSize = header.size
@@ -125,10 +126,10 @@ public final class IncomingTransfer: Sendable {
     public struct Chunks: AsyncSequence, Sendable {
         /// The element type: one chunk of bytes.
         public typealias Element = [UInt8]
-        let buffer: BoundedBuffer<[UInt8]>
+        let buffer: BoundedQueue<[UInt8]>
         /// The iterator.
         public struct AsyncIterator: AsyncIteratorProtocol {
-            let buffer: BoundedBuffer<[UInt8]>
+            let buffer: BoundedQueue<[UInt8]>
             /// The next chunk, or nil at the end of the transfer.
             public mutating func next() async throws -> [UInt8]? { try await buffer.next() }
         }
@@ -138,14 +139,15 @@ public final class IncomingTransfer: Sendable {
 
     /// Streams the transfer into a file (created or truncated), chunk by chunk.
     public func write(toFile path: String) async throws {
-        let fd = try syscallValue("open(\(path))") { open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644) }
-        defer { closeFD(fd) }
+        let fd = FileDescriptor(
+            try syscallValue("open(\(path))") { open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644) })
+        defer { fd.close() }
         for try await chunk in chunks {
             var offset = 0
             while offset < chunk.count {
                 let written = try chunk.withUnsafeBytes { (raw) throws(TransportError) -> Int in
                     try syscallValue("write(\(path))") {
-                        Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
+                        Foundation.write(fd.rawValue, raw.baseAddress! + offset, raw.count - offset)
                     }
                 }
                 offset += written
@@ -169,11 +171,11 @@ public final class IncomingTransfer: Sendable {
 public struct IncomingTransfers: AsyncSequence, Sendable {
     /// The element type.
     public typealias Element = IncomingTransfer
-    let buffer: BoundedBuffer<IncomingTransfer>
+    let buffer: BoundedQueue<IncomingTransfer>
 
     /// The iterator.
     public struct AsyncIterator: AsyncIteratorProtocol {
-        let buffer: BoundedBuffer<IncomingTransfer>
+        let buffer: BoundedQueue<IncomingTransfer>
         /// The next transfer, or nil once the channel is closed.
         public mutating func next() async -> IncomingTransfer? { try? await buffer.next() }
     }

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 /// Large payloads skip the reassembly buffer on receive (``FrameDecoder/fillPayload(_:)``) and are
@@ -95,13 +97,17 @@ import Testing
         let frame = Frame(
             kind: .message, codecID: 0, typeID: "raw", sequence: 5, reference: 3,
             payload: (0..<size).map { UInt8(truncatingIfNeeded: $0) })
-        let encoded = try frame.encoded()
-        var output: [WireBuffer] = []
-        var sizes: [Int] = []
-        WireBuffer.append(frame, size: encoded.count, to: &output, sizes: &sizes)
-        #expect(output.count == (size >= WireBuffer.inPlacePayloadThreshold ? 2 : 1))
-        #expect(sizes == output.map(\.count))
-        let joined = output.flatMap { Array(UnsafeRawBufferPointer(start: $0.base, count: $0.count)) }
+        var numbered = frame
+        numbered.sequence = 1
+        let encoded = try numbered.encoded()
+        var writes = PendingWrites<Int>(highWaterMark: 1 << 30, lowWaterMark: 0)
+        writes.open()
+        _ = try writes.enqueue(frame, size: encoded.count)
+        var joined: [UInt8] = []
+        let buffers = writes.forEachUnwritten(maxBuffers: 64) { _, base, count in
+            joined += UnsafeRawBufferPointer(start: base, count: count)
+        }
+        #expect(buffers == (size >= WireBuffer.inPlacePayloadThreshold ? 2 : 1))
         #expect(joined == encoded)
     }
 
@@ -125,12 +131,12 @@ import Testing
             // The reader has taken the first part and now waits for the rest of the payload.
             let expected = Int32(large.count - 100 * 1024)
             try await waitUntil("SO_RCVLOWAT raised for the rest of the payload") {
-                channel.connection.onQueue { channel.connection.receiveLowWater } == expected
+                channel.driver.loop.run { channel.driver.receiveLowWater } == expected
             }
             let small = try Frame(kind: .message, typeID: "small", sequence: 3, payload: [1, 2, 3]).encoded()
             try raw.write(Array(large[(100 * 1024)...]) + small)
-            try await waitUntil("reading paused by the full buffer") { channel.connection.onQueue { channel.connection.isReadPaused } }
-            #expect(channel.connection.onQueue { channel.connection.receiveLowWater } == 1)
+            try await waitUntil("reading paused by the full buffer") { channel.driver.loop.run { channel.driver.isReadPaused } }
+            #expect(channel.driver.loop.run { channel.driver.receiveLowWater } == 1)
             var iterator = channel.messages.makeAsyncIterator()
             let first = await iterator.next()
             #expect(first?.typeID == "big")

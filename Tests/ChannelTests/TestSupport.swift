@@ -2,6 +2,8 @@ import Foundation
 import Logging
 import Testing
 
+@testable import Messaging
+@testable import ProtocolCore
 @testable import Transport
 
 #if canImport(Glibc)
@@ -81,7 +83,8 @@ final class TestServer: Sendable {
     let channels: AsyncStream<Result<MessageChannel, TransportError>>
 
     init(
-        _ configuration: ChannelConfiguration = config("server"), families: Set<SocketAddress.Family> = [.ipv4, .ipv6]
+        _ configuration: ChannelConfiguration = config("server"), families: Set<SocketAddress.Family> = [.ipv4, .ipv6],
+        acceptCall: @escaping Listener.AcceptCall = Listener.systemAccept
     ) throws {
         var listenerConfiguration = Listener.Configuration()
         listenerConfiguration.loopbackOnly = true
@@ -89,7 +92,7 @@ final class TestServer: Sendable {
         let (stream, continuation) = AsyncStream.makeStream(of: Result<MessageChannel, TransportError>.self)
         channels = stream
         let logger = testLogger("server")
-        listener = try Listener(configuration: listenerConfiguration, logger: logger) { socket in
+        listener = try Listener(configuration: listenerConfiguration, logger: logger, acceptCall: acceptCall) { socket in
             Task {
                 do {
                     continuation.yield(
@@ -182,7 +185,7 @@ func deadPort() throws -> UInt16 {
     defer { close(fd) }
     let address = SocketAddress.ipv4Loopback(port: 0)
     _ = try address.withSockAddr { (sa, len) throws(TransportError) in try syscallValue("bind") { bind(fd, sa, len) } }
-    return SocketOps.localAddress(fd)!.port
+    return SocketOps.localAddress(FileDescriptor(fd))!.port
 }
 
 /// Runs a blocking call (raw socket reads) on a Dispatch thread, off Swift's cooperative pool, so a

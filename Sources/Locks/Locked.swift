@@ -1,0 +1,58 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// The package's one lock: a value and a `pthread_mutex_t` in a single allocation (the mutex lives
+/// in the tail of the storage object, the way NIO's `NIOLockedValueBox` does it). ``Lock`` is the
+/// same type guarding nothing but a critical section.
+///
+/// Not `Synchronization.Mutex`, although it would live inline in its owner: on Linux its lock and
+/// unlock happen inside the precompiled standard library, invisible to ThreadSanitizer, which then
+/// reports every access it guards as a data race — in our tests and in the TSan runs of every app
+/// using this library. pthread mutexes are intercepted by TSan. Not `NSLock` either: three
+/// allocations (object, mutex, condition) where one will do.
+///
+/// `@unchecked Sendable`: the value is only touched with the mutex held.
+package struct Locked<Value>: @unchecked Sendable {
+    private final class Storage: ManagedBuffer<Value, pthread_mutex_t> {
+        deinit {
+            _ = withUnsafeMutablePointerToElements { pthread_mutex_destroy($0) }
+        }
+    }
+
+    private let storage: Storage
+
+    package init(_ value: Value) {
+        let buffer = Storage.create(minimumCapacity: 1) { _ in value }
+        storage = unsafeDowncast(buffer, to: Storage.self)
+        storage.withUnsafeMutablePointerToElements { mutex in
+            let status = pthread_mutex_init(mutex, nil)
+            precondition(status == 0, "pthread_mutex_init failed: \(status)")
+        }
+    }
+
+    /// Runs `body` with the mutex held, on the guarded value.
+    @inline(__always)
+    package func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
+        try storage.withUnsafeMutablePointers { (value, mutex) throws(E) -> T in
+            _ = pthread_mutex_lock(mutex)
+            defer { _ = pthread_mutex_unlock(mutex) }
+            return try body(&value.pointee)
+        }
+    }
+}
+
+/// A mutex guarding a critical section rather than a value.
+package typealias Lock = Locked<Void>
+
+extension Locked where Value == Void {
+    package init() { self.init(()) }
+
+    /// Runs `body` with the mutex held.
+    @inline(__always)
+    package func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+        try withLock { (_: inout Void) throws(E) -> T in try body() }
+    }
+}

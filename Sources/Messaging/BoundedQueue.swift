@@ -1,0 +1,202 @@
+import Locks
+
+/// The package's one bounded async queue: a channel's incoming messages, transfers and chunks, and
+/// the server's and client's events.
+///
+/// Two ways to add, one limit:
+/// - ``push(_:)`` never waits. When the count reaches the limit it calls `onFull` once (a channel
+///   pauses reading its socket); when consumers drain it to half the limit, `onDrained` (reading
+///   resumes). So a consumer that does not keep up stops the socket instead of growing memory.
+/// - ``pushWaiting(_:)`` suspends the producer while the queue is at its limit.
+///
+/// Consumers call ``next()`` (several may wait; cancellation ends a wait). After ``finish(throwing:)``
+/// pushes are dropped and consumers drain what is left, then get nil (or the error).
+final class BoundedQueue<Element: Sendable>: Sendable {
+    private struct Waiter {
+        let id: UInt64
+        let continuation: CheckedContinuation<Element?, any Error>
+    }
+
+    private struct State {
+        var items: [Element] = []
+        var head = 0
+        var finished = false
+        var overLimit = false
+        var consumers: [Waiter] = []
+        var producers: [CheckedContinuation<Void, Never>] = []
+        var nextWaiterID: UInt64 = 0
+        var failure: (any Error)?
+        var count: Int { items.count - head }
+    }
+
+    private let state = Locked(State())
+    let limit: Int
+    private let onFull: (@Sendable () -> Void)?
+    private let onDrained: (@Sendable () -> Void)?
+
+    init(limit: Int, onFull: (@Sendable () -> Void)? = nil, onDrained: (@Sendable () -> Void)? = nil) {
+        self.limit = max(1, limit)
+        self.onFull = onFull
+        self.onDrained = onDrained
+    }
+
+    /// Elements waiting for a consumer.
+    var count: Int { state.withLock { $0.count } }
+    /// Producers suspended in ``pushWaiting(_:)`` (tests).
+    var suspendedProducers: Int { state.withLock { $0.producers.count } }
+
+    /// Adds an element without waiting (dropped after `finish`); calls `onFull` when the limit is
+    /// reached. Returns false when the element was dropped.
+    @discardableResult
+    func push(_ element: Element) -> Bool {
+        var consumer: CheckedContinuation<Element?, any Error>?
+        var full = false
+        let accepted = state.withLock { state -> Bool in
+            guard !state.finished else { return false }
+            if !state.consumers.isEmpty {
+                consumer = state.consumers.removeFirst().continuation
+                return true
+            }
+            state.items.append(element)
+            if state.count >= limit && !state.overLimit {
+                state.overLimit = true
+                full = true
+            }
+            return true
+        }
+        consumer?.resume(returning: element)
+        if full { onFull?() }
+        return accepted
+    }
+
+    /// Adds an element, suspending while the queue is at its limit. Returns at once after `finish`.
+    func pushWaiting(_ element: Element) async {
+        while true {
+            let room = state.withLock { state -> Bool in state.finished || state.count < limit }
+            if room {
+                push(element)
+                return
+            }
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = state.withLock { state -> Bool in
+                    if state.finished || state.count < limit { return true }
+                    state.producers.append(continuation)
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        }
+    }
+
+    /// Ends the queue: consumers get the remaining elements, then nil (or `error`); waiting
+    /// producers return.
+    func finish(throwing error: (any Error)? = nil) {
+        let (consumers, producers) = state.withLock { state -> ([Waiter], [CheckedContinuation<Void, Never>]) in
+            guard !state.finished else { return ([], []) }
+            state.finished = true
+            state.failure = error
+            defer {
+                state.consumers = []
+                state.producers = []
+            }
+            return (state.count == 0 ? state.consumers : [], state.producers)
+        }
+        for consumer in consumers {
+            if let error { consumer.continuation.resume(throwing: error) } else { consumer.continuation.resume(returning: nil) }
+        }
+        for producer in producers { producer.resume() }
+    }
+
+    /// Drops everything buffered and ignores later pushes.
+    func discard() {
+        let wasOver = state.withLock { state -> Bool in
+            state.items = []
+            state.head = 0
+            defer { state.overLimit = false }
+            return state.overLimit
+        }
+        finish()
+        if wasOver { onDrained?() }
+    }
+
+    private enum Poll {
+        case element(Element, drained: Bool, producer: CheckedContinuation<Void, Never>?)
+        case end((any Error)?)
+        case empty
+    }
+
+    private func poll(_ state: inout State) -> Poll {
+        guard state.head < state.items.count else { return state.finished ? .end(state.failure) : .empty }
+        let element = state.items[state.head]
+        state.head += 1
+        if state.head == state.items.count {
+            state.items.removeAll(keepingCapacity: state.items.count <= 64)
+            state.head = 0
+        } else if state.head > 64 && state.head * 2 > state.items.count {
+            state.items.removeSubrange(0..<state.head)
+            state.head = 0
+        }
+        var drained = false
+        if state.overLimit && state.count <= limit / 2 {
+            state.overLimit = false
+            drained = true
+        }
+        let producer = state.producers.isEmpty ? nil : state.producers.removeFirst()
+        return .element(element, drained: drained, producer: producer)
+    }
+
+    private func deliver(_ polled: Poll) -> Element? {
+        if case .element(let element, let drained, let producer) = polled {
+            producer?.resume()
+            if drained { onDrained?() }
+            return element
+        }
+        return nil
+    }
+
+    /// The next element; nil at the end; throws the finishing error or `CancellationError`.
+    func next() async throws -> Element? {
+        switch state.withLock({ poll(&$0) }) {
+        case .element(let element, let drained, let producer):
+            producer?.resume()
+            if drained { onDrained?() }
+            return element
+        case .end(let error):
+            if let error { throw error }
+            return nil
+        case .empty:
+            break
+        }
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiterID += 1
+            return state.nextWaiterID
+        }
+        let value = try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Element?, any Error>) in
+                let polled = state.withLock { state -> Poll? in
+                    let polled = poll(&state)
+                    guard case .empty = polled else { return polled }
+                    if Task.isCancelled { return .end(CancellationError()) }
+                    state.consumers.append(Waiter(id: id, continuation: continuation))
+                    return nil
+                }
+                switch polled {
+                case nil, .empty?: break
+                case .element?: continuation.resume(returning: deliver(polled!))
+                case .end(let error)?:
+                    if let error { continuation.resume(throwing: error) } else { continuation.resume(returning: nil) }
+                }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> Waiter? in
+                guard let index = state.consumers.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.consumers.remove(at: index)
+            }
+            waiter?.continuation.resume(throwing: CancellationError())
+        }
+        // A continuation resumed before this task suspended hands over without any synchronization
+        // ThreadSanitizer can see; taking the lock the pusher released makes the hand-off visible.
+        state.withLock { _ in }
+        return value
+    }
+}

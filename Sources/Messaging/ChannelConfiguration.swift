@@ -1,0 +1,134 @@
+import ProtocolCore
+import Transport
+
+/// Settings of a ``MessageChannel``.
+public struct ChannelConfiguration: Sendable {
+    // The values live in one immutable, shared object (see SharedValues): every channel accepted
+    // with the same configuration shares it instead of holding ~300 bytes of its own.
+    struct Values: Sendable {
+        var name: String
+        var metadata: [String: String] = [:]
+        var codecs: CodecRegistry = CodecRegistry()
+        var connection: ConnectionConfiguration = ConnectionConfiguration()
+        var protocolVersion: Int = WireProtocol.version
+        var loopGroup: LoopGroup = .shared
+        var helloTimeout: Duration = .seconds(10)
+        var pingInterval: Duration? = .seconds(5)
+        var heartbeatTimeout: Duration = .seconds(15)
+        var connectTimeout: Duration = .seconds(10)
+        var connectAttemptDelay: Duration = .milliseconds(250)
+        var incomingBufferLimit: Int = 64
+        var transferChunkBufferLimit: Int = 16
+        var helloValidator: (@Sendable (PeerInfo) -> String?)? = nil
+        var preSharedKey: PreSharedKey? = nil
+    }
+
+    private var storage: SharedValues<Values>
+
+    /// This side's name, sent in HELLO.
+    public var name: String {
+        get { storage.values.name }
+        set { storage.update { $0.name = newValue } }
+    }
+
+    /// App metadata sent in HELLO.
+    public var metadata: [String: String] {
+        get { storage.values.metadata }
+        set { storage.update { $0.metadata = newValue } }
+    }
+
+    /// Codecs: the one used to send, plus any others accepted on receive.
+    public var codecs: CodecRegistry {
+        get { storage.values.codecs }
+        set { storage.update { $0.codecs = newValue } }
+    }
+
+    /// Frame-level settings (max frame size, send-queue water marks, idle timeout).
+    public var connection: ConnectionConfiguration {
+        get { storage.values.connection }
+        set { storage.update { $0.connection = newValue } }
+    }
+
+    /// The protocol version this side speaks (tests change it to check the refusal).
+    package var protocolVersion: Int {
+        get { storage.values.protocolVersion }
+        set { storage.update { $0.protocolVersion = newValue } }
+    }
+
+    /// The loops the channel's connection runs on (default: ``LoopGroup/shared``, one per core).
+    public var loopGroup: LoopGroup {
+        get { storage.values.loopGroup }
+        set { storage.update { $0.loopGroup = newValue } }
+    }
+
+    /// Close the connection when the hello exchange — HELLO, HELLO_ACK and, with a pre-shared key,
+    /// AUTH and AUTH_OK — does not complete within this time.
+    public var helloTimeout: Duration {
+        get { storage.values.helloTimeout }
+        set { storage.update { $0.helloTimeout = newValue } }
+    }
+
+    /// Send a PING this often (nil: no heartbeat).
+    public var pingInterval: Duration? {
+        get { storage.values.pingInterval }
+        set { storage.update { $0.pingInterval = newValue } }
+    }
+
+    /// Close with ``CloseReason/heartbeatTimeout`` when nothing arrived from the peer for this long
+    /// (checked every ``pingInterval``).
+    public var heartbeatTimeout: Duration {
+        get { storage.values.heartbeatTimeout }
+        set { storage.update { $0.heartbeatTimeout = newValue } }
+    }
+
+    /// Overall timeout of an outbound connect (all addresses).
+    public var connectTimeout: Duration {
+        get { storage.values.connectTimeout }
+        set { storage.update { $0.connectTimeout = newValue } }
+    }
+
+    /// Delay between Happy Eyeballs attempts (RFC 8305 recommends 250 ms).
+    public var connectAttemptDelay: Duration {
+        get { storage.values.connectAttemptDelay }
+        set { storage.update { $0.connectAttemptDelay = newValue } }
+    }
+
+    /// How many unconsumed messages (and transfers) are buffered before reading pauses.
+    public var incomingBufferLimit: Int {
+        get { storage.values.incomingBufferLimit }
+        set { storage.update { $0.incomingBufferLimit = newValue } }
+    }
+
+    /// How many unconsumed chunks per incoming transfer are buffered before reading pauses.
+    public var transferChunkBufferLimit: Int {
+        get { storage.values.transferChunkBufferLimit }
+        set { storage.update { $0.transferChunkBufferLimit = newValue } }
+    }
+
+    /// Server side: return a non-nil refusal message to refuse a peer after its HELLO.
+    public var helloValidator: (@Sendable (PeerInfo) -> String?)? {
+        get { storage.values.helloValidator }
+        set { storage.update { $0.helloValidator = newValue } }
+    }
+
+    /// A pre-shared key. When set, the hello includes a mutual HMAC-SHA256 challenge-response with
+    /// fresh nonces from both sides (the key never travels): a server accepts only clients proving
+    /// the same key, and a client accepts only a server proving it. See docs/PROTOCOL.md.
+    public var preSharedKey: PreSharedKey? {
+        get { storage.values.preSharedKey }
+        set { storage.update { $0.preSharedKey = newValue } }
+    }
+
+    /// Creates a configuration with this side's name.
+    public init(name: String) { storage = SharedValues(Values(name: name)) }
+
+    var peerInfo: PeerInfo { PeerInfo(version: protocolVersion, name: name, metadata: metadata) }
+
+    /// This side's part of the hello exchange.
+    func handshakeSettings() -> HandshakeStateMachine.Settings {
+        HandshakeStateMachine.Settings(
+            info: peerInfo, maxFrameSize: connection.maxFrameSize, preSharedKey: preSharedKey,
+            validator: helloValidator)
+    }
+}
+

@@ -1,0 +1,78 @@
+import Locks
+import Logging
+import ProtocolCore
+import Transport
+
+/// Carries out the hello exchange (``HandshakeStateMachine``) on a fresh connection, then hands the
+/// connection to a new ``MessageChannel``.
+///
+/// `@unchecked Sendable`: `machine` and `continuation` are confined to the connection's loop.
+final class HelloExchange: ConnectionHandler, @unchecked Sendable {
+    private let driver: ConnectionDriver
+    private let configuration: ChannelConfiguration
+    private var machine: HandshakeStateMachine
+    private var continuation: CheckedContinuation<MessageChannel, any Error>?
+    /// Released by the loop after the channel is built, taken by `run` after the hand-off: makes the
+    /// hand-off visible to ThreadSanitizer (a continuation resumed before its task suspended
+    /// synchronizes through the runtime's atomics, which it does not see).
+    private let handoff = Lock()
+
+    init(driver: ConnectionDriver, role: HandshakeStateMachine.Role, configuration: ChannelConfiguration) {
+        self.driver = driver
+        self.configuration = configuration
+        machine = HandshakeStateMachine(role: role, settings: configuration.handshakeSettings())
+    }
+
+    func run() async throws -> MessageChannel {
+        let channel = try await withCheckedThrowingContinuation { continuation in
+            driver.queue.async {
+                self.continuation = continuation
+                self.driver.start(handler: self)
+                self.driver.setDeadline(
+                    .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
+                self.perform(self.machine.start())
+            }
+        }
+        handoff.withLock {}
+        return channel
+    }
+
+    func connection(_ connection: ConnectionDriver, received frame: Frame) {
+        perform(machine.receive(frame))
+    }
+
+    func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {
+        guard kind == .handshake else { return }
+        perform(machine.timedOut(after: configuration.helloTimeout), closeAtOnce: true)
+    }
+
+    func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+        perform(machine.connectionClosed(reason))
+    }
+
+    private func perform(_ output: HandshakeStateMachine.Output, closeAtOnce: Bool = false) {
+        if let notice = output.notice { driver.logger.warning("\(notice)") }
+        for frame in output.frames { driver.enqueue(frame, bypassLimit: true) { _ in } }
+        guard let outcome = output.outcome else { return }
+        driver.setDeadline(.handshake, at: nil)
+        switch outcome {
+        case .success(let established):
+            driver.logger.debug("hello complete with '\(established.peer.name)' (version \(established.peer.version))")
+            driver.setPeerMaxFrameSize(established.peerMaxFrameSize)
+            let channel = handoff.withLock {
+                let channel = MessageChannel(driver: driver, established: established, configuration: configuration)
+                channel.activate()
+                return channel
+            }
+            continuation?.resume(returning: channel)
+        case .failure(let error):
+            if closeAtOnce {
+                driver.tearDown(error.closeReason ?? .localClose)
+            } else if !driver.isClosed {
+                driver.closeGracefully(reason: error.closeReason)
+            }
+            continuation?.resume(throwing: error)
+        }
+        continuation = nil
+    }
+}

@@ -1,0 +1,78 @@
+/// Frame-level settings shared by every connection made with one configuration.
+
+/// A configuration's values in one immutable object, replaced (not mutated) on change: copies of
+/// the configuration share it, so thousands of connections made with one configuration hold one
+/// pointer each instead of their own copy of every field.
+package struct SharedValues<Values: Sendable>: Sendable {
+    private final class Box: Sendable {
+        let values: Values
+        init(_ values: Values) { self.values = values }
+    }
+
+    private var box: Box
+
+    package init(_ values: Values) { box = Box(values) }
+
+    package var values: Values { box.values }
+
+    package mutating func update(_ body: (inout Values) -> Void) {
+        var values = box.values
+        body(&values)
+        box = Box(values)
+    }
+}
+
+/// Frame-level settings of a connection.
+public struct ConnectionConfiguration: Sendable {
+    // Shared immutable storage, replaced on change (see SharedValues).
+    struct Values: Sendable {
+        var maxFrameSize: Int = 16 * 1024 * 1024
+        var sendHighWaterMark: Int = 1024 * 1024
+        var sendLowWaterMark: Int = 256 * 1024
+        var idleTimeout: Duration? = nil
+        var closeLinger: Duration = .seconds(2)
+        var readBufferSize: Int = 64 * 1024
+    }
+
+    private var storage: SharedValues<Values>
+
+    /// The largest accepted frame body in bytes (default 16 MiB). Larger length prefixes close the
+    /// connection with ``CloseReason/frameTooLarge(size:limit:)`` before anything is allocated.
+    public var maxFrameSize: Int {
+        get { storage.values.maxFrameSize }
+        set { storage.update { $0.maxFrameSize = newValue } }
+    }
+
+    /// Senders suspend while more than this many bytes are queued for the socket (default 1 MiB).
+    public var sendHighWaterMark: Int {
+        get { storage.values.sendHighWaterMark }
+        set { storage.update { $0.sendHighWaterMark = newValue } }
+    }
+
+    /// Suspended senders resume once the queue drains to this many bytes (default 256 KiB).
+    public var sendLowWaterMark: Int {
+        get { storage.values.sendLowWaterMark }
+        set { storage.update { $0.sendLowWaterMark = newValue } }
+    }
+
+    /// Close with ``CloseReason/idleTimeout`` when no complete frame arrived for this long (nil: never).
+    public var idleTimeout: Duration? {
+        get { storage.values.idleTimeout }
+        set { storage.update { $0.idleTimeout = newValue } }
+    }
+
+    /// How long a graceful close waits for the peer to close its side after ours was shut down.
+    public var closeLinger: Duration {
+        get { storage.values.closeLinger }
+        set { storage.update { $0.closeLinger = newValue } }
+    }
+
+    /// Size of the reusable read buffer (default 64 KiB).
+    public var readBufferSize: Int {
+        get { storage.values.readBufferSize }
+        set { storage.update { $0.readBufferSize = newValue } }
+    }
+
+    /// Creates the default configuration.
+    public init() { storage = SharedValues(Values()) }
+}

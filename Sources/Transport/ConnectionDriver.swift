@@ -1,0 +1,378 @@
+import Dispatch
+import Locks
+import Logging
+import ProtocolCore
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// What a connection reports to its owner (the hello exchange, then the channel). Called on the
+/// connection's loop.
+package protocol ConnectionHandler: AnyObject {
+    /// A complete frame arrived.
+    func connection(_ connection: ConnectionDriver, received frame: Frame)
+    /// A deadline the owner set (``ConnectionDriver/setDeadline(_:at:)``) passed.
+    func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind)
+    /// The connection closed; no other call follows.
+    func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason)
+}
+
+/// One nonblocking TCP connection carried out on Dispatch: it performs what the core's state
+/// machines decide (``PendingWrites``, ``ConnectionLifecycle``, ``Deadlines``) and nothing else.
+///
+/// One loop (a serial queue shared with other connections), one read source, a write source made
+/// only when the socket is full, one timer for every deadline; the fd is closed only after every
+/// source's cancel handler ran (the GCDAsyncSocket pattern).
+///
+/// Senders on any thread queue frames under one lock; an idle, non-streaming sender writes its frame
+/// itself (no thread hop), everything else is written by one flush on the loop per batch.
+///
+/// `@unchecked Sendable`: `send` is guarded by its lock; every other mutable field is confined to
+/// ``loop``.
+package final class ConnectionDriver: @unchecked Sendable {
+    /// A sender waiting for room: resumed with its frame's sequence number, or the error.
+    package typealias Waiter = (Result<UInt64, TransportError>) -> Void
+
+    struct SendState {
+        var writes: PendingWrites<Waiter>
+        /// Set at teardown: what a refused sender is told.
+        var closeReason: CloseReason?
+    }
+
+    // Field order matters for memory (benchmark W5): small fields sit together.
+    package let loop: Loop
+    package let fd: FileDescriptor
+    private var readPauseCount: Int32 = 0
+    /// The socket's `SO_RCVLOWAT` (1 unless a large payload is being received).
+    package private(set) var receiveLowWater: Int32 = 1
+    var writeSourceResumed = false
+    private var sourcesToCancel: UInt8 = 0
+    private var cancelledSources: UInt8 = 0
+    var lifecycle = ConnectionLifecycle()
+    package let configuration: ConnectionConfiguration
+    package let remoteAddress: SocketAddress?
+    package let localAddress: SocketAddress?
+    private let baseLogger: Logger
+    let send: Locked<SendState>
+    private var decoder: FrameDecoder
+    /// Strong: the owner holds the driver too; the cycle ends at close (the handler is dropped).
+    private var handler: (any ConnectionHandler)?
+    var readSource: (any DispatchSourceRead)?
+    var writeSource: (any DispatchSourceWrite)?
+    private var timer: (any DispatchSourceTimer)?
+    private var deadlines = Deadlines()
+    private var armedDeadline: UInt64 = 0
+    /// When the last complete frame arrived (uptime ns).
+    package private(set) var lastFrameTime: UInt64 = 0
+    private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []
+
+    /// This connection's logger: the given one with `peer` metadata. Built on each use: copying the
+    /// metadata costs about 450 bytes, too much to keep for each of thousands of idle connections.
+    package var logger: Logger {
+        var logger = baseLogger
+        logger[metadataKey: "peer"] = "\(remoteAddress.map { "\($0)" } ?? "?")"
+        return logger
+    }
+
+    package init(fd: FileDescriptor, loop: Loop, configuration: ConnectionConfiguration, logger: Logger) {
+        self.fd = fd
+        self.loop = loop
+        self.configuration = configuration
+        remoteAddress = SocketOps.remoteAddress(fd)
+        localAddress = SocketOps.localAddress(fd)
+        baseLogger = logger
+        decoder = FrameDecoder(maxFrameSize: configuration.maxFrameSize)
+        send = Locked(
+            SendState(
+                writes: PendingWrites(
+                    highWaterMark: configuration.sendHighWaterMark, lowWaterMark: configuration.sendLowWaterMark)))
+        var one: Int32 = 1
+        _ = setsockopt(fd.rawValue, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    package var queue: DispatchQueue { loop.queue }
+    package var isClosed: Bool { lifecycle.isClosed }
+    package var closeReason: CloseReason? { lifecycle.closeReason }
+    package var isReadPaused: Bool { readPauseCount > 0 }
+    package var isOpen: Bool { lifecycle.state == .open }
+
+    // MARK: Lifecycle
+
+    /// Starts reading and accepting frames; reports to `handler`. On the loop, once.
+    package func start(handler: any ConnectionHandler) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard lifecycle.start() else { return }
+        self.handler = handler
+        send.withLock { $0.writes.open() }
+        lastFrameTime = uptimeNanoseconds()
+        let read = DispatchSource.makeReadSource(fileDescriptor: fd.rawValue, queue: queue)
+        read.setEventHandler { [unowned self] in self.handleReadable() }
+        // The cancel handler is set in tearDown(): a handler costs a block and a Dispatch
+        // continuation (~150 bytes) for the connection's whole life otherwise.
+        readSource = read
+        read.resume()
+        if let idle = configuration.idleTimeout { setDeadline(.idleCheck, at: lastFrameTime &+ idle.nanoseconds) }
+    }
+
+    /// Hands the connection to another owner (the hello exchange hands over to the channel). On the loop.
+    package func setHandler(_ handler: any ConnectionHandler) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        if !isClosed { self.handler = handler }
+    }
+
+    /// The largest frame body the peer accepts (learnt in the hello): larger frames are refused
+    /// before they are queued.
+    package func setPeerMaxFrameSize(_ size: Int) { send.withLock { $0.writes.peerMaxFrameSize = size } }
+
+    /// Waits until the connection is closed and returns why. Any context.
+    package func closed() async -> CloseReason {
+        await withCheckedContinuation { continuation in
+            queue.async {
+                if let reason = self.closeReason {
+                    continuation.resume(returning: reason)
+                } else {
+                    self.closeWaiters.append(continuation)
+                }
+            }
+        }
+    }
+
+    /// Graceful close: stop accepting frames, flush what is queued, shut down writing, wait briefly
+    /// for the peer's end of file, then close. `reason` (the peer's GOODBYE, a protocol error) is what
+    /// the connection reports. On the loop.
+    package func closeGracefully(reason: CloseReason? = nil) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let (action, waiters) = send.withLock { state -> (ConnectionLifecycle.Action, [Waiter]) in
+            let action = lifecycle.closeGracefully(reason: reason, outputEmpty: state.writes.isEmpty)
+            switch action {
+            case .stopAccepting, .stopAcceptingAndShutDownWrite:
+                state.closeReason = reason ?? .localClose
+                return (action, state.writes.stopAccepting())
+            default:
+                return (action, [])
+            }
+        }
+        let error = TransportError.closed(reason ?? .localClose)
+        for waiter in waiters { waiter(.failure(error)) }
+        perform(action)
+    }
+
+    /// Closes now, dropping what is queued. Idempotent. On the loop.
+    package func tearDown(_ reason: CloseReason) { perform(lifecycle.tearDown(reason)) }
+
+    func perform(_ action: ConnectionLifecycle.Action) {
+        switch action {
+        case .none, .stopAccepting:
+            break
+        case .shutDownWrite, .stopAcceptingAndShutDownWrite:
+            _ = shutdown(fd.rawValue, Int32(SHUT_WR))
+            setDeadline(.linger, at: uptimeNanoseconds() &+ configuration.closeLinger.nanoseconds)
+        case .tearDown(let reason):
+            closeNow(reason)
+        }
+    }
+
+    private func closeNow(_ reason: CloseReason) {
+        switch reason {
+        case .localClose, .goodbye, .closedByPeer: logger.debug("connection closed: \(reason)")
+        default: logger.info("connection closed: \(reason)")
+        }
+        let waiters = send.withLock { state -> [Waiter] in
+            state.closeReason = reason
+            return state.writes.discardAll()
+        }
+        let error = TransportError.closed(reason)
+        for waiter in waiters { waiter(.failure(error)) }
+        deadlines.clearAll()
+        timer?.cancel()
+        timer = nil
+        if let read = readSource {
+            sourcesToCancel = writeSource == nil ? 1 : 2
+            // Setting a cancel handler on an active source is allowed; Dispatch runs it after the
+            // cancellation is processed. The fd is closed when every handler ran.
+            read.setCancelHandler { [self] in sourceCancelled() }
+            read.cancel()
+            if readPauseCount > 0 { read.resume() }  // a suspended source never runs its cancel handler
+            if let write = writeSource {
+                write.setCancelHandler { [self] in sourceCancelled() }
+                write.cancel()
+                if !writeSourceResumed { write.resume() }
+            }
+            readSource = nil
+            writeSource = nil
+        } else {
+            fd.close()
+        }
+        let owner = handler
+        handler = nil
+        owner?.connection(self, closedWith: reason)
+        let waiting = closeWaiters
+        closeWaiters = []
+        for waiter in waiting { waiter.resume(returning: reason) }
+    }
+
+    private func sourceCancelled() {
+        cancelledSources += 1
+        if cancelledSources == sourcesToCancel { fd.close() }
+    }
+
+    // MARK: Deadlines (one timer)
+
+    /// Sets (or clears, with nil) a deadline in uptime nanoseconds; the owner is told when it passes.
+    /// On the loop.
+    package func setDeadline(_ kind: Deadlines.Kind, at time: UInt64?) {
+        guard !isClosed else { return }
+        deadlines[kind] = time
+        armTimer()
+    }
+
+    private func armTimer() {
+        guard let earliest = deadlines.earliest else { return }  // a stale arm fires and finds nothing
+        guard earliest != armedDeadline else { return }
+        let source: any DispatchSourceTimer
+        if let timer {
+            source = timer
+        } else {
+            source = DispatchSource.makeTimerSource(queue: queue)
+            source.setEventHandler { [weak self] in self?.timerFired() }
+            source.resume()
+            timer = source
+        }
+        armedDeadline = earliest
+        source.schedule(deadline: DispatchTime(uptimeNanoseconds: earliest))
+    }
+
+    private func timerFired() {
+        armedDeadline = 0
+        let now = uptimeNanoseconds()
+        for kind in deadlines.expire(now: now) {
+            guard !isClosed else { return }
+            switch kind {
+            case .idleCheck: checkIdle(now: now)
+            case .linger: perform(lifecycle.lingerExpired())
+            case .handshake, .heartbeat, .request: handler?.connection(self, deadlinePassed: kind)
+            }
+        }
+        armTimer()
+    }
+
+    private func checkIdle(now: UInt64) {
+        guard let idle = configuration.idleTimeout?.nanoseconds else { return }
+        if readPauseCount > 0 { lastFrameTime = now }  // we stopped reading on purpose
+        if now &- lastFrameTime >= idle {
+            logger.warning(
+                "closing: no complete frame for \(Duration.nanoseconds(idle)) (\(decoder.bufferedByteCount) bytes of a partial frame buffered)")
+            tearDown(.idleTimeout)
+        } else {
+            deadlines[.idleCheck] = lastFrameTime &+ idle
+        }
+    }
+
+    // MARK: Reading
+
+    /// Stops reading the socket until a matching ``resumeReading()`` (calls are counted). On the loop.
+    package func pauseReading() {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard !isClosed else { return }
+        readPauseCount += 1
+        if readPauseCount == 1 { readSource?.suspend() }
+    }
+
+    /// Balances one ``pauseReading()``. On the loop.
+    package func resumeReading() {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard !isClosed, readPauseCount > 0 else { return }
+        readPauseCount -= 1
+        if readPauseCount == 0 {
+            lastFrameTime = uptimeNanoseconds()
+            readSource?.resume()
+        }
+    }
+
+    /// The largest `SO_RCVLOWAT` asked for: the kernel grows the receive buffer to hold it.
+    package static let maxReceiveLowWater = 1024 * 1024
+
+    private func setReceiveLowWater(_ bytes: Int) {
+        var value = Int32(clamping: max(bytes, 1))
+        guard value != receiveLowWater else { return }
+        if setsockopt(fd.rawValue, SOL_SOCKET, SO_RCVLOWAT, &value, socklen_t(MemoryLayout<Int32>.size)) == 0 {
+            receiveLowWater = value
+        }
+    }
+
+    private func handleReadable() {
+        for _ in 0..<8 {
+            guard readPauseCount == 0, lifecycle.isReading else { return }
+            var result: IOResult<Int> = .wouldBlock
+            do throws(TransportError) {
+                if decoder.missingPayloadBytes > 0 {
+                    // A large payload: read straight into its array (no reassembly copies).
+                    var failure: TransportError?
+                    decoder.fillPayload { space in
+                        do throws(TransportError) {
+                            result = try syscall("read", nonblocking: true) {
+                                read(fd.rawValue, space.baseAddress, space.count)
+                            }
+                        } catch {
+                            failure = error
+                        }
+                        if case .processed(let count) = result { return count }
+                        return 0
+                    }
+                    if let failure { throw failure }
+                } else {
+                    let buffer = ReadScratch.buffer(minimumSize: max(configuration.readBufferSize, 4096))
+                    result = try syscall("read", nonblocking: true) { read(fd.rawValue, buffer.baseAddress, buffer.count) }
+                    if case .processed(let count) = result, count > 0 {
+                        decoder.append(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                    }
+                }
+            } catch {
+                tearDown(Self.reason(for: error))
+                return
+            }
+            switch result {
+            case .wouldBlock:
+                decoder.releaseStorageIfEmpty()  // drained: hold no storage while idle
+                // While a large payload is incomplete, ask the kernel to report the socket readable
+                // only once the rest (up to 1 MiB) is there: one wake-up per megabyte, not per few
+                // segments. End of file and errors are reported regardless.
+                setReceiveLowWater(min(decoder.missingPayloadBytes, Self.maxReceiveLowWater))
+                return
+            case .processed(0):
+                perform(lifecycle.endOfFile(partialFrameBytes: decoder.bufferedByteCount))
+                return
+            case .processed:
+                if receiveLowWater > 1 && decoder.missingPayloadBytes == 0 { setReceiveLowWater(1) }
+                deliverFrames()
+            }
+        }
+    }
+
+    private func deliverFrames() {
+        while !isClosed {
+            let frame: Frame?
+            do {
+                frame = try decoder.next()
+            } catch {
+                logger.warning("hostile or broken input: \(error.message)")
+                tearDown(error.closeReason ?? .protocolError(error.message))
+                return
+            }
+            guard let frame else { return }
+            lastFrameTime = uptimeNanoseconds()
+            handler?.connection(self, received: frame)
+        }
+    }
+
+    package static func reason(for error: TransportError) -> CloseReason {
+        switch error.errno {
+        case ECONNRESET, EPIPE: .reset
+        case let code?: .error(code)
+        case nil: error.closeReason ?? .protocolError(error.message)
+        }
+    }
+}

@@ -1,2 +1,0 @@
-// The core's types are part of this module's API (until the public API is trimmed).
-@_exported import ProtocolCore

@@ -1,0 +1,60 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// The read buffer of the current thread. A connection reads on whichever Dispatch worker runs its
+/// queue and copies the bytes into its ``FrameDecoder`` before the event handler returns, so one
+/// buffer per thread serves every connection, and an idle connection holds no read buffer at all.
+enum ReadScratch {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let status = pthread_key_create(&key) { pointer in
+            pointer?.deallocate()
+        }
+        precondition(status == 0, "pthread_key_create failed: \(status)")
+        return key
+    }()
+
+    /// At least `minimumSize` bytes, valid on this thread until the next call on this thread.
+    static func buffer(minimumSize: Int) -> UnsafeMutableRawBufferPointer {
+        // Layout: one Int (the capacity), then the bytes.
+        let header = MemoryLayout<Int>.stride
+        if let pointer = pthread_getspecific(key) {
+            let capacity = pointer.load(as: Int.self)
+            if capacity >= minimumSize {
+                return UnsafeMutableRawBufferPointer(start: pointer + header, count: capacity)
+            }
+            pointer.deallocate()
+        }
+        let pointer = UnsafeMutableRawPointer.allocate(byteCount: header + minimumSize, alignment: 16)
+        pointer.storeBytes(of: minimumSize, as: Int.self)
+        pthread_setspecific(key, pointer)
+        return UnsafeMutableRawBufferPointer(start: pointer + header, count: minimumSize)
+    }
+}
+
+/// When the current thread last sent a frame on the fast path (any connection), in uptime nanoseconds.
+enum SendPacing {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let status = pthread_key_create(&key) { pointer in pointer?.deallocate() }
+        precondition(status == 0, "pthread_key_create failed: \(status)")
+        return key
+    }()
+
+    /// Stores `now` for this thread and returns the previous value (0 the first time).
+    static func exchange(_ now: UInt64) -> UInt64 {
+        let slot: UnsafeMutablePointer<UInt64>
+        if let pointer = pthread_getspecific(key) {
+            slot = pointer.assumingMemoryBound(to: UInt64.self)
+        } else {
+            slot = .allocate(capacity: 1)
+            slot.initialize(to: 0)
+            pthread_setspecific(key, slot)
+        }
+        defer { slot.pointee = now }
+        return slot.pointee
+    }
+}
