@@ -57,8 +57,8 @@ let package = Package(
         .executableTarget(
             name: "bench-discovery",
             dependencies: [
-                .product(name: "Discovery", package: parentIdentity),
-                .product(name: "Transport", package: parentIdentity),
+                .product(name: "Messaging", package: parentIdentity),
+                .product(name: "Transport", package: parentIdentity),  // Listener
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/bench-discovery"

@@ -5,134 +5,6 @@ import ProtocolCore
 import ServiceLifecycle
 import Transport
 
-/// How a ``MessageServer`` listens, publishes and treats its connections.
-public struct ServerConfiguration: Sendable {
-    /// The DNS-SD service type, e.g. `_bonjour-chat._tcp`.
-    public var serviceType: String
-    /// The DNS-SD instance name; nil gives `"<program> on <host>"`.
-    public var serviceName: String?
-    /// TXT entries to publish; the server adds `proto=<wire protocol version>`.
-    public var txt: TXTRecord = TXTRecord()
-    /// Publish through discovery (needs a ``ServiceDiscovery``); false listens only.
-    public var publish = true
-    /// Port and families (default: one kernel-assigned port for IPv4 and IPv6).
-    public var listener = Listener.Configuration()
-    /// Name in the hello, codecs, frame limit, timeouts and heartbeat of every connection.
-    public var channel: ChannelConfiguration
-    /// Connections beyond this are refused at once (closed before the hello).
-    public var maxConnections = 1024
-    /// Server events waiting for the app; beyond this, connections stop being read until it catches up.
-    public var eventBufferLimit = 256
-    /// How long ``MessageServer/stop()`` lets connections flush and say goodbye before aborting them.
-    public var stopGracePeriod: Duration = .seconds(5)
-
-    /// - Parameters:
-    ///   - serviceType: The DNS-SD service type, e.g. `_bonjour-chat._tcp`.
-    ///   - serviceName: The instance name; nil gives `"<program> on <host>"`.
-    ///   - peerName: This server's name in the hello (defaults to the service name or type).
-    public init(serviceType: String, serviceName: String? = nil, peerName: String? = nil) {
-        self.serviceType = serviceType
-        self.serviceName = serviceName
-        var channel = ChannelConfiguration(name: peerName ?? serviceName ?? serviceType)
-        // A peer that sends no complete frame for 30 s (healthy peers ping every 5 s) is dropped:
-        // half-sent frames cannot pin a connection forever.
-        channel.connection.idleTimeout = .seconds(30)
-        channel.codecs = .messagingDefault
-        self.channel = channel
-    }
-}
-
-/// Something that happened on a ``MessageServer``.
-public enum ServerEvent: Sendable, CustomStringConvertible {
-    /// The service is announced on the network under this name.
-    case published(name: String)
-    /// The name collided; the service is re-published under `to`.
-    case renamed(from: String, to: String)
-    /// A client connected and completed the hello.
-    case accepted(ServerConnection)
-    /// A message arrived.
-    case received(ServerConnection, IncomingMessage)
-    /// A streamed transfer started; consume its chunks or `discard()` it.
-    case transfer(ServerConnection, IncomingTransfer)
-    /// A connection ended, with the reason.
-    case closed(ServerConnection, CloseReason)
-    /// A connection was refused (connection limit, failed hello), with the reason.
-    case refused(remote: SocketAddress?, reason: String)
-
-    public var description: String {
-        switch self {
-        case .published(let name): "published as '\(name)'"
-        case .renamed(let from, let to): "renamed '\(from)' → '\(to)'"
-        case .accepted(let connection): "accepted \(connection)"
-        case .received(let connection, let message): "received \(message.typeID) #\(message.sequence) from \(connection)"
-        case .transfer(let connection, let transfer): "transfer \(transfer.typeID) (\(transfer.totalSize) bytes) from \(connection)"
-        case .closed(let connection, let reason): "closed \(connection): \(reason)"
-        case .refused(let remote, let reason): "refused \(remote.map { "\($0)" } ?? "?"): \(reason)"
-        }
-    }
-}
-
-/// One client connection of a server.
-public final class ServerConnection: Sendable, Hashable, CustomStringConvertible {
-    /// Unique per server, increasing.
-    public let id: UInt64
-    /// The underlying channel: send, request, reply, stream files.
-    public let channel: MessageChannel
-
-    init(id: UInt64, channel: MessageChannel) {
-        self.id = id
-        self.channel = channel
-    }
-
-    /// The peer's hello: name, protocol version, metadata.
-    public var peer: PeerInfo { channel.peer }
-    /// Where the peer connects from.
-    public var remoteAddress: SocketAddress? { channel.remoteAddress }
-
-    /// Sends a message to this peer (suspends while its send queue is full).
-    public func send<T: Encodable>(_ value: T, type: String) async throws {
-        try await channel.send(value, type: type)
-    }
-
-    /// Replies to a request from this peer.
-    public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
-        try await channel.reply(to: message, with: value, type: type)
-    }
-
-    /// Closes gracefully (queued messages are flushed first).
-    public func close(reason: String = "closed by server") { channel.close(reason: reason) }
-
-    public static func == (lhs: ServerConnection, rhs: ServerConnection) -> Bool { lhs.id == rhs.id }
-    public func hash(into hasher: inout Hasher) { hasher.combine(id) }
-    public var description: String {
-        "#\(id) '\(peer.name)'\(remoteAddress.map { " at \($0)" } ?? "")"
-    }
-}
-
-/// The outcome of a broadcast for one connection.
-public struct BroadcastResult: Sendable {
-    /// The connection.
-    public let connection: ServerConnection
-    /// Why sending to it failed (nil: the message was queued for it).
-    public let error: (any Error)?
-    /// Whether the message was queued for this connection.
-    public var succeeded: Bool { error == nil }
-}
-
-/// The server's events, in order. One consumer. When the app does not consume them, the server
-/// stops reading from its connections (bounded memory) until it does.
-public struct ServerEvents: AsyncSequence, Sendable {
-    public typealias Element = ServerEvent
-    let queue: BoundedQueue<ServerEvent>
-
-    public struct AsyncIterator: AsyncIteratorProtocol {
-        let queue: BoundedQueue<ServerEvent>
-        public mutating func next() async -> ServerEvent? { try? await queue.next() }
-    }
-
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
-}
-
 /// A messaging server: listens on IPv4 and IPv6 on one port, publishes itself through discovery,
 /// accepts clients, and reports what happens as ``events``.
 ///
@@ -150,19 +22,28 @@ public struct ServerEvents: AsyncSequence, Sendable {
 ///
 /// Also a swift-service-lifecycle `Service`: `run()` starts it and stops it gracefully on shutdown.
 public final class MessageServer: Service, Sendable {
-    private enum Phase { case idle, starting, running, stopping, stopped }
+    /// Where the server is in its life; each state holds what exists in it. Every step that awaits
+    /// checks the state again afterwards (a `stop()` may have come in between).
+    private enum Phase {
+        case idle
+        case starting(Listener?)
+        case running(Listener, (any ServicePublication)?)
+        case stopping
+        case stopped
+    }
+
     private struct State {
         var phase = Phase.idle
-        var listener: Listener?
-        var publication: PublishedService?
         var connections: [UInt64: ServerConnection] = [:]
+        /// Connections whose `.closed` event was not pushed yet, with the task pumping their messages.
+        var pumps: [UInt64: Task<Void, Never>] = [:]
         var pendingHellos = 0
         var nextID: UInt64 = 0
     }
 
     /// The configuration the server was created with.
     public let configuration: ServerConfiguration
-    private let discovery: ServiceDiscovery?
+    private let publisher: (any ServicePublisher)?
     private let logger: Logger
     private let state = Locked(State())
     private let queue: BoundedQueue<ServerEvent>
@@ -175,29 +56,56 @@ public final class MessageServer: Service, Sendable {
     ///   - logger: Where the server logs (accepts, refusals, closes with reasons).
     public init(configuration: ServerConfiguration, discovery: ServiceDiscovery?, logger: Logger) {
         self.configuration = configuration
-        self.discovery = discovery
+        self.publisher = discovery
         self.logger = logger
-        self.queue = BoundedQueue(limit: configuration.eventBufferLimit)
+        let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
+        self.queue = queue
         self.events = ServerEvents(queue: queue)
     }
 
-    /// The listening port (nil before `start()`).
-    public var port: UInt16? { state.withLock { $0.listener?.port } }
+    /// A server publishing through `publisher` (tests control publishing with it).
+    package init(configuration: ServerConfiguration, publisher: (any ServicePublisher)?, logger: Logger) {
+        self.configuration = configuration
+        self.publisher = publisher
+        self.logger = logger
+        let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
+        self.queue = queue
+        self.events = ServerEvents(queue: queue)
+    }
+
+    private var listener: Listener? {
+        state.withLock { state in
+            switch state.phase {
+            case .starting(let listener): listener
+            case .running(let listener, _): listener
+            case .idle, .stopping, .stopped: nil
+            }
+        }
+    }
+
+    /// The listening port (nil before `start()` and after `stop()`).
+    public var port: UInt16? { listener?.port }
     /// The addresses the listener is bound to.
-    public var boundAddresses: [SocketAddress] { state.withLock { $0.listener?.boundAddresses ?? [] } }
+    public var boundAddresses: [SocketAddress] { listener?.boundAddresses ?? [] }
     /// The current published name (nil when not published).
-    public var publishedName: String? { state.withLock { $0.publication?.name } }
+    public var publishedName: String? {
+        state.withLock { state in
+            if case .running(_, let publication?) = state.phase { return publication.name }
+            return nil
+        }
+    }
     /// The open connections (hello completed), oldest first.
     public var connections: [ServerConnection] {
         state.withLock { $0.connections.values.sorted { $0.id < $1.id } }
     }
 
     /// Listens (IPv4 + IPv6 on one port) and publishes the service with `proto=<version>` in its TXT.
-    /// - Throws: ``MessagingError`` `.alreadyStarted`, `.listenFailed`, `.publishFailed`.
+    /// - Throws: ``MessagingError`` `.alreadyStarted`, `.listenFailed`, `.publishFailed`, or
+    ///   `.stopped` when ``stop()`` was called while starting (nothing is left running then).
     public func start() async throws(MessagingError) {
         let proceed = state.withLock { state -> Bool in
-            guard state.phase == .idle else { return false }
-            state.phase = .starting
+            guard case .idle = state.phase else { return false }
+            state.phase = .starting(nil)
             return true
         }
         guard proceed else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
@@ -207,41 +115,71 @@ public final class MessageServer: Service, Sendable {
                 self?.accepted(socket)
             }
         } catch {
-            state.withLock { $0.phase = .stopped }
+            state.withLock { state in if case .starting = state.phase { state.phase = .stopped } }
             throw MessagingError(.listenFailed, "cannot listen: \(error.message)", underlying: error)
         }
-        state.withLock { $0.listener = listener }
-        if configuration.publish, let discovery {
+        let stillStarting = state.withLock { state -> Bool in
+            guard case .starting = state.phase else { return false }
+            state.phase = .starting(listener)
+            return true
+        }
+        guard stillStarting else {
+            listener.stop()
+            throw Self.stoppedWhileStarting
+        }
+        var publication: (any ServicePublication)?
+        if configuration.publish, let publisher {
             var txt = configuration.txt
             txt["proto"] = String(WireProtocol.version)
             do {
-                let publication = try await discovery.publish(
+                publication = try await publisher.publishService(
                     name: configuration.serviceName, type: configuration.serviceType, port: listener.port, txt: txt)
-                state.withLock { $0.publication = publication }
-                let queue = self.queue
-                Task {
-                    for await event in publication.events {
-                        switch event {
-                        case .established(let name): queue.push(.published(name: name))
-                        case .renamed(let from, let to): queue.push(.renamed(from: from, to: to))
-                        default: break
-                        }
-                    }
-                }
             } catch {
                 listener.stop()
-                state.withLock { $0.phase = .stopped }
+                state.withLock { state in if case .starting = state.phase { state.phase = .stopped } }
                 throw MessagingError(.publishFailed, "cannot publish the server: \(error.message)", underlying: error)
             }
         }
-        state.withLock { $0.phase = .running }
+        // Re-check after the await: a stop() meanwhile must not leave a live publication behind.
+        let running = state.withLock { state -> Bool in
+            guard case .starting = state.phase else { return false }
+            state.phase = .running(listener, publication)
+            return true
+        }
+        guard running else {
+            await publication?.unpublish()
+            listener.stop()
+            throw Self.stoppedWhileStarting
+        }
+        if let publication { forwardEvents(of: publication) }
         logger.info("server running", metadata: ["port": "\(listener.port)", "type": "\(configuration.serviceType)"])
+    }
+
+    private static var stoppedWhileStarting: MessagingError {
+        MessagingError(.stopped, "the server was stopped while starting; nothing is listening or published")
+    }
+
+    private func forwardEvents(of publication: any ServicePublication) {
+        let queue = self.queue
+        Task {
+            for await event in publication.events {
+                switch event {
+                case .established(let name): queue.push(.published(name: name))
+                case .renamed(let from, let to): queue.push(.renamed(from: from, to: to))
+                default: break
+                }
+            }
+        }
     }
 
     /// Replaces the published TXT record (the server keeps `proto`).
     /// - Throws: ``MessagingError`` `.notStarted`, or `.publishFailed` wrapping the discovery error.
     public func updateTXT(_ txt: TXTRecord) async throws(MessagingError) {
-        guard let publication = state.withLock({ $0.publication }) else {
+        let publication = state.withLock { state -> (any ServicePublication)? in
+            if case .running(_, let publication) = state.phase { return publication }
+            return nil
+        }
+        guard let publication else {
             throw MessagingError(.notStarted, "the server is not published; start it with a ServiceDiscovery first")
         }
         var record = txt
@@ -253,16 +191,20 @@ public final class MessageServer: Service, Sendable {
         }
     }
 
+    // MARK: Connections
+
     private func accepted(_ socket: AcceptedSocket) {
         let limit = configuration.maxConnections
         let admitted = state.withLock { state -> Bool in
-            guard state.phase == .running, state.connections.count + state.pendingHellos < limit else { return false }
+            guard case .running = state.phase, state.connections.count + state.pendingHellos < limit else { return false }
             state.pendingHellos += 1
             return true
         }
         guard admitted else {
             let reason = "connection limit of \(limit) reached (or server stopping)"
-            logger.warning("refusing connection", metadata: ["remote": "\(socket.remoteAddress.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
+            logger.warning(
+                "refusing connection",
+                metadata: ["remote": "\(socket.remoteAddress.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
             socket.close()
             queue.push(.refused(remote: socket.remoteAddress, reason: reason))
             return
@@ -283,7 +225,7 @@ public final class MessageServer: Service, Sendable {
     private func register(_ channel: MessageChannel) {
         let connection: ServerConnection? = state.withLock { state in
             state.pendingHellos -= 1
-            guard state.phase == .running else { return nil }
+            guard case .running = state.phase else { return nil }
             state.nextID += 1
             let connection = ServerConnection(id: state.nextID, channel: channel)
             state.connections[connection.id] = connection
@@ -296,25 +238,38 @@ public final class MessageServer: Service, Sendable {
         logger.debug("accepted", metadata: ["connection": "\(connection)"])
         queue.push(.accepted(connection))
         let queue = self.queue
-        Task {
+        let pump = Task {
             for await message in channel.messages { await queue.pushWaiting(.received(connection, message)) }
             let reason = await channel.closed()
-            self.state.withLock { _ = $0.connections.removeValue(forKey: connection.id) }
-            self.logger.debug("closed", metadata: ["connection": "\(connection)", "reason": "\(reason)"])
-            queue.push(.closed(connection, reason))
+            self.connectionClosed(connection, reason: reason)
         }
+        state.withLock { $0.pumps[connection.id] = pump }
         Task {
             for await transfer in channel.transfers { await queue.pushWaiting(.transfer(connection, transfer)) }
         }
     }
 
-    /// Sends one message to every connection. The value is encoded once. A connection whose send
-    /// queue stays full for `timeout` (a peer that does not read) is dropped and reported failed.
+    /// Reports a connection's end exactly once (its pump, or `stop()` for a pump that is stuck).
+    private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
+        let first = state.withLock { state -> Bool in
+            state.connections.removeValue(forKey: connection.id)
+            return state.pumps.removeValue(forKey: connection.id) != nil
+        }
+        guard first else { return }
+        logger.debug("closed", metadata: ["connection": "\(connection)", "reason": "\(reason)"])
+        queue.push(.closed(connection, reason))
+    }
+}
+
+extension MessageServer {
+    /// Sends one message to every connection (except those in `except`). The value is encoded once.
+    /// A connection whose send queue stays full for `timeout` (a peer that does not read) is dropped
+    /// and reported failed.
     /// - Returns: One result per connection; failures carry their error, nothing is swallowed.
     public func broadcast<T: Encodable>(
-        _ value: T, type: String, timeout: Duration = .seconds(10)
+        _ value: T, type: String, except: Set<ServerConnection> = [], timeout: Duration = .seconds(10)
     ) async -> [BroadcastResult] {
-        let targets = connections
+        let targets = connections.filter { !except.contains($0) }
         guard let first = targets.first else { return [] }
         let encoded: (codecID: UInt8, payload: [UInt8])
         do {
@@ -344,16 +299,28 @@ public final class MessageServer: Service, Sendable {
     }
 
     /// Stops: unpublishes, stops accepting, closes every connection gracefully (flushing queued
-    /// messages) within the grace period, aborts what is left, and ends ``events``. Idempotent.
+    /// messages) within the grace period, aborts what is left, reports every connection's `.closed`,
+    /// and ends ``events``. Idempotent; a `stop()` during ``start()`` makes `start()` undo what it did.
     public func stop() async {
-        let (listener, publication, connections, proceed) = state.withLock { state in
-            guard state.phase == .running || state.phase == .starting else {
-                return (nil as Listener?, nil as PublishedService?, [ServerConnection](), false)
+        let stopping = state.withLock { state -> (Listener?, (any ServicePublication)?, [ServerConnection])? in
+            switch state.phase {
+            case .idle:
+                state.phase = .stopped
+                return nil
+            case .stopping, .stopped:
+                return nil
+            case .starting(let listener):
+                state.phase = .stopping
+                return (listener, nil, [])
+            case .running(let listener, let publication):
+                state.phase = .stopping
+                return (listener, publication, Array(state.connections.values))
             }
-            state.phase = .stopping
-            return (state.listener, state.publication, Array(state.connections.values), true)
         }
-        guard proceed else { return }
+        guard let (listener, publication, connections) = stopping else {
+            if state.withLock({ if case .stopped = $0.phase { true } else { false } }) { queue.finish() }
+            return
+        }
         await publication?.unpublish()
         listener?.stop()
         for connection in connections { connection.channel.close(reason: "server stopping") }
@@ -366,6 +333,13 @@ public final class MessageServer: Service, Sendable {
                 }
             }
         }
+        // Every connection's pump reports its `.closed` once its messages are handed on; a pump
+        // stuck behind an app that stopped reading events is not waited for beyond the grace period.
+        let pumps = state.withLock { Array($0.pumps.values) }
+        _ = await raceTimeout(grace) { for pump in pumps { await pump.value } }
+        for connection in connections {
+            connectionClosed(connection, reason: await connection.channel.closed())
+        }
         state.withLock { $0.phase = .stopped }
         queue.finish()
         logger.info("server stopped")
@@ -377,39 +351,6 @@ public final class MessageServer: Service, Sendable {
         try await start()
         try? await gracefulShutdown()
         await stop()
-    }
-}
-
-/// Runs `body`; returns false if it did not finish within `timeout`. Does not wait for a body that
-/// ignores cancellation (it keeps running in the background; the caller decides what to do).
-func raceTimeout(_ timeout: Duration, _ body: @escaping @Sendable () async -> Void) async -> Bool {
-    let race = Race()
-    return await withCheckedContinuation { continuation in
-        race.set(continuation)
-        let timer = Task {
-            // Cancelled (the body finished first): not a timeout. Finishing with false here would
-            // race the body's finish(true) and could report a timeout for a body that completed.
-            do { try await Task.sleep(for: timeout) } catch { return }
-            race.finish(false)
-        }
-        Task {
-            await body()
-            race.finish(true)
-            timer.cancel()
-        }
-    }
-}
-
-/// Resumes a continuation once, with whichever outcome comes first.
-private final class Race: Sendable {
-    private let continuation = Locked<CheckedContinuation<Bool, Never>?>(nil)
-    func set(_ value: CheckedContinuation<Bool, Never>) { continuation.withLock { $0 = value } }
-    func finish(_ outcome: Bool) {
-        let waiting = continuation.withLock { value -> CheckedContinuation<Bool, Never>? in
-            defer { value = nil }
-            return value
-        }
-        waiting?.resume(returning: outcome)
     }
 }
 

@@ -230,14 +230,23 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
 
     private func armTimer() {
-        guard let earliest = deadlines.earliest else { return }  // a stale arm fires and finds nothing
+        guard let earliest = deadlines.earliest else {
+            // No deadline left (an idle connection without heartbeat): no timer either, it costs
+            // a few hundred bytes per connection.
+            timer?.cancel()
+            timer = nil
+            armedDeadline = 0
+            return
+        }
         guard earliest != armedDeadline else { return }
         let source: any DispatchSourceTimer
         if let timer {
             source = timer
         } else {
             source = DispatchSource.makeTimerSource(queue: queue)
-            source.setEventHandler { [weak self] in self?.timerFired() }
+            // Unowned: the timer is cancelled (on this queue) before the driver can go away, and a
+            // weak reference would give every connection a side table for its whole life.
+            source.setEventHandler { [unowned self] in self.timerFired() }
             source.resume()
             timer = source
         }

@@ -6,10 +6,10 @@ import Testing
 /// The hex test vectors of docs/PROTOCOL.md, section "Test vectors".
 enum Vectors {
     static let hello = (
-        "000000420101000000000000000000017b226d65746164617461223a7b22617070223a2264656d6f227d2c226e616d65223a22616c696365222c2276657273696f6e223a317d",
+        "000000570101000000000000000000017b226d61785f6672616d65223a31363737373231362c226d65746164617461223a7b22617070223a2264656d6f227d2c226e616d65223a22616c696365222c2276657273696f6e223a317d",
         Frame(
             kind: .hello, codecID: 1, typeID: "", sequence: 1,
-            payload: Array(#"{"metadata":{"app":"demo"},"name":"alice","version":1}"#.utf8))
+            payload: Array(#"{"max_frame":16777216,"metadata":{"app":"demo"},"name":"alice","version":1}"#.utf8))
     )
     static let message = (
         "000000251001000c636861742e6d65737361676500000000000000027b2274657874223a226869227d",
@@ -39,6 +39,14 @@ func bytes(hex: String) -> [UInt8] {
 }
 
 @Suite struct FrameDecoderTests {
+    /// The spec carries exactly these vectors (a changed encoding must change the spec too).
+    @Test func theSpecListsTheseVectors() throws {
+        let spec = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../docs/PROTOCOL.md")
+        let text = try String(contentsOf: spec, encoding: .utf8)
+        for (hex, _) in Vectors.all { #expect(text.contains(hex)) }
+    }
+
     @Test(arguments: 0..<4)
     func hexVectorsEncode(index: Int) throws {
         let (expected, frame) = Vectors.all[index]

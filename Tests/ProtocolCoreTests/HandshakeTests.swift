@@ -60,9 +60,7 @@ import Testing
         var client = Machine(role: .client, settings: Self.settings("alice"))
         let hello = client.start().frames[0]
         #expect(hello.kind == .hello && hello.codecID == 1)
-        #expect(
-            String(decoding: hello.payload, as: UTF8.self)
-                == #"{"max_frame":16777216,"metadata":{"app":"demo"},"name":"alice","version":1}"#)
+        #expect(hello.payload == Vectors.hello.1.payload)
     }
 
     @Test func versionMismatchIsRefusedWithAReason() throws {

@@ -11,6 +11,7 @@
 import Discovery
 import Foundation
 import Logging
+import Messaging
 import Transport
 
 let serviceType = "_benchd1._tcp"
@@ -87,7 +88,7 @@ func client() async throws {
         case .added(let service) where service.name.hasPrefix("d1-"):
             let resolved = try await discovery.resolve(service)
             let addresses = resolved.addresses.compactMap {
-                try? SocketAddress(ipAddress: $0.ip.description, port: $0.port, scopeID: $0.scopeID)
+                try? SocketAddress(ipAddress: $0.numericHost, port: $0.port)
             }
             channels[service.name] = try await MessageChannel.connect(
                 to: addresses, configuration: channelConfiguration("client"), logger: logger)

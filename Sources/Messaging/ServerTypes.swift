@@ -1,0 +1,130 @@
+import Discovery
+import ProtocolCore
+import Transport
+
+public struct ServerConfiguration: Sendable {
+    /// The DNS-SD service type, e.g. `_bonjour-chat._tcp`.
+    public var serviceType: String
+    /// The DNS-SD instance name; nil gives `"<program> on <host>"`.
+    public var serviceName: String?
+    /// TXT entries to publish; the server adds `proto=<wire protocol version>`.
+    public var txt: TXTRecord = TXTRecord()
+    /// Publish through discovery (needs a ``ServiceDiscovery``); false listens only.
+    public var publish = true
+    /// Port and families (default: one kernel-assigned port for IPv4 and IPv6).
+    public var listener = Listener.Configuration()
+    /// Name in the hello, codecs, frame limit, timeouts and heartbeat of every connection.
+    public var channel: ChannelConfiguration
+    /// Connections beyond this are refused at once (closed before the hello).
+    public var maxConnections = 1024
+    /// Server events waiting for the app; beyond this, connections stop being read until it catches up.
+    public var eventBufferLimit = 256
+    /// How long ``MessageServer/stop()`` lets connections flush and say goodbye before aborting them.
+    public var stopGracePeriod: Duration = .seconds(5)
+
+    /// - Parameters:
+    ///   - serviceType: The DNS-SD service type, e.g. `_bonjour-chat._tcp`.
+    ///   - serviceName: The instance name; nil gives `"<program> on <host>"`.
+    ///   - peerName: This server's name in the hello (defaults to the service name or type).
+    public init(serviceType: String, serviceName: String? = nil, peerName: String? = nil) {
+        self.serviceType = serviceType
+        self.serviceName = serviceName
+        var channel = ChannelConfiguration(name: peerName ?? serviceName ?? serviceType)
+        // A peer that sends no complete frame for 30 s (healthy peers ping every 5 s) is dropped:
+        // half-sent frames cannot pin a connection forever.
+        channel.connection.idleTimeout = .seconds(30)
+        channel.codecs = .messagingDefault
+        self.channel = channel
+    }
+}
+
+/// Something that happened on a ``MessageServer``.
+public enum ServerEvent: Sendable, CustomStringConvertible {
+    /// The service is announced on the network under this name.
+    case published(name: String)
+    /// The name collided; the service is re-published under `to`.
+    case renamed(from: String, to: String)
+    /// A client connected and completed the hello.
+    case accepted(ServerConnection)
+    /// A message arrived.
+    case received(ServerConnection, IncomingMessage)
+    /// A streamed transfer started; consume its chunks or `discard()` it.
+    case transfer(ServerConnection, IncomingTransfer)
+    /// A connection ended, with the reason.
+    case closed(ServerConnection, CloseReason)
+    /// A connection was refused (connection limit, failed hello), with the reason.
+    case refused(remote: SocketAddress?, reason: String)
+
+    public var description: String {
+        switch self {
+        case .published(let name): "published as '\(name)'"
+        case .renamed(let from, let to): "renamed '\(from)' → '\(to)'"
+        case .accepted(let connection): "accepted \(connection)"
+        case .received(let connection, let message): "received \(message.typeID) #\(message.sequence) from \(connection)"
+        case .transfer(let connection, let transfer): "transfer \(transfer.typeID) (\(transfer.totalSize) bytes) from \(connection)"
+        case .closed(let connection, let reason): "closed \(connection): \(reason)"
+        case .refused(let remote, let reason): "refused \(remote.map { "\($0)" } ?? "?"): \(reason)"
+        }
+    }
+}
+
+/// One client connection of a server.
+public final class ServerConnection: Sendable, Hashable, CustomStringConvertible {
+    /// Unique per server, increasing.
+    public let id: UInt64
+    /// The underlying channel: send, request, reply, stream files.
+    public let channel: MessageChannel
+
+    init(id: UInt64, channel: MessageChannel) {
+        self.id = id
+        self.channel = channel
+    }
+
+    /// The peer's hello: name, protocol version, metadata.
+    public var peer: PeerInfo { channel.peer }
+    /// Where the peer connects from.
+    public var remoteAddress: SocketAddress? { channel.remoteAddress }
+
+    /// Sends a message to this peer (suspends while its send queue is full).
+    public func send<T: Encodable>(_ value: T, type: String) async throws {
+        try await channel.send(value, type: type)
+    }
+
+    /// Replies to a request from this peer.
+    public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
+        try await channel.reply(to: message, with: value, type: type)
+    }
+
+    /// Closes gracefully (queued messages are flushed first).
+    public func close(reason: String = "closed by server") { channel.close(reason: reason) }
+
+    public static func == (lhs: ServerConnection, rhs: ServerConnection) -> Bool { lhs.id == rhs.id }
+    public func hash(into hasher: inout Hasher) { hasher.combine(id) }
+    public var description: String {
+        "#\(id) '\(peer.name)'\(remoteAddress.map { " at \($0)" } ?? "")"
+    }
+}
+
+/// The outcome of a broadcast for one connection.
+public struct BroadcastResult: Sendable {
+    /// The connection.
+    public let connection: ServerConnection
+    /// Why sending to it failed (nil: the message was queued for it).
+    public let error: (any Error)?
+    /// Whether the message was queued for this connection.
+    public var succeeded: Bool { error == nil }
+}
+
+/// The server's events, in order. One consumer. When the app does not consume them, the server
+/// stops reading from its connections (bounded memory) until it does.
+public struct ServerEvents: AsyncSequence, Sendable {
+    public typealias Element = ServerEvent
+    let queue: BoundedQueue<ServerEvent>
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let queue: BoundedQueue<ServerEvent>
+        public mutating func next() async -> ServerEvent? { try? await queue.next() }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
+}

@@ -1,0 +1,115 @@
+import Foundation
+import Testing
+
+import Discovery
+import Locks
+@testable import Messaging
+
+/// A publisher the test controls: `publishService` waits until the test releases it.
+final class GatedPublisher: ServicePublisher, @unchecked Sendable {
+    final class Publication: ServicePublication, @unchecked Sendable {
+        let events: AsyncStream<PublicationEvent>
+        let continuation: AsyncStream<PublicationEvent>.Continuation
+        let name: String
+        let unpublished = Locked(false)
+        init(name: String) {
+            self.name = name
+            (events, continuation) = AsyncStream.makeStream()
+        }
+        func updateTXT(_ txt: TXTRecord) async throws(DiscoveryError) {}
+        func unpublish() async {
+            unpublished.withLock { $0 = true }
+            continuation.finish()
+        }
+    }
+
+    let entered = AsyncStream<Void>.makeStream()
+    let release = AsyncStream<Void>.makeStream()
+    let published = Locked<Publication?>(nil)
+
+    func publishService(name: String?, type: String, port: UInt16, txt: TXTRecord) async throws(DiscoveryError)
+        -> any ServicePublication
+    {
+        entered.continuation.yield()
+        var gate = release.stream.makeAsyncIterator()
+        _ = await gate.next()
+        let publication = Publication(name: name ?? "x")
+        published.withLock { $0 = publication }
+        return publication
+    }
+}
+
+@Suite struct ServerLifecycleTests {
+    /// `stop()` while `start()` awaits the publication: `start()` throws `.stopped`, the publication
+    /// it then receives is withdrawn and the listener closed — no server left half running.
+    @Test func stopDuringPublishLeavesNothingRunning() async throws {
+        let publisher = GatedPublisher()
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Gate")
+        configuration.listener.loopbackOnly = true
+        let server = MessageServer(configuration: configuration, publisher: publisher, logger: testLogger())
+        let starting = Task { () -> MessagingError? in
+            do throws(MessagingError) {
+                try await server.start()
+                return nil
+            } catch {
+                return error
+            }
+        }
+        var entered = publisher.entered.stream.makeAsyncIterator()
+        _ = await entered.next()  // start() is now inside publishService
+        let port = try #require(server.port)
+        await server.stop()
+        publisher.release.continuation.yield()
+        let error: MessagingError? = await starting.value
+        #expect(error?.code == .stopped)
+        let publication = try #require(publisher.published.withLock { $0 })
+        #expect(publication.unpublished.withLock { $0 })
+        #expect(server.port == nil && server.publishedName == nil)
+        // Nothing listens on the port any more.
+        #expect(throws: (any Error).self) {
+            _ = try TCPProbe.connect(port: port)
+        }
+        var events = server.events.makeAsyncIterator()
+        let next = await events.next()
+        #expect(next == nil)
+    }
+
+    /// Without a stop, the same gate lets the server run with its publication.
+    @Test func startCompletesWhenThePublicationArrives() async throws {
+        let publisher = GatedPublisher()
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Gate")
+        configuration.listener.loopbackOnly = true
+        let server = MessageServer(configuration: configuration, publisher: publisher, logger: testLogger())
+        let starting = Task { try await server.start() }
+        var entered = publisher.entered.stream.makeAsyncIterator()
+        _ = await entered.next()
+        publisher.release.continuation.yield()
+        try await starting.value
+        #expect(server.publishedName == "Gate")
+        await server.stop()
+        #expect(publisher.published.withLock { $0 }?.unpublished.withLock { $0 } == true)
+    }
+}
+
+/// A blocking TCP connect to 127.0.0.1 (throws when nothing listens).
+enum TCPProbe {
+    static func connect(port: UInt16) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr = in_addr(s_addr: UInt32(0x7F00_0001).bigEndian)
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        if result != 0 {
+            let code = errno
+            close(fd)
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+        }
+        close(fd)
+        return 0
+    }
+}
