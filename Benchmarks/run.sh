@@ -5,7 +5,7 @@
 # ratio ours/peer, then a table.
 #
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
-#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 D1)
+#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 D1)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+foundation nio; also
@@ -20,7 +20,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
 
 WORKLOADS=("$@")
-[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 D1)
+[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 W6 D1)
 read -r -a IMPLS <<< "${IMPLS:-ours ours+foundation nio}"
 PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 
@@ -54,6 +54,7 @@ impl_cmd() {
         ours+foundation) echo "$BIN/bench-ours --codec foundation" ;;
         ours+batch) echo "$BIN/bench-ours --w1-batch 64" ;;                  # W1: send(contentsOf:) 64 at a time
         ours+foundation+batch) echo "$BIN/bench-ours --codec foundation --w1-batch 64" ;;
+        ours+loop) echo "$BIN/bench-ours --w6-client loop" ;;                  # W6: request tasks on the channel's loop executor
         nio) echo "$BIN/bench-nio" ;;
         c) echo "$BIN/c-bulk" ;;
     esac
@@ -121,6 +122,7 @@ metric() {
         W2) echo "p50_us lower" ;;
         W3) echo "mib_per_s higher" ;;
         W5) echo "bytes_per_conn lower" ;;
+        W6) echo "requests_per_s higher" ;;
         D1) echo "connect_ms lower" ;;
     esac
 }
@@ -166,6 +168,7 @@ for w in "${WORKLOADS[@]}"; do
         [ "$impl" = nio ] && continue
         echo "RATIO $w $impl/nio $key=$(ratio "$(value "$w" "$impl" "$key")" "$(value "$w" nio "$key")")"
         [ "$w" = W2 ] && echo "RATIO W2 $impl/nio p99_us=$(ratio "$(value W2 "$impl" p99_us)" "$(value W2 nio p99_us)")"
+        [ "$w" = W6 ] && echo "RATIO W6 $impl/nio p50_us=$(ratio "$(value W6 "$impl" p50_us)" "$(value W6 nio p50_us)") p99_us=$(ratio "$(value W6 "$impl" p99_us)" "$(value W6 nio p99_us)")"
         [ "$w" = W3 ] && echo "RATIO W3 $impl/c mib_per_s=$(ratio "$(value W3 "$impl" mib_per_s)" "$(value W3 c mib_per_s)")"
     done
 done
@@ -198,6 +201,7 @@ for w in "${WORKLOADS[@]}"; do
             c=$(value W3 c mib_per_s)
             printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "W3" "C baseline" "${c:--}" "" "" "$(ratio "$(value W3 ours mib_per_s)" "$c")" "(ours/C)" ;;
         W5) row W5 bytes_per_conn ;;
+        W6) row W6 requests_per_s; row W6 p50_us; row W6 p99_us; row W6 rss_100k; row W6 rss_end ;;
         D1) for k in connect_ms_p50 connect_ms_max removed_ms_p50 removed_ms_max; do
                 v=$(value D1 ours "$k"); printf '%-4s %-16s %14s\n' "D1" "$k" "${v:--}"
             done ;;

@@ -40,6 +40,10 @@ public enum Workload {
     public static let w4Clients = 50
     public static let w4Messages = 20_000
     public static let w5Connections = 5_000
+    /// W6: request/reply calls, how many are outstanding at once, and when client RSS is sampled first.
+    public static let w6Requests = 1_000_000
+    public static let w6Outstanding = 100
+    public static let w6Checkpoint = 100_000
 }
 
 /// Parsed `--key value` options and the positional words.
@@ -123,6 +127,48 @@ public func latencySummary(_ nanos: [UInt64]) -> (p50: Double, p99: Double, max:
         Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))]) / 1000
     }
     return (at(0.50), at(0.99), Double(sorted.last ?? 0) / 1000)
+}
+
+/// A latency histogram of fixed size (1 µs buckets up to 200 ms, one overflow bucket), allocated
+/// and touched when made: recording never allocates, so it does not grow the process's memory while
+/// a workload runs (W6 samples RSS during the run). Thread-safe.
+public final class LatencyHistogram: @unchecked Sendable {
+    // Guarded by lock.
+    private let lock = NSLock()
+    private var buckets: [UInt32]
+    private var total = 0
+    private var maximum: UInt64 = 0
+
+    public init(maxMicroseconds: Int = 200_000) {
+        buckets = [UInt32](repeating: 0, count: maxMicroseconds + 1)
+    }
+
+    public func record(nanoseconds: UInt64) {
+        let micros = Int(min(nanoseconds / 1000, UInt64(buckets.count - 1)))
+        lock.withLock {
+            buckets[micros] &+= 1
+            total += 1
+            maximum = max(maximum, nanoseconds)
+        }
+    }
+
+    public var count: Int { lock.withLock { total } }
+
+    /// Percentiles in microseconds (bucket resolution) and the maximum.
+    public func summary() -> (p50: Double, p99: Double, max: Double) {
+        lock.withLock {
+            func at(_ q: Double) -> Double {
+                let rank = Int((Double(total) * q).rounded(.down))
+                var seen = 0
+                for (micros, n) in buckets.enumerated() {
+                    seen += Int(n)
+                    if seen > rank { return Double(micros) + 0.5 }
+                }
+                return Double(buckets.count)
+            }
+            return (at(0.50), at(0.99), Double(maximum) / 1000)
+        }
+    }
 }
 
 /// The monotonic clock in nanoseconds.

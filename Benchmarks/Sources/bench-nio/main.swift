@@ -24,6 +24,8 @@ enum Kind {
     static let bulk: UInt8 = 4
     static let done: UInt8 = 5
     static let ack: UInt8 = 6
+    static let request: UInt8 = 7
+    static let reply: UInt8 = 8
 }
 
 let options = Options()
@@ -130,6 +132,66 @@ final class W4Server: ChannelInboundHandler {
         var buffer = unwrapInboundIn(data)
         guard buffer.readInteger(as: UInt8.self) == Kind.ack else { fail("W4: unexpected frame") }
         if acks.withLockedValue({ $0 += 1; return $0 }) == clients { allAcked.succeed() }
+    }
+}
+
+/// W6: answers each request (kind, 8-byte id, JSON sample) with a reply carrying the same id.
+final class W6Server: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let decoder = JSONDecoder()
+    let encoder = JSONEncoder()
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard buffer.readInteger(as: UInt8.self) == Kind.request, let id = buffer.readInteger(as: UInt64.self),
+            let sample = try? decoder.decode(Sample.self, from: Data(buffer.readableBytesView)),
+            let json = try? encoder.encode(sample)
+        else { fail("W6: bad request") }
+        var out = context.channel.allocator.buffer(capacity: 16 + json.count)
+        out.writeInteger(Kind.reply)
+        out.writeInteger(id)
+        out.writeBytes(json)
+        context.write(wrapOutboundOut(out), promise: nil)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) { context.flush() }
+}
+
+/// W6 client side: request ids and their promises, on the channel's event loop.
+final class W6Client: ChannelInboundHandler, @unchecked Sendable {
+    // Confined to the channel's event loop.
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    let decoder = JSONDecoder()
+    let encoder = JSONEncoder()
+    var pending: [UInt64: EventLoopPromise<Sample>] = [:]
+    var nextID: UInt64 = 0
+    var context: ChannelHandlerContext?
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    /// On the event loop: sends a request and returns the future reply.
+    func request(_ sample: Sample) -> EventLoopFuture<Sample> {
+        guard let context, let json = try? encoder.encode(sample) else { fail("W6: no context") }
+        nextID += 1
+        let promise = context.eventLoop.makePromise(of: Sample.self)
+        pending[nextID] = promise
+        var out = context.channel.allocator.buffer(capacity: 16 + json.count)
+        out.writeInteger(Kind.request)
+        out.writeInteger(nextID)
+        out.writeBytes(json)
+        context.writeAndFlush(wrapOutboundOut(out), promise: nil)
+        return promise.futureResult
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        guard buffer.readInteger(as: UInt8.self) == Kind.reply, let id = buffer.readInteger(as: UInt64.self),
+            let promise = pending.removeValue(forKey: id),
+            let sample = try? decoder.decode(Sample.self, from: Data(buffer.readableBytesView))
+        else { fail("W6: bad reply") }
+        promise.succeed(sample)
     }
 }
 
@@ -326,11 +388,12 @@ func connect(_ port: Int, make: @escaping @Sendable (any Channel) -> any Channel
 
 func runServer() throws {
     switch workload {
-    case "W1", "W2", "W3":
+    case "W1", "W2", "W3", "W6":
         let server = try serve {
             switch workload {
             case "W1": W1Server()
             case "W2": W2Server()
+            case "W6": W6Server()
             default: W3Server()
             }
         }
@@ -461,6 +524,54 @@ func runClient() throws {
         }
         for future in futures { try future.wait() }
         for channel in channels { try? channel.close().wait() }
+    case "W6":
+        // The same shape as ours: 100 Swift tasks, each awaiting its reply (an EventLoopFuture)
+        // before sending the next request; latency per call; client RSS after 100k and at the end.
+        let n = options.int("requests", Workload.w6Requests)
+        let window = options.int("outstanding", Workload.w6Outstanding)
+        let handler = W6Client()
+        let channel = try connect(port) { _ in handler }.wait()
+        let sample = Sample.make(42)
+        let completed = NIOLockedValueBox(0)
+        let checkpoint = NIOLockedValueBox(0)
+        let histogram = LatencyHistogram()
+        let rssBefore = residentBytes()
+        let start = ContinuousClock.now
+        let finished = DispatchSemaphore(value: 0)
+        Task {
+            await withTaskGroup(of: Void.self) { group in
+                for worker in 0..<window {
+                    group.addTask {
+                        var i = worker
+                        while i < n {
+                            let t0 = nowNanos()
+                            guard let reply = try? await channel.eventLoop.flatSubmit({ handler.request(sample) }).get(),
+                                reply == sample
+                            else { fail("W6: bad reply") }
+                            histogram.record(nanoseconds: nowNanos() - t0)
+                            if completed.withLockedValue({ $0 += 1; return $0 }) == Workload.w6Checkpoint {
+                                checkpoint.withLockedValue { $0 = residentBytes() }
+                            }
+                            i += window
+                        }
+                    }
+                }
+            }
+            finished.signal()
+        }
+        finished.wait()
+        let elapsed = seconds(since: start)
+        let rssEnd = residentBytes()
+        guard histogram.count == n else { fail("W6: \(histogram.count) of \(n) replies") }
+        let s = histogram.summary()
+        result(
+            "W6", impl,
+            [
+                "requests_per_s": fmt(Double(n) / elapsed, 0), "p50_us": fmt(s.p50), "p99_us": fmt(s.p99),
+                "rss_start": "\(rssBefore)", "rss_100k": "\(checkpoint.withLockedValue { $0 })", "rss_end": "\(rssEnd)",
+                "seconds": fmt(elapsed, 3),
+            ])
+        try channel.close().wait()
     case "W5":
         let target = options.int("connections", Workload.w5Connections)
         var channels: [any Channel] = []

@@ -25,7 +25,7 @@ final class Counter: @unchecked Sendable {
 }
 
 let options = Options()
-guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..W5 [--port P] [--codec foundation|fast]") }
+guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..W6 [--port P] [--codec foundation|fast]") }
 let role = options.words[0]
 let workload = options.words[1]
 let codecName = options.string("codec", "fast")
@@ -132,6 +132,23 @@ func runServer() async throws {
             if inline { channel.on(type: "b", as: [UInt8].self) { payload, _ in received(payload) } }
             // (also the messages that arrive before on(type:) has installed the handler)
             for await message in channel.messages { received(message.payload) }
+            done.continuation.finish()
+        }
+    case "W6":
+        // Request/reply: the server answers each request from an on(type:) handler (trySend, or an
+        // async reply when the send queue is full).
+        listener = try listen { channel in
+            @Sendable func answer(_ sample: Sample, _ message: IncomingMessage) {
+                if (try? channel.trySend(sample, type: "r", replyTo: message.sequence)) != true {
+                    Task { try? await channel.reply(to: message, with: sample, type: "r") }
+                }
+            }
+            channel.on(type: "q", as: Sample.self) { sample, message in answer(sample, message) }
+            // (requests that arrived before the handler was installed)
+            for await message in channel.messages {
+                guard let sample = try? message.decode(Sample.self) else { fail("W6: undecodable") }
+                answer(sample, message)
+            }
             done.continuation.finish()
         }
     case "W4":
@@ -348,6 +365,54 @@ func runClient() async throws {
             }
             try await group.waitForAll()
         }
+    case "W6":
+        // 1,000,000 request(...) calls, 100 outstanding (100 tasks, each awaiting its reply before
+        // the next); latency per call; client RSS after 100k calls and after all of them.
+        // --w6-client pool (default: tasks on the cooperative pool, like the NIO client's) or loop
+        // (the tasks prefer the channel's loop executor: no thread hop per call).
+        let n = options.int("requests", Workload.w6Requests)
+        let window = options.int("outstanding", Workload.w6Outstanding)
+        let channel = try await connect(port)
+        let sample = Sample.make(42)
+        let completed = Counter()
+        let checkpoint = Counter()
+        let onLoop = options.string("w6-client", "pool") == "loop"
+        let histogram = LatencyHistogram()
+        let rssBefore = residentBytes()
+        let start = ContinuousClock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for worker in 0..<window {
+                group.addTask {
+                    @Sendable func run() async throws {
+                        var i = worker
+                        while i < n {
+                            let t0 = nowNanos()
+                            let reply = try await channel.request(sample, type: "q", expecting: Sample.self)
+                            histogram.record(nanoseconds: nowNanos() - t0)
+                            guard reply == sample else { fail("W6: bad reply") }
+                            if completed.add() == Workload.w6Checkpoint { _ = checkpoint.add(residentBytes()) }
+                            i += window
+                        }
+                    }
+                    if onLoop { try await withTaskExecutorPreference(channel.taskExecutor) { try await run() } } else {
+                        try await run()
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let elapsed = seconds(since: start)
+        let rssEnd = residentBytes()
+        guard histogram.count == n else { fail("W6: \(histogram.count) of \(n) replies") }
+        let s = histogram.summary()
+        result(
+            "W6", impl + (onLoop ? "+loop" : ""),
+            [
+                "requests_per_s": fmt(Double(n) / elapsed, 0), "p50_us": fmt(s.p50), "p99_us": fmt(s.p99),
+                "rss_start": "\(rssBefore)", "rss_100k": "\(checkpoint.current)", "rss_end": "\(rssEnd)",
+                "seconds": fmt(elapsed, 3),
+            ])
+        channel.close()
     case "W5":
         let target = options.int("connections", Workload.w5Connections)
         let holder = ChannelHolder()
