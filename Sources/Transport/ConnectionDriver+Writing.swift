@@ -23,7 +23,11 @@ extension ConnectionDriver {
     /// Queues (or writes) `frame` without waiting. Any context.
     private func submit(_ frame: Frame, size: Int, bypassLimit: Bool) -> Submitted {
         let now = uptimeNanoseconds()
-        let threadQuiet = now &- SendPacing.exchange(now) >= PendingWrites<Waiter>.streamingGap
+        // On the connection's own loop (a handler answering), never write at once: the loop is
+        // busy delivering a batch of frames, and one flush after it writes every answer together
+        // (as NIO flushes in channelReadComplete).
+        let threadQuiet =
+            now &- SendPacing.exchange(now) >= PendingWrites<Waiter>.streamingGap && !loop.isCurrent
         var flush = false
         let outcome = send.withLock { state -> Submitted in
             do throws(PendingWrites<Waiter>.Refusal) {
