@@ -141,6 +141,10 @@ let package = Package(
             path: "Demo/preview-push",
             swiftSettings: strict
         ),
+        // libFuzzer harness over the protocol core (Tests/fuzz/run-fuzz-wire.sh builds it with
+        // --sanitize=fuzzer and -DFUZZING; a plain build replays inputs given as files).
+        .executableTarget(
+            name: "lanmsg-fuzz", dependencies: ["ProtocolCore"], path: "Tests/fuzz/FuzzCore", swiftSettings: strict),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),

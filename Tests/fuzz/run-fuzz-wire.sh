@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the wire decoder (frames + envelope) and the DNS-SD record parsing (TXT, A/AAAA) with
-# libFuzzer for a bounded time each.
+# Fuzzes the protocol core (the ProtocolCore target as a whole: frame decoder and envelope, the hello
+# exchange) and the DNS-SD record parsing (TXT, A/AAAA) with libFuzzer for a bounded time each.
 #
 #   Tests/fuzz/run-fuzz-wire.sh [SECONDS]     (default 30 per target; e.g. 3600 for a long run)
 #
@@ -39,23 +39,28 @@ run() {  # run NAME MAXLEN
   fi
 }
 
-mkdir -p "$WORK/fuzz-frames.corpus" "$WORK/fuzz-txt.corpus"
+mkdir -p "$WORK/lanmsg-fuzz.corpus" "$WORK/fuzz-txt.corpus"
 # Seeds from the spec's hex vectors (lines of hex in the "Test vectors" section).
 awk '/^## Test vectors/{on=1} on && /^```/{block=!block; if(!block) n++; next} on && block {print > "'"$WORK"'/vec" n ".hex"}' \
   "$REPO/docs/PROTOCOL.md" || true
 for f in "$WORK"/vec*.hex; do
   [ -f "$f" ] || continue
-  tr -cd '0-9a-fA-F' < "$f" | xxd -r -p > "$WORK/fuzz-frames.corpus/$(basename "$f" .hex)" 2>/dev/null || true
+  # The harness's first byte picks frames (0) or the hello exchange (1).
+  { printf '\x00'; tr -cd '0-9a-fA-F' < "$f" | xxd -r -p; } > "$WORK/lanmsg-fuzz.corpus/frames-$(basename "$f" .hex)" 2>/dev/null || true
+  { printf '\x01'; tr -cd '0-9a-fA-F' < "$f" | xxd -r -p; } > "$WORK/lanmsg-fuzz.corpus/hello-$(basename "$f" .hex)" 2>/dev/null || true
 done
 printf '\x05txt=1\x0bpath=/a/b/c\x04flag\x03v=x' > "$WORK/fuzz-txt.corpus/typical"
 printf '\x0dproto=lanmsg\x01\x00' > "$WORK/fuzz-txt.corpus/odd"
 printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"
 
-T="$REPO/Sources/Transport"
 D="$REPO/Sources/Discovery"
-C="$REPO/Sources/ProtocolCore"
-build fuzz-frames "$HERE/FuzzFrames.swift" "$C/Frame.swift" "$C/FrameDecoder.swift" "$C/Errors.swift"
+# The core target and its dependencies, instrumented, linked with the harness (Tests/fuzz/FuzzCore).
+if ! (cd "$REPO" && nice -n 5 swift build -c release --product lanmsg-fuzz --sanitize=fuzzer --sanitize=address \
+      -Xswiftc -DFUZZING --scratch-path "$REPO/.build-fuzz") >"$WORK/lanmsg-fuzz.build.log" 2>&1; then
+  tail -n 30 "$WORK/lanmsg-fuzz.build.log" >&2; echo "fuzz-wire: build of lanmsg-fuzz failed" >&2; exit 2
+fi
+cp "$REPO/.build-fuzz/release/lanmsg-fuzz" "$WORK/lanmsg-fuzz"
 build fuzz-txt "$HERE/FuzzTXT.swift" "$D/TXTRecord.swift" "$D/DiscoveryError.swift" "$D/RecordParsing.swift" "$D/Types.swift"
-run fuzz-frames 70000
+run lanmsg-fuzz 70000
 run fuzz-txt 4096
 exit $status

@@ -1,12 +1,7 @@
-// libFuzzer target for the wire decoder: frame length prefix + envelope (kind, codec, flags, type id,
-// sequence, reference). Built by run-fuzz-wire.sh with Sources/Transport/{Frame,TransportError,
-// SocketAddress,Syscall}.swift. Invariants: no crash; the same frames whether the bytes arrive at
-// once or in small pieces; every decoded frame re-encodes and decodes to itself.
-
-@inline(__always)
-func check(_ condition: Bool, _ message: @autoclosure () -> String) {
-    if !condition { fatalError("frame fuzz invariant violated: \(message())") }
-}
+// The frame decoder's harness: length prefix + envelope (kind, codec, flags, type id, sequence,
+// reference). Invariants: no crash; the same frames whether the bytes arrive at once or in small
+// pieces; every decoded frame re-encodes and decodes to itself.
+import ProtocolCore
 
 func decodeAll(_ chunks: [ArraySlice<UInt8>]) -> (frames: [Frame], failed: Bool) {
     var decoder = FrameDecoder(maxFrameSize: 1 << 16, checkSequence: true)
@@ -25,9 +20,7 @@ func decodeAll(_ chunks: [ArraySlice<UInt8>]) -> (frames: [Frame], failed: Bool)
     return (frames, false)
 }
 
-@_cdecl("LLVMFuzzerTestOneInput")
-public func fuzzFrames(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
-    let bytes = Array(UnsafeBufferPointer(start: data, count: size))
+func fuzzFrames(_ bytes: [UInt8]) {
     let whole = decodeAll([bytes[...]])
     let step = bytes.isEmpty ? 1 : Int(bytes[0] % 7) + 1
     let pieces = stride(from: 0, to: bytes.count, by: step).map { bytes[$0..<min($0 + step, bytes.count)] }
@@ -41,5 +34,4 @@ public func fuzzFrames(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         guard let decoded = try? again.next() else { fatalError("a re-encoded frame does not decode") }
         check(decoded == frame, "re-encoding changed the frame")
     }
-    return 0
 }
