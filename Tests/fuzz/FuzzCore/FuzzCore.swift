@@ -60,7 +60,7 @@ func fuzzHello(_ bytes: [UInt8]) {
             var files: [String] = []
             for path in CommandLine.arguments.dropFirst() {
                 var isDirectory: ObjCBool = false
-                FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
+                _ = FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
                 if isDirectory.boolValue {
                     files += try FileManager.default.contentsOfDirectory(atPath: path).map { "\(path)/\($0)" }
                 } else {
