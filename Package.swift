@@ -26,12 +26,11 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.0"),
     ],
     targets: [
-        // Layer 0: the C headers of libavahi-client, nothing else. Only Discovery imports it.
-        .systemLibrary(
-            name: "CAvahiClient",
-            pkgConfig: "avahi-client",
-            providers: [.apt(["libavahi-client-dev"])]
-        ),
+        // Layer 0: the C headers of libavahi-client (Debian: libavahi-client-dev), nothing else. Only
+        // Discovery imports it. No pkgConfig: avahi-client.pc adds -D_REENTRANT, which SwiftPM drops
+        // with a "prohibited flag" warning in every build; the headers are in /usr/include and the
+        // module map links the two libraries.
+        .systemLibrary(name: "CAvahiClient"),
         // The package's one lock type (a pthread mutex with its value in one allocation).
         .target(name: "Locks", swiftSettings: strict),
         // Layer 1a: DNS-SD through Avahi on Dispatch. No sockets.

@@ -299,7 +299,7 @@ final class ChatSession {
         }
 
         var configuration = ClientConfiguration(
-            name: nick,
+            peerName: nick,
             reconnect: rejoinTimeout > 0
                 ? ReconnectPolicy(initialDelay: .milliseconds(250), maxDelay: .seconds(2)) : nil)
         configuration.browseTimeout = seconds(timeout)
@@ -431,7 +431,7 @@ final class ChatSession {
                         try? await Task.sleep(for: delay)
                         continuation.yield(.rejoinDeadline(current))
                     }
-                case .reconnecting:
+                case .reconnecting, .waiting:
                     break
                 case .gaveUp(let error):
                     problem("gave up rejoining: \(error.message)")

@@ -75,7 +75,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
         } else {
             target = .service(name: to, type: PreviewProtocol.serviceType, discovery: discovery!)
         }
-        var configuration = ClientConfiguration(name: "preview-push")
+        var configuration = ClientConfiguration(peerName: "preview-push")
         configuration.browseTimeout = timeoutDuration
         configuration.resolveTimeout = timeoutDuration
         configuration.channel.connectTimeout = timeoutDuration

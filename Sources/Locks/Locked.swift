@@ -36,10 +36,21 @@ package struct Locked<Value>: @unchecked Sendable {
     /// Runs `body` with the mutex held, on the guarded value.
     @inline(__always)
     package func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
-        try storage.withUnsafeMutablePointers { (value, mutex) throws(E) -> T in
+        try storage.withUnsafeMutablePointerToElements { (mutex) throws(E) -> T in
             _ = pthread_mutex_lock(mutex)
             defer { _ = pthread_mutex_unlock(mutex) }
-            return try body(&value.pointee)
+            // The header is touched only with the mutex held (ThreadSanitizer checks Swift accesses).
+            return try storage.withUnsafeMutablePointerToHeader { (value) throws(E) -> T in try body(&value.pointee) }
+        }
+    }
+
+    /// Locks the mutex without touching the value (``Lock``).
+    @inline(__always)
+    fileprivate func withMutexHeld<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+        try storage.withUnsafeMutablePointerToElements { (mutex) throws(E) -> T in
+            _ = pthread_mutex_lock(mutex)
+            defer { _ = pthread_mutex_unlock(mutex) }
+            return try body()
         }
     }
 }
@@ -53,6 +64,6 @@ extension Locked where Value == Void {
     /// Runs `body` with the mutex held.
     @inline(__always)
     package func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
-        try withLock { (_: inout Void) throws(E) -> T in try body() }
+        try withMutexHeld(body)
     }
 }

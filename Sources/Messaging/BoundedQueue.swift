@@ -26,6 +26,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         var producers: [CheckedContinuation<Void, Never>] = []
         var nextWaiterID: UInt64 = 0
         var failure: (any Error)?
+        /// A consumer asked for an element at least once.
+        var consumed = false
         var count: Int { items.count - head }
     }
 
@@ -42,6 +44,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
 
     /// Elements waiting for a consumer.
     var count: Int { state.withLock { $0.count } }
+    /// Whether anyone has ever asked for an element (someone reads the queue).
+    var hasConsumer: Bool { state.withLock { $0.consumed } }
     /// Producers suspended in ``pushWaiting(_:)`` (tests).
     var suspendedProducers: Int { state.withLock { $0.producers.count } }
 
@@ -67,6 +71,26 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         consumer?.resume(returning: element)
         if full { onFull?() }
         return accepted
+    }
+
+    /// Adds an element without waiting; when the queue is at its limit, first removes the oldest
+    /// element that `evictable` accepts. Returns whether one was removed (the element itself is
+    /// always added, unless the queue is finished).
+    @discardableResult
+    func push(_ element: Element, evictingOldestWhere evictable: (Element) -> Bool) -> Bool {
+        var evicted = false
+        let handedOver = state.withLock { state -> CheckedContinuation<Element?, any Error>? in
+            guard !state.finished else { return nil }
+            if !state.consumers.isEmpty { return state.consumers.removeFirst().continuation }
+            if state.count >= limit, let index = state.items[state.head...].firstIndex(where: evictable) {
+                state.items.remove(at: index)
+                evicted = true
+            }
+            state.items.append(element)
+            return nil
+        }
+        handedOver?.resume(returning: element)
+        return evicted
     }
 
     /// Adds an element, suspending while the queue is at its limit. Returns at once after `finish`.
@@ -156,7 +180,11 @@ final class BoundedQueue<Element: Sendable>: Sendable {
 
     /// The next element; nil at the end; throws the finishing error or `CancellationError`.
     func next() async throws -> Element? {
-        switch state.withLock({ poll(&$0) }) {
+        let polled = state.withLock { state -> Poll in
+            state.consumed = true
+            return poll(&state)
+        }
+        switch polled {
         case .element(let element, let drained, let producer):
             producer?.resume()
             if drained { onDrained?() }

@@ -1,3 +1,4 @@
+import FastJSON
 import Foundation
 import ProtocolCore
 import Transport
@@ -85,19 +86,63 @@ extension MessageChannel {
         _ = try await driver.send(Frame(kind: .message, codecID: WireProtocol.rawCodecID, typeID: type, payload: bytes))
     }
 
-    /// Replies to `message` (the reply carries its sequence number as reply-to).
+    /// Replies to the request `message` (the reply carries its sequence number as reply-to).
+    /// - Throws: ``TransportError/Code/invalidArgument`` when `message` was not a request (sent with
+    ///   `send`, not `request`: nobody waits for a reply), and the errors of ``send(_:type:)``.
     public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
+        try Self.checkIsRequest(message)
         let (codec, payload) = try encode(value, type: type)
         _ = try await driver.send(
             Frame(kind: .message, codecID: codec, typeID: type, reference: message.sequence, payload: payload))
     }
 
-    /// Replies to `message` with raw bytes.
+    /// Replies to the request `message` with raw bytes.
     public func replyRaw(to message: IncomingMessage, bytes: [UInt8], type: String) async throws {
+        try Self.checkIsRequest(message)
         _ = try await driver.send(
             Frame(
                 kind: .message, codecID: WireProtocol.rawCodecID, typeID: type, reference: message.sequence,
                 payload: bytes))
+    }
+
+    /// Answers the request `message` with an error: the requester's `request(...)` throws
+    /// `error` (a ``RemoteError`` with your code and message).
+    public func reply(to message: IncomingMessage, error: RemoteError) async throws {
+        try Self.checkIsRequest(message)
+        _ = try await driver.send(Self.errorFrame(error, to: message))
+    }
+
+    /// Replies without suspending, when the send queue has room (for ``on(type:as:_:)`` handlers):
+    /// false, having sent nothing, when the queue is full. Any context.
+    /// - Throws: like ``reply(to:with:type:)``.
+    public func tryReply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) throws(TransportError)
+        -> Bool
+    {
+        try Self.checkIsRequest(message)
+        return try trySend(value, type: type, replyTo: message.sequence)
+    }
+
+    /// ``reply(to:error:)`` without suspending (false when the send queue is full). Any context.
+    public func tryReply(to message: IncomingMessage, error: RemoteError) throws(TransportError) -> Bool {
+        try Self.checkIsRequest(message)
+        return try driver.trySend(Self.errorFrame(error, to: message))
+    }
+
+    static func errorFrame(_ error: RemoteError, to message: IncomingMessage) -> Frame {
+        var frame = HandshakeStateMachine.jsonFrame(.message, error)
+        frame.typeID = message.typeID
+        frame.reference = message.sequence
+        frame.isError = true
+        return frame
+    }
+
+    static func checkIsRequest(_ message: IncomingMessage) throws(TransportError) {
+        guard message.expectsReply else {
+            throw TransportError(
+                .invalidArgument,
+                "message '\(message.typeID)' #\(message.sequence) was sent with send(), not request(): "
+                    + "nobody waits for a reply; send an ordinary message instead")
+        }
     }
 
     // MARK: Requests
@@ -106,7 +151,8 @@ extension MessageChannel {
     ///
     /// Cancelling the calling task stops the wait with `CancellationError` (a later reply is dropped).
     ///
-    /// - Throws: ``TransportError/Code/requestTimedOut`` when no reply arrives within `timeout` (a later
+    /// - Throws: ``RemoteError`` when the peer answers with an error (``reply(to:error:)``),
+    ///   ``TransportError/Code/requestTimedOut`` when no reply arrives within `timeout` (a later
     ///   reply is dropped with a log line; the message says whether the peer was silent or this side
     ///   had stopped reading), ``TransportError/Code/decodingFailed``, ``TransportError/Code/connectionClosed``.
     public func request<Request: Encodable, Response: Decodable>(
@@ -119,6 +165,7 @@ extension MessageChannel {
     }
 
     /// Sends raw bytes as a request and returns the undecoded reply.
+    /// - Throws: like ``request(_:type:expecting:timeout:)``.
     public func requestRaw(_ bytes: [UInt8], type: String, timeout: Duration = .seconds(10)) async throws
         -> IncomingMessage
     {
@@ -132,9 +179,14 @@ extension MessageChannel {
         var cancelled = false  // confined to the channel's loop
     }
 
-    private func requestMessage(_ frame: Frame, timeout: Duration) async throws -> IncomingMessage {
+    private func requestMessage(_ request: Frame, timeout: Duration) async throws -> IncomingMessage {
+        let frame = { () -> Frame in
+            var frame = request
+            frame.expectsReply = true
+            return frame
+        }()
         let handle = RequestHandle()
-        return try await withTaskCancellationHandler {
+        let reply: IncomingMessage = try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
                 onLoop {
                     guard !handle.cancelled else {
@@ -167,6 +219,11 @@ extension MessageChannel {
                 }
             }
         }
+        if reply.isErrorReply {
+            throw (try? FastJSONDecoder().decode(RemoteError.self, from: reply.payload))
+                ?? RemoteError(code: "unknown", message: String(decoding: reply.payload.prefix(1000), as: UTF8.self))
+        }
+        return reply
     }
 
     /// Runs `body` on the loop: inline when already there (a task on ``taskExecutor``, a handler).

@@ -4,111 +4,32 @@ import Logging
 import ProtocolCore
 import Transport
 
-/// How a ``MessageClient`` finds, connects and reconnects.
-public struct ClientConfiguration: Sendable {
-    /// Name in the hello, codecs, frame limit, connect timeout, heartbeat.
-    public var channel: ChannelConfiguration
-    /// How long to browse for the service before giving up (or deciding it is ambiguous).
-    public var browseTimeout: Duration = .seconds(5)
-    /// How long one resolve may take.
-    public var resolveTimeout: Duration = .seconds(5)
-    /// Reconnect automatically when the connection is lost (not after ``MessageClient/close()``).
-    public var reconnect: ReconnectPolicy?
-    /// Client events waiting for the app; beyond this the connection stops being read.
-    public var eventBufferLimit = 256
-
-    public init(name: String, reconnect: ReconnectPolicy? = nil) {
-        var channel = ChannelConfiguration(name: name)
-        channel.codecs = .messagingDefault
-        self.channel = channel
-        self.reconnect = reconnect
-    }
-}
-
-/// Back-off for automatic reconnection: re-browse and re-resolve (the server may come back on a new
-/// port), then connect; the delay doubles from `initialDelay` up to `maxDelay`.
-public struct ReconnectPolicy: Sendable {
-    public var initialDelay: Duration
-    public var maxDelay: Duration
-    /// Give up after this many failed attempts in a row (nil: never).
-    public var maxAttempts: Int?
-
-    public init(initialDelay: Duration = .milliseconds(250), maxDelay: Duration = .seconds(5), maxAttempts: Int? = nil) {
-        self.initialDelay = initialDelay
-        self.maxDelay = maxDelay
-        self.maxAttempts = maxAttempts
-    }
-}
-
-/// Something that happened on a ``MessageClient``.
-public enum ClientEvent: Sendable, CustomStringConvertible {
-    /// Connected (first time or after a reconnect) to this peer.
-    case connected(PeerInfo, via: SocketAddress?)
-    /// A message arrived.
-    case received(IncomingMessage)
-    /// A streamed transfer started; consume its chunks or `discard()` it.
-    case transfer(IncomingTransfer)
-    /// The connection ended, with the reason.
-    case disconnected(CloseReason)
-    /// Trying again after `delay` (attempt counts from 1).
-    case reconnecting(attempt: Int, delay: Duration)
-    /// Reconnection stopped (attempts exhausted); the client is closed.
-    case gaveUp(MessagingError)
-
-    public var description: String {
-        switch self {
-        case .connected(let peer, let via): "connected to '\(peer.name)'\(via.map { " via \($0)" } ?? "")"
-        case .received(let message): "received \(message.typeID) #\(message.sequence)"
-        case .transfer(let transfer): "transfer \(transfer.typeID) (\(transfer.totalSize) bytes)"
-        case .disconnected(let reason): "disconnected: \(reason)"
-        case .reconnecting(let attempt, let delay): "reconnecting (attempt \(attempt)) in \(delay)"
-        case .gaveUp(let error): "gave up: \(error)"
-        }
-    }
-}
-
-/// The client's events, in order. One consumer.
-public struct ClientEvents: AsyncSequence, Sendable {
-    public typealias Element = ClientEvent
-    let queue: BoundedQueue<ClientEvent>
-
-    public struct AsyncIterator: AsyncIteratorProtocol {
-        let queue: BoundedQueue<ClientEvent>
-        public mutating func next() async -> ClientEvent? { try? await queue.next() }
-    }
-
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
-}
-
-/// Where a client connects: a fixed host and port, or a service found by discovery.
-public enum ServiceTarget: Sendable, CustomStringConvertible {
-    /// A host name or numeric address (IPv6 may carry `%scope`) and a port.
-    case host(String, port: UInt16)
-    /// A DNS-SD service of `type`, by instance name; nil name: the only one there is.
-    case service(name: String?, type: String, discovery: ServiceDiscovery)
-
-    public var description: String {
-        switch self {
-        case .host(let host, let port): host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
-        case .service(let name, let type, _): name.map { "'\($0)' (\(type))" } ?? "the \(type) service"
-        }
-    }
-}
-
 /// A messaging client: connects to a server by address or by discovered service name (resolve,
-/// then Happy Eyeballs over every address, IPv6 link-local included), and optionally reconnects.
+/// then Happy Eyeballs over every address, IPv6 link-local included), optionally waits for the
+/// server to appear, and reconnects.
 ///
 /// ```swift
 /// let client = try await MessageClient.connect(
 ///     to: .service(name: "Lobby", type: "_chat._tcp", discovery: discovery),
-///     configuration: .init(name: "alice"), logger: logger)
+///     configuration: .init(peerName: "alice"), logger: logger)
 /// try await client.send("hello", type: "chat.say")
 /// for await event in client.events { print(event) }
 /// ```
+///
+/// Replies to ``request(_:type:expecting:timeout:)`` reach their caller whatever the app does with
+/// ``events``; see ``ClientConfiguration/eventBufferLimit`` for what happens to other messages.
 public final class MessageClient: Sendable {
     private struct State {
         var channel: MessageChannel?
         var closed = false
+        /// The background connect (waiting for the server) or reconnect loop.
+        var connecting: Task<Void, Never>?
+        /// Callers of send/request waiting for a connection, by id.
+        var waiters: [UInt64: CheckedContinuation<MessageChannel, any Error>] = [:]
+        var nextWaiter: UInt64 = 0
+        /// The last reason a connect attempt failed (said when a waiter gives up).
+        var lastFailure: String?
+        var dropped = 0
     }
 
     /// Where this client connects.
@@ -125,19 +46,24 @@ public final class MessageClient: Sendable {
         self.target = target
         self.configuration = configuration
         self.logger = logger
-        self.queue = BoundedQueue(limit: configuration.eventBufferLimit)
+        let queue = BoundedQueue<ClientEvent>(limit: configuration.eventBufferLimit)
+        self.queue = queue
         self.events = ClientEvents(queue: queue)
     }
 
-    /// Connects (resolving the target first) and performs the hello.
+    /// Connects (resolving the target first) and performs the hello. With
+    /// ``ClientConfiguration/waitsForServer`` it returns at once and connects in the background.
     /// - Throws: ``MessagingError`` `.serviceNotFound`, `.ambiguousService` (the names are in the
     ///   message), `.connectFailed` (each address's failure in the message).
     public static func connect(
         to target: ServiceTarget, configuration: ClientConfiguration, logger: Logger
     ) async throws(MessagingError) -> MessageClient {
         let client = MessageClient(target: target, configuration: configuration, logger: logger)
-        let channel = try await client.establish()
-        client.attach(channel)
+        if configuration.waitsForServer {
+            client.startConnecting(reconnecting: false)
+        } else {
+            client.attach(try await client.establish(waiting: false))
+        }
         return client
     }
 
@@ -145,39 +71,48 @@ public final class MessageClient: Sendable {
     public var channel: MessageChannel? { state.withLock { $0.channel } }
     /// The server's hello, when connected.
     public var peer: PeerInfo? { channel?.peer }
+    /// Unsolicited messages dropped because nothing read ``events`` while they arrived.
+    public var droppedMessages: Int { state.withLock { $0.dropped } }
 
-    private func currentChannel() throws(MessagingError) -> MessageChannel {
-        guard let channel else {
-            throw MessagingError(.stopped, "not connected to \(target)\(configuration.reconnect != nil ? " (reconnecting)" : "")")
-        }
-        return channel
-    }
-
-    /// Sends a message (suspends while the send queue is full).
+    /// Sends a message (suspends while the send queue is full). While the client is connecting or
+    /// reconnecting it waits up to ``ClientConfiguration/connectionWait`` for the connection.
     public func send<T: Encodable>(_ value: T, type: String) async throws {
-        try await currentChannel().send(value, type: type)
+        try await readyChannel(within: configuration.connectionWait).send(value, type: type)
     }
 
     /// Sends several messages of one type in order with one hand-off to the connection (see
     /// `MessageChannel.send(contentsOf:type:)`): cheaper than one `send` each for a stream of
     /// small messages.
     public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
-        try await currentChannel().send(contentsOf: values, type: type)
+        try await readyChannel(within: configuration.connectionWait).send(contentsOf: values, type: type)
     }
 
-    /// Sends a request and waits for the reply.
+    /// Sends a request and waits for the reply (see ``MessageChannel/request(_:type:expecting:timeout:)``).
+    /// While the client is connecting or reconnecting, waiting for the connection counts against
+    /// `timeout` too (and against ``ClientConfiguration/connectionWait``).
+    /// - Throws: ``RemoteError`` when the server answers with an error, ``TransportError``
+    ///   (`.requestTimedOut`, …), ``MessagingError`` `.notConnected`.
     public func request<Request: Encodable, Response: Decodable>(
         _ value: Request, type: String, expecting: Response.Type = Response.self, timeout: Duration = .seconds(10)
     ) async throws -> Response {
-        try await currentChannel().request(value, type: type, expecting: expecting, timeout: timeout)
+        let start = ContinuousClock.now
+        let channel = try await readyChannel(within: min(timeout, configuration.connectionWait))
+        let left = timeout - (ContinuousClock.now - start)
+        return try await channel.request(value, type: type, expecting: expecting, timeout: max(left, .milliseconds(1)))
     }
 
-    /// Closes gracefully (queued messages are flushed) and stops reconnecting. Idempotent.
+    /// Closes gracefully (queued messages are flushed) and stops connecting and reconnecting. Idempotent.
     public func close(reason: String = "client closing") async {
-        let channel = state.withLock { state -> MessageChannel? in
+        let (channel, connecting, waiters) = state.withLock { state in
             state.closed = true
-            return state.channel
+            defer {
+                state.waiters = [:]
+                state.connecting = nil
+            }
+            return (state.channel, state.connecting, Array(state.waiters.values))
         }
+        connecting?.cancel()
+        for waiter in waiters { waiter.resume(throwing: MessagingError(.stopped, "the client was closed")) }
         if let channel {
             channel.close(reason: reason)
             _ = await raceTimeout(.seconds(5)) { _ = await channel.closed() }
@@ -185,68 +120,167 @@ public final class MessageClient: Sendable {
         queue.finish()
     }
 
+    // MARK: Waiting for a connection
+
+    private func readyChannel(within wait: Duration) async throws -> MessageChannel {
+        enum Ready {
+            case channel(MessageChannel)
+            case failure(MessagingError)
+            case wait
+        }
+        let ready = state.withLock { state -> Ready in
+            if let channel = state.channel { return .channel(channel) }
+            if state.closed { return .failure(MessagingError(.stopped, "the client is closed")) }
+            let willConnect = state.connecting != nil || configuration.reconnect != nil
+            if !willConnect || wait <= .zero {
+                return .failure(MessagingError(.notConnected, "not connected to \(target)"))
+            }
+            return .wait
+        }
+        switch ready {
+        case .channel(let channel): return channel
+        case .failure(let error): throw error
+        case .wait: break
+        }
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
+        let timer = Task {
+            do { try await Task.sleep(for: wait) } catch { return }
+            let (waiter, reason) = state.withLock { state in (state.waiters.removeValue(forKey: id), state.lastFailure) }
+            waiter?.resume(
+                throwing: MessagingError(
+                    .notConnected,
+                    "no connection to \(target) within \(wait)\(reason.map { " (last attempt: \($0))" } ?? "")"))
+        }
+        defer { timer.cancel() }
+        return try await withCheckedThrowingContinuation { continuation in
+            let now = state.withLock { state -> Ready in
+                if let channel = state.channel { return .channel(channel) }
+                if state.closed { return .failure(MessagingError(.stopped, "the client is closed")) }
+                state.waiters[id] = continuation
+                return .wait
+            }
+            switch now {
+            case .channel(let channel): continuation.resume(returning: channel)
+            case .failure(let error): continuation.resume(throwing: error)
+            case .wait: break
+            }
+        }
+    }
+
     // MARK: Connecting
 
     private func attach(_ channel: MessageChannel) {
-        let keep = state.withLock { state -> Bool in
-            guard !state.closed else { return false }
+        let (keep, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<MessageChannel, any Error>]) in
+            guard !state.closed else { return (false, []) }
             state.channel = channel
-            return true
+            state.connecting = nil
+            state.lastFailure = nil
+            defer { state.waiters = [:] }
+            return (true, Array(state.waiters.values))
         }
         guard keep else {
             channel.close(reason: "client closed")
             return
         }
         queue.push(.connected(channel.peer, via: channel.remoteAddress))
+        for waiter in waiters { waiter.resume(returning: channel) }
         let queue = self.queue
         Task {
             for await transfer in channel.transfers { await queue.pushWaiting(.transfer(transfer)) }
         }
         Task {
-            for await message in channel.messages { await queue.pushWaiting(.received(message)) }
+            for await message in channel.messages { await self.deliver(message) }
             let reason = await channel.closed()
             let closedByUs = self.state.withLock { state -> Bool in
                 if state.channel === channel { state.channel = nil }
                 return state.closed
             }
             queue.push(.disconnected(reason))
-            if !closedByUs, self.configuration.reconnect != nil {
-                await self.reconnectLoop()
-            } else if !closedByUs {
+            if closedByUs { return }
+            if self.configuration.reconnect != nil {
+                self.startConnecting(reconnecting: true)
+            } else {
                 queue.finish()
             }
         }
     }
 
-    private func reconnectLoop() async {
-        guard let policy = configuration.reconnect else { return }
+    /// Hands an unsolicited message to the app. While the app reads events, a full queue makes this
+    /// wait (and the channel stops reading: back-pressure). While nothing has ever read them, the
+    /// oldest unsolicited message is dropped instead, so that the connection keeps being read and
+    /// replies to requests keep arriving.
+    private func deliver(_ message: IncomingMessage) async {
+        if queue.hasConsumer {
+            await queue.pushWaiting(.received(message))
+            return
+        }
+        let evicted = queue.push(.received(message)) { event in
+            if case .received = event { return true }
+            return false
+        }
+        guard evicted else { return }
+        let dropped = state.withLock { state -> Int in
+            state.dropped += 1
+            return state.dropped
+        }
+        if dropped & (dropped - 1) == 0 {  // 1, 2, 4, 8, …: say so without flooding the log
+            logger.notice(
+                "nothing reads client.events: dropped \(dropped) unsolicited messages so far (the oldest first; the newest \(queue.limit) events are kept); replies to requests are not affected")
+        }
+    }
+
+    private func startConnecting(reconnecting: Bool) {
+        let task = Task { await self.connectLoop(reconnecting: reconnecting) }
+        let started = state.withLock { state -> Bool in
+            guard !state.closed else { return false }
+            state.connecting = task
+            return true
+        }
+        if !started { task.cancel() }
+    }
+
+    /// Tries until connected, closed, or out of attempts; each failure waits the policy's back-off.
+    /// For a service it browses until the service appears and connects at once.
+    private func connectLoop(reconnecting: Bool) async {
+        let policy = configuration.reconnect ?? ReconnectPolicy()
         var delay = policy.initialDelay
         var attempt = 0
-        while !state.withLock({ $0.closed }) {
+        while !state.withLock({ $0.closed }) && !Task.isCancelled {
             attempt += 1
-            if let max = policy.maxAttempts, attempt > max {
-                let error = MessagingError(.connectFailed, "gave up reconnecting to \(target) after \(max) attempts")
-                logger.warning("\(error.message)")
-                queue.push(.gaveUp(error))
-                state.withLock { $0.closed = true }
-                queue.finish()
-                return
-            }
-            queue.push(.reconnecting(attempt: attempt, delay: delay))
-            try? await Task.sleep(for: delay)
             do {
-                let channel = try await establish()
-                attach(channel)
+                attach(try await establish(waiting: true))
                 return
             } catch {
-                logger.info("reconnect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
+                if Task.isCancelled || state.withLock({ $0.closed }) { return }
+                state.withLock { $0.lastFailure = error.message }
+                logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
+                if let max = policy.maxAttempts, attempt >= max {
+                    let gaveUp = MessagingError(
+                        .connectFailed, "gave up connecting to \(target) after \(max) attempts: \(error.message)",
+                        underlying: error)
+                    logger.warning("\(gaveUp.message)")
+                    queue.push(.gaveUp(gaveUp))
+                    let waiters = state.withLock { state in
+                        state.closed = true
+                        defer { state.waiters = [:] }
+                        return Array(state.waiters.values)
+                    }
+                    for waiter in waiters { waiter.resume(throwing: gaveUp) }
+                    queue.finish()
+                    return
+                }
+                queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: delay) : .waiting(error))
+                try? await Task.sleep(for: delay)
                 delay = min(delay * 2, policy.maxDelay)
             }
         }
     }
 
-    private func establish() async throws(MessagingError) -> MessageChannel {
-        let addresses = try await addresses()
+    private func establish(waiting: Bool) async throws(MessagingError) -> MessageChannel {
+        let addresses = try await addresses(waiting: waiting)
         do {
             return try await MessageChannel.connect(to: addresses, configuration: configuration.channel, logger: logger)
         } catch let error as TransportError {
@@ -256,7 +290,7 @@ public final class MessageClient: Sendable {
         }
     }
 
-    private func addresses() async throws(MessagingError) -> [SocketAddress] {
+    private func addresses(waiting: Bool) async throws(MessagingError) -> [SocketAddress] {
         switch target {
         case .host(let host, let port):
             do {
@@ -265,13 +299,21 @@ public final class MessageClient: Sendable {
                 throw MessagingError(.connectFailed, error.message, underlying: error)
             }
         case .service(let name, let type, let discovery):
-            let service = try await Self.find(name: name, type: type, discovery: discovery, timeout: configuration.browseTimeout)
+            let queue = self.queue
+            var notFoundYet: (@Sendable (MessagingError) -> Void)?
+            if waiting { notFoundYet = { error in _ = queue.push(.waiting(error)) } }
+            let service = try await Self.find(
+                name: name, type: type, discovery: discovery,
+                timeout: waiting ? .seconds(86_400) : configuration.browseTimeout, notFoundYet: notFoundYet)
             let resolved: ResolvedService
             do {
                 resolved = try await discovery.resolve(service, timeout: configuration.resolveTimeout)
             } catch {
-                throw MessagingError(.serviceNotFound, "found \(service.identity) but could not resolve it: \(error.message)", underlying: error)
+                throw MessagingError(
+                    .serviceNotFound, "found \(service.identity) but could not resolve it: \(error.message)",
+                    underlying: error)
             }
+            // The resolved bytes and interface become socket addresses directly (no text round trip).
             let addresses = resolved.addresses.compactMap {
                 SocketAddress(bytes: $0.ip.bytes, port: $0.port, scopeID: $0.scopeID)
             }
@@ -283,35 +325,54 @@ public final class MessageClient: Sendable {
         }
     }
 
-    /// Browses for services of `type` and picks one: the one named `name`, or the only one.
+    /// Browses for services of `type` and picks one: the one named `name` (returned the moment it is
+    /// seen), or the only one (decided once Avahi reported "all for now", about a second; a service
+    /// appearing later is taken the moment it appears).
+    /// - Parameter notFoundYet: Called once when the first "all for now" came without a match.
     /// - Throws: ``MessagingError`` `.serviceNotFound` or `.ambiguousService` (names listed).
     public static func find(
-        name: String?, type: String, discovery: ServiceDiscovery, timeout: Duration
+        name: String?, type: String, discovery: ServiceDiscovery, timeout: Duration,
+        notFoundYet: (@Sendable (MessagingError) -> Void)? = nil
     ) async throws(MessagingError) -> DiscoveredService {
         let found: [DiscoveredService]
+        let sawAllForNow = Locked(false)
+        let wanted = name.map { "a \(type) service named '\($0)'" } ?? "a \(type) service"
         do {
-            // With a name: until that one is seen. Without: until Avahi's first "all for now" that
-            // saw something (a lone service must not be mistaken for the only one too early).
             found = try await discovery.services(ofType: type, timeout: timeout) { seen, allForNow in
-                if let name { seen.contains { $0.name == name } } else { allForNow && !seen.isEmpty }
+                let matched = name.map { name in seen.contains { $0.name == name } } ?? !seen.isEmpty
+                if allForNow {
+                    let first = sawAllForNow.withLock { saw -> Bool in
+                        defer { saw = true }
+                        return !saw
+                    }
+                    if first && !matched {
+                        notFoundYet?(MessagingError(.serviceNotFound, "waiting for \(wanted) to appear"))
+                    }
+                }
+                // Without a name, "the only one" is known once the network has answered.
+                return matched && (name != nil || sawAllForNow.withLock { $0 })
             }
         } catch {
             throw MessagingError(.serviceNotFound, "cannot browse for \(type): \(error.message)", underlying: error)
         }
         if let name {
             guard let match = found.first(where: { $0.name == name }) else {
-                throw MessagingError(.serviceNotFound, "no \(type) service named '\(name)' found within \(timeout); check the name, or that it runs on this network")
+                throw MessagingError(
+                    .serviceNotFound,
+                    "no \(type) service named '\(name)' found within \(timeout); check the name, or that it runs on this network")
             }
             return match
         }
         switch found.count {
         case 0:
-            throw MessagingError(.serviceNotFound, "no \(type) service found within \(timeout); is one running on this network?")
+            throw MessagingError(
+                .serviceNotFound, "no \(type) service found within \(timeout); is one running on this network?")
         case 1:
             return found[0]
         default:
             let names = found.map { "'\($0.name)'" }.sorted().joined(separator: ", ")
-            throw MessagingError(.ambiguousService, "\(found.count) \(type) services found (\(names)); name the one you want")
+            throw MessagingError(
+                .ambiguousService, "\(found.count) \(type) services found (\(names)); name the one you want")
         }
     }
 }

@@ -14,6 +14,12 @@ public struct IncomingMessage: Sendable {
     public let codecID: UInt8
     /// The raw payload bytes, always available (also for unknown type ids and undecodable payloads).
     public let payload: [UInt8]
+    /// Whether the sender awaits a reply: it sent the message with `request(...)`. Answer it with
+    /// ``MessageChannel/reply(to:with:type:)`` or ``MessageChannel/reply(to:error:)``; a message sent
+    /// with `send(...)` cannot be replied to.
+    public let expectsReply: Bool
+    /// Whether this is an error reply (``RemoteError``); `request(...)` throws those.
+    let isErrorReply: Bool
     let codecs: CodecRegistry
 
     init(frame: Frame, codecs: CodecRegistry) {
@@ -22,6 +28,8 @@ public struct IncomingMessage: Sendable {
         replyTo = frame.reference
         codecID = frame.codecID
         payload = frame.payload
+        expectsReply = frame.expectsReply
+        isErrorReply = frame.isError
         self.codecs = codecs
     }
 

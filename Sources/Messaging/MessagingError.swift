@@ -4,7 +4,7 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         fileprivate enum Kind: Sendable, Hashable {
             case notStarted, alreadyStarted, listenFailed, publishFailed, serviceNotFound, ambiguousService
-            case connectFailed, stopped, peerTooSlow
+            case connectFailed, stopped, peerTooSlow, notConnected
         }
         fileprivate let kind: Kind
         /// The server is not running.
@@ -23,6 +23,9 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         public static let connectFailed = Code(kind: .connectFailed)
         /// A peer did not accept data within the deadline (it does not read); it was dropped.
         public static let peerTooSlow = Code(kind: .peerTooSlow)
+        /// The client has no connection (it is connecting or reconnecting, and none came within
+        /// ``ClientConfiguration/connectionWait``).
+        public static let notConnected = Code(kind: .notConnected)
         /// The server or client was stopped.
         public static let stopped = Code(kind: .stopped)
 

@@ -90,9 +90,14 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
         try await channel.send(value, type: type)
     }
 
-    /// Replies to a request from this peer.
+    /// Replies to a request from this peer (``IncomingMessage/expectsReply``).
     public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
         try await channel.reply(to: message, with: value, type: type)
+    }
+
+    /// Answers a request from this peer with an error: its `request(...)` throws `error`.
+    public func reply(to message: IncomingMessage, error: RemoteError) async throws {
+        try await channel.reply(to: message, error: error)
     }
 
     /// Closes gracefully (queued messages are flushed first).

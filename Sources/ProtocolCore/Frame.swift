@@ -30,6 +30,10 @@ package enum FrameKind: UInt8, Sendable, Hashable, CaseIterable {
 package struct Frame: Sendable, Hashable {
     /// Flag bit 0: the 8-byte reference (reply-to / stream id) field is present.
     package static let flagHasReference: UInt8 = 0x01
+    /// Flag bit 1: a MESSAGE the sender awaits a reply to (a request).
+    package static let flagExpectsReply: UInt8 = 0x02
+    /// Flag bit 2: a reply MESSAGE that reports an error (JSON `{"code":…, "message":…}`).
+    package static let flagError: UInt8 = 0x04
     /// Bytes of the fixed header after the length prefix, without the type id and reference.
     package static let fixedHeaderSize = 4 + 8
 
@@ -45,6 +49,10 @@ package struct Frame: Sendable, Hashable {
     package var reference: UInt64?
     /// The payload bytes.
     package var payload: [UInt8]
+    /// A request: the sender awaits a reply (flag bit 1).
+    package var expectsReply = false
+    /// An error reply (flag bit 2).
+    package var isError = false
 
     /// Creates a frame.
     package init(
@@ -57,6 +65,12 @@ package struct Frame: Sendable, Hashable {
         self.sequence = sequence
         self.reference = reference
         self.payload = payload
+    }
+
+    /// The flags byte: reference present, expects a reply, error.
+    package var flags: UInt8 {
+        (reference == nil ? 0 : Frame.flagHasReference) | (expectsReply ? Frame.flagExpectsReply : 0)
+            | (isError ? Frame.flagError : 0)
     }
 
     /// The number of bytes after the length prefix.
@@ -97,7 +111,7 @@ package struct Frame: Sendable, Hashable {
         put(UInt32(bodySize))
         put(kind.rawValue)
         put(codecID)
-        put(reference == nil ? UInt8(0) : Frame.flagHasReference)
+        put(flags)
         put(UInt8(typeID.utf8.count))
         for b in typeID.utf8 {
             out[i] = b

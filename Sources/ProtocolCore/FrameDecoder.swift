@@ -213,8 +213,11 @@ package struct FrameDecoder: Sendable {
             reference = UInt64(bigEndian: body.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
             offset += 8
         }
-        return Frame(
+        var frame = Frame(
             kind: kind, codecID: codec, typeID: typeID, sequence: sequence, reference: reference,
             payload: Array(body[offset...]))
+        frame.expectsReply = flags & Frame.flagExpectsReply != 0
+        frame.isError = flags & Frame.flagError != 0
+        return frame
     }
 }

@@ -349,6 +349,8 @@ public final class Listener: @unchecked Sendable {
             guard !stopped else { return }
             stopped = true
             for socket in sockets {
+                // Refuse new connections now; the fd is closed when its source's cancel handler runs.
+                _ = shutdown(socket.fd.rawValue, Int32(SHUT_RDWR))
                 socket.source?.cancel()
                 if acceptSuspended { socket.source?.resume() }
             }

@@ -13,12 +13,12 @@ let specClientPython = #"""
     import json, socket, struct, sys
 
     HELLO, HELLO_ACK, REFUSE, MESSAGE, PING, PONG, GOODBYE = 0x01, 0x02, 0x03, 0x10, 0x11, 0x12, 0x13
-    HAS_REF = 0x01
+    HAS_REF, EXPECTS_REPLY = 0x01, 0x02
 
 
-    def encode(kind, codec, type_id, seq, ref, payload):
+    def encode(kind, codec, type_id, seq, ref, payload, flags=0):
         t = type_id.encode("utf-8")
-        body = struct.pack(">BBBB", kind, codec, HAS_REF if ref is not None else 0, len(t)) + t
+        body = struct.pack(">BBBB", kind, codec, flags | (HAS_REF if ref is not None else 0), len(t)) + t
         body += struct.pack(">Q", seq) + (struct.pack(">Q", ref) if ref is not None else b"") + payload
         return struct.pack(">I", len(body)) + body
 
@@ -51,10 +51,10 @@ let specClientPython = #"""
         sock = socket.create_connection((host, port), timeout=10)
         seq = 0
 
-        def send(kind, codec=0, type_id="", ref=None, payload=b""):
+        def send(kind, codec=0, type_id="", ref=None, payload=b"", flags=0):
             nonlocal seq
             seq += 1
-            sock.sendall(encode(kind, codec, type_id, seq, ref, payload))
+            sock.sendall(encode(kind, codec, type_id, seq, ref, payload, flags))
             return seq
 
         def receive():  # next non-ping frame; answers pings
@@ -72,7 +72,8 @@ let specClientPython = #"""
             sys.exit("refused: %s" % payload.decode())
         print("hello-ack", json.loads(payload)["name"])
 
-        request = send(MESSAGE, 1, "spec.echo", None, json.dumps({"text": "hello from python"}).encode())
+        request = send(MESSAGE, 1, "spec.echo", None, json.dumps({"text": "hello from python"}).encode(),
+                       flags=EXPECTS_REPLY)
         kind, codec, type_id, _, ref, payload = receive()
         assert kind == MESSAGE and ref == request, (kind, ref, request)
         print("reply", type_id, codec, json.loads(payload)["text"])

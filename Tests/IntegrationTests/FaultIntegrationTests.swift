@@ -41,7 +41,7 @@ struct FaultIntegrationTests {
         let discovery = ServiceDiscovery(logger: logger)
         defer { Task { await discovery.shutdown() } }
         var configuration = ClientConfiguration(
-            name: "link", reconnect: ReconnectPolicy(initialDelay: .milliseconds(200), maxDelay: .seconds(1), maxAttempts: 100))
+            peerName: "link", reconnect: ReconnectPolicy(initialDelay: .milliseconds(200), maxDelay: .seconds(1), maxAttempts: 100))
         configuration.channel.pingInterval = .milliseconds(500)
         configuration.channel.heartbeatTimeout = .seconds(2)
         let client = try await MessageClient.connect(

@@ -38,7 +38,7 @@ struct MessagingIntegrationTests {
         }
         // And by name, through the client (happy eyeballs over every address).
         let client = try await MessageClient.connect(
-            to: .service(name: "Echo B", type: type, discovery: discovery), configuration: .init(name: "itest"),
+            to: .service(name: "Echo B", type: type, discovery: discovery), configuration: .init(peerName: "itest"),
             logger: logger)
         let count = try await client.request("stats", type: "echo.stats", expecting: Int.self)
         #expect(count >= 3)
@@ -51,7 +51,7 @@ struct MessagingIntegrationTests {
         let firstPort = server.text.split(separator: "\n").first { $0.hasPrefix("listening on port") }
         let discovery = ServiceDiscovery(logger: logger)
         defer { Task { await discovery.shutdown() } }
-        var configuration = ClientConfiguration(name: "itest", reconnect: ReconnectPolicy(initialDelay: .milliseconds(100), maxDelay: .seconds(1), maxAttempts: 60))
+        var configuration = ClientConfiguration(peerName: "itest", reconnect: ReconnectPolicy(initialDelay: .milliseconds(100), maxDelay: .seconds(1), maxAttempts: 60))
         configuration.channel.pingInterval = .seconds(1)
         configuration.channel.heartbeatTimeout = .seconds(3)
         let client = try await MessageClient.connect(

@@ -42,7 +42,7 @@ final class LoopbackServer: Sendable {
     var port: UInt16 { server.port! }
 
     func client(_ name: String, configure: (inout ClientConfiguration) -> Void = { _ in }) async throws -> MessageClient {
-        var configuration = ClientConfiguration(name: name)
+        var configuration = ClientConfiguration(peerName: name)
         configure(&configuration)
         return try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
     }
@@ -159,7 +159,11 @@ struct TestFailure: Error, CustomStringConvertible {
             configuration.channel.connection.sendLowWaterMark = 64 * 1024
         }
         let reader = try await harness.client("reader")
-        let stuck = try await harness.client("stuck")  // never consumes its events: stops reading
+        let stuck = try await harness.client("stuck")
+        // It reads its first event, then nothing more: a consumer that stopped, so the client's
+        // queue fills and it stops reading its connection (back-pressure up to the server).
+        var stuckEvents = stuck.events.makeAsyncIterator()
+        _ = await stuckEvents.next()
         try await harness.events.wait("2 accepted") { _ in harness.server.connections.count == 2 }
         let received = Locked(0)
         let consumer = Task {
@@ -230,7 +234,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let deadline = ContinuousClock.now + .seconds(10)
         while server.port == nil && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
         let port = try #require(server.port)
-        let client = try await MessageClient.connect(to: .host("::1", port: port), configuration: .init(name: "v6"), logger: testLogger())
+        let client = try await MessageClient.connect(to: .host("::1", port: port), configuration: .init(peerName: "v6"), logger: testLogger())
         #expect(client.channel?.remoteAddress?.family == .ipv6)
         running.cancel()
         try await running.value
