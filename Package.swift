@@ -157,7 +157,10 @@ let package = Package(
             name: "MessagingTests", dependencies: ["Messaging", "Transport", "ProtocolCore"], swiftSettings: strict),
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["Discovery", "Messaging", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "Discovery", "Messaging", .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),  // the README's example
+            ],
             swiftSettings: strict
         ),
     ],

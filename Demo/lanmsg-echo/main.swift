@@ -3,8 +3,9 @@ import Foundation
 import Logging
 import Messaging
 
-/// A tiny published echo server: replies to every request with the same payload, and to
-/// "echo.stats" with how many messages it saw. Used by the integration tests and the demo.
+/// A tiny published echo server: replies to every request with the same payload (or, when that
+/// would exceed the client's frame limit, with the error `too_large`), and to "echo.stats" with how
+/// many messages it saw. Used by the integration tests and the demo.
 @main
 struct EchoServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -32,10 +33,18 @@ struct EchoServer: AsyncParsableCommand {
                 say("published as \(name)")
             case .received(let connection, let message):
                 count += 1
+                guard message.expectsReply else { continue }  // one-way messages are only counted
                 if message.typeID == "echo.stats" {
                     try? await connection.reply(to: message, with: count, type: "echo.stats")
-                } else if message.replyTo == nil {
-                    try? await connection.channel.replyRaw(to: message, bytes: message.payload, type: message.typeID)
+                    continue
+                }
+                do {
+                    try await connection.channel.replyRaw(to: message, bytes: message.payload, type: message.typeID)
+                } catch let error as TransportError where error.code == .frameTooLarge {
+                    // The echo would not fit the client's frame limit (a reply carries 8 more bytes).
+                    try? await connection.reply(to: message, error: RemoteError(code: "too_large", message: error.message))
+                } catch {
+                    say("reply to \(connection) failed: \(error)")
                 }
             case .transfer(_, let transfer):
                 transfer.discard()

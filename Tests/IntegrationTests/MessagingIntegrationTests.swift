@@ -77,4 +77,32 @@ struct MessagingIntegrationTests {
         #expect(reply.payload == Array("again".utf8))
         await client.close()
     }
+
+    /// A client started before its server (waitsForServer) says it waits, and connects the moment
+    /// the service appears — by name, and without a name (the only one there is).
+    @Test(arguments: ["Late Echo", nil] as [String?])
+    func clientStartedBeforeItsServerConnectsWhenTheServiceAppears(name: String?) async throws {
+        let type = name == nil ? "_itest-lone._tcp" : "_itest-late._tcp"
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        var configuration = ClientConfiguration(
+            peerName: "early", reconnect: ReconnectPolicy(initialDelay: .milliseconds(100), maxDelay: .seconds(1)))
+        configuration.waitsForServer = true
+        let client = try await MessageClient.connect(
+            to: .service(name: name, type: type, discovery: discovery), configuration: configuration, logger: logger)
+        let events = Collector(client.events)
+        try await events.wait(timeout: .seconds(10), "waiting for the service") {
+            if case .waiting(let error) = $0 { error.message.contains("to appear") } else { false }
+        }
+        let server = try await startEcho(name: name ?? "Lone Echo", type: type)
+        defer { server.stop() }
+        let publishedAt = ContinuousClock.now
+        try await events.wait(timeout: .seconds(10), "connected") { if case .connected = $0 { true } else { false } }
+        let delay = ContinuousClock.now - publishedAt
+        Harness.measured("service published → waiting client connected (\(name == nil ? "no name" : "by name"))", delay)
+        #expect(delay < .seconds(1), "the client connects within a second of the service appearing")
+        let reply = try await client.request("stats", type: "echo.stats", expecting: Int.self)
+        #expect(reply >= 1)
+        await client.close()
+    }
 }

@@ -22,8 +22,20 @@ enum Vectors {
             payload: Array(#"{"ok":true}"#.utf8))
     )
     static let ping = ("0000000c110000000000000000000003", Frame(kind: .ping, codecID: 0, typeID: "", sequence: 3))
+    static let request = (
+        "0000001d100102066b762e67657400000000000000047b226b6579223a2278227d",
+        Frame(kind: .message, codecID: 1, typeID: "kv.get", sequence: 4, payload: Array(#"{"key":"x"}"#.utf8))
+            .flagged(expectsReply: true)
+    )
+    static let errorReply = (
+        "00000043100105066b762e676574000000000000000900000000000000047b22636f6465223a226e6f745f666f756e64222c226d657373616765223a226e6f206b65792078227d",
+        Frame(
+            kind: .message, codecID: 1, typeID: "kv.get", sequence: 9, reference: 4,
+            payload: Array(#"{"code":"not_found","message":"no key x"}"#.utf8)
+        ).flagged(isError: true)
+    )
 
-    static let all = [hello, message, reply, ping]
+    static let all = [hello, message, reply, ping, request, errorReply]
 }
 
 func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
@@ -47,13 +59,13 @@ func bytes(hex: String) -> [UInt8] {
         for (hex, _) in Vectors.all { #expect(text.contains(hex)) }
     }
 
-    @Test(arguments: 0..<4)
+    @Test(arguments: 0..<6)
     func hexVectorsEncode(index: Int) throws {
         let (expected, frame) = Vectors.all[index]
         #expect(hex(try frame.encoded()) == expected)
     }
 
-    @Test(arguments: 0..<4)
+    @Test(arguments: 0..<6)
     func hexVectorsDecode(index: Int) throws {
         let (encoded, frame) = Vectors.all[index]
         var decoder = FrameDecoder(checkSequence: false)
@@ -146,3 +158,12 @@ func bytes(hex: String) -> [UInt8] {
     }
 }
 
+
+extension Frame {
+    func flagged(expectsReply: Bool = false, isError: Bool = false) -> Frame {
+        var copy = self
+        copy.expectsReply = expectsReply
+        copy.isError = isError
+        return copy
+    }
+}
