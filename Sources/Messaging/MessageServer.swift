@@ -262,14 +262,16 @@ public final class MessageServer: Service, Sendable {
 }
 
 extension MessageServer {
-    /// Sends one message to every connection (except those in `except`). The value is encoded once.
-    /// A connection whose send queue stays full for `timeout` (a peer that does not read) is dropped
-    /// and reported failed.
+    /// Sends one message to every open connection (except those in `except`). The value is encoded
+    /// once. A connection whose send queue stays full for `timeout` (a peer that does not read) is
+    /// dropped and reported failed — once: later broadcasts skip it while it closes.
     /// - Returns: One result per connection; failures carry their error, nothing is swallowed.
     public func broadcast<T: Encodable>(
         _ value: T, type: String, except: Set<ServerConnection> = [], timeout: Duration = .seconds(10)
     ) async -> [BroadcastResult] {
-        let targets = connections.filter { !except.contains($0) }
+        // Connections already closing (a peer dropped by an earlier broadcast, whose end is not yet
+        // reported) are skipped: each failure is reported once.
+        let targets = connections.filter { !except.contains($0) && $0.channel.driver.acceptsFrames }
         guard let first = targets.first else { return [] }
         let encoded: (codecID: UInt8, payload: [UInt8])
         do {

@@ -262,6 +262,9 @@ extension ConnectionDriver {
         source.resume()
     }
 
+    /// Whether frames are still accepted (open, not closing or closed). Any context.
+    package var acceptsFrames: Bool { send.withLock { $0.writes.isAccepting } }
+
     // MARK: Diagnostics
 
     /// Bytes queued and not yet written. Any context.

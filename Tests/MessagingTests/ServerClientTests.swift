@@ -181,7 +181,7 @@ struct TestFailure: Error, CustomStringConvertible {
             slow += results.filter { ($0.error as? MessagingError)?.code == .peerTooSlow }.count
             if harness.server.connections.count == 1 { break }
         }
-        #expect(!failures.isEmpty && Set(failures) == ["stuck"], "failures: \(failures)")
+        #expect(failures == ["stuck"], "the dropped peer is reported once; failures: \(failures)")
         #expect(slow == 1, "the non-reading peer is reported as too slow once, then as closed")
         try await harness.events.wait(timeout: .seconds(30), "stuck closed") { if case .closed(let c, _) = $0 { c.peer.name == "stuck" } else { false } }
         // The reader is still served.
