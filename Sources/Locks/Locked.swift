@@ -15,14 +15,19 @@
 /// allocations (object, mutex, condition) where one will do.
 ///
 /// `@unchecked Sendable`: the value is only touched with the mutex held.
+///
+/// `withLock` is `@inlinable`: the modules that use it (Transport's send path, once per frame) get it
+/// specialized and inlined, as if the lock were their own.
 package struct Locked<Value>: @unchecked Sendable {
-    private final class Storage: ManagedBuffer<Value, pthread_mutex_t> {
+    @usableFromInline
+    final class Storage: ManagedBuffer<Value, pthread_mutex_t> {
         deinit {
             _ = withUnsafeMutablePointerToElements { pthread_mutex_destroy($0) }
         }
     }
 
-    private let storage: Storage
+    @usableFromInline
+    let storage: Storage
 
     package init(_ value: Value) {
         let buffer = Storage.create(minimumCapacity: 1) { _ in value }
@@ -34,7 +39,7 @@ package struct Locked<Value>: @unchecked Sendable {
     }
 
     /// Runs `body` with the mutex held, on the guarded value.
-    @inline(__always)
+    @inlinable @inline(__always)
     package func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
         try storage.withUnsafeMutablePointerToElements { (mutex) throws(E) -> T in
             _ = pthread_mutex_lock(mutex)
@@ -45,8 +50,8 @@ package struct Locked<Value>: @unchecked Sendable {
     }
 
     /// Locks the mutex without touching the value (``Lock``).
-    @inline(__always)
-    fileprivate func withMutexHeld<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+    @inlinable @inline(__always)
+    func withMutexHeld<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
         try storage.withUnsafeMutablePointerToElements { (mutex) throws(E) -> T in
             _ = pthread_mutex_lock(mutex)
             defer { _ = pthread_mutex_unlock(mutex) }
@@ -62,7 +67,7 @@ extension Locked where Value == Void {
     package init() { self.init(()) }
 
     /// Runs `body` with the mutex held.
-    @inline(__always)
+    @inlinable @inline(__always)
     package func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
         try withMutexHeld(body)
     }

@@ -27,87 +27,87 @@ public struct ChannelConfiguration: Sendable {
 
     /// This side's name, sent in HELLO.
     public var name: String {
-        get { storage.values.name }
+        get { storage.box.values.name }
         set { storage.update { $0.name = newValue } }
     }
 
     /// App metadata sent in HELLO.
     public var metadata: [String: String] {
-        get { storage.values.metadata }
+        get { storage.box.values.metadata }
         set { storage.update { $0.metadata = newValue } }
     }
 
     /// Codecs: the one used to send, plus any others accepted on receive.
     public var codecs: CodecRegistry {
-        get { storage.values.codecs }
+        get { storage.box.values.codecs }
         set { storage.update { $0.codecs = newValue } }
     }
 
     /// Frame-level settings (max frame size, send-queue water marks, idle timeout).
     public var connection: ConnectionConfiguration {
-        get { storage.values.connection }
+        get { storage.box.values.connection }
         set { storage.update { $0.connection = newValue } }
     }
 
     /// The protocol version this side speaks (tests change it to check the refusal).
     package var protocolVersion: Int {
-        get { storage.values.protocolVersion }
+        get { storage.box.values.protocolVersion }
         set { storage.update { $0.protocolVersion = newValue } }
     }
 
     /// The loops the channel's connection runs on (default: ``LoopGroup/shared``, one per core).
     public var loopGroup: LoopGroup {
-        get { storage.values.loopGroup }
+        get { storage.box.values.loopGroup }
         set { storage.update { $0.loopGroup = newValue } }
     }
 
     /// Close the connection when the hello exchange — HELLO, HELLO_ACK and, with a pre-shared key,
     /// AUTH and AUTH_OK — does not complete within this time.
     public var helloTimeout: Duration {
-        get { storage.values.helloTimeout }
+        get { storage.box.values.helloTimeout }
         set { storage.update { $0.helloTimeout = newValue } }
     }
 
     /// Send a PING this often (nil: no heartbeat).
     public var pingInterval: Duration? {
-        get { storage.values.pingInterval }
+        get { storage.box.values.pingInterval }
         set { storage.update { $0.pingInterval = newValue } }
     }
 
     /// Close with ``CloseReason/heartbeatTimeout`` when nothing arrived from the peer for this long
     /// (checked every ``pingInterval``).
     public var heartbeatTimeout: Duration {
-        get { storage.values.heartbeatTimeout }
+        get { storage.box.values.heartbeatTimeout }
         set { storage.update { $0.heartbeatTimeout = newValue } }
     }
 
     /// Overall timeout of an outbound connect (all addresses).
     public var connectTimeout: Duration {
-        get { storage.values.connectTimeout }
+        get { storage.box.values.connectTimeout }
         set { storage.update { $0.connectTimeout = newValue } }
     }
 
     /// Delay between Happy Eyeballs attempts (RFC 8305 recommends 250 ms).
     public var connectAttemptDelay: Duration {
-        get { storage.values.connectAttemptDelay }
+        get { storage.box.values.connectAttemptDelay }
         set { storage.update { $0.connectAttemptDelay = newValue } }
     }
 
     /// How many unconsumed messages (and transfers) are buffered before reading pauses.
     public var incomingBufferLimit: Int {
-        get { storage.values.incomingBufferLimit }
+        get { storage.box.values.incomingBufferLimit }
         set { storage.update { $0.incomingBufferLimit = newValue } }
     }
 
     /// How many unconsumed chunks per incoming transfer are buffered before reading pauses.
     public var transferChunkBufferLimit: Int {
-        get { storage.values.transferChunkBufferLimit }
+        get { storage.box.values.transferChunkBufferLimit }
         set { storage.update { $0.transferChunkBufferLimit = newValue } }
     }
 
     /// Server side: return a non-nil refusal message to refuse a peer after its HELLO.
     public var helloValidator: (@Sendable (PeerInfo) -> String?)? {
-        get { storage.values.helloValidator }
+        get { storage.box.values.helloValidator }
         set { storage.update { $0.helloValidator = newValue } }
     }
 
@@ -115,7 +115,7 @@ public struct ChannelConfiguration: Sendable {
     /// fresh nonces from both sides (the key never travels): a server accepts only clients proving
     /// the same key, and a client accepts only a server proving it. See docs/PROTOCOL.md.
     public var preSharedKey: PreSharedKey? {
-        get { storage.values.preSharedKey }
+        get { storage.box.values.preSharedKey }
         set { storage.update { $0.preSharedKey = newValue } }
     }
 

@@ -4,6 +4,13 @@ import ProtocolCore
 import Transport
 
 extension MessageChannel {
+    /// Queues `frame`: at once when there is room (a plain call, no suspension), else waits for room.
+    /// `@inline(__always)` so the fast path costs the caller no async frame of its own.
+    @inline(__always)
+    private func transmit(_ frame: Frame) async throws(TransportError) {
+        if try driver.sendNow(frame) == nil { _ = try await driver.send(frame) }
+    }
+
     private func encode<T: Encodable>(_ value: T, type: String) throws(TransportError) -> (UInt8, [UInt8]) {
         let codec = configuration.codecs.sendCodec
         do {
@@ -23,7 +30,7 @@ extension MessageChannel {
     ///   ``TransportError/Code/frameTooLarge`` (larger than the peer accepts: nothing was sent).
     public func send<T: Encodable>(_ value: T, type: String) async throws {
         let (codec, payload) = try encode(value, type: type)
-        _ = try await driver.send(Frame(kind: .message, codecID: codec, typeID: type, payload: payload))
+        try await transmit(Frame(kind: .message, codecID: codec, typeID: type, payload: payload))
     }
 
     /// Sends several messages of one type, in order, with one hand-off to the connection: all are
@@ -57,7 +64,7 @@ extension MessageChannel {
 
     /// Sends a payload already encoded with the codec `codecID`.
     public func sendEncoded(_ payload: [UInt8], codecID: UInt8, type: String) async throws {
-        _ = try await driver.send(Frame(kind: .message, codecID: codecID, typeID: type, payload: payload))
+        try await transmit(Frame(kind: .message, codecID: codecID, typeID: type, payload: payload))
     }
 
     /// Sends a message without suspending, when the send queue has room: callable from any context,
@@ -83,7 +90,7 @@ extension MessageChannel {
 
     /// Sends raw bytes (codec 0, no encoding, no base64).
     public func sendRaw(_ bytes: [UInt8], type: String) async throws {
-        _ = try await driver.send(Frame(kind: .message, codecID: WireProtocol.rawCodecID, typeID: type, payload: bytes))
+        try await transmit(Frame(kind: .message, codecID: WireProtocol.rawCodecID, typeID: type, payload: bytes))
     }
 
     /// Replies to the request `message` (the reply carries its sequence number as reply-to).
@@ -92,14 +99,14 @@ extension MessageChannel {
     public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
         try Self.checkIsRequest(message)
         let (codec, payload) = try encode(value, type: type)
-        _ = try await driver.send(
+        try await transmit(
             Frame(kind: .message, codecID: codec, typeID: type, reference: message.sequence, payload: payload))
     }
 
     /// Replies to the request `message` with raw bytes.
     public func replyRaw(to message: IncomingMessage, bytes: [UInt8], type: String) async throws {
         try Self.checkIsRequest(message)
-        _ = try await driver.send(
+        try await transmit(
             Frame(
                 kind: .message, codecID: WireProtocol.rawCodecID, typeID: type, reference: message.sequence,
                 payload: bytes))
@@ -109,7 +116,7 @@ extension MessageChannel {
     /// `error` (a ``RemoteError`` with your code and message).
     public func reply(to message: IncomingMessage, error: RemoteError) async throws {
         try Self.checkIsRequest(message)
-        _ = try await driver.send(Self.errorFrame(error, to: message))
+        try await transmit(Self.errorFrame(error, to: message))
     }
 
     /// Replies without suspending, when the send queue has room (for ``on(type:as:_:)`` handlers):

@@ -8,8 +8,12 @@
 ///   └───────────────┴──────────── teardown (error, timeout, abort, EOF) ────────────────────┘
 /// ```
 package struct ConnectionLifecycle: Sendable {
+    /// The states; `closing` and `halfClosed` carry the reason the peer gave for closing (its
+    /// GOODBYE), reported when the connection ends.
     package enum State: Sendable, Equatable {
-        case idle, open, closing, halfClosed
+        case idle, open
+        case closing(CloseReason?)
+        case halfClosed(CloseReason?)
         case closed(CloseReason)
     }
 
@@ -28,8 +32,6 @@ package struct ConnectionLifecycle: Sendable {
     }
 
     package private(set) var state = State.idle
-    /// Why the peer is closing (its GOODBYE), reported when the connection ends.
-    private var peerReason: CloseReason?
 
     package init() {}
 
@@ -61,17 +63,22 @@ package struct ConnectionLifecycle: Sendable {
     /// A graceful close: flush what is queued, then shut down writing. `reason` (for example the
     /// peer's GOODBYE) is what the connection reports when it ends.
     package mutating func closeGracefully(reason: CloseReason? = nil, outputEmpty: Bool) -> Action {
-        if let reason, peerReason == nil { peerReason = reason }
         switch state {
         case .idle:
             return tearDown(reason ?? .localClose)
         case .open:
             if outputEmpty {
-                state = .halfClosed
+                state = .halfClosed(reason)
                 return .stopAcceptingAndShutDownWrite
             }
-            state = .closing
+            state = .closing(reason)
             return .stopAccepting
+        case .closing(nil) where reason != nil:
+            state = .closing(reason)
+            return .none
+        case .halfClosed(nil) where reason != nil:
+            state = .halfClosed(reason)
+            return .none
         case .closing, .halfClosed, .closed:
             return .none
         }
@@ -79,15 +86,15 @@ package struct ConnectionLifecycle: Sendable {
 
     /// Everything queued is written.
     package mutating func outputDrained() -> Action {
-        guard case .closing = state else { return .none }
-        state = .halfClosed
+        guard case .closing(let reason) = state else { return .none }
+        state = .halfClosed(reason)
         return .shutDownWrite
     }
 
     /// The linger time after shutting down our side passed without the peer's end of file.
     package mutating func lingerExpired() -> Action {
-        guard case .halfClosed = state else { return .none }
-        return tearDown(peerReason ?? .localClose)
+        guard case .halfClosed(let reason) = state else { return .none }
+        return tearDown(reason ?? .localClose)
     }
 
     /// The peer closed its side. `partialFrameBytes`: bytes of an incomplete frame still buffered.
@@ -97,8 +104,11 @@ package struct ConnectionLifecycle: Sendable {
                 .protocolError(
                     "peer closed the connection in the middle of a frame (\(partialFrameBytes) bytes buffered)"))
         }
-        if case .halfClosed = state { return tearDown(peerReason ?? .localClose) }
-        return tearDown(peerReason ?? .closedByPeer)
+        switch state {
+        case .halfClosed(let reason): return tearDown(reason ?? .localClose)
+        case .closing(let reason): return tearDown(reason ?? .closedByPeer)
+        default: return tearDown(.closedByPeer)
+        }
     }
 
     /// Closes now (an error, a timeout, an abort). Returns `.none` when already closed.
@@ -107,7 +117,4 @@ package struct ConnectionLifecycle: Sendable {
         state = .closed(reason)
         return .tearDown(reason)
     }
-
-    /// The reason to report when the peer announced it is closing, if it did.
-    package var reasonGivenByPeer: CloseReason? { peerReason }
 }

@@ -46,9 +46,12 @@ package final class WireBuffer {
 /// flush; later ones ride along), or nothing. Sequence numbers therefore always match the order of
 /// the bytes on the wire.
 ///
-/// Not thread-safe: the driver keeps it under one lock. `Waiter` is the driver's token for a
-/// suspended sender.
-package struct PendingWrites<Waiter> {
+/// Not thread-safe: the driver keeps it under one lock. Not generic on purpose: the driver calls it
+/// for every frame from another module, where an unspecialized generic would cost metadata lookups.
+package struct PendingWrites {
+    /// A sender waiting for room: called with its frame's sequence number once admitted, or the error.
+    package typealias Waiter = (Result<UInt64, TransportError>) -> Void
+
     /// What a sender should do after queuing.
     package enum Next: Equatable {
         /// Nothing was unwritten before and the sender is not streaming: write now, from this thread.
@@ -200,7 +203,7 @@ package struct PendingWrites<Waiter> {
 
     /// Queues `frame` if it may go now; else keeps `waiter` with the frame until room is made
     /// (FIFO). Only the loop's flush admits waiters.
-    package mutating func enqueueOrWait(_ frame: Frame, size: Int, bypassLimit: Bool = false, waiter: Waiter)
+    package mutating func enqueueOrWait(_ frame: Frame, size: Int, bypassLimit: Bool = false, waiter: @escaping Waiter)
         throws(Refusal) -> Queued
     {
         guard isAccepting else { throw .closed }

@@ -3,13 +3,17 @@
 /// A configuration's values in one immutable object, replaced (not mutated) on change: copies of
 /// the configuration share it, so thousands of connections made with one configuration hold one
 /// pointer each instead of their own copy of every field.
+///
+/// `box` is a stored property of a non-resilient struct and `values` a `let` of a final class, so a
+/// reader in another module (a channel reading its send codec for every message) reads
+/// `storage.box.values.field` directly instead of copying every value.
 package struct SharedValues<Values: Sendable>: Sendable {
-    private final class Box: Sendable {
-        let values: Values
+    package final class Box: Sendable {
+        package let values: Values
         init(_ values: Values) { self.values = values }
     }
 
-    private var box: Box
+    package private(set) var box: Box
 
     package init(_ values: Values) { box = Box(values) }
 
@@ -39,37 +43,37 @@ public struct ConnectionConfiguration: Sendable {
     /// The largest accepted frame body in bytes (default 16 MiB). Larger length prefixes close the
     /// connection with ``CloseReason/frameTooLarge(size:limit:)`` before anything is allocated.
     public var maxFrameSize: Int {
-        get { storage.values.maxFrameSize }
+        get { storage.box.values.maxFrameSize }
         set { storage.update { $0.maxFrameSize = newValue } }
     }
 
     /// Senders suspend while more than this many bytes are queued for the socket (default 1 MiB).
     public var sendHighWaterMark: Int {
-        get { storage.values.sendHighWaterMark }
+        get { storage.box.values.sendHighWaterMark }
         set { storage.update { $0.sendHighWaterMark = newValue } }
     }
 
     /// Suspended senders resume once the queue drains to this many bytes (default 256 KiB).
     public var sendLowWaterMark: Int {
-        get { storage.values.sendLowWaterMark }
+        get { storage.box.values.sendLowWaterMark }
         set { storage.update { $0.sendLowWaterMark = newValue } }
     }
 
     /// Close with ``CloseReason/idleTimeout`` when no complete frame arrived for this long (nil: never).
     public var idleTimeout: Duration? {
-        get { storage.values.idleTimeout }
+        get { storage.box.values.idleTimeout }
         set { storage.update { $0.idleTimeout = newValue } }
     }
 
     /// How long a graceful close waits for the peer to close its side after ours was shut down.
     public var closeLinger: Duration {
-        get { storage.values.closeLinger }
+        get { storage.box.values.closeLinger }
         set { storage.update { $0.closeLinger = newValue } }
     }
 
     /// Size of the reusable read buffer (default 64 KiB).
     public var readBufferSize: Int {
-        get { storage.values.readBufferSize }
+        get { storage.box.values.readBufferSize }
         set { storage.update { $0.readBufferSize = newValue } }
     }
 

@@ -27,10 +27,10 @@ extension ConnectionDriver {
         // busy delivering a batch of frames, and one flush after it writes every answer together
         // (as NIO flushes in channelReadComplete).
         let threadQuiet =
-            now &- SendPacing.exchange(now) >= PendingWrites<Waiter>.streamingGap && !loop.isCurrent
+            now &- SendPacing.exchange(now) >= PendingWrites.streamingGap && !loop.isCurrent
         var flush = false
         let outcome = send.withLock { state -> Submitted in
-            do throws(PendingWrites<Waiter>.Refusal) {
+            do throws(PendingWrites.Refusal) {
                 let (sequence, next) = try state.writes.enqueue(
                     frame, size: size, bypassLimit: bypassLimit, now: now, threadQuiet: threadQuiet)
                 switch next {
@@ -49,7 +49,7 @@ extension ConnectionDriver {
         return outcome
     }
 
-    static func error(for refusal: PendingWrites<Waiter>.Refusal, _ reason: CloseReason?) -> TransportError {
+    static func error(for refusal: PendingWrites.Refusal, _ reason: CloseReason?) -> TransportError {
         switch refusal {
         case .closed:
             reason.map(TransportError.closed)
@@ -61,6 +61,17 @@ extension ConnectionDriver {
                     + "nothing was sent — send large data as a transfer (sendFile/startTransfer) or in smaller messages")
         case .full:
             TransportError(.invalidArgument, "the send queue is full")
+        }
+    }
+
+    /// The fast path of ``send(_:bypassLimit:)``, not `async`: queues `frame` if there is room and
+    /// returns its sequence number; nil when the caller must wait (call `send` then). Any context.
+    @inline(__always)
+    package func sendNow(_ frame: Frame, bypassLimit: Bool = false) throws(TransportError) -> UInt64? {
+        switch submit(frame, size: try Frame.validatedSize(frame), bypassLimit: bypassLimit) {
+        case .sent(let sequence): return sequence
+        case .refused(let error): throw error
+        case .full: return nil
         }
     }
 
@@ -93,7 +104,7 @@ extension ConnectionDriver {
     private func enqueue(_ frame: Frame, size: Int, bypassLimit: Bool, completion: @escaping Waiter) {
         var flush = false
         let outcome = send.withLock { state -> Result<UInt64, TransportError>? in
-            do throws(PendingWrites<Waiter>.Refusal) {
+            do throws(PendingWrites.Refusal) {
                 switch try state.writes.enqueueOrWait(frame, size: size, bypassLimit: bypassLimit, waiter: completion) {
                 case .queued(let sequence, let next):
                     flush = next == .scheduleFlush
@@ -132,7 +143,7 @@ extension ConnectionDriver {
         _ = SendPacing.exchange(now)
         var flush = false
         let outcome = send.withLock { state -> Submitted in
-            do throws(PendingWrites<Waiter>.Refusal) {
+            do throws(PendingWrites.Refusal) {
                 switch try state.writes.enqueue(batch: frames, sizes: sizes, now: now) {
                 case .writeNow: flush = writeDirectly(&state, maxBuffers: Self.maxIOVecs)
                 case .scheduleFlush: flush = true
@@ -171,7 +182,7 @@ extension ConnectionDriver {
             } while result < 0 && errno == EINTR
             return max(result, 0)
         }
-        var admitted: [PendingWrites<Waiter>.Admitted] = []
+        var admitted: [PendingWrites.Admitted] = []
         if written > 0, state.writes.didWrite(written, admitted: &admitted) == .drained {
             assert(admitted.isEmpty)  // nobody waits while nothing was unwritten
             return false
@@ -192,7 +203,7 @@ extension ConnectionDriver {
 
     private func flush(using vecs: UnsafeMutableBufferPointer<iovec>) {
         while !isClosed {
-            var admitted: [PendingWrites<Waiter>.Admitted] = []
+            var admitted: [PendingWrites.Admitted] = []
             let count = send.withLock { state -> Int in
                 let count = state.writes.forEachUnwritten(maxBuffers: vecs.count) { index, base, length in
                     vecs[index] = iovec(iov_base: UnsafeMutableRawPointer(mutating: base), iov_len: length)
@@ -234,7 +245,7 @@ extension ConnectionDriver {
         }
     }
 
-    private func resume(_ admitted: [PendingWrites<Waiter>.Admitted]) {
+    private func resume(_ admitted: [PendingWrites.Admitted]) {
         for entry in admitted { entry.waiter(.success(entry.sequence)) }
     }
 

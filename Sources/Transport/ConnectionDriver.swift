@@ -34,10 +34,10 @@ package protocol ConnectionHandler: AnyObject {
 /// ``loop``.
 package final class ConnectionDriver: @unchecked Sendable {
     /// A sender waiting for room: resumed with its frame's sequence number, or the error.
-    package typealias Waiter = (Result<UInt64, TransportError>) -> Void
+    package typealias Waiter = PendingWrites.Waiter
 
     struct SendState {
-        var writes: PendingWrites<Waiter>
+        var writes: PendingWrites
         /// Set at teardown: what a refused sender is told.
         var closeReason: CloseReason?
     }
@@ -62,9 +62,14 @@ package final class ConnectionDriver: @unchecked Sendable {
     private var handler: (any ConnectionHandler)?
     var readSource: (any DispatchSourceRead)?
     var writeSource: (any DispatchSourceWrite)?
-    private var timer: (any DispatchSourceTimer)?
-    private var deadlines = Deadlines()
-    private var armedDeadline: UInt64 = 0
+    /// The deadlines and their one timer, made when the first deadline is set and released when
+    /// none is left: an idle connection without heartbeat holds no timer state at all.
+    private final class Timing {
+        var deadlines = Deadlines()
+        var armed: UInt64 = 0
+        var source: (any DispatchSourceTimer)?
+    }
+    private var timing: Timing?
     /// When the last complete frame arrived (uptime ns).
     package private(set) var lastFrameTime: UInt64 = 0
     private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []
@@ -186,9 +191,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         }
         let error = TransportError.closed(reason)
         for waiter in waiters { waiter(.failure(error)) }
-        deadlines.clearAll()
-        timer?.cancel()
-        timer = nil
+        timing?.source?.cancel()
+        timing = nil
         if let read = readSource {
             sourcesToCancel = writeSource == nil ? 1 : 2
             // Setting a cancel handler on an active source is allowed; Dispatch runs it after the
@@ -225,39 +229,43 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// On the loop.
     package func setDeadline(_ kind: Deadlines.Kind, at time: UInt64?) {
         guard !isClosed else { return }
-        deadlines[kind] = time
+        if time == nil && timing == nil { return }
+        let timing = self.timing ?? Timing()
+        self.timing = timing
+        timing.deadlines[kind] = time
         armTimer()
     }
 
     private func armTimer() {
-        guard let earliest = deadlines.earliest else {
+        guard let timing else { return }
+        guard let earliest = timing.deadlines.earliest else {
             // No deadline left (an idle connection without heartbeat): no timer either, it costs
             // a few hundred bytes per connection.
-            timer?.cancel()
-            timer = nil
-            armedDeadline = 0
+            timing.source?.cancel()
+            self.timing = nil
             return
         }
-        guard earliest != armedDeadline else { return }
+        guard earliest != timing.armed else { return }
         let source: any DispatchSourceTimer
-        if let timer {
-            source = timer
+        if let existing = timing.source {
+            source = existing
         } else {
             source = DispatchSource.makeTimerSource(queue: queue)
             // Unowned: the timer is cancelled (on this queue) before the driver can go away, and a
             // weak reference would give every connection a side table for its whole life.
             source.setEventHandler { [unowned self] in self.timerFired() }
             source.resume()
-            timer = source
+            timing.source = source
         }
-        armedDeadline = earliest
+        timing.armed = earliest
         source.schedule(deadline: DispatchTime(uptimeNanoseconds: earliest))
     }
 
     private func timerFired() {
-        armedDeadline = 0
+        guard let timing else { return }
+        timing.armed = 0
         let now = uptimeNanoseconds()
-        for kind in deadlines.expire(now: now) {
+        for kind in timing.deadlines.expire(now: now) {
             guard !isClosed else { return }
             switch kind {
             case .idleCheck: checkIdle(now: now)
@@ -276,7 +284,7 @@ package final class ConnectionDriver: @unchecked Sendable {
                 "closing: no complete frame for \(Duration.nanoseconds(idle)) (\(decoder.bufferedByteCount) bytes of a partial frame buffered)")
             tearDown(.idleTimeout)
         } else {
-            deadlines[.idleCheck] = lastFrameTime &+ idle
+            timing?.deadlines[.idleCheck] = lastFrameTime &+ idle
         }
     }
 

@@ -100,7 +100,7 @@ import Testing
         var numbered = frame
         numbered.sequence = 1
         let encoded = try numbered.encoded()
-        var writes = PendingWrites<Int>(highWaterMark: 1 << 30, lowWaterMark: 0)
+        var writes = PendingWrites(highWaterMark: 1 << 30, lowWaterMark: 0)
         writes.open()
         _ = try writes.enqueue(frame, size: encoded.count)
         var joined: [UInt8] = []

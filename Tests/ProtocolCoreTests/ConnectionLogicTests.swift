@@ -11,10 +11,10 @@ import Testing
         let r2 = life.start()
         #expect(!r2)
         #expect(life.closeGracefully(outputEmpty: false) == .stopAccepting)
-        #expect(life.state == .closing)
+        #expect(life.state == .closing(nil))
         #expect(life.closeGracefully(outputEmpty: false) == .none)  // idempotent
         #expect(life.outputDrained() == .shutDownWrite)
-        #expect(life.state == .halfClosed)
+        #expect(life.state == .halfClosed(nil))
         #expect(life.endOfFile(partialFrameBytes: 0) == .tearDown(.localClose))
         #expect(life.isClosed && life.tearDown(.reset) == .none)
     }
