@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "Discovery", targets: ["Discovery"]),
         .library(name: "Transport", targets: ["Transport"]),
         .library(name: "FastJSON", targets: ["FastJSON"]),
+        .library(name: "MDNSCore", targets: ["MDNSCore"]),
         .executable(name: "discovery-demo", targets: ["discovery-demo"]),
         .executable(name: "lanmsg-echo", targets: ["lanmsg-echo"]),
         .executable(name: "bonjour-chat", targets: ["bonjour-chat"]),
@@ -32,10 +33,12 @@ let package = Package(
             pkgConfig: "avahi-client",
             providers: [.apt(["libavahi-client-dev"])]
         ),
-        // Layer 1a: DNS-SD through Avahi on Dispatch. No sockets.
+        // Layer 0: mDNS / DNS-SD protocol logic without I/O (messages, cache, responder, querier).
+        .target(name: "MDNSCore", swiftSettings: strict),
+        // Layer 1a: DNS-SD through Avahi on Dispatch, or through MDNSCore on our own sockets.
         .target(
             name: "Discovery",
-            dependencies: ["CAvahiClient", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CAvahiClient", "MDNSCore", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         // Layer 1b: sockets, Dispatch sources, framing, wire envelope, codecs. No Avahi.
@@ -132,6 +135,7 @@ let package = Package(
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
+        .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport"], swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(name: "MessagingTests", dependencies: ["Messaging"], swiftSettings: strict),
