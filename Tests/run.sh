@@ -56,7 +56,9 @@ run_suite() {
 # stalled peers, 10,000-frame bursts) or restart the daemons, and 2 cores give Swift's cooperative
 # pool only 2 threads.
 # Unit tests: no daemon; D-Bus pointed at nothing so "no daemon" behaviour is what is tested.
-run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
+# LANMSG_DISCOVERY_BACKEND=avahi: the unit tests run in the machine's own network namespace, where no
+# mDNS stack may run; without it a ServiceDiscovery there would start the embedded one.
+run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 
 if [ "$unit_only" = no ]; then
