@@ -132,6 +132,13 @@ let package = Package(
             path: "Demo/preview-push",
             swiftSettings: strict
         ),
+        // A scriptable DNS-SD peer (either backend) for the integration tests.
+        .executableTarget(
+            name: "discovery-peer",
+            dependencies: ["Discovery", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/DiscoveryPeer",
+            swiftSettings: strict
+        ),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),

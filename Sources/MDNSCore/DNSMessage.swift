@@ -203,7 +203,8 @@ struct DNSReader {
                 guard offset + count <= end else { throw .badRecordData(type: type) }
                 strings.append(try take(count))
             }
-            data = .txt(strings)
+            // No data at all is read as the empty record it stands for: one empty string.
+            data = .txt(strings.isEmpty ? [[]] : strings)
         case DNSType.nsec:
             let next = try name()
             var types: [UInt16] = []

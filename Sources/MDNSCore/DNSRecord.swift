@@ -52,6 +52,7 @@ public enum RecordData: Hashable, Sendable, CustomStringConvertible {
             writer.append16(port)
             writer.appendUncompressed(target, lowercase: true)
         case .txt(let strings):
+            if strings.isEmpty { writer.append8(0) }  // as sent: one empty string (RFC 6763 §6.1)
             for string in strings {
                 writer.append8(UInt8(min(string.count, 255)))
                 writer.append(Array(string.prefix(255)))

@@ -271,6 +271,10 @@ public struct MDNSEngine: Sendable {
 
     /// Starts publishing a service (probing first). Returns its id.
     public mutating func publish(_ service: MDNSService, now: MDNSInstant) -> Int {
+        var service = service
+        // An empty TXT record is one empty string on the wire (RFC 6763 §6.1); keep that form so
+        // our records compare equal to their own copies coming back.
+        if service.txt.isEmpty { service.txt = [[]] }
         nextID += 1
         var label = service.instance
         while label.utf8.count > DNSName.maxLabelBytes { label.removeLast() }
@@ -296,7 +300,7 @@ public struct MDNSEngine: Sendable {
     public mutating func updateTXT(_ id: Int, txt: [[UInt8]], now: MDNSInstant) {
         guard var service = services[id] else { return }
         let name = service.name
-        service.spec.txt = txt
+        service.spec.txt = txt.isEmpty ? [[]] : txt
         if service.phase.isLive {
             for link in pending.keys { pending[link]!.removeAll { $0.record.name == name && $0.record.type == DNSType.txt } }
             service.phase = .announcing(sent: 0, next: now)

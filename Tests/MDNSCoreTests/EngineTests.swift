@@ -49,6 +49,16 @@ struct EngineTests {
         #expect(current == "Lobby")
     }
 
+    /// An empty TXT record goes out as one empty string and comes back parsed that way: our own
+    /// probe, looped back, must still compare equal (else we lose every tie-break to ourselves).
+    @Test func aServiceWithoutTXTFinishesProbingDespiteItsOwnEcho() throws {
+        var net = FakeNetwork()
+        let a = net.add(host: "alpha")
+        _ = net.with(a) { $0.publish(service("Bare", txt: []), now: $1) }
+        net.run(forMilliseconds: 3000)
+        #expect(established(net, a) == ["Bare"])
+    }
+
     @Test func sameNameOnTwoHostsTheLaterIsRenamedAndBothAreBrowsed() throws {
         var net = FakeNetwork()
         let a = net.add(host: "alpha")

@@ -29,7 +29,12 @@ assert_private_netns() {
   local pid=$1
   [ "$(readlink /proc/$pid/ns/net)" != "$(readlink /proc/1/ns/net)" ] || die "refusing: host $pid shares the main network namespace"
   local ns; ns=$(state_get "$STATE_FOR_CHECK" "HARNESS_NETNS_$HOST_FOR_CHECK")
-  if [ -n "$ns" ] && [ -e "/run/netns/$ns" ]; then
+  # The namespace's inode as recorded at creation (from inside a host, /run/netns may not show
+  # the other host's namespace: the hosts' mount namespaces are private).
+  local inode; inode=$(state_get "$STATE_FOR_CHECK" "HARNESS_NETNS_INODE_$HOST_FOR_CHECK")
+  if [ -n "$inode" ]; then
+    [ "$(stat -L -c %i "/proc/$pid/ns/net")" = "$inode" ] || die "refusing: host $pid is not in our namespace $ns"
+  elif [ -n "$ns" ] && [ -e "/run/netns/$ns" ]; then
     [ "$(stat -L -c %i "/proc/$pid/ns/net")" = "$(stat -L -c %i "/run/netns/$ns")" ] || die "refusing: host $pid is not in our namespace $ns"
   fi
 }
@@ -105,6 +110,7 @@ cmd_up() {
     local ns="$tag-$h"
     ip netns add "$ns"
     echo "HARNESS_NETNS_$(echo "$h" | tr a-z A-Z)=$ns" >> "$s/env"
+    echo "HARNESS_NETNS_INODE_$(echo "$h" | tr a-z A-Z)=$(stat -L -c %i "/run/netns/$ns")" >> "$s/env"
     ip -n "$ns" link set lo up
     ip -n "$ns" link set lo multicast on
     ip netns exec "$ns" unshare -m --propagation private sh -c \

@@ -215,6 +215,7 @@ final class EmbeddedBackend: @unchecked Sendable {
             let source = MDNSSource(
                 link: LinkID(interfaceIndex: datagram.interfaceIndex, family: family), address: datagram.address,
                 port: datagram.port, isLocal: localAddresses.contains(datagram.address))
+            if logger.logLevel <= .trace { trace("received", datagram.bytes, link: source.link, peer: "\(datagram.address):\(datagram.port)") }
             engine.receive(datagram.bytes, from: source, now: Self.now())
         }
         pump()
@@ -241,6 +242,7 @@ final class EmbeddedBackend: @unchecked Sendable {
             switch output {
             case .send(let packet):
                 guard let socket = sockets[packet.link.family] else { return }
+                if logger.logLevel <= .trace { trace("sending", packet.bytes, link: packet.link, peer: "\(packet.destination)") }
                 if let error = socket.send(packet.bytes, interface: packet.link.interfaceIndex, to: packet.destination) {
                     logger.debug(
                         "embedded mDNS: send failed",
@@ -276,7 +278,22 @@ final class EmbeddedBackend: @unchecked Sendable {
         pump()
     }
 
+    /// A one-line summary of a packet, at trace level.
+    private func trace(_ what: String, _ bytes: [UInt8], link: LinkID, peer: String) {
+        guard let message = try? DNSMessage(parsing: bytes) else {
+            logger.trace("embedded mDNS: \(what) malformed", metadata: ["link": "\(link)", "peer": "\(peer)"])
+            return
+        }
+        logger.trace(
+            "embedded mDNS: \(what) \(message.isResponse ? "response" : "query")",
+            metadata: [
+                "link": "\(link)", "peer": "\(peer)", "q": "\(message.questions)", "an": "\(message.answers)",
+                "ns": "\(message.authorities)", "ar": "\(message.additionals.count)",
+            ])
+    }
+
     private func handle(_ event: MDNSEvent) {
+        if logger.logLevel <= .debug { logger.debug("embedded mDNS event", metadata: ["event": "\(event)"]) }
         switch event {
         case .hostNameEstablished(let name):
             published.withLock { $0.hostName = name }
@@ -374,7 +391,8 @@ final class EmbeddedBackend: @unchecked Sendable {
             wakeups: wakeups, liveSources: readSources.count + (netlinkSource == nil ? 0 : 1) + (timer == nil ? 0 : 1)
                 + (rescanTimer == nil ? 0 : 1) + (retryTimer == nil ? 0 : 1),
             engine: engine.counters, cacheCount: engine.cache.count, cacheEvictions: engine.cache.evictions,
-            truncated: truncated, links: engine.links.keys.sorted(), hostName: engine.hostName)
+            truncated: truncated, links: engine.links.keys.sorted(), hostName: engine.hostName,
+            nextDeadline: engine.nextDeadline().map { $0.milliseconds(since: Self.now()) })
     }
 
     fileprivate func removeBrowse(_ id: Int) {
@@ -428,6 +446,8 @@ struct EmbeddedDiagnostics: Sendable {
     var truncated: Int
     var links: [LinkID]
     var hostName: String
+    /// Milliseconds until the engine next needs to run (nil: nothing scheduled).
+    var nextDeadline: Int64?
 }
 
 // MARK: - DiscoveryBackend
