@@ -50,6 +50,7 @@ extension MDNSEngine {
             }
         }
         if case .announcing(let sent, let next) = service.phase, next <= now {
+            service.announced = true
             for link in activeLinks(service.spec.links).sorted() {
                 sendResponse(
                     on: link, answers: serviceRecords(service, on: link), additionals: hostRecords(on: link), now: now)
@@ -284,9 +285,11 @@ extension MDNSEngine {
     /// A response record for a name we claim, with data we do not have, is a conflict (§9):
     /// while probing any such record; once live, one of the types we own. Records we sent in the
     /// last seconds (our own packets looped back, an older TXT) and goodbyes are not claims.
-    mutating func checkConflict(_ record: ResourceRecord, on link: LinkID, now: MDNSInstant) {
+    mutating func checkConflict(_ record: ResourceRecord, on link: LinkID, fromLocal: Bool, now: MDNSInstant) {
         guard record.ttl > 0 else { return }
-        if record.name == hostDomainName, hostPhase != .waitingForHost {
+        // Another stack on this very host (a second process, avahi-daemon) claiming our host name
+        // describes the same host, perhaps with other interfaces: not a conflict for a host name.
+        if record.name == hostDomainName, hostPhase != .waitingForHost, !fromLocal {
             let ours = links.keys.flatMap { hostRecords(on: $0) }
             let relevant = hostPhase.isProbing || record.type == DNSType.a || record.type == DNSType.aaaa
             if relevant, !ours.contains(where: { $0.sameRecord(as: record) }), !isOwnEcho(record, on: link, now: now) {
@@ -336,6 +339,7 @@ extension MDNSEngine {
         let old = service.label
         let oldName = service.name
         service.label = alternativeName(for: old, isHost: false)
+        service.announced = false  // the old name is someone else's now: no goodbyes for it
         var history = service.conflicts
         service.phase = .probing(sent: 0, next: probeAgainAfterConflict(&history, now: now))
         service.conflicts = history
@@ -349,7 +353,7 @@ extension MDNSEngine {
     mutating func handleResponse(_ message: DNSMessage, from source: MDNSSource, now: MDNSInstant) {
         let link = source.link
         let records = message.answers + message.additionals
-        for record in records { checkConflict(record, on: link, now: now) }
+        for record in records { checkConflict(record, on: link, fromLocal: source.isLocal, now: now) }
         suppressPending(on: link, by: message.answers, halfTTL: false)
         var changes: [RecordCache.Change] = []
         for record in records where record.recordClass == dnsClassIN {

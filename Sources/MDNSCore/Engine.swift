@@ -139,6 +139,8 @@ public struct MDNSEngine: Sendable {
         var label: String
         var phase: Phase
         var conflicts: [MDNSInstant] = []
+        /// Announced at least once under its current name: others may cache it (goodbyes owed).
+        var announced = false
         var name: DNSName { DNSName(checkedLabels: [Array(label.utf8)] + spec.type.labels) }
     }
 
@@ -314,7 +316,7 @@ public struct MDNSEngine: Sendable {
         guard let service = services.removeValue(forKey: id) else { return }
         let name = service.name
         for link in pending.keys { pending[link]!.removeAll { $0.record.name == name } }
-        if service.phase.isLive {
+        if service.announced {
             for link in activeLinks(service.spec.links) {
                 var records = serviceRecords(service, on: link).map { record -> ResourceRecord in
                     var record = record

@@ -59,6 +59,38 @@ struct EngineTests {
         #expect(established(net, a) == ["Bare"])
     }
 
+    /// A host-name claim with other addresses from this host (a second stack here, e.g. with
+    /// other interfaces) is not a conflict; the same claim from another host is.
+    @Test func hostNameClaimsFromThisHostDoNotRenameButFromOthersDo() throws {
+        var net = FakeNetwork()
+        let a = net.add(host: "alpha")
+        net.run(forMilliseconds: 3000)
+        let claim = DNSMessage(
+            flags: 0x8400, answers: [ResourceRecord(name: .make("alpha.local"), data: .aaaa([0xfe, 0x80] + [UInt8](repeating: 7, count: 14)), ttl: 120, cacheFlush: true)]).encoded()
+        net.inject(claim, to: a, isLocal: true)
+        net.run(forMilliseconds: 2000)
+        #expect(!net.events(of: a).contains { if case .hostNameRenamed = $0 { true } else { false } })
+        net.inject(claim, to: a, isLocal: false)
+        net.run(forMilliseconds: 2000)
+        #expect(net.events(of: a).contains(.hostNameRenamed(from: "alpha", to: "alpha-2")))
+    }
+
+    /// A service announced, then waiting for its renamed host, still owes goodbyes when withdrawn.
+    @Test func unpublishAfterAHostRenameStillSaysGoodbye() throws {
+        var net = FakeNetwork()
+        let a = net.add(host: "alpha")
+        net.run(forMilliseconds: 2000)
+        let id = net.with(a) { $0.publish(service("Owed"), now: $1) }
+        net.run(forMilliseconds: 5000)
+        let claim = DNSMessage(
+            flags: 0x8400, answers: [ResourceRecord(name: .make("alpha.local"), data: .a([10, 9, 9, 9]), ttl: 120, cacheFlush: true)]).encoded()
+        net.inject(claim, to: a)
+        let before = net.nodes[a].sent.count
+        net.with(a) { $0.unpublish(id, now: $1) }
+        let goodbyes = net.messages(sentBy: a).suffix(from: before).flatMap(\.message.answers).filter { $0.ttl == 0 }
+        #expect(goodbyes.contains { $0.name == instance("Owed") && $0.type == DNSType.srv })
+    }
+
     @Test func sameNameOnTwoHostsTheLaterIsRenamedAndBothAreBrowsed() throws {
         var net = FakeNetwork()
         let a = net.add(host: "alpha")

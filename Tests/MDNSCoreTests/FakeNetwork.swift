@@ -61,8 +61,11 @@ struct FakeNetwork {
     }
 
     /// Injects a raw datagram as if sent by `address`:`port` (a peer that is not an engine).
-    mutating func inject(_ bytes: [UInt8], to index: Int, fromAddress address: [UInt8] = [10, 0, 0, 99], port: UInt16 = 5353) {
-        let source = MDNSSource(link: Self.link, address: address, port: port, isLocal: false)
+    mutating func inject(
+        _ bytes: [UInt8], to index: Int, fromAddress address: [UInt8] = [10, 0, 0, 99], port: UInt16 = 5353,
+        isLocal: Bool = false
+    ) {
+        let source = MDNSSource(link: Self.link, address: address, port: port, isLocal: isLocal)
         nodes[index].received.append((now, bytes, port))
         nodes[index].engine.receive(bytes, from: source, now: now)
         collect(index)
