@@ -479,9 +479,9 @@ final class AutomaticChoice: @unchecked Sendable {  // every field is touched on
             let waited = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
             core.logger.info(
                 "discovery backend: avahi (daemon reachable)", metadata: ["after_ms": "\(Int(waited))"])
-            selector.decide(core)
-        case .failed(let error):
-            chooseEmbedded(because: "the Avahi daemon is unreachable (\(error.message))")
+            selector.decide(core, reason: "avahi-daemon reachable")
+        case .failed:
+            chooseEmbedded(because: "avahi-daemon unreachable (no system D-Bus)")
         default:
             break
         }
@@ -496,7 +496,7 @@ final class AutomaticChoice: @unchecked Sendable {  // every field is touched on
         core.queue.async { core.shutdown() }
         let embedded = EmbeddedBackend(logger: core.logger, programName: core.programName, configuration: core.configuration)
         embedded.start()
-        selector.decide(embedded)
+        selector.decide(embedded, reason: reason)
     }
 
     private func finish() {

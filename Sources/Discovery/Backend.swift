@@ -115,15 +115,25 @@ final class BackendSelector: Sendable {
         }
     }
 
-    /// Sets the backend (once) and runs what waited for it, outside the lock.
-    func decide(_ backend: any DiscoveryBackend) {
-        let waiters: [@Sendable (any DiscoveryBackend) -> Void] = phase.withLock { phase in
-            guard case .deciding(let waiters) = phase else { return [] }
+    /// Why the backend was chosen (nil while deciding).
+    var reason: String? { reasonText.withLock { $0 } }
+    private let reasonText = Locked<String?>(nil)
+
+    /// Sets the backend (once), tells the process-wide observer, runs what waited for it, outside the lock.
+    func decide(_ backend: any DiscoveryBackend, reason: String) {
+        let waiters: [@Sendable (any DiscoveryBackend) -> Void]? = phase.withLock { phase in
+            guard case .deciding(let waiters) = phase else { return nil }
             phase = .decided(backend)
             return waiters
         }
+        guard let waiters else { return }
+        reasonText.withLock { $0 = reason }
+        BackendSelector.observer.withLock { $0 }?(backend.kind, reason)
         for waiter in waiters { waiter(backend) }
     }
+
+    /// See ``ServiceDiscovery/onBackendChosen(_:)``.
+    static let observer = Locked<(@Sendable (DiscoveryBackendKind, String) -> Void)?>(nil)
 }
 
 /// Stops something started later (a browse or watch that waits for the backend decision), also

@@ -62,16 +62,17 @@ public final class ServiceDiscovery: Sendable {
             }
         }
         let selector = self.selector
+        let why = choice == backend ? "chosen by the application" : "LANMSG_DISCOVERY_BACKEND=\(choice)"
         switch choice {
         case .avahi:
             let core = DiscoveryCore(logger: logger, programName: name, configuration: settings)
-            logger.info("discovery backend: avahi (chosen by the application)")
-            selector.decide(core)
+            logger.info("discovery backend: avahi", metadata: ["reason": "\(why)"])
+            selector.decide(core, reason: why)
             core.queue.async { core.connect() }
         case .embedded:
             let embedded = EmbeddedBackend(logger: logger, programName: name, configuration: settings)
-            logger.info("discovery backend: embedded mDNS (chosen by the application)")
-            selector.decide(embedded)
+            logger.info("discovery backend: embedded mDNS", metadata: ["reason": "\(why)"])
+            selector.decide(embedded, reason: why)
             embedded.start()
         case .automatic:
             AutomaticChoice.start(logger: logger, programName: name, configuration: settings, selector: selector)
@@ -88,6 +89,15 @@ public final class ServiceDiscovery: Sendable {
 
     /// The backend in use, waiting for the automatic choice if needed.
     public func backend() async -> DiscoveryBackendKind { await selector.backend().kind }
+
+    /// Why the backend in use was chosen, e.g. "avahi-daemon reachable" (nil while deciding).
+    public var backendReason: String? { selector.reason }
+
+    /// Registers a process-wide observer told, once per ``ServiceDiscovery``, which backend was
+    /// chosen and why — for programs that print it at start. nil removes it.
+    public static func onBackendChosen(_ observer: (@Sendable (DiscoveryBackendKind, _ reason: String) -> Void)?) {
+        BackendSelector.observer.withLock { $0 = observer }
+    }
 
     /// The daemon connection's current state. The embedded backend reports `registering` while it
     /// claims its host name and `running` once it has; before a backend is chosen, `connecting`.
