@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds once, runs every test: unit tests here, integration tests against
-# real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh). Exits non-zero
+# real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh), then the
+# embedded mDNS backend's tests in namespaces without avahi-daemon (against avahi, itself and
+# python-zeroconf) and the chat and preview tests again on the embedded backend. Exits non-zero
 # on any failure.
 #
 #   Tests/run.sh                 everything (as root: namespaces need it)
@@ -24,6 +26,9 @@ for arg in "$@"; do
 done
 
 Tests/harness/install-deps.sh
+# python-zeroconf (PyPI) in a venv under .build/, for the interop tests.
+zeroconf_python=""
+[ "$unit_only" = yes ] || zeroconf_python=$(Tests/harness/install-zeroconf.sh)
 
 bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
@@ -62,13 +67,26 @@ run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DIS
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 
 if [ "$unit_only" = no ]; then
+  # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
   run_suite integration env HARNESS_LOG_DIR="$logs" Tests/harness/avahi-harness.sh run --hosts 2 -- \
-    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded'
+  # The embedded backend: hosts start without avahi-daemon (the tests start it on a host when they need it).
+  run_suite integration-embedded env HARNESS_LOG_DIR="$logs" ZEROCONF_PYTHON="$zeroconf_python" \
+    Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter 'IntegrationTests\.Embedded'
+  # bonjour-chat and preview-server/-push again, every process on the embedded backend, no avahi-daemon.
+  # Left out: two checks of Avahi specifics (the avahi-browse tool on host a; host b's Avahi host
+  # name "bravo" in the room list — without Avahi both hosts have the same kernel host name).
+  run_suite chat-preview-embedded env HARNESS_LOG_DIR="$logs" LANMSG_DISCOVERY_BACKEND=embedded \
+    Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter 'ChatIntegrationTests|PreviewIntegrationTests' \
+    --skip 'publishesItsLimitsAndKeepsFreeSpaceCurrent|roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent'
 fi
 
-# Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600).
+# Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600,
+# run-fuzz-mdns.sh 3600).
 echo "== fuzz (${FUZZ_SECONDS:-15} s per target)"
-for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh; do
+for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/run-fuzz-mdns.sh; do
   if "$fuzz" "${FUZZ_SECONDS:-15}" > "$logs/$(basename "$fuzz" .sh).log" 2>&1; then
     grep -h "executions" "$logs/$(basename "$fuzz" .sh).log"
   else
