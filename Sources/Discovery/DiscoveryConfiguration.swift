@@ -64,16 +64,21 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
     public var avahiTimeout: Duration
     /// Embedded stack: most DNS records cached (a flood of answers evicts, it does not grow memory).
     public var cacheCapacity: Int
+    /// Embedded stack: the host name to claim (`kitchen` → `kitchen.local`) instead of the
+    /// kernel's (a container's is often a random id). Renamed `kitchen-2` on a conflict. Avahi
+    /// uses its daemon's host name.
+    public var hostName: String?
 
     public init(
         interfaces: InterfacePolicy = .all, ipVersion: IPVersion = .any, advertisedAddresses: [IPAddress] = [],
-        avahiTimeout: Duration = .seconds(1), cacheCapacity: Int = 4096
+        avahiTimeout: Duration = .seconds(1), cacheCapacity: Int = 4096, hostName: String? = nil
     ) {
         self.interfaces = interfaces
         self.ipVersion = ipVersion
         self.advertisedAddresses = advertisedAddresses
         self.avahiTimeout = avahiTimeout
         self.cacheCapacity = cacheCapacity
+        self.hostName = hostName
     }
 
     /// A configuration from environment variables (each optional):
@@ -81,6 +86,7 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
     /// - `LANMSG_DISCOVERY_DENY=docker*,veth*`: denied interfaces
     /// - `LANMSG_DISCOVERY_IP=4` or `6`: one IP version only
     /// - `LANMSG_DISCOVERY_ADVERTISE=192.0.2.7,2001:db8::7`: advertised addresses
+    /// - `LANMSG_DISCOVERY_HOSTNAME=kitchen`: the embedded stack's host name
     /// Malformed values are ignored (and reported by ``ServiceDiscovery``'s log).
     public static func fromEnvironment(_ environment: [String: String]? = nil) -> (DiscoveryConfiguration, problems: [String]) {
         let env = environment ?? currentEnvironment()
@@ -96,6 +102,11 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
         case "4", "ipv4": configuration.ipVersion = .ipv4
         case "6", "ipv6": configuration.ipVersion = .ipv6
         case let other?: problems.append("LANMSG_DISCOVERY_IP=\(other) is not 4 or 6")
+        }
+        if let name = env["LANMSG_DISCOVERY_HOSTNAME"], !name.isEmpty {
+            if name.utf8.count <= 63, !name.contains(".") { configuration.hostName = name } else {
+                problems.append("LANMSG_DISCOVERY_HOSTNAME=\(name) is not one DNS label (1 to 63 bytes, no dot)")
+            }
         }
         for text in list("LANMSG_DISCOVERY_ADVERTISE") ?? [] {
             if let address = IPAddress(text) { configuration.advertisedAddresses.append(address) } else {

@@ -325,6 +325,9 @@ extension MDNSEngine {
         let oldName = hostDomainName
         hostLabel = alternativeName(for: old, isHost: true)
         output.append(.event(.hostNameRenamed(from: old, to: hostLabel)))
+        // Our own records under the old name, cached when they looped back, are stale now: a
+        // resolve of whoever owns that name must not find our addresses with theirs.
+        apply(cache.removeLocal(name: oldName), now: now)
         var history = hostConflicts
         hostPhase = .probing(sent: 0, next: probeAgainAfterConflict(&history, now: now))
         hostConflicts = history

@@ -187,6 +187,20 @@ public struct RecordCache: Sendable {
         return changes
     }
 
+    /// Forgets the records of one name that came from this host (our own, looped back): after our
+    /// host name changed they describe a name that is no longer ours.
+    public mutating func removeLocal(name: DNSName) -> [Change] {
+        var changes: [Change] = []
+        for (key, set) in sets where key.name == name {
+            let kept = set.filter { !$0.isLocal }
+            changes += set.filter(\.isLocal).map { .removed($0) }
+            sets[key] = kept.isEmpty ? nil : kept
+        }
+        count -= changes.count
+        earliestIsValid = false
+        return changes
+    }
+
     /// The earliest expiry, or nil when empty.
     public mutating func nextExpiry() -> MDNSInstant? {
         if !earliestIsValid {

@@ -39,33 +39,41 @@ struct EmbeddedBehaviourTests {
         await forced.shutdown()
     }
 
+    /// Each stack here claims a host name of its own (distinct from b's), so that what b resolves
+    /// for a service is exactly what that stack advertises.
+    func configuration(_ hostName: String, _ change: (inout DiscoveryConfiguration) -> Void = { _ in }) -> DiscoveryConfiguration {
+        var configuration = DiscoveryConfiguration(hostName: hostName)
+        change(&configuration)
+        return configuration
+    }
+
     @Test func interfacePolicyIPVersionLoopbackAndAdvertisedAddresses() async throws {
         let type = "_emb-policy._tcp"
-        let peer = try await Peer.discovery(onB: true, backend: "embedded")
+        let peer = try await Peer.discovery(onB: true, backend: "embedded", hostName: "bravo")
         defer { peer.stop() }
         try peer.send("browse \(type)")
         // Denied the link to b: published on loopback only.
         let loopbackOnly = ServiceDiscovery(
-            logger: logger, backend: .embedded, configuration: DiscoveryConfiguration(interfaces: InterfacePolicy(denied: ["va"])))
+            logger: logger, backend: .embedded, configuration: configuration("pol-lo") { $0.interfaces = InterfacePolicy(denied: ["va"]) })
         defer { Task { await loopbackOnly.shutdown() } }
         let hidden = try await loopbackOnly.publish(name: "Hidden", type: type, port: 4501)
         try await hidden.established()
         // IPv4 only.
-        let v4Only = ServiceDiscovery(logger: logger, backend: .embedded, configuration: DiscoveryConfiguration(ipVersion: .ipv4))
+        let v4Only = ServiceDiscovery(logger: logger, backend: .embedded, configuration: configuration("pol-v4") { $0.ipVersion = .ipv4 })
         defer { Task { await v4Only.shutdown() } }
         let v4Service = try await v4Only.publish(name: "V4Only", type: type, port: 4502)
         try await v4Service.established()
         // Unrestricted, published last: once b has resolved it, it would have seen the others.
-        let open = ServiceDiscovery(logger: logger, backend: .embedded)
+        let open = ServiceDiscovery(logger: logger, backend: .embedded, configuration: configuration("pol-open"))
         defer { Task { await open.shutdown() } }
         let visible = try await open.publish(name: "Visible", type: type, port: 4503)
         try await visible.established()
 
         let resolvedVisible = try await peer.wait("RESOLVED Visible").text
-        #expect(resolvedVisible.contains("10.77.0.1") && resolvedVisible.contains("fe80::"), "\(resolvedVisible)")
+        #expect(resolvedVisible.contains("pol-open.local") && resolvedVisible.contains("10.77.0.1") && resolvedVisible.contains("fe80::"), "\(resolvedVisible)")
         #expect(!resolvedVisible.contains("127.0.0.1") && !resolvedVisible.contains(" ::1"), "loopback leaked: \(resolvedVisible)")
         let resolvedV4 = try await peer.wait("RESOLVED V4Only").text
-        #expect(resolvedV4.contains("10.77.0.1") && !resolvedV4.contains("fe80::"), "\(resolvedV4)")
+        #expect(resolvedV4.contains("pol-v4.local") && resolvedV4.contains("10.77.0.1") && !resolvedV4.contains("fe80::"), "\(resolvedV4)")
         #expect(!peer.lines.contains { $0.text.contains("Hidden") }, "b saw a service published on loopback only")
         // On this host, over loopback, the loopback addresses are the answer.
         let local = try await loopbackOnly.resolve(ServiceIdentity(name: "Visible", type: type))
@@ -73,19 +81,15 @@ struct EmbeddedBehaviourTests {
         // Calls outside the policy are refused.
         #expect(throws: DiscoveryError.self) { _ = try loopbackOnly.browse(type: type, interface: .named("va")) }
         #expect(throws: DiscoveryError.self) { _ = try v4Only.browse(type: type, ipVersion: .ipv6) }
-
-        // An advertised address replaces the interfaces' own (after the others said goodbye).
-        await open.shutdown()
-        await v4Only.shutdown()
-        try await peer.wait("REMOVED Visible")
-        try await peer.wait("REMOVED V4Only")
+        // An advertised address replaces the interfaces' own.
         let natted = ServiceDiscovery(
             logger: logger, backend: .embedded,
-            configuration: DiscoveryConfiguration(advertisedAddresses: [IPAddress("192.0.2.7")!]))
+            configuration: configuration("pol-nat") { $0.advertisedAddresses = [IPAddress("192.0.2.7")!] })
         defer { Task { await natted.shutdown() } }
         let service = try await natted.publish(name: "Natted", type: type, port: 4504)
         try await service.established()
         let resolvedNat = try await peer.wait("RESOLVED Natted").text
+        #expect(resolvedNat.hasSuffix("pol-nat.local 4504  | 192.0.2.7") || resolvedNat.contains("pol-nat.local 4504  | 192.0.2.7"), "\(resolvedNat)")
         #expect(resolvedNat.hasSuffix("| 192.0.2.7"), "\(resolvedNat)")
     }
 

@@ -67,9 +67,10 @@ final class Peer: Sendable {
         process = try ChatProcess(onB: onB, arguments)
     }
 
-    /// discovery-peer with a backend.
-    static func discovery(onB: Bool, backend: String) async throws -> Peer {
-        let peer = try Peer(onB: onB, [Harness.binary("discovery-peer"), backend])
+    /// discovery-peer with a backend (and, for the embedded one, a host name other than the kernel's).
+    static func discovery(onB: Bool, backend: String, hostName: String? = nil) async throws -> Peer {
+        let environment = hostName.map { ["/usr/bin/env", "LANMSG_DISCOVERY_HOSTNAME=\($0)"] } ?? []
+        let peer = try Peer(onB: onB, environment + [Harness.binary("discovery-peer"), backend])
         try await peer.wait("BACKEND \(backend == "automatic" ? "" : backend)")
         return peer
     }

@@ -75,6 +75,21 @@ struct EngineTests {
         #expect(net.events(of: a).contains(.hostNameRenamed(from: "alpha", to: "alpha-2")))
     }
 
+    /// After a host rename, our own looped-back records under the old name are forgotten: a
+    /// resolve of the new owner's service must not mix our addresses in.
+    @Test func ownRecordsUnderTheOldHostNameAreForgottenAfterARename() throws {
+        var net = FakeNetwork()
+        let a = net.add(host: "alpha")
+        net.run(forMilliseconds: 3000)
+        let oldName = DNSName.make("alpha.local")
+        let cached = net.with(a) { engine, _ in engine.cache.records(on: FakeNetwork.link, name: oldName, type: DNSType.a) }
+        #expect(cached.contains { $0.isLocal }, "its own A record should have looped back into its cache")
+        let claim = DNSMessage(flags: 0x8400, answers: [ResourceRecord(name: oldName, data: .a([10, 9, 9, 9]), ttl: 120, cacheFlush: true)]).encoded()
+        net.inject(claim, to: a)
+        let after = net.with(a) { engine, _ in engine.cache.records(on: FakeNetwork.link, name: oldName, type: DNSType.a) }
+        #expect(after.map(\.record.data) == [.a([10, 9, 9, 9])], "\(after)")
+    }
+
     /// A service announced, then waiting for its renamed host, still owes goodbyes when withdrawn.
     @Test func unpublishAfterAHostRenameStillSaysGoodbye() throws {
         var net = FakeNetwork()

@@ -46,7 +46,7 @@ final class EmbeddedBackend: @unchecked Sendable {
         self.logger = logger
         self.programName = programName
         self.configuration = configuration
-        let label = Self.hostLabel()
+        let label = configuration.hostName.flatMap { $0.isEmpty ? nil : $0 } ?? Self.hostLabel()
         published = Locked(PublishedState(hostName: label))
         var settings = MDNSConfiguration(hostName: label)
         settings.cacheCapacity = configuration.cacheCapacity
