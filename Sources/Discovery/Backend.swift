@@ -59,10 +59,12 @@ protocol DiscoveryBackend: AnyObject, Sendable {
     func stateUpdates() -> AsyncStream<DaemonState>
     func publish(_ request: PublishRequest) async -> Result<PublishedService, DiscoveryError>
     /// Starts a browse feeding `continuation`; returns what stops it.
-    func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void
+    func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation)
+        -> @Sendable () -> Void
     func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError>
     /// Starts a watching resolve feeding `continuation`; returns what stops it.
-    func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation) -> @Sendable () -> Void
+    func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation)
+        -> @Sendable () -> Void
     func shutdown() async
     /// Starts shutting down without waiting (the owning ``ServiceDiscovery`` went away).
     func beginShutdown()

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Which network interfaces discovery uses, by name.
@@ -88,14 +88,18 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
     /// - `LANMSG_DISCOVERY_ADVERTISE=192.0.2.7,2001:db8::7`: advertised addresses
     /// - `LANMSG_DISCOVERY_HOSTNAME=kitchen`: the embedded stack's host name
     /// Malformed values are ignored (and reported by ``ServiceDiscovery``'s log).
-    public static func fromEnvironment(_ environment: [String: String]? = nil) -> (DiscoveryConfiguration, problems: [String]) {
+    public static func fromEnvironment(_ environment: [String: String]? = nil) -> (
+        DiscoveryConfiguration, problems: [String]
+    ) {
         let env = environment ?? currentEnvironment()
         var configuration = DiscoveryConfiguration()
         var problems: [String] = []
         func list(_ key: String) -> [String]? {
             env[key].map { $0.split(separator: ",").map { $0.trimmingCharactersInSet() }.filter { !$0.isEmpty } }
         }
-        if let allowed = list("LANMSG_DISCOVERY_INTERFACES"), !allowed.isEmpty { configuration.interfaces.allowed = allowed }
+        if let allowed = list("LANMSG_DISCOVERY_INTERFACES"), !allowed.isEmpty {
+            configuration.interfaces.allowed = allowed
+        }
         if let denied = list("LANMSG_DISCOVERY_DENY") { configuration.interfaces.denied = denied }
         switch env["LANMSG_DISCOVERY_IP"] {
         case nil, "": break
@@ -104,12 +108,16 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
         case let other?: problems.append("LANMSG_DISCOVERY_IP=\(other) is not 4 or 6")
         }
         if let name = env["LANMSG_DISCOVERY_HOSTNAME"], !name.isEmpty {
-            if name.utf8.count <= 63, !name.contains(".") { configuration.hostName = name } else {
+            if name.utf8.count <= 63, !name.contains(".") {
+                configuration.hostName = name
+            } else {
                 problems.append("LANMSG_DISCOVERY_HOSTNAME=\(name) is not one DNS label (1 to 63 bytes, no dot)")
             }
         }
         for text in list("LANMSG_DISCOVERY_ADVERTISE") ?? [] {
-            if let address = IPAddress(text) { configuration.advertisedAddresses.append(address) } else {
+            if let address = IPAddress(text) {
+                configuration.advertisedAddresses.append(address)
+            } else {
                 problems.append("LANMSG_DISCOVERY_ADVERTISE: '\(text)' is not an IP address")
             }
         }

@@ -73,8 +73,9 @@ extension DNSMessage {
             let name = try reader.name()
             let type = try reader.u16()
             let rawClass = try reader.u16()
-            questions.append(DNSQuestion(
-                name: name, type: type, unicastResponse: rawClass & 0x8000 != 0, questionClass: rawClass & 0x7fff))
+            questions.append(
+                DNSQuestion(
+                    name: name, type: type, unicastResponse: rawClass & 0x8000 != 0, questionClass: rawClass & 0x7fff))
         }
         answers = try reader.records(counts[1])
         authorities = try reader.records(counts[2])
@@ -253,7 +254,9 @@ struct ByteWriter {
 /// larger than `maxSize`, so a caller can fill a packet and start the next one.
 public struct MessageWriter {
     public enum Section: Int, Comparable, Sendable {
-        case answer = 1, authority = 2, additional = 3
+        case answer = 1
+        case authority = 2
+        case additional = 3
         public static func < (lhs: Section, rhs: Section) -> Bool { lhs.rawValue < rhs.rawValue }
     }
 

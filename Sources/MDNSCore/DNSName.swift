@@ -94,7 +94,8 @@ public struct DNSName: Hashable, Sendable, CustomStringConvertible {
     static func labelsEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
         guard a.count == b.count else { return false }
         for index in a.indices {
-            let x = a[index], y = b[index]
+            let x = a[index]
+            let y = b[index]
             if x == y { continue }
             // Equal ignoring case only when both are the same ASCII letter.
             let folded = x | 0x20
@@ -131,7 +132,8 @@ public struct DNSName: Hashable, Sendable, CustomStringConvertible {
                 out += [UInt8(ascii: "\\"), byte]
             case 0..<32, 127:
                 let text = String(byte)
-                out += [UInt8(ascii: "\\")] + Array(String(repeating: "0", count: 3 - text.count).utf8) + Array(text.utf8)
+                out +=
+                    [UInt8(ascii: "\\")] + Array(String(repeating: "0", count: 3 - text.count).utf8) + Array(text.utf8)
             default:
                 out.append(byte)
             }

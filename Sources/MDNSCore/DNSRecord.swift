@@ -92,7 +92,9 @@ public struct ResourceRecord: Hashable, Sendable, CustomStringConvertible {
     /// Seconds; 0 is a goodbye (RFC 6762 §10.1).
     public var ttl: UInt32
 
-    public init(name: DNSName, data: RecordData, ttl: UInt32, cacheFlush: Bool = false, recordClass: UInt16 = dnsClassIN) {
+    public init(
+        name: DNSName, data: RecordData, ttl: UInt32, cacheFlush: Bool = false, recordClass: UInt16 = dnsClassIN
+    ) {
         self.name = name
         self.data = data
         self.ttl = ttl

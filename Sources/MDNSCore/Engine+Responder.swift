@@ -121,7 +121,9 @@ extension MDNSEngine {
         for question in message.questions {
             var answers = live.filter { question.isAnswered(by: $0) }
             // Known-answer suppression (§7.1): they hold it with at least half our TTL.
-            answers.removeAll { ours in known.contains { $0.sameRecord(as: ours) && UInt64($0.ttl) * 2 >= UInt64(ours.ttl) } }
+            answers.removeAll { ours in
+                known.contains { $0.sameRecord(as: ours) && UInt64($0.ttl) * 2 >= UInt64(ours.ttl) }
+            }
             guard !answers.isEmpty else { continue }
             counters.queriesAnswered += 1
             if legacy {
@@ -271,8 +273,10 @@ extension MDNSEngine {
     /// Negative when `ours` sorts before `theirs` (we lose), zero when identical (§8.2).
     static func compareForTieBreak(_ ours: [ResourceRecord], _ theirs: [ResourceRecord]) -> Int {
         func key(_ record: ResourceRecord) -> [UInt8] {
-            [UInt8(record.recordClass >> 8), UInt8(record.recordClass & 0xff), UInt8(record.type >> 8),
-             UInt8(record.type & 0xff)] + record.data.canonicalBytes
+            [
+                UInt8(record.recordClass >> 8), UInt8(record.recordClass & 0xff), UInt8(record.type >> 8),
+                UInt8(record.type & 0xff),
+            ] + record.data.canonicalBytes
         }
         let a = Set(ours.map(key)).sorted(by: { $0.lexicographicallyPrecedes($1) })
         let b = Set(theirs.map(key)).sorted(by: { $0.lexicographicallyPrecedes($1) })
@@ -360,7 +364,8 @@ extension MDNSEngine {
         suppressPending(on: link, by: message.answers, halfTTL: false)
         var changes: [RecordCache.Change] = []
         for record in records where record.recordClass == dnsClassIN {
-            changes += cache.insert(record, link: link, isLocal: source.isLocal, now: now, jitterPermille: Int(jitter(0...20)))
+            changes += cache.insert(
+                record, link: link, isLocal: source.isLocal, now: now, jitterPermille: Int(jitter(0...20)))
         }
         apply(changes, now: now)
     }

@@ -304,7 +304,9 @@ public struct MDNSEngine: Sendable {
         let name = service.name
         service.spec.txt = txt.isEmpty ? [[]] : txt
         if service.phase.isLive {
-            for link in pending.keys { pending[link]!.removeAll { $0.record.name == name && $0.record.type == DNSType.txt } }
+            for link in pending.keys {
+                pending[link]!.removeAll { $0.record.name == name && $0.record.type == DNSType.txt }
+            }
             service.phase = .announcing(sent: 0, next: now)
         }
         services[id] = service
@@ -392,7 +394,8 @@ public struct MDNSEngine: Sendable {
                 srvLinks.insert(link)
                 if srv == nil || entry.received > srv!.received { srv = entry }
             }
-            for entry in cache.records(on: link, name: instance, type: DNSType.txt) where txt == nil || entry.received > txt!.received {
+            for entry in cache.records(on: link, name: instance, type: DNSType.txt)
+            where txt == nil || entry.received > txt!.received {
                 txt = entry
             }
         }
@@ -400,7 +403,8 @@ public struct MDNSEngine: Sendable {
         var addresses: [MDNSResolution.Address] = []
         for link in linkIDs {
             for type in [DNSType.a, DNSType.aaaa] {
-                for entry in cache.records(on: link, name: target, type: type).sorted(by: { $0.received < $1.received }) {
+                for entry in cache.records(on: link, name: target, type: type).sorted(by: { $0.received < $1.received })
+                {
                     switch entry.record.data {
                     case .a(let bytes), .aaaa(let bytes):
                         let address = MDNSResolution.Address(bytes: bytes, link: link)
@@ -523,10 +527,12 @@ public struct MDNSEngine: Sendable {
         var records: [ResourceRecord] = []
         for address in addresses {
             if address.count == 4, link.family == .v4 {
-                records.append(ResourceRecord(name: name, data: .a(address), ttl: configuration.hostRecordTTL, cacheFlush: true))
+                records.append(
+                    ResourceRecord(name: name, data: .a(address), ttl: configuration.hostRecordTTL, cacheFlush: true))
             } else if address.count == 16 {
                 records.append(
-                    ResourceRecord(name: name, data: .aaaa(address), ttl: configuration.hostRecordTTL, cacheFlush: true))
+                    ResourceRecord(name: name, data: .aaaa(address), ttl: configuration.hostRecordTTL, cacheFlush: true)
+                )
             }
         }
         return records
@@ -540,9 +546,11 @@ public struct MDNSEngine: Sendable {
             ResourceRecord(
                 name: name, data: .srv(priority: 0, weight: 0, port: service.spec.port, target: hostDomainName),
                 ttl: configuration.hostRecordTTL, cacheFlush: true),
-            ResourceRecord(name: name, data: .txt(service.spec.txt), ttl: configuration.otherRecordTTL, cacheFlush: true),
+            ResourceRecord(
+                name: name, data: .txt(service.spec.txt), ttl: configuration.otherRecordTTL, cacheFlush: true),
             ResourceRecord(name: service.spec.type, data: .ptr(name), ttl: configuration.otherRecordTTL),
-            ResourceRecord(name: .serviceTypeEnumeration, data: .ptr(service.spec.type), ttl: configuration.otherRecordTTL),
+            ResourceRecord(
+                name: .serviceTypeEnumeration, data: .ptr(service.spec.type), ttl: configuration.otherRecordTTL),
         ]
     }
 
@@ -618,10 +626,11 @@ public struct MDNSEngine: Sendable {
                 for id in browses.keys.sorted() {
                     let browse = browses[id]!
                     guard browse.type == record.name, browse.filter.matches(entry.link) else { continue }
-                    output.append(.event(
-                        added
-                            ? .browseAdded(id, instance: instance, link: entry.link, isLocal: entry.isLocal)
-                            : .browseRemoved(id, instance: instance, link: entry.link)))
+                    output.append(
+                        .event(
+                            added
+                                ? .browseAdded(id, instance: instance, link: entry.link, isLocal: entry.isLocal)
+                                : .browseRemoved(id, instance: instance, link: entry.link)))
                 }
             }
             for (id, resolve) in resolves where resolve.filter.matches(entry.link) {

@@ -85,7 +85,8 @@ public struct RecordCache: Sendable {
         }
         if record.cacheFlush {
             // Cache flush: other data of this name and type heard over a second ago goes (§10.2).
-            for index in set.indices where !set[index].record.sameRecord(as: record)
+            for index in set.indices
+            where !set[index].record.sameRecord(as: record)
                 && set[index].received < now.adding(milliseconds: -1000) && set[index].expiry > oneSecondLater
             {
                 set[index].expiry = oneSecondLater

@@ -27,7 +27,8 @@ public struct MDNSInstant: Comparable, Hashable, Sendable, CustomStringConvertib
 
 /// IPv4 or IPv6.
 public enum AddressFamily: Int, Hashable, Sendable, Comparable, CustomStringConvertible {
-    case v4 = 4, v6 = 6
+    case v4 = 4
+    case v6 = 6
 
     public static func < (lhs: AddressFamily, rhs: AddressFamily) -> Bool { lhs.rawValue < rhs.rawValue }
     public var description: String { self == .v4 ? "IPv4" : "IPv6" }

@@ -74,7 +74,8 @@ func stdinLines() -> AsyncStream<String> {
 }
 
 var logger = Logger(label: "discovery-peer") { StreamLogHandler.standardError(label: $0) }
-logger.logLevel = ProcessInfo.processInfo.environment["PEER_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+logger.logLevel =
+    ProcessInfo.processInfo.environment["PEER_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
 let choice = CommandLine.arguments.dropFirst().first.flatMap(DiscoveryBackendChoice.init(rawValue:)) ?? .automatic
 let discovery = ServiceDiscovery(logger: logger, programName: "discovery-peer", backend: choice)
 say("BACKEND \(await discovery.backend())")
@@ -90,16 +91,17 @@ for await line in stdinLines() {
             let service = try await discovery.publish(
                 name: words[1], type: words[2], port: UInt16(words[3]) ?? 1, txt: txtRecord(words[4...]))
             publication = service
-            tasks.append(Task {
-                for await event in service.events {
-                    switch event {
-                    case .established(let name): say("PUBLISHED \(name)")
-                    case .renamed(let from, let to): say("RENAMED \(from) -> \(to)")
-                    case .failed(let error): say("FAILED \(error)")
-                    case .suspended: say("SUSPENDED")
+            tasks.append(
+                Task {
+                    for await event in service.events {
+                        switch event {
+                        case .established(let name): say("PUBLISHED \(name)")
+                        case .renamed(let from, let to): say("RENAMED \(from) -> \(to)")
+                        case .failed(let error): say("FAILED \(error)")
+                        case .suspended: say("SUSPENDED")
+                        }
                     }
-                }
-            })
+                })
         } catch {
             say("FAILED \(error)")
         }
@@ -116,34 +118,38 @@ for await line in stdinLines() {
     case "browse" where words.count == 2:
         do {
             let browser = try discovery.browse(type: words[1])
-            tasks.append(Task {
-                for await event in browser {
-                    switch event {
-                    case .added(let service):
-                        say("ADDED \(service.name)")
-                        Task {
-                            do {
-                                let resolved = try await discovery.resolve(service)
-                                say("RESOLVED \(service.name) \(resolved.hostName) \(resolved.port) \(resolved.txt) | \(resolved.addresses.map(\.numericHost).joined(separator: " "))")
-                            } catch {
-                                say("RESOLVE-FAILED \(service.name) \(error)")
+            tasks.append(
+                Task {
+                    for await event in browser {
+                        switch event {
+                        case .added(let service):
+                            say("ADDED \(service.name)")
+                            Task {
+                                do {
+                                    let resolved = try await discovery.resolve(service)
+                                    say(
+                                        "RESOLVED \(service.name) \(resolved.hostName) \(resolved.port) \(resolved.txt) | \(resolved.addresses.map(\.numericHost).joined(separator: " "))"
+                                    )
+                                } catch {
+                                    say("RESOLVE-FAILED \(service.name) \(error)")
+                                }
                             }
+                        case .removed(let service): say("REMOVED \(service.name)")
+                        case .allForNow: say("ALLFORNOW")
+                        case .failed(let error): say("BROWSE-FAILED \(error)")
                         }
-                    case .removed(let service): say("REMOVED \(service.name)")
-                    case .allForNow: say("ALLFORNOW")
-                    case .failed(let error): say("BROWSE-FAILED \(error)")
                     }
-                }
-            })
+                })
         } catch {
             say("FAILED \(error)")
         }
     case "watch" where words.count == 3:
         do {
             let watcher = try discovery.watch(ServiceIdentity(name: words[1], type: words[2]))
-            tasks.append(Task {
-                for await resolved in watcher { say("WATCH \(resolved.name) \(resolved.txt)") }
-            })
+            tasks.append(
+                Task {
+                    for await resolved in watcher { say("WATCH \(resolved.name) \(resolved.txt)") }
+                })
         } catch {
             say("FAILED \(error)")
         }

@@ -17,7 +17,9 @@ struct AvahiInterfacePolicyTests {
         repeat {
             let result = try Harness.run(
                 ["nsenter", "-t", Harness.hostBPID, "-m", "-n", "--", "avahi-browse", resolve ? "-rpt" : "-pt", type])
-            lines = result.output.split(separator: "\n").map { $0.split(separator: ";", omittingEmptySubsequences: false).map(String.init) }
+            lines = result.output.split(separator: "\n").map {
+                $0.split(separator: ";", omittingEmptySubsequences: false).map(String.init)
+            }
             if predicate(lines) { return lines }
         } while ContinuousClock.now < deadline
         throw HarnessError("avahi-browse \(type) on b never showed what was expected; last: \(lines)")
@@ -26,9 +28,11 @@ struct AvahiInterfacePolicyTests {
     @Test func publishOnPermittedInterfacesAndOneIPVersionOnly() async throws {
         let type = "_av-policy._tcp"
         let denied = ServiceDiscovery(
-            logger: logger, backend: .avahi, configuration: DiscoveryConfiguration(interfaces: InterfacePolicy(denied: ["va"])))
+            logger: logger, backend: .avahi,
+            configuration: DiscoveryConfiguration(interfaces: InterfacePolicy(denied: ["va"])))
         defer { Task { await denied.shutdown() } }
-        let v4 = ServiceDiscovery(logger: logger, backend: .avahi, configuration: DiscoveryConfiguration(ipVersion: .ipv4))
+        let v4 = ServiceDiscovery(
+            logger: logger, backend: .avahi, configuration: DiscoveryConfiguration(ipVersion: .ipv4))
         defer { Task { await v4.shutdown() } }
         let open = ServiceDiscovery(logger: logger, backend: .avahi)
         defer { Task { await open.shutdown() } }
@@ -42,7 +46,9 @@ struct AvahiInterfacePolicyTests {
             lines.contains { $0.count > 7 && $0[0] == "=" && $0[3] == "AvVisible" }
                 && lines.contains { $0.count > 7 && $0[0] == "=" && $0[3] == "AvV4" }
         }
-        #expect(!lines.contains { $0.count > 3 && $0[3] == "AvHidden" }, "b saw a service published on loopback only: \(lines)")
+        #expect(
+            !lines.contains { $0.count > 3 && $0[3] == "AvHidden" },
+            "b saw a service published on loopback only: \(lines)")
         let v4Lines = lines.filter { $0.count > 3 && $0[3] == "AvV4" }
         #expect(v4Lines.allSatisfy { $0[2] == "IPv4" }, "\(v4Lines)")
         // Avahi never puts a loopback address on the link either.
@@ -61,13 +67,17 @@ struct AvahiInterfacePolicyTests {
         let open = ServiceDiscovery(logger: logger, backend: .avahi)
         defer { Task { await open.shutdown() } }
         let denied = ServiceDiscovery(
-            logger: logger, backend: .avahi, configuration: DiscoveryConfiguration(interfaces: InterfacePolicy(allowed: ["lo"])))
+            logger: logger, backend: .avahi,
+            configuration: DiscoveryConfiguration(interfaces: InterfacePolicy(allowed: ["lo"])))
         defer { Task { await denied.shutdown() } }
         let control = Collector(try open.browse(type: type))
-        try await control.wait(timeout: .seconds(10), "OnB added") { if case .added(let s) = $0 { s.name == "OnB" } else { false } }
+        try await control.wait(timeout: .seconds(10), "OnB added") {
+            if case .added(let s) = $0 { s.name == "OnB" } else { false }
+        }
         let filtered = Collector(try denied.browse(type: type))
         try await filtered.wait(timeout: .seconds(10), "all for now") { $0 == .allForNow }
-        #expect(!filtered.all.contains { if case .added(let s) = $0 { s.name == "OnB" } else { false } }, "\(filtered.all)")
+        #expect(
+            !filtered.all.contains { if case .added(let s) = $0 { s.name == "OnB" } else { false } }, "\(filtered.all)")
         await #expect(throws: DiscoveryError.self) {
             _ = try await denied.resolve(ServiceIdentity(name: "OnB", type: type), timeout: .seconds(2))
         }

@@ -41,7 +41,9 @@ struct EmbeddedBehaviourTests {
 
     /// Each stack here claims a host name of its own (distinct from b's), so that what b resolves
     /// for a service is exactly what that stack advertises.
-    func configuration(_ hostName: String, _ change: (inout DiscoveryConfiguration) -> Void = { _ in }) -> DiscoveryConfiguration {
+    func configuration(_ hostName: String, _ change: (inout DiscoveryConfiguration) -> Void = { _ in })
+        -> DiscoveryConfiguration
+    {
         var configuration = DiscoveryConfiguration(hostName: hostName)
         change(&configuration)
         return configuration
@@ -54,12 +56,14 @@ struct EmbeddedBehaviourTests {
         try peer.send("browse \(type)")
         // Denied the link to b: published on loopback only.
         let loopbackOnly = ServiceDiscovery(
-            logger: logger, backend: .embedded, configuration: configuration("pol-lo") { $0.interfaces = InterfacePolicy(denied: ["va"]) })
+            logger: logger, backend: .embedded,
+            configuration: configuration("pol-lo") { $0.interfaces = InterfacePolicy(denied: ["va"]) })
         defer { Task { await loopbackOnly.shutdown() } }
         let hidden = try await loopbackOnly.publish(name: "Hidden", type: type, port: 4501)
         try await hidden.established()
         // IPv4 only.
-        let v4Only = ServiceDiscovery(logger: logger, backend: .embedded, configuration: configuration("pol-v4") { $0.ipVersion = .ipv4 })
+        let v4Only = ServiceDiscovery(
+            logger: logger, backend: .embedded, configuration: configuration("pol-v4") { $0.ipVersion = .ipv4 })
         defer { Task { await v4Only.shutdown() } }
         let v4Service = try await v4Only.publish(name: "V4Only", type: type, port: 4502)
         try await v4Service.established()
@@ -70,10 +74,16 @@ struct EmbeddedBehaviourTests {
         try await visible.established()
 
         let resolvedVisible = try await peer.wait("RESOLVED Visible").text
-        #expect(resolvedVisible.contains("pol-open.local") && resolvedVisible.contains("10.77.0.1") && resolvedVisible.contains("fe80::"), "\(resolvedVisible)")
-        #expect(!resolvedVisible.contains("127.0.0.1") && !resolvedVisible.contains(" ::1"), "loopback leaked: \(resolvedVisible)")
+        #expect(
+            resolvedVisible.contains("pol-open.local") && resolvedVisible.contains("10.77.0.1")
+                && resolvedVisible.contains("fe80::"), "\(resolvedVisible)")
+        #expect(
+            !resolvedVisible.contains("127.0.0.1") && !resolvedVisible.contains(" ::1"),
+            "loopback leaked: \(resolvedVisible)")
         let resolvedV4 = try await peer.wait("RESOLVED V4Only").text
-        #expect(resolvedV4.contains("pol-v4.local") && resolvedV4.contains("10.77.0.1") && !resolvedV4.contains("fe80::"), "\(resolvedV4)")
+        #expect(
+            resolvedV4.contains("pol-v4.local") && resolvedV4.contains("10.77.0.1") && !resolvedV4.contains("fe80::"),
+            "\(resolvedV4)")
         #expect(!peer.lines.contains { $0.text.contains("Hidden") }, "b saw a service published on loopback only")
         // On this host, over loopback, the loopback addresses are the answer.
         let local = try await loopbackOnly.resolve(ServiceIdentity(name: "Visible", type: type))
@@ -89,7 +99,9 @@ struct EmbeddedBehaviourTests {
         let service = try await natted.publish(name: "Natted", type: type, port: 4504)
         try await service.established()
         let resolvedNat = try await peer.wait("RESOLVED Natted").text
-        #expect(resolvedNat.hasSuffix("pol-nat.local 4504  | 192.0.2.7") || resolvedNat.contains("pol-nat.local 4504  | 192.0.2.7"), "\(resolvedNat)")
+        #expect(
+            resolvedNat.hasSuffix("pol-nat.local 4504  | 192.0.2.7")
+                || resolvedNat.contains("pol-nat.local 4504  | 192.0.2.7"), "\(resolvedNat)")
         #expect(resolvedNat.hasSuffix("| 192.0.2.7"), "\(resolvedNat)")
     }
 
@@ -111,8 +123,11 @@ struct EmbeddedBehaviourTests {
         let ticks = ownCPUTicks()
         try await Task.sleep(for: .seconds(3))  // an observation window, not a wait for a condition
         let after = try #require(await discovery.embeddedDiagnostics)
-        Harness.measured("embedded idle (one service published): CPU of the test process over 3 s", Double(ownCPUTicks() - ticks), "ticks")
-        Harness.measured("embedded idle (one service published): wakeups over 3 s", Double(after.wakeups - before.wakeups), "")
+        Harness.measured(
+            "embedded idle (one service published): CPU of the test process over 3 s", Double(ownCPUTicks() - ticks),
+            "ticks")
+        Harness.measured(
+            "embedded idle (one service published): wakeups over 3 s", Double(after.wakeups - before.wakeups), "")
         #expect(after.wakeups == before.wakeups, "woke \(after.wakeups - before.wakeups) times while idle")
         // With a browse: the scheduled queries (back-off 1 s, 2 s, 4 s...) and nothing else.
         let browse = Collector(try discovery.browse(type: "_emb-idle._tcp"))
@@ -121,8 +136,12 @@ struct EmbeddedBehaviourTests {
         let browsingTicks = ownCPUTicks()
         try await Task.sleep(for: .seconds(5))  // observation window
         let later = try #require(await discovery.embeddedDiagnostics)
-        Harness.measured("embedded browsing, 1–6 s after start: wakeups (queries at ~3 s, ~7 s of back-off)", Double(later.wakeups - browsing.wakeups), "")
-        Harness.measured("embedded browsing, 1–6 s after start: CPU of the test process", Double(ownCPUTicks() - browsingTicks), "ticks")
+        Harness.measured(
+            "embedded browsing, 1–6 s after start: wakeups (queries at ~3 s, ~7 s of back-off)",
+            Double(later.wakeups - browsing.wakeups), "")
+        Harness.measured(
+            "embedded browsing, 1–6 s after start: CPU of the test process", Double(ownCPUTicks() - browsingTicks),
+            "ticks")
         // One query in this window (at ~3.1 s) and its looped-back copy; answers are suppressed by
         // the known answer. Bounded well below anything that polls.
         #expect(later.wakeups - browsing.wakeups <= 10, "\(later.wakeups - browsing.wakeups) wakeups")
@@ -154,7 +173,10 @@ struct EmbeddedBehaviourTests {
             }
         }
         defer { consumer.cancel() }
-        let flood = ["python3", Harness.repoRoot.appendingPathComponent("Tests/harness/mdns-flood.py").path, "10.77.0.2", type, "3"]
+        let flood = [
+            "python3", Harness.repoRoot.appendingPathComponent("Tests/harness/mdns-flood.py").path, "10.77.0.2", type,
+            "3",
+        ]
         let rssStart = residentKiB()
         var rssAfter: [Int] = []
         for round in 1...2 {
@@ -163,11 +185,14 @@ struct EmbeddedBehaviourTests {
             // The diagnostics call is queued behind every datagram already read: when it returns,
             // the stack has worked through the flood (it did not hang).
             let diagnostics = try #require(await discovery.embeddedDiagnostics)
-            #expect(diagnostics.cacheCount <= capacity, "cache holds \(diagnostics.cacheCount) records (capacity \(capacity))")
+            #expect(
+                diagnostics.cacheCount <= capacity,
+                "cache holds \(diagnostics.cacheCount) records (capacity \(capacity))")
             rssAfter.append(residentKiB())
-            print("MEASURED hostile flood round \(round): \(flooder.text.trimmingCharacters(in: .whitespacesAndNewlines)); "
-                + "received \(diagnostics.engine.received) datagrams, \(diagnostics.engine.malformed) malformed, "
-                + "cache \(diagnostics.cacheCount) records, \(diagnostics.cacheEvictions) evicted")
+            print(
+                "MEASURED hostile flood round \(round): \(flooder.text.trimmingCharacters(in: .whitespacesAndNewlines)); "
+                    + "received \(diagnostics.engine.received) datagrams, \(diagnostics.engine.malformed) malformed, "
+                    + "cache \(diagnostics.cacheCount) records, \(diagnostics.cacheEvictions) evicted")
         }
         let final = try #require(await discovery.embeddedDiagnostics)
         #expect(final.engine.malformed > 0, "the malformed packets were not counted")
@@ -184,7 +209,8 @@ struct EmbeddedBehaviourTests {
         defer { peer.stop() }
         try peer.send("publish Legit _legit._tcp 4600 ok=1")
         try await peer.wait("PUBLISHED Legit")
-        let resolved = try await discovery.resolve(ServiceIdentity(name: "Legit", type: "_legit._tcp"), timeout: .seconds(5))
+        let resolved = try await discovery.resolve(
+            ServiceIdentity(name: "Legit", type: "_legit._tcp"), timeout: .seconds(5))
         #expect(resolved.port == 4600 && resolved.txt["ok"] == "1")
     }
 }

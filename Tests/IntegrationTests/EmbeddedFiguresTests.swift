@@ -51,7 +51,9 @@ struct EmbeddedFiguresTests {
             let published = monotonicNanoseconds()
             try publisher.send("publish \(name) \(type) \(4700 + round) round=\(round)")
             let added = try await browser.wait("ADDED \(name)")
-            let resolution = try await browser.wait("RESOLVED \(name)") { $0.contains("round=\(round)") && $0.contains("10.77.0.2") }
+            let resolution = try await browser.wait("RESOLVED \(name)") {
+                $0.contains("round=\(round)") && $0.contains("10.77.0.2")
+            }
             try await publisher.wait("PUBLISHED \(name)")
             visible.append(milliseconds(published, added.time))
             ready.append(milliseconds(published, resolution.time))
@@ -76,15 +78,24 @@ struct EmbeddedFiguresTests {
 
         let label = "figures [\(backend)]"
         func list(_ values: [Double]) -> String { values.map { String(format: "%.0f", $0) }.joined(separator: ", ") }
-        print("MEASURED \(label) publish → visible on the other host: median \(String(format: "%.1f", median(visible))) ms (rounds: \(list(visible)))")
-        print("MEASURED \(label) publish → resolved on the other host: median \(String(format: "%.1f", median(ready))) ms (rounds: \(list(ready)))")
-        print("MEASURED \(label) added → resolved: median \(String(format: "%.1f", median(resolved))) ms (rounds: \(list(resolved)))")
-        print("MEASURED \(label) unpublish → removed on the other host: median \(String(format: "%.1f", median(removed))) ms (rounds: \(list(removed)))")
+        print(
+            "MEASURED \(label) publish → visible on the other host: median \(String(format: "%.1f", median(visible))) ms (rounds: \(list(visible)))"
+        )
+        print(
+            "MEASURED \(label) publish → resolved on the other host: median \(String(format: "%.1f", median(ready))) ms (rounds: \(list(ready)))"
+        )
+        print(
+            "MEASURED \(label) added → resolved: median \(String(format: "%.1f", median(resolved))) ms (rounds: \(list(resolved)))"
+        )
+        print(
+            "MEASURED \(label) unpublish → removed on the other host: median \(String(format: "%.1f", median(removed))) ms (rounds: \(list(removed)))"
+        )
         Harness.measured("\(label) new browse → resolved (service published earlier)", coldResolve, "ms")
         Harness.measured("\(label) RSS of the publishing process", Double(publisherRSS) / 1024, "MiB")
         Harness.measured("\(label) RSS of the browsing process", Double(browserRSS) / 1024, "MiB")
         if avahi {
-            Harness.measured("\(label) RSS of avahi-daemon on the publishing host", Double(avahiRSS(on: "b") ?? 0) / 1024, "MiB")
+            Harness.measured(
+                "\(label) RSS of avahi-daemon on the publishing host", Double(avahiRSS(on: "b") ?? 0) / 1024, "MiB")
         }
         #expect(visible.count == Self.rounds && removed.count == Self.rounds)
     }

@@ -11,10 +11,13 @@ enum EmbeddedHarness {
 
     /// The python of the venv with python-zeroconf (Tests/harness/install-zeroconf.sh).
     static var zeroconfPython: String {
-        Harness.environment["ZEROCONF_PYTHON"] ?? Harness.repoRoot.appendingPathComponent(".build/zeroconf-venv/bin/python").path
+        Harness.environment["ZEROCONF_PYTHON"]
+            ?? Harness.repoRoot.appendingPathComponent(".build/zeroconf-venv/bin/python").path
     }
 
-    static var zeroconfPeerScript: String { Harness.repoRoot.appendingPathComponent("Tests/harness/zeroconf-peer.py").path }
+    static var zeroconfPeerScript: String {
+        Harness.repoRoot.appendingPathComponent("Tests/harness/zeroconf-peer.py").path
+    }
 
     /// Whether avahi-daemon runs on a host (its pid file names a live process).
     static func avahiRuns(on host: String) -> Bool {
@@ -88,7 +91,8 @@ final class Peer: Sendable {
     /// `predicate`; returns the monotonic time of the line (ns) and its text.
     @discardableResult
     func wait(
-        _ prefix: String, after: UInt64 = 0, timeout: Duration = .seconds(15), where predicate: (String) -> Bool = { _ in true }
+        _ prefix: String, after: UInt64 = 0, timeout: Duration = .seconds(15),
+        where predicate: (String) -> Bool = { _ in true }
     ) async throws -> (time: UInt64, text: String) {
         let line = try await process.waitForOutput(prefix, timeout: timeout) { line in
             guard let (time, text) = Self.split(line) else { return false }

@@ -23,7 +23,8 @@ struct EmbeddedAvahiInteropTests {
         defer { Task { await discovery.shutdown() } }
         #expect(discovery.activeBackend == .embedded)
         let type = "_emb-to-avahi._tcp"
-        let service = try await discovery.publish(name: "Embedded Pub", type: type, port: 4711, txt: ["path": "/docs", "v": "3"])
+        let service = try await discovery.publish(
+            name: "Embedded Pub", type: type, port: 4711, txt: ["path": "/docs", "v": "3"])
         #expect(try await service.established() == "Embedded Pub")
         let resolved = try EmbeddedHarness.avahiBrowse(type, resolve: true) { lines in
             lines.contains { $0.count > 9 && $0[0] == "=" && $0[3] == "Embedded\\032Pub" && $0[9].contains("\"v=3\"") }
@@ -129,7 +130,8 @@ struct EmbeddedPeerInteropTests {
         let service = try await discovery.publish(name: "FromA", type: type, port: 4100, txt: ["rev": "1"])
         try await service.established()
         let resolvedOnB = try await peer.wait("RESOLVED FromA")
-        #expect(resolvedOnB.text.contains(" 4100 rev=1 |") && resolvedOnB.text.contains("10.77.0.1"), "\(resolvedOnB.text)")
+        #expect(
+            resolvedOnB.text.contains(" 4100 rev=1 |") && resolvedOnB.text.contains("10.77.0.1"), "\(resolvedOnB.text)")
         #expect(!resolvedOnB.text.contains("127.0.0.1"), "\(resolvedOnB.text)")
         try peer.send("watch FromA \(type)")
         try await peer.wait("WATCH FromA rev=1")

@@ -15,7 +15,9 @@ struct CacheTests {
     @Test func recordsExpireAtTheirTTLAndRenewalsExtendThem() {
         var cache = RecordCache()
         #expect(cache.insert(a(1), link: link, isLocal: false, now: t0, jitterPermille: 0).count == 1)
-        #expect(cache.insert(a(1), link: link, isLocal: false, now: t0.adding(milliseconds: 60_000), jitterPermille: 0).isEmpty)
+        #expect(
+            cache.insert(a(1), link: link, isLocal: false, now: t0.adding(milliseconds: 60_000), jitterPermille: 0)
+                .isEmpty)
         #expect(cache.expire(now: t0.adding(milliseconds: 179_999)).isEmpty)
         #expect(cache.nextExpiry() == t0.adding(milliseconds: 180_000))
         let removed = cache.expire(now: t0.adding(milliseconds: 180_000))
@@ -48,7 +50,8 @@ struct CacheTests {
         #expect(Set(removedData) == [.a([10, 0, 0, 1]), .a([10, 0, 0, 2])])
         #expect(cache.records(on: link, name: host, type: DNSType.a).map(\.record.data) == [.a([10, 0, 0, 3])])
         // Records heard within the last second (a burst of one responder) are not flushed.
-        _ = cache.insert(a(4, flush: true), link: link, isLocal: false, now: later.adding(milliseconds: 500), jitterPermille: 0)
+        _ = cache.insert(
+            a(4, flush: true), link: link, isLocal: false, now: later.adding(milliseconds: 500), jitterPermille: 0)
         #expect(cache.expire(now: later.adding(milliseconds: 5000)).isEmpty)
         #expect(cache.count == 2)
     }
@@ -75,7 +78,9 @@ struct CacheTests {
             let instance = DNSName(instance: "x\(index)", service: type)!
             // Half into one set (bounded per set), half under distinct names.
             let name = index % 2 == 0 ? type : DNSName(instance: "n\(index)", service: type)!
-            _ = cache.insert(ResourceRecord(name: name, data: .ptr(instance), ttl: 4500), link: link, isLocal: false, now: now, jitterPermille: 0)
+            _ = cache.insert(
+                ResourceRecord(name: name, data: .ptr(instance), ttl: 4500), link: link, isLocal: false, now: now,
+                jitterPermille: 0)
             #expect(cache.count <= 512)
         }
         #expect(cache.records(on: link, name: type, type: DNSType.ptr).count <= 64)

@@ -66,7 +66,13 @@ struct EngineTests {
         let a = net.add(host: "alpha")
         net.run(forMilliseconds: 3000)
         let claim = DNSMessage(
-            flags: 0x8400, answers: [ResourceRecord(name: .make("alpha.local"), data: .aaaa([0xfe, 0x80] + [UInt8](repeating: 7, count: 14)), ttl: 120, cacheFlush: true)]).encoded()
+            flags: 0x8400,
+            answers: [
+                ResourceRecord(
+                    name: .make("alpha.local"), data: .aaaa([0xfe, 0x80] + [UInt8](repeating: 7, count: 14)), ttl: 120,
+                    cacheFlush: true)
+            ]
+        ).encoded()
         net.inject(claim, to: a, isLocal: true)
         net.run(forMilliseconds: 2000)
         #expect(!net.events(of: a).contains { if case .hostNameRenamed = $0 { true } else { false } })
@@ -82,11 +88,18 @@ struct EngineTests {
         let a = net.add(host: "alpha")
         net.run(forMilliseconds: 3000)
         let oldName = DNSName.make("alpha.local")
-        let cached = net.with(a) { engine, _ in engine.cache.records(on: FakeNetwork.link, name: oldName, type: DNSType.a) }
+        let cached = net.with(a) { engine, _ in
+            engine.cache.records(on: FakeNetwork.link, name: oldName, type: DNSType.a)
+        }
         #expect(cached.contains { $0.isLocal }, "its own A record should have looped back into its cache")
-        let claim = DNSMessage(flags: 0x8400, answers: [ResourceRecord(name: oldName, data: .a([10, 9, 9, 9]), ttl: 120, cacheFlush: true)]).encoded()
+        let claim = DNSMessage(
+            flags: 0x8400,
+            answers: [ResourceRecord(name: oldName, data: .a([10, 9, 9, 9]), ttl: 120, cacheFlush: true)]
+        ).encoded()
         net.inject(claim, to: a)
-        let after = net.with(a) { engine, _ in engine.cache.records(on: FakeNetwork.link, name: oldName, type: DNSType.a) }
+        let after = net.with(a) { engine, _ in
+            engine.cache.records(on: FakeNetwork.link, name: oldName, type: DNSType.a)
+        }
         #expect(after.map(\.record.data) == [.a([10, 9, 9, 9])], "\(after)")
     }
 
@@ -98,7 +111,9 @@ struct EngineTests {
         let id = net.with(a) { $0.publish(service("Owed"), now: $1) }
         net.run(forMilliseconds: 5000)
         let claim = DNSMessage(
-            flags: 0x8400, answers: [ResourceRecord(name: .make("alpha.local"), data: .a([10, 9, 9, 9]), ttl: 120, cacheFlush: true)]).encoded()
+            flags: 0x8400,
+            answers: [ResourceRecord(name: .make("alpha.local"), data: .a([10, 9, 9, 9]), ttl: 120, cacheFlush: true)]
+        ).encoded()
         net.inject(claim, to: a)
         let before = net.nodes[a].sent.count
         net.with(a) { $0.unpublish(id, now: $1) }
@@ -117,11 +132,16 @@ struct EngineTests {
         _ = net.with(b) { $0.publish(service("Clash", port: 2), now: $1) }
         net.run(forMilliseconds: 5000)
         #expect(established(net, a) == ["Clash"])
-        #expect(net.events(of: b).contains { if case .publicationRenamed(_, "Clash", "Clash #2") = $0 { true } else { false } })
+        #expect(
+            net.events(of: b).contains {
+                if case .publicationRenamed(_, "Clash", "Clash #2") = $0 { true } else { false }
+            })
         #expect(established(net, b) == ["Clash #2"])
         let browse = net.with(c) { $0.startBrowse(type: Self.type, links: .all, now: $1) }
         net.run(forMilliseconds: 2000)
-        let added = net.events(of: c).compactMap { if case .browseAdded(browse, let name, _, _) = $0 { name.firstLabelText } else { nil } }
+        let added = net.events(of: c).compactMap {
+            if case .browseAdded(browse, let name, _, _) = $0 { name.firstLabelText } else { nil }
+        }
         #expect(Set(added) == ["Clash", "Clash #2"])
         #expect(net.events(of: c).contains(.browseAllForNow(browse)))
     }
@@ -184,23 +204,27 @@ struct EngineTests {
         before = net.nodes[a].sent.count
         let known = DNSMessage(
             questions: [DNSQuestion(name: Self.type, type: DNSType.ptr)],
-            answers: [ResourceRecord(name: Self.type, data: .ptr(name), ttl: 4000)]).encoded()
+            answers: [ResourceRecord(name: Self.type, data: .ptr(name), ttl: 4000)]
+        ).encoded()
         net.inject(known, to: a)
         net.run(forMilliseconds: 500)
         #expect(net.nodes[a].sent.count == before)
         // With less than half the TTL left it is answered again.
         let stale = DNSMessage(
             questions: [DNSQuestion(name: Self.type, type: DNSType.ptr)],
-            answers: [ResourceRecord(name: Self.type, data: .ptr(name), ttl: 2000)]).encoded()
+            answers: [ResourceRecord(name: Self.type, data: .ptr(name), ttl: 2000)]
+        ).encoded()
         net.inject(stale, to: a)
         net.run(forMilliseconds: 500)
         #expect(net.nodes[a].sent.count == before + 1)
 
         // 3. QU for the SRV, just multicast: unicast reply to the querier at once.
         before = net.nodes[a].sent.count
-        net.inject(DNSMessage(questions: [DNSQuestion(name: name, type: DNSType.srv, unicastResponse: true)]).encoded(), to: a)
+        net.inject(
+            DNSMessage(questions: [DNSQuestion(name: name, type: DNSType.srv, unicastResponse: true)]).encoded(), to: a)
         replies = net.messages(sentBy: a).suffix(from: before)
-        #expect(replies.count == 1 && replies.first?.packet.destination == .unicast(address: [10, 0, 0, 99], port: 5353))
+        #expect(
+            replies.count == 1 && replies.first?.packet.destination == .unicast(address: [10, 0, 0, 99], port: 5353))
 
         // 4. Legacy unicast (source port 40000): id and question echoed, TTL ≤ 10, no cache-flush bit.
         before = net.nodes[a].sent.count
@@ -245,7 +269,10 @@ struct EngineTests {
         net.run(forMilliseconds: 2000)
         #expect(net.events(of: b).contains { if case .browseAdded(browse, _, _, _) = $0 { true } else { false } })
         // a stops answering: b's refresh queries go unanswered and the PTR (TTL 100 s) expires.
-        let received = try #require(net.with(b) { engine, _ in engine.cache.records(on: FakeNetwork.link, name: Self.type, type: DNSType.ptr).first })
+        let received = try #require(
+            net.with(b) { engine, _ in
+                engine.cache.records(on: FakeNetwork.link, name: Self.type, type: DNSType.ptr).first
+            })
         net.muted = [a]
         let before = net.nodes[b].sent.count
         net.run(until: received.received.adding(milliseconds: 101_000))
@@ -278,7 +305,8 @@ struct EngineTests {
         #expect(goodbye.answers.allSatisfy { $0.ttl == 0 })
         #expect(Set(goodbye.answers.map(\.type)) == [DNSType.ptr, DNSType.srv, DNSType.txt])
         net.run(forMilliseconds: 1500)
-        let removed = try #require(net.nodes[b].events.first { if case .browseRemoved(browse, _, _) = $0.event { true } else { false } })
+        let removed = try #require(
+            net.nodes[b].events.first { if case .browseRemoved(browse, _, _) = $0.event { true } else { false } })
         #expect(removed.at.milliseconds(since: at) <= 1001)
     }
 
@@ -306,13 +334,15 @@ struct EngineTests {
         let eth6 = LinkID(interfaceIndex: 2, family: .v6)
         let v6: [UInt8] = [0xfe, 0x80] + [UInt8](repeating: 0, count: 13) + [1]
         let loop6: [UInt8] = [UInt8](repeating: 0, count: 15) + [1]
-        var engine = MDNSEngine(configuration: MDNSConfiguration(hostName: "alpha"), now: MDNSInstant(nanoseconds: 0), seed: 1)
-        engine.setLinks([
-            MDNSLink(id: lo, name: "lo", addresses: [[127, 0, 0, 1], loop6]),
-            MDNSLink(id: lo6, name: "lo", addresses: [[127, 0, 0, 1], loop6]),
-            MDNSLink(id: eth, name: "eth0", addresses: [[10, 0, 0, 1], v6]),
-            MDNSLink(id: eth6, name: "eth0", addresses: [[10, 0, 0, 1], v6]),
-        ], now: MDNSInstant(nanoseconds: 0))
+        var engine = MDNSEngine(
+            configuration: MDNSConfiguration(hostName: "alpha"), now: MDNSInstant(nanoseconds: 0), seed: 1)
+        engine.setLinks(
+            [
+                MDNSLink(id: lo, name: "lo", addresses: [[127, 0, 0, 1], loop6]),
+                MDNSLink(id: lo6, name: "lo", addresses: [[127, 0, 0, 1], loop6]),
+                MDNSLink(id: eth, name: "eth0", addresses: [[10, 0, 0, 1], v6]),
+                MDNSLink(id: eth6, name: "eth0", addresses: [[10, 0, 0, 1], v6]),
+            ], now: MDNSInstant(nanoseconds: 0))
         #expect(Set(engine.hostRecords(on: lo).map(\.data)) == [.a([127, 0, 0, 1]), .aaaa(loop6)])
         #expect(Set(engine.hostRecords(on: eth).map(\.data)) == [.a([10, 0, 0, 1]), .aaaa(v6)])
         #expect(Set(engine.hostRecords(on: eth6).map(\.data)) == [.aaaa(v6)])  // no A over IPv6
@@ -333,7 +363,9 @@ struct EngineTests {
         let before = net.nodes[a].sent.count
         net.inject(DNSMessage(questions: [DNSQuestion(name: Self.type, type: DNSType.ptr)]).encoded(), to: a)
         // Before a's delayed answer goes, someone else multicasts the same PTR with a full TTL.
-        net.inject(DNSMessage(flags: 0x8400, answers: [ResourceRecord(name: Self.type, data: .ptr(name), ttl: 4500)]).encoded(), to: a)
+        net.inject(
+            DNSMessage(flags: 0x8400, answers: [ResourceRecord(name: Self.type, data: .ptr(name), ttl: 4500)])
+                .encoded(), to: a)
         net.run(forMilliseconds: 500)
         #expect(net.nodes[a].sent.count == before)
     }

@@ -28,7 +28,8 @@ struct FakeNetwork {
 
     /// Adds an engine with host name `host` and address 10.0.0.<n>.
     @discardableResult
-    mutating func add(host: String, seed: UInt64? = nil, configure: (inout MDNSConfiguration) -> Void = { _ in }) -> Int {
+    mutating func add(host: String, seed: UInt64? = nil, configure: (inout MDNSConfiguration) -> Void = { _ in }) -> Int
+    {
         let index = nodes.count
         var configuration = MDNSConfiguration(hostName: host)
         configure(&configuration)
@@ -54,7 +55,8 @@ struct FakeNetwork {
             case .send(let packet):
                 nodes[index].sent.append((now, packet))
                 if !muted.contains(index) {
-                    inFlight.append(InFlight(at: now.adding(milliseconds: 1), from: index, packet: packet, sourcePort: 5353))
+                    inFlight.append(
+                        InFlight(at: now.adding(milliseconds: 1), from: index, packet: packet, sourcePort: 5353))
                 }
             }
         }
@@ -102,7 +104,8 @@ struct FakeNetwork {
             case .unicast(let address, _): if address != nodes[index].address { continue }
             }
             let source = MDNSSource(
-                link: Self.link, address: nodes[flight.from].address, port: flight.sourcePort, isLocal: index == flight.from)
+                link: Self.link, address: nodes[flight.from].address, port: flight.sourcePort,
+                isLocal: index == flight.from)
             nodes[index].received.append((now, flight.packet.bytes, flight.sourcePort))
             nodes[index].engine.receive(flight.packet.bytes, from: source, now: now)
             collect(index)

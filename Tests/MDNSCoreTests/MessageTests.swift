@@ -3,14 +3,15 @@ import Testing
 @testable import MDNSCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// DNS names and messages: parsing, building, compression, and what a hostile peer can send.
 struct MessageTests {
     @Test func namesCompareCaseInsensitivelyAndEscapeDots() throws {
         let a = try #require(DNSName("Lobby\\.v2._Chat._TCP.local."))
-        let b = try #require(DNSName(labels: [Array("lobby.V2".utf8), Array("_chat".utf8), Array("_tcp".utf8), Array("LOCAL".utf8)]))
+        let b = try #require(
+            DNSName(labels: [Array("lobby.V2".utf8), Array("_chat".utf8), Array("_tcp".utf8), Array("LOCAL".utf8)]))
         #expect(a.labels.count == 4)
         #expect(a == b)
         #expect(a.hashValue == b.hashValue)
@@ -45,11 +46,17 @@ struct MessageTests {
         answers: [ResourceRecord(name: type, data: .ptr(instance), ttl: 4500)],
         authorities: [],
         additionals: [
-            ResourceRecord(name: instance, data: .srv(priority: 0, weight: 0, port: 4242, target: host), ttl: 120, cacheFlush: true),
-            ResourceRecord(name: instance, data: .txt([Array("topic=hi".utf8), Array("flag".utf8)]), ttl: 4500, cacheFlush: true),
+            ResourceRecord(
+                name: instance, data: .srv(priority: 0, weight: 0, port: 4242, target: host), ttl: 120, cacheFlush: true
+            ),
+            ResourceRecord(
+                name: instance, data: .txt([Array("topic=hi".utf8), Array("flag".utf8)]), ttl: 4500, cacheFlush: true),
             ResourceRecord(name: host, data: .a([10, 0, 0, 1]), ttl: 120, cacheFlush: true),
-            ResourceRecord(name: host, data: .aaaa([0xfe, 0x80] + [UInt8](repeating: 0, count: 13) + [1]), ttl: 120, cacheFlush: true),
-            ResourceRecord(name: host, data: .nsec(next: host, types: [DNSType.a, DNSType.aaaa]), ttl: 120, cacheFlush: true),
+            ResourceRecord(
+                name: host, data: .aaaa([0xfe, 0x80] + [UInt8](repeating: 0, count: 13) + [1]), ttl: 120,
+                cacheFlush: true),
+            ResourceRecord(
+                name: host, data: .nsec(next: host, types: [DNSType.a, DNSType.aaaa]), ttl: 120, cacheFlush: true),
             ResourceRecord(name: host, data: .other(type: 99, rdata: [1, 2, 3]), ttl: 7),
         ])
 
@@ -80,7 +87,9 @@ struct MessageTests {
 
     /// A message with a name at offset 12 whose label points at `pointerTarget`.
     static func messageWithPointer(_ pointerTarget: UInt16, prefix: [UInt8] = []) -> [UInt8] {
-        [0, 0, 0x84, 0, 0, 1, 0, 0, 0, 0, 0, 0] + prefix + [0xc0 | UInt8(pointerTarget >> 8), UInt8(pointerTarget & 0xff), 0, 12, 0, 1]
+        [0, 0, 0x84, 0, 0, 1, 0, 0, 0, 0, 0, 0] + prefix + [
+            0xc0 | UInt8(pointerTarget >> 8), UInt8(pointerTarget & 0xff), 0, 12, 0, 1,
+        ]
     }
 
     @Test func compressionLoopsAndForwardPointersAreRejected() {
@@ -105,9 +114,13 @@ struct MessageTests {
             try DNSMessage(parsing: [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0x41, 0, 0, 1, 0, 1])
         }
         // Counts larger than the datagram can hold.
-        #expect(throws: DNSParseError.self) { try DNSMessage(parsing: [0, 0, 0x84, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]) }
+        #expect(throws: DNSParseError.self) {
+            try DNSMessage(parsing: [0, 0, 0x84, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
+        }
         // An A record with 5 bytes of data.
-        let bad = DNSMessage(id: 0, flags: 0x8400, answers: [ResourceRecord(name: Self.host, data: .other(type: 1, rdata: [1, 2, 3, 4, 5]), ttl: 1)])
+        let bad = DNSMessage(
+            id: 0, flags: 0x8400,
+            answers: [ResourceRecord(name: Self.host, data: .other(type: 1, rdata: [1, 2, 3, 4, 5]), ttl: 1)])
         #expect(throws: DNSParseError.badRecordData(type: 1)) { try DNSMessage(parsing: bad.encoded()) }
         // A name longer than 255 bytes built from pointers: 5 copies of a 63-byte label chained.
         var bytes: [UInt8] = [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
@@ -137,9 +150,13 @@ struct MessageTests {
         }
         defer { closedir(listing) }
         var parsed = 0
-        var sawResponse = false, sawQuery = false, sawProbe = false
+        var sawResponse = false
+        var sawQuery = false
+        var sawProbe = false
         while let entry = readdir(listing) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let name = withUnsafeBytes(of: entry.pointee.d_name) {
+                String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+            }
             guard name.hasSuffix(".hex"), let file = fopen(seeds + "/" + name, "r") else { continue }
             var text: [UInt8] = []
             var byte = fgetc(file)
@@ -149,11 +166,19 @@ struct MessageTests {
             }
             fclose(file)
             let hex = text.filter { $0 != 10 }
-            let bytes = stride(from: 0, to: hex.count - 1, by: 2).map { UInt8(String(decoding: hex[$0...$0 + 1], as: UTF8.self), radix: 16)! }
+            let bytes = stride(from: 0, to: hex.count - 1, by: 2).map {
+                UInt8(String(decoding: hex[$0...$0 + 1], as: UTF8.self), radix: 16)!
+            }
             let message = try DNSMessage(parsing: bytes)
             #expect(try DNSMessage(parsing: message.encoded()) == message, "\(name)")
             parsed += 1
-            if message.isResponse { sawResponse = true } else if message.authorities.isEmpty { sawQuery = true } else { sawProbe = true }
+            if message.isResponse {
+                sawResponse = true
+            } else if message.authorities.isEmpty {
+                sawQuery = true
+            } else {
+                sawProbe = true
+            }
         }
         #expect(parsed >= 20 && sawResponse && sawQuery && sawProbe, "\(parsed) packets")
     }

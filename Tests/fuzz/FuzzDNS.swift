@@ -28,16 +28,19 @@ public func fuzzDNS(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
     // response from another host, then run 2 minutes ahead.
     var configuration = MDNSConfiguration(hostName: "fuzz")
     configuration.cacheCapacity = 64
-    var engine = MDNSEngine(configuration: configuration, now: MDNSInstant(nanoseconds: 1_000_000_000), seed: UInt64(size))
+    var engine = MDNSEngine(
+        configuration: configuration, now: MDNSInstant(nanoseconds: 1_000_000_000), seed: UInt64(size))
     var now = MDNSInstant(nanoseconds: 1_000_000_000)
     engine.setLinks([MDNSLink(id: link, name: "eth0", addresses: [[10, 0, 0, 1]])], now: now)
     _ = engine.publish(MDNSService(instance: "Fuzzed", type: serviceType, port: 1, txt: [Array("a=1".utf8)]), now: now)
     _ = engine.startBrowse(type: serviceType, links: .all, now: now)
-    let resolve = engine.startResolve(instance: DNSName(instance: "Other", service: serviceType)!, links: .all, now: now)
+    let resolve = engine.startResolve(
+        instance: DNSName(instance: "Other", service: serviceType)!, links: .all, now: now)
     now = now.adding(milliseconds: 3000)
     engine.advance(now: now)
     for port: UInt16 in [5353, 40000] {
-        engine.receive(bytes, from: MDNSSource(link: link, address: [10, 0, 0, 2], port: port, isLocal: false), now: now)
+        engine.receive(
+            bytes, from: MDNSSource(link: link, address: [10, 0, 0, 2], port: port, isLocal: false), now: now)
     }
     for _ in 0..<20 {
         guard let next = engine.nextDeadline(), next < now.adding(milliseconds: 120_000) else { break }

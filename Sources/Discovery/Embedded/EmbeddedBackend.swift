@@ -1,8 +1,9 @@
 import Dispatch
 import Logging
 import MDNSCore
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The embedded mDNS backend: ``MDNSEngine`` (the protocol, no I/O) driven by Dispatch on one
@@ -108,7 +109,9 @@ final class EmbeddedBackend: @unchecked Sendable {
                 source.resume()
                 readSources[family] = source
             } catch {
-                logger.warning("embedded mDNS: cannot open a socket", metadata: ["family": "\(family)", "error": "\(error.message)"])
+                logger.warning(
+                    "embedded mDNS: cannot open a socket",
+                    metadata: ["family": "\(family)", "error": "\(error.message)"])
                 lastError = error
             }
         }
@@ -192,7 +195,8 @@ final class EmbeddedBackend: @unchecked Sendable {
             usable.append(link)
         }
         logger.debug(
-            "embedded mDNS links", metadata: ["links": "\(usable.map { "\($0.name)/\($0.id.family)" }.joined(separator: " "))"])
+            "embedded mDNS links",
+            metadata: ["links": "\(usable.map { "\($0.name)/\($0.id.family)" }.joined(separator: " "))"])
         engine.setLinks(usable, now: Self.now())
         pump()
     }
@@ -215,7 +219,9 @@ final class EmbeddedBackend: @unchecked Sendable {
             let source = MDNSSource(
                 link: LinkID(interfaceIndex: datagram.interfaceIndex, family: family), address: datagram.address,
                 port: datagram.port, isLocal: localAddresses.contains(datagram.address))
-            if logger.logLevel <= .trace { trace("received", datagram.bytes, link: source.link, peer: "\(datagram.address):\(datagram.port)") }
+            if logger.logLevel <= .trace {
+                trace("received", datagram.bytes, link: source.link, peer: "\(datagram.address):\(datagram.port)")
+            }
             engine.receive(datagram.bytes, from: source, now: Self.now())
         }
         pump()
@@ -239,18 +245,20 @@ final class EmbeddedBackend: @unchecked Sendable {
     }
 
     private func perform(_ output: MDNSOutput) {
-            switch output {
-            case .send(let packet):
-                guard let socket = sockets[packet.link.family] else { return }
-                if logger.logLevel <= .trace { trace("sending", packet.bytes, link: packet.link, peer: "\(packet.destination)") }
-                if let error = socket.send(packet.bytes, interface: packet.link.interfaceIndex, to: packet.destination) {
-                    logger.debug(
-                        "embedded mDNS: send failed",
-                        metadata: ["link": "\(packet.link)", "error": "\(error)", "bytes": "\(packet.bytes.count)"])
-                }
-            case .event(let event):
-                handle(event)
+        switch output {
+        case .send(let packet):
+            guard let socket = sockets[packet.link.family] else { return }
+            if logger.logLevel <= .trace {
+                trace("sending", packet.bytes, link: packet.link, peer: "\(packet.destination)")
             }
+            if let error = socket.send(packet.bytes, interface: packet.link.interfaceIndex, to: packet.destination) {
+                logger.debug(
+                    "embedded mDNS: send failed",
+                    metadata: ["link": "\(packet.link)", "error": "\(error)", "bytes": "\(packet.bytes.count)"])
+            }
+        case .event(let event):
+            handle(event)
+        }
     }
 
     private func rearmTimer() {
@@ -329,7 +337,8 @@ final class EmbeddedBackend: @unchecked Sendable {
 
     static func checkDomain(_ domain: String?) -> DiscoveryError? {
         guard let domain, !["local", "local."].contains(domain.lowercased()) else { return nil }
-        return DiscoveryError(.invalidArgument, "the embedded mDNS stack serves the domain 'local' only, not '\(domain)'")
+        return DiscoveryError(
+            .invalidArgument, "the embedded mDNS stack serves the domain 'local' only, not '\(domain)'")
     }
 
     static func linkFilter(interface: Int32?, ipVersion: IPVersion) -> LinkFilter {
@@ -350,7 +359,8 @@ final class EmbeddedBackend: @unchecked Sendable {
             links: Self.linkFilter(interface: request.interface, ipVersion: request.ipVersion))
         let id = engine.publish(service, now: Self.now())
         let handle = PublishedService(
-            owner: self, name: engine.publicationName(id) ?? name, type: request.type, port: request.port, txt: request.txt)
+            owner: self, name: engine.publicationName(id) ?? name, type: request.type, port: request.port,
+            txt: request.txt)
         let publication = EmbeddedPublication(id: id, handle: handle)
         handle.backendObject = publication
         publications[id] = publication
@@ -388,7 +398,8 @@ final class EmbeddedBackend: @unchecked Sendable {
     /// Counters for tests: wakeups, live Dispatch sources, and the engine's counters.
     var diagnostics: EmbeddedDiagnostics {
         EmbeddedDiagnostics(
-            wakeups: wakeups, liveSources: readSources.count + (netlinkSource == nil ? 0 : 1) + (timer == nil ? 0 : 1)
+            wakeups: wakeups,
+            liveSources: readSources.count + (netlinkSource == nil ? 0 : 1) + (timer == nil ? 0 : 1)
                 + (rescanTimer == nil ? 0 : 1) + (retryTimer == nil ? 0 : 1),
             engine: engine.counters, cacheCount: engine.cache.count, cacheEvictions: engine.cache.evictions,
             truncated: truncated, links: engine.links.keys.sorted(), hostName: engine.hostName,
@@ -411,7 +422,8 @@ final class EmbeddedBackend: @unchecked Sendable {
     fileprivate func addResolve(_ request: ResolveRequest, mode: EmbeddedResolve.Mode) -> Int? {
         guard !stopped else {
             if case .once(_, let completion) = mode {
-                completion(.failure(DiscoveryError(.shutDown, "discovery was shut down; create a new ServiceDiscovery")))
+                completion(
+                    .failure(DiscoveryError(.shutDown, "discovery was shut down; create a new ServiceDiscovery")))
             } else if case .watch(let continuation) = mode {
                 continuation.finish()
             }
@@ -421,14 +433,19 @@ final class EmbeddedBackend: @unchecked Sendable {
             let instance = DNSName(instance: request.identity.name, service: type)
         else {
             if case .once(_, let completion) = mode {
-                completion(.failure(DiscoveryError(.invalidArgument, "cannot resolve \(request.identity) with the embedded mDNS stack")))
+                completion(
+                    .failure(
+                        DiscoveryError(
+                            .invalidArgument, "cannot resolve \(request.identity) with the embedded mDNS stack")))
             } else if case .watch(let continuation) = mode {
                 continuation.finish()
             }
             return nil
         }
-        let id = engine.startResolve(instance: instance, links: LinkFilter(interfaceIndex: request.interface), now: Self.now())
-        let resolve = EmbeddedResolve(backend: self, id: id, identity: request.identity, ipVersion: request.ipVersion, mode: mode)
+        let id = engine.startResolve(
+            instance: instance, links: LinkFilter(interfaceIndex: request.interface), now: Self.now())
+        let resolve = EmbeddedResolve(
+            backend: self, id: id, identity: request.identity, ipVersion: request.ipVersion, mode: mode)
         resolves[id] = resolve
         resolve.armTimeout()
         pump()  // the first resolveChanged, answered from the cache when possible
@@ -482,7 +499,9 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
         await perform { [self] in addPublication(request) }
     }
 
-    func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void {
+    func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation)
+        -> @Sendable () -> Void
+    {
         let box = Locked<Int?>(nil)
         queue.async { [self] in
             guard !stopped else {
@@ -494,11 +513,13 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
                 return
             }
             guard let type = Self.serviceTypeName(request.type) else {
-                continuation.yield(.failed(DiscoveryError(.invalidArgument, "service type '\(request.type)' is not a valid DNS name")))
+                continuation.yield(
+                    .failed(DiscoveryError(.invalidArgument, "service type '\(request.type)' is not a valid DNS name")))
                 return
             }
             let id = engine.startBrowse(
-                type: type, links: Self.linkFilter(interface: request.interface, ipVersion: request.ipVersion), now: Self.now())
+                type: type, links: Self.linkFilter(interface: request.interface, ipVersion: request.ipVersion),
+                now: Self.now())
             browses[id] = EmbeddedBrowse(type: request.type, continuation: continuation)
             box.withLock { $0 = id }
             pump()
@@ -513,12 +534,15 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
     func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
         await withCheckedContinuation { continuation in
             queue.async { [self] in
-                _ = addResolve(request, mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
+                _ = addResolve(
+                    request, mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
             }
         }
     }
 
-    func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation) -> @Sendable () -> Void {
+    func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation)
+        -> @Sendable () -> Void
+    {
         let box = Locked<Int?>(nil)
         queue.async { [self] in
             let id = addResolve(request, mode: .watch(continuation))
@@ -541,7 +565,8 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
     }
 
     func updateTXT(_ txt: TXTRecord, of service: PublishedService) -> Result<Void, DiscoveryError> {
-        guard let publication = service.backendObject as? EmbeddedPublication, publications[publication.id] != nil else {
+        guard let publication = service.backendObject as? EmbeddedPublication, publications[publication.id] != nil
+        else {
             return .failure(DiscoveryError(.notPublished, "service '\(service.name)' is no longer published"))
         }
         engine.updateTXT(publication.id, txt: txt.entries.map(\.bytes), now: Self.now())
@@ -670,8 +695,12 @@ final class EmbeddedResolve: @unchecked Sendable {  // confined to the backend's
             if let latest = self.latest {
                 self.finish(.success(latest))
             } else {
-                self.finish(.failure(DiscoveryError(
-                    .timedOut, "no answer from \(self.identity) within \(timeout); is it still published, and is its host reachable?")))
+                self.finish(
+                    .failure(
+                        DiscoveryError(
+                            .timedOut,
+                            "no answer from \(self.identity) within \(timeout); is it still published, and is its host reachable?"
+                        )))
             }
         }
         timer.resume()
@@ -702,7 +731,8 @@ final class EmbeddedResolve: @unchecked Sendable {  // confined to the backend's
             txt: TXTRecord(wireEntries: resolution.txt ?? []), addresses: addresses, isLocal: resolution.isLocal)
         latest = service
         let versions = Set(addresses.map(\.ip.version))
-        let families = ipVersion == .any ? versions.contains(.ipv4) && versions.contains(.ipv6) : versions.contains(ipVersion)
+        let families =
+            ipVersion == .any ? versions.contains(.ipv4) && versions.contains(.ipv6) : versions.contains(ipVersion)
         complete = resolution.txt != nil && families
         switch mode {
         case .once:

@@ -1,6 +1,7 @@
 import MDNSCore
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// One network interface as `getifaddrs` shows it.
@@ -27,7 +28,9 @@ struct InterfaceInfo: Hashable {
             defer { entry = current.pointee.ifa_next }
             guard let rawName = current.pointee.ifa_name else { continue }
             let name = String(cString: rawName)
-            var info = byName[name] ?? InterfaceInfo(name: name, index: Int32(if_nametoindex(rawName)), flags: current.pointee.ifa_flags)
+            var info =
+                byName[name]
+                ?? InterfaceInfo(name: name, index: Int32(if_nametoindex(rawName)), flags: current.pointee.ifa_flags)
             info.flags |= current.pointee.ifa_flags
             if let address = current.pointee.ifa_addr {
                 switch Int32(address.pointee.sa_family) {
@@ -59,12 +62,17 @@ struct InterfaceInfo: Hashable {
             let v4 = configuration.ipVersion == .ipv6 ? [] : interface.ipv4
             let v6 = configuration.ipVersion == .ipv4 ? [] : interface.ipv6
             if families.contains(.v4), !v4.isEmpty {
-                links.append(MDNSLink(id: LinkID(interfaceIndex: interface.index, family: .v4), name: interface.name, addresses: v4 + v6))
+                links.append(
+                    MDNSLink(
+                        id: LinkID(interfaceIndex: interface.index, family: .v4), name: interface.name,
+                        addresses: v4 + v6))
             }
             // No IPv6 link on loopback: Linux has no IPv6 multicast route there (ENETUNREACH); the
             // IPv4 link on loopback carries ::1 too.
             if families.contains(.v6), !v6.isEmpty, !interface.isLoopback {
-                links.append(MDNSLink(id: LinkID(interfaceIndex: interface.index, family: .v6), name: interface.name, addresses: v6))
+                links.append(
+                    MDNSLink(
+                        id: LinkID(interfaceIndex: interface.index, family: .v6), name: interface.name, addresses: v6))
             }
         }
         return links
@@ -82,7 +90,8 @@ final class NetlinkMonitor: @unchecked Sendable {  // fd is immutable; used on t
     init?() {
         // AF_NETLINK = 16, NETLINK_ROUTE = 0; sockaddr_nl is laid out by hand (not imported):
         // family (u16), pad (u16), pid (u32), groups (u32).
-        let fd = socket(AF_NETLINK, Int32(SOCK_RAW.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = socket(
+            AF_NETLINK, Int32(SOCK_RAW.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return nil }
         var address = [UInt8](repeating: 0, count: 12)
         let family = UInt16(AF_NETLINK)

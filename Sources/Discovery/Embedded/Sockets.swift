@@ -1,6 +1,7 @@
 import MDNSCore
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Runs a system call, retrying on EINTR. Returns the result, or `-errno` as `.failure`.
@@ -82,7 +83,8 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
     /// Opens, configures and binds the socket.
     static func open(_ family: AddressFamily) throws(DiscoveryError) -> MDNSSocket {
         let domain = family == .v4 ? AF_INET : AF_INET6
-        let fd = socket(domain, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = socket(
+            domain, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw failure("socket(\(family))", errno) }
         let socket = MDNSSocket(fd: fd, family: family)
         func set(_ level: Int32, _ option: Int32, _ value: Int32, _ what: String) throws(DiscoveryError) {
@@ -104,7 +106,9 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
             address.sin_family = sa_family_t(AF_INET)
             address.sin_port = mdnsPort.bigEndian
             let result = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
             }
             guard result == 0 else { throw failure("bind(0.0.0.0:5353)", errno) }
         } else {
@@ -117,7 +121,9 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
             address.sin6_family = sa_family_t(AF_INET6)
             address.sin6_port = mdnsPort.bigEndian
             let result = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
+                }
             }
             guard result == 0 else { throw failure("bind([::]:5353)", errno) }
         }
@@ -285,7 +291,9 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
             if header.cmsg_level == Int32(IPPROTO_IP), header.cmsg_type == IP_PKTINFO, messageLength >= headerSize + 4 {
                 return control.load(fromByteOffset: offset + headerSize, as: Int32.self)
             }
-            if header.cmsg_level == Int32(IPPROTO_IPV6), header.cmsg_type == IPV6_PKTINFO, messageLength >= headerSize + 20 {
+            if header.cmsg_level == Int32(IPPROTO_IPV6), header.cmsg_type == IPV6_PKTINFO,
+                messageLength >= headerSize + 20
+            {
                 return Int32(bitPattern: control.load(fromByteOffset: offset + headerSize + 16, as: UInt32.self))
             }
             offset += align(messageLength)
