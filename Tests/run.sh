@@ -61,9 +61,11 @@ run_suite() {
 # stalled peers, 10,000-frame bursts) or restart the daemons, and 2 cores give Swift's cooperative
 # pool only 2 threads.
 # Unit tests: no daemon; D-Bus pointed at nothing so "no daemon" behaviour is what is tested.
-# LANMSG_DISCOVERY_BACKEND=avahi: the unit tests run in the machine's own network namespace, where no
-# mDNS stack may run; without it a ServiceDiscovery there would start the embedded one.
-run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi \
+# LANMSG_DISCOVERY_BACKEND=avahi: the unit tests (also under TSan / ASan below) run in the machine's
+# own network namespace, where no mDNS stack may run; without it a ServiceDiscovery there would
+# start the embedded one.
+unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi)
+run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 
 if [ "$unit_only" = no ]; then
@@ -100,13 +102,13 @@ if [ "$tsan" = yes ]; then
   # Every unit test (TSAN_FILTER narrows it, e.g. TSAN_FILTER=TransportTests).
   tsan_filter=(--skip IntegrationTests)
   [ -n "${TSAN_FILTER:-}" ] && tsan_filter=(--filter "$TSAN_FILTER")
-  run_suite tsan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus TSAN_OPTIONS=halt_on_error=1 \
+  run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
 fi
 if [ "$asan" = yes ]; then
   echo "== build (AddressSanitizer)"
   swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | grep -v "prohibited flag" | tail -n 5
-  run_suite asan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus ASAN_OPTIONS=detect_leaks=0 \
+  run_suite asan env "${unit_env[@]}" ASAN_OPTIONS=detect_leaks=0 \
     .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel --skip IntegrationTests
 fi
 
