@@ -27,10 +27,11 @@ struct InterfaceInfo: Hashable {
         while let current = entry {
             defer { entry = current.pointee.ifa_next }
             guard let rawName = current.pointee.ifa_name else { continue }
-            let name = String(cString: rawName)
+            // An IPv4 alias is labelled "eth0:1": its address belongs to eth0.
+            let name = String(String(cString: rawName).prefix { $0 != ":" })
             var info =
                 byName[name]
-                ?? InterfaceInfo(name: name, index: Int32(if_nametoindex(rawName)), flags: current.pointee.ifa_flags)
+                ?? InterfaceInfo(name: name, index: Int32(if_nametoindex(name)), flags: current.pointee.ifa_flags)
             info.flags |= current.pointee.ifa_flags
             if let address = current.pointee.ifa_addr {
                 switch Int32(address.pointee.sa_family) {
