@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "Discovery", targets: ["Discovery"]),
         .library(name: "Transport", targets: ["Transport"]),
         .library(name: "FastJSON", targets: ["FastJSON"]),
+        .library(name: "MDNSCore", targets: ["MDNSCore"]),
         .executable(name: "discovery-demo", targets: ["discovery-demo"]),
         .executable(name: "lanmsg-echo", targets: ["lanmsg-echo"]),
         .executable(name: "bonjour-chat", targets: ["bonjour-chat"]),
@@ -33,10 +34,12 @@ let package = Package(
         .systemLibrary(name: "CAvahiClient"),
         // The package's one lock type (a pthread mutex with its value in one allocation).
         .target(name: "Locks", swiftSettings: strict),
-        // Layer 1a: DNS-SD through Avahi on Dispatch. No sockets.
+        // Layer 0: mDNS / DNS-SD protocol logic without I/O (messages, cache, responder, querier).
+        .target(name: "MDNSCore", swiftSettings: strict),
+        // Layer 1a: DNS-SD through Avahi on Dispatch, or through MDNSCore on our own sockets.
         .target(
             name: "Discovery",
-            dependencies: ["CAvahiClient", "Locks", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CAvahiClient", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
         // Layer 1b: the protocol core. No I/O: no sockets, no Dispatch, no files. Frames, the
@@ -144,9 +147,17 @@ let package = Package(
         // --sanitize=fuzzer and -DFUZZING; a plain build replays inputs given as files).
         .executableTarget(
             name: "lanmsg-fuzz", dependencies: ["ProtocolCore"], path: "Tests/fuzz/FuzzCore", swiftSettings: strict),
+        // A scriptable DNS-SD peer (either backend) for the integration tests.
+        .executableTarget(
+            name: "discovery-peer",
+            dependencies: ["Discovery", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/DiscoveryPeer",
+            swiftSettings: strict
+        ),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
+        .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore"], swiftSettings: strict),
         // MessageChannel over real loopback sockets: hello, messages, requests, transfers, limits.

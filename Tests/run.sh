@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds once, runs every test: unit tests here, integration tests against
-# real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh). Exits non-zero
+# real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh), then the
+# embedded mDNS backend's tests in namespaces without avahi-daemon (against avahi, itself and
+# python-zeroconf) and the chat and preview tests again on the embedded backend. Exits non-zero
 # on any failure.
 #
 #   Tests/run.sh                 everything (as root: namespaces need it)
@@ -24,10 +26,13 @@ for arg in "$@"; do
 done
 
 Tests/harness/install-deps.sh
+# python-zeroconf (PyPI) in a venv under .build/, for the interop tests.
+zeroconf_python=""
+[ "$unit_only" = yes ] || zeroconf_python=$(Tests/harness/install-zeroconf.sh)
 
 bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
-swift build --build-tests 2>&1 | grep -v "prohibited flag" | tail -n 20
+swift build --build-tests 2>&1 | tail -n 20
 [ -x "$bin" ] || { echo "build failed: no $bin" >&2; exit 1; }
 
 logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
@@ -56,17 +61,34 @@ run_suite() {
 # stalled peers, 10,000-frame bursts) or restart the daemons, and 2 cores give Swift's cooperative
 # pool only 2 threads.
 # Unit tests: no daemon; D-Bus pointed at nothing so "no daemon" behaviour is what is tested.
-run_suite unit env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus \
+# LANMSG_DISCOVERY_BACKEND=avahi: the unit tests (also under TSan / ASan below) run in the machine's
+# own network namespace, where no mDNS stack may run; without it a ServiceDiscovery there would
+# start the embedded one.
+unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi)
+run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 
 if [ "$unit_only" = no ]; then
+  # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
   run_suite integration env HARNESS_LOG_DIR="$logs" Tests/harness/avahi-harness.sh run --hosts 2 -- \
-    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded'
+  # The embedded backend: hosts start without avahi-daemon (the tests start it on a host when they need it).
+  run_suite integration-embedded env HARNESS_LOG_DIR="$logs" ZEROCONF_PYTHON="$zeroconf_python" \
+    Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter 'IntegrationTests\.Embedded'
+  # bonjour-chat and preview-server/-push again, every process on the embedded backend, no avahi-daemon.
+  # Left out: two checks of Avahi specifics (the avahi-browse tool on host a; host b's Avahi host
+  # name "bravo" in the room list — without Avahi both hosts have the same kernel host name).
+  run_suite chat-preview-embedded env HARNESS_LOG_DIR="$logs" LANMSG_DISCOVERY_BACKEND=embedded \
+    Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter 'ChatIntegrationTests|PreviewIntegrationTests' \
+    --skip 'publishesItsLimitsAndKeepsFreeSpaceCurrent|roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent'
 fi
 
-# Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600).
+# Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600,
+# run-fuzz-mdns.sh 3600).
 echo "== fuzz (${FUZZ_SECONDS:-15} s per target)"
-for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh; do
+for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/run-fuzz-mdns.sh; do
   if "$fuzz" "${FUZZ_SECONDS:-15}" > "$logs/$(basename "$fuzz" .sh).log" 2>&1; then
     grep -h "executions" "$logs/$(basename "$fuzz" .sh).log"
   else
@@ -76,17 +98,17 @@ done
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
-  swift build --build-tests --sanitize=thread --scratch-path .build-tsan 2>&1 | grep -v "prohibited flag" | tail -n 5
+  swift build --build-tests --sanitize=thread --scratch-path .build-tsan 2>&1 | tail -n 5
   # Every unit test (TSAN_FILTER narrows it, e.g. TSAN_FILTER=TransportTests).
   tsan_filter=(--skip IntegrationTests)
   [ -n "${TSAN_FILTER:-}" ] && tsan_filter=(--filter "$TSAN_FILTER")
-  run_suite tsan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus TSAN_OPTIONS=halt_on_error=1 \
+  run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
 fi
 if [ "$asan" = yes ]; then
   echo "== build (AddressSanitizer)"
-  swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | grep -v "prohibited flag" | tail -n 5
-  run_suite asan env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus ASAN_OPTIONS=detect_leaks=0 \
+  swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | tail -n 5
+  run_suite asan env "${unit_env[@]}" ASAN_OPTIONS=detect_leaks=0 \
     .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel --skip IntegrationTests
 fi
 

@@ -207,6 +207,7 @@ func formatSeconds(_ seconds: Double) -> String {
 }
 
 // Entry point: ArgumentParser's usage errors exit with 2 (not 64), our own errors with their status.
+ServiceDiscovery.onBackendChosen { kind, reason in FileHandle.standardError.write(Data("bonjour-chat: discovery backend: \(kind) (\(reason))\n".utf8)) }
 do {
     var command = try BonjourChat.parseAsRoot()
     if let chatCommand = command as? any ChatCommandRunner {

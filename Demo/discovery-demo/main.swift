@@ -18,6 +18,7 @@ struct Common: ParsableArguments {
     @Option(help: "Log level (trace, debug, info, notice, warning, error).") var logLevel = "warning"
 
     func makeLogger() -> Logger {
+        ServiceDiscovery.onBackendChosen { kind, reason in FileHandle.standardError.write(Data("discovery-demo: discovery backend: \(kind) (\(reason))\n".utf8)) }
         var logger = Logger(label: "discovery-demo") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .warning
         return logger

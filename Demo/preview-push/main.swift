@@ -162,6 +162,7 @@ func fail(_ line: String) {
 }
 
 // Top-level code (this target has several files, so no @main): parse, then run asynchronously.
+ServiceDiscovery.onBackendChosen { kind, reason in FileHandle.standardError.write(Data("preview-push: discovery backend: \(kind) (\(reason))\n".utf8)) }
 do {
     let command = try PreviewPushCommand.parse()
     try await command.execute()

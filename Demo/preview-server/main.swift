@@ -85,6 +85,7 @@ struct PreviewServerCommand: AsyncParsableCommand {
 }
 
 // Top-level code (this target has several files, so no @main): parse, then run asynchronously.
+ServiceDiscovery.onBackendChosen { kind, reason in FileHandle.standardError.write(Data("preview-server: discovery backend: \(kind) (\(reason))\n".utf8)) }
 do {
     let command = try PreviewServerCommand.parse()
     try await command.execute()

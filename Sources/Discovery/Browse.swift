@@ -54,7 +54,7 @@ final class BrowseSession: @unchecked Sendable {  // confined to core.queue
         guard !stopped else { return }
         switch event {
         case AVAHI_BROWSER_NEW, AVAHI_BROWSER_REMOVE:
-            guard let name, let type, let domain else { return }
+            guard let name, let type, let domain, core.permits(interface: interface) else { return }
             let identity = ServiceIdentity(name: name, type: type, domain: domain)
             let sighting = DiscoveredService.Sighting(interfaceIndex: interface, ipVersion: IPVersion(avahiProtocol: proto))
             if event == AVAHI_BROWSER_NEW {

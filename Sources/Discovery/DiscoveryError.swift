@@ -5,7 +5,7 @@ public struct DiscoveryError: Error, Sendable, Hashable, CustomStringConvertible
     /// The kind of failure.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         fileprivate enum Kind: Sendable, Hashable {
-            case invalidTXT, invalidArgument, daemonUnavailable, timedOut, avahi, collision, shutDown, notPublished
+            case invalidTXT, invalidArgument, daemonUnavailable, timedOut, avahi, collision, shutDown, notPublished, network
         }
         fileprivate let kind: Kind
         /// A TXT record was rejected before it was sent (empty key, entry over 255 bytes, record over 1300 bytes).
@@ -24,6 +24,8 @@ public struct DiscoveryError: Error, Sendable, Hashable, CustomStringConvertible
         public static let shutDown = Code(kind: .shutDown)
         /// The service is not (or no longer) published.
         public static let notPublished = Code(kind: .notPublished)
+        /// The embedded mDNS stack cannot use the network (its UDP port 5353 sockets); it retries.
+        public static let network = Code(kind: .network)
 
         public var description: String {
             switch kind {
@@ -35,6 +37,7 @@ public struct DiscoveryError: Error, Sendable, Hashable, CustomStringConvertible
             case .collision: "name collision"
             case .shutDown: "discovery shut down"
             case .notPublished: "not published"
+            case .network: "network error"
             }
         }
     }
@@ -45,11 +48,14 @@ public struct DiscoveryError: Error, Sendable, Hashable, CustomStringConvertible
     public let message: String
     /// The Avahi error number (negative), when Avahi reported one.
     public let avahiErrorCode: Int32?
+    /// The `errno` of a failed system call of the embedded stack, when there was one.
+    public let systemErrno: Int32?
 
-    init(_ code: Code, _ message: String, avahiErrorCode: Int32? = nil) {
+    init(_ code: Code, _ message: String, avahiErrorCode: Int32? = nil, systemErrno: Int32? = nil) {
         self.code = code
         self.message = message
         self.avahiErrorCode = avahiErrorCode
+        self.systemErrno = systemErrno
     }
 
     public var description: String { message }

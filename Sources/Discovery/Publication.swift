@@ -26,11 +26,13 @@ public final class PublishedService: Sendable {
     public let type: String
     /// The port announced.
     public let port: UInt16
-    nonisolated(unsafe) weak var publication: Publication?  // touched on the Avahi queue only
-    let core: DiscoveryCore
+    /// The backend's object for this publication (an Avahi `Publication`, an embedded
+    /// `EmbeddedPublication`); touched on `owner.queue` only.
+    nonisolated(unsafe) weak var backendObject: AnyObject?
+    let owner: any PublicationOwner
 
-    init(core: DiscoveryCore, name: String, type: String, port: UInt16, txt: TXTRecord) {
-        self.core = core
+    init(owner: any PublicationOwner, name: String, type: String, port: UInt16, txt: TXTRecord) {
+        self.owner = owner
         self.type = type
         self.port = port
         self.state = Locked(State(name: name, txt: txt))
@@ -59,15 +61,10 @@ public final class PublishedService: Sendable {
                 return state.nextWaiter
             }
             guard let id else { return }
-            core.queue.asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
+            owner.queue.asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
                 let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
                 guard let waiter else { return }
-                let daemon = core.published.withLock { $0.state }
-                let registered = publication.map { $0.group != nil } ?? false
-                waiter.resume(returning: .failure(DiscoveryError(
-                    .timedOut,
-                    "service '\(self.name)' was not established within \(timeout) (daemon connection: \(daemon), "
-                        + "\(registered ? "registered, still probing" : "not yet registered")); is the Avahi daemon running?")))
+                waiter.resume(returning: .failure(DiscoveryError(.timedOut, owner.notEstablishedMessage(self, timeout: timeout))))
             }
         }
         return try result.get()
@@ -78,11 +75,8 @@ public final class PublishedService: Sendable {
     /// - Throws: ``DiscoveryError`` `.invalidTXT` (nothing changed), or `.avahi` when the daemon refused it.
     public func updateTXT(_ txt: TXTRecord) async throws(DiscoveryError) {
         try txt.validate()
-        let result: Result<Void, DiscoveryError> = await core.perform { [self] in
-            guard let publication else {
-                return .failure(DiscoveryError(.notPublished, "service '\(name)' is no longer published"))
-            }
-            return publication.updateTXT(txt)
+        let result: Result<Void, DiscoveryError> = await withCheckedContinuation { continuation in
+            owner.queue.async { [self] in continuation.resume(returning: owner.updateTXT(txt, of: self)) }
         }
         try result.get()
     }
@@ -90,10 +84,10 @@ public final class PublishedService: Sendable {
     /// Withdraws the service from the network (remote browsers see it removed about a second later).
     /// Idempotent.
     public func unpublish() async {
-        await core.perform { [self] in
-            if let publication {
-                publication.stop(reason: nil)
-                core.removePublication(publication)
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            owner.queue.async { [self] in
+                owner.unpublish(self)
+                continuation.resume()
             }
         }
     }
@@ -139,7 +133,9 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     let type: String
     let domain: String?
     let port: UInt16
-    let interface: Int32
+    /// Where to publish: one interface, every interface (`ifUnspec`), or, under a restrictive
+    /// interface policy, each permitted interface in turn.
+    let interfaces: [Int32]
     let ipVersion: IPVersion
     var name: String
     var txt: TXTRecord
@@ -160,10 +156,10 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
         self.domain = domain
         self.port = port
         self.txt = txt
-        self.interface = interface ?? ifUnspec
+        self.interfaces = interface.map { [$0] } ?? core.permittedInterfaces()
         self.ipVersion = ipVersion
-        self.handle = PublishedService(core: core, name: name, type: type, port: port, txt: txt)
-        handle.publication = self
+        self.handle = PublishedService(owner: core, name: name, type: type, port: port, txt: txt)
+        handle.backendObject = self
     }
 
     /// Creates (or reuses) the entry group, adds the service (renaming on a local collision) and commits.
@@ -177,10 +173,15 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
             }
         }
         guard let group else { return }
+        guard !interfaces.isEmpty else {
+            fail(Int32(AVAHI_ERR_NO_NETWORK), "no interface is permitted by the interface policy (\(core.configuration.interfaces))")
+            return
+        }
         for _ in 0..<32 {
             let result = addService(group, flags: AvahiPublishFlags(rawValue: 0))
             if result == AVAHI_ERR_COLLISION {
                 // Same name already registered on this daemon (by us or another local process).
+                avahi_entry_group_reset(group)  // drop what was added on other interfaces
                 rename(reason: "already registered on this host")
                 continue
             }
@@ -197,9 +198,14 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     }
 
     private func addService(_ group: OpaquePointer, flags: AvahiPublishFlags) -> Int32 {
-        withStringList(txt) { list in
-            avahi_entry_group_add_service_strlst(
-                group, interface, ipVersion.avahiProtocol, flags, name, type, domain, nil, port, list)
+        let host = core.advertisedHost()  // nil: the daemon's own host name
+        return withStringList(txt) { list in
+            for interface in interfaces {
+                let result = avahi_entry_group_add_service_strlst(
+                    group, interface, ipVersion.avahiProtocol, flags, name, type, domain, host, port, list)
+                if result < 0 { return result }
+            }
+            return 0
         }
     }
 
@@ -239,9 +245,13 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
         txt = newTXT
         handle.state.withLock { $0.txt = newTXT }
         guard let group, avahi_entry_group_is_empty(group) == 0 else { return .success(()) }  // applied at next register
-        let result = withStringList(newTXT) { list in
-            avahi_entry_group_update_service_txt_strlst(
-                group, interface, ipVersion.avahiProtocol, AvahiPublishFlags(rawValue: 0), name, type, domain, list)
+        let result = withStringList(newTXT) { list -> Int32 in
+            for interface in interfaces {
+                let result = avahi_entry_group_update_service_txt_strlst(
+                    group, interface, ipVersion.avahiProtocol, AvahiPublishFlags(rawValue: 0), name, type, domain, list)
+                if result < 0 { return result }
+            }
+            return 0
         }
         if result < 0 {
             return .failure(DiscoveryError(

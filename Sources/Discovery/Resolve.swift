@@ -176,7 +176,7 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
         guard size == 4 || size == 16,
             let ip = IPAddress(recordType: type, rdata: Array(UnsafeRawBufferPointer(start: rdata, count: size)))
         else { return }
-        guard let port = currentFound()?.port else { return }
+        guard let port = currentFound()?.port, core.permits(interface: handle.interface) else { return }
         let address = ServiceAddress(ip: ip, interfaceIndex: handle.interface, port: port)
         if event == AVAHI_BROWSER_NEW {
             if !addresses.contains(address) { addresses.append(address) }
@@ -197,7 +197,7 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
         } else {
             return
         }
-        guard ipVersion == .any || ip.version == ipVersion else { return }
+        guard ipVersion == .any || ip.version == ipVersion, core.permits(interface: interface) else { return }
         let entry = ServiceAddress(ip: ip, interfaceIndex: interface, port: port)
         if !addresses.contains(entry) { addresses.append(entry) }
     }

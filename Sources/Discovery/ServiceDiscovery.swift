@@ -1,18 +1,24 @@
-import Locks
-import CAvahiClient
 import Dispatch
+import Locks
 import Logging
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// DNS-SD service discovery through the Avahi daemon: publish, browse and resolve services.
+/// DNS-SD service discovery: publish, browse and resolve services, through the Avahi daemon or,
+/// where no daemon runs, through an embedded mDNS responder and querier.
 ///
-/// One `ServiceDiscovery` holds one connection (an Avahi client) to the daemon over the system
-/// D-Bus, driven by Dispatch on one serial queue reserved for Avahi — no helper thread, no polling.
-/// It survives what real systems do: when the daemon dies it reconnects (`AVAHI_CLIENT_NO_FAIL`),
-/// re-publishes every service under the same name (unless that name now collides) and restarts every
-/// browse and resolve; when the system bus itself is gone it retries on a back-off timer.
+/// ``DiscoveryBackendChoice/automatic`` (the default) uses Avahi when its daemon answers within
+/// ``DiscoveryConfiguration/avahiTimeout`` (1 s) and the embedded stack otherwise; the choice is
+/// made once, at creation, and logged. ``activeBackend`` says which one runs.
+///
+/// With Avahi, one `ServiceDiscovery` holds one connection (an Avahi client) to the daemon over the
+/// system D-Bus, driven by Dispatch on one serial queue reserved for Avahi — no helper thread, no
+/// polling. It survives what real systems do: when the daemon dies it reconnects
+/// (`AVAHI_CLIENT_NO_FAIL`), re-publishes every service under the same name (unless that name now
+/// collides) and restarts every browse and resolve; when the system bus itself is gone it retries on
+/// a back-off timer. The embedded stack owns UDP port 5353 sockets (shared with other mDNS stacks)
+/// on one serial queue, driven by Dispatch sources and timers.
 ///
 /// ```swift
 /// let discovery = ServiceDiscovery(logger: logger)
@@ -20,41 +26,106 @@ import Glibc
 /// for await event in try discovery.browse(type: "_chat._tcp") { print(event) }
 /// ```
 public final class ServiceDiscovery: Sendable {
-    let core: DiscoveryCore
+    let selector = BackendSelector()
+    let logger: Logger
+    /// The settings in force (from the caller, or from the environment when none was given).
+    public let configuration: DiscoveryConfiguration
 
-    /// Creates the discovery object and starts connecting to the Avahi daemon.
+    /// Creates the discovery object and starts its backend.
     /// - Parameters:
-    ///   - logger: Where discovery logs (daemon state changes, collisions, failures).
+    ///   - logger: Where discovery logs (backend choice, daemon state changes, collisions, failures).
     ///   - programName: Used in default service names (`"<program> on <host>"`); defaults to the
     ///     executable's name.
-    public init(logger: Logger, programName: String? = nil) {
+    ///   - backend: Avahi, the embedded mDNS stack, or automatic (Avahi when its daemon is
+    ///     reachable). With `.automatic`, `LANMSG_DISCOVERY_BACKEND=avahi|embedded` overrides it.
+    ///   - configuration: Interfaces, IP version, advertised addresses; nil reads
+    ///     ``DiscoveryConfiguration/fromEnvironment(_:)``.
+    public init(
+        logger: Logger, programName: String? = nil, backend: DiscoveryBackendChoice = .automatic,
+        configuration: DiscoveryConfiguration? = nil
+    ) {
         let program = programName ?? CommandLine.arguments.first.map { String($0.split(separator: "/").last ?? "") } ?? "app"
-        core = DiscoveryCore(logger: logger, programName: program.isEmpty ? "app" : program)
-        core.queue.async { [core] in core.connect() }
+        let name = program.isEmpty ? "app" : program
+        self.logger = logger
+        var settings = configuration ?? DiscoveryConfiguration()
+        if configuration == nil {
+            let (fromEnvironment, problems) = DiscoveryConfiguration.fromEnvironment()
+            settings = fromEnvironment
+            for problem in problems { logger.warning("ignored discovery setting", metadata: ["problem": "\(problem)"]) }
+        }
+        self.configuration = settings
+        var choice = backend
+        if backend == .automatic, let forced = currentEnvironment()["LANMSG_DISCOVERY_BACKEND"], !forced.isEmpty {
+            if let parsed = DiscoveryBackendChoice(rawValue: forced) {
+                choice = parsed
+            } else {
+                logger.warning("ignored LANMSG_DISCOVERY_BACKEND", metadata: ["value": "\(forced)", "expected": "avahi, embedded, automatic"])
+            }
+        }
+        let selector = self.selector
+        let why = choice == backend ? "chosen by the application" : "LANMSG_DISCOVERY_BACKEND=\(choice)"
+        switch choice {
+        case .avahi:
+            let core = DiscoveryCore(logger: logger, programName: name, configuration: settings)
+            logger.info("discovery backend: avahi", metadata: ["reason": "\(why)"])
+            selector.decide(core, reason: why)
+            core.queue.async { core.connect() }
+        case .embedded:
+            let embedded = EmbeddedBackend(logger: logger, programName: name, configuration: settings)
+            logger.info("discovery backend: embedded mDNS", metadata: ["reason": "\(why)"])
+            selector.decide(embedded, reason: why)
+            embedded.start()
+        case .automatic:
+            AutomaticChoice.start(logger: logger, programName: name, configuration: settings, selector: selector)
+        }
     }
 
     deinit {
-        core.queue.async { [core] in core.shutdown() }
+        selector.whenDecided { $0.beginShutdown() }
     }
 
-    /// The daemon connection's current state.
-    public var daemonState: DaemonState { core.published.withLock { $0.state } }
+    /// The backend in use; nil while ``DiscoveryBackendChoice/automatic`` is still deciding
+    /// (at most ``DiscoveryConfiguration/avahiTimeout`` after creation).
+    public var activeBackend: DiscoveryBackendKind? { selector.current?.kind }
 
-    /// The Avahi host name (e.g. `alpha`), once the daemon has been reached; else the kernel's host name.
-    public var hostName: String { core.published.withLock { $0.hostName } }
+    /// The backend in use, waiting for the automatic choice if needed.
+    public func backend() async -> DiscoveryBackendKind { await selector.backend().kind }
+
+    /// Why the backend in use was chosen, e.g. "avahi-daemon reachable" (nil while deciding).
+    public var backendReason: String? { selector.reason }
+
+    /// Registers a process-wide observer told, once per ``ServiceDiscovery``, which backend was
+    /// chosen and why — for programs that print it at start. nil removes it.
+    public static func onBackendChosen(_ observer: (@Sendable (DiscoveryBackendKind, _ reason: String) -> Void)?) {
+        BackendSelector.observer.withLock { $0 = observer }
+    }
+
+    /// The daemon connection's current state. The embedded backend reports `registering` while it
+    /// claims its host name and `running` once it has; before a backend is chosen, `connecting`.
+    public var daemonState: DaemonState { selector.current?.currentState ?? .connecting }
+
+    /// The host name (e.g. `alpha`) from Avahi or claimed by the embedded stack; until then the
+    /// kernel's host name.
+    public var hostName: String { selector.current?.currentHostName ?? DiscoveryCore.kernelHostName() }
 
     /// The daemon connection's states: the current one first, then every change, until shutdown.
     public func daemonStates() -> AsyncStream<DaemonState> {
+        if let backend = selector.current { return backend.stateUpdates() }
         let (stream, continuation) = AsyncStream.makeStream(of: DaemonState.self)
-        let id = core.published.withLock { published -> Int in
-            published.nextObserver += 1
-            published.observers[published.nextObserver] = continuation
-            continuation.yield(published.state)
-            if case .stopped = published.state { continuation.finish() }
-            return published.nextObserver
-        }
-        continuation.onTermination = { [core] _ in
-            _ = core.published.withLock { $0.observers.removeValue(forKey: id) }
+        continuation.yield(.connecting)
+        let forward = DeferredStop()
+        continuation.onTermination = { _ in forward.cancel() }
+        selector.whenDecided { backend in
+            let task = Task {
+                var first = true
+                for await state in backend.stateUpdates() {
+                    if first, state == .connecting { first = false; continue }  // already said
+                    first = false
+                    continuation.yield(state)
+                }
+                continuation.finish()
+            }
+            forward.set { task.cancel() }
         }
         return stream
     }
@@ -87,14 +158,11 @@ public final class ServiceDiscovery: Sendable {
         if let name, name.isEmpty || name.utf8.count > 63 {
             throw DiscoveryError(.invalidArgument, "service name '\(name)' must be 1 to 63 bytes of UTF-8")
         }
-        let interfaceIndex = try interface.resolvedIndex()
-        let core = self.core
-        let result: Result<PublishedService, DiscoveryError> = await core.perform {
-            core.addPublication(
-                name: name, type: type, domain: domain, port: port, txt: txt,
-                interface: interfaceIndex, ipVersion: ipVersion)
-        }
-        return try result.get()
+        let interfaceIndex = try resolvedInterface(interface)
+        let version = try configuration.effectiveVersion(ipVersion)
+        let request = PublishRequest(
+            name: name, type: type, domain: domain, port: port, txt: txt, interface: interfaceIndex, ipVersion: version)
+        return try await selector.backend().publish(request).get()
     }
 
     /// Browses for services of one type.
@@ -112,13 +180,13 @@ public final class ServiceDiscovery: Sendable {
         type: String, domain: String? = nil, interface: InterfaceSelection = .any, ipVersion: IPVersion = .any
     ) throws(DiscoveryError) -> ServiceBrowser {
         try Self.validateType(type)
-        let interfaceIndex = try interface.resolvedIndex()
+        let interfaceIndex = try resolvedInterface(interface)
+        let request = BrowseRequest(
+            type: type, domain: domain, interface: interfaceIndex, ipVersion: try configuration.effectiveVersion(ipVersion))
         let (stream, continuation) = AsyncStream.makeStream(of: BrowseEvent.self)
-        let session = BrowseSession(
-            core: core, type: type, domain: domain, interface: interfaceIndex, ipVersion: ipVersion,
-            continuation: continuation)
-        continuation.onTermination = { [core] _ in core.queue.async { core.removeBrowse(session) } }
-        core.queue.async { [core] in core.addBrowse(session) }
+        let stop = DeferredStop()
+        continuation.onTermination = { _ in stop.cancel() }
+        selector.whenDecided { backend in stop.set(backend.startBrowse(request, continuation: continuation)) }
         return ServiceBrowser(stream: stream)
     }
 
@@ -176,23 +244,17 @@ public final class ServiceDiscovery: Sendable {
         _ identity: ServiceIdentity, interface: InterfaceSelection = .any, ipVersion: IPVersion = .any,
         timeout: Duration = .seconds(5)
     ) async throws(DiscoveryError) -> ResolvedService {
-        try await resolve(identity, sightings: [], interface: try interface.resolvedIndex(), ipVersion: ipVersion, timeout: timeout)
+        try await resolve(identity, sightings: [], interface: try resolvedInterface(interface), ipVersion: ipVersion, timeout: timeout)
     }
 
     private func resolve(
         _ identity: ServiceIdentity, sightings: [DiscoveredService.Sighting], interface: Int32?,
         ipVersion: IPVersion, timeout: Duration
     ) async throws(DiscoveryError) -> ResolvedService {
-        let core = self.core
-        let result: Result<ResolvedService, DiscoveryError> = await withCheckedContinuation { continuation in
-            core.queue.async {
-                let session = ResolveSession(
-                    core: core, identity: identity, sightings: sightings, interface: interface,
-                    ipVersion: ipVersion, mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
-                core.addResolve(session)
-            }
-        }
-        return try result.get()
+        let request = ResolveRequest(
+            identity: identity, sightings: sightings, interface: interface,
+            ipVersion: try configuration.effectiveVersion(ipVersion))
+        return try await selector.backend().resolve(request, timeout: timeout).get()
     }
 
     /// Keeps resolving a service and reports every change: TXT updates (which browsers do not
@@ -201,34 +263,55 @@ public final class ServiceDiscovery: Sendable {
     public func watch(
         _ identity: ServiceIdentity, interface: InterfaceSelection = .any, ipVersion: IPVersion = .any
     ) throws(DiscoveryError) -> ServiceWatcher {
-        let interfaceIndex = try interface.resolvedIndex()
+        let request = ResolveRequest(
+            identity: identity, sightings: [], interface: try resolvedInterface(interface),
+            ipVersion: try configuration.effectiveVersion(ipVersion))
         let (stream, continuation) = AsyncStream.makeStream(of: ResolvedService.self, bufferingPolicy: .bufferingNewest(16))
-        let session = ResolveSession(
-            core: core, identity: identity, sightings: [], interface: interfaceIndex, ipVersion: ipVersion,
-            mode: .watch(continuation))
-        continuation.onTermination = { [core] _ in core.queue.async { core.removeResolve(session) } }
-        core.queue.async { [core] in core.addResolve(session) }
+        let stop = DeferredStop()
+        continuation.onTermination = { _ in stop.cancel() }
+        selector.whenDecided { backend in stop.set(backend.startWatch(request, continuation: continuation)) }
         return ServiceWatcher(stream: stream)
     }
 
     /// Unpublishes everything, stops every browse and resolve, and disconnects from the daemon.
     /// Idempotent. Afterwards no Dispatch source or timer of this object is left.
     public func shutdown() async {
-        let core = self.core
-        await core.perform { core.shutdown() }
+        await selector.backend().shutdown()
     }
 
-    /// How long a publication may stay in Avahi's probing phase before it is withdrawn and
-    /// registered again (default 5 s; tests shorten it).
+    /// The interface index asked for, checked against the interface policy.
+    private func resolvedInterface(_ interface: InterfaceSelection) throws(DiscoveryError) -> Int32? {
+        let index = try interface.resolvedIndex()
+        if let index, configuration.interfaces.isRestrictive {
+            let name = interfaceName(ofIndex: index) ?? "#\(index)"
+            guard configuration.interfaces.permits(name) else {
+                throw DiscoveryError(
+                    .invalidArgument, "interface \(name) is excluded by the interface policy (\(configuration.interfaces))")
+            }
+        }
+        return index
+    }
+
+    /// Avahi only: how long a publication may stay in Avahi's probing phase before it is withdrawn
+    /// and registered again (default 5 s; tests shorten it).
     func setProbeStallTimeout(_ timeout: Duration) async {
-        let core = self.core
+        guard let core = await selector.backend() as? DiscoveryCore else { return }
         await core.perform { core.probeStallTimeout = timeout }
     }
 
-    /// Counters of the Dispatch poll adapter, for tests: live watches, live timeouts, wakeups so far.
+    /// Embedded only: wakeups, live Dispatch sources, engine and cache counters (nil for Avahi).
+    var embeddedDiagnostics: EmbeddedDiagnostics? {
+        get async {
+            guard let embedded = await selector.backend() as? EmbeddedBackend else { return nil }
+            return await embedded.readDiagnostics()
+        }
+    }
+
+    /// Avahi only: counters of the Dispatch poll adapter, for tests: live watches, live timeouts,
+    /// wakeups so far (zeros for the embedded backend).
     var pollCounters: (watches: Int, timeouts: Int, wakeups: Int) {
         get async {
-            let core = self.core
+            guard let core = await selector.backend() as? DiscoveryCore else { return (0, 0, 0) }
             return await core.perform { (core.poll.liveWatches, core.poll.liveTimeouts, core.poll.wakeups) }
         }
     }
@@ -258,269 +341,3 @@ public struct ServiceWatcher: AsyncSequence, Sendable {
     public func makeAsyncIterator() -> AsyncStream<ResolvedService>.Iterator { stream.makeAsyncIterator() }
 }
 
-// MARK: - Core
-
-/// State visible outside the queue, under a lock.
-struct PublishedState {
-    var state: DaemonState = .connecting
-    var hostName: String
-    var observers: [Int: AsyncStream<DaemonState>.Continuation] = [:]
-    var nextObserver = 0
-}
-
-/// Everything that talks to libavahi-client. Every mutable field is confined to `queue`
-/// (Avahi does no locking); `published` is a lock for the few values read from outside.
-final class DiscoveryCore: @unchecked Sendable {
-    let queue = DispatchQueue(label: "discovery.avahi")
-    let logger: Logger
-    let programName: String
-    let poll: DispatchPoll
-    let published: Locked<PublishedState>
-
-    // queue-confined
-    private(set) var client: OpaquePointer?
-    private var retryTimer: (any DispatchSourceTimer)?
-    private var retryDelay: Duration = .milliseconds(250)
-    /// How long a publication may probe before it is registered again (see `Publication`).
-    var probeStallTimeout: Duration = .seconds(5)
-    private var stopped = false
-    private var publications: [ObjectIdentifier: Publication] = [:]
-    private var browses: [ObjectIdentifier: BrowseSession] = [:]
-    private var resolves: [ObjectIdentifier: ResolveSession] = [:]
-    /// Sightings of every service seen by any browse, for resolves.
-    var sightings: [ServiceIdentity: Set<DiscoveredService.Sighting>] = [:]
-
-    init(logger: Logger, programName: String) {
-        self.logger = logger
-        self.programName = programName
-        self.poll = DispatchPoll(queue: queue)
-        self.published = Locked(PublishedState(hostName: Self.kernelHostName()))
-    }
-
-    static func kernelHostName() -> String {
-        var buffer = [CChar](repeating: 0, count: 256)
-        gethostname(&buffer, buffer.count)
-        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    /// Runs `body` on the Avahi queue and returns its result.
-    func perform<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            queue.async { continuation.resume(returning: body()) }
-        }
-    }
-
-    var isRunning: Bool {
-        guard let client else { return false }
-        return avahi_client_get_state(client) == AVAHI_CLIENT_S_RUNNING
-    }
-
-    var hostName: String { published.withLock { $0.hostName } }
-
-    func setState(_ state: DaemonState) {
-        // Yield outside the lock: finishing a stream runs its onTermination, which takes the lock.
-        let observers = published.withLock { published -> [AsyncStream<DaemonState>.Continuation] in
-            guard published.state != state else { return [] }
-            published.state = state
-            return Array(published.observers.values)
-        }
-        for observer in observers {
-            observer.yield(state)
-            if case .stopped = state { observer.finish() }
-        }
-    }
-
-    // MARK: Client lifecycle
-
-    func connect() {
-        dispatchPrecondition(condition: .onQueue(queue))
-        guard !stopped, client == nil else { return }
-        var error: Int32 = 0
-        let userdata = Unmanaged.passUnretained(self).toOpaque()
-        let created = avahi_client_new(poll.api, AVAHI_CLIENT_NO_FAIL, clientCallback, userdata, &error)
-        guard let created else {
-            let failure = DiscoveryError(
-                .daemonUnavailable,
-                "cannot reach the Avahi daemon: \(avahiMessage(error)); is the system D-Bus running? retrying in \(retryDelay)",
-                avahiErrorCode: error)
-            logger.warning("avahi client creation failed", metadata: ["error": "\(failure.message)"])
-            setState(.failed(failure))
-            scheduleRetry()
-            return
-        }
-        client = created
-    }
-
-    private func scheduleRetry() {
-        retryTimer?.cancel()
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        let delay = retryDelay
-        retryDelay = min(retryDelay * 2, .seconds(5))
-        timer.schedule(deadline: .now() + delay.dispatchInterval)
-        timer.setEventHandler { [weak self] in
-            guard let self else { return }
-            self.retryTimer?.cancel()
-            self.retryTimer = nil
-            self.connect()
-        }
-        timer.resume()
-        retryTimer = timer
-    }
-
-    func clientStateChanged(_ client: OpaquePointer, _ state: AvahiClientState) {
-        self.client = client
-        switch state {
-        case AVAHI_CLIENT_S_RUNNING:
-            retryDelay = .milliseconds(250)
-            if let name = avahi_client_get_host_name(client) {
-                let hostName = String(cString: name)
-                published.withLock { $0.hostName = hostName }
-            }
-            logger.debug("avahi daemon running", metadata: ["host": "\(hostName)"])
-            setState(.running)
-            for publication in publications.values { publication.register() }
-            for browse in browses.values { browse.start() }
-            for resolve in resolves.values { resolve.start() }
-        case AVAHI_CLIENT_CONNECTING:
-            logger.info("waiting for the avahi daemon")
-            setState(.connecting)
-        case AVAHI_CLIENT_S_REGISTERING, AVAHI_CLIENT_S_COLLISION:
-            // The daemon's host name is (re)registering: our records are withdrawn; re-add on RUNNING.
-            for publication in publications.values { publication.reset() }
-            setState(.registering)
-        case AVAHI_CLIENT_FAILURE:
-            let error = avahi_client_errno(client)
-            let failure = DiscoveryError(
-                .daemonUnavailable, "lost the Avahi daemon: \(avahiMessage(error)); reconnecting", avahiErrorCode: error)
-            logger.warning("avahi client failed", metadata: ["error": "\(avahiMessage(error))"])
-            setState(.failed(failure))
-            // Everything owned by this client dies with it.
-            for publication in publications.values { publication.clientLost() }
-            for browse in browses.values { browse.clientLost() }
-            for resolve in resolves.values { resolve.clientLost() }
-            sightings.removeAll()
-            // Not from inside the client's own callback: free it, then reconnect.
-            let dead = UInt(bitPattern: client)
-            queue.async { [self] in
-                if let current = self.client, UInt(bitPattern: current) == dead {
-                    avahi_client_free(current)
-                    self.client = nil
-                }
-                if error == AVAHI_ERR_DISCONNECTED {
-                    self.connect()
-                } else {
-                    self.scheduleRetry()
-                }
-            }
-        default:
-            break
-        }
-    }
-
-    func shutdown() {
-        dispatchPrecondition(condition: .onQueue(queue))
-        guard !stopped else { return }
-        stopped = true
-        retryTimer?.cancel()
-        retryTimer = nil
-        for publication in publications.values { publication.stop(reason: nil) }
-        for browse in browses.values { browse.stop() }
-        for resolve in resolves.values { resolve.stop(error: DiscoveryError(.shutDown, "discovery was shut down")) }
-        publications.removeAll()
-        browses.removeAll()
-        resolves.removeAll()
-        if let client {
-            avahi_client_free(client)
-            self.client = nil
-        }
-        setState(.stopped)
-    }
-
-    // MARK: Registries
-
-    func addPublication(
-        name: String?, type: String, domain: String?, port: UInt16, txt: TXTRecord, interface: Int32?,
-        ipVersion: IPVersion
-    ) -> Result<PublishedService, DiscoveryError> {
-        guard !stopped else { return .failure(DiscoveryError(.shutDown, "discovery was shut down; create a new ServiceDiscovery")) }
-        let chosen = name ?? "\(programName) on \(hostName)"
-        let publication = Publication(
-            core: self, name: chosen, type: type, domain: domain, port: port, txt: txt, interface: interface,
-            ipVersion: ipVersion)
-        publications[ObjectIdentifier(publication)] = publication
-        if isRunning { publication.register() }
-        return .success(publication.handle)
-    }
-
-    func removePublication(_ publication: Publication) {
-        publications.removeValue(forKey: ObjectIdentifier(publication))
-    }
-
-    func addBrowse(_ session: BrowseSession) {
-        guard !stopped else { session.stop(); return }
-        browses[ObjectIdentifier(session)] = session
-        if isRunning { session.start() }
-    }
-
-    func removeBrowse(_ session: BrowseSession) {
-        guard browses.removeValue(forKey: ObjectIdentifier(session)) != nil else { return }
-        session.stop()
-    }
-
-    func addResolve(_ session: ResolveSession) {
-        guard !stopped else {
-            session.stop(error: DiscoveryError(.shutDown, "discovery was shut down; create a new ServiceDiscovery"))
-            return
-        }
-        resolves[ObjectIdentifier(session)] = session
-        session.armTimeout()
-        if isRunning { session.start() }
-    }
-
-    func removeResolve(_ session: ResolveSession) {
-        guard resolves.removeValue(forKey: ObjectIdentifier(session)) != nil else { return }
-        session.stop(error: nil)
-    }
-
-    /// Sightings of the service seen so far by any browse.
-    func knownSightings(_ identity: ServiceIdentity) -> Set<DiscoveredService.Sighting> {
-        sightings[identity] ?? []
-    }
-}
-
-private func clientCallback(_ client: OpaquePointer?, _ state: AvahiClientState, _ userdata: UnsafeMutableRawPointer?) {
-    guard let client, let userdata else { return }
-    Unmanaged<DiscoveryCore>.fromOpaque(userdata).takeUnretainedValue().clientStateChanged(client, state)
-}
-
-// MARK: - Helpers shared by the sessions
-
-func avahiMessage(_ error: Int32) -> String {
-    guard let text = avahi_strerror(error) else { return "error \(error)" }
-    return "\(String(cString: text)) (\(error))"
-}
-
-let ifUnspec = Int32(AVAHI_IF_UNSPEC)
-let protoUnspec = Int32(AVAHI_PROTO_UNSPEC)
-let protoInet = Int32(AVAHI_PROTO_INET)
-let protoInet6 = Int32(AVAHI_PROTO_INET6)
-
-extension IPVersion {
-    var avahiProtocol: Int32 {
-        switch self {
-        case .any: protoUnspec
-        case .ipv4: protoInet
-        case .ipv6: protoInet6
-        }
-    }
-
-    init(avahiProtocol: Int32) {
-        self = avahiProtocol == protoInet ? .ipv4 : avahiProtocol == protoInet6 ? .ipv6 : .any
-    }
-}
-
-extension Duration {
-    var dispatchInterval: DispatchTimeInterval {
-        .nanoseconds(Int(components.seconds) * 1_000_000_000 + Int(components.attoseconds / 1_000_000_000))
-    }
-}

@@ -48,12 +48,15 @@ public final class MessageChannel: @unchecked Sendable {
         var tracker = RequestTracker<CheckedContinuation<IncomingMessage, any Error>>()
     }
     var requests: Requests?
-    /// The ``on(type:as:_:)`` handlers, made on first use (idle channels hold one pointer). Guarded
-    /// by its own lock: a handler is installed from any context without waiting for the loop.
-    private let handlerTable = AtomicLazyReference<HandlerTable>()
-    final class HandlerTable: Sendable {
-        // The handlers run on the loop only; the lock guards installing them from other threads.
-        let handlers = Locked<[String: (IncomingMessage) -> Void]>([:])
+    /// The ``on(type:as:_:)`` handlers, read on the loop for every message without a lock. A handler
+    /// installed from another thread goes to `installs` (made on first use) and `hasInstalls` is
+    /// raised; the loop merges them before it dispatches the next message. So `on` never waits for
+    /// the loop, and a message that arrives after it returned reaches the handler.
+    private var handlers: [String: (IncomingMessage) -> Void] = [:]
+    private let installs = AtomicLazyReference<PendingInstalls>()
+    private let hasInstalls = Atomic<Bool>(false)
+    final class PendingInstalls: Sendable {
+        let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
     var incoming = TransferReceiver<IncomingTransfer>()
 
@@ -136,19 +139,37 @@ public final class MessageChannel: @unchecked Sendable {
     public func on<T: Decodable>(
         type: String, as _: T.Type, _ handler: @escaping @Sendable (T, IncomingMessage) -> Void
     ) {
-        let table = handlerTable.load() ?? handlerTable.storeIfNil(HandlerTable())
         let messages = self.messages
         let logger = driver.logger
-        table.handlers.withLock {
-            $0[type] = { message in
-                do throws(TransportError) {
-                    handler(try message.decode(T.self), message)
-                } catch {
-                    logger.warning("undecodable '\(type)' message from peer: \(error.message)")
-                    messages.buffer.push(message)
-                }
+        let dispatch: (IncomingMessage) -> Void = { message in
+            do throws(TransportError) {
+                handler(try message.decode(T.self), message)
+            } catch {
+                logger.warning("undecodable '\(type)' message from peer: \(error.message)")
+                messages.buffer.push(message)
             }
         }
+        if driver.loop.isCurrent {
+            mergeInstalls()  // keep the order of installs made from other threads before this one
+            handlers[type] = dispatch
+            return
+        }
+        let pending = installs.load() ?? installs.storeIfNil(PendingInstalls())
+        pending.list.withLock {
+            $0.append((type, dispatch))
+            hasInstalls.store(true, ordering: .sequentiallyConsistent)
+        }
+    }
+
+    /// Moves handlers installed from other threads into the loop's table. On the loop.
+    private func mergeInstalls() {
+        guard hasInstalls.load(ordering: .sequentiallyConsistent), let pending = installs.load() else { return }
+        let taken = pending.list.withLock { list in
+            hasInstalls.store(false, ordering: .sequentiallyConsistent)
+            defer { list = [] }
+            return list
+        }
+        for (type, handler) in taken { handlers[type] = handler }
     }
 
     // MARK: Closing
@@ -236,7 +257,8 @@ extension MessageChannel: ConnectionHandler {
                 throwing: TransportError(.transferFailed, "the connection closed during the transfer (\(reason))"))
             stream.sink.progressContinuation.finish()
         }
-        handlerTable.load()?.handlers.withLock { $0.removeAll() }
+        handlers.removeAll()
+        installs.load()?.list.withLock { $0.removeAll() }
         messages.buffer.finish()
         transferBuffer.finish()
     }
@@ -259,7 +281,8 @@ extension MessageChannel: ConnectionHandler {
                 return
             }
         }
-        if let table = handlerTable.load(), let handler = table.handlers.withLock({ $0[frame.typeID] }) {
+        mergeInstalls()
+        if let handler = handlers[frame.typeID] {
             handler(message)
         } else {
             messages.buffer.push(message)

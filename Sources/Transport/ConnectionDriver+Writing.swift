@@ -26,8 +26,8 @@ extension ConnectionDriver {
         // On the connection's own loop (a handler answering), never write at once: the loop is
         // busy delivering a batch of frames, and one flush after it writes every answer together
         // (as NIO flushes in channelReadComplete).
-        let threadQuiet =
-            now &- SendPacing.exchange(now) >= PendingWrites.streamingGap && !loop.isCurrent
+        // (The loop check is the dearer one: made only for a sender that would write itself.)
+        let threadQuiet = now &- SendPacing.exchange(now) >= PendingWrites.streamingGap && !loop.isCurrent
         var flush = false
         let outcome = send.withLock { state -> Submitted in
             do throws(PendingWrites.Refusal) {

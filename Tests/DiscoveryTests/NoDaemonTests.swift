@@ -17,7 +17,7 @@ import Testing
         "run with DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus (Tests/run.sh does)"))
 struct NoDaemonTests {
     @Test func noBusMeansFailedStateRetryAndCleanShutdown() async throws {
-        let discovery = ServiceDiscovery(logger: Logger(label: "test"))
+        let discovery = ServiceDiscovery(logger: Logger(label: "test"), backend: .avahi)  // never mDNS on the host
         var states = discovery.daemonStates().makeAsyncIterator()
         var sawFailure = false
         // The first states: connecting, then failed (no bus), retried on a timer.
@@ -43,7 +43,7 @@ struct NoDaemonTests {
     /// Without a daemon a snapshot finds nothing and ends at its timeout; a malformed type is
     /// refused before browsing.
     @Test func servicesSnapshotWithoutADaemonIsEmptyAtTheTimeout() async throws {
-        let discovery = ServiceDiscovery(logger: Logger(label: "test"))
+        let discovery = ServiceDiscovery(logger: Logger(label: "test"), backend: .avahi)  // never mDNS on the host
         let found = try await discovery.services(ofType: "_test._tcp", timeout: .milliseconds(200))
         #expect(found.isEmpty)
         await #expect {
@@ -53,7 +53,7 @@ struct NoDaemonTests {
     }
 
     @Test func invalidTXTIsRejectedBeforeAnythingIsSent() async {
-        let discovery = ServiceDiscovery(logger: Logger(label: "test"))
+        let discovery = ServiceDiscovery(logger: Logger(label: "test"), backend: .avahi)  // never mDNS on the host
         var txt = TXTRecord()
         txt["big"] = String(repeating: "x", count: 300)
         do {

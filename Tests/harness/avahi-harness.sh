@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Real avahi-daemons in private network + mount namespaces, for tests and the demo.
 #
-#   avahi-harness.sh run [--hosts 1|2] -- CMD...   set up, run CMD inside host "a", tear down (always)
-#   avahi-harness.sh up STATE [--hosts 1|2]        set up; writes STATE/env
+#   avahi-harness.sh run [--hosts 1|2] [--avahi a,b|a|b|none] -- CMD...
+#                                                  set up, run CMD inside host "a", tear down (always);
+#                                                  --avahi: hosts that start an avahi-daemon (default
+#                                                  all; dbus runs everywhere, so avahi-start works later)
+#   avahi-harness.sh up STATE [1|2] [a,b|a|b|none] set up; writes STATE/env
 #   avahi-harness.sh down STATE                    stop every process we started (by PID), delete namespaces
 #   avahi-harness.sh exec STATE HOST CMD...        run CMD inside HOST (a or b)
 #   avahi-harness.sh avahi-kill|avahi-start|avahi-stop STATE HOST
@@ -26,7 +29,12 @@ assert_private_netns() {
   local pid=$1
   [ "$(readlink /proc/$pid/ns/net)" != "$(readlink /proc/1/ns/net)" ] || die "refusing: host $pid shares the main network namespace"
   local ns; ns=$(state_get "$STATE_FOR_CHECK" "HARNESS_NETNS_$HOST_FOR_CHECK")
-  if [ -n "$ns" ] && [ -e "/run/netns/$ns" ]; then
+  # The namespace's inode as recorded at creation (from inside a host, /run/netns may not show
+  # the other host's namespace: the hosts' mount namespaces are private).
+  local inode; inode=$(state_get "$STATE_FOR_CHECK" "HARNESS_NETNS_INODE_$HOST_FOR_CHECK")
+  if [ -n "$inode" ]; then
+    [ "$(stat -L -c %i "/proc/$pid/ns/net")" = "$inode" ] || die "refusing: host $pid is not in our namespace $ns"
+  elif [ -n "$ns" ] && [ -e "/run/netns/$ns" ]; then
     [ "$(stat -L -c %i "/proc/$pid/ns/net")" = "$(stat -L -c %i "/run/netns/$ns")" ] || die "refusing: host $pid is not in our namespace $ns"
   fi
 }
@@ -90,7 +98,7 @@ kill_pid() { # kill_pid PID SIGNAL: only if still alive
 wait_gone() { local pid=$1 i; for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done; kill -KILL "$pid" 2>/dev/null || true; }
 
 cmd_up() {
-  local s=$1 hosts=${2:-2}
+  local s=$1 hosts=${2:-2} avahi_on=${3:-a,b}
   need_root
   mkdir -p "$s"; : > "$s/env"
   local tag="lanmsg$$"
@@ -102,6 +110,7 @@ cmd_up() {
     local ns="$tag-$h"
     ip netns add "$ns"
     echo "HARNESS_NETNS_$(echo "$h" | tr a-z A-Z)=$ns" >> "$s/env"
+    echo "HARNESS_NETNS_INODE_$(echo "$h" | tr a-z A-Z)=$(stat -L -c %i "/run/netns/$ns")" >> "$s/env"
     ip -n "$ns" link set lo up
     ip -n "$ns" link set lo multicast on
     ip netns exec "$ns" unshare -m --propagation private sh -c \
@@ -124,9 +133,13 @@ cmd_up() {
     [ "$hosts" = 2 ] || break
     wait_for 15 "IPv6 DAD on host $h" sh -c "! ip -n $tag-$h -6 addr | grep -q tentative && ip -n $tag-$h -6 addr show scope link | grep -q fe80"
   done
-  for h in $list; do start_dbus "$s" "$h"; start_avahi "$s" "$h"; done
+  for h in $list; do
+    start_dbus "$s" "$h"
+    case ",$avahi_on," in *",$h,"*) start_avahi "$s" "$h" ;; esac
+  done
   {
     echo "HARNESS_HOSTS=$hosts"
+    echo "HARNESS_AVAHI_HOSTS=$avahi_on"
     echo "HARNESS_SCRIPT=$(readlink -f "$0")"
   } >> "$s/env"
 }
@@ -155,12 +168,13 @@ cmd_down() {
 }
 
 cmd_run() {
-  local hosts=2
+  local hosts=2 avahi_on=a,b
   while [ $# -gt 0 ]; do
     case $1 in
       --hosts) hosts=$2; shift 2 ;;
+      --avahi) avahi_on=$2; shift 2 ;;
       --) shift; break ;;
-      *) die "usage: $0 run [--hosts 1|2] -- CMD..." ;;
+      *) die "usage: $0 run [--hosts 1|2] [--avahi a,b|a|b|none] -- CMD..." ;;
     esac
   done
   need_root
@@ -169,7 +183,7 @@ cmd_run() {
   # HARNESS_LOG_DIR: where the daemons' logs are copied after tear-down (for diagnosing failures).
   trap 'cmd_down "$RUN_STATE"; [ -z "${HARNESS_LOG_DIR:-}" ] || cp "$RUN_STATE"/avahi-*.log "$HARNESS_LOG_DIR"/ 2>/dev/null || true' EXIT
   trap 'exit 130' INT TERM
-  cmd_up "$s" "$hosts"
+  cmd_up "$s" "$hosts" "$avahi_on"
   local p; p=$(holder "$s" a)
   set +e
   # Export the state so the command (inside host a) can reach host b and control the daemons.
@@ -199,5 +213,5 @@ case "$sub" in
   dbus-start) start_dbus "$1" "$2" ;;
   link-down) ip -n "$(state_get "$1" HARNESS_NETNS_A)" link set va down ;;
   link-up) ip -n "$(state_get "$1" HARNESS_NETNS_A)" link set va up ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac
