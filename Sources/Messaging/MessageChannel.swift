@@ -186,10 +186,8 @@ public final class MessageChannel: @unchecked Sendable {
         }
     }
 
-    /// Closes immediately, dropping queued frames. Idempotent.
-    public func abort() {
-        queue.async { self.driver.tearDown(.localClose) }
-    }
+    /// Closes immediately, dropping queued frames. Idempotent. Sends fail from the moment it returns.
+    public func abort() { driver.abort(.localClose) }
 
     /// Bytes currently queued for the socket (for diagnostics and tests).
     public var queuedBytes: Int { driver.queuedBytes }

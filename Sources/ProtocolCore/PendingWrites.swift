@@ -6,6 +6,9 @@ package final class WireBuffer {
 
     package let base: UnsafeRawPointer
     package let count: Int
+    /// Bytes that go to the socket as they are (the preamble and handshake messages of version 2),
+    /// not frames to encrypt.
+    package let raw: Bool
     private let owned: UnsafeMutableRawBufferPointer?
     private let payload: [UInt8]?
 
@@ -17,15 +20,17 @@ package final class WireBuffer {
         payload = nil
         base = UnsafeRawPointer(bytes.baseAddress!)
         count = size
+        raw = false
     }
 
-    /// A payload written from the array's own storage. The array is kept alive and never mutated,
-    /// so its storage (and `base`) stays valid for this object's lifetime.
-    init(payload: [UInt8]) {
+    /// A payload written from the array's own storage (or raw bytes, `raw`). The array is kept
+    /// alive and never mutated, so its storage (and `base`) stays valid for this object's lifetime.
+    init(payload: [UInt8], raw: Bool = false) {
         self.payload = payload
         owned = nil
         base = payload.withUnsafeBytes { UnsafeRawPointer($0.baseAddress!) }
         count = payload.count
+        self.raw = raw
     }
 
     deinit { owned?.deallocate() }
@@ -220,6 +225,22 @@ package struct PendingWrites {
     /// flush (true unless one is pending already).
     package mutating func requestFlush() -> Bool { claimFlush() == .scheduleFlush }
 
+    /// Queues bytes that go to the socket unchanged (version 2's preamble and handshake messages,
+    /// written before any frame). Never written by the sender itself: the caller schedules the flush
+    /// when told to.
+    package mutating func enqueueRaw(_ bytes: [UInt8]) throws(Refusal) -> Next {
+        guard isAccepting else { throw .closed }
+        guard !bytes.isEmpty else { return .none }
+        buffers.append(WireBuffer(payload: bytes, raw: true))
+        sizes.append(bytes.count)
+        unwrittenBytes += bytes.count
+        maxUnwrittenBytes = max(maxUnwrittenBytes, unwrittenBytes)
+        return claimFlush()
+    }
+
+    /// Whether the next unwritten buffer is raw (nil when nothing is unwritten).
+    package var headIsRaw: Bool? { head < buffers.count ? buffers[head].raw : nil }
+
     private mutating func claimFlush() -> Next {
         if flushPending { return .none }
         flushPending = true
@@ -249,11 +270,17 @@ package struct PendingWrites {
 
     /// Calls `body` with the start and length of each unwritten buffer, in order, at most
     /// `maxBuffers` of them (the first one without its already written part); returns how many.
-    /// The memory stays valid until the next mutating call.
-    package func forEachUnwritten(maxBuffers: Int, _ body: (Int, UnsafeRawPointer, Int) -> Void) -> Int {
+    /// `sameKindOnly`: stop at the first buffer that is not raw when the first is, or the other way
+    /// round (frames to encrypt and raw bytes are written separately). The memory stays valid until
+    /// the next mutating call.
+    package func forEachUnwritten(
+        maxBuffers: Int, sameKindOnly: Bool = false, _ body: (Int, UnsafeRawPointer, Int) -> Void
+    ) -> Int {
         var index = head
         var count = 0
+        let kind = head < buffers.count ? buffers[head].raw : false
         while index < buffers.count && count < maxBuffers {
+            if sameKindOnly && buffers[index].raw != kind { break }
             let skip = index == head ? headOffset : 0
             body(count, buffers[index].base + skip, sizes[index] - skip)
             index += 1

@@ -168,6 +168,18 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// Closes now, dropping what is queued. Idempotent. On the loop.
     package func tearDown(_ reason: CloseReason) { perform(lifecycle.tearDown(reason)) }
 
+    /// Closes from any context: refuses further frames at once (waiting senders fail), then tears
+    /// down on the loop.
+    package func abort(_ reason: CloseReason) {
+        let waiters = send.withLock { state -> [Waiter] in
+            if state.closeReason == nil { state.closeReason = reason }
+            return state.writes.stopAccepting()
+        }
+        let error = TransportError.closed(reason)
+        for waiter in waiters { waiter(.failure(error)) }
+        queue.async { self.tearDown(reason) }
+    }
+
     func perform(_ action: ConnectionLifecycle.Action) {
         switch action {
         case .none, .stopAccepting:
