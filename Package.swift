@@ -146,7 +146,7 @@ let package = Package(
         // libFuzzer harness over the protocol core (Tests/fuzz/run-fuzz-wire.sh builds it with
         // --sanitize=fuzzer and -DFUZZING; a plain build replays inputs given as files).
         .executableTarget(
-            name: "lanmsg-fuzz", dependencies: ["ProtocolCore"], path: "Tests/fuzz/FuzzCore", swiftSettings: strict),
+            name: "lanmsg-fuzz", dependencies: ["ProtocolCore", .product(name: "Crypto", package: "swift-crypto")], path: "Tests/fuzz/FuzzCore", swiftSettings: strict),
         // A scriptable DNS-SD peer (either backend) for the integration tests.
         .executableTarget(
             name: "discovery-peer",

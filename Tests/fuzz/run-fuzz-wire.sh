@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the protocol core (the ProtocolCore target as a whole: frame decoder and envelope, the hello
-# exchange) and the DNS-SD record parsing (TXT, A/AAAA) with libFuzzer for a bounded time each.
+# exchange, version 2's Noise handshake and transport decoders) and the DNS-SD record parsing (TXT, A/AAAA) with libFuzzer for a bounded time each.
 #
 #   Tests/fuzz/run-fuzz-wire.sh [SECONDS]     (default 30 per target; e.g. 3600 for a long run)
 #
@@ -49,6 +49,11 @@ for f in "$WORK"/vec*.hex; do
   { printf '\x00'; tr -cd '0-9a-fA-F' < "$f" | xxd -r -p; } > "$WORK/lanmsg-fuzz.corpus/frames-$(basename "$f" .hex)" 2>/dev/null || true
   { printf '\x01'; tr -cd '0-9a-fA-F' < "$f" | xxd -r -p; } > "$WORK/lanmsg-fuzz.corpus/hello-$(basename "$f" .hex)" 2>/dev/null || true
 done
+# Version 2: the genuine transcript unchanged (selector 3, mode 1 / 3: XOR nothing), and raw.
+for mode in 01 03 11 13; do
+  { printf '\x03'; printf "\\x$mode"; head -c 400 /dev/zero; } > "$WORK/lanmsg-fuzz.corpus/noise-$mode"
+done
+{ printf '\x03\x00LANMSG/2\x00\x20'; head -c 32 /dev/zero; } > "$WORK/lanmsg-fuzz.corpus/noise-raw"
 printf '\x05txt=1\x0bpath=/a/b/c\x04flag\x03v=x' > "$WORK/fuzz-txt.corpus/typical"
 printf '\x0dproto=lanmsg\x01\x00' > "$WORK/fuzz-txt.corpus/odd"
 printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"

@@ -3,8 +3,9 @@
 // `swift build --sanitize=fuzzer --sanitize=address -Xswiftc -DFUZZING`; without FUZZING this is a
 // small program that replays inputs given as files (crash reproduction, the corpus as a test).
 //
-// The first input byte picks the harness: even → frames (decoder invariants), odd → hello (the
-// server side of the hello exchange fed whatever frames the bytes decode to).
+// The first input byte picks the harness: 0, 2 (mod 4) → frames (decoder invariants), 1 → hello (the
+// server side of the hello exchange fed whatever frames the bytes decode to), 3 → version 2 (the
+// Noise handshake and transport decoders, FuzzNoise.swift).
 import ProtocolCore
 
 @inline(__always)
@@ -14,10 +15,10 @@ func check(_ condition: Bool, _ message: @autoclosure () -> String) {
 
 func fuzzOne(_ bytes: [UInt8]) {
     guard let selector = bytes.first else { return }
-    if selector & 1 == 0 {
-        fuzzFrames(bytes)
-    } else {
-        fuzzHello(Array(bytes.dropFirst()))
+    switch selector & 3 {
+    case 1: fuzzHello(Array(bytes.dropFirst()))
+    case 3: fuzzNoise(Array(bytes.dropFirst()))
+    default: fuzzFrames(bytes)
     }
 }
 
