@@ -70,6 +70,7 @@ let package = Package(
                 "Discovery", "Transport", "ProtocolCore", "Locks", "FastJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict
         ),

@@ -12,10 +12,20 @@ public final class PublishedService: Sendable {
         var txt: TXTRecord
         var established = false
         var failure: DiscoveryError?
-        var waiters: [Int: CheckedContinuation<Result<String, DiscoveryError>, Never>] = [:]
+        /// Callers of `established(timeout:)`, each with the timer that fails it at its deadline
+        /// (cancelled when the publication settles first).
+        var waiters: [Int: Waiter] = [:]
         var nextWaiter = 0
         /// Re-registrations after stalled probing (for tests and diagnostics).
         var stallRetries = 0
+        /// The backend's object for this publication (an Avahi `Publication`, an embedded
+        /// `EmbeddedPublication`); set and read on `owner.queue`, held weakly.
+        weak var backendObject: AnyObject?
+    }
+
+    struct Waiter {
+        let continuation: CheckedContinuation<Result<String, DiscoveryError>, Never>
+        let timer: any DispatchSourceTimer
     }
 
     let state: Locked<State>
@@ -27,8 +37,11 @@ public final class PublishedService: Sendable {
     /// The port announced.
     public let port: UInt16
     /// The backend's object for this publication (an Avahi `Publication`, an embedded
-    /// `EmbeddedPublication`); touched on `owner.queue` only.
-    nonisolated(unsafe) weak var backendObject: AnyObject?
+    /// `EmbeddedPublication`).
+    var backendObject: AnyObject? {
+        get { state.withLock { $0.backendObject } }
+        set { state.withLock { $0.backendObject = newValue } }
+    }
     let owner: any PublicationOwner
 
     init(owner: any PublicationOwner, name: String, type: String, port: UInt16, txt: TXTRecord) {
@@ -53,19 +66,29 @@ public final class PublishedService: Sendable {
     @discardableResult
     public func established(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
         let result: Result<String, DiscoveryError> = await withCheckedContinuation { continuation in
+            let timer = DispatchSource.makeTimerSource(queue: owner.queue)
             let id: Int? = state.withLock { state in
                 if state.established { continuation.resume(returning: .success(state.name)); return nil }
                 if let failure = state.failure { continuation.resume(returning: .failure(failure)); return nil }
                 state.nextWaiter += 1
-                state.waiters[state.nextWaiter] = continuation
+                state.waiters[state.nextWaiter] = Waiter(continuation: continuation, timer: timer)
                 return state.nextWaiter
             }
-            guard let id else { return }
-            owner.queue.asyncAfter(deadline: .now() + timeout.dispatchInterval) { [self] in
-                let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
-                guard let waiter else { return }
-                waiter.resume(returning: .failure(DiscoveryError(.timedOut, owner.notEstablishedMessage(self, timeout: timeout))))
+            guard let id else {
+                timer.activate()  // an inactive source must not be released
+                timer.cancel()
+                return
             }
+            timer.setEventHandler { [weak self] in
+                guard let self else { return }
+                let waiter = self.state.withLock { $0.waiters.removeValue(forKey: id) }
+                guard let waiter else { return }
+                waiter.timer.cancel()
+                waiter.continuation.resume(
+                    returning: .failure(DiscoveryError(.timedOut, self.owner.notEstablishedMessage(self, timeout: timeout))))
+            }
+            timer.schedule(deadline: .now() + timeout.dispatchInterval)
+            timer.activate()
         }
         return try result.get()
     }
@@ -93,7 +116,7 @@ public final class PublishedService: Sendable {
     }
 
     func record(_ event: PublicationEvent) {
-        let waiters: [CheckedContinuation<Result<String, DiscoveryError>, Never>]
+        let waiters: [Waiter]
         let result: Result<String, DiscoveryError>?
         (waiters, result) = state.withLock { state in
             switch event {
@@ -121,7 +144,12 @@ public final class PublishedService: Sendable {
             state.waiters.removeAll()
             return (all, outcome)
         }
-        if let result { for waiter in waiters { waiter.resume(returning: result) } }
+        if let result {
+            for waiter in waiters {
+                waiter.timer.cancel()
+                waiter.continuation.resume(returning: result)
+            }
+        }
         continuation.yield(event)
     }
 }

@@ -21,6 +21,7 @@ public struct ChannelConfiguration: Sendable {
         var transferChunkBufferLimit: Int = 16
         var helloValidator: (@Sendable (PeerInfo) -> String?)? = nil
         var preSharedKey: PreSharedKey? = nil
+        var security: ChannelSecurity = .plaintext
     }
 
     private var storage: SharedValues<Values>
@@ -117,6 +118,14 @@ public struct ChannelConfiguration: Sendable {
     public var preSharedKey: PreSharedKey? {
         get { storage.box.values.preSharedKey }
         set { storage.update { $0.preSharedKey = newValue } }
+    }
+
+    /// How the connection is protected: ``ChannelSecurity/encrypted(identity:trust:)`` (protocol
+    /// version 2: Noise handshake, every byte encrypted and authenticated) or
+    /// ``ChannelSecurity/plaintext`` (version 1). Both sides must use the same.
+    public var security: ChannelSecurity {
+        get { storage.box.values.security }
+        set { storage.update { $0.security = newValue } }
     }
 
     /// Creates a configuration with this side's name.

@@ -23,11 +23,19 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
         machine = HandshakeStateMachine(role: role, settings: configuration.handshakeSettings())
     }
 
-    func run() async throws -> MessageChannel {
+    /// Runs the exchange. `adopting`: the driver was started by the version-2 exchange, which
+    /// found a version-1 peer; these are the bytes it read so far.
+    func run(adopting leftover: [UInt8]? = nil) async throws -> MessageChannel {
         let channel = try await withCheckedThrowingContinuation { continuation in
             driver.queue.async {
                 self.continuation = continuation
-                self.driver.start(handler: self)
+                if let leftover {
+                    self.driver.setHandler(self)
+                    self.driver.beginFrames(leftover: leftover)
+                    self.driver.deliverBufferedFrames()
+                } else {
+                    self.driver.start(handler: self)
+                }
                 self.driver.setDeadline(
                     .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
                 self.perform(self.machine.start())

@@ -60,8 +60,21 @@ public final class MessageChannel: @unchecked Sendable {
     }
     var incoming = TransferReceiver<IncomingTransfer>()
 
-    init(driver: ConnectionDriver, established: HandshakeStateMachine.Established, configuration: ChannelConfiguration) {
+    /// The peer's proven identity when the connection is encrypted (protocol version 2); nil in
+    /// plaintext.
+    public var peerIdentity: PeerIdentity? { identityBox?.identity }
+    private let identityBox: IdentityBox?
+    final class IdentityBox: Sendable {
+        let identity: PeerIdentity
+        init(_ identity: PeerIdentity) { self.identity = identity }
+    }
+
+    init(
+        driver: ConnectionDriver, established: HandshakeStateMachine.Established, configuration: ChannelConfiguration,
+        identity: PeerIdentity? = nil
+    ) {
         self.driver = driver
+        identityBox = identity.map(IdentityBox.init)
         self.peer = established.peer
         self.peerMaxFrameSize = established.peerMaxFrameSize
         self.configuration = configuration
@@ -97,6 +110,9 @@ public final class MessageChannel: @unchecked Sendable {
         logger.debug("connected to \(address); sending hello")
         let driver = ConnectionDriver(
             fd: fd, loop: configuration.loopGroup.next(), configuration: configuration.connection, logger: logger)
+        if configuration.security.isEncrypted {
+            return try await SecureExchange(driver: driver, role: .client, configuration: configuration).run()
+        }
         return try await HelloExchange(driver: driver, role: .client, configuration: configuration).run()
     }
 
@@ -114,6 +130,9 @@ public final class MessageChannel: @unchecked Sendable {
         }
         let driver = ConnectionDriver(
             fd: fd, loop: configuration.loopGroup.next(), configuration: configuration.connection, logger: logger)
+        if configuration.security.isEncrypted {
+            return try await SecureExchange(driver: driver, role: .server, configuration: configuration).run()
+        }
         return try await HelloExchange(driver: driver, role: .server, configuration: configuration).run()
     }
 

@@ -40,6 +40,11 @@ package struct HandshakeStateMachine: Sendable {
         package let peer: PeerInfo
         /// The largest frame body the peer accepts: this side never sends a larger one.
         package let peerMaxFrameSize: Int
+
+        package init(peer: PeerInfo, peerMaxFrameSize: Int) {
+            self.peer = peer
+            self.peerMaxFrameSize = peerMaxFrameSize
+        }
     }
 
     /// What to do after an event.

@@ -169,6 +169,7 @@ extension ConnectionDriver {
     /// for the rest. Would-block and errors write nothing here: the flush meets them again and
     /// handles them (write source, teardown).
     private func writeDirectly(_ state: inout SendState, maxBuffers: Int) -> Bool {
+        if state.encrypted { return state.writes.requestFlush() }  // only the loop seals
         let written = withUnsafeTemporaryAllocation(of: iovec.self, capacity: maxBuffers) { vecs -> Int in
             let count = state.writes.forEachUnwritten(maxBuffers: maxBuffers) { index, base, length in
                 vecs[index] = iovec(iov_base: UnsafeMutableRawPointer(mutating: base), iov_len: length)
@@ -190,7 +191,7 @@ extension ConnectionDriver {
         return state.writes.requestFlush()
     }
 
-    private func scheduleFlush() { queue.async { self.flush() } }
+    func scheduleFlush() { queue.async { self.flush() } }
 
     /// Writes as much queued output as the socket takes: `sendmsg` with up to 64 buffers. On the
     /// loop. The lock is not held during the system call: other senders keep queuing meanwhile, and
@@ -198,6 +199,7 @@ extension ConnectionDriver {
     func flush() {
         guard lifecycle.isReading else { return }  // not started, or torn down
         send.withLock { $0.writes.beginFlush() }
+        if let secure, secure.transport != nil { return flushEncrypted(secure) }
         withUnsafeTemporaryAllocation(of: iovec.self, capacity: Self.maxIOVecs) { vecs in flush(using: vecs) }
     }
 
@@ -243,6 +245,79 @@ extension ConnectionDriver {
             resume(admitted)
             if drainedNow { return drained() }
         }
+    }
+
+    /// Version 2's flush: takes up to about 1 MiB of queued frames, seals it into transport messages
+    /// (raw handshake bytes still queued go as they are), writes, repeats.
+    private func flushEncrypted(_ secure: SecureState) {
+        while !isClosed {
+            if !secure.sealedPending {
+                guard refillSealed(secure) else { return }
+                continue
+            }
+            let result: IOResult<Int>
+            do {
+                result = try syscall("write", nonblocking: true) { () -> Int in
+                    secure.sealed.withUnsafeBytes { bytes in
+                        write(fd.rawValue, bytes.baseAddress! + secure.sealedOffset, bytes.count - secure.sealedOffset)
+                    }
+                }
+            } catch {
+                return tearDown(Self.reason(for: error))
+            }
+            guard case .processed(let written) = result else { return resumeWriteSource() }
+            secure.sealedOffset += written
+        }
+    }
+
+    /// Moves queued bytes into `secure.sealed`; false when there is nothing more (drained) or the
+    /// connection closed.
+    private func refillSealed(_ secure: SecureState) -> Bool {
+        let budget = 16 * SecureProtocol.maxPlaintext
+        var admitted: [PendingWrites.Admitted] = []
+        var plaintext: [UInt8] = []
+        var raw = false
+        let drainedNow = send.withLock { state -> Bool in
+            raw = state.writes.headIsRaw ?? false
+            var total = 0
+            _ = state.writes.forEachUnwritten(maxBuffers: Self.maxIOVecs, sameKindOnly: true) { _, base, length in
+                let take = min(length, budget - total)
+                guard take > 0 else { return }
+                plaintext.append(contentsOf: UnsafeRawBufferPointer(start: base, count: take))
+                total += take
+            }
+            if total > 0 {
+                _ = state.writes.didWrite(total, admitted: &admitted)
+                return false
+            }
+            state.writes.admitIfRoom(&admitted)
+            if admitted.isEmpty { state.writes.flushDone() }
+            return admitted.isEmpty
+        }
+        resume(admitted)
+        secure.sealedOffset = 0
+        if plaintext.isEmpty {
+            secure.sealed = []  // idle: hold no storage
+            if drainedNow { drained() }
+            return !drainedNow
+        }
+        if raw {
+            secure.sealed = plaintext
+            return true
+        }
+        secure.sealed.removeAll(keepingCapacity: true)
+        var start = 0
+        do {
+            while start < plaintext.count {
+                let end = min(start + SecureProtocol.maxPlaintext, plaintext.count)
+                secure.sealed += try secure.transport!.seal(Array(plaintext[start..<end]))
+                start = end
+            }
+        } catch {
+            tearDown(.protocolError("cannot encrypt: \(error)"))
+            return false
+        }
+        return true
     }
 
     private func resume(_ admitted: [PendingWrites.Admitted]) {

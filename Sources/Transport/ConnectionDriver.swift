@@ -18,6 +18,26 @@ package protocol ConnectionHandler: AnyObject {
     func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind)
     /// The connection closed; no other call follows.
     func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason)
+    /// Bytes arrived while the connection reads raw bytes (the version-2 handshake,
+    /// ``ConnectionDriver/startRaw(handler:)``).
+    func connection(_ connection: ConnectionDriver, receivedBytes bytes: [UInt8])
+}
+
+extension ConnectionHandler {
+    package func connection(_ connection: ConnectionDriver, receivedBytes bytes: [UInt8]) {}
+}
+
+/// Version 2's state of a connection, made only for connections that speak it: while raw, read
+/// bytes go to the handler (the handshake); once `transport` is set, everything read is opened and
+/// every byte written is sealed. Confined to the loop.
+final class SecureState {
+    var rawInput = true
+    var transport: SecureTransport?
+    /// Sealed (or raw) bytes taken from the queue and not yet written.
+    var sealed: [UInt8] = []
+    var sealedOffset = 0
+
+    var sealedPending: Bool { sealedOffset < sealed.count }
 }
 
 /// One nonblocking TCP connection carried out on Dispatch: it performs what the core's state
@@ -40,6 +60,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         var writes: PendingWrites
         /// Set at teardown: what a refused sender is told.
         var closeReason: CloseReason?
+        /// Version 2's transport is on: senders never write themselves (the loop seals).
+        var encrypted = false
     }
 
     // Field order matters for memory (benchmark W5): small fields sit together.
@@ -73,6 +95,8 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// When the last complete frame arrived (uptime ns).
     package private(set) var lastFrameTime: UInt64 = 0
     private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []
+    /// Version 2 (nil for a plaintext connection).
+    var secure: SecureState?
 
     /// This connection's logger: the given one with `peer` metadata. Built on each use: copying the
     /// metadata costs about 450 bytes, too much to keep for each of thousands of idle connections.
@@ -122,6 +146,72 @@ package final class ConnectionDriver: @unchecked Sendable {
         if let idle = configuration.idleTimeout { setDeadline(.idleCheck, at: lastFrameTime &+ idle.nanoseconds) }
     }
 
+    /// Starts like ``start(handler:)`` but reads raw bytes (reported with
+    /// `connection(_:receivedBytes:)`) until ``beginEncryption(_:leftover:)`` or
+    /// ``beginFrames(leftover:)``. On the loop, once.
+    package func startRaw(handler: any ConnectionHandler) {
+        secure = SecureState()
+        start(handler: handler)
+    }
+
+    /// Queues bytes written as they are, before any frame (the preamble and handshake messages).
+    /// Any context.
+    package func sendRaw(_ bytes: [UInt8]) {
+        let flush = send.withLock { state in (try? state.writes.enqueueRaw(bytes)) == .scheduleFlush }
+        if flush { scheduleFlush() }
+    }
+
+    /// The handshake is over: from now on every byte read is opened with `transport` (first
+    /// `leftover`, bytes that arrived after the handshake) and every frame is sealed. Frames decoded
+    /// from `leftover` are delivered once the current read event is handled. On the loop.
+    package func beginEncryption(_ transport: SecureTransport, leftover: [UInt8]) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let state = secure ?? SecureState()
+        secure = state
+        state.rawInput = false
+        state.transport = transport
+        send.withLock { $0.encrypted = true }
+        if !leftover.isEmpty {
+            leftover.withUnsafeBytes { _ = openSecure($0, state) }
+        }
+    }
+
+    /// The peer speaks version 1 after all: read frames from now on, `leftover` first (delivered
+    /// once the current read event is handled). On the loop.
+    package func beginFrames(leftover: [UInt8]) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        secure = nil
+        leftover.withUnsafeBytes { decoder.append($0) }
+    }
+
+    /// Delivers frames already decoded (after ``beginFrames(leftover:)`` outside a read event). On the loop.
+    package func deliverBufferedFrames() {
+        dispatchPrecondition(condition: .onQueue(queue))
+        deliverFrames()
+    }
+
+    /// Transport messages sealed and opened so far (nil in plaintext). On the loop.
+    package var transportMessageCounts: (sent: UInt64, received: UInt64)? { secure?.transport?.messageCounts }
+
+    /// Whether the transport is encrypted (version 2).
+    package var isEncrypted: Bool { secure?.transport != nil }
+
+    /// Opens received transport messages into the frame decoder; false when one failed (closed).
+    private func openSecure(_ bytes: UnsafeRawBufferPointer, _ state: SecureState) -> Bool {
+        do {
+            let plaintext = try state.transport!.open(bytes)
+            plaintext.withUnsafeBytes { decoder.append($0) }
+            return true
+        } catch {
+            let text =
+                "a transport message failed authentication (\(error)): the data was altered or corrupted "
+                + "on the way, or the peer's encryption is broken"
+            logger.warning("\(text)")
+            tearDown(.protocolError(text))
+            return false
+        }
+    }
+
     /// Hands the connection to another owner (the hello exchange hands over to the channel). On the loop.
     package func setHandler(_ handler: any ConnectionHandler) {
         dispatchPrecondition(condition: .onQueue(queue))
@@ -151,7 +241,8 @@ package final class ConnectionDriver: @unchecked Sendable {
     package func closeGracefully(reason: CloseReason? = nil) {
         dispatchPrecondition(condition: .onQueue(queue))
         let (action, waiters) = send.withLock { state -> (ConnectionLifecycle.Action, [Waiter]) in
-            let action = lifecycle.closeGracefully(reason: reason, outputEmpty: state.writes.isEmpty)
+            let action = lifecycle.closeGracefully(
+                reason: reason, outputEmpty: state.writes.isEmpty && !(secure?.sealedPending ?? false))
             switch action {
             case .stopAccepting, .stopAcceptingAndShutDownWrite:
                 state.closeReason = reason ?? .localClose
@@ -337,7 +428,7 @@ package final class ConnectionDriver: @unchecked Sendable {
             guard readPauseCount == 0, lifecycle.isReading else { return }
             var result: IOResult<Int> = .wouldBlock
             do throws(TransportError) {
-                if decoder.missingPayloadBytes > 0 {
+                if secure == nil && decoder.missingPayloadBytes > 0 {
                     // A large payload: read straight into its array (no reassembly copies).
                     var failure: TransportError?
                     decoder.fillPayload { space in
@@ -356,7 +447,16 @@ package final class ConnectionDriver: @unchecked Sendable {
                     let buffer = ReadScratch.buffer(minimumSize: max(configuration.readBufferSize, 4096))
                     result = try syscall("read", nonblocking: true) { read(fd.rawValue, buffer.baseAddress, buffer.count) }
                     if case .processed(let count) = result, count > 0 {
-                        decoder.append(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+                        let bytes = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
+                        if let secure {
+                            if secure.rawInput {
+                                handler?.connection(self, receivedBytes: Array(bytes))
+                            } else if !openSecure(bytes, secure) {
+                                return
+                            }
+                        } else {
+                            decoder.append(bytes)
+                        }
                     }
                 }
             } catch {
@@ -369,7 +469,7 @@ package final class ConnectionDriver: @unchecked Sendable {
                 // While a large payload is incomplete, ask the kernel to report the socket readable
                 // only once the rest (up to 1 MiB) is there: one wake-up per megabyte, not per few
                 // segments. End of file and errors are reported regardless.
-                setReceiveLowWater(min(decoder.missingPayloadBytes, Self.maxReceiveLowWater))
+                if secure == nil { setReceiveLowWater(min(decoder.missingPayloadBytes, Self.maxReceiveLowWater)) }
                 return
             case .processed(0):
                 perform(lifecycle.endOfFile(partialFrameBytes: decoder.bufferedByteCount))

@@ -38,7 +38,8 @@ package struct ProvenPeer: Sendable, Equatable {
     package let publicKey: [UInt8]
     package let info: PeerInfo
     package let maxFrameSize: Int
-    /// The handshake hash, the same on both sides (for ``SecureProtocol/comparisonCode(handshakeHash:)``).
+    /// The handshake hash after message 2, the same on both sides (for
+    /// ``SecureProtocol/comparisonCode(handshakeHash:)``).
     package let handshakeHash: [UInt8]
 }
 
@@ -89,8 +90,10 @@ package struct SecureHandshake: Sendable {
     private var noise: NoiseHandshake
     private var buffer: [UInt8] = []
     private var sawPreamble: Bool
-    private var peer: ProvenPeer?
     private var done = false
+    /// The handshake hash right after message 2, which both sides know before either checks the
+    /// other: what the comparison code is derived from.
+    private var messageTwoHash: [UInt8] = []
     /// Bytes that arrived after the handshake's last message (the first transport messages).
     package private(set) var leftover: [UInt8] = []
 
@@ -175,10 +178,13 @@ package struct SecureHandshake: Sendable {
         case (.server, false):
             // Message 1 read: answer with message 2 carrying our hello.
             return step { machine throws(NoiseError) in
-                Self.framed(try machine.noise.writeMessage(payload: machine.hello()))
+                let message = Self.framed(try machine.noise.writeMessage(payload: machine.hello()))
+                machine.messageTwoHash = machine.noise.handshakeHash
+                return message
             }
         case (.client, false):
             // Message 2 read: the server's hello and proven key. Check them, then send message 3.
+            messageTwoHash = noise.handshakeHash
             switch prove(payload) {
             case .failure(let error): return Output(outcome: .failure(error))
             case .success(let server):
@@ -190,7 +196,7 @@ package struct SecureHandshake: Sendable {
                     output.outcome = .success(
                         ProvenPeer(
                             publicKey: server.publicKey, info: server.info, maxFrameSize: server.maxFrameSize,
-                            handshakeHash: noise.handshakeHash))
+                            handshakeHash: messageTwoHash))
                 }
                 return output
             }
@@ -228,7 +234,7 @@ package struct SecureHandshake: Sendable {
         }
         let proven = ProvenPeer(
             publicKey: key, info: hello.info, maxFrameSize: hello.maxFrame ?? HandshakeStateMachine.defaultMaxFrameSize,
-            handshakeHash: noise.handshakeHash)
+            handshakeHash: messageTwoHash)
         if let refusal = settings.verify(proven) {
             done = true
             return .failure(TransportError(.authenticationFailed, refusal, closeReason: .helloFailed(refusal)))
@@ -307,6 +313,9 @@ package struct SecureTransport: Sendable {
         }
         return plaintext
     }
+
+    /// Transport messages sealed and opened so far (each direction's nonce).
+    package var messageCounts: (sent: UInt64, received: UInt64) { (sendCipher.nonce, receiveCipher.nonce) }
 
     /// Received bytes of an incomplete message.
     package var pendingBytes: Int { inbound.count - inboundStart }

@@ -1,0 +1,252 @@
+import Crypto
+import FastJSON
+import Locks
+import Logging
+import ProtocolCore
+import Transport
+
+/// Protocol version 2 on a fresh connection: the Noise handshake (``SecureHandshake``), the trust
+/// decision (``TrustPolicy``), then the server's verdict — AUTH_OK or REFUSE, already encrypted —
+/// and the hand-off to a new ``MessageChannel`` on the encrypted transport.
+///
+/// A server also recognises a version-1 client by its first byte (a v1 frame's length starts with
+/// a zero byte; the v2 preamble with `L`): it serves it in version 1 when
+/// ``ChannelSecurity/acceptsPlaintextPeers`` says so, and otherwise tells it why in a version-1
+/// REFUSE. A client never falls back.
+///
+/// `@unchecked Sendable`: every mutable field is confined to the connection's loop.
+final class SecureExchange: ConnectionHandler, @unchecked Sendable {
+    private enum Phase {
+        case detecting([UInt8])
+        case handshaking
+        case awaitingVerdict(ProvenPeer)
+        case done
+    }
+
+    private enum Outcome {
+        case channel(MessageChannel)
+        case plaintextPeer([UInt8])
+    }
+
+    private let driver: ConnectionDriver
+    private let role: SecureHandshake.Role
+    private let configuration: ChannelConfiguration
+    private let policy: TrustPolicy
+    private var machine: SecureHandshake
+    private var phase: Phase
+    private var continuation: CheckedContinuation<Outcome, any Error>?
+    /// The trust decision, made inside the handshake (``SecureHandshake/Settings/verify``).
+    private let decision = Locked<PeerIdentity?>(nil)
+    private let handoff = Lock()
+
+    init(driver: ConnectionDriver, role: SecureHandshake.Role, configuration: ChannelConfiguration) throws {
+        guard case .encrypted(let identity, let policy) = configuration.security.mode else {
+            preconditionFailure("SecureExchange needs an encrypted configuration")
+        }
+        self.driver = driver
+        self.role = role
+        self.configuration = configuration
+        self.policy = policy
+        let decision = self.decision
+        let settings = SecureHandshake.Settings(
+            info: PeerInfo(version: 2, name: configuration.name, metadata: configuration.metadata),
+            maxFrameSize: configuration.connection.maxFrameSize, staticKey: identity.privateKey,
+            preSharedKey: configuration.preSharedKey.map { Self.noisePSK($0) },
+            verify: { peer in
+                let fingerprint = Fingerprint(publicKey: peer.publicKey)
+                let code = SecureProtocol.comparisonCode(handshakeHash: peer.handshakeHash)
+                switch policy.evaluate(name: peer.info.name, fingerprint: fingerprint, code: code) {
+                case .success(let identity):
+                    decision.withLock { $0 = identity }
+                    return nil
+                case .failure(let error):
+                    return error.message
+                }
+            })
+        machine = try SecureHandshake(role: role, settings: settings)
+        phase = role == .server ? .detecting([]) : .handshaking
+    }
+
+    /// The 32-byte Noise PSK of a configured key: SHA-256 of the key's bytes (a key file's trimmed
+    /// content, as in version 1), so any key length maps to the 32 bytes `XXpsk3` needs.
+    static func noisePSK(_ key: PreSharedKey) -> [UInt8] {
+        var hasher = SHA256()
+        hasher.update(data: Array("lanmsg psk v2".utf8))
+        hasher.update(data: key.keyBytes)
+        return Array(hasher.finalize())
+    }
+
+    func run() async throws -> MessageChannel {
+        let outcome = try await withCheckedThrowingContinuation { continuation in
+            driver.queue.async {
+                self.continuation = continuation
+                self.driver.startRaw(handler: self)
+                self.driver.setDeadline(
+                    .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
+                if self.role == .client { self.driver.sendRaw(self.machine.start().bytes) }
+            }
+        }
+        handoff.withLock {}
+        switch outcome {
+        case .channel(let channel):
+            return channel
+        case .plaintextPeer(let leftover):
+            return try await HelloExchange(driver: driver, role: .server, configuration: configuration)
+                .run(adopting: leftover)
+        }
+    }
+
+    // MARK: Events (on the loop)
+
+    func connection(_ connection: ConnectionDriver, receivedBytes bytes: [UInt8]) {
+        switch phase {
+        case .detecting(var buffered):
+            buffered += bytes
+            guard let first = buffered.first else { return }
+            if first == SecureProtocol.preamble[0] {
+                phase = .handshaking
+                handshake(buffered)
+            } else {
+                plaintextPeer(buffered)
+            }
+        case .handshaking:
+            handshake(bytes)
+        case .awaitingVerdict, .done:
+            break  // raw input ends with the handshake
+        }
+    }
+
+    func connection(_ connection: ConnectionDriver, received frame: Frame) {
+        guard case .awaitingVerdict(let peer) = phase else { return }
+        switch frame.kind {
+        case .authOK:
+            succeed(peer)
+        case .refuse:
+            let refusal =
+                (try? FastJSONDecoder().decode(Refusal.self, from: frame.payload))
+                ?? Refusal(code: "unknown", message: String(decoding: frame.payload.prefix(500), as: UTF8.self))
+            let text = "the server refused the connection: \(refusal.message)"
+            driver.logger.warning("\(text)")
+            fail(TransportError(.helloRefused, text, closeReason: .helloFailed(refusal.message)))
+        default:
+            let text = "expected AUTH_OK or REFUSE after the encrypted handshake, got frame kind \(frame.kind)"
+            fail(TransportError(.helloFailed, text, closeReason: .protocolError(text)))
+        }
+    }
+
+    func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {
+        guard kind == .handshake else { return }
+        let text =
+            "the encrypted handshake did not complete within \(configuration.helloTimeout) "
+            + "(the peer is slow, or does not speak protocol version 2)"
+        fail(TransportError(.helloFailed, text, closeReason: .helloFailed(text)), atOnce: true)
+    }
+
+    func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+        guard continuation != nil else { return }
+        let text: String
+        switch (role, phase) {
+        case (.client, .handshaking):
+            text =
+                "the server closed the connection during the encrypted handshake (\(reason)): it may speak only "
+                + "plaintext protocol version 1 (then both sides must be configured with .plaintext), or it "
+                + "refused this side's key or pre-shared key — see the server's log"
+        case (_, .awaitingVerdict):
+            text = "the connection closed before the server's verdict (\(reason))"
+        default:
+            text = "the connection closed during the encrypted handshake (\(reason))"
+        }
+        fail(TransportError(.helloFailed, text, closeReason: reason))
+    }
+
+    // MARK: Steps
+
+    private func handshake(_ bytes: [UInt8]) {
+        let output = machine.receive(bytes)
+        if !output.bytes.isEmpty { driver.sendRaw(output.bytes) }
+        guard let outcome = output.outcome else { return }
+        switch outcome {
+        case .success(let peer):
+            guard let transport = makeTransport() else { return }
+            driver.beginEncryption(transport, leftover: machine.leftover)
+            if role == .server {
+                driver.enqueue(Frame(kind: .authOK), bypassLimit: true) { _ in }
+                succeed(peer)
+            } else {
+                phase = .awaitingVerdict(peer)
+            }
+        case .failure(let error):
+            driver.logger.warning("\(error.message)")
+            // A server that read the whole handshake (it refused the client's key) says why,
+            // encrypted; otherwise there is no channel to say it on.
+            if role == .server, let (send, receive) = try? machine.transport() {
+                driver.beginEncryption(SecureTransport(send: send, receive: receive), leftover: [])
+                let refusal = Refusal(code: "refused", message: error.message)
+                driver.enqueue(HandshakeStateMachine.jsonFrame(.refuse, refusal), bypassLimit: true) { _ in }
+            }
+            fail(error)
+        }
+    }
+
+    private func makeTransport() -> SecureTransport? {
+        do {
+            let (send, receive) = try machine.transport()
+            return SecureTransport(send: send, receive: receive)
+        } catch {
+            fail(error)
+            return nil
+        }
+    }
+
+    /// The first bytes are not the version-2 preamble: a version-1 client.
+    private func plaintextPeer(_ buffered: [UInt8]) {
+        if configuration.security.acceptsPlaintextPeers {
+            driver.setDeadline(.handshake, at: nil)
+            phase = .done
+            continuation?.resume(returning: .plaintextPeer(buffered))
+            continuation = nil
+            return
+        }
+        let text =
+            "this server requires protocol version 2 (encrypted and authenticated); the client spoke the "
+            + "plaintext version 1. Upgrade the client, or configure the server to accept plaintext peers."
+        driver.beginFrames(leftover: [])
+        driver.enqueue(
+            HandshakeStateMachine.jsonFrame(.refuse, Refusal(code: "version_mismatch", message: text)), bypassLimit: true
+        ) { _ in }
+        driver.logger.warning("refused a plaintext (version 1) client: \(text)")
+        fail(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)))
+    }
+
+    private func succeed(_ peer: ProvenPeer) {
+        driver.setDeadline(.handshake, at: nil)
+        phase = .done
+        let identity = decision.withLock { $0 }
+        if let identity {
+            driver.logger.debug(
+                "encrypted channel with '\(peer.info.name)' (\(identity.fingerprint), code \(identity.comparisonCode))")
+        }
+        driver.setPeerMaxFrameSize(peer.maxFrameSize)
+        let established = HandshakeStateMachine.Established(peer: peer.info, peerMaxFrameSize: peer.maxFrameSize)
+        let channel = handoff.withLock {
+            let channel = MessageChannel(
+                driver: driver, established: established, configuration: configuration, identity: identity)
+            channel.activate()
+            return channel
+        }
+        continuation?.resume(returning: .channel(channel))
+        continuation = nil
+    }
+
+    private func fail(_ error: TransportError, atOnce: Bool = false) {
+        driver.setDeadline(.handshake, at: nil)
+        phase = .done
+        if atOnce {
+            driver.tearDown(error.closeReason ?? .localClose)
+        } else if !driver.isClosed {
+            driver.closeGracefully(reason: error.closeReason)
+        }
+        continuation?.resume(throwing: error)
+        continuation = nil
+    }
+}

@@ -1,0 +1,336 @@
+import Crypto
+import Foundation
+import Locks
+import ProtocolCore
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// The fingerprint of a peer's static public key: its SHA-256. The full form is 64 hex digits; the
+/// short form, the first 16 in groups of four (`1a2b-3c4d-5e6f-7a8b`), is what people compare
+/// and what the TXT record carries as a hint (the handshake proves the key, not the TXT record).
+public struct Fingerprint: Sendable, Hashable, CustomStringConvertible {
+    /// The 32 bytes of the SHA-256.
+    public let bytes: [UInt8]
+
+    /// The fingerprint of a 32-byte Curve25519 public key.
+    public init(publicKey: [UInt8]) { bytes = Array(SHA256.hash(data: publicKey)) }
+
+    /// Parses the full form: 64 hex digits (separators `:`, `-` and spaces ignored). Nil otherwise.
+    public init?(_ text: String) {
+        let digits = text.lowercased().filter { !":- ".contains($0) }
+        guard digits.count == 64 else { return nil }
+        var bytes: [UInt8] = []
+        var index = digits.startIndex
+        while index < digits.endIndex {
+            let next = digits.index(index, offsetBy: 2)
+            guard let byte = UInt8(digits[index..<next], radix: 16) else { return nil }
+            bytes.append(byte)
+            index = next
+        }
+        self.bytes = bytes
+    }
+
+    /// 64 lowercase hex digits.
+    public var full: String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+    /// The first 16 hex digits in groups of four.
+    public var short: String {
+        let hex = String(full.prefix(16))
+        return stride(from: 0, to: 16, by: 4).map { offset in
+            String(hex.dropFirst(offset).prefix(4))
+        }.joined(separator: "-")
+    }
+
+    public var description: String { short }
+}
+
+/// This app's long-term identity: a Curve25519 key pair. Its public key's ``fingerprint`` is what
+/// peers remember; the private key never leaves this process and is never logged.
+public struct Identity: @unchecked Sendable {
+    // @unchecked: the private key is an immutable value.
+    let privateKey: Curve25519.KeyAgreement.PrivateKey
+
+    /// A new key pair that lives only as long as this value (peers see a new key every run).
+    public static func ephemeral() -> Identity { Identity(privateKey: .init()) }
+
+    /// The 32-byte public key.
+    public var publicKey: [UInt8] { Array(privateKey.publicKey.rawRepresentation) }
+    /// The public key's fingerprint.
+    public var fingerprint: Fingerprint { Fingerprint(publicKey: publicKey) }
+
+    /// Where an app's identity lives by default: `$XDG_DATA_HOME/lanmsg/<app>/identity`
+    /// (`~/.local/share/lanmsg/<app>/identity` without `XDG_DATA_HOME`).
+    public static func defaultPath(app: String) -> String { dataDirectory(app: app) + "/identity" }
+
+    /// Loads the identity stored at `path`, or creates one there (directories mode 0700, the file
+    /// mode 0600) when the file does not exist.
+    /// - Throws: ``TransportError/Code/invalidArgument`` when the file cannot be read or written,
+    ///   is malformed, or can be read by other users (like ssh, a key file open to others is refused).
+    public static func loadOrCreate(at path: String) throws(TransportError) -> Identity {
+        if FileManager.default.fileExists(atPath: path) { return try load(path) }
+        let identity = Identity.ephemeral()
+        let text = "lanmsg-identity-1 " + Data(identity.privateKey.rawRepresentation).base64EncodedString() + "\n"
+        try createDirectories(for: path)
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            if errno == EEXIST { return try load(path) }  // another process created it meanwhile
+            throw TransportError(
+                .invalidArgument,
+                "cannot create the identity file '\(path)': \(String(cString: strerror(errno))); "
+                    + "check that its directory is writable or give another path")
+        }
+        defer { close(fd) }
+        let bytes = Array(text.utf8)
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        guard written == bytes.count, fsync(fd) == 0 else {
+            unlink(path)
+            throw TransportError(.invalidArgument, "cannot write the identity file '\(path)': \(String(cString: strerror(errno)))")
+        }
+        return identity
+    }
+
+    private static func load(_ path: String) throws(TransportError) -> Identity {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw TransportError(.invalidArgument, "cannot read the identity file '\(path)': \(String(cString: strerror(errno)))")
+        }
+        if info.st_mode & 0o077 != 0 {
+            throw TransportError(
+                .invalidArgument,
+                "the identity file '\(path)' can be read by other users (mode \(String(info.st_mode & 0o777, radix: 8))); "
+                    + "its private key must be private: run `chmod 600 '\(path)'`")
+        }
+        guard let data = FileManager.default.contents(atPath: path),
+            let text = String(data: data, encoding: .utf8)
+        else {
+            throw TransportError(.invalidArgument, "cannot read the identity file '\(path)'; check its permissions")
+        }
+        let parts = text.split(whereSeparator: \.isWhitespace)
+        guard parts.count == 2, parts[0] == "lanmsg-identity-1", let raw = Data(base64Encoded: String(parts[1])),
+            let key = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: raw)
+        else {
+            throw TransportError(
+                .invalidArgument,
+                "the identity file '\(path)' is not a lanmsg identity (expected `lanmsg-identity-1 <base64 key>`); "
+                    + "move it away to create a new identity (peers that trusted the old one will refuse the new one)")
+        }
+        return Identity(privateKey: key)
+    }
+
+    static func dataDirectory(app: String) -> String {
+        let environment = ProcessInfo.processInfo.environment
+        let base =
+            environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? ((environment["HOME"] ?? NSHomeDirectory()) + "/.local/share")
+        return base + "/lanmsg/" + app
+    }
+
+    static func createDirectories(for path: String) throws(TransportError) {
+        let directory = (path as NSString).deletingLastPathComponent
+        guard !directory.isEmpty else { return }
+        do {
+            try FileManager.default.createDirectory(
+                atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw TransportError(.invalidArgument, "cannot create the directory '\(directory)': \(error.localizedDescription)")
+        }
+    }
+}
+
+/// What the handshake proved about the peer, and how this side decided to trust it.
+public struct PeerIdentity: Sendable, Equatable {
+    /// The name the peer gave in its hello.
+    public let name: String
+    /// Its proven static key's fingerprint.
+    public let fingerprint: Fingerprint
+    /// Six digits (`"123 456"`) derived from the handshake: both sides show the same code unless
+    /// someone relays the connection. Compare it on a first contact.
+    public let comparisonCode: String
+    /// This side had never seen this peer's name (trust on first use just remembered its key), or
+    /// the trust policy accepts any key: show ``comparisonCode`` to the user.
+    public let isFirstContact: Bool
+}
+
+/// Known peers, like ssh's `known_hosts`: one line per peer name, `<full fingerprint> <name>`.
+/// Every lookup reads the file, so several processes can share it; changes are written to a
+/// temporary file and renamed into place (mode 0600).
+public final class TrustStore: Sendable {
+    /// The file.
+    public let path: String
+    private let lock = Lock()
+
+    /// A store in `path` (created on the first ``trust(_:name:)``).
+    public init(path: String) { self.path = path }
+
+    /// Where an app's trust store lives by default: `$XDG_DATA_HOME/lanmsg/<app>/known_peers`.
+    public static func defaultPath(app: String) -> String { Identity.dataDirectory(app: app) + "/known_peers" }
+
+    /// Every known peer: name and fingerprint, in file order.
+    public var entries: [(name: String, fingerprint: Fingerprint)] {
+        lock.withLock { read() }
+    }
+
+    /// The fingerprint remembered for `name`, if any.
+    public func fingerprint(for name: String) -> Fingerprint? {
+        lock.withLock { read().first { $0.name == name }?.fingerprint }
+    }
+
+    /// Remembers `fingerprint` for `name`, replacing what was remembered for it.
+    /// - Throws: ``TransportError/Code/invalidArgument`` when the file cannot be written.
+    public func trust(_ fingerprint: Fingerprint, name: String) throws(TransportError) {
+        try lock.withLock { () throws(TransportError) in
+            var list = read().filter { $0.name != name }
+            list.append((name, fingerprint))
+            try write(list)
+        }
+    }
+
+    /// Forgets `name`; returns whether it was known.
+    @discardableResult
+    public func forget(name: String) throws(TransportError) -> Bool {
+        try lock.withLock { () throws(TransportError) -> Bool in
+            let list = read()
+            let kept = list.filter { $0.name != name }
+            guard kept.count != list.count else { return false }
+            try write(kept)
+            return true
+        }
+    }
+
+    private func read() -> [(name: String, fingerprint: Fingerprint)] {
+        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
+            return []
+        }
+        return text.split(separator: "\n").compactMap { line in
+            guard !line.hasPrefix("#"), let space = line.firstIndex(of: " ") else { return nil }
+            guard let fingerprint = Fingerprint(String(line[..<space])) else { return nil }
+            return (String(line[line.index(after: space)...]), fingerprint)
+        }
+    }
+
+    private func write(_ list: [(name: String, fingerprint: Fingerprint)]) throws(TransportError) {
+        try Identity.createDirectories(for: path)
+        var text = "# lanmsg known peers: <fingerprint> <name>\n"
+        for (name, fingerprint) in list { text += "\(fingerprint.full) \(name)\n" }
+        let temporary = path + ".tmp.\(getpid())"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw TransportError(.invalidArgument, "cannot write the trust store '\(path)': \(String(cString: strerror(errno)))")
+        }
+        let bytes = Array(text.utf8)
+        let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        let synced = fsync(fd) == 0
+        close(fd)
+        guard written == bytes.count, synced, rename(temporary, path) == 0 else {
+            unlink(temporary)
+            throw TransportError(.invalidArgument, "cannot write the trust store '\(path)': \(String(cString: strerror(errno)))")
+        }
+    }
+}
+
+/// Which peers' keys this side accepts.
+public struct TrustPolicy: Sendable {
+    enum Rule: Sendable {
+        case firstUse(TrustStore)
+        case pinned(Set<Fingerprint>)
+        case anyKey
+        case custom(@Sendable (PeerIdentity) -> String?)
+    }
+    let rule: Rule
+
+    /// Trust on first use: a name seen for the first time is remembered with its key (show the
+    /// comparison code); a known name presenting another key is refused loudly, never accepted.
+    public static func trustOnFirstUse(_ store: TrustStore) -> TrustPolicy { TrustPolicy(rule: .firstUse(store)) }
+
+    /// Only peers whose key has one of these fingerprints.
+    public static func pinned(_ fingerprints: [Fingerprint]) -> TrustPolicy { TrustPolicy(rule: .pinned(Set(fingerprints))) }
+
+    /// Any key: encrypted, but the peer is not authenticated (unless a pre-shared key is set, which
+    /// only peers holding it can use). Choose it explicitly; never a default.
+    public static let anyKey = TrustPolicy(rule: .anyKey)
+
+    /// The app decides: return nil to accept the peer, or a refusal message.
+    public static func custom(_ decide: @escaping @Sendable (PeerIdentity) -> String?) -> TrustPolicy {
+        TrustPolicy(rule: .custom(decide))
+    }
+
+    /// Decides about a proven peer: the identity the app will see, or why it is refused.
+    func evaluate(name: String, fingerprint: Fingerprint, code: String) -> Result<PeerIdentity, TransportError> {
+        switch rule {
+        case .anyKey:
+            return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: true))
+        case .pinned(let set):
+            guard set.contains(fingerprint) else {
+                return .failure(
+                    TransportError(
+                        .authenticationFailed,
+                        "'\(name)' presented the key \(fingerprint.full), which is not among the \(set.count) pinned "
+                            + "fingerprint(s); refused. Pin its fingerprint if you trust it."))
+            }
+            return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: false))
+        case .custom(let decide):
+            let identity = PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: true)
+            if let refusal = decide(identity) { return .failure(TransportError(.authenticationFailed, refusal)) }
+            return .success(identity)
+        case .firstUse(let store):
+            if let known = store.fingerprint(for: name) {
+                guard known == fingerprint else {
+                    return .failure(TransportError(.authenticationFailed, Self.keyChangedWarning(name, fingerprint, known, store)))
+                }
+                return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: false))
+            }
+            do {
+                try store.trust(fingerprint, name: name)
+            } catch {
+                return .failure(error)
+            }
+            return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: true))
+        }
+    }
+
+    static func keyChangedWarning(_ name: String, _ presented: Fingerprint, _ known: Fingerprint, _ store: TrustStore) -> String {
+        """
+        @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+        @     WARNING: THE KEY OF PEER '\(name)' HAS CHANGED!
+        @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+        Someone could be impersonating '\(name)' right now (a man-in-the-middle attack),
+        or it was reinstalled and made a new identity. The connection was refused; nothing was sent.
+        Presented fingerprint:  \(presented.full)
+        Remembered fingerprint: \(known.full)  (in \(store.path))
+        If you know the change is legitimate, compare the new fingerprint with the peer's owner,
+        then forget the old one (remove the line for '\(name)' from \(store.path)) and connect again.
+        """
+    }
+}
+
+/// How a channel protects its connection.
+public struct ChannelSecurity: Sendable {
+    enum Mode: Sendable {
+        case encrypted(Identity, TrustPolicy)
+        case plaintext
+    }
+    let mode: Mode
+    /// Server side, with ``encrypted(identity:trust:)``: also serve clients that speak the plaintext
+    /// protocol version 1 (old peers). Off by default; a client never falls back to plaintext.
+    public var acceptsPlaintextPeers = false
+
+    /// Protocol version 2: a Noise handshake (`XX`, or `XXpsk3` with
+    /// ``ChannelConfiguration/preSharedKey``) proves both sides' keys, then every byte is
+    /// encrypted and authenticated. `trust` decides which peers' keys are accepted.
+    public static func encrypted(identity: Identity, trust: TrustPolicy) -> ChannelSecurity {
+        ChannelSecurity(mode: .encrypted(identity, trust))
+    }
+
+    /// Protocol version 1, in plaintext (for peers that cannot speak version 2). Both sides must
+    /// choose it: an encrypted side never falls back to it.
+    public static let plaintext = ChannelSecurity(mode: .plaintext)
+
+    var isEncrypted: Bool {
+        if case .encrypted = mode { return true }
+        return false
+    }
+}
