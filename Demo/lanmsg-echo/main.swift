@@ -16,6 +16,11 @@ struct EchoServer: AsyncParsableCommand {
     @Option(help: "Service type.") var type = "_lanmsg-echo._tcp"
     @Option(help: "Port (0: kernel-assigned).") var port: UInt16 = 0
     @Option(help: "Log level.") var logLevel = "warning"
+    @Option(help: "encrypted (protocol version 2, default) or plaintext (version 1).") var security = "encrypted"
+    @Option(help: "Identity file (created mode 0600 if missing; default: the program's identity under $XDG_DATA_HOME/lanmsg).")
+    var identity: String?
+    @Option(help: "Which client keys to accept: any, or pinned:<fingerprint>[,<fingerprint>…].") var trust = "any"
+    @Option(help: "Pre-shared key file (its trimmed bytes are the key).") var keyFile: String?
 
     func run() async throws {
         var logger = Logger(label: "lanmsg-echo") { StreamLogHandler.standardError(label: $0) }
@@ -23,6 +28,30 @@ struct EchoServer: AsyncParsableCommand {
         let discovery = ServiceDiscovery(logger: logger, programName: "lanmsg-echo")
         var configuration = ServerConfiguration(serviceType: type, serviceName: name)
         configuration.listener.port = port
+        if let keyFile { configuration.channel.preSharedKey = try PreSharedKey(contentsOfFile: keyFile) }
+        switch security {
+        case "plaintext":
+            configuration.channel.security = .plaintext
+        case "encrypted":
+            let identity = try Identity.loadOrCreate(at: identity ?? Identity.defaultPath(app: "lanmsg-echo"))
+            let policy: TrustPolicy
+            if trust == "any" {
+                policy = .anyKey
+            } else if trust.hasPrefix("pinned:") {
+                let list = trust.dropFirst("pinned:".count).split(separator: ",").map(String.init)
+                let fingerprints = list.compactMap(Fingerprint.init)
+                guard fingerprints.count == list.count else {
+                    throw ValidationError("--trust pinned: needs full fingerprints (64 hex digits), comma-separated")
+                }
+                policy = .pinned(fingerprints)
+            } else {
+                throw ValidationError("--trust must be 'any' or 'pinned:<fingerprint>,…'")
+            }
+            configuration.channel.security = .encrypted(identity: identity, trust: policy)
+            say("fingerprint \(identity.fingerprint.full)")
+        default:
+            throw ValidationError("--security must be 'encrypted' or 'plaintext'")
+        }
         let server = MessageServer(configuration: configuration, discovery: discovery, logger: logger)
         try await server.start()
         say("listening on port \(server.port ?? 0)")

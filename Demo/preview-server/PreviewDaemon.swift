@@ -14,13 +14,15 @@ final class PreviewDaemon: Service, Sendable {
     let onReceive: String?
     let gracePeriod: Duration
     let key: PreSharedKey?
+    let security: ChannelSecurity
     let logger: Logger
 
     init(
         store: PreviewStore, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration,
-        key: PreSharedKey? = nil, logger: Logger
+        key: PreSharedKey? = nil, security: ChannelSecurity = .standard, logger: Logger
     ) {
         self.key = key
+        self.security = security
         self.store = store
         self.name = name
         self.port = port
@@ -42,6 +44,7 @@ final class PreviewDaemon: Service, Sendable {
         configuration.publish = false  // published below, so shutdown can unpublish before draining
         configuration.listener.port = port
         configuration.channel.preSharedKey = key
+        configuration.channel.security = security
         configuration.stopGracePeriod = .seconds(2)
         configuration.channel.helloValidator = { _ in
             stopping.withLock { $0 } ? "the preview server is shutting down" : nil
@@ -51,8 +54,8 @@ final class PreviewDaemon: Service, Sendable {
         let port = server.port ?? 0
         say("listening on port \(port)")
 
-        var txt = PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace())
-        txt["proto"] = String(WireProtocol.version)
+        let txt = security.stampTXT(
+            PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace()))
         let publication = try await discovery.publish(
             name: name, type: PreviewProtocol.serviceType, port: port, txt: txt)
         publicationBox.set(publication)
@@ -112,8 +115,8 @@ final class PreviewDaemon: Service, Sendable {
 
     private func updateTXT() async {
         guard let publication = publicationBox.value else { return }
-        var txt = PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace())
-        txt["proto"] = String(WireProtocol.version)
+        let txt = security.stampTXT(
+            PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace()))
         guard txt != publication.txt else { return }
         do {
             try await publication.updateTXT(txt)

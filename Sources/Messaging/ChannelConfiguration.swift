@@ -21,7 +21,7 @@ public struct ChannelConfiguration: Sendable {
         var transferChunkBufferLimit: Int = 16
         var helloValidator: (@Sendable (PeerInfo) -> String?)? = nil
         var preSharedKey: PreSharedKey? = nil
-        var security: ChannelSecurity = .plaintext
+        var security: ChannelSecurity = .standard
     }
 
     private var storage: SharedValues<Values>
@@ -120,9 +120,11 @@ public struct ChannelConfiguration: Sendable {
         set { storage.update { $0.preSharedKey = newValue } }
     }
 
-    /// How the connection is protected: ``ChannelSecurity/encrypted(identity:trust:)`` (protocol
-    /// version 2: Noise handshake, every byte encrypted and authenticated) or
-    /// ``ChannelSecurity/plaintext`` (version 1). Both sides must use the same.
+    /// How the connection is protected. Default ``ChannelSecurity/standard``: protocol version 2
+    /// (Noise handshake, every byte encrypted and authenticated) with this program's persistent
+    /// identity and trust on first use. ``ChannelSecurity/encrypted(identity:trust:)`` chooses the
+    /// identity and policy; ``ChannelSecurity/plaintext`` speaks version 1, and only to peers
+    /// configured the same way (an encrypted side never falls back).
     public var security: ChannelSecurity {
         get { storage.box.values.security }
         set { storage.update { $0.security = newValue } }

@@ -99,7 +99,8 @@ public final class MessageServer: Service, Sendable {
         state.withLock { $0.connections.values.sorted { $0.id < $1.id } }
     }
 
-    /// Listens (IPv4 + IPv6 on one port) and publishes the service with `proto=<version>` in its TXT.
+    /// Listens (IPv4 + IPv6 on one port) and publishes the service with `proto=<version>` in its TXT
+    /// (and, when encrypted, `fp=<short fingerprint>`: a hint only, the handshake proves the key).
     /// - Throws: ``MessagingError`` `.alreadyStarted`, `.listenFailed`, `.publishFailed`, or
     ///   `.stopped` when ``stop()`` was called while starting (nothing is left running then).
     public func start() async throws(MessagingError) {
@@ -129,8 +130,7 @@ public final class MessageServer: Service, Sendable {
         }
         var publication: (any ServicePublication)?
         if configuration.publish, let publisher {
-            var txt = configuration.txt
-            txt["proto"] = String(WireProtocol.version)
+            let txt = configuration.channel.security.stampTXT(configuration.txt)
             do {
                 publication = try await publisher.publishService(
                     name: configuration.serviceName, type: configuration.serviceType, port: listener.port, txt: txt)
@@ -182,8 +182,7 @@ public final class MessageServer: Service, Sendable {
         guard let publication else {
             throw MessagingError(.notStarted, "the server is not published; start it with a ServiceDiscovery first")
         }
-        var record = txt
-        record["proto"] = String(WireProtocol.version)
+        let record = configuration.channel.security.stampTXT(txt)
         do {
             try await publication.updateTXT(record)
         } catch {

@@ -40,7 +40,14 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     private let handoff = Lock()
 
     init(driver: ConnectionDriver, role: SecureHandshake.Role, configuration: ChannelConfiguration) throws {
-        guard case .encrypted(let identity, let policy) = configuration.security.mode else {
+        let resolved: (Identity, TrustPolicy)?
+        do {
+            resolved = try configuration.security.resolved(server: role == .server)
+        } catch {
+            driver.queue.async { driver.tearDown(.localClose) }
+            throw error
+        }
+        guard let (identity, policy) = resolved else {
             preconditionFailure("SecureExchange needs an encrypted configuration")
         }
         self.driver = driver
@@ -48,6 +55,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         self.configuration = configuration
         self.policy = policy
         let decision = self.decision
+        let validator = role == .server ? configuration.helloValidator : nil
         let settings = SecureHandshake.Settings(
             info: PeerInfo(version: 2, name: configuration.name, metadata: configuration.metadata),
             maxFrameSize: configuration.connection.maxFrameSize, staticKey: identity.privateKey,
@@ -57,6 +65,8 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                 let code = SecureProtocol.comparisonCode(handshakeHash: peer.handshakeHash)
                 switch policy.evaluate(name: peer.info.name, fingerprint: fingerprint, code: code) {
                 case .success(let identity):
+                    // The app's own check of the hello (as in version 1), after the key's.
+                    if let refusal = validator?(peer.info) { return "refused peer '\(peer.info.name)': \(refusal)" }
                     decision.withLock { $0 = identity }
                     return nil
                 case .failure(let error):
@@ -152,7 +162,13 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                 + "plaintext protocol version 1 (then both sides must be configured with .plaintext), or it "
                 + "refused this side's key or pre-shared key — see the server's log"
         case (_, .awaitingVerdict):
-            text = "the connection closed before the server's verdict (\(reason))"
+            text =
+                configuration.preSharedKey != nil
+                ? "the server closed the connection after the handshake without accepting it (\(reason)): "
+                    + "its pre-shared key differs from this side's key (both sides need the same key file)"
+                : "the server closed the connection after the handshake without accepting it (\(reason)): "
+                    + "it may require a pre-shared key (give the same key file as the server), or it refused "
+                    + "this side's key — see the server's log"
         default:
             text = "the connection closed during the encrypted handshake (\(reason))"
         }

@@ -71,8 +71,11 @@ func waitUntil(_ what: String, seconds: Double = 20, _ condition: @escaping @Sen
     }
 }
 
+/// A version-1 (plaintext) configuration: most channel tests check the frame layer with raw
+/// clients writing plaintext frames; the encrypted channel has its own suite (SecureChannelTests).
 func config(_ name: String) -> ChannelConfiguration {
     var configuration = ChannelConfiguration(name: name)
+    configuration.security = .plaintext
     configuration.helloTimeout = .seconds(10)
     return configuration
 }

@@ -21,7 +21,8 @@ struct MessagingIntegrationTests {
         defer { Task { await discovery.shutdown() } }
         let found = try await MessageClient.find(name: "Echo B", type: type, discovery: discovery, timeout: .seconds(10))
         let resolved = try await discovery.resolve(found)
-        #expect(resolved.txt["proto"] == String(WireProtocol.version))
+        #expect(resolved.txt["proto"] == "2")  // encrypted by default
+        #expect(resolved.txt["fp"]?.count == 19)  // the short fingerprint: a hint, the handshake proves the key
         let v4 = try #require(resolved.addresses.first { $0.ip.version == .ipv4 })
         let v6 = try #require(resolved.addresses.first { $0.ip.version == .ipv6 && $0.ip.isLinkLocal })
         for address in [v4, v6] {

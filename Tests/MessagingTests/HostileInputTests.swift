@@ -96,7 +96,9 @@ final class HostilePeer: @unchecked Sendable {
         _ body: (LoopbackServer, MessageClient) async throws -> Void,
         configure: (inout ServerConfiguration) -> Void = { _ in }
     ) async throws {
-        let harness = try await LoopbackServer(configure: configure, handle: Self.echo)
+        // Version 1: the hostile peers write plaintext frames (version 2's hostile input is the
+        // flipped-bit test and the lanmsg-fuzz target).
+        let harness = try await LoopbackServer(security: .plaintext, configure: configure, handle: Self.echo)
         let good = try await harness.client("good")
         let before = residentBytes()
         try await body(harness, good)
@@ -189,7 +191,7 @@ final class HostilePeer: @unchecked Sendable {
 
     @Test func invalidJSONAndWrongShapeAreRejectedMessagesNotDroppedPeers() async throws {
         let rejected = Locked<[String]>([])
-        let harness = try await LoopbackServer(handle: { _, event in
+        let harness = try await LoopbackServer(security: .plaintext, handle: { _, event in
             if case .received(_, let message) = event, message.typeID == "note" {
                 do { _ = try message.decode(Note.self) } catch { rejected.withLock { $0.append("\(error)") } }
             }

@@ -21,9 +21,16 @@ final class LoopbackServer: Sendable {
     let server: MessageServer
     let events = EventLog<ServerEvent>()
     let pump: Task<Void, Never>
+    /// What the server and the clients made by ``client(_:configure:)`` use.
+    let security: ChannelSecurity
 
-    init(configure: (inout ServerConfiguration) -> Void = { _ in }, handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }) async throws {
+    init(
+        security: ChannelSecurity = .standard, configure: (inout ServerConfiguration) -> Void = { _ in },
+        handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }
+    ) async throws {
+        self.security = security
         var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Test")
+        configuration.channel.security = security
         configuration.publish = false
         configuration.listener.loopbackOnly = true
         configure(&configuration)
@@ -43,6 +50,7 @@ final class LoopbackServer: Sendable {
 
     func client(_ name: String, configure: (inout ClientConfiguration) -> Void = { _ in }) async throws -> MessageClient {
         var configuration = ClientConfiguration(peerName: name)
+        configuration.channel.security = security
         configure(&configuration)
         return try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
     }
