@@ -14,6 +14,10 @@ public enum ChatCommand: Sendable, Equatable {
     case rooms
     /// `/help` (also `/?`).
     case help
+    /// `/fingerprint`: this side's key and, when joined, the host's key and comparison code.
+    case fingerprint
+    /// `/trust [forget ROOM]`: the hosts this chat remembers (trust on first use), or forget one.
+    case trust(String?)
     /// `/quit [MESSAGE]` (also `/exit`, `/leave`).
     case quit(String)
     /// An empty line.
@@ -39,6 +43,11 @@ public enum ChatCommand: Sendable, Equatable {
         case "who", "names": return .who
         case "rooms", "list": return .rooms
         case "help", "?": return .help
+        case "fingerprint", "fp": return .fingerprint
+        case "trust":
+            if argument.isEmpty { return .trust(nil) }
+            guard argument.hasPrefix("forget ") else { return .usage("/trust [forget ROOM]") }
+            return .trust(String(argument.dropFirst("forget ".count).trimmingWhitespace()))
         case "quit", "exit", "leave", "part": return .quit(argument)
         default: return .unknown(name)
         }
@@ -52,6 +61,8 @@ public enum ChatCommand: Sendable, Equatable {
         "  /me ACTION      say what you do (* alice waves)",
         "  /topic [TEXT]   show or set the topic",
         "  /rooms          list the rooms on the network",
+        "  /fingerprint    your key, and the host's key and comparison code",
+        "  /trust          the hosts you trust; /trust forget ROOM forgets one",
         "  /help           this help",
         "  /quit [MSG]     leave (Ctrl-C too)",
         "  //text          send a line that starts with /",

@@ -10,14 +10,17 @@ struct RoomInfo: Sendable {
     var addresses: [String] = []
     var topic: String?
     var members: Int?
+    /// The host's short fingerprint as its TXT record announces it (a hint; joining proves it).
+    var fingerprint: String?
     var problem: String?
 
-    /// One line: `Lobby — topic: Friday plans — 2 members — on bravo.local port 4242 (10.77.0.2, fe80::1%va)`.
+    /// One line: `Lobby — topic: Friday plans — 2 members — key 1a2b-3c4d-5e6f-7a8b — on bravo.local port 4242 (10.77.0.2, fe80::1%va)`.
     var summary: String {
         var parts = [Room.clean(name)]
         if let problem { return parts[0] + " — " + problem }
         if let topic, !topic.isEmpty { parts.append("topic: \(Room.clean(topic))") }
         if let members { parts.append(members == 1 ? "1 member" : "\(members) members") }
+        if let fingerprint { parts.append("key \(Room.clean(fingerprint))") }
         if let hostName, let port {
             var location = "on \(hostName) port \(port)"
             if !addresses.isEmpty { location += " (\(addresses.joined(separator: ", ")))" }
@@ -65,7 +68,8 @@ struct RoomFinder: Sendable {
                                 $0.scopeID != 0
                                     ? "\($0.ip)%\($0.interfaceName ?? String($0.interfaceIndex))" : "\($0.ip)"
                             },
-                            topic: resolved.txt["topic"], members: resolved.txt["members"].flatMap { Int($0) })
+                            topic: resolved.txt["topic"], members: resolved.txt["members"].flatMap { Int($0) },
+                            fingerprint: resolved.txt["fp"])
                     } catch {
                         return RoomInfo(name: service.name, problem: "could not resolve it: \(error)")
                     }

@@ -60,6 +60,45 @@ final class ChatSession {
         console.show(ChatCommand.helpLines.map { formatter.notice($0, at: now) })
     }
 
+    /// The hosts this chat trusts (trust on first use: remembered at the first join).
+    var trustStore: TrustStore { TrustStore(path: TrustStore.defaultPath(app: "bonjour-chat")) }
+
+    /// One line about a proven peer: its key, the comparison code and, on a first contact, what to do.
+    func describe(_ identity: PeerIdentity, as role: String) -> String {
+        var line = "encrypted; \(role) \(Room.clean(identity.name)) has key \(identity.fingerprint.short), "
+            + "comparison code \(identity.comparisonCode)"
+        if identity.isFirstContact { line += " — first contact: check that the other side shows the same code" }
+        return line
+    }
+
+    /// `/fingerprint`: this side's key and the keys and codes of the given peers.
+    func showFingerprints(of peers: [PeerIdentity], as role: String) {
+        if let identity = ChannelSecurity.standard.identity {
+            notice("your key: \(identity.fingerprint.full)")
+        }
+        if peers.isEmpty { notice("no encrypted connection right now") }
+        for peer in peers {
+            notice("\(role) \(Room.clean(peer.name)): key \(peer.fingerprint.full), comparison code \(peer.comparisonCode)")
+        }
+    }
+
+    /// `/trust [forget ROOM]`.
+    func showTrust(forget room: String?) {
+        let store = trustStore
+        if let room {
+            do {
+                let forgotten = try store.forget(name: room)
+                notice(forgotten ? "forgot the key of \(room); the next join trusts the key it then sees" : "\(room) was not trusted")
+            } catch {
+                problem(error.message)
+            }
+            return
+        }
+        let entries = store.entries
+        if entries.isEmpty { notice("no trusted hosts yet (\(store.path))") }
+        for entry in entries { notice("trusted: \(Room.clean(entry.name)) — key \(entry.fingerprint.full)") }
+    }
+
     /// Lists the rooms without blocking the chat; the lines arrive as `.output`.
     func listRoomsInBackground() {
         notice("looking for rooms…")
@@ -127,6 +166,9 @@ final class ChatSession {
         startInput(prompt: me.prompt)
         notice(
             "hosting \(name) on port \(server.port ?? port); others join with: bonjour-chat join \(shellQuoted(name))")
+        if let identity = configuration.channel.security.identity {
+            notice("encrypted; this room's key is \(identity.fingerprint.short) (members see it when they join)")
+        }
         let discovery = self.discovery
         let formatter = self.formatter
         let listening = server.port ?? port
@@ -175,6 +217,7 @@ final class ChatSession {
                     notice("a room named \(from) exists already; this one is published as \(to)")
                 case .accepted(let connection):
                     connections[connection.id] = connection
+                    if let identity = connection.channel.peerIdentity { notice(describe(identity, as: "member")) }
                 case .received(let connection, let message):
                     guard let request = try? ParticipantRequest.decode(message) else {
                         logger.notice(
@@ -203,6 +246,9 @@ final class ChatSession {
                 case .who: await deliver(room.handle(.members, from: Room.localID, at: now))
                 case .rooms: listRoomsInBackground()
                 case .help: showHelp()
+                case .fingerprint:
+                    showFingerprints(of: connections.values.sorted { $0.id < $1.id }.compactMap(\.channel.peerIdentity), as: "member")
+                case .trust(let room): showTrust(forget: room)
                 case .quit: break loop
                 case .empty, .usage, .unknown: _ = reportBadCommand(command)
                 }
@@ -390,6 +436,7 @@ final class ChatSession {
                 case .connected(_, let via):
                     if everConnected { notice("found the room again\(via.map { " at \($0)" } ?? ""); rejoining") }
                     everConnected = true
+                    if let identity = client.channel?.peerIdentity { notice(describe(identity, as: "host")) }
                     try? await client.send(ParticipantRequest.join(nick: me.nick))
                 case .received(let message):
                     guard let decoded = try? HostMessage.decode(message) else { continue }
@@ -458,6 +505,8 @@ final class ChatSession {
                 case .who: await submit(.members)
                 case .rooms: listRoomsInBackground()
                 case .help: showHelp()
+                case .fingerprint: showFingerprints(of: client.channel?.peerIdentity.map { [$0] } ?? [], as: "host")
+                case .trust(let room): showTrust(forget: room)
                 case .quit(let reason):
                     if let exit = await leave(reason) { return exit }
                 case .empty, .usage, .unknown: _ = reportBadCommand(command)

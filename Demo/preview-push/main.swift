@@ -95,6 +95,12 @@ struct PreviewPushCommand: AsyncParsableCommand {
             throw ExitCode(2)
         }
         let server = channel.peer.name
+        if let identity = channel.peerIdentity, identity.isFirstContact {
+            note(
+                "preview-push: first contact with '\(server)': its key is \(identity.fingerprint.full), comparison "
+                    + "code \(identity.comparisonCode). The server shows the same code when it is really the one you "
+                    + "mean; its key is remembered from now on, and a different key will be refused.")
+        }
         let drain = Task { for await _ in client.events {} }
         let pusher = PreviewPusher(channel: channel)
         let interactive = isatty(STDERR_FILENO) == 1
@@ -151,6 +157,10 @@ struct PreviewPushCommand: AsyncParsableCommand {
             say("\(service.name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)")
         }
     }
+}
+
+func note(_ line: String) {
+    FileHandle.standardError.write(Data((line + "\n").utf8))
 }
 
 func say(_ line: String) {

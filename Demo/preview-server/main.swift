@@ -41,6 +41,22 @@ struct PreviewServerCommand: AsyncParsableCommand {
     @Option(help: "A pre-shared key file (≥ 16 bytes): only pushers proving the same key are accepted.")
     var keyFile: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Which pushers to accept: any (every pusher proves its key; default), paired (only pushers paired with "
+                + "--pair-for), or pinned:<fingerprint>[,<fingerprint>…].",
+            valueName: "policy"))
+    var accept: String = "any"
+
+    @Option(
+        help: ArgumentHelp(
+            "Pairing window, in seconds: pushers that connect meanwhile are paired (remembered) after you compare "
+                + "the code both sides show. For --accept paired.", valueName: "seconds"))
+    var pairFor: Double = 0
+
+    @Option(help: "Identity file (default: $XDG_DATA_HOME/lanmsg/preview-server/identity, created mode 0600).")
+    var identity: String?
+
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("unknown log level '\(logLevel)'")
@@ -49,6 +65,17 @@ struct PreviewServerCommand: AsyncParsableCommand {
         if let keyFile {
             do { _ = try PreSharedKey(contentsOfFile: keyFile) } catch { throw ValidationError(error.message) }
         }
+        guard accept == "any" || accept == "paired" || accept.hasPrefix("pinned:") else {
+            throw ValidationError("--accept must be any, paired or pinned:<fingerprint>,…")
+        }
+        if accept.hasPrefix("pinned:") {
+            let list = accept.dropFirst("pinned:".count).split(separator: ",")
+            guard !list.isEmpty, list.allSatisfy({ Fingerprint(String($0)) != nil }) else {
+                throw ValidationError("--accept pinned: needs full fingerprints (64 hex digits), comma-separated")
+            }
+        }
+        guard pairFor >= 0 else { throw ValidationError("--pair-for must not be negative") }
+        if pairFor > 0 && accept != "paired" { throw ValidationError("--pair-for needs --accept paired") }
         if let name, name.isEmpty || name.utf8.count > 63 {
             throw ValidationError("--name must be 1 to 63 bytes")
         }
@@ -66,14 +93,55 @@ struct PreviewServerCommand: AsyncParsableCommand {
             throw ValidationError(error.message)
         }
         store.removeStaleTempFiles()
+        let serverIdentity: Identity
+        do {
+            serverIdentity = try Identity.loadOrCreate(at: identity ?? Identity.defaultPath(app: "preview-server"))
+        } catch {
+            throw ValidationError(error.message)
+        }
+        FileHandle.standardError.write(Data("preview-server: key \(serverIdentity.fingerprint.full)\n".utf8))
         let daemon = PreviewDaemon(
             store: store, name: name ?? "Preview on \(Self.hostName())", port: port, onReceive: onReceive,
             gracePeriod: .milliseconds(Int64(gracePeriod * 1000)),
-            key: try keyFile.map { try PreSharedKey(contentsOfFile: $0) }, logger: logger)
+            key: try keyFile.map { try PreSharedKey(contentsOfFile: $0) },
+            security: .encrypted(identity: serverIdentity, trust: acceptPolicy(logger: logger)), logger: logger)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 services: [.init(service: daemon)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
+    }
+
+    /// The trust policy of `--accept` (and the pairing window of `--pair-for`).
+    func acceptPolicy(logger: Logger) -> TrustPolicy {
+        if accept.hasPrefix("pinned:") {
+            return .pinned(accept.dropFirst("pinned:".count).split(separator: ",").compactMap { Fingerprint(String($0)) })
+        }
+        guard accept == "paired" else { return .anyKey }
+        let paired = TrustStore(path: Identity.defaultPath(app: "preview-server").replacingOccurrences(
+            of: "/identity", with: "/paired_pushers"))
+        let pairingEnds = ContinuousClock.now + .milliseconds(Int64(pairFor * 1000))
+        if pairFor > 0 {
+            FileHandle.standardError.write(
+                Data("preview-server: pairing for \(Int(pairFor)) s: pushers that connect now are paired\n".utf8))
+        }
+        return .custom { peer in
+            if paired.entries.contains(where: { $0.fingerprint == peer.fingerprint }) { return nil }
+            guard ContinuousClock.now < pairingEnds else {
+                return "this preview server accepts paired pushers only, and '\(peer.name)' (key "
+                    + "\(peer.fingerprint.short)) is not paired; on the server, run it with --accept paired "
+                    + "--pair-for 60 and push again within that minute, comparing the code both sides show"
+            }
+            do {
+                try paired.trust(peer.fingerprint, name: "\(peer.name) \(peer.fingerprint.short)")
+            } catch {
+                return "cannot remember the pairing: \(error)"
+            }
+            FileHandle.standardError.write(
+                Data(
+                    ("preview-server: paired with '\(peer.name)': key \(peer.fingerprint.full), comparison code "
+                        + "\(peer.comparisonCode) — preview-push shows the same code\n").utf8))
+            return nil
+        }
     }
 
     static func hostName() -> String {

@@ -239,6 +239,11 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         phase = .done
         let identity = decision.withLock { $0 }
         if let identity {
+            do {
+                try policy.remember(identity)
+            } catch {
+                driver.logger.warning("cannot remember the key of '\(identity.name)': \(error.message)")
+            }
             driver.logger.debug(
                 "encrypted channel with '\(peer.info.name)' (\(identity.fingerprint), code \(identity.comparisonCode))")
         }

@@ -242,8 +242,9 @@ public struct TrustPolicy: Sendable {
     }
     let rule: Rule
 
-    /// Trust on first use: a name seen for the first time is remembered with its key (show the
-    /// comparison code); a known name presenting another key is refused loudly, never accepted.
+    /// Trust on first use: a name seen for the first time is remembered with its key once the
+    /// connection is established (show the comparison code); a known name presenting another key is
+    /// refused loudly, never accepted.
     public static func trustOnFirstUse(_ store: TrustStore) -> TrustPolicy { TrustPolicy(rule: .firstUse(store)) }
 
     /// Only peers whose key has one of these fingerprints.
@@ -283,13 +284,16 @@ public struct TrustPolicy: Sendable {
                 }
                 return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: false))
             }
-            do {
-                try store.trust(fingerprint, name: name)
-            } catch {
-                return .failure(error)
-            }
             return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: true))
         }
+    }
+
+    /// After a successful connection: trust on first use remembers a new peer's key now (not when
+    /// the key was proven: a connection the other side then refused teaches nothing, and the user
+    /// sees the comparison code on the first connection that works).
+    func remember(_ identity: PeerIdentity) throws(TransportError) {
+        guard case .firstUse(let store) = rule, identity.isFirstContact else { return }
+        try store.trust(identity.fingerprint, name: identity.name)
     }
 
     static func keyChangedWarning(_ name: String, _ presented: Fingerprint, _ known: Fingerprint, _ store: TrustStore) -> String {

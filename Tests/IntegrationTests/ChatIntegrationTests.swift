@@ -43,6 +43,37 @@ struct ChatIntegrationTests {
         throw HarnessError("rooms never showed the expected line for \(room) within \(timeout); last output:\n\(last)")
     }
 
+    /// Version 2 in the chat: the host's key in `rooms`, the same comparison code on both sides at
+    /// join, `/fingerprint` and `/trust` on the member's side.
+    @Test func joinShowsKeysAndTheSameComparisonCodeOnBothSides() async throws {
+        let room = roomName("Secure")
+        let host = try await hostOnB(room)
+        defer { host.stop() }
+        let hostKey = try await host.waitForOutput("this room's key is")
+        let short = try #require(
+            hostKey.range(of: "key is ").map { String(hostKey[$0.upperBound...].prefix(19)) })
+        #expect(short.count == 19, "\(hostKey)")
+        let line = try await roomsLine(room) { $0.contains("key ") }
+        #expect(line.contains("key \(short)"), "\(line)")
+
+        let alice = try await join([room], nick: "alice")
+        defer { alice.stop() }
+        let seen = try await alice.waitForOutput("comparison code")
+        #expect(seen.contains("has key \(short)"), "\(seen)")
+        let member = try await host.waitForOutput("comparison code")
+        let code = { (text: String) -> String? in
+            guard let range = text.range(of: "comparison code ") else { return nil }
+            return String(text[range.upperBound...].prefix(7))
+        }
+        #expect(code(seen) != nil && code(seen) == code(member), "\(seen) / \(member)")
+
+        try alice.send("/fingerprint")
+        let full = try await alice.waitForOutput("host \(room): key")
+        #expect(full.contains("comparison code \(code(seen) ?? "?")"), "\(full)")
+        try alice.send("/trust")
+        _ = try await alice.waitForOutput("trusted: \(room)")
+    }
+
     @Test func roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent() async throws {
         let room = roomName("Lobby")
         let host = try await hostOnB(room, ["--topic", "Friday plans"])

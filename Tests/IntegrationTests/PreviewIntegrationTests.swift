@@ -165,6 +165,70 @@ struct PreviewIntegrationTests {
         #expect(v4.output.contains("sha256 \(hash)"))
     }
 
+    /// Version 2 end to end with the programs: pairing (--accept paired --pair-for), the code shown
+    /// on both sides, paired pushers admitted later, others refused with what to do, and a server
+    /// whose key changed refused by preview-push (trust on first use). Every process gets its own
+    /// XDG_DATA_HOME: identities and trust stores of this test stay in its directory.
+    @Test func pairingAndAChangedServerKey() async throws {
+        let (directory, source, data) = (try makeDirectory(), try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source, data) }
+        let file = source + "/paired.txt"
+        try makeFile(file, size: 2048)
+        let env = ["env", "XDG_DATA_HOME=\(data)"]
+        func server(_ extra: [String]) async throws -> (Background, UInt16) {
+            let server = try Harness.spawn(
+                onB: true,
+                env + [Harness.binary("preview-server"), "--directory", directory, "--name", "Preview ITest Pair",
+                    "--log-level", "info"] + extra)
+            try await server.waitForOutput("published as", timeout: .seconds(15))
+            let line = try #require(server.text.split(separator: "\n").first { $0.hasPrefix("listening on port ") })
+            return (server, try #require(UInt16(line.dropFirst("listening on port ".count))))
+        }
+        func push(_ port: UInt16) throws -> (status: Int32, output: String) {
+            try Harness.run(
+                env + [Harness.binary("preview-push"), file, "--host", Self.hostB, "--port", String(port)],
+                timeout: .seconds(60))
+        }
+
+        // Paired only, no pairing window: refused, and told how to pair.
+        var (running, port) = try await server(["--accept", "paired"])
+        let refused = try push(port)
+        #expect(refused.status != 0 && refused.output.contains("paired pushers only"), "\(refused.output)")
+        #expect(entries(directory).isEmpty)
+        running.stop()
+
+        // A pairing window: the push is accepted, both sides show the same code.
+        (running, port) = try await server(["--accept", "paired", "--pair-for", "60"])
+        let paired = try push(port)
+        #expect(paired.status == 0, "\(paired.output)")
+        let pushCode = try #require(Self.code(in: paired.output, after: "comparison code "), "\(paired.output)")
+        try await running.waitForOutput("paired with", timeout: .seconds(10))
+        let serverCode = try #require(Self.code(in: running.text, after: "comparison code "), "\(running.text)")
+        #expect(pushCode == serverCode)
+        running.stop()
+
+        // Window closed: the paired pusher is still admitted; no first-contact notice this time.
+        (running, port) = try await server(["--accept", "paired"])
+        let again = try push(port)
+        #expect(again.status == 0, "\(again.output)")
+        #expect(!again.output.contains("first contact"), "\(again.output)")
+        running.stop()
+
+        // The server made a new identity under the same name: preview-push refuses it loudly.
+        (running, port) = try await server(["--identity", data + "/other-identity"])
+        defer { running.stop() }
+        let changed = try push(port)
+        #expect(changed.status != 0, "\(changed.output)")
+        #expect(changed.output.contains("HAS CHANGED"), "\(changed.output)")
+        #expect(entries(directory).count == 2)  // the paired and the later push; nothing from the refused ones
+    }
+
+    static func code(in text: String, after marker: String) -> String? {
+        guard let range = text.range(of: marker) else { return nil }
+        let code = text[range.upperBound...].prefix(7)
+        return code.count == 7 ? String(code) : nil
+    }
+
     @Test func keyFileAdmitsOnlyPushersWithTheSameKey() async throws {
         let (directory, source) = (try makeDirectory(), try makeDirectory())
         defer { remove(directory, source) }

@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -135,6 +136,7 @@ class Session:
         self.expected_seq = 1           # the server's next frame's sequence number
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.sock = None
+        self.phase = "connecting"       # for error messages
 
     # -- sockets ---------------------------------------------------------------------------------
 
@@ -150,7 +152,7 @@ class Session:
         try:
             data = self.sock.recv(1 << 20)
         except socket.timeout:
-            raise Failure("nothing arrived from the server for %.1fs" % wait)
+            raise Failure("nothing arrived from the server for %.1fs (%s)" % (wait, self.phase))
         except (ConnectionResetError, BrokenPipeError) as error:
             raise Closed("the server reset the connection (%s)" % error)
         if not data:
@@ -174,13 +176,24 @@ class Session:
                 return True
 
     def send_raw(self, data):
-        self.sock.settimeout(self.remaining())
-        try:
-            self.sock.sendall(data)
-        except socket.timeout:
-            raise Failure("the server stopped reading (send timed out)")
-        except (ConnectionResetError, BrokenPipeError) as error:
-            raise Closed("the server closed the connection while we were sending (%s)" % error)
+        """Sends everything, buffering what arrives meanwhile (so neither side can block the other)."""
+        view = memoryview(data)
+        while view:
+            wait = min(self.remaining(), self.args.read_timeout)
+            readable, writable, _ = select.select([self.sock], [self.sock], [], wait)
+            if not readable and not writable:
+                raise Failure("the server neither read nor sent anything for %.1fs (%s)" % (wait, self.phase))
+            self.sock.settimeout(wait)
+            try:
+                if readable:
+                    chunk = self.sock.recv(1 << 20)
+                    if not chunk:
+                        raise Closed("the server closed the connection while we were sending (%s)" % self.phase)
+                    self.inbound += chunk
+                if writable:
+                    view = view[self.sock.send(view[:1 << 20]):]
+            except (ConnectionResetError, BrokenPipeError) as error:
+                raise Closed("the server closed the connection while we were sending (%s: %s)" % (self.phase, error))
 
     def read_exact(self, count):
         while len(self.inbound) < count:
@@ -216,12 +229,13 @@ class Session:
         self.send_raw(PREAMBLE + struct.pack(">H", len(message1)) + message1)
 
         # Message 2 (<- e, ee, s, es) with the server's hello.
+        self.phase = "waiting for handshake message 2"
         try:
             header = self.read_exact(2)
         except Closed as error:
             raise Failure(
                 "%s during the handshake, before message 2: the server may speak only the plaintext "
-                "version 1, or it refused the preamble" % error)
+                "version 1, or it has a pre-shared key and we have none (or the other way round)" % error)
         (length,) = struct.unpack(">H", header)
         if header == b"\x00\x00":
             self.explain_v1_answer()
@@ -250,6 +264,7 @@ class Session:
         message3 = bytes(noise.write_message(json_bytes(hello)))
         if not noise.handshake_finished:
             raise Failure("the Noise handshake is not finished after message 3 (library misuse)")
+        self.phase = "sending handshake message 3"
         self.send_raw(struct.pack(">H", len(message3)) + message3)
 
     def explain_v1_answer(self):
@@ -389,6 +404,7 @@ class Session:
             return frame
 
     def await_verdict(self):
+        self.phase = "waiting for the server's verdict"
         try:
             frame = self.next_frame()
         except Closed as error:
@@ -463,17 +479,25 @@ class Session:
         """Sends `count` requests, at most `window` outstanding; checks every reply."""
         pending = {}
         sent = replies = 0
+        one_at_a_time = False
+
+        def limit():
+            # The server may pack several replies into one transport message; one at a time, each
+            # reply comes in a message of its own. Switch (for good) in time to still cross the
+            # rekey point.
+            nonlocal one_at_a_time
+            if not one_at_a_time and require_rekey and self.received_messages <= REKEY_INTERVAL \
+                    and count - sent <= (REKEY_INTERVAL + 1 - self.received_messages) + 64:
+                one_at_a_time = True
+                log("window 1 from request %d on: the server packs replies (%d messages for %d replies so far)"
+                    % (sent, self.received_messages, replies))
+            return 1 if one_at_a_time else window
+
         while replies < count:
-            limit = window
-            if require_rekey and self.received_messages <= REKEY_INTERVAL:
-                # The server may pack several replies into one message; one at a time, each reply
-                # comes in a message of its own. Switch in time to still cross the rekey point.
-                if count - sent <= (REKEY_INTERVAL + 1 - self.received_messages) + 64:
-                    limit = 1
             chunks = []  # plaintexts; each becomes its own transport message(s)
             # Refill in batches (when half the window has been answered), then send them in one write.
-            refill = sent < count and len(pending) <= limit // 2
-            while refill and sent < count and len(pending) < limit:
+            refill = sent < count and len(pending) <= limit() // 2
+            while refill and sent < count and len(pending) < limit():
                 payload = self.request_payload(sent)
                 seq, data = self.frame(MESSAGE, codec=1, type_id=ECHO_TYPE, payload=payload, flags=EXPECTS_REPLY)
                 pending[seq] = (sent, payload)
@@ -487,6 +511,7 @@ class Session:
                 else:
                     chunks.append(data)
                 sent += 1
+            self.phase = "%d replies received, %d requests outstanding" % (replies, len(pending))
             if chunks:
                 self.send_raw(b"".join(self.seal(chunk) for chunk in chunks))
             self.check_reply(self.next_frame(), pending)
