@@ -8,8 +8,9 @@
 #   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 D1)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
-#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+foundation nio; also
+#   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
 #                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time)
+#                                       "ours" runs plaintext protocol version 1; "ours+noise" version 2 (encrypted)
 #
 # "ours" is the library as the messaging layer configures it (its default codec, FastJSON);
 # "ours+foundation" uses Foundation's JSONEncoder/JSONDecoder like the NIO peer.
@@ -21,7 +22,7 @@ cd "$HERE"
 
 WORKLOADS=("$@")
 [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 W6 D1)
-read -r -a IMPLS <<< "${IMPLS:-ours ours+foundation nio}"
+read -r -a IMPLS <<< "${IMPLS:-ours ours+noise ours+foundation nio}"
 PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
@@ -55,6 +56,7 @@ impl_cmd() {
         ours+batch) echo "$BIN/bench-ours --w1-batch 64" ;;                  # W1: send(contentsOf:) 64 at a time
         ours+foundation+batch) echo "$BIN/bench-ours --codec foundation --w1-batch 64" ;;
         ours+loop) echo "$BIN/bench-ours --w6-client loop" ;;                  # W6: request tasks on the channel's loop executor
+        ours+noise) echo "$BIN/bench-ours --security encrypted" ;;             # protocol version 2: Noise handshake, sealed frames
         nio) echo "$BIN/bench-nio" ;;
         c) echo "$BIN/c-bulk" ;;
     esac
@@ -113,6 +115,7 @@ run_one() {
             ;;
     esac
     grep -h '^RESULT ' "$tag.server" "$tag.client" | tee -a "$RESULTS" || true
+    grep -h '^HANDSHAKES ' "$tag.client.err" 2>/dev/null || true  # W5: connections (with their handshake) per second
 }
 
 # The headline metric of a workload and whether lower is better.

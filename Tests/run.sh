@@ -29,6 +29,9 @@ Tests/harness/install-deps.sh
 # python-zeroconf (PyPI) in a venv under .build/, for the interop tests.
 zeroconf_python=""
 [ "$unit_only" = yes ] || zeroconf_python=$(Tests/harness/install-zeroconf.sh)
+# PyPI's noiseprotocol in a venv under .build/, for the independent version-2 client.
+noise_python=""
+[ "$unit_only" = yes ] || noise_python=$(Tests/harness/install-noise.sh)
 
 bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
@@ -70,7 +73,7 @@ run_suite unit env "${unit_env[@]}" \
 
 if [ "$unit_only" = no ]; then
   # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
-  run_suite integration env HARNESS_LOG_DIR="$logs" Tests/harness/avahi-harness.sh run --hosts 2 -- \
+  run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" Tests/harness/avahi-harness.sh run --hosts 2 -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded'
   # The embedded backend: hosts start without avahi-daemon (the tests start it on a host when they need it).
   run_suite integration-embedded env HARNESS_LOG_DIR="$logs" ZEROCONF_PYTHON="$zeroconf_python" \

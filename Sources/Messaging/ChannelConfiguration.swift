@@ -22,6 +22,7 @@ public struct ChannelConfiguration: Sendable {
         var helloValidator: (@Sendable (PeerInfo) -> String?)? = nil
         var preSharedKey: PreSharedKey? = nil
         var security: ChannelSecurity = .standard
+        var expectedPeerName: String? = nil
     }
 
     private var storage: SharedValues<Values>
@@ -128,6 +129,14 @@ public struct ChannelConfiguration: Sendable {
     public var security: ChannelSecurity {
         get { storage.box.values.security }
         set { storage.update { $0.security = newValue } }
+    }
+
+    /// The name the client meant to reach (a service instance name): what trust on first use
+    /// remembers the server's key under, rather than the name the server gives itself (which an
+    /// impostor could change to look like a first contact).
+    var expectedPeerName: String? {
+        get { storage.box.values.expectedPeerName }
+        set { storage.update { $0.expectedPeerName = newValue } }
     }
 
     /// Creates a configuration with this side's name.

@@ -282,7 +282,9 @@ public final class MessageClient: Sendable {
     private func establish(waiting: Bool) async throws(MessagingError) -> MessageChannel {
         let addresses = try await addresses(waiting: waiting)
         do {
-            return try await MessageChannel.connect(to: addresses, configuration: configuration.channel, logger: logger)
+            var channelConfiguration = configuration.channel
+            if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
+            return try await MessageChannel.connect(to: addresses, configuration: channelConfiguration, logger: logger)
         } catch let error as TransportError {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error.message)", underlying: error)
         } catch {

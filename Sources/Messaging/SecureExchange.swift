@@ -56,6 +56,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         self.policy = policy
         let decision = self.decision
         let validator = role == .server ? configuration.helloValidator : nil
+        let expectedName = role == .client ? configuration.expectedPeerName : nil
         let settings = SecureHandshake.Settings(
             info: PeerInfo(version: 2, name: configuration.name, metadata: configuration.metadata),
             maxFrameSize: configuration.connection.maxFrameSize, staticKey: identity.privateKey,
@@ -63,7 +64,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
             verify: { peer in
                 let fingerprint = Fingerprint(publicKey: peer.publicKey)
                 let code = SecureProtocol.comparisonCode(handshakeHash: peer.handshakeHash)
-                switch policy.evaluate(name: peer.info.name, fingerprint: fingerprint, code: code) {
+                switch policy.evaluate(name: expectedName ?? peer.info.name, fingerprint: fingerprint, code: code) {
                 case .success(let identity):
                     // The app's own check of the hello (as in version 1), after the key's.
                     if let refusal = validator?(peer.info) { return "refused peer '\(peer.info.name)': \(refusal)" }
@@ -167,8 +168,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                 ? "the server closed the connection after the handshake without accepting it (\(reason)): "
                     + "its pre-shared key differs from this side's key (both sides need the same key file)"
                 : "the server closed the connection after the handshake without accepting it (\(reason)): "
-                    + "it may require a pre-shared key (give the same key file as the server), or it refused "
-                    + "this side's key — see the server's log"
+                    + "it is shutting down or at its connection limit — see the server's log"
         default:
             text = "the connection closed during the encrypted handshake (\(reason))"
         }

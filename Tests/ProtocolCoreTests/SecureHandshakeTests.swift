@@ -199,4 +199,49 @@ import Testing
         sealed[5] ^= 0x10
         #expect(throws: NoiseError.self) { _ = try receiver.open(sealed) }
     }
+
+    @Test("a hello too large for one handshake message fails the handshake with a reason, no crash")
+    func oversizedHelloFails() throws {
+        var big = Self.settings("server")
+        big.info = PeerInfo(version: 2, name: "server", metadata: ["blob": String(repeating: "x", count: 70_000)])
+        let run = try Self.run(client: Self.settings("client"), server: big)
+        guard case .failure(let error) = run.serverOutcome else {
+            Issue.record("expected the server to fail, got \(String(describing: run.serverOutcome))")
+            return
+        }
+        #expect(error.message.contains("send less metadata"))
+        #expect(run.clientOutcome == nil)  // nothing more reached the client
+    }
+
+    /// docs/PROTOCOL.md's "Version 2 test vector", computed there with PyPI's noiseprotocol (an
+    /// implementation we did not write): our handshake must produce the same bytes.
+    @Test("the documented version-2 vector, computed by noiseprotocol, is what we send")
+    func documentedVector() throws {
+        func key(_ first: UInt8) throws -> Curve25519.KeyAgreement.PrivateKey {
+            try .init(rawRepresentation: (0..<32).map { first + UInt8($0) })
+        }
+        func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+        var server = SecureHandshake.Settings(
+            info: PeerInfo(version: 2, name: "echo", metadata: ["app": "demo"]), maxFrameSize: 16_777_216,
+            staticKey: try key(0x40))
+        server.verify = { _ in nil }
+        let client = SecureHandshake.Settings(
+            info: PeerInfo(version: 2, name: "alice"), maxFrameSize: 16_777_216, staticKey: try key(0x00))
+        let run = try Self.run(
+            client: client, server: server, clientEphemeral: try key(0x20), serverEphemeral: try key(0x60))
+        let message1 = "4c414e4d53472f320020358072d6365880d1aeea329adf9121383851ed21a28e3b75e965d0d2cd166254"
+        let message2 =
+            "00aa675dd574ed7789310b3d2e7681f3790b466c773b1521fecf36577958371ea52f7e1866de56d6c9b805d589b5e65bd14858f21fba6e576ce64993fbf55eb004574d17c878885237e30704c216ef2995150b11d85a10e9d036f3960209300ad29d4ef40fd9db3ad708b6ce764d83924721a3a77e8301be2d3345d3f347f8babcaefe5992956069060477c025af701bf5e3c7203533dd03ce8e18d612885e3885e551ae9cb08cd3e1cf6707"
+        let message3 =
+            "007f1dc00df062a51249321a8f8349c312567dc00ed837b5fc3fa4c72162d39a49731161a120af1961875c91ac2cdb6eac00bde648a20e1bb324ad9cace545ffb8b2c97cf51707991c09951c40211a11b85799cebb61dfb46cb035a1f7f25c737cb2d8d30ddf10b91e69eb1290464f85d5b41dce91e252b838b87ea9204e06802b"
+        #expect(hex(run.clientBytes) == message1 + message3)
+        #expect(hex(run.serverBytes) == message2)
+        let proven = try #require(try run.clientOutcome?.get())
+        #expect(hex(proven.handshakeHash) == "f3ed250c9c13c0f1c26e70a64f5b0ef707de0cb4b8df2f6dd9b8eaab577a4d62")
+        #expect(SecureProtocol.comparisonCode(handshakeHash: proven.handshakeHash) == "027 631")
+        let (send, receive) = try run.server.transport()
+        var transport = SecureTransport(send: send, receive: receive)
+        let authOK: [UInt8] = [0, 0, 0, 0x0c, 0x05, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01]
+        #expect(hex(try transport.seal(authOK)) == "00203b91d25ea0770e33b227c4fabb597dd47f558924555777eeee78dca6a0e831e9")
+    }
 }

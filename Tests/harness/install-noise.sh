@@ -19,6 +19,7 @@ if ! python3 -m venv "$venv" >/dev/null 2>&1; then
   python3 -m venv "$venv"
 fi
 # noiseprotocol 0.3.1 (2020) is the latest release; it needs cryptography >= 2.8 (any later one works).
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'noiseprotocol>=0.3.1,<0.4' >&2
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'noiseprotocol>=0.3.1,<0.4' >&2 \
+  || { echo "install-noise: pip could not install noiseprotocol (is PyPI reachable?)" >&2; exit 1; }
 "$venv/bin/python" -c "$check" || { echo "install-noise: noiseprotocol did not install" >&2; exit 1; }
 echo "$venv/bin/python"

@@ -16,10 +16,13 @@ server (Demo/lanmsg-echo: it replies with the same payload and type id), checks 
 GOODBYE, waits for the server to close and prints
   transport sent <n> messages (<k> rekeys), received <m> messages (<j> rekeys)
   ok <N> replies
-With N > 65,536 (the default 70,000) both directions must cross the rekey point: every request
-travels in its own transport message (a few share one, some large ones span several), and when the
-server packs its replies into fewer messages the client lowers its window to 1 so that each reply
-comes in a message of its own; a run that does not cross it fails.
+With N > 65,536 (the default 70,000) both directions must cross the rekey point, or the run fails.
+Every request travels in its own transport message (every 64th shares its predecessor's, every
+10,000th is ~150 KB and spans three). The server may pack several replies into one message, so
+when the replies might no longer reach 65,537 messages the client drops its window to 1 for the
+rest of the run (it says so: `window 1 from request …`), and each reply then comes on its own.
+Replies are matched by reference; their type id and payload bytes must equal the request's (the
+codec is not checked: lanmsg-echo answers with codec 0). PINGs are answered with PONGs.
 
 --tamper: after AUTH_OK and N round trips (default 1), sends one transport message with a bit of its
 ciphertext flipped, expects the server to close the connection within 5 s, then checks that a new
@@ -390,8 +393,10 @@ class Session:
         while True:
             frame = self.parse_frame()
             if frame is None:
-                self.inbound += self.recv()
-                self.open_available()
+                before = len(self.plain)
+                self.open_available()  # send_raw may have buffered messages meanwhile
+                if len(self.plain) == before:
+                    self.inbound += self.recv()
                 continue
             kind, seq = frame[0], frame[4]
             if kind == PING:

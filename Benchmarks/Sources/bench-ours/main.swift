@@ -29,7 +29,12 @@ guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..
 let role = options.words[0]
 let workload = options.words[1]
 let codecName = options.string("codec", "fast")
-let impl = (codecName == "fast" ? "ours" : "ours+foundation") + (options.int("w1-batch", 1) > 1 ? "+batch" : "")
+// --security plaintext (protocol version 1, the figures before encryption) or encrypted
+// (version 2: Noise XX handshake with ephemeral keys, every frame sealed; implementation "+noise").
+let security = options.string("security", "plaintext")
+let impl =
+    (codecName == "fast" ? "ours" : "ours+foundation") + (options.int("w1-batch", 1) > 1 ? "+batch" : "")
+    + (security == "encrypted" ? "+noise" : "")
 armWatchdog(seconds: options.int("timeout", 120))
 
 let logger: Logger = {
@@ -45,6 +50,7 @@ func configuration(_ name: String) -> ChannelConfiguration {
     c.pingInterval = nil  // no heartbeat traffic in measurements (W5: idle means idle)
     c.heartbeatTimeout = .seconds(3600)
     c.helloTimeout = .seconds(60)
+    c.security = security == "encrypted" ? .encrypted(identity: .ephemeral(), trust: .anyKey) : .plaintext
     return c
 }
 
@@ -417,6 +423,7 @@ func runClient() async throws {
         let target = options.int("connections", Workload.w5Connections)
         let holder = ChannelHolder()
         let parallel = 32
+        let connectStart = ContinuousClock.now
         try await withThrowingTaskGroup(of: Void.self) { group in
             for worker in 0..<parallel {
                 group.addTask {
@@ -429,6 +436,11 @@ func runClient() async throws {
             }
             try await group.waitForAll()
         }
+        let connectSeconds = (ContinuousClock.now - connectStart) / .seconds(1)
+        // Connections (TCP + hello, or TCP + Noise handshake) per second, 32 at a time: the
+        // handshake's cost. Reported on stderr beside the server's RESULT line.
+        FileHandle.standardError.write(
+            Data("HANDSHAKES \(impl) connections_per_s=\(fmt(Double(target) / connectSeconds, 0))\n".utf8))
         emit("CONNECTED \(target)")
         // Hold them until the server (or the runner) ends the run.
         try await Task.sleep(for: .seconds(options.int("hold", 60)))

@@ -117,7 +117,7 @@ package struct SecureHandshake: Sendable {
     package mutating func start() -> Output {
         guard role == .client else { return Output() }
         return step { machine throws(NoiseError) in
-            SecureProtocol.preamble + Self.framed(try machine.noise.writeMessage(payload: []))
+            try SecureProtocol.preamble + Self.handshakeFramed(machine.noise.writeMessage(payload: []))
         }
     }
 
@@ -178,7 +178,7 @@ package struct SecureHandshake: Sendable {
         case (.server, false):
             // Message 1 read: answer with message 2 carrying our hello.
             return step { machine throws(NoiseError) in
-                let message = Self.framed(try machine.noise.writeMessage(payload: machine.hello()))
+                let message = try Self.handshakeFramed(machine.noise.writeMessage(payload: machine.hello()))
                 machine.messageTwoHash = machine.noise.handshakeHash
                 return message
             }
@@ -189,7 +189,7 @@ package struct SecureHandshake: Sendable {
             case .failure(let error): return Output(outcome: .failure(error))
             case .success(let server):
                 var output = step { machine throws(NoiseError) in
-                    Self.framed(try machine.noise.writeMessage(payload: machine.hello()))
+                    try Self.handshakeFramed(machine.noise.writeMessage(payload: machine.hello()))
                 }
                 if output.outcome == nil {
                     done = true
@@ -262,8 +262,19 @@ package struct SecureHandshake: Sendable {
         return Output(outcome: .failure(TransportError(code, text, closeReason: .helloFailed(text))))
     }
 
+    /// A handshake message with its length; one that does not fit (a huge hello) is an error.
+    static func handshakeFramed(_ message: [UInt8]) throws(NoiseError) -> [UInt8] {
+        guard message.count <= SecureProtocol.maxMessage else {
+            throw NoiseError(
+                "this side's hello makes a handshake message of \(message.count) bytes, more than "
+                    + "\(SecureProtocol.maxMessage); send less metadata")
+        }
+        return framed(message)
+    }
+
     static func framed(_ message: [UInt8]) -> [UInt8] {
-        [UInt8(message.count >> 8), UInt8(message.count & 0xFF)] + message
+        // Truncating: an oversized handshake message is refused by step() before it is sent.
+        [UInt8(truncatingIfNeeded: message.count >> 8), UInt8(truncatingIfNeeded: message.count)] + message
     }
 }
 

@@ -1,0 +1,70 @@
+import Foundation
+import Testing
+
+/// Protocol version 2 against an implementation we did not write: Tests/interop/noise-client.py,
+/// written from docs/PROTOCOL.md with PyPI's `noiseprotocol` (venv: Tests/harness/install-noise.sh),
+/// talks to the lanmsg-echo binary on host b across the veth link.
+@Suite(.serialized, .enabled(if: Harness.isActive, Harness.disabledReason))
+struct NoiseInteropTests {
+    static var python: String {
+        Harness.environment["NOISE_PYTHON"]
+            ?? Harness.repoRoot.appendingPathComponent(".build/noise-venv/bin/python").path
+    }
+    static var client: String { Harness.repoRoot.appendingPathComponent("Tests/interop/noise-client.py").path }
+
+    /// Starts lanmsg-echo on host b; returns it, its port and its fingerprint.
+    func startEcho(_ name: String, _ extra: [String] = []) async throws -> (Background, UInt16, String) {
+        let server = try Harness.spawn(
+            onB: true,
+            [Harness.binary("lanmsg-echo"), "--name", name, "--type", "_itest-noise._tcp",
+                "--identity", NSTemporaryDirectory() + "noise-itest-\(UUID().uuidString)/identity"] + extra)
+        try await server.waitForOutput("published as")
+        let lines = server.text.split(separator: "\n").map(String.init)
+        let port = try #require(lines.first { $0.hasPrefix("listening on port ") }.flatMap { UInt16($0.dropFirst(18)) })
+        let fingerprint = try #require(lines.first { $0.hasPrefix("fingerprint ") }.map { String($0.dropFirst(12)) })
+        return (server, port, fingerprint)
+    }
+
+    func runClient(_ arguments: [String]) throws -> (status: Int32, output: String) {
+        #expect(FileManager.default.isExecutableFile(atPath: Self.python), "no noiseprotocol venv at \(Self.python)")
+        return try Harness.run([Self.python, Self.client] + arguments, timeout: .seconds(150))
+    }
+
+    @Test func pythonNoiseClientCompletesTheHandshakeAndCrossesTheRekeyBothWays() async throws {
+        let (server, port, fingerprint) = try await startEcho("Noise Echo")
+        defer { server.stop() }
+        let result = try runClient([
+            "--host", "10.77.0.2", "--port", String(port), "--expect-fingerprint", fingerprint, "--messages", "70000",
+        ])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("server-fingerprint \(fingerprint)"), "\(result.output)")
+        #expect(result.output.contains("verdict AUTH_OK"), "\(result.output)")
+        #expect(result.output.contains("ok 70000 replies"), "\(result.output)")
+        let transport = result.output.split(separator: "\n").first { $0.hasPrefix("transport ") } ?? ""
+        print("MEASURED python noise client: \(transport)")
+    }
+
+    @Test func pythonNoiseClientWithAPreSharedKeyAndWithAWrongOne() async throws {
+        let directory = NSTemporaryDirectory() + "noise-psk-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "the shared secret of this test\n".write(toFile: directory + "/key", atomically: true, encoding: .utf8)
+        try "another secret altogether\n".write(toFile: directory + "/other", atomically: true, encoding: .utf8)
+        let (server, port, _) = try await startEcho("Noise PSK Echo", ["--key-file", directory + "/key"])
+        defer { server.stop() }
+        let right = try runClient(["--host", "10.77.0.2", "--port", String(port), "--psk-file", directory + "/key",
+            "--messages", "100"])
+        #expect(right.status == 0 && right.output.contains("ok 100 replies"), "\(right.output)")
+        let wrong = try runClient(["--host", "10.77.0.2", "--port", String(port), "--psk-file", directory + "/other",
+            "--messages", "1", "--timeout", "20"])
+        #expect(wrong.status != 0, "\(wrong.output)")
+    }
+
+    @Test func aFlippedBitFromThePythonClientClosesOnlyThatConnection() async throws {
+        let (server, port, _) = try await startEcho("Noise Tamper Echo")
+        defer { server.stop() }
+        let result = try runClient(["--host", "10.77.0.2", "--port", String(port), "--tamper"])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("ok tamper"), "\(result.output)")
+    }
+}
