@@ -187,6 +187,33 @@ struct SecureChannelTests {
         }
     }
 
+    @Test("a relay that terminates both handshakes shows each side a different comparison code and key")
+    func manInTheMiddleShowsDifferentCodes() async throws {
+        try await withDeadline(60) {
+            let serverIdentity = Identity.ephemeral()
+            let clientIdentity = Identity.ephemeral()
+            let server = try TestServer(Self.secure("server", identity: serverIdentity))
+            // The relay: its own key pair towards both sides.
+            let relayIdentity = Identity.ephemeral()
+            let relay = try TestServer(Self.secure("server", identity: relayIdentity))
+            let (victim, relayFacingVictim) = try await relay.connectedPair(Self.secure("client", identity: clientIdentity))
+            let (relayToServer, serverSide) = try await server.connectedPair(Self.secure("client", identity: relayIdentity))
+            let victimSees = try #require(victim.peerIdentity)
+            let relaySeesVictim = try #require(relayFacingVictim.peerIdentity)
+            let serverSees = try #require(serverSide.peerIdentity)
+            let relaySeesServer = try #require(relayToServer.peerIdentity)
+            // Each handshake agrees with itself...
+            #expect(victimSees.comparisonCode == relaySeesVictim.comparisonCode)
+            #expect(serverSees.comparisonCode == relaySeesServer.comparisonCode)
+            // ...but the two people comparing codes see different ones, and other keys.
+            #expect(victimSees.comparisonCode != serverSees.comparisonCode)
+            #expect(victimSees.fingerprint != serverIdentity.fingerprint)
+            #expect(serverSees.fingerprint != clientIdentity.fingerprint)
+            victim.close()
+            relayToServer.close()
+        }
+    }
+
     @Test("a pinned server refuses an unknown client and says why, encrypted")
     func pinnedRefusal() async throws {
         try await withDeadline(60) {
