@@ -67,7 +67,11 @@ final class ChatSession {
     func describe(_ identity: PeerIdentity, as role: String) -> String {
         var line = "encrypted; \(role) \(Room.clean(identity.name)) has key \(identity.fingerprint.short), "
             + "comparison code \(identity.comparisonCode)"
-        if identity.isFirstContact { line += " — first contact: check that the other side shows the same code" }
+        // A joining member trusts the host on first use; the host accepts any member's key, so only
+        // the member's side knows whether this is a first contact.
+        if identity.isFirstContact && role == "host" {
+            line += " — first contact: check that the other side shows the same code"
+        }
         return line
     }
 
