@@ -9,15 +9,18 @@ public struct FastJSONCodec: MessageCodec {
     private let encoder = FastJSONEncoder()
     private let decoder = FastJSONDecoder()
 
+    /// The codec (one encoder and one decoder, reused).
     public init() {}
 
     /// ``WireProtocol/jsonCodecID`` (1).
     public var id: UInt8 { WireProtocol.jsonCodecID }
 
+    /// Encodes `value` as JSON (keys in declaration order).
     public func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
         try encoder.encode(value)
     }
 
+    /// Decodes a `T` from JSON bytes.
     public func decode<T: Decodable>(_ type: T.Type, from bytes: UnsafeRawBufferPointer) throws -> T {
         try decoder.decode(type, from: bytes)
     }

@@ -10,6 +10,7 @@ public struct RemoteError: Error, Sendable, Hashable, Codable, CustomStringConve
     /// What happened, for humans.
     public var message: String
 
+    /// An error to send back with ``MessageChannel/reply(to:error:)``.
     public init(code: String, message: String) {
         self.code = code
         self.message = message

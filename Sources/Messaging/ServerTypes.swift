@@ -2,6 +2,8 @@ import Discovery
 import ProtocolCore
 import Transport
 
+/// Settings of a ``MessageServer``: what it publishes (type, name, TXT), how it listens, the channel
+/// settings every accepted connection gets (``channel``: codecs, timeouts, security) and its limits.
 public struct ServerConfiguration: Sendable {
     /// The DNS-SD service type, e.g. `_bonjour-chat._tcp`.
     public var serviceType: String
