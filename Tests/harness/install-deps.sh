@@ -14,6 +14,7 @@ command -v nsenter >/dev/null || missing+=(util-linux)
 command -v python3 >/dev/null || missing+=(python3)
 command -v xxd >/dev/null || missing+=(xxd)
 command -v tmux >/dev/null || missing+=(tmux)
+command -v tcpdump >/dev/null || missing+=(tcpdump)   # the capture check of the encrypted transport
 for extra in "$@"; do command -v "$extra" >/dev/null || missing+=("$extra"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
