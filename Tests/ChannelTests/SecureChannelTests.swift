@@ -148,6 +148,35 @@ struct SecureChannelTests {
         }
     }
 
+    @Test("a recorded client's bytes replayed to the server fail the handshake; nothing reaches the app")
+    func replayedHandshakeFails() async throws {
+        try await withDeadline(60) {
+            let server = try TestServer(Self.secure("server"))
+            let relay = try Relay(to: server.port)
+            let client = try await MessageChannel.connect(
+                to: [.ipv4Loopback(port: relay.port)], configuration: Self.secure("client"), logger: testLogger())
+            let accepted = try await server.nextChannel()
+            try await client.sendRaw(Array("once only".utf8), type: "note")
+            var messages = accepted.messages.makeAsyncIterator()
+            #expect(await messages.next()?.payload == Array("once only".utf8))
+            client.close()
+            _ = await accepted.closed()
+            let recorded = relay.captured().up
+
+            // The same bytes again, on a new connection: the server's fresh ephemeral key makes
+            // message 3 (and everything after it) fail authentication.
+            let replay = try RawClient(port: server.port)
+            defer { replay.close() }
+            try replay.write(recorded)
+            guard case .failure(let error) = try await server.next() else {
+                Issue.record("the replayed handshake produced a channel")
+                return
+            }
+            #expect(error.code == .authenticationFailed, "\(error)")
+            #expect(error.message.contains("failed"), "\(error.message)")
+        }
+    }
+
     @Test("trust on first use remembers a key and refuses a changed one loudly; nothing is sent")
     func trustOnFirstUse() async throws {
         try await withDeadline(60) {
