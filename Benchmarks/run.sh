@@ -115,7 +115,7 @@ run_one() {
             ;;
     esac
     grep -h '^RESULT ' "$tag.server" "$tag.client" | tee -a "$RESULTS" || true
-    grep -h '^HANDSHAKES ' "$tag.client.err" 2>/dev/null || true  # W5: connections (with their handshake) per second
+    grep -h -e '^HANDSHAKES ' -e '^CONNECT ' "$tag.client.err" 2>/dev/null || true  # W5: handshake latency and rate
 }
 
 # The headline metric of a workload and whether lower is better.

@@ -306,11 +306,12 @@ extension ConnectionDriver {
             return true
         }
         secure.sealed.removeAll(keepingCapacity: true)
+        secure.sealed.reserveCapacity(plaintext.count + (plaintext.count / SecureProtocol.maxPlaintext + 1) * 18)
         var start = 0
         do {
             while start < plaintext.count {
                 let end = min(start + SecureProtocol.maxPlaintext, plaintext.count)
-                secure.sealed += try secure.transport!.seal(Array(plaintext[start..<end]))
+                try secure.transport!.seal(plaintext[start..<end], into: &secure.sealed)
                 start = end
             }
         } catch {

@@ -52,6 +52,43 @@ package struct NoiseCipherState: @unchecked Sendable {
         }
     }
 
+    /// Encrypts `plaintext` and appends ciphertext and tag to `out` (no intermediate arrays: the
+    /// transport's bulk path). Needs a key.
+    package mutating func encrypt(
+        ad: [UInt8], _ plaintext: ArraySlice<UInt8>, appendingTo out: inout [UInt8]
+    ) throws(NoiseError) {
+        guard let key else { throw NoiseError("no key") }
+        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
+        do {
+            let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
+            nonce += 1
+            out.append(contentsOf: box.ciphertext)
+            out.append(contentsOf: box.tag)
+        } catch {
+            throw NoiseError("encryption failed: \(error)")
+        }
+    }
+
+    /// Decrypts and authenticates `ciphertext` (tag included), appending the plaintext to `out`.
+    /// Needs a key.
+    /// - Throws: ``NoiseError`` when the tag does not match (tampering, wrong key, replay).
+    package mutating func decrypt(
+        ad: [UInt8], _ ciphertext: ArraySlice<UInt8>, appendingTo out: inout [UInt8]
+    ) throws(NoiseError) {
+        guard let key else { throw NoiseError("no key") }
+        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
+        guard ciphertext.count >= 16 else { throw NoiseError("a message of \(ciphertext.count) bytes is shorter than its tag") }
+        do {
+            let box = try ChaChaPoly.SealedBox(
+                nonce: Self.chachaNonce(nonce), ciphertext: ciphertext.dropLast(16), tag: ciphertext.suffix(16))
+            let plaintext = try ChaChaPoly.open(box, using: key, authenticating: ad)
+            nonce += 1
+            out.append(contentsOf: plaintext)
+        } catch {
+            throw NoiseError("a message failed authentication (nonce \(nonce)): it was altered, replayed or sent with another key")
+        }
+    }
+
     /// Decrypts and authenticates `ciphertext` (tag included); without a key, returns it as is.
     /// - Throws: ``NoiseError`` when the tag does not match (tampering, wrong key, replay).
     package mutating func decrypt(ad: [UInt8], _ ciphertext: some Collection<UInt8>) throws(NoiseError) -> [UInt8] {

@@ -293,10 +293,20 @@ package struct SecureTransport: Sendable {
 
     /// Encrypts up to ``SecureProtocol/maxPlaintext`` bytes into one message, length prefix included.
     package mutating func seal(_ plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
+        var out: [UInt8] = []
+        try seal(plaintext[...], into: &out)
+        return out
+    }
+
+    /// Encrypts up to ``SecureProtocol/maxPlaintext`` bytes into one message appended to `out`,
+    /// length prefix included.
+    package mutating func seal(_ plaintext: ArraySlice<UInt8>, into out: inout [UInt8]) throws(NoiseError) {
         precondition(plaintext.count <= SecureProtocol.maxPlaintext)
         if sendCipher.nonce > 0 && sendCipher.nonce % SecureProtocol.rekeyInterval == 0 { sendCipher.rekey() }
-        let message = try sendCipher.encrypt(ad: [], plaintext)
-        return SecureHandshake.framed(message)
+        let length = plaintext.count + 16
+        out.append(UInt8(truncatingIfNeeded: length >> 8))
+        out.append(UInt8(truncatingIfNeeded: length))
+        try sendCipher.encrypt(ad: [], plaintext, appendingTo: &out)
     }
 
     /// Takes received bytes; returns the plaintext of every complete message among them.
@@ -316,7 +326,7 @@ package struct SecureTransport: Sendable {
             if receiveCipher.nonce > 0 && receiveCipher.nonce % SecureProtocol.rekeyInterval == 0 {
                 receiveCipher.rekey()
             }
-            plaintext += try receiveCipher.decrypt(ad: [], message)
+            try receiveCipher.decrypt(ad: [], message, appendingTo: &plaintext)
         }
         if inboundStart > 65_536 {
             inbound.removeSubrange(0..<inboundStart)
