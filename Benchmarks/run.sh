@@ -9,6 +9,7 @@
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
+#                                       nio+tls: the NIO peer over TLS 1.3, the anchor of ours+noise;
 #                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time)
 #                                       "ours" runs plaintext protocol version 1; "ours+noise" version 2 (encrypted)
 #
@@ -40,6 +41,12 @@ gcc -O2 -Wall -o "$BIN/c-bulk" c/bulk.c
 
 WORK="$(mktemp -d /tmp/bench-run.XXXXXX)"
 RESULTS="$WORK/results"
+# nio+tls: a throwaway self-signed P-256 certificate (the client does not verify it, as ours+noise
+# with the any-key policy does not authenticate the server either).
+if [[ " ${IMPLS[*]} " == *" nio+tls "* ]]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=bench \
+        -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+fi
 : > "$RESULTS"
 STARTED=()
 cleanup() {
@@ -58,6 +65,7 @@ impl_cmd() {
         ours+loop) echo "$BIN/bench-ours --w6-client loop" ;;                  # W6: request tasks on the channel's loop executor
         ours+noise) echo "$BIN/bench-ours --security encrypted" ;;             # protocol version 2: Noise handshake, sealed frames
         nio) echo "$BIN/bench-nio" ;;
+        nio+tls) echo "$BIN/bench-nio --tls $WORK/cert.pem,$WORK/key.pem" ;;   # TLS 1.3 (swift-nio-ssl): the anchor of ours+noise
         c) echo "$BIN/c-bulk" ;;
     esac
 }
@@ -174,6 +182,10 @@ for w in "${WORKLOADS[@]}"; do
         [ "$w" = W6 ] && echo "RATIO W6 $impl/nio p50_us=$(ratio "$(value W6 "$impl" p50_us)" "$(value W6 nio p50_us)") p99_us=$(ratio "$(value W6 "$impl" p99_us)" "$(value W6 nio p99_us)")"
         [ "$w" = W3 ] && echo "RATIO W3 $impl/c mib_per_s=$(ratio "$(value W3 "$impl" mib_per_s)" "$(value W3 c mib_per_s)")"
     done
+    # The encrypted pair: ours over Noise against NIO over TLS 1.3.
+    if [[ " ${IMPLS[*]} " == *" nio+tls "* && " ${IMPLS[*]} " == *" ours+noise "* ]]; then
+        echo "RATIO $w ours+noise/nio+tls $key=$(ratio "$(value "$w" ours+noise "$key")" "$(value "$w" nio+tls "$key")")"
+    fi
 done
 
 if printf '%s\n' "${WORKLOADS[@]}" | grep -qx D1; then

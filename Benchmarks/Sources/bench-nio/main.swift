@@ -3,6 +3,8 @@
 //
 //   bench-nio server W1|W2|W3|W4|W5      prints "READY <port>", then (W4, W5) a RESULT line
 //   bench-nio client W1|W2|W3|W4|W5 --port P
+//   --tls CERT.pem,KEY.pem (both sides): TLS 1.3 (swift-nio-ssl, BoringSSL) under the framing,
+//   implementation "nio+tls"; the client does not verify the self-signed certificate.
 //
 // Written the way a careful NIO user would: one event loop per core, encoding and writing on the
 // channel's event loop, flush per batch (not per message), writes stop while the channel is not
@@ -16,6 +18,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOExtras
 import NIOPosix
+import NIOSSL
 
 enum Kind {
     static let sample: UInt8 = 1
@@ -32,7 +35,29 @@ let options = Options()
 guard options.words.count >= 2 else { fail("usage: bench-nio server|client W1..W5 [--port P]") }
 let role = options.words[0]
 let workload = options.words[1]
-let impl = "nio"
+let tlsFiles = options.string("tls", "")
+let impl = tlsFiles.isEmpty ? "nio" : "nio+tls"
+/// The TLS context of `--tls` (nil: plaintext).
+let tlsContext: NIOSSLContext? = {
+    guard !tlsFiles.isEmpty else { return nil }
+    let parts = tlsFiles.split(separator: ",").map(String.init)
+    guard parts.count == 2 else { fail("--tls CERT.pem,KEY.pem") }
+    do {
+        var configuration: TLSConfiguration
+        if options.words[0] == "server" {
+            configuration = TLSConfiguration.makeServerConfiguration(
+                certificateChain: try NIOSSLCertificate.fromPEMFile(parts[0]).map { .certificate($0) },
+                privateKey: .privateKey(try NIOSSLPrivateKey(file: parts[1], format: .pem)))
+        } else {
+            configuration = TLSConfiguration.makeClientConfiguration()
+            configuration.certificateVerification = .none
+        }
+        configuration.minimumTLSVersion = .tlsv13
+        return try NIOSSLContext(configuration: configuration)
+    } catch {
+        fail("TLS setup: \(error)")
+    }
+}()
 armWatchdog(seconds: options.int("timeout", 120))
 
 let group = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
@@ -46,8 +71,17 @@ func frame(_ allocator: ByteBufferAllocator, kind: UInt8, _ bytes: some Sequence
 }
 
 // Handlers are created on (and confined to) their channel's event loop.
-@Sendable func addFraming(_ channel: any Channel, make: @escaping () -> any ChannelHandler) -> EventLoopFuture<Void> {
+@Sendable func addFraming(
+    _ channel: any Channel, server: Bool = false, make: @escaping () -> any ChannelHandler
+) -> EventLoopFuture<Void> {
     channel.eventLoop.makeCompletedFuture {
+        if let tlsContext {
+            let tls: any ChannelHandler =
+                server
+                ? NIOSSLServerHandler(context: tlsContext)
+                : try NIOSSLClientHandler(context: tlsContext, serverHostname: nil)
+            try channel.pipeline.syncOperations.addHandler(tls)
+        }
         try channel.pipeline.syncOperations.addHandlers([
             ByteToMessageHandler(LengthFieldBasedFrameDecoder(lengthFieldBitLength: .fourBytes)),
             LengthFieldPrepender(lengthFieldBitLength: .fourBytes),
@@ -373,7 +407,7 @@ func serve(
         .childChannelOption(.writeBufferWaterMark, value: waterMark)
         .childChannelInitializer { channel in
             connected?(channel)
-            return addFraming(channel, make: make)
+            return addFraming(channel, server: true, make: make)
         }
         .bind(host: "127.0.0.1", port: 0).wait()
 }
