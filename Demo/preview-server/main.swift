@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import PreviewKit
 import ServiceLifecycle
+import Synchronization
 
 /// The viewer-side daemon: receives documents pushed by preview-push and stores them in a directory.
 struct PreviewServerCommand: AsyncParsableCommand {
@@ -124,8 +125,11 @@ struct PreviewServerCommand: AsyncParsableCommand {
             FileHandle.standardError.write(
                 Data("preview-server: pairing for \(Int(pairFor)) s: pushers that connect now are paired\n".utf8))
         }
+        // The paired keys live in memory (read once here); the handshake asks on the connection's
+        // loop, where no file is read. A new pairing is written through (rare: the window only).
+        let pairedKeys = Mutex(Set(paired.entries.map(\.fingerprint)))
         return .custom { peer in
-            if paired.entries.contains(where: { $0.fingerprint == peer.fingerprint }) { return nil }
+            if pairedKeys.withLock({ $0.contains(peer.fingerprint) }) { return nil }
             guard ContinuousClock.now < pairingEnds else {
                 return "this preview server accepts paired pushers only, and '\(peer.name)' (key "
                     + "\(peer.fingerprint.short)) is not paired; on the server, run it with --accept paired "
@@ -133,6 +137,7 @@ struct PreviewServerCommand: AsyncParsableCommand {
             }
             do {
                 try paired.trust(peer.fingerprint, name: "\(peer.name) \(peer.fingerprint.short)")
+                pairedKeys.withLock { _ = $0.insert(peer.fingerprint) }
             } catch {
                 return "cannot remember the pairing: \(error)"
             }

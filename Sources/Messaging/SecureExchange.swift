@@ -57,6 +57,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         let decision = self.decision
         let validator = role == .server ? configuration.helloValidator : nil
         let expectedName = role == .client ? configuration.expectedPeerName : nil
+        let known = policy.knownPeers()  // read here, off the loop the handshake runs on
         let settings = SecureHandshake.Settings(
             info: PeerInfo(version: 2, name: configuration.name, metadata: configuration.metadata),
             maxFrameSize: configuration.connection.maxFrameSize, staticKey: identity.privateKey,
@@ -64,7 +65,9 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
             verify: { peer in
                 let fingerprint = Fingerprint(publicKey: peer.publicKey)
                 let code = SecureProtocol.comparisonCode(handshakeHash: peer.handshakeHash)
-                switch policy.evaluate(name: expectedName ?? peer.info.name, fingerprint: fingerprint, code: code) {
+                switch policy.evaluate(
+                    name: expectedName ?? peer.info.name, fingerprint: fingerprint, code: code, known: known)
+                {
                 case .success(let identity):
                     // The app's own check of the hello (as in version 1), after the key's.
                     if let refusal = validator?(peer.info) { return "refused peer '\(peer.info.name)': \(refusal)" }
@@ -100,6 +103,15 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         handoff.withLock {}
         switch outcome {
         case .channel(let channel):
+            // Trust on first use writes the new key here, in the caller's task: a file write and
+            // fsync do not belong on the connection's loop.
+            if let identity = channel.peerIdentity {
+                do {
+                    try policy.remember(identity)
+                } catch {
+                    driver.logger.warning("cannot remember the key of '\(identity.name)': \(error.message)")
+                }
+            }
             return channel
         case .plaintextPeer(let leftover):
             return try await HelloExchange(driver: driver, role: .server, configuration: configuration)
@@ -239,11 +251,6 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         phase = .done
         let identity = decision.withLock { $0 }
         if let identity {
-            do {
-                try policy.remember(identity)
-            } catch {
-                driver.logger.warning("cannot remember the key of '\(identity.name)': \(error.message)")
-            }
             driver.logger.debug(
                 "encrypted channel with '\(peer.info.name)' (\(identity.fingerprint), code \(identity.comparisonCode))")
         }

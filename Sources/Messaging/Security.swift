@@ -254,13 +254,26 @@ public struct TrustPolicy: Sendable {
     /// only peers holding it can use). Choose it explicitly; never a default.
     public static let anyKey = TrustPolicy(rule: .anyKey)
 
-    /// The app decides: return nil to accept the peer, or a refusal message.
+    /// The app decides: return nil to accept the peer, or a refusal message. Called on the
+    /// connection's loop during the handshake, which other connections share: decide from memory,
+    /// without blocking I/O.
     public static func custom(_ decide: @escaping @Sendable (PeerIdentity) -> String?) -> TrustPolicy {
         TrustPolicy(rule: .custom(decide))
     }
 
-    /// Decides about a proven peer: the identity the app will see, or why it is refused.
-    func evaluate(name: String, fingerprint: Fingerprint, code: String) -> Result<PeerIdentity, TransportError> {
+    /// The peers a trust-on-first-use store knows, read now (a file read: call it before the
+    /// handshake, off the connection's loop); empty for the other rules.
+    func knownPeers() -> [String: Fingerprint] {
+        guard case .firstUse(let store) = rule else { return [:] }
+        return Dictionary(store.entries.map { ($0.name, $0.fingerprint) }, uniquingKeysWith: { _, last in last })
+    }
+
+    /// Decides about a proven peer: the identity the app will see, or why it is refused. Runs on
+    /// the connection's loop during the handshake: no file I/O here (`known` is ``knownPeers()``,
+    /// read before); ``remember(_:)`` writes after the hand-off.
+    func evaluate(
+        name: String, fingerprint: Fingerprint, code: String, known: [String: Fingerprint]
+    ) -> Result<PeerIdentity, TransportError> {
         switch rule {
         case .anyKey:
             return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: true))
@@ -278,7 +291,7 @@ public struct TrustPolicy: Sendable {
             if let refusal = decide(identity) { return .failure(TransportError(.authenticationFailed, refusal)) }
             return .success(identity)
         case .firstUse(let store):
-            if let known = store.fingerprint(for: name) {
+            if let known = known[name] {
                 guard known == fingerprint else {
                     return .failure(TransportError(.authenticationFailed, Self.keyChangedWarning(name, fingerprint, known, store)))
                 }

@@ -37,19 +37,11 @@ package struct NoiseCipherState: @unchecked Sendable {
 
     /// Encrypts `plaintext` with `ad`; without a key, returns `plaintext` (section 5.1).
     package mutating func encrypt(ad: [UInt8], _ plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
-        guard let key else { return plaintext }
-        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
-        do {
-            let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
-            nonce += 1
-            var out = [UInt8]()
-            out.reserveCapacity(plaintext.count + 16)
-            out.append(contentsOf: box.ciphertext)
-            out.append(contentsOf: box.tag)
-            return out
-        } catch {
-            throw NoiseError("encryption failed: \(error)")
-        }
+        guard key != nil else { return plaintext }
+        var out = [UInt8]()
+        out.reserveCapacity(plaintext.count + 16)
+        try encrypt(ad: ad, plaintext[...], appendingTo: &out)
+        return out
     }
 
     /// Encrypts `plaintext` and appends ciphertext and tag to `out` (no intermediate arrays: the
@@ -92,19 +84,10 @@ package struct NoiseCipherState: @unchecked Sendable {
     /// Decrypts and authenticates `ciphertext` (tag included); without a key, returns it as is.
     /// - Throws: ``NoiseError`` when the tag does not match (tampering, wrong key, replay).
     package mutating func decrypt(ad: [UInt8], _ ciphertext: some Collection<UInt8>) throws(NoiseError) -> [UInt8] {
-        guard let key else { return Array(ciphertext) }
-        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
-        guard ciphertext.count >= 16 else { throw NoiseError("a message of \(ciphertext.count) bytes is shorter than its tag") }
-        let body = Array(ciphertext.dropLast(16))
-        let tag = Array(ciphertext.suffix(16))
-        do {
-            let box = try ChaChaPoly.SealedBox(nonce: Self.chachaNonce(nonce), ciphertext: body, tag: tag)
-            let plaintext = try ChaChaPoly.open(box, using: key, authenticating: ad)
-            nonce += 1
-            return Array(plaintext)
-        } catch {
-            throw NoiseError("a message failed authentication (nonce \(nonce)): it was altered, replayed or sent with another key")
-        }
+        guard key != nil else { return Array(ciphertext) }
+        var out = [UInt8]()
+        try decrypt(ad: ad, Array(ciphertext)[...], appendingTo: &out)
+        return out
     }
 
     /// `Rekey()` (section 4.2): the key becomes the first 32 bytes of encrypting 32 zero bytes with
