@@ -257,9 +257,13 @@ extension ConnectionDriver {
             }
             let result: IOResult<Int>
             do {
-                result = try syscall("write", nonblocking: true) { () -> Int in
+                // send with MSG_NOSIGNAL, not write: a peer that reset the connection must give
+                // EPIPE, not a SIGPIPE that kills the process.
+                result = try syscall("send", nonblocking: true) { () -> Int in
                     secure.sealed.withUnsafeBytes { bytes in
-                        write(fd.rawValue, bytes.baseAddress! + secure.sealedOffset, bytes.count - secure.sealedOffset)
+                        Glibc.send(
+                            fd.rawValue, bytes.baseAddress! + secure.sealedOffset, bytes.count - secure.sealedOffset,
+                            Int32(MSG_NOSIGNAL))
                     }
                 }
             } catch {
