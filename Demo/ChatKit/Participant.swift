@@ -26,6 +26,9 @@ public struct Participant: Sendable {
     /// The connection is gone; a rejoin will follow.
     public mutating func connectionLost() { joined = false }
 
+    /// The connection came back and the message session resumed: still a member, nothing lost.
+    public mutating func sessionResumed() { if !members.isEmpty || lastSeen > 0 { joined = true } }
+
     /// Asks for another nick on the next (re)join.
     public mutating func request(nick: String) { self.nick = nick }
 

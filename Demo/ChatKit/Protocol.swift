@@ -192,6 +192,20 @@ public enum ParticipantRequest: Sendable, Equatable {
         default: return nil
         }
     }
+
+    /// Decodes a request the session reported undelivered.
+    public static func decode(_ message: UndeliveredMessage) throws -> ParticipantRequest? {
+        switch message.typeID {
+        case ChatType.join: return .join(nick: try message.decode(JoinRequest.self).nick)
+        case ChatType.say: return .say(try message.decode(TextPayload.self).text)
+        case ChatType.me: return .me(try message.decode(TextPayload.self).text)
+        case ChatType.nick: return .nick(try message.decode(TextPayload.self).text)
+        case ChatType.topic: return .topic(try message.decode(TextPayload.self).text)
+        case ChatType.members: return .members
+        case ChatType.leave: return .leave(try message.decode(TextPayload.self).text)
+        default: return nil
+        }
+    }
 }
 
 extension MessageClient {

@@ -66,7 +66,7 @@ public final class PreviewService: Sendable {
         case .refused(let remote, let reason):
             logger.notice(
                 "refused connection", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
-        case .published, .renamed:
+        case .published, .renamed, .interrupted, .resumed, .undelivered:
             break
         }
     }

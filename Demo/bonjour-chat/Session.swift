@@ -232,6 +232,14 @@ final class ChatSession {
                 case .closed(let connection, _):
                     connections[connection.id] = nil
                     await deliver(room.disconnected(connection.id, at: now))
+                case .interrupted(let connection, let reason):
+                    if let nick = room.nick(of: connection.id) {
+                        notice("\(nick)'s connection dropped (\(reason)); keeping their place while they come back")
+                    }
+                case .resumed(let connection, _):
+                    if let nick = room.nick(of: connection.id) { notice("\(nick) is back") }
+                case .undelivered(let connection, let lost):
+                    logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
                 case .transfer(_, let transfer):
                     transfer.discard()
                 case .refused(let remote, let reason):
@@ -247,7 +255,12 @@ final class ChatSession {
                 case .topic(nil):
                     notice(room.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(room.topic)")
                 case .topic(let text?): await deliver(room.handle(.topic(text), from: Room.localID, at: now))
-                case .who: await deliver(room.handle(.members, from: Room.localID, at: now))
+                case .who:
+                    await deliver(room.handle(.members, from: Room.localID, at: now))
+                    for connection in connections.values.sorted(by: { $0.id < $1.id }) {
+                        let nick = room.nick(of: connection.id) ?? connection.peer.name
+                        notice("  \(nick): \(await connection.health)")
+                    }
                 case .rooms: listRoomsInBackground()
                 case .help: showHelp()
                 case .fingerprint:
@@ -422,6 +435,23 @@ final class ChatSession {
             }
         }
 
+        /// Says which typed lines never reached the host (the room is gone, or the host restarted).
+        func reportNotSent(_ requests: [ParticipantRequest]) {
+            let lines = requests.compactMap { request -> String? in
+                switch request {
+                case .say(let text): text
+                case .me(let text): "/me \(text)"
+                case .nick(let nick): "/nick \(nick)"
+                case .topic(let topic): "/topic \(topic)"
+                default: nil
+                }
+            }
+            guard !lines.isEmpty else { return }
+            problem(
+                "\(lines.count) line\(lines.count == 1 ? " was" : "s were") not delivered to \(me.room) "
+                    + "(the host never confirmed them): " + lines.map { "\"\($0)\"" }.joined(separator: ", "))
+        }
+
         func flushPending() async {
             while me.joined, let request = pending.first {
                 do {
@@ -438,6 +468,15 @@ final class ChatSession {
             case .client(let event):
                 switch event {
                 case .connected(_, let via):
+                    if everConnected && client.resumedSession {
+                        // The message session continued: still a member, and whatever was sent or
+                        // received meanwhile arrives once, in order.
+                        me.sessionResumed()
+                        notice("back in \(me.room)\(via.map { " via \($0)" } ?? ""); nothing was lost")
+                        generation += 1
+                        await flushPending()
+                        continue
+                    }
                     if everConnected { notice("found the room again\(via.map { " at \($0)" } ?? ""); rejoining") }
                     everConnected = true
                     if let identity = client.channel?.peerIdentity { notice(describe(identity, as: "host")) }
@@ -482,10 +521,13 @@ final class ChatSession {
                         try? await Task.sleep(for: delay)
                         continuation.yield(.rejoinDeadline(current))
                     }
-                case .reconnecting, .waiting:
+                case .reconnecting, .waiting, .resumed:
                     break
+                case .undelivered(let lost):
+                    reportNotSent(lost.compactMap { try? ParticipantRequest.decode($0) })
                 case .gaveUp(let error):
                     problem("gave up rejoining: \(error.message)")
+                    reportNotSent(pending)
                     await finish()
                     return ChatExit(ExitStatus.connectionLost)
                 case .transfer(let transfer):
@@ -494,6 +536,10 @@ final class ChatSession {
             case .rejoinDeadline(let which):
                 guard which == generation, !me.joined else { continue }
                 problem("could not rejoin \(me.room) within \(formatSeconds(rejoinTimeout)); giving up")
+                reportNotSent(
+                    client.unacknowledgedMessages.compactMap {
+                        try? ParticipantRequest.decode($0)
+                    } + pending)
                 await client.close()
                 await finish()
                 return ChatExit(ExitStatus.connectionLost)
@@ -506,7 +552,9 @@ final class ChatSession {
                 case .nick(let new): await submit(.nick(new))
                 case .topic(nil): notice(me.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(me.topic)")
                 case .topic(let text?): await submit(.topic(text))
-                case .who: await submit(.members)
+                case .who:
+                    await submit(.members)
+                    if let health = await client.health { notice("link to the host: \(health)") }
                 case .rooms: listRoomsInBackground()
                 case .help: showHelp()
                 case .fingerprint: showFingerprints(of: client.channel?.peerIdentity.map { [$0] } ?? [], as: "host")

@@ -56,13 +56,39 @@ struct EchoServer: AsyncParsableCommand {
         try await server.start()
         say("listening on port \(server.port ?? 0)")
         var count = 0
+        // Numbered one-way messages ("seq", {"n":…}) per connection: how many, how many twice, out of order.
+        var sequences: [UInt64: SequenceStats] = [:]
         for await event in server.events {
             switch event {
             case .published(let name):
                 say("published as \(name)")
             case .received(let connection, let message):
                 count += 1
-                guard message.expectsReply else { continue }  // one-way messages are only counted
+                switch message.typeID {
+                case "seq":
+                    if let number = try? message.decode(Numbered.self) { sequences[connection.id, default: .init()].add(number.n) }
+                    continue
+                case "seq.down":
+                    // Sends the asked number of numbered messages back, through the connection's session.
+                    guard let asked = try? message.decode(Numbered.self) else { continue }
+                    Task {
+                        for n in 0..<asked.n {
+                            do { try await connection.send(Numbered(n: n), type: "seq") } catch {
+                                say("seq.down to \(connection) stopped at \(n): \(error)")
+                                return
+                            }
+                        }
+                    }
+                    continue
+                case "seq.stats":
+                    if message.expectsReply {
+                        try? await connection.reply(to: message, with: sequences[connection.id, default: .init()], type: "seq.stats")
+                    }
+                    continue
+                default:
+                    break
+                }
+                guard message.expectsReply else { continue }  // other one-way messages are only counted
                 if message.typeID == "echo.stats" {
                     try? await connection.reply(to: message, with: count, type: "echo.stats")
                     continue
@@ -80,6 +106,21 @@ struct EchoServer: AsyncParsableCommand {
             default:
                 say("\(event)")
             }
+        }
+    }
+
+    struct Numbered: Codable, Sendable { var n: Int }
+
+    /// What arrived of a numbered sequence (reported to the client as `seq.stats`).
+    struct SequenceStats: Codable, Sendable {
+        var received = 0
+        var duplicates = 0
+        var outOfOrder = 0
+        var next = 0
+        mutating func add(_ n: Int) {
+            received += 1
+            if n < next { duplicates += 1 } else if n > next { outOfOrder += 1 }
+            next = max(next, n + 1)
         }
     }
 

@@ -23,6 +23,7 @@ public struct ChannelConfiguration: Sendable {
         var preSharedKey: PreSharedKey? = nil
         var security: ChannelSecurity = .standard
         var expectedPeerName: String? = nil
+        var offersSessions = false
     }
 
     private var storage: SharedValues<Values>
@@ -139,10 +140,24 @@ public struct ChannelConfiguration: Sendable {
         set { storage.update { $0.expectedPeerName = newValue } }
     }
 
+    /// Whether the hello offers message sessions (a ``MessageServer`` accepts them, a
+    /// ``MessageClient`` with sessions opens one).
+    var offersSessions: Bool {
+        get { storage.box.values.offersSessions }
+        set { storage.update { $0.offersSessions = newValue } }
+    }
+
     /// Creates a configuration with this side's name.
     public init(name: String) { storage = SharedValues(Values(name: name)) }
 
-    var peerInfo: PeerInfo { PeerInfo(version: protocolVersion, name: name, metadata: metadata) }
+    var peerInfo: PeerInfo { peerInfo(version: protocolVersion) }
+
+    /// The hello's public part for protocol `version`, with the session offer.
+    func peerInfo(version: Int) -> PeerInfo {
+        var info = PeerInfo(version: version, name: name, metadata: metadata)
+        info.sessions = offersSessions
+        return info
+    }
 
     /// This side's part of the hello exchange.
     func handshakeSettings() -> HandshakeStateMachine.Settings {

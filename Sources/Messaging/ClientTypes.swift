@@ -28,6 +28,13 @@ public struct ClientConfiguration: Sendable {
     /// events are kept and older unsolicited messages are dropped (counted in
     /// ``MessageClient/droppedMessages``), so replies to requests never wait behind them.
     public var eventBufferLimit = 256
+    /// Message sessions (with a ``reconnect`` policy only): one-way messages sent with
+    /// ``MessageClient/send(_:type:)`` are kept until the server acknowledges them, wait in the
+    /// client while it reconnects, and are resent after a reconnect exactly once and in order (the
+    /// server does the same for its messages). When the session cannot be resumed (the server
+    /// restarted, or its grace period expired) ``ClientEvent/undelivered(_:)`` lists the messages
+    /// that may not have arrived. nil: no sessions (a message sent while disconnected fails).
+    public var session: SessionConfiguration? = SessionConfiguration()
 
     /// - Parameters:
     ///   - peerName: This side's name in the hello (shown to the server), not the service's name.
@@ -81,6 +88,13 @@ public enum ClientEvent: Sendable, CustomStringConvertible {
     case reconnecting(attempt: Int, delay: Duration)
     /// Reconnection stopped (attempts exhausted); the client is closed.
     case gaveUp(MessagingError)
+    /// The message session continued on the new connection: `resent` messages the server had not
+    /// received were sent again (and the server resent what this side had not received).
+    case resumed(resent: Int)
+    /// Messages sent in a message session that the server never acknowledged, when the session
+    /// could not be resumed (the server restarted or forgot it) or ended: they may or may not have
+    /// arrived, and are not sent again. Never a silent loss.
+    case undelivered([UndeliveredMessage])
 
     public var description: String {
         switch self {
@@ -91,6 +105,8 @@ public enum ClientEvent: Sendable, CustomStringConvertible {
         case .waiting(let error): "waiting: \(error.message)"
         case .reconnecting(let attempt, let delay): "reconnecting (attempt \(attempt)) in \(delay)"
         case .gaveUp(let error): "gave up: \(error)"
+        case .resumed(let resent): "session resumed (\(resent) messages sent again)"
+        case .undelivered(let messages): "\(messages.count) messages not acknowledged: \(messages.map(\.description).joined(separator: ", "))"
         }
     }
 }

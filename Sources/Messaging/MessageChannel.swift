@@ -1,4 +1,5 @@
 import Dispatch
+import FastJSON
 import Locks
 import Logging
 import ProtocolCore
@@ -59,6 +60,20 @@ public final class MessageChannel: @unchecked Sendable {
         let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
     var incoming = TransferReceiver<IncomingTransfer>()
+    /// Round-trip times from the heartbeat (loop-confined; read through ``health``).
+    var rtt = RTTEstimator()
+    /// The message session running on this connection and its SESSION exchange; nil for most
+    /// channels (loop-confined).
+    var sessionLink: SessionLink?
+    final class SessionLink {
+        var session: MessageSession?
+        /// Server: a SESSION frame that arrived before anyone asked for it.
+        var pendingHello: SessionHello?
+        /// Server: waits for the client's SESSION; client: waits for the server's answer.
+        var helloWaiter: CheckedContinuation<SessionHello, any Error>?
+        var openedWaiter: CheckedContinuation<MessageSession.Opened, any Error>?
+        var ackArmed = false
+    }
 
     /// The peer's proven identity when the connection is encrypted (protocol version 2); nil in
     /// plaintext.
@@ -240,7 +255,11 @@ extension MessageChannel: ConnectionHandler {
         case .ping:
             driver.enqueue(Frame(kind: .pong, reference: frame.sequence), bypassLimit: true) { _ in }
         case .pong:
-            break
+            if let reference = frame.reference { rtt.pongReceived(reference: reference, now: uptimeNanoseconds()) }
+        case .session:
+            handleSessionHello(frame)
+        case .ack:
+            handleAck(frame)
         case .goodbye:
             let reason = String(decoding: frame.payload, as: UTF8.self)
             logger.debug("peer said goodbye: \(reason)")
@@ -260,6 +279,7 @@ extension MessageChannel: ConnectionHandler {
         switch kind {
         case .heartbeat: heartbeatTick()
         case .request: requestsTimedOut()
+        case .ack: sendAck()
         case .handshake, .idleCheck, .linger: break
         }
     }
@@ -276,6 +296,13 @@ extension MessageChannel: ConnectionHandler {
         }
         handlers.removeAll()
         installs.load()?.list.withLock { $0.removeAll() }
+        if let link = sessionLink {
+            link.session?.detach(self)
+            link.helloWaiter?.resume(throwing: error)
+            link.openedWaiter?.resume(throwing: error)
+            link.helloWaiter = nil
+            link.openedWaiter = nil
+        }
         messages.buffer.finish()
         transferBuffer.finish()
     }
@@ -287,6 +314,16 @@ extension MessageChannel: ConnectionHandler {
     }
 
     private func handleMessage(_ frame: Frame) {
+        if let session = sessionLink?.session, frame.isSessionMessage {
+            let (deliver, ackNow) = session.received(on: self)
+            guard deliver else { return }  // this connection was replaced: the new one resends it
+            if ackNow {
+                sendAck()
+            } else if let link = sessionLink, !link.ackArmed {
+                link.ackArmed = true
+                driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
+            }
+        }
         let message = IncomingMessage(frame: frame, codecs: configuration.codecs)
         if let replyTo = frame.reference, let requests {
             if let entry = requests.tracker.reply(to: replyTo) {
@@ -353,6 +390,159 @@ extension MessageChannel: ConnectionHandler {
         }
     }
 
+    // MARK: Sessions (on the loop)
+
+    /// Acknowledges the session messages received since the last ACK.
+    func sendAck() {
+        guard let link = sessionLink, let session = link.session else { return }
+        link.ackArmed = false
+        driver.setDeadline(.ack, at: nil)
+        if let count = session.takeAck(on: self) {
+            driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in }
+        }
+    }
+
+    private func handleAck(_ frame: Frame) {
+        guard let session = sessionLink?.session else { return violation("ACK without a session") }
+        guard let count = frame.acknowledgedCount else { return violation("an ACK must carry an 8-byte count") }
+        if let text = session.acknowledged(count, on: self) { violation(text) }
+    }
+
+    private func handleSessionHello(_ frame: Frame) {
+        guard let hello = try? FastJSONDecoder().decode(SessionHello.self, from: frame.payload), hello.isWellFormed else {
+            return violation("malformed SESSION payload (it needs \"id\": 32 hex digits and \"received\")")
+        }
+        let link = sessionLink ?? SessionLink()
+        sessionLink = link
+        if let waiter = link.openedWaiter, let session = link.session {
+            // Client: the server's answer. Attached here, on the loop, before the next frame is read.
+            link.openedWaiter = nil
+            switch session.clientOpened(hello, on: self) {
+            case .success(let opened): waiter.resume(returning: opened)
+            case .failure(let error):
+                waiter.resume(throwing: error)
+                violation(error.message)
+            }
+            return
+        }
+        guard link.session == nil, link.pendingHello == nil else { return violation("a second SESSION frame") }
+        if let waiter = link.helloWaiter {
+            link.helloWaiter = nil
+            waiter.resume(returning: hello)
+        } else {
+            link.pendingHello = hello
+        }
+    }
+
+    /// Client: opens `session` on this connection (sends SESSION, waits for the answer, resends).
+    func openSession(_ session: MessageSession, timeout: Duration) async throws -> MessageSession.Opened {
+        let opening = Task {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<MessageSession.Opened, any Error>) in
+                queue.async {
+                    guard self.driver.acceptsFrames else {
+                        continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
+                        return
+                    }
+                    let link = self.sessionLink ?? SessionLink()
+                    self.sessionLink = link
+                    link.session = session
+                    link.openedWaiter = continuation
+                    self.driver.enqueue(
+                        HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true
+                    ) { _ in }
+                }
+            }
+        }
+        let answered = await raceTimeout(timeout) { _ = await opening.result }
+        if !answered {
+            abort()
+            throw TransportError(.helloFailed, "the server did not answer the SESSION frame within \(timeout)")
+        }
+        return try await opening.value
+    }
+
+    /// Server: waits for the client's SESSION frame (it offered a session in its hello).
+    func sessionHello(timeout: Duration) async throws -> SessionHello {
+        let waiting = Task {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<SessionHello, any Error>) in
+                queue.async {
+                    let link = self.sessionLink ?? SessionLink()
+                    self.sessionLink = link
+                    if let hello = link.pendingHello {
+                        link.pendingHello = nil
+                        continuation.resume(returning: hello)
+                    } else if !self.driver.acceptsFrames {
+                        continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
+                    } else {
+                        link.helloWaiter = continuation
+                    }
+                }
+            }
+        }
+        let arrived = await raceTimeout(timeout) { _ = await waiting.result }
+        if !arrived {
+            abort()
+            throw TransportError(.helloFailed, "the client offered a session but sent no SESSION frame within \(timeout)")
+        }
+        return try await waiting.value
+    }
+
+    /// Server: attaches `session` to this connection, answers and resends (on the loop).
+    func attachSession(_ session: MessageSession, hello: SessionHello, isNew: Bool) async throws -> Int {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int, any Error>) in
+            queue.async {
+                guard self.driver.acceptsFrames else {
+                    continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
+                    return
+                }
+                let link = self.sessionLink ?? SessionLink()
+                self.sessionLink = link
+                link.session = session
+                switch session.serverOpen(hello, isNew: isNew, on: self) {
+                case .success(let resent): continuation.resume(returning: resent)
+                case .failure(let error):
+                    self.violation(error.message)
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
+    }
+
+    // MARK: Health
+
+    /// The connection's health: round-trip time from the heartbeat and when the peer was last
+    /// heard from. Any context (it asks the loop).
+    public var health: ConnectionHealth {
+        get async {
+            await withCheckedContinuation { continuation in
+                queue.async { continuation.resume(returning: self.healthOnLoop()) }
+            }
+        }
+    }
+
+    func healthOnLoop() -> ConnectionHealth {
+        func duration(_ micros: UInt32) -> Duration? { rtt.samples == 0 ? nil : .microseconds(Int64(micros)) }
+        let silence = uptimeNanoseconds() &- driver.lastFrameTime
+        var health = ConnectionHealth(
+            smoothedRTT: duration(rtt.smoothedMicros), rttVariation: duration(rtt.variationMicros),
+            lastRTT: duration(rtt.lastMicros), sinceLastHeard: .nanoseconds(Int64(clamping: silence)),
+            samples: Int(rtt.samples))
+        if let session = sessionLink?.session {
+            (health.reconnects, health.resumes) = session.counts
+        }
+        return health
+    }
+
+    /// Sends a PING now for a first round-trip sample. Any context.
+    func onLoopPing() { queue.async { self.ping() } }
+
+    /// Sends a PING now (besides the heartbeat's), for a fresh round-trip sample. On the loop.
+    func ping() {
+        driver.enqueue(Frame(kind: .ping), bypassLimit: true) { [self] result in
+            if case .success(let sequence) = result { rtt.pingSent(sequence: sequence, now: uptimeNanoseconds()) }
+        }
+    }
+
     private func heartbeatTick() {
         guard let interval = configuration.pingInterval else { return }
         let beat = Heartbeat(interval: interval.nanoseconds, timeout: configuration.heartbeatTimeout.nanoseconds)
@@ -361,7 +551,7 @@ extension MessageChannel: ConnectionHandler {
             logger.warning("peer sent nothing for \(configuration.heartbeatTimeout); closing (heartbeat timeout)")
             driver.tearDown(.heartbeatTimeout)
         case .ping(let next):
-            driver.enqueue(Frame(kind: .ping), bypassLimit: true) { _ in }
+            ping()
             driver.setDeadline(.heartbeat, at: next)
         }
     }

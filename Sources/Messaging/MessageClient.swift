@@ -30,6 +30,9 @@ public final class MessageClient: Sendable {
         /// The last reason a connect attempt failed (said when a waiter gives up).
         var lastFailure: String?
         var dropped = 0
+        /// A server without message sessions was met: sends go straight to the connection.
+        var serverLacksSessions = false
+        var resumed = false
     }
 
     /// Where this client connects.
@@ -41,11 +44,18 @@ public final class MessageClient: Sendable {
     private let queue: BoundedQueue<ClientEvent>
     /// What happens on the client, in order; see ``ClientEvent``.
     public let events: ClientEvents
+    /// The message session (with a reconnect policy and ``ClientConfiguration/session``).
+    let session: MessageSession?
 
     private init(target: ServiceTarget, configuration: ClientConfiguration, logger: Logger) {
         self.target = target
         self.configuration = configuration
         self.logger = logger
+        if let options = configuration.session, configuration.reconnect != nil {
+            session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger)
+        } else {
+            session = nil
+        }
         let queue = BoundedQueue<ClientEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ClientEvents(queue: queue)
@@ -74,16 +84,64 @@ public final class MessageClient: Sendable {
     /// Unsolicited messages dropped because nothing read ``events`` while they arrived.
     public var droppedMessages: Int { state.withLock { $0.dropped } }
 
-    /// Sends a message (suspends while the send queue is full). While the client is connecting or
-    /// reconnecting it waits up to ``ClientConfiguration/connectionWait`` for the connection.
+    /// Sends a one-way message.
+    ///
+    /// With a message session (a reconnect policy and ``ClientConfiguration/session``, the default
+    /// then) it returns once the message is kept for the server: sent at once when connected, else
+    /// when the client reconnects; it waits only while the session keeps its maximum of
+    /// unacknowledged messages. Without one it suspends while the send queue is full, and while the
+    /// client is connecting or reconnecting it waits up to ``ClientConfiguration/connectionWait``
+    /// for the connection.
     public func send<T: Encodable>(_ value: T, type: String) async throws {
+        if let session, sessionInUse {
+            try await session.send(try sessionFrame(value, type: type))
+            return
+        }
         try await readyChannel(within: configuration.connectionWait).send(value, type: type)
     }
+
+    /// Whether sends go through the session (false once a server without sessions was met).
+    private var sessionInUse: Bool { !state.withLock { $0.serverLacksSessions } }
+
+    private func sessionFrame<T: Encodable>(_ value: T, type: String) throws -> Frame {
+        let codec = configuration.channel.codecs.sendCodec
+        do {
+            return Frame(kind: .message, codecID: codec.id, typeID: type, payload: try codec.encode(value))
+        } catch {
+            throw TransportError(.encodingFailed, "could not encode \(T.self) for message '\(type)': \(error)")
+        }
+    }
+
+    /// The connection's health (round-trip time, last heard) with this client's reconnect and
+    /// resume counts; nil while disconnected.
+    public var health: ConnectionHealth? {
+        get async {
+            guard let channel else { return nil }
+            var health = await channel.health
+            if let session { (health.reconnects, health.resumes) = session.counts }
+            return health
+        }
+    }
+
+    /// One-way messages kept until the server acknowledges them (0 without a session).
+    public var unacknowledgedCount: Int { session?.unacknowledgedCount ?? 0 }
+
+    /// The one-way messages the server has not acknowledged yet, oldest first (empty without a
+    /// session): what would be lost if the session could not be resumed.
+    public var unacknowledgedMessages: [UndeliveredMessage] { session?.keptMessages ?? [] }
+
+    /// Whether the current connection resumed the message session of an earlier one (set before
+    /// ``ClientEvent/connected(_:via:)`` is reported).
+    public var resumedSession: Bool { state.withLock { $0.resumed } }
 
     /// Sends several messages of one type in order with one hand-off to the connection (see
     /// `MessageChannel.send(contentsOf:type:)`): cheaper than one `send` each for a stream of
     /// small messages.
     public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
+        if let session, sessionInUse {
+            for value in values { try await session.send(try sessionFrame(value, type: type)) }
+            return
+        }
         try await readyChannel(within: configuration.connectionWait).send(contentsOf: values, type: type)
     }
 
@@ -113,6 +171,14 @@ public final class MessageClient: Sendable {
         }
         connecting?.cancel()
         for waiter in waiters { waiter.resume(throwing: MessagingError(.stopped, "the client was closed")) }
+        if let session {
+            // Let the server acknowledge what it was sent, then end the session (GOODBYE ends it there).
+            if !(await session.drained(within: .seconds(5))) {
+                logger.notice("closing with \(session.unacknowledgedCount) messages the server has not acknowledged")
+            }
+            let lost = session.end(MessagingError(.stopped, "the client was closed"))
+            if !lost.isEmpty { queue.push(.undelivered(lost)) }
+        }
         if let channel {
             channel.close(reason: reason)
             _ = await raceTimeout(.seconds(5)) { _ = await channel.closed() }
@@ -172,10 +238,12 @@ public final class MessageClient: Sendable {
 
     // MARK: Connecting
 
-    private func attach(_ channel: MessageChannel) {
+    private func attach(_ established: (MessageChannel, MessageSession.Opened?)) {
+        let (channel, opened) = established
         let (keep, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<MessageChannel, any Error>]) in
             guard !state.closed else { return (false, []) }
             state.channel = channel
+            if case .resumed? = opened { state.resumed = true } else { state.resumed = false }
             state.connecting = nil
             state.lastFailure = nil
             defer { state.waiters = [:] }
@@ -186,6 +254,13 @@ public final class MessageClient: Sendable {
             return
         }
         queue.push(.connected(channel.peer, via: channel.remoteAddress))
+        switch opened {
+        case .resumed(let resent)?: queue.push(.resumed(resent: resent))
+        case .new(let lost)? where !lost.isEmpty:
+            logger.warning("the server did not know this client's session: \(lost.count) messages may not have arrived")
+            queue.push(.undelivered(lost))
+        default: break
+        }
         for waiter in waiters { waiter.resume(returning: channel) }
         let queue = self.queue
         Task {
@@ -262,6 +337,7 @@ public final class MessageClient: Sendable {
                         .connectFailed, "gave up connecting to \(target) after \(max) attempts: \(error.message)",
                         underlying: error)
                     logger.warning("\(gaveUp.message)")
+                    if let lost = session?.end(gaveUp), !lost.isEmpty { queue.push(.undelivered(lost)) }
                     queue.push(.gaveUp(gaveUp))
                     let waiters = state.withLock { state in
                         state.closed = true
@@ -279,12 +355,29 @@ public final class MessageClient: Sendable {
         }
     }
 
-    private func establish(waiting: Bool) async throws(MessagingError) -> MessageChannel {
+    private func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
         let addresses = try await addresses(waiting: waiting)
         do {
             var channelConfiguration = configuration.channel
             if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
-            return try await MessageChannel.connect(to: addresses, configuration: channelConfiguration, logger: logger)
+            channelConfiguration.offersSessions = session != nil && sessionInUse
+            let channel = try await MessageChannel.connect(
+                to: addresses, configuration: channelConfiguration, logger: logger)
+            guard let session, sessionInUse else { return (channel, nil) }
+            guard channel.peer.sessions else {
+                logger.notice(
+                    "the server '\(channel.peer.name)' does not offer message sessions: messages sent while disconnected will fail")
+                state.withLock { $0.serverLacksSessions = true }
+                return (channel, nil)
+            }
+            do {
+                let opened = try await channel.openSession(session, timeout: configuration.channel.helloTimeout)
+                channel.onLoopPing()
+                return (channel, opened)
+            } catch {
+                channel.abort()
+                throw error
+            }
         } catch let error as TransportError {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error.message)", underlying: error)
         } catch {

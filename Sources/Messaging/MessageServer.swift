@@ -39,6 +39,8 @@ public final class MessageServer: Service, Sendable {
         var pumps: [UInt64: Task<Void, Never>] = [:]
         var pendingHellos = 0
         var nextID: UInt64 = 0
+        /// Connections with a message session, by session id (kept through the grace period).
+        var sessions: [String: ServerConnection] = [:]
     }
 
     /// The configuration the server was created with.
@@ -211,8 +213,10 @@ public final class MessageServer: Service, Sendable {
         let remote = socket.remoteAddress
         Task {
             do {
-                let channel = try await MessageChannel.accept(socket, configuration: configuration.channel, logger: logger)
-                self.register(channel)
+                var channelConfiguration = configuration.channel
+                channelConfiguration.offersSessions = configuration.session != nil
+                let channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
+                await self.register(channel)
             } catch {
                 state.withLock { $0.pendingHellos -= 1 }
                 logger.notice("hello failed", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "error": "\(error)"])
@@ -221,31 +225,136 @@ public final class MessageServer: Service, Sendable {
         }
     }
 
-    private func register(_ channel: MessageChannel) {
-        let connection: ServerConnection? = state.withLock { state in
+    private func register(_ channel: MessageChannel) async {
+        // A client that offered a session sends SESSION first: new, or the resume of a known one.
+        var hello: SessionHello?
+        if channel.peer.sessions, configuration.session != nil {
+            do {
+                hello = try await channel.sessionHello(timeout: configuration.channel.helloTimeout)
+            } catch {
+                state.withLock { $0.pendingHellos -= 1 }
+                logger.notice("session exchange failed", metadata: ["error": "\(error)"])
+                queue.push(.refused(remote: channel.remoteAddress, reason: "\(error)"))
+                return
+            }
+        }
+        enum Decision {
+            case stopping
+            case refuse(String)
+            case new(ServerConnection)
+            case resume(ServerConnection, old: MessageChannel)
+        }
+        let owner = channel.peerIdentity?.fingerprint
+        let decision = state.withLock { state -> Decision in
             state.pendingHellos -= 1
-            guard case .running = state.phase else { return nil }
+            guard case .running = state.phase else { return .stopping }
+            if let hello, let existing = state.sessions[hello.id], let session = existing.session {
+                guard session.state.withLock({ $0.owner }) == owner else {
+                    return .refuse("session \(hello.id.prefix(8))… belongs to another identity key")
+                }
+                return .resume(existing, old: existing.replace(with: channel))
+            }
             state.nextID += 1
-            let connection = ServerConnection(id: state.nextID, channel: channel)
+            var session: MessageSession?
+            if let hello, let options = configuration.session {
+                session = MessageSession(id: hello.id, configuration: options, logger: logger)
+                session?.state.withLock { $0.owner = owner }
+            }
+            let connection = ServerConnection(id: state.nextID, channel: channel, session: session)
             state.connections[connection.id] = connection
-            return connection
+            if let hello, session != nil { state.sessions[hello.id] = connection }
+            return .new(connection)
         }
-        guard let connection else {
+        switch decision {
+        case .stopping:
             channel.close(reason: "server stopping")
-            return
+        case .refuse(let reason):
+            logger.warning("refusing a session resume", metadata: ["reason": "\(reason)"])
+            channel.close(reason: reason)
+            queue.push(.refused(remote: channel.remoteAddress, reason: reason))
+        case .new(let connection):
+            if let session = connection.session, let hello {
+                do {
+                    _ = try await channel.attachSession(session, hello: hello, isNew: true)
+                } catch {
+                    endSession(connection, reason: await channel.closed())
+                    return
+                }
+                channel.onLoopPing()
+            }
+            logger.debug("accepted", metadata: ["connection": "\(connection)"])
+            queue.push(.accepted(connection))
+            startPump(connection, channel)
+        case .resume(let connection, let old):
+            old.abort()  // a half-open connection the client gave up on
+            guard let session = connection.session, let hello else { return }
+            let resent: Int
+            do {
+                resent = try await channel.attachSession(session, hello: hello, isNew: false)
+            } catch {
+                logger.warning("cannot resume the session of \(connection): \(error)")
+                endSession(connection, reason: .protocolError("\(error)"))
+                return
+            }
+            channel.onLoopPing()
+            logger.info("session resumed", metadata: ["connection": "\(connection)", "resent": "\(resent)"])
+            queue.push(.resumed(connection, resent: resent))
+            startPump(connection, channel)
         }
-        logger.debug("accepted", metadata: ["connection": "\(connection)"])
-        queue.push(.accepted(connection))
+    }
+
+    /// Hands `channel`'s messages and transfers to the events, after the previous channel's (a
+    /// resumed session keeps its order), and reports its end.
+    private func startPump(_ connection: ServerConnection, _ channel: MessageChannel) {
         let queue = self.queue
+        let previous = connection.pump.withLock { $0 }
         let pump = Task {
+            await previous?.value
             for await message in channel.messages { await queue.pushWaiting(.received(connection, message)) }
             let reason = await channel.closed()
-            self.connectionClosed(connection, reason: reason)
+            self.channelClosed(connection, channel, reason: reason)
         }
+        connection.pump.withLock { $0 = pump }
         state.withLock { $0.pumps[connection.id] = pump }
         Task {
             for await transfer in channel.transfers { await queue.pushWaiting(.transfer(connection, transfer)) }
         }
+    }
+
+    /// A channel of `connection` closed: the connection ends, or (with a session, lost without a
+    /// goodbye) waits for its client for the grace period.
+    private func channelClosed(_ connection: ServerConnection, _ channel: MessageChannel, reason: CloseReason) {
+        guard let session = connection.session, let grace = configuration.session?.gracePeriod else {
+            return connectionClosed(connection, reason: reason)
+        }
+        guard connection.channel === channel else { return }  // replaced by a resume
+        let running = state.withLock { if case .running = $0.phase { true } else { false } }
+        let ended = session.state.withLock { $0.ended != nil }
+        if case .goodbye = reason { return endSession(connection, reason: reason) }
+        guard running, !ended else { return endSession(connection, reason: reason) }
+        logger.info(
+            "connection lost; keeping its session for \(grace)",
+            metadata: ["connection": "\(connection)", "reason": "\(reason)"])
+        queue.push(.interrupted(connection, reason))
+        Task {
+            try? await Task.sleep(for: grace)
+            if connection.channel === channel { self.endSession(connection, reason: .sessionExpired) }
+        }
+    }
+
+    /// Ends a connection's session (reporting what was never acknowledged) and the connection.
+    private func endSession(_ connection: ServerConnection, reason: CloseReason) {
+        if let session = connection.session {
+            state.withLock { state in
+                if state.sessions[session.id] === connection { state.sessions.removeValue(forKey: session.id) }
+            }
+            let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"))
+            if !lost.isEmpty {
+                logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
+                queue.push(.undelivered(connection, lost))
+            }
+        }
+        connectionClosed(connection, reason: reason)
     }
 
     /// Reports a connection's end exactly once (its pump, or `stop()` for a pump that is stuck).
@@ -270,7 +379,9 @@ extension MessageServer {
     ) async -> [BroadcastResult] {
         // Connections already closing (a peer dropped by an earlier broadcast, whose end is not yet
         // reported) are skipped: each failure is reported once.
-        let targets = connections.filter { !except.contains($0) && $0.channel.driver.acceptsFrames }
+        let targets = connections.filter {
+            !except.contains($0) && ($0.session != nil || $0.channel.driver.acceptsFrames)
+        }
         guard let first = targets.first else { return [] }
         let encoded: (codecID: UInt8, payload: [UInt8])
         do {
@@ -284,7 +395,7 @@ extension MessageServer {
                 group.addTask {
                     do {
                         try await sendWithDeadline(connection: connection, timeout: timeout) {
-                            try await connection.channel.sendEncoded(encoded.payload, codecID: encoded.codecID, type: type)
+                            try await connection.sendEncoded(encoded.payload, codecID: encoded.codecID, type: type)
                         }
                         return BroadcastResult(connection: connection, error: nil)
                     } catch {
@@ -339,7 +450,7 @@ extension MessageServer {
         let pumps = state.withLock { Array($0.pumps.values) }
         _ = await raceTimeout(grace) { for pump in pumps { await pump.value } }
         for connection in connections {
-            connectionClosed(connection, reason: await connection.channel.closed())
+            endSession(connection, reason: await connection.channel.closed())
         }
         state.withLock { $0.phase = .stopped }
         queue.finish()
@@ -363,6 +474,10 @@ func sendWithDeadline(
     let sender = Task { try await send() }
     let finished = await raceTimeout(timeout) { _ = await sender.result }
     if !finished {
+        sender.cancel()
+        if let session = connection.session {
+            _ = session.end(MessagingError(.peerTooSlow, "\(connection) did not acknowledge messages for \(timeout)"))
+        }
         connection.channel.abort()
         throw MessagingError(
             .peerTooSlow,

@@ -59,7 +59,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         let expectedName = role == .client ? configuration.expectedPeerName : nil
         let known = policy.knownPeers()  // read here, off the loop the handshake runs on
         let settings = SecureHandshake.Settings(
-            info: PeerInfo(version: 2, name: configuration.name, metadata: configuration.metadata),
+            info: configuration.peerInfo(version: 2),
             maxFrameSize: configuration.connection.maxFrameSize, staticKey: identity.privateKey,
             preSharedKey: configuration.preSharedKey.map { Self.noisePSK($0) },
             verify: { peer in

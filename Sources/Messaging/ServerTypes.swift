@@ -1,4 +1,5 @@
 import Discovery
+import Locks
 import ProtocolCore
 import Transport
 
@@ -19,6 +20,12 @@ public struct ServerConfiguration: Sendable {
     public var channel: ChannelConfiguration
     /// Connections beyond this are refused at once (closed before the hello).
     public var maxConnections = 1024
+    /// Message sessions for clients that open one (a ``MessageClient`` with a reconnect policy does):
+    /// a client whose connection is lost keeps its ``ServerConnection`` for the grace period; when it
+    /// reconnects, the connection continues (``ServerEvent/resumed(_:resent:)``), and one-way
+    /// messages in both directions arrive exactly once, in order. Messages sent to the connection
+    /// meanwhile wait for it. nil: no sessions.
+    public var session: SessionConfiguration? = SessionConfiguration()
     /// Server events waiting for the app; beyond this, connections stop being read until it catches up.
     public var eventBufferLimit = 256
     /// How long ``MessageServer/stop()`` lets connections flush and say goodbye before aborting them.
@@ -52,8 +59,19 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
     case received(ServerConnection, IncomingMessage)
     /// A streamed transfer started; consume its chunks or `discard()` it.
     case transfer(ServerConnection, IncomingTransfer)
-    /// A connection ended, with the reason.
+    /// A connection ended, with the reason. For a connection with a message session this is the
+    /// session's end: the client closed, or did not come back within the grace period.
     case closed(ServerConnection, CloseReason)
+    /// A connection with a message session was lost; the session waits for the client to come back
+    /// (``resumed(_:resent:)``) until its grace period ends (``closed(_:_:)``). Messages sent to it
+    /// meanwhile are kept.
+    case interrupted(ServerConnection, CloseReason)
+    /// The client came back on a new connection and its session continues: `resent` messages it
+    /// had not received were sent again.
+    case resumed(ServerConnection, resent: Int)
+    /// Messages sent to this connection's session that the client never acknowledged, reported when
+    /// the session ends without them (the client did not come back, or the server stops).
+    case undelivered(ServerConnection, [UndeliveredMessage])
     /// A connection was refused (connection limit, failed hello), with the reason.
     case refused(remote: SocketAddress?, reason: String)
 
@@ -65,31 +83,78 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
         case .received(let connection, let message): "received \(message.typeID) #\(message.sequence) from \(connection)"
         case .transfer(let connection, let transfer): "transfer \(transfer.typeID) (\(transfer.totalSize) bytes) from \(connection)"
         case .closed(let connection, let reason): "closed \(connection): \(reason)"
+        case .interrupted(let connection, let reason): "interrupted \(connection): \(reason); waiting for it to resume"
+        case .resumed(let connection, let resent): "resumed \(connection) (\(resent) messages sent again)"
+        case .undelivered(let connection, let messages): "\(messages.count) messages to \(connection) not acknowledged"
         case .refused(let remote, let reason): "refused \(remote.map { "\($0)" } ?? "?"): \(reason)"
         }
     }
 }
 
-/// One client connection of a server.
+/// One client connection of a server. With a message session it outlives the TCP connection: a
+/// client that reconnects and resumes its session continues the same `ServerConnection`.
 public final class ServerConnection: Sendable, Hashable, CustomStringConvertible {
     /// Unique per server, increasing.
     public let id: UInt64
-    /// The underlying channel: send, request, reply, stream files.
-    public let channel: MessageChannel
+    private let current: Locked<MessageChannel>
+    /// The message session, when the client opened one.
+    let session: MessageSession?
+    /// The task handing the current channel's messages to the server's events; a resumed
+    /// connection's pump waits for the previous one (order is kept).
+    let pump = Locked<Task<Void, Never>?>(nil)
 
-    init(id: UInt64, channel: MessageChannel) {
+    init(id: UInt64, channel: MessageChannel, session: MessageSession? = nil) {
         self.id = id
-        self.channel = channel
+        self.current = Locked(channel)
+        self.session = session
+    }
+
+    /// The underlying channel: send, request, reply, stream files. After a resume, the new one.
+    /// Its own `send` bypasses the message session: use ``send(_:type:)`` for messages that must
+    /// survive a reconnect.
+    public var channel: MessageChannel { current.withLock { $0 } }
+
+    /// Puts the resumed session's new channel in place; returns the old one.
+    func replace(with channel: MessageChannel) -> MessageChannel {
+        current.withLock { value in
+            defer { value = channel }
+            return value
+        }
     }
 
     /// The peer's hello: name, protocol version, metadata.
     public var peer: PeerInfo { channel.peer }
     /// Where the peer connects from.
     public var remoteAddress: SocketAddress? { channel.remoteAddress }
+    /// Whether the client opened a message session (its one-way messages survive reconnects).
+    public var hasSession: Bool { session != nil }
+    /// One-way messages sent to this connection's session and not yet acknowledged.
+    public var unacknowledgedCount: Int { session?.unacknowledgedCount ?? 0 }
 
-    /// Sends a message to this peer (suspends while its send queue is full).
+    /// The connection's health: round-trip time, when the client was last heard from, resumes.
+    public var health: ConnectionHealth {
+        get async { await channel.health }
+    }
+
+    /// Sends a message to this peer. With a message session it is kept until the client
+    /// acknowledges it (sent now, or when the client resumes; waits only while the session keeps
+    /// its maximum); without one it suspends while the send queue is full.
     public func send<T: Encodable>(_ value: T, type: String) async throws {
-        try await channel.send(value, type: type)
+        if let session {
+            let (codec, payload) = try channel.encodeForSending(value, type: type)
+            try await session.send(Frame(kind: .message, codecID: codec, typeID: type, payload: payload))
+        } else {
+            try await channel.send(value, type: type)
+        }
+    }
+
+    /// Sends an already encoded payload (through the session, if any).
+    func sendEncoded(_ payload: [UInt8], codecID: UInt8, type: String) async throws {
+        if let session {
+            try await session.send(Frame(kind: .message, codecID: codecID, typeID: type, payload: payload))
+        } else {
+            try await channel.sendEncoded(payload, codecID: codecID, type: type)
+        }
     }
 
     /// Replies to a request from this peer (``IncomingMessage/expectsReply``).
@@ -102,8 +167,11 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
         try await channel.reply(to: message, error: error)
     }
 
-    /// Closes gracefully (queued messages are flushed first).
-    public func close(reason: String = "closed by server") { channel.close(reason: reason) }
+    /// Closes gracefully (queued messages are flushed first); ends its message session.
+    public func close(reason: String = "closed by server") {
+        if let session { _ = session.end(MessagingError(.stopped, "the server closed the connection: \(reason)")) }
+        channel.close(reason: reason)
+    }
 
     public static func == (lhs: ServerConnection, rhs: ServerConnection) -> Bool { lhs.id == rhs.id }
     public func hash(into hasher: inout Hasher) { hasher.combine(id) }

@@ -14,6 +14,8 @@ package struct Deadlines: Sendable, Equatable {
         case heartbeat
         /// The earliest request timeout.
         case request
+        /// Acknowledge the session messages received since the last ACK.
+        case ack
     }
 
     // One field per kind, 0 = unset: no allocation for an idle connection.
@@ -22,6 +24,7 @@ package struct Deadlines: Sendable, Equatable {
     private var linger: UInt64 = 0
     private var heartbeat: UInt64 = 0
     private var request: UInt64 = 0
+    private var ack: UInt64 = 0
 
     package init() {}
 
@@ -34,6 +37,7 @@ package struct Deadlines: Sendable, Equatable {
                 case .linger: linger
                 case .heartbeat: heartbeat
                 case .request: request
+                case .ack: ack
                 }
             return value == 0 ? nil : value
         }
@@ -45,6 +49,7 @@ package struct Deadlines: Sendable, Equatable {
             case .linger: linger = value
             case .heartbeat: heartbeat = value
             case .request: request = value
+            case .ack: ack = value
             }
         }
     }

@@ -137,6 +137,9 @@ public enum CloseReason: Hashable, Sendable, CustomStringConvertible {
     case localClose
     /// A system call failed with this `errno`.
     case error(Int32)
+    /// Server: the client's connection was lost and it did not resume its message session within
+    /// the grace period.
+    case sessionExpired
 
     /// A textual description of the reason.
     public var description: String {
@@ -150,6 +153,7 @@ public enum CloseReason: Hashable, Sendable, CustomStringConvertible {
         case .heartbeatTimeout: "heartbeat timeout"
         case .helloFailed(let text): "hello failed: \(text)"
         case .localClose: "closed locally"
+        case .sessionExpired: "the connection was lost and the client did not come back within the session's grace period"
         case .error(let code): "error: \(errnoString(code)) (errno \(code))"
         }
     }

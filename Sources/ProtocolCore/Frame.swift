@@ -18,6 +18,10 @@ package enum FrameKind: UInt8, Sendable, Hashable, CaseIterable {
     case pong = 0x12
     /// Orderly close; payload is a UTF-8 reason. The sender sends nothing after it.
     case goodbye = 0x13
+    /// Opens or resumes a message session (JSON `{"id":…,"received":…[,"resumed":…]}`), see "Sessions".
+    case session = 0x14
+    /// Acknowledges session messages: payload = 8-byte count received so far in the session.
+    case ack = 0x15
     /// Starts a streamed transfer: type id, JSON `{"size":…, "metadata":{…}}`. Its sequence is the stream id.
     case streamStart = 0x20
     /// A chunk of a streamed transfer; reference = stream id; payload = the bytes.

@@ -29,3 +29,45 @@ package struct Heartbeat: Sendable {
         return .ping(next: now &+ interval)
     }
 }
+
+/// Round-trip time from PING/PONG, smoothed as TCP does (RFC 6298: SRTT and RTTVAR with gains 1/8
+/// and 1/4). Compact (microseconds in 32 bits) because every connection holds one. Without I/O:
+/// the caller says when a PING left and when its PONG arrived.
+package struct RTTEstimator: Sendable, Equatable {
+    /// Smoothed RTT and its mean deviation, in microseconds; 0 before the first sample.
+    package private(set) var smoothedMicros: UInt32 = 0
+    package private(set) var variationMicros: UInt32 = 0
+    package private(set) var lastMicros: UInt32 = 0
+    /// Samples taken.
+    package private(set) var samples: UInt32 = 0
+    /// The outstanding PING: its sequence number and when it was queued (0: none).
+    private var pingSequence: UInt64 = 0
+    private var pingSentAt: UInt64 = 0
+
+    package init() {}
+
+    /// A PING numbered `sequence` was queued at `now` (an earlier unanswered one is forgotten).
+    package mutating func pingSent(sequence: UInt64, now: UInt64) {
+        pingSequence = sequence
+        pingSentAt = now
+    }
+
+    /// A PONG answering `reference` arrived at `now`. Returns whether it was a sample.
+    @discardableResult
+    package mutating func pongReceived(reference: UInt64, now: UInt64) -> Bool {
+        guard pingSentAt != 0, reference == pingSequence, now >= pingSentAt else { return false }
+        let sample = UInt32(clamping: (now - pingSentAt) / 1000)
+        pingSentAt = 0
+        lastMicros = sample
+        if samples == 0 {
+            smoothedMicros = sample
+            variationMicros = sample / 2
+        } else {
+            let difference = smoothedMicros > sample ? smoothedMicros - sample : sample - smoothedMicros
+            variationMicros = UInt32((UInt64(variationMicros) * 3 + UInt64(difference)) / 4)
+            smoothedMicros = UInt32((UInt64(smoothedMicros) * 7 + UInt64(sample)) / 8)
+        }
+        samples &+= 1
+        return true
+    }
+}

@@ -16,6 +16,21 @@ public struct PeerInfo: Sendable, Codable, Hashable {
     public var name: String
     /// App metadata (for example an app version or capabilities).
     public var metadata: [String: String]
+    /// Whether the peer offered message sessions in its hello (`"sessions":true`).
+    package var sessions = false
+
+    enum CodingKeys: String, CodingKey { case version, name, metadata }
+
+    // Equal when the public fields are: the session offer is the protocol's business.
+    public static func == (lhs: PeerInfo, rhs: PeerInfo) -> Bool {
+        lhs.version == rhs.version && lhs.name == rhs.name && lhs.metadata == rhs.metadata
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(version)
+        hasher.combine(name)
+        hasher.combine(metadata)
+    }
 
     /// Creates peer info.
     public init(version: Int = WireProtocol.version, name: String, metadata: [String: String] = [:]) {
@@ -60,22 +75,29 @@ package struct HelloPayload: Codable, Sendable {
     package var nonce: String?
     /// Server's challenge and proof, sent when the server has a pre-shared key.
     package var auth: AuthChallenge?
+    /// Message sessions: the client will open one; the server accepts them. Absent = no.
+    package var sessions: Bool?
 
     package init(_ info: PeerInfo, nonce: String? = nil, auth: AuthChallenge? = nil) {
         version = info.version
         name = info.name
         metadata = info.metadata
+        sessions = info.sessions ? true : nil
         self.nonce = nonce
         self.auth = auth
     }
 
-    package var info: PeerInfo { PeerInfo(version: version, name: name, metadata: metadata) }
+    package var info: PeerInfo {
+        var info = PeerInfo(version: version, name: name, metadata: metadata)
+        info.sessions = sessions == true
+        return info
+    }
 
     // Declared in sorted order: the encoder writes keys in this order.
     enum CodingKeys: String, CodingKey {
         case auth
         case maxFrame = "max_frame"
-        case metadata, name, nonce, version
+        case metadata, name, nonce, sessions, version
     }
 
     package init(from decoder: any Decoder) throws {
@@ -86,6 +108,7 @@ package struct HelloPayload: Codable, Sendable {
         maxFrame = try container.decodeIfPresent(Int.self, forKey: .maxFrame)
         nonce = try container.decodeIfPresent(String.self, forKey: .nonce)
         auth = try container.decodeIfPresent(AuthChallenge.self, forKey: .auth)
+        sessions = try? container.decodeIfPresent(Bool.self, forKey: .sessions)
     }
 
     package func encode(to encoder: any Encoder) throws {
@@ -95,6 +118,7 @@ package struct HelloPayload: Codable, Sendable {
         try container.encode(metadata, forKey: .metadata)
         try container.encode(name, forKey: .name)
         try container.encodeIfPresent(nonce, forKey: .nonce)
+        try container.encodeIfPresent(sessions, forKey: .sessions)
         try container.encode(version, forKey: .version)
     }
 }

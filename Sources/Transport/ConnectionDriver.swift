@@ -294,7 +294,7 @@ package final class ConnectionDriver: @unchecked Sendable {
             switch kind {
             case .idleCheck: checkIdle(now: now)
             case .linger: perform(lifecycle.lingerExpired())
-            case .handshake, .heartbeat, .request: handler?.connection(self, deadlinePassed: kind)
+            case .handshake, .heartbeat, .request, .ack: handler?.connection(self, deadlinePassed: kind)
             }
         }
         armTimer()

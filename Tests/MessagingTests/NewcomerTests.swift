@@ -161,7 +161,9 @@ import Locks
         await server.server.stop()
     }
 
-    /// Without a server and without waiting, a send says what is wrong at once.
+    /// Without a server and without waiting, a send says what is wrong at once; without a message
+    /// session a send while not connected fails after the connection wait, with the reason; with
+    /// one (the default with a reconnect policy) it is kept for the server.
     @Test func sendWithoutConnectionSaysNotConnected() async throws {
         let port = try freePort()
         await #expect {
@@ -171,6 +173,7 @@ import Locks
         var configuration = ClientConfiguration(peerName: "y", reconnect: ReconnectPolicy(maxAttempts: 1000))
         configuration.waitsForServer = true
         configuration.connectionWait = .milliseconds(300)
+        configuration.session = nil
         let client = try await MessageClient.connect(
             to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
         await #expect {
@@ -180,6 +183,19 @@ import Locks
             return error?.code == .notConnected && error?.message.contains("refused") == true
         }
         await client.close()
+        configuration.session = SessionConfiguration()
+        let keeping = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+        try await keeping.send(KV(key: "k"), type: "kv.note")
+        #expect(keeping.unacknowledgedCount == 1)
+        #expect(keeping.unacknowledgedMessages.first?.wasTransmitted == false)
+        let events = EventLog<ClientEvent>()
+        let pump = Task { for await event in keeping.events { events.append(event) } }
+        await keeping.close()
+        // Closed before any server came: the message is reported, not dropped silently.
+        let report = try await events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
+        if case .undelivered(let lost) = report { #expect(try lost.map { try $0.decode(KV.self) } == [KV(key: "k")]) }
+        pump.cancel()
     }
 }
 

@@ -1,0 +1,370 @@
+import Dispatch
+import Locks
+import Logging
+import ProtocolCore
+import Transport
+
+/// A one-way message that was sent in a message session but never acknowledged by the peer: the
+/// session could not be resumed (the peer restarted or its grace period expired) or ended, so the
+/// message may or may not have reached the peer's app. Never sent again by the library.
+public struct UndeliveredMessage: Sendable, CustomStringConvertible {
+    /// Its number in the session (1 = the session's first one-way message).
+    public let number: UInt64
+    /// Its type id.
+    public let typeID: String
+    /// Its codec id (1 = JSON).
+    public let codecID: UInt8
+    /// Its encoded payload.
+    public let payload: [UInt8]
+    /// Whether it went out on a connection at least once (false: it never left this process).
+    public let wasTransmitted: Bool
+
+    /// Decodes a JSON payload (codec 1, the default).
+    public func decode<T: Decodable>(_: T.Type = T.self) throws -> T {
+        try payload.withUnsafeBytes { try FastJSONCodec().decode(T.self, from: $0) }
+    }
+
+    public var description: String { "#\(number) '\(typeID)' (\(payload.count) bytes)" }
+}
+
+/// How long and how much a message session keeps.
+public struct SessionConfiguration: Sendable {
+    /// Most one-way messages kept until the peer acknowledges them; a sender beyond it waits
+    /// (back-pressure, nothing is dropped).
+    public var maxUnacknowledgedMessages = 4096
+    /// Most bytes of payload kept until acknowledged.
+    public var maxUnacknowledgedBytes = 8 << 20
+    /// Server: how long a session whose connection was lost is kept for the client to resume it.
+    public var gracePeriod: Duration = .seconds(60)
+    /// How long after a message arrives the receiver acknowledges it at the latest (it also
+    /// acknowledges every 32 messages at once).
+    public var ackDelay: Duration = .milliseconds(20)
+
+    public init() {}
+}
+
+/// Connection health, from the heartbeat: round-trip time, when the peer was last heard from, and
+/// how often the connection was replaced.
+public struct ConnectionHealth: Sendable, CustomStringConvertible {
+    /// The smoothed round-trip time of PING/PONG (RFC 6298), nil before the first PONG.
+    public var smoothedRTT: Duration?
+    /// The round-trip time's mean deviation.
+    public var rttVariation: Duration?
+    /// The last round-trip sample.
+    public var lastRTT: Duration?
+    /// How long ago the last frame from the peer arrived.
+    public var sinceLastHeard: Duration
+    /// PONGs received (RTT samples taken).
+    public var samples: Int
+    /// Times the connection was replaced by a new one (a reconnect).
+    public var reconnects: Int = 0
+    /// Of those, the ones that resumed the message session.
+    public var resumes: Int = 0
+
+    public var description: String {
+        func ms(_ duration: Duration?) -> String {
+            guard let duration else { return "–" }
+            let (seconds, attoseconds) = duration.components
+            let value = Double(seconds) * 1000 + Double(attoseconds) / 1e15
+            return value < 10 ? String(format: "%.2f ms", value) : String(format: "%.0f ms", value)
+        }
+        return "rtt \(ms(smoothedRTT)) ±\(ms(rttVariation)), last heard \(ms(sinceLastHeard)) ago, "
+            + "\(reconnects) reconnects (\(resumes) resumed)"
+    }
+}
+
+/// One side of a message session (see `ProtocolCore/Session.swift`): numbers, keeps and resends
+/// one-way messages, counts and acknowledges the peer's, and outlives the connections it runs on.
+final class MessageSession: Sendable {
+    /// 32 hex digits.
+    let id: String
+    let configuration: SessionConfiguration
+    let logger: Logger
+
+    struct State: Sendable {
+        var outbox: SessionOutbox<Frame>
+        var inbox = SessionInbox()
+        /// The connection the session runs on now (after its SESSION exchange).
+        var channel: MessageChannel?
+        /// Whether a connection ever carried the session (a client's first SESSION is no resume).
+        var everConnected = false
+        /// Senders waiting for room, FIFO.
+        var waiters: [(UInt64, CheckedContinuation<Void, any Error>)] = []
+        /// ``drained(within:)`` callers.
+        var drainWaiters: [CheckedContinuation<Void, Never>] = []
+        var nextWaiter: UInt64 = 0
+        /// Set when the session ended: sends fail with it.
+        var ended: MessagingError?
+        var reconnects = 0
+        var resumes = 0
+        /// Server: the key that opened the session (encrypted connections only).
+        var owner: Fingerprint?
+    }
+    let state: Locked<State>
+
+    init(id: String, configuration: SessionConfiguration, logger: Logger) {
+        self.id = id
+        self.configuration = configuration
+        self.logger = logger
+        state = Locked(
+            State(
+                outbox: SessionOutbox(
+                    maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes)))
+    }
+
+    /// A fresh random id.
+    static func makeID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<16).map { _ in
+            let byte = UInt8.random(in: 0...255, using: &generator)
+            let digits = Array("0123456789abcdef".utf8)
+            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 15)]], as: UTF8.self)
+        }.joined()
+    }
+
+    var currentChannel: MessageChannel? { state.withLock { $0.channel } }
+    var counts: (reconnects: Int, resumes: Int) { state.withLock { ($0.reconnects, $0.resumes) } }
+    var unacknowledgedCount: Int { state.withLock { $0.outbox.count } }
+    var keptMessages: [UndeliveredMessage] { state.withLock { $0.outbox.kept.map(Self.undelivered) } }
+
+    // MARK: Sending (any context)
+
+    /// Keeps `frame` (a one-way MESSAGE) until the peer acknowledges it and sends it on the current
+    /// connection, if any. Waits while the session keeps its maximum. Order is the order of the
+    /// calls' admission.
+    func send(_ frame: Frame) async throws {
+        let size = try Frame.validatedSize(frame)
+        while true {
+            let admitted = try state.withLock { state throws -> Bool in
+                if let ended = state.ended { throw ended }
+                guard state.waiters.isEmpty, state.outbox.hasRoom(for: size) else { return false }
+                if let channel = state.channel, size > channel.peerMaxFrameSize {
+                    throw TransportError(
+                        .frameTooLarge,
+                        "a message of \(size) bytes exceeds the peer's limit of \(channel.peerMaxFrameSize) bytes; "
+                            + "nothing was sent — send large data as a transfer")
+                }
+                state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
+                return true
+            }
+            if admitted { return }
+            try await waitForRoom(size)
+        }
+    }
+
+    /// Sends `frame` on `channel` (under the session lock, so the wire order is the numbering order).
+    private static func transmit(_ frame: Frame, on channel: MessageChannel?) -> Bool {
+        guard let channel else { return false }
+        do {
+            return try channel.driver.sendNow(frame, bypassLimit: true) != nil
+        } catch {
+            return false  // closing: the next connection sends it
+        }
+    }
+
+    /// Waits until a message of `size` bytes may be kept (acknowledgements made room), the session
+    /// ends, or the task is cancelled.
+    private func waitForRoom(_ size: Int) async throws {
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
+        enum Now {
+            case wait, go
+            case fail(any Error)
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let now = state.withLock { state -> Now in
+                    if let ended = state.ended { return .fail(ended) }
+                    if Task.isCancelled { return .fail(CancellationError()) }
+                    // Room made between the caller's check and now: no acknowledgement would wake us.
+                    if state.outbox.hasRoom(for: size) { return .go }
+                    state.waiters.append((id, continuation))
+                    return .wait
+                }
+                switch now {
+                case .wait: break
+                case .go: continuation.resume()
+                case .fail(let error): continuation.resume(throwing: error)
+                }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let index = state.waiters.firstIndex(where: { $0.0 == id }) else { return nil }
+                return state.waiters.remove(at: index).1
+            }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+
+    /// Wakes the waiting senders (they re-check for room, oldest first).
+    private static func wake(_ state: inout State) -> [CheckedContinuation<Void, any Error>] {
+        defer { state.waiters = [] }
+        return state.waiters.map(\.1)
+    }
+
+    // MARK: On the channel's loop
+
+    /// A one-way message arrived on `channel`. Returns whether to deliver it (false: the channel was
+    /// replaced, the new one resends it) and whether to acknowledge at once.
+    func received(on channel: MessageChannel) -> (deliver: Bool, ackNow: Bool) {
+        state.withLock { state in
+            guard state.channel === channel else { return (false, false) }
+            return (true, state.inbox.receive())
+        }
+    }
+
+    /// The ACK to send now, if messages wait for one.
+    func takeAck(on channel: MessageChannel) -> UInt64? {
+        state.withLock { state in state.channel === channel ? state.inbox.takeAck() : nil }
+    }
+
+    /// The peer acknowledged `count` messages. Returns an error text for a violation.
+    func acknowledged(_ count: UInt64, on channel: MessageChannel) -> String? {
+        let (error, waiters, drains) = state.withLock {
+            state -> (String?, [CheckedContinuation<Void, any Error>], [CheckedContinuation<Void, Never>]) in
+            guard state.channel === channel else { return (nil, [], []) }
+            guard let released = state.outbox.acknowledge(through: count) else {
+                return ("ACK of \(count) messages, but only \(state.outbox.nextNumber - 1) were sent", [], [])
+            }
+            return (nil, released > 0 ? Self.wake(&state) : [], Self.drainWaitersDue(&state))
+        }
+        for waiter in waiters { waiter.resume() }
+        for waiter in drains { waiter.resume() }
+        return error
+    }
+
+    /// The connection closed: keep everything for the next one.
+    func detach(_ channel: MessageChannel) {
+        let drains = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard state.channel === channel else { return [] }
+            state.channel = nil
+            return Self.drainWaitersDue(&state)
+        }
+        for waiter in drains { waiter.resume() }
+    }
+
+    // MARK: Opening on a connection
+
+    /// Client, on the loop: the hello for a new connection (its SESSION frame), before it is sent.
+    func clientHello() -> SessionHello {
+        state.withLock { state in
+            state.inbox.reconnected()
+            return SessionHello(id: id, received: state.inbox.received)
+        }
+    }
+
+    /// What opening the session on a new connection found.
+    enum Opened: Sendable {
+        /// The peer knew the session; `resent` messages went again.
+        case resumed(resent: Int)
+        /// A new session (the first connection, or the peer did not know it): `undelivered` were sent
+        /// before and are not sent again.
+        case new(undelivered: [UndeliveredMessage])
+    }
+
+    /// Client, on the loop: the server's SESSION answer arrived on `channel`. Attaches the session
+    /// to it and (re)sends what the server has not received.
+    func clientOpened(_ reply: SessionHello, on channel: MessageChannel) -> Result<Opened, TransportError> {
+        guard reply.id == id else {
+            return .failure(TransportError(.protocolViolation, "the SESSION answer names another session"))
+        }
+        return state.withLock { state in
+            let opened: Opened
+            if reply.resumed == true, state.everConnected, let resend = state.outbox.resume(peerReceived: reply.received) {
+                for entry in resend { _ = Self.transmit(entry.item, on: channel) }
+                state.resumes += 1
+                opened = .resumed(resent: resend.count)
+            } else {
+                if reply.resumed == true && state.everConnected {
+                    logger.warning("the server's session state does not match this side's; starting a new session")
+                }
+                let (lost, kept) = state.outbox.restart()
+                state.inbox.reset()
+                for entry in kept { _ = Self.transmit(entry.item, on: channel) }
+                opened = .new(undelivered: lost.map(Self.undelivered))
+            }
+            if state.everConnected { state.reconnects += 1 }
+            state.everConnected = true
+            state.channel = channel
+            return .success(opened)
+        }
+    }
+
+    /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
+    /// was just made, `isNew`, or found). Attaches, answers and resends.
+    func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Int, TransportError> {
+        state.withLock { state in
+            var resent: [SessionOutbox<Frame>.Entry] = []
+            if !isNew {
+                guard let entries = state.outbox.resume(peerReceived: hello.received) else {
+                    return .failure(
+                        TransportError(
+                            .protocolViolation,
+                            "the client says it received \(hello.received) session messages; "
+                                + "\(state.outbox.acknowledged)…\(state.outbox.nextNumber - 1) is possible"))
+                }
+                resent = entries
+                state.reconnects += 1
+                state.resumes += 1
+            }
+            state.inbox.reconnected()
+            let answer = SessionHello(id: id, received: state.inbox.received, resumed: !isNew)
+            _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
+            for entry in resent { _ = Self.transmit(entry.item, on: channel) }
+            state.everConnected = true
+            state.channel = channel
+            return .success(resent.count)
+        }
+    }
+
+    /// Ends the session: sends fail from now on; returns the messages never acknowledged.
+    func end(_ reason: MessagingError) -> [UndeliveredMessage] {
+        let (lost, waiters, drains) = state.withLock {
+            state -> ([SessionOutbox<Frame>.Entry], [CheckedContinuation<Void, any Error>], [CheckedContinuation<Void, Never>]) in
+            guard state.ended == nil else { return ([], [], []) }
+            state.ended = reason
+            state.channel = nil
+            let drains = Self.drainWaitersDue(&state)
+            return (state.outbox.removeAll(), Self.wake(&state), drains)
+        }
+        for waiter in waiters { waiter.resume(throwing: reason) }
+        for waiter in drains { waiter.resume() }
+        return lost.map(Self.undelivered)
+    }
+
+    /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.
+    /// Returns whether everything was acknowledged.
+    func drained(within timeout: Duration) async -> Bool {
+        _ = await raceTimeout(timeout) {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = self.state.withLock { state -> Bool in
+                    if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return true }
+                    state.drainWaiters.append(continuation)
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        }
+        let waiters = state.withLock { state in
+            defer { state.drainWaiters = [] }
+            return state.drainWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+        return state.withLock { $0.outbox.count == 0 }
+    }
+
+    /// Resumes the drain waiters when nothing is kept or the connection is gone.
+    private static func drainWaitersDue(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
+        guard state.outbox.count == 0 || state.channel == nil || state.ended != nil else { return [] }
+        defer { state.drainWaiters = [] }
+        return state.drainWaiters
+    }
+
+    private static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage {
+        UndeliveredMessage(
+            number: entry.number, typeID: entry.item.typeID, codecID: entry.item.codecID, payload: entry.item.payload,
+            wasTransmitted: entry.transmitted)
+    }
+}

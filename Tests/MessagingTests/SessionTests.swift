@@ -1,0 +1,209 @@
+import Foundation
+import Logging
+import Testing
+
+import Locks
+@testable import Messaging
+
+/// Message sessions on loopback: one-way messages in both directions arrive exactly once and in
+/// order across dropped connections; what cannot be resumed is reported, never lost silently.
+@Suite struct SessionTests {
+    struct Numbered: Codable, Sendable, Equatable { var n: Int }
+
+    static func fastReconnect(_ configuration: inout ClientConfiguration) {
+        configuration.reconnect = ReconnectPolicy(initialDelay: .milliseconds(10), maxDelay: .milliseconds(50))
+    }
+
+    /// 5,000 messages up and 2,000 down while the connection is cut 16 times from either side:
+    /// each side receives every number once, in order; the server sees one client throughout.
+    @Test func messagesSurviveDroppedConnectionsExactlyOnce() async throws {
+        let up = Locked<[Int]>([])
+        let harness = try await LoopbackServer(handle: { _, event in
+            if case .received(_, let message) = event, let value = try? message.decode(Numbered.self) {
+                up.withLock { $0.append(value.n) }
+            }
+        })
+        let client = try await harness.client("sender", configure: Self.fastReconnect)
+        let down = Locked<[Int]>([])
+        let clientEvents = EventLog<ClientEvent>()
+        let reader = Task {
+            for await event in client.events {
+                if case .received(let message) = event, let value = try? message.decode(Numbered.self) {
+                    down.withLock { $0.append(value.n) }
+                } else {
+                    clientEvents.append(event)
+                }
+            }
+        }
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        let serverSender = Task {
+            for n in 0..<2_000 {
+                try await connection.send(Numbered(n: n), type: "n")
+                if n % 250 == 125 {  // the server's side drops it
+                    let old = connection.channel
+                    old.abort()
+                    try await waitUntil("a new connection") { connection.channel !== old }
+                }
+            }
+        }
+        for n in 0..<5_000 {
+            try await client.send(Numbered(n: n), type: "n")
+            if n % 625 == 300, let old = client.channel {  // the client's side drops it
+                old.abort()
+                try await waitUntil("a new connection") { client.channel.map { $0 !== old } ?? false }
+            }
+        }
+        try await serverSender.value
+        try await waitUntil("every message up") { up.withLock { $0.count } >= 5_000 }
+        try await waitUntil("every message down") { down.withLock { $0.count } >= 2_000 }
+        #expect(up.withLock { $0 } == Array(0..<5_000))
+        #expect(down.withLock { $0 } == Array(0..<2_000))
+        #expect(harness.events.count { if case .accepted = $0 { true } else { false } } == 1)
+        #expect(harness.events.count { if case .closed = $0 { true } else { false } } == 0)
+        let resumes = harness.events.count { if case .resumed = $0 { true } else { false } }
+        #expect(resumes >= 8)
+        #expect(clientEvents.count { if case .resumed = $0 { true } else { false } } == resumes)
+        #expect(clientEvents.count { if case .undelivered = $0 { true } else { false } } == 0)
+        let health = try #require(await client.health)
+        #expect(health.resumes == resumes && health.reconnects == resumes)
+        await client.close()
+        try await harness.events.wait("closed") { if case .closed(_, .goodbye) = $0 { true } else { false } }
+        reader.cancel()
+        await harness.server.stop()
+    }
+
+    /// A server that restarts forgets the session: the client reports exactly the messages the old
+    /// server never acknowledged, and sends the ones typed while it was away to the new server.
+    @Test func aRestartedServerMeansExactlyTheUnacknowledgedAreReported() async throws {
+        let port = try freePort()
+        let received = Locked<[Int]>([])
+        let configure: (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.ackDelay = .seconds(120)  // the first server never acknowledges 5 messages
+        }
+        let record: @Sendable (MessageServer, ServerEvent) async -> Void = { _, event in
+            if case .received(_, let message) = event, let value = try? message.decode(Numbered.self) {
+                received.withLock { $0.append(value.n) }
+            }
+        }
+        let first = try await LoopbackServer(configure: configure, handle: record)
+        let client = try await first.client("sender", configure: Self.fastReconnect)
+        let events = EventLog<ClientEvent>()
+        let reader = Task { for await event in client.events { events.append(event) } }
+        for n in 1...5 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("5 received") { received.withLock { $0.count } == 5 }
+        #expect(client.unacknowledgedCount == 5)
+        await first.server.stop()
+        try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
+        for n in 6...8 { try await client.send(Numbered(n: n), type: "n") }  // while no server runs
+        let second = try await LoopbackServer(
+            configure: { $0.listener.port = port; $0.listener.families = [.ipv4] }, handle: record)
+        let report = try await events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
+        guard case .undelivered(let lost) = report else { return }
+        #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3, 4, 5])
+        #expect(lost.map(\.number) == [1, 2, 3, 4, 5] && lost.allSatisfy(\.wasTransmitted))
+        try await waitUntil("the offline messages") { received.withLock { $0.count } == 8 }
+        #expect(received.withLock { $0 } == [1, 2, 3, 4, 5, 6, 7, 8])
+        #expect(!client.resumedSession)
+        await client.close()
+        reader.cancel()
+        await second.server.stop()
+    }
+
+    /// A client that never comes back: after the grace period the server reports the messages it
+    /// sent and the client never acknowledged, then the connection's end.
+    @Test func aSessionThatExpiresReportsWhatTheClientNeverAcknowledged() async throws {
+        let harness = try await LoopbackServer(configure: { $0.session?.gracePeriod = .milliseconds(300) })
+        // A client that opens a session, receives, acknowledges nothing (a long ack delay) and is gone.
+        var configuration = ClientConfiguration(peerName: "leaver")
+        configuration.channel.offersSessions = true
+        let channel = try await MessageChannel.connect(
+            to: [try SocketAddress(ipAddress: "127.0.0.1", port: harness.port)],
+            configuration: configuration.channel, logger: testLogger())
+        var options = SessionConfiguration()
+        options.ackDelay = .seconds(120)
+        _ = try await channel.openSession(
+            MessageSession(id: MessageSession.makeID(), configuration: options, logger: testLogger()),
+            timeout: .seconds(5))
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        var received = channel.messages.makeAsyncIterator()
+        for n in 1...3 { #expect(try await received.next()?.decode(Numbered.self).n == n) }
+        #expect(connection.unacknowledgedCount == 3)
+        channel.abort()
+        try await harness.events.wait("interrupted") { if case .interrupted = $0 { true } else { false } }
+        try await connection.send(Numbered(n: 4), type: "n")  // kept for a client that may come back
+        let report = try await harness.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
+        if case .undelivered(let to, let lost) = report {
+            #expect(to == connection)
+            #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3, 4])
+            #expect(lost.map(\.wasTransmitted) == [true, true, true, false])
+        }
+        try await harness.events.wait("closed") { if case .closed(_, .sessionExpired) = $0 { true } else { false } }
+        await harness.server.stop()
+    }
+
+    /// A resume under another identity key is refused: the session id alone does not open it.
+    @Test func aSessionBelongsToItsKey() async throws {
+        let harness = try await LoopbackServer()
+        let owner = try await harness.client("owner", configure: Self.fastReconnect)
+        try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        let session = try #require(owner.session)
+        // Another client (its own identity) presents the owner's session id.
+        var configuration = ClientConfiguration(peerName: "thief")
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        configuration.channel.offersSessions = true
+        let channel = try await MessageChannel.connect(
+            to: [try SocketAddress(ipAddress: "127.0.0.1", port: harness.port)],
+            configuration: configuration.channel, logger: testLogger())
+        let stolen = MessageSession(id: session.id, configuration: SessionConfiguration(), logger: testLogger())
+        await #expect(throws: (any Error).self) {
+            _ = try await channel.openSession(stolen, timeout: .seconds(5))
+        }
+        try await harness.events.wait("refused") {
+            if case .refused(_, let reason) = $0 { reason.contains("another identity key") } else { false }
+        }
+        #expect(harness.events.count { if case .resumed = $0 { true } else { false } } == 0)
+        await owner.close()
+        await harness.server.stop()
+    }
+
+    /// The heartbeat measures the round trip; a reconnect and a resume are counted.
+    @Test func healthReportsRoundTripAndResumes() async throws {
+        let harness = try await LoopbackServer()
+        let client = try await harness.client("watcher") {
+            Self.fastReconnect(&$0)
+            $0.channel.pingInterval = .milliseconds(20)
+        }
+        try await waitUntil("three RTT samples") { (await client.health?.samples ?? 0) >= 3 }
+        let health = try #require(await client.health)
+        let rtt = try #require(health.smoothedRTT)
+        #expect(rtt > .zero && rtt < .seconds(1))
+        #expect(health.rttVariation != nil && health.sinceLastHeard < .seconds(5))
+        #expect(health.reconnects == 0)
+        client.channel?.abort()
+        try await waitUntil("resumed") { (await client.health?.resumes ?? 0) == 1 }
+        #expect(await client.health?.reconnects == 1)
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        if case .accepted(let connection) = accepted {
+            let serverSide = await connection.health
+            #expect(serverSide.resumes == 1)
+        }
+        await client.close()
+        await harness.server.stop()
+    }
+}
+
+/// Waits (bounded) until `condition` holds.
+func waitUntil(
+    _ what: String, timeout: Duration = .seconds(20), _ condition: @Sendable () async -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while !(await condition()) {
+        guard ContinuousClock.now < deadline else { throw TestFailure("not \(what) within \(timeout)") }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}

@@ -1,0 +1,124 @@
+import Testing
+
+@testable import ProtocolCore
+
+/// The session core without sockets: numbering, acknowledgement, resume and restart, the inbox's
+/// acknowledgement pacing, and the RTT estimator.
+@Suite struct SessionCoreTests {
+    @Test func outboxNumbersKeepsAndReleases() {
+        var outbox = SessionOutbox<String>(maxCount: 3, maxBytes: 100)
+        let r1 = outbox.append("a", size: 10, transmitted: true)
+        #expect(r1 == 1)
+        let r2 = outbox.append("b", size: 10, transmitted: true)
+        #expect(r2 == 2)
+        let r3 = outbox.append("c", size: 10, transmitted: false)
+        #expect(r3 == 3)
+        #expect(!outbox.hasRoom(for: 1))  // three kept: a fourth waits
+        let r4 = outbox.acknowledge(through: 2)
+        #expect(r4 == 2)
+        #expect(outbox.acknowledged == 2)
+        #expect(outbox.count == 1 && outbox.bytes == 10)
+        #expect(outbox.hasRoom(for: 90))
+        #expect(!outbox.hasRoom(for: 91))
+        let r5 = outbox.acknowledge(through: 1)
+        #expect(r5 == 0)  // stale: nothing more
+        let r6 = outbox.acknowledge(through: 4)
+        #expect(r6 == nil)  // beyond what was sent: a violation
+    }
+
+    @Test func aLargeMessageIsAdmittedAlone() {
+        var outbox = SessionOutbox<Int>(maxCount: 10, maxBytes: 100)
+        #expect(outbox.hasRoom(for: 1_000))
+        outbox.append(1, size: 1_000, transmitted: true)
+        #expect(!outbox.hasRoom(for: 1))
+    }
+
+    @Test func resumeResendsExactlyWhatThePeerMissed() throws {
+        var outbox = SessionOutbox<Int>(maxCount: 100, maxBytes: 1 << 20)
+        for n in 1...10 { outbox.append(n, size: 1, transmitted: n <= 7) }
+        _ = outbox.acknowledge(through: 3)
+        let resumed = outbox.resume(peerReceived: 5)
+        let resend = try #require(resumed)
+        #expect(resend.map(\.number) == [6, 7, 8, 9, 10])
+        #expect(resend.allSatisfy { $0.transmitted })
+        #expect(outbox.acknowledged == 5)
+        // A peer claiming less than it acknowledged lost its state; more than was sent is a lie.
+        let r7 = outbox.resume(peerReceived: 4)
+        #expect(r7 == nil)
+        let r8 = outbox.resume(peerReceived: 11)
+        #expect(r8 == nil)
+    }
+
+    @Test func restartReportsTransmittedAndKeepsTheRest() {
+        var outbox = SessionOutbox<String>(maxCount: 100, maxBytes: 1 << 20)
+        outbox.append("sent-1", size: 1, transmitted: true)
+        outbox.append("sent-2", size: 1, transmitted: true)
+        _ = outbox.acknowledge(through: 1)
+        outbox.append("typed-offline", size: 1, transmitted: false)
+        let (lost, kept) = outbox.restart()
+        #expect(lost.map(\.item) == ["sent-2"])
+        #expect(lost.map(\.number) == [2])
+        #expect(kept.map(\.item) == ["typed-offline"])
+        #expect(kept.map(\.number) == [1])  // renumbered in the new session
+        #expect(outbox.nextNumber == 2 && outbox.count == 1)
+    }
+
+    @Test func inboxAcknowledgesEveryNOrOnTheTimer() {
+        var inbox = SessionInbox(ackEvery: 4)
+        let r9 = inbox.receive()
+        #expect(r9 == false)
+        let r10 = inbox.receive()
+        #expect(r10 == false)
+        let r11 = inbox.receive()
+        #expect(r11 == false)
+        let r12 = inbox.receive()
+        #expect(r12 == true)
+        let r13 = inbox.takeAck()
+        #expect(r13 == 4)
+        let r14 = inbox.takeAck()
+        #expect(r14 == nil)
+        _ = inbox.receive()
+        #expect(inbox.ackPending)
+        inbox.reconnected()  // the SESSION frame tells the count
+        #expect(!inbox.ackPending)
+        #expect(inbox.received == 5)
+        inbox.reset()
+        #expect(inbox.received == 0)
+    }
+
+    @Test func ackFramesRoundTripAndSessionMessagesAreOneWay() {
+        let frame = Frame.ack(0x0102_0304_0506_0708)
+        #expect(frame.payload == [1, 2, 3, 4, 5, 6, 7, 8])
+        #expect(frame.acknowledgedCount == 0x0102_0304_0506_0708)
+        #expect(Frame(kind: .ack, payload: [1, 2]).acknowledgedCount == nil)
+        #expect(Frame(kind: .message, typeID: "x").isSessionMessage)
+        var request = Frame(kind: .message, typeID: "x")
+        request.expectsReply = true
+        #expect(!request.isSessionMessage)
+        #expect(!Frame(kind: .message, typeID: "x", reference: 3).isSessionMessage)
+    }
+
+    @Test func sessionHelloIsCheckedAndKeepsItsShape() throws {
+        #expect(SessionHello(id: String(repeating: "a1", count: 16), received: 0).isWellFormed)
+        #expect(!SessionHello(id: "A1", received: 0).isWellFormed)
+        #expect(!SessionHello(id: String(repeating: "g", count: 32), received: 0).isWellFormed)
+    }
+
+    @Test func rttFollowsRFC6298() {
+        var rtt = RTTEstimator()
+        rtt.pingSent(sequence: 7, now: 1_000_000)
+        let r15 = rtt.pongReceived(reference: 6, now: 2_000_000)
+        #expect(!r15)  // not our ping
+        let r16 = rtt.pongReceived(reference: 7, now: 3_000_000)
+        #expect(r16)  // 2 ms
+        #expect(rtt.smoothedMicros == 2_000 && rtt.variationMicros == 1_000)
+        let r17 = rtt.pongReceived(reference: 7, now: 4_000_000)
+        #expect(!r17)  // answered already
+        rtt.pingSent(sequence: 9, now: 10_000_000)
+        let r18 = rtt.pongReceived(reference: 9, now: 10_000_000 + 10_000_000)
+        #expect(r18)  // 10 ms
+        // SRTT = 7/8·2000 + 1/8·10000 = 3000; RTTVAR = 3/4·1000 + 1/4·8000 = 2750.
+        #expect(rtt.smoothedMicros == 3_000 && rtt.variationMicros == 2_750)
+        #expect(rtt.samples == 2 && rtt.lastMicros == 10_000)
+    }
+}
