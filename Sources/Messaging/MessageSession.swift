@@ -270,53 +270,72 @@ final class MessageSession: Sendable {
         guard reply.id == id else {
             return .failure(TransportError(.protocolViolation, "the SESSION answer names another session"))
         }
-        return state.withLock { state in
-            let opened: Opened
-            if reply.resumed == true, state.everConnected, let resend = state.outbox.resume(peerReceived: reply.received) {
-                for entry in resend { _ = Self.transmit(entry.item, on: channel) }
-                state.resumes += 1
-                opened = .resumed(resent: resend.count)
-            } else {
-                if reply.resumed == true && state.everConnected {
-                    logger.warning("the server's session state does not match this side's; starting a new session")
-                }
-                let (lost, kept) = state.outbox.restart()
-                state.inbox.reset()
-                for entry in kept { _ = Self.transmit(entry.item, on: channel) }
-                opened = .new(undelivered: lost.map(Self.undelivered))
-            }
-            if state.everConnected { state.reconnects += 1 }
-            state.everConnected = true
-            state.channel = channel
-            return .success(opened)
+        // The answer acknowledges (or forgets) kept messages: senders waiting for room may go on
+        // (no ACK would wake them when everything was acknowledged this way).
+        let (result, waiters) = state.withLock { state -> (Result<Opened, TransportError>, [CheckedContinuation<Void, any Error>]) in
+            let result = Self.clientOpen(reply, on: channel, &state, logger: logger)
+            return (result, Self.wake(&state))
         }
+        for waiter in waiters { waiter.resume() }
+        return result
+    }
+
+    private static func clientOpen(
+        _ reply: SessionHello, on channel: MessageChannel, _ state: inout State, logger: Logger
+    ) -> Result<Opened, TransportError> {
+        let opened: Opened
+        if reply.resumed == true, state.everConnected, let resend = state.outbox.resume(peerReceived: reply.received) {
+            for entry in resend { _ = Self.transmit(entry.item, on: channel) }
+            state.resumes += 1
+            opened = .resumed(resent: resend.count)
+        } else {
+            if reply.resumed == true && state.everConnected {
+                logger.warning("the server's session state does not match this side's; starting a new session")
+            }
+            let (lost, kept) = state.outbox.restart()
+            state.inbox.reset()
+            for entry in kept { _ = Self.transmit(entry.item, on: channel) }
+            opened = .new(undelivered: lost.map(Self.undelivered))
+        }
+        if state.everConnected { state.reconnects += 1 }
+        state.everConnected = true
+        state.channel = channel
+        return .success(opened)
     }
 
     /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
     /// was just made, `isNew`, or found). Attaches, answers and resends.
     func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Int, TransportError> {
-        state.withLock { state in
-            var resent: [SessionOutbox<Frame>.Entry] = []
-            if !isNew {
-                guard let entries = state.outbox.resume(peerReceived: hello.received) else {
-                    return .failure(
-                        TransportError(
-                            .protocolViolation,
-                            "the client says it received \(hello.received) session messages; "
-                                + "\(state.outbox.acknowledged)…\(state.outbox.nextNumber - 1) is possible"))
-                }
-                resent = entries
-                state.reconnects += 1
-                state.resumes += 1
-            }
-            state.inbox.reconnected()
-            let answer = SessionHello(id: id, received: state.inbox.received, resumed: !isNew)
-            _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
-            for entry in resent { _ = Self.transmit(entry.item, on: channel) }
-            state.everConnected = true
-            state.channel = channel
-            return .success(resent.count)
+        let (result, waiters) = state.withLock { state -> (Result<Int, TransportError>, [CheckedContinuation<Void, any Error>]) in
+            (Self.serverOpen(hello, isNew: isNew, on: channel, id: id, &state), Self.wake(&state))
         }
+        for waiter in waiters { waiter.resume() }
+        return result
+    }
+
+    private static func serverOpen(
+        _ hello: SessionHello, isNew: Bool, on channel: MessageChannel, id: String, _ state: inout State
+    ) -> Result<Int, TransportError> {
+        var resent: [SessionOutbox<Frame>.Entry] = []
+        if !isNew {
+            guard let entries = state.outbox.resume(peerReceived: hello.received) else {
+                return .failure(
+                    TransportError(
+                        .protocolViolation,
+                        "the client says it received \(hello.received) session messages; "
+                            + "\(state.outbox.acknowledged)…\(state.outbox.nextNumber - 1) is possible"))
+            }
+            resent = entries
+            state.reconnects += 1
+            state.resumes += 1
+        }
+        state.inbox.reconnected()
+        let answer = SessionHello(id: id, received: state.inbox.received, resumed: !isNew)
+        _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
+        for entry in resent { _ = Self.transmit(entry.item, on: channel) }
+        state.everConnected = true
+        state.channel = channel
+        return .success(resent.count)
     }
 
     /// Ends the session: sends fail from now on; returns the messages never acknowledged.

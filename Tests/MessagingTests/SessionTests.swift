@@ -146,6 +146,35 @@ import Locks
         await harness.server.stop()
     }
 
+    /// A sender waiting because the session keeps its maximum goes on when a resume acknowledges
+    /// what the server had received (no ACK frame would come for it: the chaos test hung on this).
+    @Test func aWaitingSenderGoesOnWhenAResumeAcknowledges() async throws {
+        let received = Locked(0)
+        let harness = try await LoopbackServer(
+            configure: { $0.session?.ackDelay = .seconds(120) },  // no ACK frames for a few messages
+            handle: { _, event in if case .received = event { received.withLock { $0 += 1 } } })
+        let client = try await harness.client("blocked") {
+            Self.fastReconnect(&$0)
+            $0.session?.maxUnacknowledgedMessages = 4
+        }
+        for n in 1...4 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("4 received") { received.withLock { $0 } == 4 }
+        let admitted = Locked(false)
+        let fifth = Task {
+            try await client.send(Numbered(n: 5), type: "n")
+            admitted.withLock { $0 = true }
+        }
+        try await Task.sleep(for: .milliseconds(50))  // give it the chance to be admitted wrongly
+        #expect(client.unacknowledgedCount == 4)  // it waits: the session is full
+        client.channel?.abort()
+        // The resume said the server had all 4: room for the fifth.
+        try await waitUntil("the fifth admitted", timeout: .seconds(10)) { admitted.withLock { $0 } }
+        try await fifth.value
+        try await waitUntil("5 received") { received.withLock { $0 } == 5 }
+        await client.close()
+        await harness.server.stop()
+    }
+
     /// A resume under another identity key is refused: the session id alone does not open it.
     @Test func aSessionBelongsToItsKey() async throws {
         let harness = try await LoopbackServer()

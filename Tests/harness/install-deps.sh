@@ -15,6 +15,8 @@ command -v python3 >/dev/null || missing+=(python3)
 command -v xxd >/dev/null || missing+=(xxd)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v tcpdump >/dev/null || missing+=(tcpdump)   # the capture check of the encrypted transport
+command -v nft >/dev/null || missing+=(nftables)   # the chaos test: random packet loss
+command -v tc >/dev/null || missing+=(iproute2)
 for extra in "$@"; do command -v "$extra" >/dev/null || missing+=("$extra"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
