@@ -104,11 +104,16 @@ public struct PreviewOffer: Codable, Sendable, Hashable {
     public var size: UInt64
     /// SHA-256 of the content, lowercase hex.
     public var sha256: String
+    /// The pusher's id of this push, the same in every retry of it (32 hex digits): a server that
+    /// sees it resumes an interrupted transfer of the same content, and answers a retry of a push it
+    /// already stored with that result instead of storing it twice. Absent: no resume.
+    public var pushID: String?
 
-    public init(name: String, size: UInt64, sha256: String) {
+    public init(name: String, size: UInt64, sha256: String, pushID: String? = nil) {
         self.name = name
         self.size = size
         self.sha256 = sha256
+        self.pushID = pushID
     }
 }
 
@@ -120,12 +125,30 @@ public struct PreviewOfferReply: Codable, Sendable, Hashable {
     public var offerID: String?
     /// Why the offer was refused.
     public var failure: PreviewFailure?
+    /// Bytes of this content the server already has from an interrupted attempt: stream the file
+    /// from this offset (the transfer then carries size − offset bytes). Absent: 0.
+    public var offset: UInt64?
+    /// A retry of a push the server already stored (same `pushID`): its result; nothing to send.
+    public var stored: PreviewResult?
 
-    public static func accept(_ offerID: String) -> PreviewOfferReply {
-        PreviewOfferReply(accepted: true, offerID: offerID, failure: nil)
+    public init(
+        accepted: Bool, offerID: String?, failure: PreviewFailure?, offset: UInt64? = nil, stored: PreviewResult? = nil
+    ) {
+        self.accepted = accepted
+        self.offerID = offerID
+        self.failure = failure
+        self.offset = offset
+        self.stored = stored
+    }
+
+    public static func accept(_ offerID: String, offset: UInt64 = 0) -> PreviewOfferReply {
+        PreviewOfferReply(accepted: true, offerID: offerID, failure: nil, offset: offset > 0 ? offset : nil)
     }
     public static func refuse(_ failure: PreviewFailure) -> PreviewOfferReply {
         PreviewOfferReply(accepted: false, offerID: nil, failure: failure)
+    }
+    public static func alreadyStored(_ result: PreviewResult) -> PreviewOfferReply {
+        PreviewOfferReply(accepted: false, offerID: nil, failure: nil, stored: result)
     }
 }
 

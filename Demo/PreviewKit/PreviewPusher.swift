@@ -145,13 +145,16 @@ public final class PreviewPusher: Sendable {
     ///   - bytesPerSecond: Limit the sending rate (nil: as fast as the link goes).
     ///   - timeout: How long to wait for the offer's answer.
     ///   - resultTimeout: How long to wait for the result after the last byte was sent.
-    ///   - progress: Called after every chunk.
+    ///   - pushID: This push's id, the same in each retry (see ``PreviewOffer/pushID``): the server
+    ///     resumes after the bytes it kept and answers a retry of a stored push with its result.
+    ///   - content: The file's SHA-256 and size when already known (a retry does not hash again).
+    ///   - progress: Called after every chunk (bytes count from the file's start, a resume included).
     /// - Returns: The stored file's name and hash.
     /// - Throws: ``PreviewFailure``: the server's refusal or failure, or a local/connection problem.
     public func push(
         path: String, name: String? = nil, chunkSize: Int = 256 * 1024, bytesPerSecond: UInt64? = nil,
-        timeout: Duration = .seconds(10), resultTimeout: Duration = .seconds(120),
-        progress: (@Sendable (PushProgress) -> Void)? = nil
+        timeout: Duration = .seconds(10), resultTimeout: Duration = .seconds(120), pushID: String? = nil,
+        content: (sha256: String, size: UInt64)? = nil, progress: (@Sendable (PushProgress) -> Void)? = nil
     ) async throws(PreviewFailure) -> PreviewResult {
         let name = name ?? String(path.split(separator: "/").last ?? Substring(path))
         let fd: Int32
@@ -167,35 +170,44 @@ public final class PreviewPusher: Sendable {
         }
         let size: UInt64
         let digest: String
-        do {
-            (digest, size) = try sha256(fd: fd, path: path)
-        } catch {
-            throw PreviewFailure(PreviewFailure.localFile, "cannot read '\(path)': \(error)")
-        }
-        guard lseek(fd, 0, SEEK_SET) == 0 else {
-            throw PreviewFailure(PreviewFailure.localFile, "cannot rewind '\(path)'")
+        if let content {
+            (digest, size) = content
+            guard UInt64(info.st_size) == size else {
+                throw PreviewFailure(PreviewFailure.localFile, "'\(path)' changed size since it was hashed")
+            }
+        } else {
+            do {
+                (digest, size) = try sha256(fd: fd, path: path)
+            } catch {
+                throw PreviewFailure(PreviewFailure.localFile, "cannot read '\(path)': \(error)")
+            }
         }
 
         // 1. Offer; refused offers end here, before any data flows.
         let reply: PreviewOfferReply
         do {
             reply = try await channel.request(
-                PreviewOffer(name: name, size: size, sha256: digest), type: PreviewProtocol.TypeID.offer,
+                PreviewOffer(name: name, size: size, sha256: digest, pushID: pushID), type: PreviewProtocol.TypeID.offer,
                 expecting: PreviewOfferReply.self, timeout: timeout)
         } catch {
             throw PreviewFailure(PreviewFailure.connection, "the server did not answer the offer: \(error)")
         }
+        if let stored = reply.stored { return stored }  // a retry of a push the server already stored
         guard reply.accepted, let id = reply.offerID else {
             throw reply.failure
                 ?? PreviewFailure(PreviewFailure.badRequest, "the server refused the offer without a reason")
         }
+        let offset = reply.offset ?? 0
+        guard offset <= size, lseek(fd, off_t(offset), SEEK_SET) == off_t(offset) else {
+            throw PreviewFailure(PreviewFailure.localFile, "cannot seek '\(path)' to the server's offset \(offset)")
+        }
         state.withLock { $0.slots[id] = .expected }
 
-        // 2. Stream.
+        // 2. Stream (from where the server's kept bytes end).
         let started = ContinuousClock.now
         do {
             try await send(
-                fd: fd, path: path, name: name, size: size, offerID: id, chunkSize: chunkSize,
+                fd: fd, path: path, name: name, size: size, offset: offset, offerID: id, chunkSize: chunkSize,
                 bytesPerSecond: bytesPerSecond, started: started, progress: progress)
         } catch {
             state.withLock { _ = $0.slots.removeValue(forKey: id) }
@@ -220,28 +232,30 @@ public final class PreviewPusher: Sendable {
     }
 
     private func send(
-        fd: Int32, path: String, name: String, size: UInt64, offerID: String, chunkSize: Int,
+        fd: Int32, path: String, name: String, size: UInt64, offset: UInt64, offerID: String, chunkSize: Int,
         bytesPerSecond: UInt64?, started: ContinuousClock.Instant, progress: (@Sendable (PushProgress) -> Void)?
     ) async throws(PreviewFailure) {
         let transfer: OutgoingTransfer
+        var metadata = [PreviewProtocol.offerMetadataKey: offerID, "name": name]
+        if offset > 0 { metadata["offset"] = "\(offset)" }
         do {
             transfer = try await channel.startTransfer(
-                type: PreviewProtocol.TypeID.file, totalSize: size,
-                metadata: [PreviewProtocol.offerMetadataKey: offerID, "name": name])
+                type: PreviewProtocol.TypeID.file, totalSize: size - offset, metadata: metadata)
         } catch {
             throw PreviewFailure(PreviewFailure.connection, "cannot start the transfer: \(error)")
         }
-        progress?(PushProgress(name: name, sentBytes: 0, totalBytes: size, started: started, isFinished: false))
+        progress?(PushProgress(name: name, sentBytes: offset, totalBytes: size, started: started, isFinished: false))
         var buffer = [UInt8](repeating: 0, count: max(1, chunkSize))
         var sent: UInt64 = 0
-        while sent < size {
+        let remaining = size - offset
+        while sent < remaining {
             if let failure = earlyFailure(offerID) {
                 await transfer.abort(reason: "the server gave up: \(failure.message)")
                 throw failure
             }
             let count: Int
             do {
-                let wanted = min(buffer.count, Int(clamping: size - sent))
+                let wanted = min(buffer.count, Int(clamping: remaining - sent))
                 count = try posix("read(\(path))") {
                     buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, wanted) }
                 }
@@ -259,7 +273,8 @@ public final class PreviewPusher: Sendable {
                 throw PreviewFailure(PreviewFailure.connection, "sending failed after \(sent) bytes: \(error)")
             }
             sent += UInt64(count)
-            progress?(PushProgress(name: name, sentBytes: sent, totalBytes: size, started: started, isFinished: false))
+            progress?(
+                PushProgress(name: name, sentBytes: offset + sent, totalBytes: size, started: started, isFinished: false))
             if let rate = bytesPerSecond, rate > 0 {
                 let due = started + .nanoseconds(Int64(clamping: sent * 1_000_000_000 / rate))
                 if due > .now { try? await Task.sleep(until: due, clock: .continuous) }
@@ -270,6 +285,119 @@ public final class PreviewPusher: Sendable {
         } catch {
             throw PreviewFailure(PreviewFailure.connection, "finishing the transfer failed: \(error)")
         }
-        progress?(PushProgress(name: name, sentBytes: sent, totalBytes: size, started: started, isFinished: true))
+        progress?(
+            PushProgress(name: name, sentBytes: offset + sent, totalBytes: size, started: started, isFinished: true))
+    }
+}
+
+/// Pushes files through a ``MessageClient`` and, when the connection is lost or the server restarts,
+/// retries for a while: reconnects (the client's reconnect policy), offers the same push again, and
+/// resumes after the bytes the server kept (it verifies the whole file at the end).
+public struct ResumingPusher: Sendable {
+    /// What happened to an attempt that will be retried.
+    public struct Retry: Sendable {
+        /// 1 for the first retry.
+        public let attempt: Int
+        /// Why the previous attempt stopped.
+        public let failure: PreviewFailure
+        /// Bytes the previous attempt had sent (counted from the file's start).
+        public let sentBytes: UInt64
+    }
+
+    public let client: MessageClient
+    /// How long to keep retrying after a failure that a retry may fix (connection lost, transfer
+    /// interrupted, server restarting).
+    public let retryFor: Duration
+
+    public init(client: MessageClient, retryFor: Duration) {
+        self.client = client
+        self.retryFor = retryFor
+    }
+
+    /// Failures a retry may fix.
+    static func isRetryable(_ failure: PreviewFailure) -> Bool {
+        [PreviewFailure.connection, PreviewFailure.transferFailed, PreviewFailure.shuttingDown].contains(failure.code)
+    }
+
+    /// Pushes `path` (see ``PreviewPusher/push(path:name:chunkSize:bytesPerSecond:timeout:resultTimeout:pushID:content:progress:)``),
+    /// retrying within ``retryFor`` of the first failure.
+    public func push(
+        path: String, bytesPerSecond: UInt64? = nil, timeout: Duration, resultTimeout: Duration,
+        onRetry: @escaping @Sendable (Retry) -> Void = { _ in }, onResume: @escaping @Sendable (UInt64) -> Void = { _ in },
+        progress: (@Sendable (PushProgress) -> Void)? = nil
+    ) async throws(PreviewFailure) -> PreviewResult {
+        let content: (sha256: String, size: UInt64)
+        do {
+            let hashed = try sha256OfFile(atPath: path)
+            content = (hashed.hex, hashed.size)
+        } catch {
+            throw PreviewFailure(PreviewFailure.localFile, "cannot read '\(path)': \(error)")
+        }
+        let pushID = PreviewStore.randomID() + PreviewStore.randomID()
+        var deadline: ContinuousClock.Instant?
+        var attempt = 0
+        var previous: MessageChannel?
+        while true {
+            let channel: MessageChannel
+            do {
+                channel = try await nextChannel(after: previous, until: deadline ?? .now + timeout)
+            } catch {
+                throw PreviewFailure(PreviewFailure.connection, "no connection to the server: \(error)")
+            }
+            previous = channel
+            let sent = Mutex<UInt64>(0)
+            let resumedAt = Mutex<UInt64?>(nil)
+            let isRetry = attempt > 0
+            do {
+                return try await PreviewPusher(channel: channel).push(
+                    path: path, bytesPerSecond: bytesPerSecond, timeout: timeout, resultTimeout: resultTimeout,
+                    pushID: pushID, content: content,
+                    progress: { report in
+                        sent.withLock { $0 = report.sentBytes }
+                        let first = resumedAt.withLock { value -> Bool in
+                            defer { if value == nil { value = report.sentBytes } }
+                            return value == nil
+                        }
+                        if first && isRetry && report.sentBytes > 0 { onResume(report.sentBytes) }
+                        progress?(report)
+                    })
+            } catch {
+                guard Self.isRetryable(error) else { throw error }
+                let end = deadline ?? .now + retryFor
+                deadline = end
+                guard ContinuousClock.now < end else { throw error }
+                attempt += 1
+                onRetry(Retry(attempt: attempt, failure: error, sentBytes: sent.withLock { $0 }))
+            }
+        }
+    }
+
+    /// The client's connection once it is not `old` (a reconnect), waiting until `deadline`.
+    private func nextChannel(after old: MessageChannel?, until deadline: ContinuousClock.Instant) async throws
+        -> MessageChannel
+    {
+        while true {
+            let left = deadline - .now
+            guard left > .zero else { throw PreviewFailure(PreviewFailure.connection, "the retry window ended") }
+            let channel = try await client.connectedChannel(within: left)
+            if channel !== old { return channel }
+            _ = await raceClosed(channel, within: left)  // the old one: wait for the client to notice it closed
+        }
+    }
+
+    private func raceClosed(_ channel: MessageChannel, within: Duration) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                _ = await channel.closed()
+                return true
+            }
+            group.addTask {
+                try? await Task.sleep(for: min(within, .milliseconds(200)))
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
     }
 }

@@ -7,21 +7,37 @@ import Synchronization
 /// per push, so several clients push at once), sends each result, and can drain or abort in-flight
 /// pushes for a graceful shutdown.
 public final class PreviewService: Sendable {
+    /// A resumable push: its partial's key, where it resumes, and the pusher's id of it.
+    private struct Resume {
+        let key: PartialTransfers.Key
+        let offset: UInt64
+        let completedKey: String
+    }
+
     private struct Pending {
         let connectionID: UInt64
         let reservation: Reservation
         let expiry: Task<Void, Never>
+        var resume: Resume?
     }
 
     private struct State {
         var pending: [String: Pending] = [:]
         var inFlight: [String: Task<Void, Never>] = [:]
+        /// Resumable receives running, by content key, with the channel they read from.
+        var receiving: [PartialTransfers.Key: (task: Task<Void, Never>, channel: MessageChannel)] = [:]
+        /// Results of resumable pushes, by sender and push id (the newest 256): a retry of a push that
+        /// was stored gets its result instead of a second copy.
+        var completed: [String: PreviewResult] = [:]
+        var completedOrder: [String] = []
         var draining = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     /// Where files go.
     public let store: PreviewStore
+    /// Where interrupted pushes are kept for a resume (nil: pushes start over).
+    public let partials: PartialTransfers?
     private let logger: Logger
     private let offerExpiry: Duration
     private let onStored: @Sendable (StoredFile) async -> Void
@@ -33,10 +49,11 @@ public final class PreviewService: Sendable {
     ///   - logger: Where pushes are logged.
     ///   - onStored: Called after each stored file (update the TXT record, run a hook…).
     public init(
-        store: PreviewStore, offerExpiry: Duration = .seconds(60), logger: Logger,
+        store: PreviewStore, partials: PartialTransfers? = nil, offerExpiry: Duration = .seconds(60), logger: Logger,
         onStored: @escaping @Sendable (StoredFile) async -> Void = { _ in }
     ) {
         self.store = store
+        self.partials = partials
         self.offerExpiry = offerExpiry
         self.logger = logger
         self.onStored = onStored
@@ -75,7 +92,7 @@ public final class PreviewService: Sendable {
         let reply: PreviewOfferReply
         do {
             let offer = try message.decode(PreviewOffer.self)
-            reply = admit(offer, from: connection)
+            reply = await admit(offer, from: connection)
         } catch {
             reply = .refuse(PreviewFailure(PreviewFailure.badRequest, "malformed offer: \(error.message)"))
         }
@@ -90,10 +107,33 @@ public final class PreviewService: Sendable {
         }
     }
 
-    private func admit(_ offer: PreviewOffer, from connection: ServerConnection) -> PreviewOfferReply {
+    /// Who pushes: the client's key fingerprint (a plaintext client: its name).
+    static func sender(of connection: ServerConnection) -> String {
+        connection.channel.peerIdentity.map { $0.fingerprint.full } ?? "name:" + connection.peer.name
+    }
+
+    private func admit(_ offer: PreviewOffer, from connection: ServerConnection) async -> PreviewOfferReply {
         guard !isDraining else {
             return .refuse(
                 PreviewFailure(PreviewFailure.shuttingDown, "the server is shutting down; try another one or later"))
+        }
+        var resume: Resume?
+        if let partials, let pushID = offer.pushID, isSHA256Hex(offer.sha256) {
+            let sender = Self.sender(of: connection)
+            let completedKey = sender + "/" + pushID
+            if let done = state.withLock({ $0.completed[completedKey] }) {
+                logger.info("a retry of a stored push", metadata: ["name": "\(offer.name)", "stored": "\(done.storedName ?? "?")"])
+                return .alreadyStored(done)
+            }
+            let key = PartialTransfers.Key(sender: sender, sha256: offer.sha256, size: offer.size)
+            // An earlier attempt may still be receiving on a connection that died unnoticed: stop it
+            // (its bytes are kept), then resume after what it wrote.
+            if let running = state.withLock({ $0.receiving[key] }) {
+                if running.channel !== connection.channel { running.channel.abort() }
+                running.task.cancel()
+                await running.task.value
+            }
+            resume = Resume(key: key, offset: partials.offset(for: key), completedKey: completedKey)
         }
         let reservation: Reservation
         do {
@@ -107,15 +147,16 @@ public final class PreviewService: Sendable {
             if !Task.isCancelled { self?.expire(reservation.id) }
         }
         state.withLock {
-            $0.pending[reservation.id] = Pending(connectionID: connection.id, reservation: reservation, expiry: timer)
+            $0.pending[reservation.id] = Pending(
+                connectionID: connection.id, reservation: reservation, expiry: timer, resume: resume)
         }
         logger.info(
             "accepted offer",
             metadata: [
                 "name": "\(offer.name)", "bytes": "\(offer.size)", "offer": "\(reservation.id)",
-                "connection": "\(connection)",
+                "connection": "\(connection)", "resume at": "\(resume?.offset ?? 0)",
             ])
-        return .accept(reservation.id)
+        return .accept(reservation.id, offset: resume?.offset ?? 0)
     }
 
     private func expire(_ id: String) {
@@ -164,12 +205,13 @@ public final class PreviewService: Sendable {
             return
         }
         entry.expiry.cancel()
-        guard transfer.totalSize == entry.reservation.offer.size else {
+        let expected = entry.reservation.offer.size - (entry.resume?.offset ?? 0)
+        guard transfer.totalSize == expected else {
             transfer.discard()
             store.release(entry.reservation)
             let failure = PreviewFailure(
                 PreviewFailure.sizeMismatch,
-                "the transfer announces \(transfer.totalSize) bytes, the offer \(entry.reservation.offer.size)")
+                "the transfer announces \(transfer.totalSize) bytes, the offer \(expected) (\(entry.reservation.offer.size) from byte \(entry.resume?.offset ?? 0))")
             Task {
                 try? await connection.send(
                     PreviewResult(offerID: id, failure: failure), type: PreviewProtocol.TypeID.result)
@@ -177,28 +219,65 @@ public final class PreviewService: Sendable {
             return
         }
         // Created under the lock, so the task cannot remove itself before it is registered.
+        let channel = connection.channel
         state.withLock { state in
-            state.inFlight[id] = Task {
-                await self.receive(entry.reservation, transfer: transfer, from: connection)
+            let task = Task {
+                await self.receive(entry.reservation, resume: entry.resume, transfer: transfer, from: connection)
                 let waiters = self.state.withLock { state -> [CheckedContinuation<Void, Never>] in
                     state.inFlight.removeValue(forKey: id)
+                    if let key = entry.resume?.key, state.receiving[key]?.channel === channel {
+                        state.receiving.removeValue(forKey: key)
+                    }
                     guard state.inFlight.isEmpty else { return [] }
                     defer { state.idleWaiters.removeAll() }
                     return state.idleWaiters
                 }
                 for waiter in waiters { waiter.resume() }
             }
+            state.inFlight[id] = task
+            if let key = entry.resume?.key { state.receiving[key] = (task, channel) }
         }
     }
 
-    private func receive(_ reservation: Reservation, transfer: IncomingTransfer, from connection: ServerConnection)
-        async
-    {
+    /// Receives a resumable push through the partial-transfer store, then stores it.
+    private func receiveResumable(
+        _ reservation: Reservation, resume: Resume, partials: PartialTransfers, transfer: IncomingTransfer
+    ) async throws(PreviewFailure) -> StoredFile {
+        let path: String
+        do {
+            path = try await partials.receive(transfer.chunks, key: resume.key, offset: resume.offset)
+        } catch {
+            switch error.code {
+            case .interrupted:
+                throw PreviewFailure(
+                    PreviewFailure.transferFailed,
+                    "\(error.message); the \(error.kept) bytes received are kept: push the same file again to resume")
+            case .hashMismatch: throw PreviewFailure(PreviewFailure.hashMismatch, error.message)
+            case .sizeMismatch: throw PreviewFailure(PreviewFailure.sizeMismatch, error.message)
+            case .busy: throw PreviewFailure(PreviewFailure.transferFailed, error.message + "; try again")
+            case .storage:
+                throw PreviewFailure(
+                    error.message.contains("No space") ? PreviewFailure.noSpace : PreviewFailure.storageFailed,
+                    error.message)
+            }
+        }
+        return try store.commit(partial: path, offer: reservation.offer)
+    }
+
+    private func receive(
+        _ reservation: Reservation, resume: Resume?, transfer: IncomingTransfer, from connection: ServerConnection
+    ) async {
         let id = reservation.id
         let result: PreviewResult
         var stored: StoredFile?
         do {
-            let file = try await store.receive(reservation, chunks: transfer.chunks)
+            let file: StoredFile
+            if let resume, let partials {
+                file = try await receiveResumable(reservation, resume: resume, partials: partials, transfer: transfer)
+                remember(resume.completedKey, PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size))
+            } else {
+                file = try await store.receive(reservation, chunks: transfer.chunks)
+            }
             stored = file
             result = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size)
         } catch {
@@ -222,6 +301,16 @@ public final class PreviewService: Sendable {
             }
         }
         if let stored { await onStored(stored) }
+    }
+
+    /// Remembers a resumable push's result for its retries (the newest 256).
+    private func remember(_ key: String, _ result: PreviewResult) {
+        state.withLock { state in
+            if state.completed.updateValue(result, forKey: key) == nil { state.completedOrder.append(key) }
+            while state.completedOrder.count > 256 {
+                state.completed.removeValue(forKey: state.completedOrder.removeFirst())
+            }
+        }
     }
 
     /// Refuses new offers from now on.

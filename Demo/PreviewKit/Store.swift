@@ -265,6 +265,36 @@ public final class PreviewStore: Sendable {
         }
     }
 
+    /// Stores a complete, verified file (a resumed transfer's partial, see `PartialTransfers`) under
+    /// the offered name (or the first free " (n)" variant): linked into place, the partial unlinked,
+    /// the directory synced. On failure the partial is deleted.
+    public func commit(partial path: String, offer: PreviewOffer) throws(PreviewFailure) -> StoredFile {
+        defer { unlink(path) }  // linked into place, or failed: the partial goes either way
+        chmod(path, 0o644)
+        var attempt = 0
+        while true {
+            attempt += 1
+            let candidate = FileName.candidate(offer.name, attempt: attempt)
+            let target = directory + "/" + candidate
+            if link(path, target) == 0 {
+                let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                if dir >= 0 {
+                    fsync(dir)
+                    close(dir)
+                }
+                logger.info("stored", metadata: ["name": "\(candidate)", "bytes": "\(offer.size)", "resumed": "true"])
+                return StoredFile(name: candidate, path: target, sha256: offer.sha256, size: offer.size)
+            }
+            let code = errno
+            if code == EEXIST && attempt < 10_000 { continue }
+            if code == EXDEV {
+                throw PreviewFailure(
+                    PreviewFailure.storageFailed, "the partial-transfer directory is on another file system than \(directory)")
+            }
+            throw PreviewFailure(PreviewFailure.storageFailed, "cannot store the file: \(String(cString: strerror(code)))")
+        }
+    }
+
     static func randomID() -> String {
         var generator = SystemRandomNumberGenerator()
         return hex((0..<8).map { _ in UInt8.random(in: 0...255, using: &generator) })

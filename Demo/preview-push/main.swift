@@ -42,6 +42,15 @@ struct PreviewPushCommand: AsyncParsableCommand {
     @Option(help: "A pre-shared key file (≥ 16 bytes): the previewer must prove the same key, and so do we.")
     var keyFile: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Seconds to keep retrying when the connection is lost or the previewer restarts: reconnect and resume "
+                + "where the previewer's kept bytes end (0: fail at once).", valueName: "seconds"))
+    var retryFor: Double = 30
+
+    @Flag(help: "Say more: the connection's round-trip time and reconnects after each file.")
+    var verbose = false
+
     func validate() throws {
         if list && !files.isEmpty { throw ValidationError("--list takes no files") }
         if !list && files.isEmpty { throw ValidationError("name at least one file to push (or use --list)") }
@@ -50,6 +59,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
             throw ValidationError("--to (discovery) and --host (no discovery) exclude each other")
         }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        guard retryFor >= 0 else { throw ValidationError("--retry-for must be 0 or more") }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
         if let keyFile {
             do { _ = try PreSharedKey(contentsOfFile: keyFile) } catch { throw ValidationError(error.message) }
@@ -75,7 +85,9 @@ struct PreviewPushCommand: AsyncParsableCommand {
         } else {
             target = .service(name: to, type: PreviewProtocol.serviceType, discovery: discovery!)
         }
-        var configuration = ClientConfiguration(peerName: "preview-push")
+        var configuration = ClientConfiguration(
+            peerName: "preview-push",
+            reconnect: retryFor > 0 ? ReconnectPolicy(initialDelay: .milliseconds(200), maxDelay: .seconds(2)) : nil)
         configuration.browseTimeout = timeoutDuration
         configuration.resolveTimeout = timeoutDuration
         configuration.channel.connectTimeout = timeoutDuration
@@ -102,7 +114,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
                     + "mean; its key is remembered from now on, and a different key will be refused.")
         }
         let drain = Task { for await _ in client.events {} }
-        let pusher = PreviewPusher(channel: channel)
+        let pusher = ResumingPusher(client: client, retryFor: .milliseconds(Int64(retryFor * 1000)))
+        let retryFor = self.retryFor
         let interactive = isatty(STDERR_FILENO) == 1
         var failures = 0
         for file in files {
@@ -112,6 +125,14 @@ struct PreviewPushCommand: AsyncParsableCommand {
                 let result = try await pusher.push(
                     path: file, bytesPerSecond: limitRate, timeout: timeoutDuration,
                     resultTimeout: max(timeoutDuration, .seconds(120)),
+                    onRetry: { retry in
+                        note(
+                            "preview-push: \(file): \(retry.failure.message) after \(formatBytes(retry.sentBytes)); "
+                                + "retrying (attempt \(retry.attempt + 1), for up to \(Int(retryFor)) s)")
+                    },
+                    onResume: { offset in
+                        note("preview-push: \(file): resuming at \(formatBytes(offset)) (the previewer kept them)")
+                    },
                     progress: { bar.update($0) })
                 bar.finish()
                 let seconds = bar.elapsedSeconds
@@ -119,6 +140,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
                 say(
                     "stored \(file) on '\(server)' as '\(result.storedName ?? "?")' (\(result.size ?? 0) bytes, "
                         + "sha256 \(result.sha256 ?? "?"), \(String(format: "%.1f", rate)) MiB/s)")
+                if verbose, let health = await client.health { note("preview-push: link: \(health)") }
             } catch {
                 bar.finish()
                 failures += 1

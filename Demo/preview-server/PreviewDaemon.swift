@@ -9,6 +9,7 @@ import Synchronization
 /// shutdown unpublish, stop accepting, drain (or abort) pushes in flight and stop.
 final class PreviewDaemon: Service, Sendable {
     let store: PreviewStore
+    let partials: PartialTransfers?
     let name: String
     let port: UInt16
     let onReceive: String?
@@ -18,12 +19,13 @@ final class PreviewDaemon: Service, Sendable {
     let logger: Logger
 
     init(
-        store: PreviewStore, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration,
+        store: PreviewStore, partials: PartialTransfers? = nil, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration,
         key: PreSharedKey? = nil, security: ChannelSecurity = .standard, logger: Logger
     ) {
         self.key = key
         self.security = security
         self.store = store
+        self.partials = partials
         self.name = name
         self.port = port
         self.onReceive = onReceive
@@ -35,7 +37,7 @@ final class PreviewDaemon: Service, Sendable {
         let logger = self.logger
         let discovery = ServiceDiscovery(logger: logger, programName: "preview-server")
         let stopping = Mutex(false)
-        let service = PreviewService(store: store, logger: logger) { [weak self] file in
+        let service = PreviewService(store: store, partials: partials, logger: logger) { [weak self] file in
             await self?.stored(file)
         }
 

@@ -58,6 +58,12 @@ struct PreviewServerCommand: AsyncParsableCommand {
     @Option(help: "Identity file (default: $XDG_DATA_HOME/lanmsg/preview-server/identity, created mode 0600).")
     var identity: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Seconds an interrupted push is kept (in DIRECTORY/.lanmsg-partial) for the pusher to resume it "
+                + "(0: interrupted pushes start over).", valueName: "seconds"))
+    var keepPartial: Double = 3600
+
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("unknown log level '\(logLevel)'")
@@ -94,6 +100,16 @@ struct PreviewServerCommand: AsyncParsableCommand {
             throw ValidationError(error.message)
         }
         store.removeStaleTempFiles()
+        var partials: PartialTransfers?
+        if keepPartial > 0 {
+            do {
+                partials = try PartialTransfers(
+                    directory: store.directory + "/.lanmsg-partial", keepFor: .milliseconds(Int64(keepPartial * 1000)),
+                    logger: logger)
+            } catch {
+                throw ValidationError(error.message)
+            }
+        }
         let serverIdentity: Identity
         do {
             serverIdentity = try Identity.loadOrCreate(at: identity ?? Identity.defaultPath(app: "preview-server"))
@@ -102,7 +118,8 @@ struct PreviewServerCommand: AsyncParsableCommand {
         }
         FileHandle.standardError.write(Data("preview-server: key \(serverIdentity.fingerprint.full)\n".utf8))
         let daemon = PreviewDaemon(
-            store: store, name: name ?? "Preview on \(Self.hostName())", port: port, onReceive: onReceive,
+            store: store, partials: partials, name: name ?? "Preview on \(Self.hostName())", port: port,
+            onReceive: onReceive,
             gracePeriod: .milliseconds(Int64(gracePeriod * 1000)),
             key: try keyFile.map { try PreSharedKey(contentsOfFile: $0) },
             security: .encrypted(identity: serverIdentity, trust: acceptPolicy(logger: logger)), logger: logger)

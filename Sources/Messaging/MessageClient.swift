@@ -188,6 +188,12 @@ public final class MessageClient: Sendable {
 
     // MARK: Waiting for a connection
 
+    /// The current connection, waiting up to `wait` while the client connects or reconnects.
+    /// - Throws: ``MessagingError`` `.notConnected` (with the last attempt's failure), `.stopped`.
+    public func connectedChannel(within wait: Duration) async throws -> MessageChannel {
+        try await readyChannel(within: wait)
+    }
+
     private func readyChannel(within wait: Duration) async throws -> MessageChannel {
         enum Ready {
             case channel(MessageChannel)

@@ -25,11 +25,14 @@ extension MessageChannel {
     ///   - path: The file to send.
     ///   - type: The transfer's type id.
     ///   - metadata: App metadata (for example the file name).
+    ///   - offset: Send the file from this byte on (a resume: the receiver said it has the bytes
+    ///     before it, see ``PartialTransfers``); the transfer's size is the rest of the file.
     ///   - chunkSize: Bytes per chunk (default 64 KiB; at most ``maxChunkSize``).
-    ///   - progress: Called with 0 bytes when the transfer starts, after every chunk, and once finished.
+    ///   - progress: Called with 0 bytes when the transfer starts, after every chunk, and once finished
+    ///     (counting from `offset`).
     public func sendFile(
-        at path: String, type: String, metadata: [String: String] = [:], chunkSize: Int = 64 * 1024,
-        progress: (@Sendable (TransferProgress) -> Void)? = nil
+        at path: String, type: String, metadata: [String: String] = [:], startingAt offset: UInt64 = 0,
+        chunkSize: Int = 64 * 1024, progress: (@Sendable (TransferProgress) -> Void)? = nil
     ) async throws {
         guard chunkSize > 0, chunkSize <= maxChunkSize else {
             throw TransportError(
@@ -40,8 +43,12 @@ extension MessageChannel {
         defer { fd.close() }
         var info = stat()
         try syscallValue("fstat(\(path))") { fstat(fd.rawValue, &info) }
-        let total = UInt64(info.st_size)
-        let transfer = try await startTransfer(type: type, totalSize: total, metadata: metadata)
+        let size = UInt64(info.st_size)
+        guard offset <= size else {
+            throw TransportError(.invalidArgument, "offset \(offset) is beyond the end of \(path) (\(size) bytes)")
+        }
+        if offset > 0 { try syscallValue("lseek(\(path))") { lseek(fd.rawValue, off_t(offset), SEEK_SET) } }
+        let transfer = try await startTransfer(type: type, totalSize: size - offset, metadata: metadata)
         transfer.progressHandler = progress
         progress?(transfer.currentProgress(finished: false))
         var buffer = [UInt8](repeating: 0, count: chunkSize)
