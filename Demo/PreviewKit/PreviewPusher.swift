@@ -347,7 +347,6 @@ public struct ResumingPusher: Sendable {
             previous = channel
             let sent = Mutex<UInt64>(0)
             let resumedAt = Mutex<UInt64?>(nil)
-            let isRetry = attempt > 0
             do {
                 return try await PreviewPusher(channel: channel).push(
                     path: path, bytesPerSecond: bytesPerSecond, timeout: timeout, resultTimeout: resultTimeout,
@@ -358,7 +357,7 @@ public struct ResumingPusher: Sendable {
                             defer { if value == nil { value = report.sentBytes } }
                             return value == nil
                         }
-                        if first && isRetry && report.sentBytes > 0 { onResume(report.sentBytes) }
+                        if first && report.sentBytes > 0 { onResume(report.sentBytes) }
                         progress?(report)
                     })
             } catch {

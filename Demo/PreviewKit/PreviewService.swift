@@ -12,6 +12,14 @@ public final class PreviewService: Sendable {
         let key: PartialTransfers.Key
         let offset: UInt64
         let completedKey: String
+        let pushID: String
+    }
+
+    private struct Claim {
+        let pushID: String
+        var offerID: String
+        var task: Task<Void, Never>?
+        var channel: MessageChannel?
     }
 
     private struct Pending {
@@ -24,8 +32,10 @@ public final class PreviewService: Sendable {
     private struct State {
         var pending: [String: Pending] = [:]
         var inFlight: [String: Task<Void, Never>] = [:]
-        /// Resumable receives running, by content key, with the channel they read from.
-        var receiving: [PartialTransfers.Key: (task: Task<Void, Never>, channel: MessageChannel)] = [:]
+        /// Resumable pushes by content key, from their accepted offer until their receive ends: one
+        /// push owns a partial at a time; a retry of it (same push id) takes over, another push of the
+        /// same content from the same sender is received without resume.
+        var claims: [PartialTransfers.Key: Claim] = [:]
         /// Results of resumable pushes, by sender and push id (the newest 256): a retry of a push that
         /// was stored gets its result instead of a second copy.
         var completed: [String: PreviewResult] = [:]
@@ -126,14 +136,23 @@ public final class PreviewService: Sendable {
                 return .alreadyStored(done)
             }
             let key = PartialTransfers.Key(sender: sender, sha256: offer.sha256, size: offer.size)
-            // An earlier attempt may still be receiving on a connection that died unnoticed: stop it
-            // (its bytes are kept), then resume after what it wrote.
-            if let running = state.withLock({ $0.receiving[key] }) {
-                if running.channel !== connection.channel { running.channel.abort() }
-                running.task.cancel()
-                await running.task.value
+            let claim: Claim? = state.withLock { $0.claims[key] }
+            var mayResume = true
+            if let claim {
+                if claim.pushID == pushID {
+                    // A retry of this push while its earlier attempt may still be receiving on a
+                    // connection that died unnoticed, or waits for its data: stop it (its bytes are kept).
+                    if let channel = claim.channel, channel !== connection.channel { channel.abort() }
+                    claim.task?.cancel()
+                    await claim.task?.value
+                    expire(claim.offerID, quietly: true)
+                } else {
+                    mayResume = false  // another push of the same content owns the partial
+                }
             }
-            resume = Resume(key: key, offset: partials.offset(for: key), completedKey: completedKey)
+            if mayResume {
+                resume = Resume(key: key, offset: partials.offset(for: key), completedKey: completedKey, pushID: pushID)
+            }
         }
         let reservation: Reservation
         do {
@@ -146,10 +165,20 @@ public final class PreviewService: Sendable {
             try? await Task.sleep(for: expiry)
             if !Task.isCancelled { self?.expire(reservation.id) }
         }
-        state.withLock {
-            $0.pending[reservation.id] = Pending(
-                connectionID: connection.id, reservation: reservation, expiry: timer, resume: resume)
+        let claimed: Bool = state.withLock { state in
+            var admitted = resume
+            if let key = resume?.key {
+                if state.claims[key] == nil {
+                    state.claims[key] = Claim(pushID: resume!.pushID, offerID: reservation.id)
+                } else {
+                    admitted = nil  // another push claimed it meanwhile: receive without resume
+                }
+            }
+            state.pending[reservation.id] = Pending(
+                connectionID: connection.id, reservation: reservation, expiry: timer, resume: admitted)
+            return admitted != nil || resume == nil
         }
+        if !claimed { resume = nil }
         logger.info(
             "accepted offer",
             metadata: [
@@ -159,17 +188,25 @@ public final class PreviewService: Sendable {
         return .accept(reservation.id, offset: resume?.offset ?? 0)
     }
 
-    private func expire(_ id: String) {
-        guard let entry = state.withLock({ $0.pending.removeValue(forKey: id) }) else { return }
+    private func expire(_ id: String, quietly: Bool = false) {
+        let entry: Pending? = state.withLock { state in
+            let entry = state.pending.removeValue(forKey: id)
+            if let key = entry?.resume?.key, state.claims[key]?.offerID == id { state.claims[key] = nil }
+            return entry
+        }
+        guard let entry else { return }
         entry.expiry.cancel()
         store.release(entry.reservation)
-        logger.notice("offer expired without data", metadata: ["offer": "\(id)"])
+        if !quietly { logger.notice("offer expired without data", metadata: ["offer": "\(id)"]) }
     }
 
     private func dropPending(of connectionID: UInt64) {
         let dropped = state.withLock { state -> [Pending] in
             let entries = state.pending.filter { $0.value.connectionID == connectionID }
-            for key in entries.keys { state.pending.removeValue(forKey: key) }
+            for (id, entry) in entries {
+                state.pending.removeValue(forKey: id)
+                if let key = entry.resume?.key, state.claims[key]?.offerID == id { state.claims[key] = nil }
+            }
             return Array(entries.values)
         }
         for entry in dropped {
@@ -225,9 +262,7 @@ public final class PreviewService: Sendable {
                 await self.receive(entry.reservation, resume: entry.resume, transfer: transfer, from: connection)
                 let waiters = self.state.withLock { state -> [CheckedContinuation<Void, Never>] in
                     state.inFlight.removeValue(forKey: id)
-                    if let key = entry.resume?.key, state.receiving[key]?.channel === channel {
-                        state.receiving.removeValue(forKey: key)
-                    }
+                    if let key = entry.resume?.key, state.claims[key]?.offerID == id { state.claims[key] = nil }
                     guard state.inFlight.isEmpty else { return [] }
                     defer { state.idleWaiters.removeAll() }
                     return state.idleWaiters
@@ -235,7 +270,10 @@ public final class PreviewService: Sendable {
                 for waiter in waiters { waiter.resume() }
             }
             state.inFlight[id] = task
-            if let key = entry.resume?.key { state.receiving[key] = (task, channel) }
+            if let key = entry.resume?.key, state.claims[key]?.offerID == id {
+                state.claims[key]?.task = task
+                state.claims[key]?.channel = channel
+            }
         }
     }
 

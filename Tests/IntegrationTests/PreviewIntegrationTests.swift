@@ -22,17 +22,25 @@ struct PreviewIntegrationTests {
 
     /// Starts pushing a new file of `size` bytes to host b at 4 MB/s and waits until the server
     /// is receiving it (its temporary file appeared in `directory`).
-    func startSlowPush(_ file: String, size: Int, port: UInt16, into directory: String) async throws -> Background {
+    func startSlowPush(
+        _ file: String, size: Int, port: UInt16, into directory: String, _ extra: [String] = []
+    ) async throws -> Background {
         try makeFile(file, size: size)
         let client = try Harness.spawn(
             onB: false,
-            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"]))
+            pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"] + extra))
         try await waitUntil("a temporary file appears") { hasTempFile(directory) }
         return client
     }
 
+    /// The store's entries, without the hidden directory of partial (resumable) transfers.
     func entries(_ directory: String) -> [String] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { $0 != ".lanmsg-partial" }.sorted()
+    }
+
+    /// The partial transfers the server keeps for a resume.
+    func partials(_ directory: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory + "/.lanmsg-partial")) ?? []).sorted()
     }
 
     /// A file of `size` bytes: a pseudo-random 1 MiB block, rotated per block (fast, not compressible).
@@ -97,8 +105,17 @@ struct PreviewIntegrationTests {
         }
     }
 
+    /// Bytes in the partial transfers.
+    func partialBytes(_ directory: String) -> UInt64 {
+        partials(directory).reduce(0) { sum, name in
+            let path = directory + "/.lanmsg-partial/" + name
+            return sum + ((try? FileManager.default.attributesOfItem(atPath: path)[.size] as? UInt64) ?? 0)
+        }
+    }
+
+    /// Whether the server is receiving a push: its temporary file, or its partial transfer.
     func hasTempFile(_ directory: String) -> Bool {
-        entries(directory).contains { $0.hasPrefix(".preview-") && $0.hasSuffix(".part") }
+        entries(directory).contains { $0.hasPrefix(".preview-") && $0.hasSuffix(".part") } || !partials(directory).isEmpty
     }
 
     /// Host b's IPv6 link-local address on its end of the veth link.
@@ -308,23 +325,30 @@ struct PreviewIntegrationTests {
         #expect(serverPeak < 96 * 1024, "server peak RSS \(serverPeak) KiB")
     }
 
-    @Test func aClientKilledMidPushLeavesNothingBehind() async throws {
+    /// A pusher killed mid-push leaves nothing in the store; its bytes are kept hidden for a resume,
+    /// and pushing the same file again sends only the rest.
+    @Test func aClientKilledMidPushLeavesNothingBehindAndAPushAgainResumes() async throws {
         let (directory, source) = (try makeDirectory(), try makeDirectory())
         defer { remove(directory, source) }
         let (server, port) = try await startServer(directory: directory, name: "Preview ITest Kill")
         defer { server.stop() }
         let file = source + "/slow.bin"
         let client = try await startSlowPush(file, size: 64 * 1024 * 1024, port: port, into: directory)
+        try await waitUntil("2 MB arrived") { partialBytes(directory) >= 2_000_000 }
         kill(client.pid, SIGKILL)
         #expect(client.wait(timeout: .seconds(5)) != nil)
-        try await waitUntil("the temporary file is deleted") { entries(directory).isEmpty }
+        try await waitUntil("the server notices") { server.text.contains("push failed") }
+        #expect(entries(directory).isEmpty)
+        #expect(partials(directory).count == 1)
         #expect(server.poll() == nil, "the server must keep running: \(server.text)")
-        // And it still takes pushes.
-        let small = source + "/small.txt"
-        try makeFile(small, size: 1000)
-        let after = try push([small], ["--host", Self.hostB, "--port", String(port)])
-        #expect(after.status == 0, "\(after.output)")
-        #expect(entries(directory) == ["small.txt"])
+        // Pushed again: it resumes where the kept bytes end, and the whole file is verified.
+        let again = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(again.status == 0, "\(again.output)")
+        #expect(again.output.contains("resuming at"), "\(again.output)")
+        #expect(entries(directory) == ["slow.bin"])
+        #expect(partials(directory).isEmpty)
+        #expect(try sameBytes(file, directory + "/slow.bin"))
+        // With --keep-partial 0 an interrupted push leaves nothing at all.
     }
 
     @Test func aTooLargeFileIsRefusedBeforeDataFlowsAndStaleTemporariesAreCleaned() async throws {
@@ -367,7 +391,7 @@ struct PreviewIntegrationTests {
         let first = try Harness.spawn(onB: false, pushArguments([fileA], options))
         let second = try Harness.spawn(onB: false, pushArguments([fileB], options))
         try await waitUntil("both pushes are in flight together") {
-            entries(directory).filter { $0.hasPrefix(".preview-") }.count == 2
+            entries(directory).filter { $0.hasPrefix(".preview-") }.count + partials(directory).count == 2
         }
         #expect(first.wait(timeout: .seconds(60)) == 0, "\(first.text)")
         #expect(second.wait(timeout: .seconds(60)) == 0, "\(second.text)")
@@ -383,10 +407,11 @@ struct PreviewIntegrationTests {
         let (directory, source) = (try makeDirectory(), try makeDirectory())
         defer { remove(directory, source) }
         let (server, port) = try await startServer(
-            directory: directory, name: "Preview ITest Term", ["--grace-period", "1"])
+            directory: directory, name: "Preview ITest Term", ["--grace-period", "1", "--keep-partial", "0"])
         defer { server.stop() }
         let file = source + "/slow.bin"
-        let client = try await startSlowPush(file, size: 64 * 1024 * 1024, port: port, into: directory)
+        let client = try await startSlowPush(
+            file, size: 64 * 1024 * 1024, port: port, into: directory, ["--retry-for", "0"])
         let start = ContinuousClock.now
         kill(server.pid, SIGTERM)
         let status = server.wait(timeout: .seconds(20))
