@@ -62,6 +62,8 @@ public final class MessageChannel: @unchecked Sendable {
     var incoming = TransferReceiver<IncomingTransfer>()
     /// Round-trip times from the heartbeat (loop-confined; read through ``health``).
     var rtt = RTTEstimator()
+    /// Consumers of ``healthUpdates`` (loop-confined; nil until the first asks).
+    var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation]?
     /// The message session running on this connection and its SESSION exchange; nil for most
     /// channels (loop-confined).
     var sessionLink: SessionLink?
@@ -255,7 +257,12 @@ extension MessageChannel: ConnectionHandler {
         case .ping:
             driver.enqueue(Frame(kind: .pong, reference: frame.sequence), bypassLimit: true) { _ in }
         case .pong:
-            if let reference = frame.reference { rtt.pongReceived(reference: reference, now: uptimeNanoseconds()) }
+            if let reference = frame.reference, rtt.pongReceived(reference: reference, now: uptimeNanoseconds()),
+                let watchers = healthWatchers
+            {
+                let health = healthOnLoop()
+                for watcher in watchers { watcher.yield(health) }
+            }
         case .session:
             handleSessionHello(frame)
         case .ack:
@@ -296,6 +303,8 @@ extension MessageChannel: ConnectionHandler {
         }
         handlers.removeAll()
         installs.load()?.list.withLock { $0.removeAll() }
+        for watcher in healthWatchers ?? [] { watcher.finish() }
+        healthWatchers = nil
         if let link = sessionLink {
             link.session?.detach(self)
             link.helloWaiter?.resume(throwing: error)
@@ -518,6 +527,18 @@ extension MessageChannel: ConnectionHandler {
                 queue.async { continuation.resume(returning: self.healthOnLoop()) }
             }
         }
+    }
+
+    /// The connection's health after every round-trip sample (each heartbeat, by default every 5 s),
+    /// the newest kept for a slow consumer; ends when the channel closes. Each access is a new stream.
+    public var healthUpdates: AsyncStream<ConnectionHealth> {
+        let (stream, continuation) = AsyncStream.makeStream(
+            of: ConnectionHealth.self, bufferingPolicy: .bufferingNewest(1))
+        queue.async {
+            guard self.driver.isOpen else { return continuation.finish() }
+            self.healthWatchers = (self.healthWatchers ?? []) + [continuation]
+        }
+        return stream
     }
 
     func healthOnLoop() -> ConnectionHealth {

@@ -330,7 +330,14 @@ public final class MessageServer: Service, Sendable {
         guard connection.channel === channel else { return }  // replaced by a resume
         let running = state.withLock { if case .running = $0.phase { true } else { false } }
         let ended = session.state.withLock { $0.ended != nil }
-        if case .goodbye = reason { return endSession(connection, reason: reason) }
+        switch reason {
+        case .goodbye, .protocolError, .frameTooLarge:
+            // The client ended it or misbehaved: not a lost network. (`ServerConnection.close` ends
+            // the session itself; a bare `channel.abort()` is treated like a lost connection.)
+            return endSession(connection, reason: reason)
+        default:
+            break
+        }
         guard running, !ended else { return endSession(connection, reason: reason) }
         logger.info(
             "connection lost; keeping its session for \(grace)",

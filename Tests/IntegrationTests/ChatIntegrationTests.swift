@@ -246,6 +246,40 @@ struct ChatIntegrationTests {
         try await again.waitForOutput("<alice> back again")
     }
 
+    /// The link drops and the member's connection is destroyed while she types: she stays in the room,
+    /// and her lines reach the host once each, in order, when the link is back (the message session
+    /// resumes). Then the host dies for good: the line she typed meanwhile is reported as not delivered.
+    @Test func aDroppedConnectionLosesNoLinesAndAGoneRoomSaysWhichWereNotSent() async throws {
+        let room = roomName("Roaming")
+        let host = try await hostOnB(room)
+        defer { host.stop() }
+        let alice = try await join([room, "--rejoin-timeout", "15"], nick: "alice")
+        defer { alice.stop() }
+        try await host.waitForOutput("alice joined")
+        try Harness.control("link-down", host: "a")
+        _ = try Harness.run(["ss", "-K", "dst", "10.77.0.2"])
+        try await alice.waitForOutput("lost the connection to the host of \(room)")
+        for i in 1...3 { try alice.send("while away \(i)") }
+        try Harness.control("link-up", host: "a")
+        try await alice.waitForOutput("back in \(room)", timeout: .seconds(30))
+        for i in 1...3 { try await host.waitForOutput("<alice> while away \(i)") }
+        let said = host.lines.filter { $0.contains("<alice> while away") }.map { String($0.suffix(12)) }
+        #expect(said == ["while away 1", "while away 2", "while away 3"], "\(host.text)")
+        #expect(!host.text.contains("alice left"), "\(host.text)")
+        #expect(host.text.contains("alice is back"), "\(host.text)")
+        #expect(!alice.text.contains("rejoined"))  // no new join: the session continued
+
+        host.deliver(signal: SIGKILL)
+        #expect(await host.waitForExit(timeout: .seconds(5)) != nil)
+        try await alice.waitForOutput("lost the connection to the host of \(room)") {
+            $0.contains("lost the connection") && alice.text.components(separatedBy: "lost the connection").count > 2
+        }
+        try alice.send("into the void")
+        let report = try await alice.waitForOutput("not delivered", timeout: .seconds(30))
+        #expect(report.contains("\"into the void\""), "\(report)")
+        #expect(await alice.waitForExit(timeout: .seconds(10)) == 4, "\(alice.text)")
+    }
+
     @Test func interactiveModeInARealTerminal() async throws {
         let room = roomName("Screen")
         let host = try await hostOnB(room)

@@ -132,6 +132,43 @@ final class HostilePeer: @unchecked Sendable {
         }
     }
 
+    /// Session frames where they do not belong drop that peer (and end its session), never the server.
+    @Test func anAckWithoutASessionDropsThatPeer() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.hello()
+            try await harness.events.wait("hostile accepted") { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
+            peer.write(peer.frame(.ack, payload: Frame.ack(1).payload))
+            #expect(await offThePool { peer.serverClosed() })
+            #expect("\(try await closedReason(harness))".contains("ACK without a session"))
+        }
+    }
+
+    @Test func anAckBeyondWhatWasSentDropsThatPeer() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.write(peer.frame(.hello, codec: 1, payload: Array(#"{"name":"hostile","sessions":true,"version":1}"#.utf8)))
+            peer.write(
+                peer.frame(
+                    .session, codec: 1, payload: Array(#"{"id":"00112233445566778899aabbccddeeff","received":0}"#.utf8)))
+            try await harness.events.wait("hostile accepted") { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
+            peer.write(peer.frame(.ack, payload: Frame.ack(5).payload))
+            #expect(await offThePool { peer.serverClosed() })
+            #expect("\(try await closedReason(harness))".contains("only 0 were sent"))
+        }
+    }
+
+    @Test func aMalformedSessionFrameIsRefused() async throws {
+        try await withServer { harness, _ in
+            let peer = try HostilePeer(port: harness.port)
+            peer.write(peer.frame(.hello, codec: 1, payload: Array(#"{"name":"hostile","sessions":true,"version":1}"#.utf8)))
+            peer.write(peer.frame(.session, codec: 1, payload: Array(#"{"id":"not hex","received":-1}"#.utf8)))
+            #expect(await offThePool { peer.serverClosed() })
+            try await harness.events.wait("refused") { if case .refused = $0 { true } else { false } }
+            #expect(harness.events.count { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } } == 0)
+        }
+    }
+
     @Test func lengthJustOverTheLimit() async throws {
         try await withServer({ harness, _ in
             let peer = try HostilePeer(port: harness.port)

@@ -207,6 +207,10 @@ import Locks
             Self.fastReconnect(&$0)
             $0.channel.pingInterval = .milliseconds(20)
         }
+        // The update stream reports each sample as it is taken.
+        var updates = try #require(client.channel).healthUpdates.makeAsyncIterator()
+        let first = try #require(await updates.next())
+        #expect(first.samples >= 1 && first.smoothedRTT != nil)
         try await waitUntil("three RTT samples") { (await client.health?.samples ?? 0) >= 3 }
         let health = try #require(await client.health)
         let rtt = try #require(health.smoothedRTT)
