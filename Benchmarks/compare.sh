@@ -4,6 +4,7 @@
 # the same machine, and prints each workload's median, min and max per build.
 #
 #   Benchmarks/compare.sh OLD_BENCHMARKS_DIR [ROUNDS] [WORKLOADS...]     (default 5 rounds, W1 W2 W4)
+#   BENCH_ARGS="--security encrypted" Benchmarks/compare.sh …           (protocol version 2 on both builds)
 #   e.g. git worktree add /tmp/old <commit> && (cd /tmp/old/Benchmarks && swift build -c release)
 #        Benchmarks/compare.sh /tmp/old/Benchmarks 5 W1 W2 W4
 # Each process runs under `timeout`; the script kills only the PIDs it started.
@@ -20,18 +21,18 @@ metric() { case "$1" in W1|W4) echo msgs_per_s ;; W2) echo p50_us ;; W3) echo mi
 
 one() { # one BIN WORKLOAD -> prints the metric value
   local bin=$1 w=$2 spid port
-  timeout -k 5 120 "$bin" server "$w" > "$WORK/server" 2>&1 &
+  timeout -k 5 120 "$bin" server "$w" ${BENCH_ARGS:-} > "$WORK/server" 2>&1 &
   spid=$!
   for _ in $(seq 1 200); do grep -q '^READY ' "$WORK/server" && break; sleep 0.05; done
   port=$(sed -n 's/^READY //p' "$WORK/server" | head -n 1)
   if [ "$w" = W4 ] || [ "$w" = W5 ]; then
-    timeout -k 5 120 "$bin" client "$w" --port "$port" > "$WORK/client" 2>&1 &
+    timeout -k 5 120 "$bin" client "$w" --port "$port" ${BENCH_ARGS:-} > "$WORK/client" 2>&1 &
     local cpid=$!
     wait "$spid" || true
     kill "$cpid" 2>/dev/null || true; wait "$cpid" 2>/dev/null || true
     grep -h '^RESULT' "$WORK/server" > "$WORK/result" || true
   else
-    timeout -k 5 120 "$bin" client "$w" --port "$port" 2>&1 | grep -h '^RESULT' > "$WORK/result" || true
+    timeout -k 5 120 "$bin" client "$w" --port "$port" ${BENCH_ARGS:-} 2>&1 | grep -h '^RESULT' > "$WORK/result" || true
     kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
   fi
   tr ' ' '\n' < "$WORK/result" | sed -n "s/^$(metric "$w")=//p" | head -n 1

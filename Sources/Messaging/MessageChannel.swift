@@ -25,7 +25,7 @@ public final class MessageChannel: @unchecked Sendable {
     public let peer: PeerInfo
     /// The largest frame body the peer accepts (its `max_frame`): larger messages are refused
     /// before sending, and transfer chunks are cut to fit.
-    public let peerMaxFrameSize: Int
+    public var peerMaxFrameSize: Int { Int(storedPeerMaxFrameSize) }
     /// The peer's address.
     public var remoteAddress: SocketAddress? { driver.remoteAddress }
     /// The local address of the connection.
@@ -56,16 +56,17 @@ public final class MessageChannel: @unchecked Sendable {
     private var handlers: [String: (IncomingMessage) -> Void] = [:]
     private let installs = AtomicLazyReference<PendingInstalls>()
     private let hasInstalls = Atomic<Bool>(false)
+    /// ``peerMaxFrameSize`` in 32 bits (a frame's length field is 32 bits), next to the 1-byte flag:
+    /// every idle connection holds one, and 8 bytes per connection show in W5.
+    private let storedPeerMaxFrameSize: UInt32
     final class PendingInstalls: Sendable {
         let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
     var incoming = TransferReceiver<IncomingTransfer>()
     /// Round-trip times from the heartbeat (loop-confined; read through ``health``).
     var rtt = RTTEstimator()
-    /// Consumers of ``healthUpdates`` (loop-confined; nil until the first asks).
-    var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation]?
-    /// The message session running on this connection and its SESSION exchange; nil for most
-    /// channels (loop-confined).
+    /// The message session running on this connection, its SESSION exchange and the consumers of
+    /// ``healthUpdates``; nil for most channels (loop-confined; one pointer for an idle connection).
     var sessionLink: SessionLink?
     final class SessionLink {
         var session: MessageSession?
@@ -75,6 +76,8 @@ public final class MessageChannel: @unchecked Sendable {
         var helloWaiter: CheckedContinuation<SessionHello, any Error>?
         var openedWaiter: CheckedContinuation<MessageSession.Opened, any Error>?
         var ackArmed = false
+        /// Consumers of ``healthUpdates``.
+        var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation] = []
     }
 
     /// The peer's proven identity when the connection is encrypted (protocol version 2); nil in
@@ -93,7 +96,7 @@ public final class MessageChannel: @unchecked Sendable {
         self.driver = driver
         identityBox = identity.map(IdentityBox.init)
         self.peer = established.peer
-        self.peerMaxFrameSize = established.peerMaxFrameSize
+        self.storedPeerMaxFrameSize = UInt32(clamping: established.peerMaxFrameSize)
         self.configuration = configuration
         messages = IncomingMessages(buffer: Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
     }
@@ -258,7 +261,7 @@ extension MessageChannel: ConnectionHandler {
             driver.enqueue(Frame(kind: .pong, reference: frame.sequence), bypassLimit: true) { _ in }
         case .pong:
             if let reference = frame.reference, rtt.pongReceived(reference: reference, now: uptimeNanoseconds()),
-                let watchers = healthWatchers
+                let watchers = sessionLink?.healthWatchers, !watchers.isEmpty
             {
                 let health = healthOnLoop()
                 for watcher in watchers { watcher.yield(health) }
@@ -303,9 +306,9 @@ extension MessageChannel: ConnectionHandler {
         }
         handlers.removeAll()
         installs.load()?.list.withLock { $0.removeAll() }
-        for watcher in healthWatchers ?? [] { watcher.finish() }
-        healthWatchers = nil
         if let link = sessionLink {
+            for watcher in link.healthWatchers { watcher.finish() }
+            link.healthWatchers = []
             link.session?.detach(self)
             link.helloWaiter?.resume(throwing: error)
             link.openedWaiter?.resume(throwing: error)
@@ -536,7 +539,9 @@ extension MessageChannel: ConnectionHandler {
             of: ConnectionHealth.self, bufferingPolicy: .bufferingNewest(1))
         queue.async {
             guard self.driver.isOpen else { return continuation.finish() }
-            self.healthWatchers = (self.healthWatchers ?? []) + [continuation]
+            let link = self.sessionLink ?? SessionLink()
+            self.sessionLink = link
+            link.healthWatchers.append(continuation)
         }
         return stream
     }

@@ -31,8 +31,8 @@ package struct Heartbeat: Sendable {
 }
 
 /// Round-trip time from PING/PONG, smoothed as TCP does (RFC 6298: SRTT and RTTVAR with gains 1/8
-/// and 1/4). Compact (microseconds in 32 bits) because every connection holds one. Without I/O:
-/// the caller says when a PING left and when its PONG arrived.
+/// and 1/4). Compact (24 bytes: microseconds and the PING's sequence in 32 bits) because every
+/// connection holds one. Without I/O: the caller says when a PING left and when its PONG arrived.
 package struct RTTEstimator: Sendable, Equatable {
     /// Smoothed RTT and its mean deviation, in microseconds; 0 before the first sample.
     package private(set) var smoothedMicros: UInt32 = 0
@@ -40,24 +40,25 @@ package struct RTTEstimator: Sendable, Equatable {
     package private(set) var lastMicros: UInt32 = 0
     /// Samples taken.
     package private(set) var samples: UInt32 = 0
-    /// The outstanding PING: its sequence number and when it was queued (0: none).
-    private var pingSequence: UInt64 = 0
-    private var pingSentAt: UInt64 = 0
+    /// The outstanding PING: the low 32 bits of its sequence number (0: none) and of the uptime in
+    /// microseconds when it was queued (differences wrap correctly for RTTs under 71 minutes).
+    private var pingSequence: UInt32 = 0
+    private var pingSentMicros: UInt32 = 0
 
     package init() {}
 
     /// A PING numbered `sequence` was queued at `now` (an earlier unanswered one is forgotten).
     package mutating func pingSent(sequence: UInt64, now: UInt64) {
-        pingSequence = sequence
-        pingSentAt = now
+        pingSequence = max(1, UInt32(truncatingIfNeeded: sequence))
+        pingSentMicros = UInt32(truncatingIfNeeded: now / 1000)
     }
 
     /// A PONG answering `reference` arrived at `now`. Returns whether it was a sample.
     @discardableResult
     package mutating func pongReceived(reference: UInt64, now: UInt64) -> Bool {
-        guard pingSentAt != 0, reference == pingSequence, now >= pingSentAt else { return false }
-        let sample = UInt32(clamping: (now - pingSentAt) / 1000)
-        pingSentAt = 0
+        guard pingSequence != 0, max(1, UInt32(truncatingIfNeeded: reference)) == pingSequence else { return false }
+        let sample = UInt32(truncatingIfNeeded: now / 1000) &- pingSentMicros
+        pingSequence = 0
         lastMicros = sample
         if samples == 0 {
             smoothedMicros = sample

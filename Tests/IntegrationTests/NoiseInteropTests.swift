@@ -67,4 +67,15 @@ struct NoiseInteropTests {
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output.contains("ok tamper"), "\(result.output)")
     }
+
+    /// Message sessions from the independent client, written from docs/PROTOCOL.md: a new session,
+    /// 100 messages up ACKed, 20 down, a drop without GOODBYE, a resume on a new connection where the
+    /// server resends exactly the 10 the client said it missed, 50 more up counted exactly once.
+    @Test func pythonClientResumesAMessageSession() async throws {
+        let (server, port, _) = try await startEcho("Noise Session Echo")
+        defer { server.stop() }
+        let result = try runClient(["--host", "10.77.0.2", "--port", String(port), "--session"])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("ok session"), "\(result.output)")
+    }
 }

@@ -58,7 +58,8 @@ DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 OUR_MAX_FRAME = 16 * 1024 * 1024
 
 REFUSE, AUTH_OK, MESSAGE, PING, PONG, GOODBYE = 0x03, 0x05, 0x10, 0x11, 0x12, 0x13
-KNOWN_KINDS = {0x01, 0x02, 0x03, 0x04, 0x05, 0x10, 0x11, 0x12, 0x13, 0x20, 0x21, 0x22}
+SESSION, ACK = 0x14, 0x15
+KNOWN_KINDS = {0x01, 0x02, 0x03, 0x04, 0x05, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x20, 0x21, 0x22}
 HAS_REF, EXPECTS_REPLY, IS_ERROR = 0x01, 0x02, 0x04
 ECHO_TYPE = "echo.test"
 
@@ -218,7 +219,7 @@ class Session:
         noise = NoiseConnection.from_name(PROTOCOL_XXPSK3 if psk else PROTOCOL_XX)
         noise.set_as_initiator()
         noise.set_prologue(PROLOGUE)
-        static = os.urandom(32)
+        static = args.static_key or os.urandom(32)  # --session: the same key on every connection
         noise.set_keypair_from_private_bytes(Keypair.STATIC, static)
         if psk:
             noise.set_psks(psk=psk)
@@ -264,6 +265,8 @@ class Session:
         # Message 3 (-> s, se [, psk]) with our hello; then Split().
         hello = {"max_frame": OUR_MAX_FRAME, "metadata": {"client": "noise-client.py"}, "name": args.name,
                  "version": 2}
+        if args.session:
+            hello["sessions"] = True  # we will open a message session (docs/PROTOCOL.md, "Sessions")
         message3 = bytes(noise.write_message(json_bytes(hello)))
         if not noise.handshake_finished:
             raise Failure("the Noise handshake is not finished after message 3 (library misuse)")
@@ -524,12 +527,98 @@ class Session:
         return replies
 
 
+def open_session(session, session_id, received):
+    """Sends SESSION and returns the server's answer (a dict)."""
+    _, data = session.frame(SESSION, codec=1, payload=json_bytes({"id": session_id, "received": received}))
+    session.send_frames(data)
+    session.phase = "waiting for the SESSION answer"
+    kind, _, _, _, _, _, payload = session.next_frame()
+    if kind != SESSION:
+        raise Failure("the server's answer to SESSION is kind 0x%02x" % kind)
+    answer = json.loads(payload.decode("utf-8"))
+    if answer.get("id") != session_id:
+        raise Failure("the SESSION answer names another session: %r" % answer)
+    log("session answer %s" % json.dumps(answer, sort_keys=True))
+    return answer
+
+
+def send_numbered(session, first, count):
+    """Sends one-way session messages `seq` {"n": first … first+count-1} in one write."""
+    frames = b"".join(session.frame(MESSAGE, codec=1, type_id="seq", payload=json_bytes({"n": n}))[1]
+                      for n in range(first, first + count))
+    session.send_frames(frames)
+
+
+def wait_for(session, predicate, what):
+    """Reads frames until `predicate(frame)` is true; returns the frames read, that one last."""
+    seen = []
+    while True:
+        session.phase = "waiting for %s" % what
+        frame = session.next_frame()
+        seen.append(frame)
+        if frame[0] == GOODBYE:
+            raise Failure("the server said GOODBYE while we waited for %s: %r" % (what, frame[6][:200]))
+        if predicate(frame):
+            return seen
+
+
+def run_session(args, psk, expect, deadline):
+    """Message sessions across two connections (docs/PROTOCOL.md, "Sessions"), against lanmsg-echo:
+    100 messages up and 20 down on the first; it drops without GOODBYE after reading the 20 but
+    claiming only 10; the second resumes: the server resends exactly the last 10, and 50 more go up."""
+    session_id = os.urandom(16).hex()
+    args.static_key = os.urandom(32)  # a session belongs to its key: the same one on both connections
+    first = Session(args, deadline)
+    first.connect_and_handshake(psk, expect)
+    first.await_verdict()
+    answer = open_session(first, session_id, 0)
+    if answer.get("resumed") is not False or answer.get("received") != 0:
+        raise Failure("a new session must be answered with resumed false and received 0: %r" % answer)
+    send_numbered(first, 0, 100)
+    ack_of = lambda frame: struct.unpack(">Q", frame[6])[0] if frame[0] == ACK and len(frame[6]) == 8 else -1
+    wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
+    _, down = first.frame(MESSAGE, codec=1, type_id="seq.down", payload=json_bytes({"n": 20}))
+    first.send_frames(down)  # the 101st session message: the server sends 20 numbered messages down
+    got = [json.loads(f[6])["n"] for f in wait_for(
+        first, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
+        "20 messages down") if f[0] == MESSAGE and f[3] == "seq"]
+    if got != list(range(20)):
+        raise Failure("the first connection brought %r, not 0..19" % got)
+    first.sock.close()  # lost, no GOODBYE: the server keeps the session
+    log("session: first connection dropped after 101 up (ACKed 100) and 20 down (none acknowledged)")
+
+    second = Session(args, deadline)
+    second.connect_and_handshake(psk, expect)
+    second.await_verdict()
+    answer = open_session(second, session_id, 10)  # we claim 10 of the 20: the server must resend 10
+    if answer.get("resumed") is not True or answer.get("received") != 101:
+        raise Failure("the resume must say resumed true and received 101 (100 seq + seq.down): %r" % answer)
+    resent = [json.loads(f[6])["n"] for f in wait_for(
+        second, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
+        "the 10 resent messages") if f[0] == MESSAGE and f[3] == "seq"]
+    if resent != list(range(10, 20)):
+        raise Failure("the server resent %r, not exactly 10..19" % resent)
+    send_numbered(second, 100, 50)
+    _, stats = second.frame(MESSAGE, codec=1, type_id="seq.stats", payload=b"{}", flags=EXPECTS_REPLY)
+    second.send_frames(stats)
+    reply = wait_for(second, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
+    figures = json.loads(reply[6])
+    if figures.get("received") != 150 or figures.get("duplicates") != 0 or figures.get("outOfOrder") != 0:
+        raise Failure("the server's count is %r, not 150 received exactly once in order" % figures)
+    second.goodbye_and_wait_close()
+    log("session: resumed; the server resent exactly 10..19 and counted %r" % figures)
+    log("ok session")
+
+
 def run(args):
     deadline = time.monotonic() + args.timeout
     psk = read_psk(args.psk_file) if args.psk_file else None
     expect = normalized_fingerprint(args.expect_fingerprint) if args.expect_fingerprint else None
     if args.messages is None:
         args.messages = 1 if args.tamper else 70000
+    if args.session:
+        run_session(args, psk, expect, deadline)
+        return
 
     session = Session(args, deadline)
     session.connect_and_handshake(psk, expect)
@@ -583,7 +672,10 @@ def main():
     parser.add_argument("--timeout", type=float, default=120.0, help="bound of the whole run in seconds")
     parser.add_argument("--read-timeout", type=float, default=15.0, help="longest wait for any single read")
     parser.add_argument("--tamper", action="store_true", help="send a tampered transport message, expect a close")
+    parser.add_argument("--session", action="store_true",
+                        help="message sessions: drop a connection, resume on a new one (against lanmsg-echo)")
     args = parser.parse_args()
+    args.static_key = None
     if args.window < 1 or (args.messages is not None and args.messages < 0):
         parser.error("--window must be >= 1 and --messages >= 0")
     try:
