@@ -270,7 +270,7 @@ extension MessageChannel {
         let waited = Duration.nanoseconds(Int64(clamping: now &- entry.sentAt))
         let head = "no reply to request '\(entry.typeID)' #\(entry.sequence) within \(waited)"
         if driver.isReadPaused {
-            return "\(head): this side stopped reading the connection because \(messages.buffer.count) received "
+            return "\(head): this side stopped reading the connection because \(messageBuffer.count) received "
                 + "messages were not consumed; the reply may be waiting unread — consume `messages` (or the "
                 + "client's/server's events) or handle the types with on(type:)"
         }

@@ -32,7 +32,14 @@ public final class MessageChannel: @unchecked Sendable {
     public var localAddress: SocketAddress? { driver.localAddress }
     /// Messages from the peer that are neither replies to ``request(_:type:expecting:timeout:)`` nor
     /// taken by an ``on(type:as:_:)`` handler — including unknown type ids and undecodable payloads.
-    public let messages: IncomingMessages
+    public var messages: IncomingMessages { IncomingMessages(buffer: messageBuffer) }
+    /// The messages' buffer, made on first use (by a consumer, or the first message no handler
+    /// takes): an idle channel whose app uses handlers, or nothing yet, holds no buffer.
+    private let lazyMessageBuffer = AtomicLazyReference<BoundedQueue<IncomingMessage>>()
+    var messageBuffer: BoundedQueue<IncomingMessage> {
+        if let buffer = lazyMessageBuffer.load() { return buffer }
+        return lazyMessageBuffer.storeIfNil(Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
+    }
     /// Streamed transfers from the peer.
     public var transfers: IncomingTransfers { IncomingTransfers(buffer: transferBuffer) }
     /// The transfers' buffer, made on first use: most channels never receive a transfer, and an
@@ -98,7 +105,6 @@ public final class MessageChannel: @unchecked Sendable {
         self.peer = established.peer
         self.storedPeerMaxFrameSize = UInt32(clamping: established.peerMaxFrameSize)
         self.configuration = configuration
-        messages = IncomingMessages(buffer: Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
     }
 
     /// A buffer of inbound elements that pauses reading `driver` while it holds `limit` or more.
@@ -178,14 +184,13 @@ public final class MessageChannel: @unchecked Sendable {
     public func on<T: Decodable>(
         type: String, as _: T.Type, _ handler: @escaping @Sendable (T, IncomingMessage) -> Void
     ) {
-        let messages = self.messages
         let logger = driver.logger
-        let dispatch: (IncomingMessage) -> Void = { message in
+        let dispatch: (IncomingMessage) -> Void = { [weak self] message in
             do throws(TransportError) {
                 handler(try message.decode(T.self), message)
             } catch {
                 logger.warning("undecodable '\(type)' message from peer: \(error.message)")
-                messages.buffer.push(message)
+                self?.messageBuffer.push(message)
             }
         }
         if driver.loop.isCurrent {
@@ -315,7 +320,7 @@ extension MessageChannel: ConnectionHandler {
             link.helloWaiter = nil
             link.openedWaiter = nil
         }
-        messages.buffer.finish()
+        messageBuffer.finish()
         transferBuffer.finish()
     }
 
@@ -351,7 +356,7 @@ extension MessageChannel: ConnectionHandler {
         if let handler = handlers[frame.typeID] {
             handler(message)
         } else {
-            messages.buffer.push(message)
+            messageBuffer.push(message)
         }
     }
 
