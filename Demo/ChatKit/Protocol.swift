@@ -181,29 +181,31 @@ public enum ParticipantRequest: Sendable, Equatable {
 
     /// Decodes a message from a participant; nil for a type id this version does not know.
     public static func decode(_ message: IncomingMessage) throws -> ParticipantRequest? {
-        switch message.typeID {
-        case ChatType.join: return .join(nick: try message.decode(JoinRequest.self).nick)
-        case ChatType.say: return .say(try message.decode(TextPayload.self).text)
-        case ChatType.me: return .me(try message.decode(TextPayload.self).text)
-        case ChatType.nick: return .nick(try message.decode(TextPayload.self).text)
-        case ChatType.topic: return .topic(try message.decode(TextPayload.self).text)
-        case ChatType.members: return .members
-        case ChatType.leave: return .leave(try message.decode(TextPayload.self).text)
-        default: return nil
+        try decode(typeID: message.typeID, text: { try message.decode(TextPayload.self).text }) {
+            try message.decode(JoinRequest.self).nick
         }
     }
 
     /// Decodes a request the session reported undelivered.
     public static func decode(_ message: UndeliveredMessage) throws -> ParticipantRequest? {
-        switch message.typeID {
-        case ChatType.join: return .join(nick: try message.decode(JoinRequest.self).nick)
-        case ChatType.say: return .say(try message.decode(TextPayload.self).text)
-        case ChatType.me: return .me(try message.decode(TextPayload.self).text)
-        case ChatType.nick: return .nick(try message.decode(TextPayload.self).text)
-        case ChatType.topic: return .topic(try message.decode(TextPayload.self).text)
-        case ChatType.members: return .members
-        case ChatType.leave: return .leave(try message.decode(TextPayload.self).text)
-        default: return nil
+        try decode(typeID: message.typeID, text: { try message.decode(TextPayload.self).text }) {
+            try message.decode(JoinRequest.self).nick
+        }
+    }
+
+    /// The request of `typeID`, its payload read by `text` (a ``TextPayload``) or `nick` (a join).
+    private static func decode(
+        typeID: String, text: () throws -> String, nick: () throws -> String
+    ) throws -> ParticipantRequest? {
+        switch typeID {
+        case ChatType.join: .join(nick: try nick())
+        case ChatType.say: .say(try text())
+        case ChatType.me: .me(try text())
+        case ChatType.nick: .nick(try text())
+        case ChatType.topic: .topic(try text())
+        case ChatType.members: .members
+        case ChatType.leave: .leave(try text())
+        default: nil
         }
     }
 }

@@ -453,53 +453,52 @@ extension MessageChannel: ConnectionHandler {
 
     /// Client: opens `session` on this connection (sends SESSION, waits for the answer, resends).
     func openSession(_ session: MessageSession, timeout: Duration) async throws -> MessageSession.Opened {
-        let opening = Task {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<MessageSession.Opened, any Error>) in
-                queue.async {
-                    guard self.driver.acceptsFrames else {
-                        continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
-                        return
-                    }
-                    let link = self.sessionLink ?? SessionLink()
-                    self.sessionLink = link
-                    link.session = session
-                    link.openedWaiter = continuation
-                    self.driver.enqueue(
-                        HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true
-                    ) { _ in }
-                }
-            }
+        try await awaitSessionFrame(
+            within: timeout, "the server did not answer the SESSION frame within \(timeout)"
+        ) { link, continuation in
+            link.session = session
+            link.openedWaiter = continuation
+            self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
         }
-        let answered = await raceTimeout(timeout) { _ = await opening.result }
-        if !answered {
-            abort()
-            throw TransportError(.helloFailed, "the server did not answer the SESSION frame within \(timeout)")
-        }
-        return try await opening.value
     }
 
     /// Server: waits for the client's SESSION frame (it offered a session in its hello).
     func sessionHello(timeout: Duration) async throws -> SessionHello {
+        try await awaitSessionFrame(
+            within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)"
+        ) { link, continuation in
+            if let hello = link.pendingHello {
+                link.pendingHello = nil
+                continuation.resume(returning: hello)
+            } else {
+                link.helloWaiter = continuation
+            }
+        }
+    }
+
+    /// Runs `register` on the loop with this channel's session box and a continuation that the
+    /// SESSION frame's handler (or the close) resumes; aborts the connection when nothing came
+    /// within `timeout`.
+    private func awaitSessionFrame<T: Sendable>(
+        within timeout: Duration, _ timeoutText: String,
+        _ register: @escaping @Sendable (SessionLink, CheckedContinuation<T, any Error>) -> Void
+    ) async throws -> T {
         let waiting = Task {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<SessionHello, any Error>) in
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
                 queue.async {
                     let link = self.sessionLink ?? SessionLink()
                     self.sessionLink = link
-                    if let hello = link.pendingHello {
-                        link.pendingHello = nil
-                        continuation.resume(returning: hello)
-                    } else if !self.driver.acceptsFrames {
+                    if link.pendingHello == nil, !self.driver.acceptsFrames {
                         continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
-                    } else {
-                        link.helloWaiter = continuation
+                        return
                     }
+                    register(link, continuation)
                 }
             }
         }
-        let arrived = await raceTimeout(timeout) { _ = await waiting.result }
-        if !arrived {
+        guard await raceTimeout(timeout, { _ = await waiting.result }) else {
             abort()
-            throw TransportError(.helloFailed, "the client offered a session but sent no SESSION frame within \(timeout)")
+            throw TransportError(.helloFailed, timeoutText)
         }
         return try await waiting.value
     }

@@ -20,8 +20,14 @@ public struct UndeliveredMessage: Sendable, CustomStringConvertible {
     public let wasTransmitted: Bool
 
     /// Decodes a JSON payload (codec 1, the default).
+    /// - Throws: ``TransportError/Code/decodingFailed`` for another codec (read ``payload``), or what
+    ///   the JSON decoder throws.
     public func decode<T: Decodable>(_: T.Type = T.self) throws -> T {
-        try payload.withUnsafeBytes { try FastJSONCodec().decode(T.self, from: $0) }
+        guard codecID == WireProtocol.jsonCodecID else {
+            throw TransportError(
+                .decodingFailed, "undelivered message '\(typeID)' #\(number) carries codec \(codecID), not JSON; read `payload`")
+        }
+        return try payload.withUnsafeBytes { try FastJSONCodec().decode(T.self, from: $0) }
     }
 
     public var description: String { "#\(number) '\(typeID)' (\(payload.count) bytes)" }
@@ -115,11 +121,7 @@ final class MessageSession: Sendable {
     /// A fresh random id.
     static func makeID() -> String {
         var generator = SystemRandomNumberGenerator()
-        return (0..<16).map { _ in
-            let byte = UInt8.random(in: 0...255, using: &generator)
-            let digits = Array("0123456789abcdef".utf8)
-            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 15)]], as: UTF8.self)
-        }.joined()
+        return Hex.encode((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
     }
 
     var currentChannel: MessageChannel? { state.withLock { $0.channel } }

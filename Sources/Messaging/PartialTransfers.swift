@@ -60,7 +60,7 @@ public final class PartialTransfers: Sendable {
         /// The partial file's name: a hash of the key (names from the network never reach the path).
         var fileName: String {
             let digest = SHA256.hash(data: Array("\(sender)\n\(sha256)\n\(size)".utf8))
-            return digest.prefix(16).map { String(format: "%02x", $0) }.joined() + ".partial"
+            return Hex.encode(Array(digest.prefix(16))) + ".partial"
         }
 
         public var description: String { "\(sha256.prefix(12))… (\(size) bytes) from \(sender.prefix(16))" }
@@ -226,7 +226,7 @@ public final class PartialTransfers: Sendable {
     }
 
     /// SHA-256 of a file, lowercase hex.
-    public static func sha256(_ path: String) throws -> String {
+    static func sha256(_ path: String) throws -> String {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw TransportError(.syscallFailed, "open \(path): \(String(cString: strerror(errno)))") }
         defer { Glibc.close(fd) }
@@ -241,6 +241,6 @@ public final class PartialTransfers: Sendable {
             if count == 0 { break }
             buffer.withUnsafeBytes { hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
         }
-        return hasher.finalize().map { String(format: "%02x", $0) }.joined()
+        return Hex.encode(Array(hasher.finalize()))
     }
 }

@@ -348,7 +348,6 @@ struct PreviewIntegrationTests {
         #expect(entries(directory) == ["slow.bin"])
         #expect(partials(directory).isEmpty)
         #expect(try sameBytes(file, directory + "/slow.bin"))
-        // With --keep-partial 0 an interrupted push leaves nothing at all.
     }
 
     @Test func aTooLargeFileIsRefusedBeforeDataFlowsAndStaleTemporariesAreCleaned() async throws {
@@ -418,6 +417,8 @@ struct PreviewIntegrationTests {
         Harness.measured("preview-server SIGTERM → exit (grace period 1 s, push aborted)", ContinuousClock.now - start)
         #expect(status == 0, "\(server.text)")
         #expect(entries(directory).isEmpty, "left behind: \(entries(directory))")
+        // With --keep-partial 0 an interrupted push keeps nothing, not even hidden.
+        #expect(partials(directory).isEmpty && !FileManager.default.fileExists(atPath: directory + "/.lanmsg-partial"))
         let clientStatus = client.wait(timeout: .seconds(20))
         #expect(clientStatus != nil && clientStatus != 0)
         #expect(client.text.contains("failed"), "\(client.text)")

@@ -164,8 +164,10 @@ import Locks
             try await client.send(Numbered(n: 5), type: "n")
             admitted.withLock { $0 = true }
         }
-        try await Task.sleep(for: .milliseconds(50))  // give it the chance to be admitted wrongly
-        #expect(client.unacknowledgedCount == 4)  // it waits: the session is full
+        // It waits: the session is full, so it registers as a waiter and is not kept.
+        let session = try #require(client.session)
+        try await waitUntil("the fifth waits for room") { session.state.withLock { !$0.waiters.isEmpty } }
+        #expect(client.unacknowledgedCount == 4 && !admitted.withLock { $0 })
         client.channel?.abort()
         // The resume said the server had all 4: room for the fifth.
         try await waitUntil("the fifth admitted", timeout: .seconds(10)) { admitted.withLock { $0 } }

@@ -98,6 +98,28 @@ import Testing
         #expect(!Frame(kind: .message, typeID: "x", reference: 3).isSessionMessage)
     }
 
+    /// The SESSION and ACK frames of docs/PROTOCOL.md ("Session test vectors", computed from the
+    /// spec in Python), byte for byte.
+    @Test func documentedSessionVectors() throws {
+        func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+        let id = "00112233445566778899aabbccddeeff"
+        var client = HandshakeStateMachine.jsonFrame(.session, SessionHello(id: id, received: 4))
+        client.sequence = 2
+        var server = HandshakeStateMachine.jsonFrame(.session, SessionHello(id: id, received: 7, resumed: true))
+        server.sequence = 2
+        var ack = Frame.ack(5)
+        ack.sequence = 9
+        #expect(
+            hex(try client.encoded())
+                == "000000421401000000000000000000027b226964223a22303031313232333334343535363637373838393961"
+                + "6162626363646465656666222c227265636569766564223a347d")
+        #expect(
+            hex(try server.encoded())
+                == "000000511401000000000000000000027b226964223a22303031313232333334343535363637373838393961"
+                + "6162626363646465656666222c227265636569766564223a372c22726573756d6564223a747275657d")
+        #expect(hex(try ack.encoded()) == "000000141500000000000000000000090000000000000005")
+    }
+
     @Test func sessionHelloIsCheckedAndKeepsItsShape() throws {
         #expect(SessionHello(id: String(repeating: "a1", count: 16), received: 0).isWellFormed)
         #expect(!SessionHello(id: "A1", received: 0).isWellFormed)
