@@ -114,10 +114,15 @@ func runServer() async throws {
                     }
                 }
             }
-            // (also the samples that arrive before on(type:) has installed the handler)
+            // (also the samples that arrive before on(type:) has installed the handler: the client
+            // sends them with `send`, not `request`, so they are answered as the handler does —
+            // `reply(to:)` refuses a one-way message, and the run used to hang when the first
+            // sample beat the handler's installation)
             for await message in channel.messages {
                 guard let sample = try? message.decode(Sample.self) else { fail("W2: undecodable") }
-                try? await channel.reply(to: message, with: sample, type: "s")
+                guard (try? channel.trySend(sample, type: "s", replyTo: message.sequence)) == true else {
+                    fail("W2: the send queue of a ping-pong cannot be full")
+                }
             }
             done.continuation.finish()
         }
