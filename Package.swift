@@ -19,12 +19,19 @@ let package = Package(
         .executable(name: "bonjour-chat", targets: ["bonjour-chat"]),
         .executable(name: "preview-server", targets: ["preview-server"]),
         .executable(name: "preview-push", targets: ["preview-push"]),
+        .executable(name: "lanmsg", targets: ["lanmsg"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.0"),
+        // The library reports through swift-metrics' API only; the app picks the back end.
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
+        // preview-server's opt-in Prometheus endpoint (a demo program, not the library).
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
+        // `swift package generate-documentation` (Tests/docs/build-docs.sh).
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.4.0"),
     ],
     targets: [
         // Layer 0: the C headers of libavahi-client (Debian: libavahi-client-dev), nothing else. Only
@@ -39,7 +46,10 @@ let package = Package(
         // Layer 1a: DNS-SD through Avahi on Dispatch, or through MDNSCore on our own sockets.
         .target(
             name: "Discovery",
-            dependencies: ["CAvahiClient", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "CAvahiClient", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ],
             swiftSettings: strict
         ),
         // Layer 1b: the protocol core. No I/O: no sockets, no Dispatch, no files. Frames, the
@@ -58,6 +68,7 @@ let package = Package(
             dependencies: [
                 "ProtocolCore", "Locks",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
             swiftSettings: strict
         ),
@@ -71,6 +82,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
             swiftSettings: strict
         ),
@@ -130,6 +142,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             path: "Demo/preview-server",
             swiftSettings: strict
@@ -142,6 +156,17 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Demo/preview-push",
+            swiftSettings: strict
+        ),
+        // lanmsg: `lanmsg doctor` checks why discovery or a connection does not work, and says what to do.
+        .executableTarget(
+            name: "lanmsg",
+            dependencies: [
+                "Messaging", "Discovery",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Demo/lanmsg",
             swiftSettings: strict
         ),
         // libFuzzer harness over the protocol core (Tests/fuzz/run-fuzz-wire.sh builds it with
@@ -166,7 +191,12 @@ let package = Package(
             name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore"], swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(
-            name: "MessagingTests", dependencies: ["Messaging", "Transport", "ProtocolCore"], swiftSettings: strict),
+            name: "MessagingTests",
+            dependencies: [
+                "Messaging", "Transport", "ProtocolCore", "Discovery",
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+            ],
+            swiftSettings: strict),
         .testTarget(
             name: "IntegrationTests",
             dependencies: [

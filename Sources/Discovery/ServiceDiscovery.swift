@@ -30,6 +30,8 @@ public final class ServiceDiscovery: Sendable {
     let logger: Logger
     /// The settings in force (from the caller, or from the environment when none was given).
     public let configuration: DiscoveryConfiguration
+    /// Events and daemon state through swift-metrics (nil: no back end bootstrapped).
+    let metrics = DiscoveryMetrics.make()
 
     /// Creates the discovery object and starts its backend.
     /// - Parameters:
@@ -77,6 +79,11 @@ public final class ServiceDiscovery: Sendable {
             embedded.start()
         case .automatic:
             AutomaticChoice.start(logger: logger, programName: name, configuration: settings, selector: selector)
+        }
+        if let metrics {
+            // The daemon state as a gauge; the stream ends when the backend stops.
+            let states = daemonStates()
+            Task { for await state in states { metrics.daemon(state) } }
         }
     }
 
@@ -162,7 +169,14 @@ public final class ServiceDiscovery: Sendable {
         let version = try configuration.effectiveVersion(ipVersion)
         let request = PublishRequest(
             name: name, type: type, domain: domain, port: port, txt: txt, interface: interfaceIndex, ipVersion: version)
-        return try await selector.backend().publish(request).get()
+        do {
+            let published = try await selector.backend().publish(request).get()
+            metrics?.count(.published)
+            return published
+        } catch {
+            metrics?.count(.publishFailed)
+            throw error
+        }
     }
 
     /// Browses for services of one type.
@@ -187,7 +201,7 @@ public final class ServiceDiscovery: Sendable {
         let stop = DeferredStop()
         continuation.onTermination = { _ in stop.cancel() }
         selector.whenDecided { backend in stop.set(backend.startBrowse(request, continuation: continuation)) }
-        return ServiceBrowser(stream: stream)
+        return ServiceBrowser(stream: stream, metrics: metrics)
     }
 
     /// Browses for a while and returns the services seen, sorted by name: the snapshot a "list"
@@ -254,7 +268,14 @@ public final class ServiceDiscovery: Sendable {
         let request = ResolveRequest(
             identity: identity, sightings: sightings, interface: interface,
             ipVersion: try configuration.effectiveVersion(ipVersion))
-        return try await selector.backend().resolve(request, timeout: timeout).get()
+        do {
+            let resolved = try await selector.backend().resolve(request, timeout: timeout).get()
+            metrics?.count(.resolved)
+            return resolved
+        } catch {
+            metrics?.count(.resolveFailed)
+            throw error
+        }
     }
 
     /// Keeps resolving a service and reports every change: TXT updates (which browsers do not
@@ -331,7 +352,21 @@ public final class ServiceDiscovery: Sendable {
 public struct ServiceBrowser: AsyncSequence, Sendable {
     public typealias Element = BrowseEvent
     let stream: AsyncStream<BrowseEvent>
-    public func makeAsyncIterator() -> AsyncStream<BrowseEvent>.Iterator { stream.makeAsyncIterator() }
+    let metrics: DiscoveryMetrics?
+
+    /// The browse's iterator (events are counted in discovery's metrics as they are taken).
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: AsyncStream<BrowseEvent>.Iterator
+        let metrics: DiscoveryMetrics?
+
+        public mutating func next() async -> BrowseEvent? {
+            let event = await base.next()
+            if let event, let metrics { metrics.browsed(event) }
+            return event
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: stream.makeAsyncIterator(), metrics: metrics) }
 }
 
 /// The successive resolutions of a watched service; see ``ServiceDiscovery/watch(_:interface:ipVersion:)``.

@@ -24,9 +24,22 @@ public struct ChannelConfiguration: Sendable {
         var security: ChannelSecurity = .standard
         var expectedPeerName: String? = nil
         var offersSessions = false
+        var metrics: MessagingMetrics? = nil
     }
 
     private var storage: SharedValues<Values>
+
+    /// Where channels made with this configuration are counted (nil: nowhere); set by the server
+    /// or client that makes them, for its traffic counters too.
+    package var metrics: MessagingMetrics? {
+        get { storage.box.values.metrics }
+        set {
+            storage.update {
+                $0.metrics = newValue
+                $0.connection.metrics = newValue?.transport
+            }
+        }
+    }
 
     /// This side's name, sent in HELLO.
     public var name: String {

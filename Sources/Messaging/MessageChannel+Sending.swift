@@ -259,6 +259,7 @@ extension MessageChannel {
         guard let requests else { return }
         let now = uptimeNanoseconds()
         for entry in requests.tracker.expire(now: now) {
+            configuration.metrics?.requestTimeouts.increment()
             entry.token.resume(throwing: TransportError(.requestTimedOut, timeoutMessage(entry, now: now)))
         }
         driver.setDeadline(.request, at: requests.tracker.nextDeadline)

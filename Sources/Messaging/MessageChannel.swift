@@ -136,10 +136,7 @@ public final class MessageChannel: @unchecked Sendable {
         logger.debug("connected to \(address); sending hello")
         let driver = ConnectionDriver(
             fd: fd, loop: configuration.loopGroup.next(), configuration: configuration.connection, logger: logger)
-        if configuration.security.isEncrypted {
-            return try await SecureExchange(driver: driver, role: .client, configuration: configuration).run()
-        }
-        return try await HelloExchange(driver: driver, role: .client, configuration: configuration).run()
+        return try await handshake(driver, client: true, configuration: configuration)
     }
 
     /// Takes an accepted socket and performs the server side of the hello exchange.
@@ -156,14 +153,29 @@ public final class MessageChannel: @unchecked Sendable {
         }
         let driver = ConnectionDriver(
             fd: fd, loop: configuration.loopGroup.next(), configuration: configuration.connection, logger: logger)
-        if configuration.security.isEncrypted {
-            return try await SecureExchange(driver: driver, role: .server, configuration: configuration).run()
+        return try await handshake(driver, client: false, configuration: configuration)
+    }
+
+    /// The hello exchange (version 1) or the secure handshake (version 2), counted when it fails.
+    private static func handshake(
+        _ driver: ConnectionDriver, client: Bool, configuration: ChannelConfiguration
+    ) async throws -> MessageChannel {
+        do {
+            if configuration.security.isEncrypted {
+                return try await SecureExchange(driver: driver, role: client ? .client : .server, configuration: configuration)
+                    .run()
+            }
+            return try await HelloExchange(driver: driver, role: client ? .client : .server, configuration: configuration)
+                .run()
+        } catch {
+            configuration.metrics?.handshakeFailed(error)
+            throw error
         }
-        return try await HelloExchange(driver: driver, role: .server, configuration: configuration).run()
     }
 
     /// Takes over the connection from the hello exchange. On the loop.
     func activate() {
+        configuration.metrics?.open.increment()
         driver.setHandler(self)
         if let interval = configuration.pingInterval {
             driver.setDeadline(.heartbeat, at: uptimeNanoseconds() &+ interval.nanoseconds)
@@ -300,6 +312,7 @@ extension MessageChannel: ConnectionHandler {
     }
 
     package func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+        configuration.metrics?.closed(reason)
         let error = TransportError.closed(reason)
         if let requests {
             for entry in requests.tracker.removeAll() { entry.token.resume(throwing: error) }
@@ -344,6 +357,7 @@ extension MessageChannel: ConnectionHandler {
         let message = IncomingMessage(frame: frame, codecs: configuration.codecs)
         if let replyTo = frame.reference, let requests {
             if let entry = requests.tracker.reply(to: replyTo) {
+                configuration.metrics?.requestAnswered(type: entry.typeID, nanoseconds: uptimeNanoseconds() &- entry.sentAt)
                 entry.token.resume(returning: message)
                 return
             }

@@ -46,6 +46,8 @@ public final class MessageClient: Sendable {
     public let events: ClientEvents
     /// The message session (with a reconnect policy and ``ClientConfiguration/session``).
     let session: MessageSession?
+    /// Its connections' metrics (nil when no metrics back end is bootstrapped).
+    let metrics = MessagingMetrics.make(role: "client")
 
     private init(target: ServiceTarget, configuration: ClientConfiguration, logger: Logger) {
         self.target = target
@@ -365,6 +367,7 @@ public final class MessageClient: Sendable {
         let addresses = try await addresses(waiting: waiting)
         do {
             var channelConfiguration = configuration.channel
+            channelConfiguration.metrics = metrics
             if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
             channelConfiguration.offersSessions = session != nil && sessionInUse
             let channel = try await MessageChannel.connect(

@@ -51,6 +51,8 @@ public final class MessageServer: Service, Sendable {
     private let queue: BoundedQueue<ServerEvent>
     /// What happens on the server, in order; see ``ServerEvent``.
     public let events: ServerEvents
+    /// Its connections' metrics (nil when no metrics back end is bootstrapped).
+    let metrics = MessagingMetrics.make(role: "server")
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
@@ -207,6 +209,7 @@ public final class MessageServer: Service, Sendable {
                 "refusing connection",
                 metadata: ["remote": "\(socket.remoteAddress.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
             socket.close()
+            metrics?.refused(.connectionLimit)
             queue.push(.refused(remote: socket.remoteAddress, reason: reason))
             return
         }
@@ -214,12 +217,14 @@ public final class MessageServer: Service, Sendable {
         Task {
             do {
                 var channelConfiguration = configuration.channel
+                channelConfiguration.metrics = metrics
                 channelConfiguration.offersSessions = configuration.session != nil
                 let channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
                 await self.register(channel)
             } catch {
                 state.withLock { $0.pendingHellos -= 1 }
                 logger.notice("hello failed", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "error": "\(error)"])
+                metrics?.refused(.handshake)
                 queue.push(.refused(remote: remote, reason: "\(error)"))
             }
         }
@@ -234,6 +239,7 @@ public final class MessageServer: Service, Sendable {
             } catch {
                 state.withLock { $0.pendingHellos -= 1 }
                 logger.notice("session exchange failed", metadata: ["error": "\(error)"])
+                metrics?.refused(.session)
                 queue.push(.refused(remote: channel.remoteAddress, reason: "\(error)"))
                 return
             }
@@ -270,6 +276,7 @@ public final class MessageServer: Service, Sendable {
             channel.close(reason: "server stopping")
         case .refuse(let reason):
             logger.warning("refusing a session resume", metadata: ["reason": "\(reason)"])
+            metrics?.refused(.session)
             channel.close(reason: reason)
             queue.push(.refused(remote: channel.remoteAddress, reason: reason))
         case .new(let connection):
@@ -283,6 +290,7 @@ public final class MessageServer: Service, Sendable {
                 channel.onLoopPing()
             }
             logger.debug("accepted", metadata: ["connection": "\(connection)"])
+            metrics?.accepted.increment()
             queue.push(.accepted(connection))
             startPump(connection, channel)
         case .resume(let connection, let old):
@@ -298,6 +306,7 @@ public final class MessageServer: Service, Sendable {
             }
             channel.onLoopPing()
             logger.info("session resumed", metadata: ["connection": "\(connection)", "resent": "\(resent)"])
+            metrics?.accepted.increment()
             queue.push(.resumed(connection, resent: resent))
             startPump(connection, channel)
         }

@@ -36,6 +36,7 @@ public struct ConnectionConfiguration: Sendable {
         var idleTimeout: Duration? = nil
         var closeLinger: Duration = .seconds(2)
         var readBufferSize: Int = 64 * 1024
+        var metrics: TransportMetrics? = nil
     }
 
     private var storage: SharedValues<Values>
@@ -75,6 +76,12 @@ public struct ConnectionConfiguration: Sendable {
     public var readBufferSize: Int {
         get { storage.box.values.readBufferSize }
         set { storage.update { $0.readBufferSize = newValue } }
+    }
+
+    /// Where the connections' traffic is counted (nil: nowhere). Set by the messaging layer.
+    package var metrics: TransportMetrics? {
+        get { storage.box.values.metrics }
+        set { storage.update { $0.metrics = newValue } }
     }
 
     /// Creates the default configuration.

@@ -46,6 +46,7 @@ extension ConnectionDriver {
             }
         }
         if flush { scheduleFlush() }
+        if let metrics = configuration.metrics, case .sent = outcome { metrics.sent(frame) }
         return outcome
     }
 
@@ -84,8 +85,14 @@ extension ConnectionDriver {
         case .refused(let error): throw error
         case .full: break
         }
+        let metrics = configuration.metrics
+        metrics?.sendWaits.increment()  // counted when it begins: a wait that never ends shows too
+        let waitStart = metrics == nil ? 0 : uptimeNanoseconds()
         let result: Result<UInt64, TransportError> = await withCheckedContinuation { continuation in
             enqueue(frame, size: size, bypassLimit: bypassLimit) { continuation.resume(returning: $0) }
+        }
+        if let metrics {
+            metrics.sendWaitTime.recordNanoseconds(Int64(clamping: uptimeNanoseconds() &- waitStart))
         }
         return try result.get()
     }
@@ -117,6 +124,12 @@ extension ConnectionDriver {
             }
         }
         if flush { scheduleFlush() }
+        if let metrics = configuration.metrics {
+            switch outcome {
+            case .success?, nil: metrics.sent(frame)  // queued, or waiting to be (it will go)
+            case .failure?: break
+            }
+        }
         if let outcome { completion(outcome) }
     }
 
@@ -158,7 +171,9 @@ extension ConnectionDriver {
         }
         if flush { scheduleFlush() }
         switch outcome {
-        case .sent: return
+        case .sent:
+            if let metrics = configuration.metrics { for frame in frames { metrics.sent(frame) } }
+            return
         case .refused(let error): throw error
         case .full: for frame in frames { _ = try await send(frame) }
         }
@@ -183,6 +198,7 @@ extension ConnectionDriver {
             } while result < 0 && errno == EINTR
             return max(result, 0)
         }
+        if written > 0 { configuration.metrics?.bytesOut.increment(by: written) }
         var admitted: [PendingWrites.Admitted] = []
         if written > 0, state.writes.didWrite(written, admitted: &admitted) == .drained {
             assert(admitted.isEmpty)  // nobody waits while nothing was unwritten
@@ -235,6 +251,7 @@ extension ConnectionDriver {
             guard case .processed(let written) = result else {
                 return resumeWriteSource()  // the flush stays pending until the socket is writable
             }
+            configuration.metrics?.bytesOut.increment(by: written)
             let drainedNow = send.withLock { state -> Bool in
                 guard state.writes.didWrite(written, admitted: &admitted) == .drained, admitted.isEmpty else {
                     return false
@@ -270,6 +287,7 @@ extension ConnectionDriver {
                 return tearDown(Self.reason(for: error))
             }
             guard case .processed(let written) = result else { return resumeWriteSource() }
+            configuration.metrics?.bytesOut.increment(by: written)
             secure.sealedOffset += written
         }
     }

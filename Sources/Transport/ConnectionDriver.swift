@@ -395,7 +395,8 @@ package final class ConnectionDriver: @unchecked Sendable {
             case .processed(0):
                 perform(lifecycle.endOfFile(partialFrameBytes: decoder.bufferedByteCount))
                 return
-            case .processed:
+            case .processed(let count):
+                configuration.metrics?.bytesIn.increment(by: count)
                 if receiveLowWater > 1 && decoder.missingPayloadBytes == 0 { setReceiveLowWater(1) }
                 deliverFrames()
             }
@@ -413,6 +414,7 @@ package final class ConnectionDriver: @unchecked Sendable {
                 return
             }
             guard let frame else { return }
+            configuration.metrics?.received(frame)
             lastFrameTime = uptimeNanoseconds()
             handler?.connection(self, received: frame)
         }
