@@ -1,0 +1,283 @@
+import Glibc
+
+// Low-level probes of the host for `lanmsg doctor`: interfaces, the D-Bus socket, who holds UDP
+// port 5353, and whether an mDNS packet sent on an interface comes back. Each returns what it saw;
+// Doctor.swift turns that into findings with advice.
+
+/// A network interface as the kernel reports it (getifaddrs).
+struct InterfaceInfo {
+    var name: String
+    var index: UInt32
+    var flags: UInt32 = 0
+    var ipv4: [in_addr] = []
+    var ipv4Text: [String] = []
+    var ipv6LinkLocal: [String] = []
+    var ipv6Other: [String] = []
+
+    var isUp: Bool { flags & UInt32(IFF_UP) != 0 }
+    var isRunning: Bool { flags & UInt32(IFF_RUNNING) != 0 }
+    var isLoopback: Bool { flags & UInt32(IFF_LOOPBACK) != 0 }
+    var hasMulticast: Bool { flags & UInt32(IFF_MULTICAST) != 0 }
+}
+
+/// Every interface with its flags and addresses, in index order.
+func readInterfaces() -> [InterfaceInfo] {
+    var list: UnsafeMutablePointer<ifaddrs>?
+    guard getifaddrs(&list) == 0, let first = list else { return [] }
+    defer { freeifaddrs(list) }
+    var byName: [String: InterfaceInfo] = [:]
+    var cursor: UnsafeMutablePointer<ifaddrs>? = first
+    while let entry = cursor {
+        defer { cursor = entry.pointee.ifa_next }
+        let name = String(cString: entry.pointee.ifa_name)
+        var info = byName[name] ?? InterfaceInfo(name: name, index: if_nametoindex(entry.pointee.ifa_name))
+        info.flags = entry.pointee.ifa_flags
+        if let address = entry.pointee.ifa_addr {
+            switch Int32(address.pointee.sa_family) {
+            case AF_INET:
+                let v4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
+                info.ipv4.append(v4)
+                info.ipv4Text.append(ntop(AF_INET, v4))
+            case AF_INET6:
+                let v6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
+                let text = ntop(AF_INET6, v6)
+                let bytes = withUnsafeBytes(of: v6) { Array($0) }
+                if bytes[0] == 0xfe && bytes[1] & 0xc0 == 0x80 {
+                    info.ipv6LinkLocal.append("\(text)%\(name)")
+                } else {
+                    info.ipv6Other.append(text)
+                }
+            default:
+                break
+            }
+        }
+        byName[name] = info
+    }
+    return byName.values.sorted { $0.index < $1.index }
+}
+
+private func ntop(_ family: Int32, _ address: in_addr) -> String {
+    var address = address
+    var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+    guard inet_ntop(family, &address, &buffer, socklen_t(buffer.count)) != nil else { return "?" }
+    return cString(buffer)
+}
+
+private func ntop(_ family: Int32, _ address: in6_addr) -> String {
+    var address = address
+    var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+    guard inet_ntop(family, &address, &buffer, socklen_t(buffer.count)) != nil else { return "?" }
+    return cString(buffer)
+}
+
+/// The text before the first NUL of a C buffer.
+func cString(_ buffer: [CChar]) -> String {
+    String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// The system bus socket's path: DBUS_SYSTEM_BUS_ADDRESS's `unix:path=`, else the default.
+func systemBusPath() -> String {
+    if let address = getenv("DBUS_SYSTEM_BUS_ADDRESS").map({ String(cString: $0) }) {
+        for part in address.split(separator: ";") {
+            for field in part.split(separator: ",") {
+                let text = field.hasPrefix("unix:") ? field.dropFirst(5) : field
+                if text.hasPrefix("path=") { return String(text.dropFirst(5)) }
+            }
+        }
+    }
+    return "/run/dbus/system_bus_socket"
+}
+
+/// Connects to a Unix stream socket; nil on success, else errno.
+func connectUnix(_ path: String) -> Int32? {
+    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return ENAMETOOLONG }
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in
+        for (index, byte) in bytes.enumerated() { raw[index] = byte }
+    }
+    let result = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    return result == 0 ? nil : errno
+}
+
+/// A process holding a UDP socket on the port.
+struct PortHolder: Hashable {
+    var pid: Int32
+    var command: String
+}
+
+/// The UDP sockets bound to `port` (IPv4 and IPv6, from /proc/net) and the processes holding them
+/// (those whose /proc/PID/fd this process can read: all of them as root).
+func udpPortHolders(_ port: UInt16) -> (sockets: Int, holders: [PortHolder]) {
+    var inodes = Set<String>()
+    let hexPort = String(port, radix: 16, uppercase: true)
+    let suffix = ":" + String(repeating: "0", count: max(0, 4 - hexPort.count)) + hexPort
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        guard let text = readText(table) else { continue }
+        for line in text.split(separator: "\n").dropFirst() {
+            let columns = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard columns.count > 9, columns[1].hasSuffix(suffix) else { continue }
+            inodes.insert(String(columns[9]))
+        }
+    }
+    var holders = Set<PortHolder>()
+    if !inodes.isEmpty, let processes = opendir("/proc") {
+        defer { closedir(processes) }
+        while let entry = readdir(processes) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let pid = Int32(name) else { continue }
+            guard let fds = opendir("/proc/\(pid)/fd") else { continue }
+            defer { closedir(fds) }
+            while let fd = readdir(fds) {
+                let fdName = withUnsafeBytes(of: fd.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                var target = [CChar](repeating: 0, count: 64)
+                let count = readlink("/proc/\(pid)/fd/\(fdName)", &target, target.count - 1)
+                guard count > 0 else { continue }
+                let link = String(decoding: target[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                guard link.hasPrefix("socket:["), inodes.contains(String(link.dropFirst(8).dropLast())) else { continue }
+                let command = readText("/proc/\(pid)/comm")?.split(separator: "\n").first.map(String.init) ?? "?"
+                holders.insert(PortHolder(pid: pid, command: command))
+            }
+        }
+    }
+    return (inodes.count, holders.sorted { $0.pid < $1.pid })
+}
+
+func readText(_ path: String) -> String? {
+    guard let file = fopen(path, "r") else { return nil }
+    defer { fclose(file) }
+    var bytes: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let count = fread(&buffer, 1, buffer.count, file)
+        if count <= 0 { break }
+        bytes += buffer[0..<count]
+    }
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+/// What the multicast round trip on one interface saw.
+enum LoopResult {
+    /// Our query came back after this many microseconds.
+    case cameBack(micros: Int)
+    /// It was sent but did not come back within the timeout.
+    case silent
+    /// A step failed: which, and errno.
+    case failed(step: String, errno: Int32)
+}
+
+/// Sends an mDNS query (for a name only this probe uses) to the mDNS group on one interface, from a
+/// socket bound to port 5353 and joined to the group there (what an mDNS stack does), with
+/// multicast loopback on, and waits for the same packet to arrive on that socket. A packet that
+/// does not come back was dropped on this host: by a firewall (the looped copy passes the INPUT
+/// hook), or because the interface cannot send multicast.
+func multicastRoundTrip(_ interface: InterfaceInfo, ipv6: Bool, timeoutMilliseconds: Int32) -> LoopResult {
+    let family = ipv6 ? AF_INET6 : AF_INET
+    let fd = socket(family, Int32(SOCK_DGRAM.rawValue), 0)
+    guard fd >= 0 else { return .failed(step: "socket", errno: errno) }
+    defer { close(fd) }
+    var one: Int32 = 1
+    let intSize = socklen_t(MemoryLayout<Int32>.size)
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, intSize)
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, intSize)
+    var index = Int32(interface.index)
+    if ipv6 {
+        setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, intSize)
+        var any = sockaddr_in6()
+        any.sin6_family = sa_family_t(AF_INET6)
+        any.sin6_port = UInt16(5353).bigEndian
+        let bound = withUnsafePointer(to: &any) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+        }
+        guard bound == 0 else { return .failed(step: "bind [::]:5353", errno: errno) }
+        var request = ipv6_mreq()
+        inet_pton(AF_INET6, "ff02::fb", &request.ipv6mr_multiaddr)
+        request.ipv6mr_interface = UInt32(index)
+        guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_ADD_MEMBERSHIP, &request, socklen_t(MemoryLayout<ipv6_mreq>.size)) == 0
+        else { return .failed(step: "join ff02::fb", errno: errno) }
+        guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MULTICAST_IF, &index, intSize) == 0
+        else { return .failed(step: "IPV6_MULTICAST_IF", errno: errno) }
+        setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MULTICAST_LOOP, &one, intSize)
+        var hops: Int32 = 255
+        setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MULTICAST_HOPS, &hops, intSize)
+    } else {
+        var any = sockaddr_in()
+        any.sin_family = sa_family_t(AF_INET)
+        any.sin_port = UInt16(5353).bigEndian
+        let bound = withUnsafePointer(to: &any) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0 else { return .failed(step: "bind 0.0.0.0:5353", errno: errno) }
+        var request = ip_mreqn()
+        inet_pton(AF_INET, "224.0.0.251", &request.imr_multiaddr)
+        request.imr_ifindex = index
+        guard setsockopt(fd, Int32(IPPROTO_IP), IP_ADD_MEMBERSHIP, &request, socklen_t(MemoryLayout<ip_mreqn>.size)) == 0
+        else { return .failed(step: "join 224.0.0.251", errno: errno) }
+        guard setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_IF, &request, socklen_t(MemoryLayout<ip_mreqn>.size)) == 0
+        else { return .failed(step: "IP_MULTICAST_IF", errno: errno) }
+        setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_LOOP, &one, intSize)
+        var ttl: Int32 = 255
+        setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_TTL, &ttl, intSize)
+    }
+    // A standard query (RFC 6762) for "lanmsg-doctor-<random>.local" TXT, with a random id: what
+    // comes back must be this very packet.
+    let token = UInt32.random(in: 0..<UInt32.max)
+    let label = Array("lanmsg-doctor-\(String(token, radix: 16))".utf8)
+    var packet: [UInt8] = [UInt8(token >> 8 & 0xff), UInt8(token & 0xff), 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    packet += [UInt8(label.count)] + label + [5] + Array("local".utf8) + [0, 0, 16, 0, 1]
+    let started = clock_gettime_ns()
+    let sent: Int
+    if ipv6 {
+        var group = sockaddr_in6()
+        group.sin6_family = sa_family_t(AF_INET6)
+        group.sin6_port = UInt16(5353).bigEndian
+        group.sin6_scope_id = interface.index
+        inet_pton(AF_INET6, "ff02::fb", &group.sin6_addr)
+        sent = withUnsafePointer(to: &group) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                sendto(fd, packet, packet.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
+            }
+        }
+    } else {
+        var group = sockaddr_in()
+        group.sin_family = sa_family_t(AF_INET)
+        group.sin_port = UInt16(5353).bigEndian
+        inet_pton(AF_INET, "224.0.0.251", &group.sin_addr)
+        sent = withUnsafePointer(to: &group) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                sendto(fd, packet, packet.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+    }
+    guard sent == packet.count else { return .failed(step: "send to the mDNS group", errno: errno) }
+    var buffer = [UInt8](repeating: 0, count: 9000)
+    let deadline = started + Int64(timeoutMilliseconds) * 1_000_000
+    // Bounded: at most 1,000 packets read (other mDNS traffic) and the timeout.
+    for _ in 0..<1_000 {
+        let left = (deadline - clock_gettime_ns()) / 1_000_000
+        guard left > 0 else { return .silent }
+        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let ready = poll(&poller, 1, Int32(left))
+        if ready < 0 && errno == EINTR { continue }
+        guard ready > 0 else { return .silent }
+        let count = recv(fd, &buffer, buffer.count, 0)
+        if count == packet.count, Array(buffer[0..<count]) == packet {
+            return .cameBack(micros: Int((clock_gettime_ns() - started) / 1_000))
+        }
+    }
+    return .silent
+}
+
+func clock_gettime_ns() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+}
+
+func errnoText(_ code: Int32) -> String { String(cString: strerror(code)) }
