@@ -2,7 +2,9 @@ import ArgumentParser
 import Foundation
 import Logging
 import Messaging
+import Metrics
 import PreviewKit
+import Prometheus
 import ServiceLifecycle
 import Synchronization
 
@@ -64,6 +66,16 @@ struct PreviewServerCommand: AsyncParsableCommand {
                 + "(0: interrupted pushes start over).", valueName: "seconds"))
     var keepPartial: Double = 3600
 
+    @Option(
+        help: ArgumentHelp(
+            "Serve the metrics (connections, frames, bytes, messages, handshakes, requests, discovery) in "
+                + "Prometheus' text format at http://<metrics-address>:<port>/metrics (off unless given; 0: "
+                + "kernel-assigned, printed at start).", valueName: "port"))
+    var metricsPort: UInt16?
+
+    @Option(help: "The address the metrics endpoint listens on (an IPv4 address; default: loopback only).")
+    var metricsAddress: String = "127.0.0.1"
+
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("unknown log level '\(logLevel)'")
@@ -117,6 +129,19 @@ struct PreviewServerCommand: AsyncParsableCommand {
             throw ValidationError(error.message)
         }
         FileHandle.standardError.write(Data("preview-server: key \(serverIdentity.fingerprint.full)\n".utf8))
+        // Metrics: bootstrapped before the server is made (it takes the back end it finds then).
+        var endpoint: MetricsEndpoint?
+        if let metricsPort {
+            let registry = PrometheusCollectorRegistry()
+            MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+            do {
+                endpoint = try MetricsEndpoint(registry: registry, address: metricsAddress, port: metricsPort, logger: logger)
+            } catch {
+                throw ValidationError("\(error)")
+            }
+            FileHandle.standardError.write(
+                Data("preview-server: metrics at http://\(metricsAddress):\(endpoint!.port)/metrics\n".utf8))
+        }
         let daemon = PreviewDaemon(
             store: store, partials: partials, name: name ?? "Preview on \(Self.hostName())", port: port,
             onReceive: onReceive,
@@ -125,7 +150,8 @@ struct PreviewServerCommand: AsyncParsableCommand {
             security: .encrypted(identity: serverIdentity, trust: acceptPolicy(logger: logger)), logger: logger)
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [.init(service: daemon)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+                services: [.init(service: daemon)] + (endpoint.map { [.init(service: $0)] } ?? []),
+                gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
     }
 

@@ -182,6 +182,43 @@ struct PreviewIntegrationTests {
         #expect(v4.output.contains("sha256 \(hash)"))
     }
 
+    /// `--metrics-port`: the library's swift-metrics figures in Prometheus' text format at /metrics
+    /// on loopback (scraped from inside host b), counting the push that just happened.
+    @Test func metricsEndpointServesPrometheusText() async throws {
+        let (directory, source) = (try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source) }
+        let (server, port) = try await startServer(
+            directory: directory, name: "Preview ITest Metrics", ["--metrics-port", "0"])
+        defer { server.stop() }
+        let line = try #require(server.text.split(separator: "\n").first { $0.contains("metrics at http://127.0.0.1:") })
+        let metricsPort = try #require(UInt16(line.split(separator: ":").last?.split(separator: "/").first ?? ""))
+        let file = source + "/figures.pdf"
+        try makeFile(file, size: 1024 * 1024)
+        let pushed = try push([file], ["--host", Self.hostB, "--port", String(port)])
+        #expect(pushed.status == 0, "\(pushed.output)")
+
+        func get(_ path: String) throws -> String {
+            let script = "exec 3<>/dev/tcp/127.0.0.1/\(metricsPort); printf 'GET \(path) HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
+            return try Harness.run(["nsenter", "-t", Harness.hostBPID, "-n", "--", "bash", "-c", script]).output
+        }
+        // The server counts the push's connection close after the pusher's goodbye: wait for it.
+        var scrape = ""
+        try await waitUntil("the push's connection counted as closed") {
+            scrape = try get("/metrics")
+            return scrape.contains(#"lanmsg_connections_closed_total{role="server",reason="goodbye"} 1"#)
+        }
+        #expect(scrape.hasPrefix("HTTP/1.1 200 OK"))
+        #expect(scrape.contains(#"lanmsg_connections_accepted_total{role="server"} 1"#))
+        #expect(scrape.contains(#"lanmsg_connections_open{role="server"} 0"#))
+        #expect(scrape.contains(#"lanmsg_messages_received_total{role="server",type="preview.offer"} 1"#))
+        #expect(scrape.contains(#"lanmsg_messages_sent_total{role="server",type="preview.offer-reply"} 1"#))
+        #expect(scrape.contains(#"lanmsg_discovery_daemon_state{state="running"} 1"#))
+        #expect(scrape.contains(#"lanmsg_discovery_events_total{event="published"} 1"#))
+        let bytesLine = try #require(scrape.split(separator: "\n").first { $0.hasPrefix(#"lanmsg_bytes_received_total{role="server"} "#) })
+        #expect((Int(bytesLine.split(separator: " ").last ?? "") ?? 0) > 1024 * 1024)
+        #expect(try get("/").hasPrefix("HTTP/1.1 404"))
+    }
+
     /// Version 2 end to end with the programs: pairing (--accept paired --pair-for), the code shown
     /// on both sides, paired pushers admitted later, others refused with what to do, and a server
     /// whose key changed refused by preview-push (trust on first use). Every process gets its own
