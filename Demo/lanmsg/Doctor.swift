@@ -51,7 +51,8 @@ struct DoctorChecks {
         switch state {
         case .running:
             report(Finding(level: .ok, check: "avahi", text: "avahi-daemon is running (host name \(discovery.hostName).local)"))
-            await publishAndBrowseOurselves(discovery)
+            await publishAndBrowseOurselves(discovery, check: "avahi-publish", through: "Avahi")
+            return
         case .failed(let error):
             report(Finding(
                 level: .warn, check: "avahi", text: "avahi-daemon is not reachable: \(error.message)", advice: startIt))
@@ -65,11 +66,15 @@ struct DoctorChecks {
                 advice: "it may be starting, or still claiming its host name: run the doctor again; "
                     + "`journalctl -u avahi-daemon` says more"))
         }
+        // What apps on the automatic backend use instead: the embedded mDNS stack, tried for real.
+        let embedded = ServiceDiscovery(logger: logger, backend: .embedded)
+        await publishAndBrowseOurselves(embedded, check: "embedded-publish", through: "the embedded mDNS stack")
+        await embedded.shutdown()
     }
 
     /// Publishes a service through Avahi and browses for it: proves that Avahi publishes and
     /// reports on this host, and says on which interfaces.
-    func publishAndBrowseOurselves(_ discovery: ServiceDiscovery) async {
+    func publishAndBrowseOurselves(_ discovery: ServiceDiscovery, check: String, through stack: String) async {
         let type = "_lanmsg-doctor._tcp"
         let name = "lanmsg doctor \(getpid())"
         let publication: PublishedService
@@ -77,9 +82,11 @@ struct DoctorChecks {
             publication = try await discovery.publish(name: name, type: type, port: 9)
         } catch {
             report(Finding(
-                level: .fail, check: "avahi-publish", text: "Avahi refused to publish a test service: \(error.message)",
-                advice: "check `journalctl -u avahi-daemon`; a host name conflict or disabled publishing "
-                    + "(`disable-user-service-publishing` in avahi-daemon.conf) stops every app from publishing"))
+                level: .fail, check: check, text: "\(stack) refused to publish a test service: \(error.message)",
+                advice: stack == "Avahi"
+                    ? "check `journalctl -u avahi-daemon`; a host name conflict or disabled publishing "
+                        + "(`disable-user-service-publishing` in avahi-daemon.conf) stops every app from publishing"
+                    : "see the port-5353 and mdns-packets checks below; run with --verbose for the library's logs"))
             return
         }
         defer { Task { await publication.unpublish() } }
@@ -94,24 +101,30 @@ struct DoctorChecks {
             if let seen {
                 let places = Set(seen.seenOn.map { interfaceName(Int32($0.interfaceIndex)) + " " + "\($0.ipVersion)" })
                 report(Finding(
-                    level: .ok, check: "avahi-publish",
-                    text: "published and browsed a test service through Avahi: seen on \(places.sorted().joined(separator: ", "))"))
+                    level: .ok, check: check,
+                    text: "published and browsed a test service through \(stack): seen on \(places.sorted().joined(separator: ", "))"))
             } else {
                 report(Finding(
-                    level: .fail, check: "avahi-publish",
-                    text: "a test service published through Avahi was not seen by a browse within \(timeout)",
-                    advice: "a firewall dropping UDP port 5353 stops it (see mdns-packets below), or Avahi is restricted "
-                        + "to other interfaces (`allow-interfaces`/`deny-interfaces` in avahi-daemon.conf)"))
+                    level: .fail, check: check,
+                    text: "a test service published through \(stack) was not seen by a browse within \(timeout)",
+                    advice: stack == "Avahi"
+                        ? "a firewall dropping UDP port 5353 stops it (see mdns-packets below), or Avahi is restricted "
+                            + "to other interfaces (`allow-interfaces`/`deny-interfaces` in avahi-daemon.conf)"
+                        : "a firewall dropping UDP port 5353 stops it (see mdns-packets below)"))
             }
         } catch {
-            report(Finding(level: .fail, check: "avahi-publish", text: "cannot browse: \(error.message)"))
+            report(Finding(level: .fail, check: check, text: "cannot browse through \(stack): \(error.message)"))
         }
     }
 
     // MARK: Port 5353 and interfaces
 
     func checkPortHolders() {
-        let (sockets, holders) = udpPortHolders(5353)
+        var (sockets, holders) = udpPortHolders(5353)
+        // The doctor's own sockets (the embedded check's, if its shutdown is still closing them).
+        let own = holders.filter { $0.pid == getpid() }.count
+        holders.removeAll { $0.pid == getpid() }
+        if holders.isEmpty && own > 0 { sockets = 0 }  // only ours
         let programs = Set(holders.map(\.command))
         let list = holders.map { "\($0.command) (pid \($0.pid))" }.joined(separator: ", ")
         if sockets == 0 {
