@@ -20,6 +20,9 @@ let package = Package(
         // Issue 13: the like-for-like anchor of our encrypted channel, the NIO peer over TLS 1.3.
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
+        // --metrics: the cost of counting into a real swift-metrics back end (Prometheus).
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
     ],
     targets: [
         .executableTarget(
@@ -40,6 +43,8 @@ let package = Package(
                 .product(name: "Transport", package: parentIdentity),
                 .product(name: "Messaging", package: parentIdentity),  // its default codec, FastJSONCodec
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             path: "Sources/bench-ours"
         ),

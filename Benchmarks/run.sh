@@ -10,7 +10,8 @@
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
 #                                       nio+tls: the NIO peer over TLS 1.3, the anchor of ours+noise;
-#                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time)
+#                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time;
+#                                       ours+metrics, ours+noise+metrics: counting into swift-prometheus)
 #                                       "ours" runs plaintext protocol version 1; "ours+noise" version 2 (encrypted)
 #
 # "ours" is the library as the messaging layer configures it (its default codec, FastJSON);
@@ -64,6 +65,8 @@ impl_cmd() {
         ours+foundation+batch) echo "$BIN/bench-ours --codec foundation --w1-batch 64" ;;
         ours+loop) echo "$BIN/bench-ours --w6-client loop" ;;                  # W6: request tasks on the channel's loop executor
         ours+noise) echo "$BIN/bench-ours --security encrypted" ;;             # protocol version 2: Noise handshake, sealed frames
+        ours+metrics) echo "$BIN/bench-ours --metrics on" ;;                   # every channel counted into a Prometheus registry
+        ours+noise+metrics) echo "$BIN/bench-ours --security encrypted --metrics on" ;;
         nio) echo "$BIN/bench-nio" ;;
         nio+tls) echo "$BIN/bench-nio --tls $WORK/cert.pem,$WORK/key.pem" ;;   # TLS 1.3 (swift-nio-ssl): the anchor of ours+noise
         c) echo "$BIN/c-bulk" ;;

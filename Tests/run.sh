@@ -88,6 +88,15 @@ if [ "$unit_only" = no ]; then
     --skip 'publishesItsLimitsAndKeepsFreeSpaceCurrent|roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent'
 fi
 
+# The DocC catalogs (Messaging, Discovery, Transport) with the snippets, warnings as errors,
+# bounded in time (Tests/docs/build-docs.sh; about 30 s after the build above).
+echo "== docs (DocC, warnings as errors)"
+if ! DOCS_TIMEOUT=600 Tests/docs/build-docs.sh > "$logs/docs.log" 2>&1; then
+  echo "!! the documentation build failed:"; tail -n 30 "$logs/docs.log"; status=1
+else
+  grep -h "^build-docs:" "$logs/docs.log"
+fi
+
 # Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600,
 # run-fuzz-mdns.sh 3600).
 echo "== fuzz (${FUZZ_SECONDS:-15} s per target)"

@@ -41,6 +41,15 @@ public struct ChannelConfiguration: Sendable {
         }
     }
 
+    /// Counts channels made with this configuration through swift-metrics' current back end, with
+    /// `role` as the `role` dimension (the metrics of the README's "Metrics" section). For channels
+    /// made directly with ``MessageChannel/connect(to:configuration:logger:)`` or
+    /// ``MessageChannel/accept(_:configuration:logger:)``: ``MessageServer`` and ``MessageClient``
+    /// count theirs without being asked. Does nothing while no back end is bootstrapped.
+    public mutating func enableMetrics(role: String) {
+        metrics = MessagingMetrics.make(role: role)
+    }
+
     /// This side's name, sent in HELLO.
     public var name: String {
         get { storage.box.values.name }
@@ -71,7 +80,7 @@ public struct ChannelConfiguration: Sendable {
         set { storage.update { $0.protocolVersion = newValue } }
     }
 
-    /// The loops the channel's connection runs on (default: ``LoopGroup/shared``, one per core).
+    /// The loops the channel's connection runs on (default: `LoopGroup.shared`, one per core).
     public var loopGroup: LoopGroup {
         get { storage.box.values.loopGroup }
         set { storage.update { $0.loopGroup = newValue } }
@@ -90,7 +99,7 @@ public struct ChannelConfiguration: Sendable {
         set { storage.update { $0.pingInterval = newValue } }
     }
 
-    /// Close with ``CloseReason/heartbeatTimeout`` when nothing arrived from the peer for this long
+    /// Close with `CloseReason.heartbeatTimeout` when nothing arrived from the peer for this long
     /// (checked every ``pingInterval``).
     public var heartbeatTimeout: Duration {
         get { storage.box.values.heartbeatTimeout }

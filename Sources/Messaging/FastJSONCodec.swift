@@ -12,7 +12,7 @@ public struct FastJSONCodec: MessageCodec {
     /// The codec (one encoder and one decoder, reused).
     public init() {}
 
-    /// ``WireProtocol/jsonCodecID`` (1).
+    /// `WireProtocol.jsonCodecID` (1).
     public var id: UInt8 { WireProtocol.jsonCodecID }
 
     /// Encodes `value` as JSON (keys in declaration order).

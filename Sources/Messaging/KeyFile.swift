@@ -4,7 +4,7 @@ import ProtocolCore
 extension PreSharedKey {
     /// Reads a key file: its bytes with surrounding whitespace trimmed (so `base64` output or a
     /// passphrase line works as well as raw random bytes).
-    /// - Throws: ``TransportError`` `.invalidArgument` when unreadable or too short.
+    /// - Throws: `TransportError` `.invalidArgument` when unreadable or too short.
     public init(contentsOfFile path: String) throws(TransportError) {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw TransportError(.invalidArgument, "cannot read the key file '\(path)'; check the path and its permissions")

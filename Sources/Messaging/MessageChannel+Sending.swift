@@ -21,13 +21,13 @@ extension MessageChannel {
     }
 
     /// Sends a message encoded with the configured codec. Suspends while the send queue is full
-    /// (above ``ConnectionConfiguration/sendHighWaterMark``) until it drains below the low-water mark;
+    /// (above `ConnectionConfiguration.sendHighWaterMark`) until it drains below the low-water mark;
     /// that wait ends early only when the connection closes, not on task cancellation.
     /// - Parameters:
     ///   - value: The value to encode.
     ///   - type: The stable, app-chosen type id (at most 255 UTF-8 bytes), for example `"chat.message"`.
-    /// - Throws: ``TransportError/Code/encodingFailed``, ``TransportError/Code/connectionClosed``,
-    ///   ``TransportError/Code/frameTooLarge`` (larger than the peer accepts: nothing was sent).
+    /// - Throws: `TransportError.Code.encodingFailed`, `TransportError.Code.connectionClosed`,
+    ///   `TransportError.Code.frameTooLarge` (larger than the peer accepts: nothing was sent).
     public func send<T: Encodable>(_ value: T, type: String) async throws {
         let (codec, payload) = try encode(value, type: type)
         try await transmit(Frame(kind: .message, codecID: codec, typeID: type, payload: payload))
@@ -41,8 +41,8 @@ extension MessageChannel {
     /// The batch is admitted as a whole while the send queue is below its high-water mark and the
     /// batch is not larger than the mark (so the queue exceeds the mark by at most one batch);
     /// otherwise the messages wait one by one like ``send(_:type:)``.
-    /// - Throws: ``TransportError/Code/encodingFailed`` (nothing of the batch is sent),
-    ///   ``TransportError/Code/connectionClosed``.
+    /// - Throws: `TransportError.Code.encodingFailed` (nothing of the batch is sent),
+    ///   `TransportError.Code.connectionClosed`.
     public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
         var frames: [Frame] = []
         frames.reserveCapacity(values.underestimatedCount)
@@ -75,11 +75,11 @@ extension MessageChannel {
     ///   - type: The stable type id.
     ///   - replyTo: The sequence number of the message this one answers (``IncomingMessage/sequence``).
     /// - Returns: false, having sent nothing, while the send queue is above
-    ///   ``ConnectionConfiguration/sendHighWaterMark`` (or other senders are waiting): use
+    ///   `ConnectionConfiguration.sendHighWaterMark` (or other senders are waiting): use
     ///   ``send(_:type:)`` then, which waits for room.
-    /// - Throws: ``TransportError/Code/encodingFailed``, ``TransportError/Code/connectionClosed``,
-    ///   ``TransportError/Code/invalidArgument`` (type id longer than 255 bytes),
-    ///   ``TransportError/Code/frameTooLarge``.
+    /// - Throws: `TransportError.Code.encodingFailed`, `TransportError.Code.connectionClosed`,
+    ///   `TransportError.Code.invalidArgument` (type id longer than 255 bytes),
+    ///   `TransportError.Code.frameTooLarge`.
     public func trySend<T: Encodable>(
         _ value: T, type: String, replyTo: UInt64? = nil
     ) throws(TransportError) -> Bool {
@@ -94,7 +94,7 @@ extension MessageChannel {
     }
 
     /// Replies to the request `message` (the reply carries its sequence number as reply-to).
-    /// - Throws: ``TransportError/Code/invalidArgument`` when `message` was not a request (sent with
+    /// - Throws: `TransportError.Code.invalidArgument` when `message` was not a request (sent with
     ///   `send`, not `request`: nobody waits for a reply), and the errors of ``send(_:type:)``.
     public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
         try Self.checkIsRequest(message)
@@ -159,9 +159,9 @@ extension MessageChannel {
     /// Cancelling the calling task stops the wait with `CancellationError` (a later reply is dropped).
     ///
     /// - Throws: ``RemoteError`` when the peer answers with an error (``reply(to:error:)``),
-    ///   ``TransportError/Code/requestTimedOut`` when no reply arrives within `timeout` (a later
+    ///   `TransportError.Code.requestTimedOut` when no reply arrives within `timeout` (a later
     ///   reply is dropped with a log line; the message says whether the peer was silent or this side
-    ///   had stopped reading), ``TransportError/Code/decodingFailed``, ``TransportError/Code/connectionClosed``.
+    ///   had stopped reading), `TransportError.Code.decodingFailed`, `TransportError.Code.connectionClosed`.
     public func request<Request: Encodable, Response: Decodable>(
         _ value: Request, type: String, expecting: Response.Type = Response.self, timeout: Duration = .seconds(10)
     ) async throws -> Response {

@@ -124,9 +124,9 @@ public final class MessageChannel: @unchecked Sendable {
     ///     Link-local IPv6 addresses need their interface index as scope id.
     ///   - configuration: This side's name, metadata, codecs, timeouts.
     ///   - logger: Where this channel logs.
-    /// - Throws: ``TransportError`` — ``TransportError/Code/connectFailed``/``TransportError/Code/connectTimedOut``
-    ///   (with each address's failure), ``TransportError/Code/versionMismatch``, ``TransportError/Code/helloRefused``,
-    ///   ``TransportError/Code/helloFailed``, ``TransportError/Code/authenticationFailed``.
+    /// - Throws: `TransportError` — `TransportError.Code.connectFailed`/`TransportError.Code.connectTimedOut`
+    ///   (with each address's failure), `TransportError.Code.versionMismatch`, `TransportError.Code.helloRefused`,
+    ///   `TransportError.Code.helloFailed`, `TransportError.Code.authenticationFailed`.
     public static func connect(
         to addresses: [SocketAddress], configuration: ChannelConfiguration, logger: Logger
     ) async throws -> MessageChannel {
@@ -141,10 +141,10 @@ public final class MessageChannel: @unchecked Sendable {
 
     /// Takes an accepted socket and performs the server side of the hello exchange.
     ///
-    /// - Throws: ``TransportError/Code/versionMismatch`` (the peer was told why),
-    ///   ``TransportError/Code/helloRefused`` (``ChannelConfiguration/helloValidator`` refused it),
-    ///   ``TransportError/Code/helloFailed`` (timeout, malformed hello, connection lost),
-    ///   ``TransportError/Code/authenticationFailed``.
+    /// - Throws: `TransportError.Code.versionMismatch` (the peer was told why),
+    ///   `TransportError.Code.helloRefused` (``ChannelConfiguration/helloValidator`` refused it),
+    ///   `TransportError.Code.helloFailed` (timeout, malformed hello, connection lost),
+    ///   `TransportError.Code.authenticationFailed`.
     public static func accept(
         _ socket: AcceptedSocket, configuration: ChannelConfiguration, logger: Logger
     ) async throws -> MessageChannel {

@@ -150,7 +150,7 @@ public final class MessageClient: Sendable {
     /// Sends a request and waits for the reply (see ``MessageChannel/request(_:type:expecting:timeout:)``).
     /// While the client is connecting or reconnecting, waiting for the connection counts against
     /// `timeout` too (and against ``ClientConfiguration/connectionWait``).
-    /// - Throws: ``RemoteError`` when the server answers with an error, ``TransportError``
+    /// - Throws: ``RemoteError`` when the server answers with an error, `TransportError`
     ///   (`.requestTimedOut`, …), ``MessagingError`` `.notConnected`.
     public func request<Request: Encodable, Response: Decodable>(
         _ value: Request, type: String, expecting: Response.Type = Response.self, timeout: Duration = .seconds(10)
@@ -432,7 +432,12 @@ public final class MessageClient: Sendable {
     /// Browses for services of `type` and picks one: the one named `name` (returned the moment it is
     /// seen), or the only one (decided once Avahi reported "all for now", about a second; a service
     /// appearing later is taken the moment it appears).
-    /// - Parameter notFoundYet: Called once when the first "all for now" came without a match.
+    /// - Parameters:
+    ///   - name: The instance name to look for; nil takes the only service of `type`.
+    ///   - type: The DNS-SD service type, e.g. `_chat._tcp`.
+    ///   - discovery: The discovery object to browse with.
+    ///   - timeout: How long to browse before giving up.
+    ///   - notFoundYet: Called once when the first "all for now" came without a match.
     /// - Throws: ``MessagingError`` `.serviceNotFound` or `.ambiguousService` (names listed).
     public static func find(
         name: String?, type: String, discovery: ServiceDiscovery, timeout: Duration,

@@ -20,7 +20,7 @@ public struct UndeliveredMessage: Sendable, CustomStringConvertible {
     public let wasTransmitted: Bool
 
     /// Decodes a JSON payload (codec 1, the default).
-    /// - Throws: ``TransportError/Code/decodingFailed`` for another codec (read ``payload``), or what
+    /// - Throws: `TransportError.Code.decodingFailed` for another codec (read ``payload``), or what
     ///   the JSON decoder throws.
     public func decode<T: Decodable>(_: T.Type = T.self) throws -> T {
         guard codecID == WireProtocol.jsonCodecID else {

@@ -36,7 +36,7 @@ public struct IncomingMessage: Sendable {
     /// Decodes the payload with the codec named by ``codecID``.
     ///
     /// A raw-bytes payload (codec 0) decodes only as `[UInt8]`.
-    /// - Throws: ``TransportError/Code/decodingFailed``; the connection is unaffected.
+    /// - Throws: `TransportError.Code.decodingFailed`; the connection is unaffected.
     public func decode<T: Decodable>(_ type: T.Type = T.self) throws(TransportError) -> T {
         if codecID == WireProtocol.rawCodecID {
             if let bytes = payload as? T { return bytes }
@@ -126,7 +126,7 @@ public final class IncomingTransfer: Sendable {
         (progress, progressContinuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
-    /// The transfer's bytes, chunk by chunk. Throws ``TransportError/Code/transferFailed`` when the
+    /// The transfer's bytes, chunk by chunk. Throws `TransportError.Code.transferFailed` when the
     /// sender aborts, the size does not match, or the connection closes early.
     public var chunks: Chunks { Chunks(buffer: buffer) }
 

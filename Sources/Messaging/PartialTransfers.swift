@@ -76,6 +76,7 @@ public final class PartialTransfers: Sendable {
     /// - Parameters:
     ///   - directory: Created (mode 0700) if missing.
     ///   - keepFor: Partial files older than this (since their last byte) are deleted.
+    ///   - logger: Where resumes, expiries and storage failures are logged.
     /// - Throws: ``ResumableTransferError`` `.storage` when the directory cannot be made.
     public init(directory: String, keepFor: Duration = .seconds(3600), logger: Logger) throws(ResumableTransferError) {
         self.directory = directory

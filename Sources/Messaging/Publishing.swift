@@ -2,7 +2,7 @@ import Discovery
 import Locks
 
 /// What a ``MessageServer`` needs from discovery: publish a service and later withdraw it. The
-/// server uses ``ServiceDiscovery``; tests of the server's lifecycle give it a publisher they control.
+/// server uses `ServiceDiscovery`; tests of the server's lifecycle give it a publisher they control.
 package protocol ServicePublisher: Sendable {
     func publishService(name: String?, type: String, port: UInt16, txt: TXTRecord) async throws(DiscoveryError)
         -> any ServicePublication

@@ -68,7 +68,7 @@ public struct Identity: @unchecked Sendable {
 
     /// Loads the identity stored at `path`, or creates one there (directories mode 0700, the file
     /// mode 0600) when the file does not exist.
-    /// - Throws: ``TransportError/Code/invalidArgument`` when the file cannot be read or written,
+    /// - Throws: `TransportError.Code.invalidArgument` when the file cannot be read or written,
     ///   is malformed, or can be read by other users (like ssh, a key file open to others is refused).
     public static func loadOrCreate(at path: String) throws(TransportError) -> Identity {
         if FileManager.default.fileExists(atPath: path) { return try load(path) }
@@ -180,7 +180,7 @@ public final class TrustStore: Sendable {
     }
 
     /// Remembers `fingerprint` for `name`, replacing what was remembered for it.
-    /// - Throws: ``TransportError/Code/invalidArgument`` when the file cannot be written.
+    /// - Throws: `TransportError.Code.invalidArgument` when the file cannot be written.
     public func trust(_ fingerprint: Fingerprint, name: String) throws(TransportError) {
         try lock.withLock { () throws(TransportError) in
             var list = read().filter { $0.name != name }

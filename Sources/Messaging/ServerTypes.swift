@@ -12,7 +12,7 @@ public struct ServerConfiguration: Sendable {
     public var serviceName: String?
     /// TXT entries to publish; the server adds `proto=<wire protocol version>`.
     public var txt: TXTRecord = TXTRecord()
-    /// Publish through discovery (needs a ``ServiceDiscovery``); false listens only.
+    /// Publish through discovery (needs a `ServiceDiscovery`); false listens only.
     public var publish = true
     /// Port and families (default: one kernel-assigned port for IPv4 and IPv6).
     public var listener = Listener.Configuration()

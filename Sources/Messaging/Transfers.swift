@@ -119,7 +119,7 @@ public final class OutgoingTransfer: Sendable {
         progressHandler?(currentProgress(finished: false))
     }
 
-    /// Ends the transfer. Throws ``TransportError/Code/transferFailed`` (and aborts it) when fewer bytes
+    /// Ends the transfer. Throws `TransportError.Code.transferFailed` (and aborts it) when fewer bytes
     /// than announced were sent.
     public func finish() async throws {
         let (done, alreadyEnded) = state.withLock { state -> (UInt64, Bool) in

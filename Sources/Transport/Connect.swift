@@ -30,8 +30,8 @@ package enum TCPConnector {
     /// others are cancelled. Link-local IPv6 addresses need a scope id (EINVAL otherwise).
     ///
     /// - Returns: The connected, nonblocking fd and the address it is connected to.
-    /// - Throws: ``TransportError/Code/connectFailed`` when every address failed, or
-    ///   ``TransportError/Code/connectTimedOut`` after `timeout`; ``TransportError/connectFailures``
+    /// - Throws: `TransportError.Code.connectFailed` when every address failed, or
+    ///   `TransportError.Code.connectTimedOut` after `timeout`; `TransportError.connectFailures`
     ///   lists each address's failure.
     package static func connect(
         to addresses: [SocketAddress], attemptDelay: Duration = .milliseconds(250), timeout: Duration = .seconds(10),

@@ -42,7 +42,7 @@ public struct ConnectionConfiguration: Sendable {
     private var storage: SharedValues<Values>
 
     /// The largest accepted frame body in bytes (default 16 MiB). Larger length prefixes close the
-    /// connection with ``CloseReason/frameTooLarge(size:limit:)`` before anything is allocated.
+    /// connection with `CloseReason.frameTooLarge(size:limit:)` before anything is allocated.
     public var maxFrameSize: Int {
         get { storage.box.values.maxFrameSize }
         set { storage.update { $0.maxFrameSize = newValue } }
@@ -60,7 +60,7 @@ public struct ConnectionConfiguration: Sendable {
         set { storage.update { $0.sendLowWaterMark = newValue } }
     }
 
-    /// Close with ``CloseReason/idleTimeout`` when no complete frame arrived for this long (nil: never).
+    /// Close with `CloseReason.idleTimeout` when no complete frame arrived for this long (nil: never).
     public var idleTimeout: Duration? {
         get { storage.box.values.idleTimeout }
         set { storage.update { $0.idleTimeout = newValue } }

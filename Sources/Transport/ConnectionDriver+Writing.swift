@@ -134,8 +134,8 @@ extension ConnectionDriver {
     }
 
     /// Queues `frame` if there is room; false (nothing sent) when the queue is full. Any context.
-    /// - Throws: ``TransportError/Code/connectionClosed``, ``TransportError/Code/frameTooLarge``,
-    ///   ``TransportError/Code/invalidArgument``.
+    /// - Throws: `TransportError.Code.connectionClosed`, `TransportError.Code.frameTooLarge`,
+    ///   `TransportError.Code.invalidArgument`.
     package func trySend(_ frame: Frame) throws(TransportError) -> Bool {
         switch submit(frame, size: try Frame.validatedSize(frame), bypassLimit: false) {
         case .sent: return true

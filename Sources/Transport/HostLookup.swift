@@ -10,7 +10,7 @@ import ProtocolCore
 package enum HostLookup {
     /// The addresses of `host` (a numeric address is returned as is), IPv6 first as `getaddrinfo`
     /// orders them, without duplicates.
-    /// - Throws: ``TransportError/Code/connectFailed`` when the name does not resolve.
+    /// - Throws: `TransportError.Code.connectFailed` when the name does not resolve.
     package static func addresses(host: String, port: UInt16) throws(TransportError) -> [SocketAddress] {
         if let numeric = try? SocketAddress(ipAddress: host, port: port) { return [numeric] }
         var hints = addrinfo()

@@ -9,7 +9,7 @@ import Logging
     import Darwin
 #endif
 
-/// A freshly accepted TCP socket, owned until handed to ``MessageChannel/accept(_:configuration:logger:)``.
+/// A freshly accepted TCP socket, owned until handed to `MessageChannel.accept(_:configuration:logger:)`.
 ///
 /// If nobody takes it, the socket is closed when this object is released.
 public final class AcceptedSocket: Sendable, CustomStringConvertible {
@@ -108,8 +108,8 @@ public final class Listener: @unchecked Sendable {
     ///   - logger: Where to log (bind results, accept failures, back-off).
     ///   - onAccept: Called on the listener's queue for every accepted socket. Hand the socket on quickly,
     ///     for example to `MessageChannel.accept` in a task.
-    /// - Throws: ``TransportError`` with ``TransportError/Code/listenerFailed`` or
-    ///   ``TransportError/Code/syscallFailed``.
+    /// - Throws: `TransportError` with `TransportError.Code.listenerFailed` or
+    ///   `TransportError.Code.syscallFailed`.
     public convenience init(
         configuration: Configuration = .init(), logger: Logger,
         onAccept: @escaping @Sendable (AcceptedSocket) -> Void

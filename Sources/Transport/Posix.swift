@@ -29,7 +29,7 @@ package enum IOResult<T> {
 }
 
 /// The one system-call helper: retries EINTR, maps EAGAIN/EWOULDBLOCK to ``IOResult/wouldBlock``
-/// (when `nonblocking` is true) and throws ``TransportError/Code/syscallFailed`` with errno and the
+/// (when `nonblocking` is true) and throws `TransportError.Code.syscallFailed` with errno and the
 /// call's name otherwise. `body` returns the raw C result; any negative value means failure.
 @inline(__always)
 package func syscall<T: FixedWidthInteger>(

@@ -13,7 +13,7 @@ extension SocketAddress {
     ///   - ipAddress: The numeric address. An IPv6 address may carry a `%scope` suffix (interface index or name).
     ///   - port: The port in host byte order.
     ///   - scopeID: An explicit IPv6 scope id (interface index); overrides a `%scope` suffix when non-nil.
-    /// - Throws: ``TransportError/Code/invalidAddress`` when the string is not a numeric address.
+    /// - Throws: `TransportError.Code.invalidAddress` when the string is not a numeric address.
     public init(ipAddress: String, port: UInt16, scopeID: UInt32? = nil) throws(TransportError) {
         var host = ipAddress
         var scope: UInt32 = 0

@@ -17,7 +17,7 @@ struct DocSnippetsIntegrationTests {
         ("MessageSessions", "sessions: ok"),
     ]
 
-    /// A snippet gets this long (each bounds its own waits and gives up after 20 s).
+    /// A snippet gets this long (each bounds its own waits and gives up by itself after 10 s).
     static let deadline: Duration = .seconds(30)
 
     @Test(arguments: snippets.map(\.name))

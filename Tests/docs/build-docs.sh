@@ -9,7 +9,6 @@
 #   Tests/docs/build-docs.sh Messaging           only these targets
 #   DOCS_SCRATCH=/path Tests/docs/build-docs.sh  build in another scratch directory (swift --scratch-path)
 #   DOCS_TIMEOUT=900                             bound on the build itself, in seconds (default 900)
-#   DOCS_LOCK_WAIT=1800                          bound on waiting for /work/.build.lock, when it exists
 #   DOCS_WARNINGS_AS_ERRORS=0                    report warnings without failing
 #
 # Prints where each archive is (.build/plugins/Swift-DocC/outputs/<Target>.doccarchive) and how
@@ -34,12 +33,6 @@ docc_args=()
 
 log="$(mktemp -t build-docs.XXXXXX)"
 trap 'rm -f "$log"' EXIT
-# A shared machine's build lock (/work/.build.lock, when it exists) keeps two builds from running at
-# once: hold it (on fd 9, for the rest of this script), waiting a bounded time, then time the build.
-if [ -e /work/.build.lock ] && command -v flock >/dev/null; then
-  exec 9>>/work/.build.lock
-  flock -w "${DOCS_LOCK_WAIT:-1800}" 9 || { echo "build-docs: /work/.build.lock still held after ${DOCS_LOCK_WAIT:-1800} s" >&2; exit 1; }
-fi
 status=0
 start=$(date +%s)
 # --disable-sandbox: the plugin runs `docc`, which writes the archive under .build/plugins.

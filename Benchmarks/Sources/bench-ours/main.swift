@@ -13,6 +13,8 @@ import BenchCommon
 import Foundation
 import Logging
 import Messaging
+import Metrics
+import Prometheus
 import Transport
 
 /// A counter shared between a channel's queue (handlers) and the main task.
@@ -34,8 +36,12 @@ let codecName = options.string("codec", "fast")
 let security = options.string("security", "plaintext")
 let impl =
     (codecName == "fast" ? "ours" : "ours+foundation") + (options.int("w1-batch", 1) > 1 ? "+batch" : "")
-    + (security == "encrypted" ? "+noise" : "")
+    + (security == "encrypted" ? "+noise" : "") + (options.string("metrics", "off") == "on" ? "+metrics" : "")
 armWatchdog(seconds: options.int("timeout", 120))
+// --metrics on: every channel counts into a Prometheus registry (swift-prometheus), as a server or
+// client bootstrapped with a back end would (implementation "+metrics").
+let withMetrics = options.string("metrics", "off") == "on"
+if withMetrics { MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: PrometheusCollectorRegistry())) }
 
 let logger: Logger = {
     var logger = Logger(label: "bench")
@@ -51,6 +57,7 @@ func configuration(_ name: String) -> ChannelConfiguration {
     c.heartbeatTimeout = .seconds(3600)
     c.helloTimeout = .seconds(60)
     c.security = security == "encrypted" ? .encrypted(identity: .ephemeral(), trust: .anyKey) : .plaintext
+    if withMetrics { c.enableMetrics(role: name) }
     return c
 }
 
