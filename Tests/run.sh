@@ -15,6 +15,10 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 tsan=no asan=no unit_only=no
+# Each stage's wall time, printed at the end (CI must stay well under 30 minutes).
+timings=()
+stage_start=$SECONDS
+stage_done() { timings+=("$(printf '%-24s %4d s' "$1" $((SECONDS - stage_start)))"); stage_start=$SECONDS; }
 for arg in "$@"; do
   case $arg in
     --tsan) tsan=yes ;;
@@ -37,6 +41,7 @@ bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
 swift build --build-tests 2>&1 | tail -n 20
 [ -x "$bin" ] || { echo "build failed: no $bin" >&2; exit 1; }
+stage_done "install + build"
 
 logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
 status=0
@@ -58,6 +63,7 @@ run_suite() {
   if [ "$rc" != 0 ] || [ "$f" != 0 ]; then echo "!! $label failed (exit $rc)"; status=1; fi
   if [ "$s" != 0 ]; then echo "!! $label skipped $s tests: every test must run"; grep -E '➜ Test .*skipped' "$logs/$label.log"; status=1; fi
   if ! grep -qE 'Test run with [0-9]+ test' "$logs/$label.log"; then echo "!! $label ran no test"; status=1; fi
+  stage_done "$label"
 }
 
 # Tests run one at a time (--no-parallel): several tests deliberately load the machine (1,000
@@ -96,6 +102,7 @@ if ! DOCS_TIMEOUT=600 Tests/docs/build-docs.sh > "$logs/docs.log" 2>&1; then
 else
   grep -h "^build-docs:" "$logs/docs.log"
 fi
+stage_done "docs"
 
 # Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600,
 # run-fuzz-mdns.sh 3600).
@@ -106,13 +113,17 @@ for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/r
   else
     echo "!! $fuzz found a problem or failed:"; tail -n 20 "$logs/$(basename "$fuzz" .sh).log"; status=1
   fi
+  stage_done "$(basename "$fuzz" .sh) (build + run)"
 done
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
   swift build --build-tests --sanitize=thread --scratch-path .build-tsan 2>&1 | tail -n 5
-  # Every unit test (TSAN_FILTER narrows it, e.g. TSAN_FILTER=TransportTests).
-  tsan_filter=(--skip IntegrationTests)
+  stage_done "build (TSan)"
+  # Every unit test but one (TSAN_FILTER narrows it, e.g. TSAN_FILTER=TransportTests): the 70,000
+  # round trips over the rekey (20 s plain, 45 s under TSan) repeat one code path for volume; the
+  # plain run above covers them, and the rekey's logic runs under TSan in ProtocolCoreTests.
+  tsan_filter=(--skip IntegrationTests --skip 'SecureChannelTests/rekeyOnTheWire')
   [ -n "${TSAN_FILTER:-}" ] && tsan_filter=(--filter "$TSAN_FILTER")
   run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
@@ -120,12 +131,14 @@ fi
 if [ "$asan" = yes ]; then
   echo "== build (AddressSanitizer)"
   swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | tail -n 5
+  stage_done "build (ASan)"
   run_suite asan env "${unit_env[@]}" ASAN_OPTIONS=detect_leaks=0 \
     .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel --skip IntegrationTests
 fi
 
 echo
 grep -h MEASURED "$logs"/*.log | sort -u || true
+echo "stage times:"; printf '  %s\n' "${timings[@]}"; echo "  total                    $SECONDS s"
 echo "logs: $logs"
 if [ "$failed" != 0 ]; then
   echo "failures:"; grep -h -E '✘ Test .*(recorded an issue|failed)' "$logs"/*.log | head -n 40

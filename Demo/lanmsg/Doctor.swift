@@ -21,8 +21,8 @@ struct DoctorChecks {
 
     func runHostChecks() async {
         checkDBus()
+        checkPortHolders()  // before the checks below open sockets on 5353 themselves
         await checkAvahi()
-        checkPortHolders()
         checkInterfaces()
     }
 

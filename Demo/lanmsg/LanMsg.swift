@@ -13,8 +13,9 @@ struct Doctor: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Checks why discovery or a connection does not work on this host, and says what to do.",
         discussion: """
-            Checks, in order: the system D-Bus and avahi-daemon (and publishes and browses a test \
-            service through it), who holds UDP port 5353, each interface (up, multicast, addresses, \
+            Checks, in order: the system D-Bus, who holds UDP port 5353, avahi-daemon (and publishes \
+            and browses a test service through it, or through the embedded mDNS stack when Avahi is \
+            absent), each interface (up, multicast, addresses, \
             IPv6 link-local), and whether an mDNS packet sent on each interface comes back (a firewall \
             dropping port 5353 stops it). With --service and --type, also finds, resolves, connects to \
             and handshakes with that service and measures its round-trip time.

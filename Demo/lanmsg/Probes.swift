@@ -115,17 +115,7 @@ struct PortHolder: Hashable {
 /// The UDP sockets bound to `port` (IPv4 and IPv6, from /proc/net) and the processes holding them
 /// (those whose /proc/PID/fd this process can read: all of them as root).
 func udpPortHolders(_ port: UInt16) -> (sockets: Int, holders: [PortHolder]) {
-    var inodes = Set<String>()
-    let hexPort = String(port, radix: 16, uppercase: true)
-    let suffix = ":" + String(repeating: "0", count: max(0, 4 - hexPort.count)) + hexPort
-    for table in ["/proc/net/udp", "/proc/net/udp6"] {
-        guard let text = readText(table) else { continue }
-        for line in text.split(separator: "\n").dropFirst() {
-            let columns = line.split(separator: " ", omittingEmptySubsequences: true)
-            guard columns.count > 9, columns[1].hasSuffix(suffix) else { continue }
-            inodes.insert(String(columns[9]))
-        }
-    }
+    let inodes = udpSocketInodes(port)
     var holders = Set<PortHolder>()
     if !inodes.isEmpty, let processes = opendir("/proc") {
         defer { closedir(processes) }
@@ -146,7 +136,24 @@ func udpPortHolders(_ port: UInt16) -> (sockets: Int, holders: [PortHolder]) {
             }
         }
     }
-    return (inodes.count, holders.sorted { $0.pid < $1.pid })
+    // Sockets closed meanwhile (a program that just exited) are not counted.
+    return (inodes.intersection(udpSocketInodes(port)).count, holders.sorted { $0.pid < $1.pid })
+}
+
+/// The inodes of the UDP sockets (IPv4 and IPv6) bound to `port`, from /proc/net.
+func udpSocketInodes(_ port: UInt16) -> Set<String> {
+    var inodes = Set<String>()
+    let hexPort = String(port, radix: 16, uppercase: true)
+    let suffix = ":" + String(repeating: "0", count: max(0, 4 - hexPort.count)) + hexPort
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        guard let text = readText(table) else { continue }
+        for line in text.split(separator: "\n").dropFirst() {
+            let columns = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard columns.count > 9, columns[1].hasSuffix(suffix) else { continue }
+            inodes.insert(String(columns[9]))
+        }
+    }
+    return inodes
 }
 
 func readText(_ path: String) -> String? {

@@ -88,6 +88,21 @@ struct DoctorIntegrationTests {
         #expect(after.status == 0)
     }
 
+    @Test func twoRespondersOnPort5353AreFound() async throws {
+        // Our embedded mDNS stack beside host a's avahi-daemon: two responders on one host.
+        let peer = try await Peer.discovery(onB: false, backend: "embedded")
+        var stopped = false
+        defer { if !stopped { peer.process.stop() } }
+        let (_, output) = try doctor()
+        #expect(output.contains("warn  port-5353: several mDNS responders share UDP port 5353: "))
+        #expect(output.contains("avahi-daemon (pid") && output.contains("discovery-peer (pid"))
+        #expect(output.contains("→ two responders answer every query twice"))
+        peer.process.stop()
+        stopped = true
+        let after = try doctor()
+        #expect(after.output.contains("ok    port-5353: UDP port 5353: avahi-daemon (pid"))
+    }
+
     @Test func aNamedServiceIsFoundResolvedConnectedAndTimed() async throws {
         let server = try Harness.spawn(
             onB: true, [Harness.binary("lanmsg-echo"), "--name", "Doctor Echo", "--type", "_itest-doctor._tcp"])
