@@ -9,7 +9,7 @@
 #   Tests/run.sh --tsan          also run every unit test under ThreadSanitizer (TSAN_FILTER=... narrows it)
 #   Tests/run.sh --asan          also run the unit tests under AddressSanitizer
 #   Tests/run.sh --unit-only     skip the namespace harness (no root needed)
-#   FUZZ_SECONDS=N Tests/run.sh  fuzz each libFuzzer target N seconds (default 15)
+#   FUZZ_SECONDS=N Tests/run.sh  fuzz each libFuzzer target N seconds (default 15; built with -Onone here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -104,11 +104,13 @@ else
 fi
 stage_done "docs"
 
-# Fuzzing, short and bounded (long runs: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600,
-# run-fuzz-mdns.sh 3600).
+# Fuzzing, short and bounded: a smoke run, built without optimization (FUZZ_OPT=-Onone,
+# FUZZ_CONFIG=debug: the builds take 190 s instead of 315 s, for fewer executions). Long runs are
+# optimized by default: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600, run-fuzz-mdns.sh 3600.
 echo "== fuzz (${FUZZ_SECONDS:-15} s per target)"
 for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/run-fuzz-mdns.sh; do
-  if "$fuzz" "${FUZZ_SECONDS:-15}" > "$logs/$(basename "$fuzz" .sh).log" 2>&1; then
+  if FUZZ_OPT="${FUZZ_OPT:--Onone}" FUZZ_CONFIG="${FUZZ_CONFIG:-debug}" \
+    "$fuzz" "${FUZZ_SECONDS:-15}" > "$logs/$(basename "$fuzz" .sh).log" 2>&1; then
     grep -h "executions" "$logs/$(basename "$fuzz" .sh).log"
   else
     echo "!! $fuzz found a problem or failed:"; tail -n 20 "$logs/$(basename "$fuzz" .sh).log"; status=1
@@ -118,7 +120,8 @@ done
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
-  swift build --build-tests --sanitize=thread --scratch-path .build-tsan 2>&1 | tail -n 5
+  # The test bundle only (not the demo programs, snippets and fuzz target the unit tests never run).
+  swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan 2>&1 | tail -n 5
   stage_done "build (TSan)"
   # Every unit test but one (TSAN_FILTER narrows it, e.g. TSAN_FILTER=TransportTests): the 70,000
   # round trips over the rekey (20 s plain, 45 s under TSan) repeat one code path for volume; the
@@ -130,7 +133,7 @@ if [ "$tsan" = yes ]; then
 fi
 if [ "$asan" = yes ]; then
   echo "== build (AddressSanitizer)"
-  swift build --build-tests --sanitize=address --scratch-path .build-asan 2>&1 | tail -n 5
+  swift build --product swift-lan-messagingPackageTests --sanitize=address --scratch-path .build-asan 2>&1 | tail -n 5
   stage_done "build (ASan)"
   run_suite asan env "${unit_env[@]}" ASAN_OPTIONS=detect_leaks=0 \
     .build-asan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel --skip IntegrationTests

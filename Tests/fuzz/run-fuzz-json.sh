@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# FUZZ_OPT=-Onone (and, for the wire target, FUZZ_CONFIG=debug) builds without optimization: quicker
+# to build, fewer executions per second (Tests/run.sh's short smoke run uses it; the default is -O).
 # Fuzzes FastJSON's decoder with libFuzzer for a bounded time.
 #
 #   Tests/fuzz/run-fuzz-json.sh [SECONDS]      (default 30)
@@ -20,7 +22,7 @@ SWIFTC="${SWIFTC:-swiftc}"
 mkdir -p "$WORK/corpus" "$WORK/artifacts"
 echo "fuzz-json: building in $WORK"
 # (The linker's "Cannot export local symbol __asan_*" notes are expected; they go to build.log.)
-if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library -O -module-name FuzzJSON \
+if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library "${FUZZ_OPT:--O}" -module-name FuzzJSON \
     "$HERE/FuzzJSON.swift" "$REPO"/Sources/FastJSON/*.swift -o "$WORK/fuzz-json" >"$WORK/build.log" 2>&1; then
     cat "$WORK/build.log" >&2
     echo "fuzz-json: build failed" >&2

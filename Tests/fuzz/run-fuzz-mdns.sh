@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# FUZZ_OPT=-Onone (and, for the wire target, FUZZ_CONFIG=debug) builds without optimization: quicker
+# to build, fewer executions per second (Tests/run.sh's short smoke run uses it; the default is -O).
 # Fuzzes the DNS message parser and the mDNS engine (Sources/MDNSCore) with libFuzzer for a bounded time.
 #
 #   Tests/fuzz/run-fuzz-mdns.sh [SECONDS]     (default 30; e.g. 3600 for a long run)
@@ -22,7 +24,7 @@ done
 printf '\x00\x00\x84\x00\x00\x00\x00\x01\x00\x00\x00\x00\xc0\x0c\x00\x0c\x00\x01\x00\x00\x00\x78\x00\x02\xc0\x0c' \
   > "$WORK/$name.corpus/compression-loop"
 
-if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library -O -module-name FuzzDNS \
+if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library "${FUZZ_OPT:--O}" -module-name FuzzDNS \
     "$HERE/FuzzDNS.swift" "$REPO"/Sources/MDNSCore/*.swift -o "$WORK/$name" >"$WORK/$name.build.log" 2>&1; then
   cat "$WORK/$name.build.log" >&2; echo "fuzz-mdns: build failed" >&2; exit 2
 fi

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# FUZZ_OPT=-Onone (and, for the wire target, FUZZ_CONFIG=debug) builds without optimization: quicker
+# to build, fewer executions per second (Tests/run.sh's short smoke run uses it; the default is -O).
 # Fuzzes the protocol core (the ProtocolCore target as a whole: frame decoder and envelope, the hello
 # exchange, version 2's Noise handshake and transport decoders) and the DNS-SD record parsing (TXT, A/AAAA) with libFuzzer for a bounded time each.
 #
@@ -17,7 +19,7 @@ status=0
 
 build() {  # build NAME SOURCES...
   local name=$1; shift
-  if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library -O -module-name "$(echo "$name" | tr -c "a-zA-Z0-9\n" "_")" "$@" \
+  if ! nice -n 5 "$SWIFTC" -sanitize=fuzzer,address -parse-as-library "${FUZZ_OPT:--O}" -module-name "$(echo "$name" | tr -c "a-zA-Z0-9\n" "_")" "$@" \
       -o "$WORK/$name" >"$WORK/$name.build.log" 2>&1; then
     cat "$WORK/$name.build.log" >&2; echo "fuzz-wire: build of $name failed" >&2; exit 2
   fi
@@ -60,11 +62,11 @@ printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"
 
 D="$REPO/Sources/Discovery"
 # The core target and its dependencies, instrumented, linked with the harness (Tests/fuzz/FuzzCore).
-if ! (cd "$REPO" && nice -n 5 swift build -c release --product lanmsg-fuzz --sanitize=fuzzer --sanitize=address \
+if ! (cd "$REPO" && nice -n 5 swift build -c "${FUZZ_CONFIG:-release}" --product lanmsg-fuzz --sanitize=fuzzer --sanitize=address \
       -Xswiftc -DFUZZING --scratch-path "$REPO/.build-fuzz") >"$WORK/lanmsg-fuzz.build.log" 2>&1; then
   tail -n 30 "$WORK/lanmsg-fuzz.build.log" >&2; echo "fuzz-wire: build of lanmsg-fuzz failed" >&2; exit 2
 fi
-cp "$REPO/.build-fuzz/release/lanmsg-fuzz" "$WORK/lanmsg-fuzz"
+cp "$REPO/.build-fuzz/${FUZZ_CONFIG:-release}/lanmsg-fuzz" "$WORK/lanmsg-fuzz"
 build fuzz-txt "$HERE/FuzzTXT.swift" "$D/TXTRecord.swift" "$D/DiscoveryError.swift" "$D/RecordParsing.swift" "$D/Types.swift"
 run lanmsg-fuzz 70000
 run fuzz-txt 4096
