@@ -138,7 +138,7 @@ let package = Package(
         .executableTarget(
             name: "preview-server",
             dependencies: [
-                "PreviewKit", "Messaging",
+                "PreviewKit", "Messaging", "ProtocolCore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -162,7 +162,7 @@ let package = Package(
         .executableTarget(
             name: "lanmsg",
             dependencies: [
-                "Messaging", "Discovery",
+                "Messaging", "Discovery", "Transport", "ProtocolCore", "MDNSCore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],

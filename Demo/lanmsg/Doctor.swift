@@ -188,8 +188,7 @@ struct DoctorChecks {
 
     func checkRoundTrip(_ interface: InterfaceInfo, ipv6: Bool) {
         let family = ipv6 ? "IPv6 (ff02::fb)" : "IPv4 (224.0.0.251)"
-        let milliseconds = Int32(clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
-        switch multicastRoundTrip(interface, ipv6: ipv6, timeoutMilliseconds: max(milliseconds, 100)) {
+        switch multicastRoundTrip(interface, ipv6: ipv6, timeoutMilliseconds: Int32(clamping: max(timeout.milliseconds, 100))) {
         case .cameBack(let micros):
             report(Finding(
                 level: .ok, check: "mdns-packets",

@@ -1,4 +1,7 @@
 import Glibc
+import MDNSCore
+import ProtocolCore
+import Transport
 
 // Low-level probes of the host for `lanmsg doctor`: interfaces, the D-Bus socket, who holds UDP
 // port 5353, and whether an mDNS packet sent on an interface comes back. Each returns what it saw;
@@ -185,106 +188,70 @@ enum LoopResult {
 /// does not come back was dropped on this host: by a firewall (the looped copy passes the INPUT
 /// hook), or because the interface cannot send multicast.
 func multicastRoundTrip(_ interface: InterfaceInfo, ipv6: Bool, timeoutMilliseconds: Int32) -> LoopResult {
-    let family = ipv6 ? AF_INET6 : AF_INET
-    let fd = socket(family, Int32(SOCK_DGRAM.rawValue), 0)
+    let fd = socket(ipv6 ? AF_INET6 : AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
     guard fd >= 0 else { return .failed(step: "socket", errno: errno) }
     defer { close(fd) }
-    var one: Int32 = 1
-    let intSize = socklen_t(MemoryLayout<Int32>.size)
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, intSize)
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, intSize)
-    var index = Int32(interface.index)
+    func option<T>(_ level: Int32, _ name: Int32, _ value: T) -> Bool {
+        withUnsafeBytes(of: value) { setsockopt(fd, level, name, $0.baseAddress, socklen_t($0.count)) == 0 }
+    }
+    let index = Int32(interface.index)
+    _ = option(SOL_SOCKET, SO_REUSEADDR, Int32(1))
+    _ = option(SOL_SOCKET, SO_REUSEPORT, Int32(1))
+    let any: SocketAddress
+    let group: SocketAddress
+    do {
+        any = try SocketAddress(ipAddress: ipv6 ? "::" : "0.0.0.0", port: 5353)
+        group = try SocketAddress(ipAddress: ipv6 ? "ff02::fb" : "224.0.0.251", port: 5353, scopeID: ipv6 ? interface.index : nil)
+    } catch {
+        return .failed(step: "address", errno: EINVAL)
+    }
+    if ipv6 { _ = option(Int32(IPPROTO_IPV6), IPV6_V6ONLY, Int32(1)) }
+    let bound = (try? any.withSockAddr { address, length in bind(fd, address, length) }) ?? -1
+    guard bound == 0 else { return .failed(step: "bind \(any)", errno: errno) }
     if ipv6 {
-        setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, intSize)
-        var any = sockaddr_in6()
-        any.sin6_family = sa_family_t(AF_INET6)
-        any.sin6_port = UInt16(5353).bigEndian
-        let bound = withUnsafePointer(to: &any) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
-        }
-        guard bound == 0 else { return .failed(step: "bind [::]:5353", errno: errno) }
         var request = ipv6_mreq()
         inet_pton(AF_INET6, "ff02::fb", &request.ipv6mr_multiaddr)
         request.ipv6mr_interface = UInt32(index)
-        guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_ADD_MEMBERSHIP, &request, socklen_t(MemoryLayout<ipv6_mreq>.size)) == 0
-        else { return .failed(step: "join ff02::fb", errno: errno) }
-        guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MULTICAST_IF, &index, intSize) == 0
-        else { return .failed(step: "IPV6_MULTICAST_IF", errno: errno) }
-        setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MULTICAST_LOOP, &one, intSize)
-        var hops: Int32 = 255
-        setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_MULTICAST_HOPS, &hops, intSize)
+        guard option(Int32(IPPROTO_IPV6), IPV6_ADD_MEMBERSHIP, request) else { return .failed(step: "join ff02::fb", errno: errno) }
+        guard option(Int32(IPPROTO_IPV6), IPV6_MULTICAST_IF, index) else { return .failed(step: "IPV6_MULTICAST_IF", errno: errno) }
+        _ = option(Int32(IPPROTO_IPV6), IPV6_MULTICAST_LOOP, Int32(1))
+        _ = option(Int32(IPPROTO_IPV6), IPV6_MULTICAST_HOPS, Int32(255))
     } else {
-        var any = sockaddr_in()
-        any.sin_family = sa_family_t(AF_INET)
-        any.sin_port = UInt16(5353).bigEndian
-        let bound = withUnsafePointer(to: &any) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0 else { return .failed(step: "bind 0.0.0.0:5353", errno: errno) }
         var request = ip_mreqn()
         inet_pton(AF_INET, "224.0.0.251", &request.imr_multiaddr)
         request.imr_ifindex = index
-        guard setsockopt(fd, Int32(IPPROTO_IP), IP_ADD_MEMBERSHIP, &request, socklen_t(MemoryLayout<ip_mreqn>.size)) == 0
-        else { return .failed(step: "join 224.0.0.251", errno: errno) }
-        guard setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_IF, &request, socklen_t(MemoryLayout<ip_mreqn>.size)) == 0
-        else { return .failed(step: "IP_MULTICAST_IF", errno: errno) }
-        setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_LOOP, &one, intSize)
-        var ttl: Int32 = 255
-        setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_TTL, &ttl, intSize)
+        guard option(Int32(IPPROTO_IP), IP_ADD_MEMBERSHIP, request) else { return .failed(step: "join 224.0.0.251", errno: errno) }
+        guard option(Int32(IPPROTO_IP), IP_MULTICAST_IF, request) else { return .failed(step: "IP_MULTICAST_IF", errno: errno) }
+        _ = option(Int32(IPPROTO_IP), IP_MULTICAST_LOOP, Int32(1))
+        _ = option(Int32(IPPROTO_IP), IP_MULTICAST_TTL, Int32(255))
     }
-    // A standard query (RFC 6762) for "lanmsg-doctor-<random>.local" TXT, with a random id: what
-    // comes back must be this very packet.
-    let token = UInt32.random(in: 0..<UInt32.max)
-    let label = Array("lanmsg-doctor-\(String(token, radix: 16))".utf8)
-    var packet: [UInt8] = [UInt8(token >> 8 & 0xff), UInt8(token & 0xff), 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
-    packet += [UInt8(label.count)] + label + [5] + Array("local".utf8) + [0, 0, 16, 0, 1]
-    let started = clock_gettime_ns()
-    let sent: Int
-    if ipv6 {
-        var group = sockaddr_in6()
-        group.sin6_family = sa_family_t(AF_INET6)
-        group.sin6_port = UInt16(5353).bigEndian
-        group.sin6_scope_id = interface.index
-        inet_pton(AF_INET6, "ff02::fb", &group.sin6_addr)
-        sent = withUnsafePointer(to: &group) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                sendto(fd, packet, packet.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
-            }
-        }
-    } else {
-        var group = sockaddr_in()
-        group.sin_family = sa_family_t(AF_INET)
-        group.sin_port = UInt16(5353).bigEndian
-        inet_pton(AF_INET, "224.0.0.251", &group.sin_addr)
-        sent = withUnsafePointer(to: &group) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                sendto(fd, packet, packet.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
+    // A standard query (RFC 6762) for "lanmsg-doctor-<random>.local" TXT, with a random id,
+    // encoded by MDNSCore: what comes back must be this very packet.
+    let token = UInt16.random(in: 0...UInt16.max)
+    guard let name = DNSName("lanmsg-doctor-\(String(UInt32.random(in: 0...UInt32.max), radix: 16)).local") else {
+        return .failed(step: "query name", errno: EINVAL)
     }
+    let packet = DNSMessage(id: token, questions: [DNSQuestion(name: name, type: DNSType.txt)]).encoded()
+    let started = uptimeNanoseconds()
+    let sent = (try? group.withSockAddr { address, length in sendto(fd, packet, packet.count, 0, address, length) }) ?? -1
     guard sent == packet.count else { return .failed(step: "send to the mDNS group", errno: errno) }
     var buffer = [UInt8](repeating: 0, count: 9000)
-    let deadline = started + Int64(timeoutMilliseconds) * 1_000_000
+    let deadline = started + UInt64(timeoutMilliseconds) * 1_000_000
     // Bounded: at most 1,000 packets read (other mDNS traffic) and the timeout.
     for _ in 0..<1_000 {
-        let left = (deadline - clock_gettime_ns()) / 1_000_000
-        guard left > 0 else { return .silent }
+        let now = uptimeNanoseconds()
+        guard deadline > now + 1_000_000 else { return .silent }
+        let left = (deadline - now) / 1_000_000
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let ready = poll(&poller, 1, Int32(left))
         if ready < 0 && errno == EINTR { continue }
         guard ready > 0 else { return .silent }
         let count = recv(fd, &buffer, buffer.count, 0)
         if count == packet.count, Array(buffer[0..<count]) == packet {
-            return .cameBack(micros: Int((clock_gettime_ns() - started) / 1_000))
+            return .cameBack(micros: Int((uptimeNanoseconds() - started) / 1_000))
         }
     }
     return .silent
 }
 
-func clock_gettime_ns() -> Int64 {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
-}
-
-func errnoText(_ code: Int32) -> String { String(cString: strerror(code)) }
+func errnoText(_ code: Int32) -> String { errnoString(code) }

@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import Logging
 import Prometheus
+import ProtocolCore
 import ServiceLifecycle
 
 /// `--metrics-port`: the swift-metrics figures (the library's and the daemon's) in Prometheus' text
@@ -27,7 +28,7 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
             throw EndpointError("--metrics-address must be an IPv4 address, e.g. 127.0.0.1 (got '\(address)')")
         }
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw EndpointError("metrics endpoint: socket failed: \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw EndpointError("metrics endpoint: socket failed: \(errnoString(errno))") }
         var one: Int32 = 1
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
@@ -37,7 +38,7 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
             }
         }
         guard bound else {
-            let reason = String(cString: strerror(errno))
+            let reason = errnoString(errno)
             close(fd)
             throw EndpointError("metrics endpoint: cannot listen on \(address):\(port): \(reason); choose another --metrics-port")
         }
@@ -71,23 +72,52 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
         }
     }
 
-    /// Reads the request head, answers it, closes.
+    /// Reads the request head, writes the answer (a write source waits for room when the socket
+    /// is full: nothing here blocks the queue), closes. 5 seconds for all of it.
     private func serve(_ fd: Int32) {
         var request: [UInt8] = []
-        let source = DispatchSource.makeReadSource(fileDescriptor: fd, queue: queue)
+        var response: [UInt8] = []
+        var offset = 0
+        let reader = DispatchSource.makeReadSource(fileDescriptor: fd, queue: queue)
+        var writer: (any DispatchSourceWrite)?
         let timer = DispatchSource.makeTimerSource(queue: queue)
         var finished = false
-        // Cancelling both releases their handlers, and with them this closure's hold on them.
+        // The descriptor is closed once every source on it is cancelled (cancel handlers run on
+        // this serial queue). Cancelling also releases the handlers, and their hold on the sources.
+        var open = 1
+        let closeWhenLast = {
+            open -= 1
+            if open == 0 { close(fd) }
+        }
         let finish = {
             guard !finished else { return }
             finished = true
             timer.cancel()
-            source.cancel()
+            reader.cancel()
+            writer?.cancel()
         }
-        source.setCancelHandler { close(fd) }
+        // Writes what the socket takes; true when all of the response is out (or the peer is gone).
+        let writeSome = { [logger] () -> Bool in
+            while offset < response.count {
+                let written = response.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+                if written > 0 {
+                    offset += written
+                } else if written < 0 && errno == EINTR {
+                    continue
+                } else if written < 0 && errno == EAGAIN {
+                    return false
+                } else {
+                    logger.debug("metrics client went away: \(errnoString(errno))")
+                    return true
+                }
+            }
+            return true
+        }
+        reader.setCancelHandler { closeWhenLast() }
         timer.schedule(deadline: .now() + 5)
         timer.setEventHandler { finish() }
-        source.setEventHandler { [weak self] in
+        reader.setEventHandler { [weak self] in
+            guard response.isEmpty else { return }
             var buffer = [UInt8](repeating: 0, count: 4096)
             let count = read(fd, &buffer, buffer.count)
             if count < 0 && (errno == EAGAIN || errno == EINTR) { return }
@@ -97,11 +127,17 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
                 if request.count > 8192 { finish() }
                 return
             }
-            self.respond(to: head, on: fd)
-            finish()
+            response = self.response(to: head)
+            if writeSome() { return finish() }
+            let source = DispatchSource.makeWriteSource(fileDescriptor: fd, queue: self.queue)
+            open += 1
+            source.setCancelHandler { closeWhenLast() }
+            source.setEventHandler { if writeSome() { finish() } }
+            writer = source
+            source.resume()
         }
         timer.resume()
-        source.resume()
+        reader.resume()
     }
 
     /// The request line once the head is complete (ends with an empty line).
@@ -111,10 +147,11 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
         return String(text.split(separator: "\n", maxSplits: 1).first ?? "").trimmingCharacters(in: "\r")
     }
 
-    private func respond(to requestLine: String, on fd: Int32) {
+    /// The whole HTTP response to `requestLine`.
+    private func response(to requestLine: String) -> [UInt8] {
         let parts = requestLine.split(separator: " ")
         let status: String
-        var body: [UInt8]
+        let body: [UInt8]
         var type = "text/plain; charset=utf-8"
         if parts.count >= 2, parts[0] == "GET", parts[1] == "/metrics" || parts[1].hasPrefix("/metrics?") {
             status = "200 OK"
@@ -128,22 +165,7 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
             body = Array("only GET /metrics\n".utf8)
         }
         let head = "HTTP/1.1 \(status)\r\nContent-Type: \(type)\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n"
-        body = Array(head.utf8) + body
-        // A scrape is small (a few KiB): written here, waiting for room at most 5 s in all.
-        var offset = 0
-        let deadline = DispatchTime.now() + 5
-        while offset < body.count && DispatchTime.now() < deadline {
-            let written = body.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-            if written > 0 {
-                offset += written
-            } else if written < 0 && (errno == EAGAIN || errno == EINTR) {
-                var poller = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
-                _ = poll(&poller, 1, 100)
-            } else {
-                logger.debug("metrics client went away: \(String(cString: strerror(errno)))")
-                return
-            }
-        }
+        return Array(head.utf8) + body
     }
 }
 

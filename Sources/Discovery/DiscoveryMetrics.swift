@@ -8,7 +8,7 @@ import CoreMetrics
 final class DiscoveryMetrics: Sendable {
     /// The `event` dimension's values.
     enum Event: String {
-        case published, publishFailed = "publish_failed", renamed
+        case published, publishFailed = "publish_failed"
         case browseAdded = "browse_added", browseRemoved = "browse_removed", browseFailed = "browse_failed"
         case resolved, resolveFailed = "resolve_failed"
     }

@@ -43,15 +43,9 @@ package final class MessagingMetrics: Sendable {
         open = Meter(label: MetricNames.connectionsOpen, dimensions: dimensions, factory: factory)
         accepted = Counter(label: MetricNames.connectionsAccepted, dimensions: dimensions, factory: factory)
         requestTimeouts = Counter(label: MetricNames.requestTimeouts, dimensions: dimensions, factory: factory)
-        refusals = BoundedLabels { reason in
-            Counter(label: MetricNames.connectionsRefused, dimensions: dimensions + [("reason", reason)], factory: factory)
-        }
-        closes = BoundedLabels { reason in
-            Counter(label: MetricNames.connectionsClosed, dimensions: dimensions + [("reason", reason)], factory: factory)
-        }
-        handshakeFailures = BoundedLabels { reason in
-            Counter(label: MetricNames.handshakeFailures, dimensions: dimensions + [("reason", reason)], factory: factory)
-        }
+        refusals = .counters(MetricNames.connectionsRefused, by: "reason", dimensions: dimensions, factory: factory)
+        closes = .counters(MetricNames.connectionsClosed, by: "reason", dimensions: dimensions, factory: factory)
+        handshakeFailures = .counters(MetricNames.handshakeFailures, by: "reason", dimensions: dimensions, factory: factory)
         requestTimers = BoundedLabels { type in
             Timer(label: MetricNames.requestSeconds, dimensions: dimensions + [("type", type)], factory: factory)
         }

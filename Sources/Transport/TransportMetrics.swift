@@ -10,8 +10,6 @@ import ProtocolCore
 /// Counted where it happens: frames and message type ids when a frame is queued or decoded, bytes
 /// when a system call moved them, a send-queue wait when a sender suspends for room.
 package final class TransportMetrics: Sendable {
-    package let factory: any MetricsFactory
-    package let role: String
     let framesIn: Counter
     let framesOut: Counter
     let bytesIn: Counter
@@ -25,8 +23,6 @@ package final class TransportMetrics: Sendable {
     ///   - role: `server` or `client`: the `role` dimension of every metric.
     ///   - factory: Where the metrics go (captured now: later bootstraps do not move them).
     package init(role: String, factory: any MetricsFactory) {
-        self.factory = factory
-        self.role = role
         let dimensions = [("role", role)]
         framesIn = Counter(label: MetricNames.framesReceived, dimensions: dimensions, factory: factory)
         framesOut = Counter(label: MetricNames.framesSent, dimensions: dimensions, factory: factory)
@@ -34,12 +30,8 @@ package final class TransportMetrics: Sendable {
         bytesOut = Counter(label: MetricNames.bytesSent, dimensions: dimensions, factory: factory)
         sendWaits = Counter(label: MetricNames.sendQueueWaits, dimensions: dimensions, factory: factory)
         sendWaitTime = Timer(label: MetricNames.sendQueueWaitSeconds, dimensions: dimensions, factory: factory)
-        messagesIn = BoundedLabels { type in
-            Counter(label: MetricNames.messagesReceived, dimensions: dimensions + [("type", type)], factory: factory)
-        }
-        messagesOut = BoundedLabels { type in
-            Counter(label: MetricNames.messagesSent, dimensions: dimensions + [("type", type)], factory: factory)
-        }
+        messagesIn = .counters(MetricNames.messagesReceived, by: "type", dimensions: dimensions, factory: factory)
+        messagesOut = .counters(MetricNames.messagesSent, by: "type", dimensions: dimensions, factory: factory)
     }
 
     /// A frame was queued for sending.
@@ -88,6 +80,15 @@ package final class BoundedLabels<Metric: Sendable>: Sendable {
     private let table = Locked<[String: Metric]>([:])
 
     package init(make: @escaping @Sendable (String) -> Metric) { self.make = make }
+
+    /// Counters named `label` with `dimensions` plus one whose name is `dimension`.
+    package static func counters(
+        _ label: String, by dimension: String, dimensions: [(String, String)], factory: any MetricsFactory
+    ) -> BoundedLabels<Counter> where Metric == Counter {
+        BoundedLabels<Counter> { value in
+            Counter(label: label, dimensions: dimensions + [(dimension, value)], factory: factory)
+        }
+    }
 
     package subscript(value: String) -> Metric {
         table.withLock { table in
