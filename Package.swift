@@ -49,6 +49,7 @@ let package = Package(
             dependencies: [
                 "CAvahiClient", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Crypto", package: "swift-crypto"),  // TSIG's HMAC (wide-area DNS UPDATE)
             ],
             swiftSettings: strict
         ),
@@ -182,7 +183,7 @@ let package = Package(
         ),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
-        .testTarget(name: "DiscoveryTests", dependencies: ["Discovery"], swiftSettings: strict),
+        .testTarget(name: "DiscoveryTests", dependencies: ["Discovery", "MDNSCore"], swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore"], swiftSettings: strict),

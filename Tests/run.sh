@@ -73,7 +73,8 @@ run_suite() {
 # LANMSG_DISCOVERY_BACKEND=avahi: the unit tests (also under TSan / ASan below) run in the machine's
 # own network namespace, where no mDNS stack may run; without it a ServiceDiscovery there would
 # start the embedded one.
-unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi)
+# LANMSG_WIDE_AREA=off: no wide-area DNS-SD query may leave the machine's own namespace either.
+unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi LANMSG_WIDE_AREA=off)
 run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests
 

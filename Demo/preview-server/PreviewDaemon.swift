@@ -69,6 +69,11 @@ final class PreviewDaemon: Service, Sendable {
                 case .suspended:
                     logger.warning("publication suspended (avahi-daemon lost); it comes back with the daemon")
                 case .failed(let error): logger.error("publishing failed: \(error.message)")
+                case .registered(let name, let domain): self.say("registered as '\(name)' in \(domain)")
+                case .registrationRenamed(let domain, let from, let to):
+                    logger.notice("name taken in \(domain): registered as '\(to)' instead of '\(from)'")
+                case .registrationFailed(let domain, let error):
+                    logger.warning("wide-area registration in \(domain) failed: \(error.message)")
                 }
             }
         }

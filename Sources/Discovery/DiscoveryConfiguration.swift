@@ -68,11 +68,17 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
     /// kernel's (a container's is often a random id). Renamed `kitchen-2` on a conflict. Avahi
     /// uses its daemon's host name.
     public var hostName: String?
+    /// Wide-area DNS-SD through a unicast DNS server: domains browsed beside the link, and
+    /// publishing there with a TSIG key. On by default for browsing (the domains the network
+    /// announces); publishing needs ``WideAreaConfiguration/key``.
+    public var wideArea: WideAreaConfiguration
 
     public init(
         interfaces: InterfacePolicy = .all, ipVersion: IPVersion = .any, advertisedAddresses: [IPAddress] = [],
-        avahiTimeout: Duration = .seconds(1), cacheCapacity: Int = 4096, hostName: String? = nil
+        avahiTimeout: Duration = .seconds(1), cacheCapacity: Int = 4096, hostName: String? = nil,
+        wideArea: WideAreaConfiguration = WideAreaConfiguration()
     ) {
+        self.wideArea = wideArea
         self.interfaces = interfaces
         self.ipVersion = ipVersion
         self.advertisedAddresses = advertisedAddresses
@@ -87,6 +93,11 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
     /// - `LANMSG_DISCOVERY_IP=4` or `6`: one IP version only
     /// - `LANMSG_DISCOVERY_ADVERTISE=192.0.2.7,2001:db8::7`: advertised addresses
     /// - `LANMSG_DISCOVERY_HOSTNAME=kitchen`: the embedded stack's host name
+    /// - `LANMSG_WIDE_AREA=off`: no wide-area DNS-SD (no unicast DNS queries at all)
+    /// - `LANMSG_WIDE_AREA_DOMAIN=lab.example.org`: a unicast domain to browse and publish in
+    /// - `LANMSG_WIDE_AREA_KEY=/etc/lanmsg/host.key`: the TSIG key file to publish with
+    /// - `LANMSG_WIDE_AREA_SERVER=10.0.0.53`: the server taking updates (else found from the zone)
+    /// - `LANMSG_WIDE_AREA_POLL=10`, `LANMSG_WIDE_AREA_LEASE=3600`: seconds (see ``WideAreaConfiguration``)
     /// Malformed values are ignored (and reported by ``ServiceDiscovery``'s log).
     public static func fromEnvironment(_ environment: [String: String]? = nil) -> (
         DiscoveryConfiguration, problems: [String]
@@ -121,6 +132,7 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
                 problems.append("LANMSG_DISCOVERY_ADVERTISE: '\(text)' is not an IP address")
             }
         }
+        problems += configuration.wideArea.apply(environment: env)
         return (configuration, problems)
     }
 

@@ -34,7 +34,7 @@ final class DiscoveryMetrics: Sendable {
         case .added: count(.browseAdded)
         case .removed: count(.browseRemoved)
         case .failed: count(.browseFailed)
-        case .allForNow: break
+        case .allForNow, .updated: break
         }
     }
 

@@ -21,6 +21,13 @@ public final class PublishedService: Sendable {
         /// The backend's object for this publication (an Avahi `Publication`, an embedded
         /// `EmbeddedPublication`); set and read on `owner.queue`, held weakly.
         weak var backendObject: AnyObject?
+        /// Wide-area registrations of this service, one per domain.
+        var wideArea: [WideAreaRegistration] = []
+        /// Their outcome so far, by domain: the name registered, or the last failure.
+        var wideAreaStatus: [String: Result<String, DiscoveryError>] = [:]
+        /// Callers of `registered(timeout:)`.
+        var wideAreaWaiters: [Int: Waiter] = [:]
+        var wideAreaUnpublished = false
     }
 
     struct Waiter {
@@ -93,11 +100,119 @@ public final class PublishedService: Sendable {
         return try result.get()
     }
 
+    /// Wide-area: the name registered in each unicast DNS domain so far (empty without wide-area
+    /// publishing, or before the first registration).
+    public var wideAreaNames: [String: String] {
+        state.withLock { $0.wideAreaStatus.compactMapValues { try? $0.get() } }
+    }
+
+    /// Wide-area: waits until the service is registered in its unicast DNS domain and returns the
+    /// name there.
+    /// - Throws: the registration's error (``DiscoveryError`` `.updateRefused`, `.keyRejected`,
+    ///   `.clockSkew`, `.dnsUnreachable`, …) as soon as it fails, `.timedOut` after `timeout`, or
+    ///   `.notPublished` when the service is not published in any unicast domain.
+    @discardableResult
+    public func registered(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
+        let result: Result<String, DiscoveryError> = await withCheckedContinuation { continuation in
+            let timer = DispatchSource.makeTimerSource(queue: owner.queue)
+            let id: Int? = state.withLock { state in
+                if let outcome = state.wideAreaStatus.values.first {
+                    continuation.resume(returning: outcome)
+                    return nil
+                }
+                if state.wideArea.isEmpty || state.wideAreaUnpublished {
+                    continuation.resume(returning: .failure(DiscoveryError(
+                        .notPublished,
+                        "'\(state.name)' is not published in a unicast DNS domain (no wide-area key configured)")))
+                    return nil
+                }
+                state.nextWaiter += 1
+                state.wideAreaWaiters[state.nextWaiter] = Waiter(continuation: continuation, timer: timer)
+                return state.nextWaiter
+            }
+            guard let id else {
+                timer.activate()
+                timer.cancel()
+                return
+            }
+            timer.setEventHandler { [weak self] in
+                guard let self else { return }
+                let waiter = self.state.withLock { $0.wideAreaWaiters.removeValue(forKey: id) }
+                guard let waiter else { return }
+                waiter.timer.cancel()
+                waiter.continuation.resume(
+                    returning: .failure(DiscoveryError(
+                        .timedOut, "'\(self.name)' was not registered in its unicast DNS domain within \(timeout)")))
+            }
+            timer.schedule(deadline: .now() + timeout.dispatchInterval)
+            timer.activate()
+        }
+        return try result.get()
+    }
+
+    func attachWideArea(_ registrations: [WideAreaRegistration]) {
+        state.withLock { $0.wideArea += registrations }
+        for registration in registrations { registration.start() }
+    }
+
+    /// Stops and deletes the wide-area registrations (each bounded by its update timeout).
+    func stopWideArea() async {
+        let registrations = state.withLock { state -> [WideAreaRegistration] in
+            state.wideAreaUnpublished = true
+            defer { state.wideArea = [] }
+            return state.wideArea
+        }
+        await withTaskGroup(of: Void.self) { group in
+            for registration in registrations { group.addTask { await registration.stop() } }
+        }
+        let waiters = state.withLock { state -> [Waiter] in
+            defer { state.wideAreaWaiters = [:] }
+            return Array(state.wideAreaWaiters.values)
+        }
+        for waiter in waiters {
+            waiter.timer.cancel()
+            waiter.continuation.resume(returning: .failure(DiscoveryError(.notPublished, "the service was unpublished")))
+        }
+    }
+
+    /// The discovery object went away: stop the wide-area registrations in the background.
+    func beginStopWideArea() {
+        let registrations = state.withLock { state -> [WideAreaRegistration] in
+            defer { state.wideArea = [] }
+            return state.wideArea
+        }
+        for registration in registrations { registration.beginStop() }
+    }
+
+    private func recordWideArea(_ event: PublicationEvent) {
+        let (waiters, outcome) = state.withLock { state -> ([Waiter], Result<String, DiscoveryError>?) in
+            let outcome: Result<String, DiscoveryError>
+            switch event {
+            case .registered(let name, let domain):
+                outcome = .success(name)
+                state.wideAreaStatus[domain] = outcome
+            case .registrationFailed(let domain, let error):
+                outcome = .failure(error)
+                state.wideAreaStatus[domain] = outcome
+            default:
+                return ([], nil)
+            }
+            defer { state.wideAreaWaiters = [:] }
+            return (Array(state.wideAreaWaiters.values), outcome)
+        }
+        guard let outcome else { return }
+        for waiter in waiters {
+            waiter.timer.cancel()
+            waiter.continuation.resume(returning: outcome)
+        }
+    }
+
     /// Replaces the TXT record while the service stays published. Remote resolvers that watch the
     /// service see the change (browsers do not).
     /// - Throws: ``DiscoveryError`` `.invalidTXT` (nothing changed), or `.avahi` when the daemon refused it.
     public func updateTXT(_ txt: TXTRecord) async throws(DiscoveryError) {
         try txt.validate()
+        for registration in state.withLock({ $0.wideArea }) { registration.updateTXT(txt) }
         let result: Result<Void, DiscoveryError> = await withCheckedContinuation { continuation in
             owner.queue.async { [self] in continuation.resume(returning: owner.updateTXT(txt, of: self)) }
         }
@@ -107,6 +222,7 @@ public final class PublishedService: Sendable {
     /// Withdraws the service from the network (remote browsers see it removed about a second later).
     /// Idempotent.
     public func unpublish() async {
+        await stopWideArea()
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             owner.queue.async { [self] in
                 owner.unpublish(self)
@@ -116,6 +232,14 @@ public final class PublishedService: Sendable {
     }
 
     func record(_ event: PublicationEvent) {
+        switch event {
+        case .registered, .registrationRenamed, .registrationFailed:
+            recordWideArea(event)
+            continuation.yield(event)
+            return
+        default:
+            break
+        }
         let waiters: [Waiter]
         let result: Result<String, DiscoveryError>?
         (waiters, result) = state.withLock { state in
@@ -132,6 +256,8 @@ public final class PublishedService: Sendable {
             case .failed(let error):
                 state.established = false
                 state.failure = error
+            case .registered, .registrationRenamed, .registrationFailed:
+                break
             }
             let outcome: Result<String, DiscoveryError>? =
                 switch event {

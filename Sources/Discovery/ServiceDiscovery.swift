@@ -32,6 +32,8 @@ public final class ServiceDiscovery: Sendable {
     public let configuration: DiscoveryConfiguration
     /// Events and daemon state through swift-metrics (nil: no back end bootstrapped).
     let metrics = DiscoveryMetrics.make()
+    /// Wide-area DNS-SD beside the link (nil when turned off).
+    let wideArea: WideArea?
 
     /// Creates the discovery object and starts its backend.
     /// - Parameters:
@@ -55,7 +57,17 @@ public final class ServiceDiscovery: Sendable {
             settings = fromEnvironment
             for problem in problems { logger.warning("ignored discovery setting", metadata: ["problem": "\(problem)"]) }
         }
+        // LANMSG_WIDE_AREA=off wins over any configuration: no unicast DNS query leaves the process.
+        if let value = currentEnvironment()["LANMSG_WIDE_AREA"]?.lowercased(), ["off", "0", "no"].contains(value) {
+            settings.wideArea.isEnabled = false
+        }
         self.configuration = settings
+        if settings.wideArea.isEnabled, settings.wideArea.isActive || settings.wideArea.key != nil {
+            let label = settings.hostName.flatMap { $0.isEmpty ? nil : $0 } ?? EmbeddedBackend.hostLabel()
+            wideArea = WideArea(configuration: settings, logger: logger, hostLabel: label)
+        } else {
+            wideArea = nil
+        }
         var choice = backend
         if backend == .automatic, let forced = currentEnvironment()["LANMSG_DISCOVERY_BACKEND"], !forced.isEmpty {
             if let parsed = DiscoveryBackendChoice(rawValue: forced) {
@@ -88,6 +100,7 @@ public final class ServiceDiscovery: Sendable {
     }
 
     deinit {
+        wideArea?.beginShutdown()
         selector.whenDecided { $0.beginShutdown() }
     }
 
@@ -167,11 +180,25 @@ public final class ServiceDiscovery: Sendable {
         }
         let interfaceIndex = try resolvedInterface(interface)
         let version = try configuration.effectiveVersion(ipVersion)
+        let wideAreaDomain = domain.flatMap { Self.isLinkDomain($0) ? nil : WideAreaConfiguration.normalize($0) }
+        if domain != nil, !Self.isLinkDomain(domain!), wideAreaDomain == nil {
+            throw DiscoveryError(.invalidArgument, "'\(domain!)' is not a domain name")
+        }
+        if wideArea?.settings.key != nil, txt.contains(expiresKey) {
+            throw DiscoveryError(
+                .invalidTXT, "the TXT key '\(expiresKey)' is reserved: wide-area publishing puts the registration's expiry there")
+        }
+        // The link always gets the default domain; a unicast domain is for the wide-area side.
         let request = PublishRequest(
-            name: name, type: type, domain: domain, port: port, txt: txt, interface: interfaceIndex, ipVersion: version)
+            name: name, type: type, domain: nil, port: port, txt: txt, interface: interfaceIndex, ipVersion: version)
         do {
             let published = try await selector.backend().publish(request).get()
             metrics?.count(.published)
+            if let wideArea, wideArea.settings.key != nil {
+                var wideRequest = request
+                wideRequest.domain = wideAreaDomain
+                wideArea.register(wideRequest, name: published.name, handle: published)
+            }
             return published
         } catch {
             metrics?.count(.publishFailed)
@@ -198,6 +225,22 @@ public final class ServiceDiscovery: Sendable {
         let request = BrowseRequest(
             type: type, domain: domain, interface: interfaceIndex, ipVersion: try configuration.effectiveVersion(ipVersion))
         let (stream, continuation) = AsyncStream.makeStream(of: BrowseEvent.self)
+        if let wideArea, domain.map({ !Self.isLinkDomain($0) }) ?? wideArea.settings.isActive {
+            // The link and the unicast domains in one stream (or one unicast domain alone).
+            let unicast = domain.map { WideAreaConfiguration.normalize($0) ?? $0 }
+            let linkRequest = BrowseRequest(
+                type: type, domain: nil, interface: request.interface, ipVersion: request.ipVersion)
+            let merged = MergedBrowse(
+                type: type, includesLink: unicast == nil, domains: unicast.map { [$0] }, wideArea: wideArea,
+                logger: logger, continuation: continuation)
+            continuation.onTermination = { _ in merged.stop() }
+            if unicast == nil {
+                selector.whenDecided { backend in merged.start(backend: backend, request: linkRequest) }
+            } else {
+                merged.start(backend: nil, request: linkRequest)
+            }
+            return ServiceBrowser(stream: stream, metrics: metrics)
+        }
         let stop = DeferredStop()
         continuation.onTermination = { _ in stop.cancel() }
         selector.whenDecided { backend in stop.set(backend.startBrowse(request, continuation: continuation)) }
@@ -225,6 +268,7 @@ public final class ServiceDiscovery: Sendable {
                     switch event {
                     case .added(let service): seen.withLock { $0[service.identity] = service }
                     case .removed(let service): _ = seen.withLock { $0.removeValue(forKey: service.identity) }
+                    case .updated(let service): seen.withLock { $0[service.identity] = service }
                     case .allForNow: allForNow = true
                     case .failed: break
                     }
@@ -248,7 +292,10 @@ public final class ServiceDiscovery: Sendable {
     public func resolve(
         _ service: DiscoveredService, ipVersion: IPVersion = .any, timeout: Duration = .seconds(5)
     ) async throws(DiscoveryError) -> ResolvedService {
-        try await resolve(
+        if service.locations.count > 1 || !Self.isLinkDomain(service.identity.domain), wideArea != nil {
+            return try await resolveEverywhere(service, ipVersion: ipVersion, timeout: timeout)
+        }
+        return try await resolve(
             service.identity, sightings: Array(service.seenOn), interface: nil, ipVersion: ipVersion, timeout: timeout)
     }
 
@@ -265,6 +312,16 @@ public final class ServiceDiscovery: Sendable {
         _ identity: ServiceIdentity, sightings: [DiscoveredService.Sighting], interface: Int32?,
         ipVersion: IPVersion, timeout: Duration
     ) async throws(DiscoveryError) -> ResolvedService {
+        if let wideArea, !Self.isLinkDomain(identity.domain) {
+            do {
+                let resolved = try await wideArea.resolve(identity, timeout: timeout).only(try configuration.effectiveVersion(ipVersion))
+                metrics?.count(.resolved)
+                return resolved
+            } catch {
+                metrics?.count(.resolveFailed)
+                throw error
+            }
+        }
         let request = ResolveRequest(
             identity: identity, sightings: sightings, interface: interface,
             ipVersion: try configuration.effectiveVersion(ipVersion))
@@ -288,6 +345,11 @@ public final class ServiceDiscovery: Sendable {
             identity: identity, sightings: [], interface: try resolvedInterface(interface),
             ipVersion: try configuration.effectiveVersion(ipVersion))
         let (stream, continuation) = AsyncStream.makeStream(of: ResolvedService.self, bufferingPolicy: .bufferingNewest(16))
+        if let wideArea, !Self.isLinkDomain(identity.domain) {
+            let task = watchWideArea(identity, wideArea: wideArea, ipVersion: request.ipVersion, continuation: continuation)
+            continuation.onTermination = { _ in task.cancel() }
+            return ServiceWatcher(stream: stream)
+        }
         let stop = DeferredStop()
         continuation.onTermination = { _ in stop.cancel() }
         selector.whenDecided { backend in stop.set(backend.startWatch(request, continuation: continuation)) }
@@ -297,7 +359,15 @@ public final class ServiceDiscovery: Sendable {
     /// Unpublishes everything, stops every browse and resolve, and disconnects from the daemon.
     /// Idempotent. Afterwards no Dispatch source or timer of this object is left.
     public func shutdown() async {
+        await wideArea?.shutdown()
         await selector.backend().shutdown()
+    }
+
+    /// Whether `domain` names the link (`local`), not a unicast DNS domain.
+    static func isLinkDomain(_ domain: String) -> Bool {
+        var text = domain.lowercased()
+        while text.hasSuffix(".") { text.removeLast() }
+        return text == "local" || text.isEmpty
     }
 
     /// The interface index asked for, checked against the interface policy.

@@ -177,6 +177,26 @@ public struct DiscoveredService: Sendable, Hashable, CustomStringConvertible {
     public let isLocal: Bool
     /// Published by this very ``ServiceDiscovery`` object.
     public let isOwn: Bool
+    /// Everywhere this service was found: the link (domain `local`) first, then each unicast DNS
+    /// domain, with the name it has there. One entry unless wide-area DNS-SD found the same service
+    /// (the same `fp` TXT key: the same server key) in several places; ``identity`` is the first place
+    /// it was seen. A resolve asks every place and returns the link's addresses first.
+    public let locations: [ServiceIdentity]
+
+    init(
+        identity: ServiceIdentity, seenOn: Set<Sighting>, isLocal: Bool, isOwn: Bool, locations: [ServiceIdentity]? = nil
+    ) {
+        self.identity = identity
+        self.seenOn = seenOn
+        self.isLocal = isLocal
+        self.isOwn = isOwn
+        self.locations = locations ?? [identity]
+    }
+
+    /// Where the service was found, for listings: `link`, a domain, or both (`link, lab.home.arpa`).
+    public var foundIn: String {
+        locations.map { $0.domain == "local" ? "link" : $0.domain }.joined(separator: ", ")
+    }
 
     /// One place a service was seen: an interface and the IP version of the mDNS packets.
     public struct Sighting: Sendable, Hashable {
@@ -224,6 +244,9 @@ public enum BrowseEvent: Sendable, Hashable, CustomStringConvertible {
     case added(DiscoveredService)
     /// A service went away (its last sighting was removed), or the daemon connection was lost.
     case removed(DiscoveredService)
+    /// A service already reported was found in one more place, or lost one of several (wide-area:
+    /// the link and a unicast domain); ``DiscoveredService/locations`` says where it is now.
+    case updated(DiscoveredService)
     /// Avahi thinks no more services will show up soon (sent once per daemon connection).
     case allForNow
     /// The browse failed; it restarts by itself when the daemon comes back.
@@ -233,6 +256,7 @@ public enum BrowseEvent: Sendable, Hashable, CustomStringConvertible {
         switch self {
         case .added(let service): "added \(service)"
         case .removed(let service): "removed \(service)"
+        case .updated(let service): "updated \(service) (found in \(service.foundIn))"
         case .allForNow: "all for now"
         case .failed(let error): "failed: \(error)"
         }
@@ -249,6 +273,16 @@ public enum PublicationEvent: Sendable, Hashable, CustomStringConvertible {
     case suspended
     /// Avahi refused the service; it is not published.
     case failed(DiscoveryError)
+    /// Wide-area: the service is registered in the unicast DNS domain `domain` under `name`
+    /// (after a first registration, a re-registration, or a rename there).
+    case registered(name: String, domain: String)
+    /// Wide-area: the name was taken in `domain` by another service; registering as `to` there
+    /// (the link keeps its own name).
+    case registrationRenamed(domain: String, from: String, to: String)
+    /// Wide-area: registering in `domain` failed; the error says why and what to do. The link
+    /// publication is not affected; the registration is retried (soon while the DNS server does not
+    /// answer, every 5 minutes after a refusal).
+    case registrationFailed(domain: String, DiscoveryError)
 
     public var description: String {
         switch self {
@@ -256,6 +290,9 @@ public enum PublicationEvent: Sendable, Hashable, CustomStringConvertible {
         case .renamed(let from, let to): "renamed '\(from)' → '\(to)'"
         case .suspended: "suspended (daemon lost)"
         case .failed(let error): "failed: \(error)"
+        case .registered(let name, let domain): "registered as '\(name)' in \(domain)"
+        case .registrationRenamed(let domain, let from, let to): "renamed '\(from)' → '\(to)' in \(domain)"
+        case .registrationFailed(let domain, let error): "registration in \(domain) failed: \(error)"
         }
     }
 }

@@ -182,7 +182,21 @@ struct DNSReader {
         let end = start + length
         guard end <= bytes.count else { throw .truncated }
         let data: RecordData
+        let recordClass = rawClass & 0x7fff
+        if length == 0 && (recordClass == DNSClass.none || recordClass == DNSClass.any) {
+            // DNS UPDATE's prerequisite and delete forms (RFC 2136 §2.4, §2.5): no data, any type.
+            return ResourceRecord(
+                name: owner, data: .other(type: type, rdata: []), ttl: ttl, cacheFlush: rawClass & 0x8000 != 0,
+                recordClass: recordClass)
+        }
         switch type {
+        case DNSType.soa:
+            // Kept raw, but with its two names expanded: a server's reply may compress them.
+            var expanded = ByteWriter()
+            expanded.appendUncompressed(try name())
+            expanded.appendUncompressed(try name())
+            expanded.append(try take(20))
+            data = .other(type: type, rdata: expanded.bytes)
         case DNSType.a:
             guard length == 4 else { throw .badRecordData(type: type) }
             data = .a(try take(4))

@@ -99,6 +99,9 @@ for await line in stdinLines() {
                         case .renamed(let from, let to): say("RENAMED \(from) -> \(to)")
                         case .failed(let error): say("FAILED \(error)")
                         case .suspended: say("SUSPENDED")
+                        case .registered(let name, let domain): say("REGISTERED \(name) in \(domain)")
+                        case .registrationRenamed(let domain, let from, let to): say("WA-RENAMED \(from) -> \(to) in \(domain)")
+                        case .registrationFailed(let domain, let error): say("REGISTER-FAILED \(domain) \(error.code): \(error.message)")
                         }
                     }
                 })
@@ -124,6 +127,7 @@ for await line in stdinLines() {
                         switch event {
                         case .added(let service):
                             say("ADDED \(service.name)")
+                            say("LOCATIONS \(service.name) \(service.foundIn)")
                             Task {
                                 do {
                                     let resolved = try await discovery.resolve(service)
@@ -135,6 +139,7 @@ for await line in stdinLines() {
                                 }
                             }
                         case .removed(let service): say("REMOVED \(service.name)")
+                        case .updated(let service): say("UPDATED \(service.name) \(service.foundIn)")
                         case .allForNow: say("ALLFORNOW")
                         case .failed(let error): say("BROWSE-FAILED \(error)")
                         }

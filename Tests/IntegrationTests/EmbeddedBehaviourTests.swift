@@ -167,7 +167,7 @@ struct EmbeddedBehaviourTests {
                     case .added: count.added += 1
                     case .removed: count.removed += 1
                     case .allForNow: count.allForNow = true
-                    case .failed: break
+                    case .failed, .updated: break
                     }
                 }
             }

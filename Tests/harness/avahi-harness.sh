@@ -113,8 +113,11 @@ cmd_up() {
     echo "HARNESS_NETNS_INODE_$(echo "$h" | tr a-z A-Z)=$(stat -L -c %i "/run/netns/$ns")" >> "$s/env"
     ip -n "$ns" link set lo up
     ip -n "$ns" link set lo multicast on
+    # An empty resolver configuration: the hosts have no DNS server (wide-area DNS-SD asks nobody).
+    : > "$s/resolv.conf"
     ip netns exec "$ns" unshare -m --propagation private sh -c \
-      'mount -t tmpfs tmpfs /run/dbus && mount -t tmpfs tmpfs /run/avahi-daemon && exec sleep 86400' </dev/null >/dev/null 2>&1 &
+      'mount -t tmpfs tmpfs /run/dbus && mount -t tmpfs tmpfs /run/avahi-daemon && mount --bind "$1" /etc/resolv.conf && exec sleep 86400' \
+      sh "$s/resolv.conf" </dev/null >/dev/null 2>&1 &
     echo "HARNESS_HOST_$(echo "$h" | tr a-z A-Z)_PID=$!" >> "$s/env"
     disown $!
   done

@@ -11,6 +11,8 @@ struct InterfaceInfo: Hashable {
     var flags: UInt32
     var ipv4: [[UInt8]] = []
     var ipv6: [[UInt8]] = []
+    /// Each address's prefix length (from its netmask), for the subnet it is on.
+    var prefixLengths: [[UInt8]: Int] = [:]
 
     var isUp: Bool { flags & UInt32(IFF_UP) != 0 && flags & UInt32(IFF_RUNNING) != 0 }
     var isLoopback: Bool { flags & UInt32(IFF_LOOPBACK) != 0 }
@@ -37,10 +39,20 @@ struct InterfaceInfo: Hashable {
                 switch Int32(address.pointee.sa_family) {
                 case AF_INET:
                     let value = UnsafeRawPointer(address).assumingMemoryBound(to: sockaddr_in.self).pointee.sin_addr
-                    info.ipv4.append(withUnsafeBytes(of: value) { Array($0) })
+                    let bytes = withUnsafeBytes(of: value) { Array($0) }
+                    info.ipv4.append(bytes)
+                    if let mask = current.pointee.ifa_netmask {
+                        let raw = UnsafeRawPointer(mask).assumingMemoryBound(to: sockaddr_in.self).pointee.sin_addr
+                        info.prefixLengths[bytes] = withUnsafeBytes(of: raw) { $0.reduce(0) { $0 + $1.nonzeroBitCount } }
+                    }
                 case AF_INET6:
                     let value = UnsafeRawPointer(address).assumingMemoryBound(to: sockaddr_in6.self).pointee.sin6_addr
-                    info.ipv6.append(withUnsafeBytes(of: value) { Array($0) })
+                    let bytes = withUnsafeBytes(of: value) { Array($0) }
+                    info.ipv6.append(bytes)
+                    if let mask = current.pointee.ifa_netmask {
+                        let raw = UnsafeRawPointer(mask).assumingMemoryBound(to: sockaddr_in6.self).pointee.sin6_addr
+                        info.prefixLengths[bytes] = withUnsafeBytes(of: raw) { $0.reduce(0) { $0 + $1.nonzeroBitCount } }
+                    }
                 default:
                     break
                 }

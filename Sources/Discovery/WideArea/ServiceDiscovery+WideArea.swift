@@ -1,0 +1,139 @@
+import Locks
+
+extension ServiceDiscovery {
+    /// Resolves a service found in several places (the link and unicast domains) in all of them at
+    /// once and merges the answers: the link's addresses first. Returns when every place answered,
+    /// or half a second after the first answer, or at `timeout`.
+    func resolveEverywhere(
+        _ service: DiscoveredService, ipVersion: IPVersion, timeout: Duration
+    ) async throws(DiscoveryError) -> ResolvedService {
+        let version = try configuration.effectiveVersion(ipVersion)
+        let places = service.locations
+        let collector = ResolveCollector(count: places.count)
+        let outcome: [Result<ResolvedService, DiscoveryError>?] = await withCheckedContinuation { continuation in
+            collector.start(continuation, timeout: timeout)
+            for (index, place) in places.enumerated() {
+                let sightings = Self.isLinkDomain(place.domain) ? Array(service.seenOn) : []
+                Task {
+                    let result: Result<ResolvedService, DiscoveryError>
+                    do throws(DiscoveryError) {
+                        result = .success(try await self.resolveOne(place, sightings: sightings, ipVersion: version, timeout: timeout))
+                    } catch {
+                        result = .failure(error)
+                    }
+                    collector.record(index, result)
+                }
+            }
+        }
+        var merged: ResolvedService?
+        var addresses: [ServiceAddress] = []
+        var lastError: DiscoveryError?
+        for result in outcome {
+            switch result {
+            case .success(let resolved)?:
+                if merged == nil { merged = resolved }
+                for address in resolved.addresses where !addresses.contains(address) { addresses.append(address) }
+            case .failure(let error)?:
+                lastError = error
+            case nil:
+                continue
+            }
+        }
+        guard let first = merged else {
+            metrics?.count(.resolveFailed)
+            throw lastError ?? DiscoveryError(.timedOut, "no answer from \(service.identity) within \(timeout)")
+        }
+        metrics?.count(.resolved)
+        return ResolvedService(
+            identity: service.identity, hostName: first.hostName, port: first.port, txt: first.txt, addresses: addresses,
+            isLocal: first.isLocal)
+    }
+
+    private func resolveOne(
+        _ place: ServiceIdentity, sightings: [DiscoveredService.Sighting], ipVersion: IPVersion, timeout: Duration
+    ) async throws(DiscoveryError) -> ResolvedService {
+        if let wideArea, !Self.isLinkDomain(place.domain) {
+            return try await wideArea.resolve(place, timeout: timeout).only(ipVersion)
+        }
+        let request = ResolveRequest(identity: place, sightings: sightings, interface: nil, ipVersion: ipVersion)
+        return try await selector.backend().resolve(request, timeout: timeout).get()
+    }
+
+    /// Watches a service in a unicast domain: resolves it again every record TTL (at least every
+    /// poll interval), reporting each change.
+    func watchWideArea(_ identity: ServiceIdentity, wideArea: WideArea, ipVersion: IPVersion, continuation: AsyncStream<ResolvedService>.Continuation) -> Task<Void, Never> {
+        Task {
+            var last: ResolvedService?
+            let interval = min(wideArea.settings.pollInterval, .seconds(Int64(wideArea.settings.recordTTL)))
+            while !Task.isCancelled {
+                if let resolved = try? await wideArea.resolve(identity, timeout: wideArea.settings.queryTimeout).only(ipVersion),
+                    resolved != last
+                {
+                    last = resolved
+                    continuation.yield(resolved)
+                }
+                try? await Task.sleep(for: interval)
+            }
+        }
+    }
+}
+
+/// Gathers the answers of several resolves; ends when all answered, half a second after the first
+/// success, or at the timeout — whichever comes first.
+private final class ResolveCollector: Sendable {
+    private struct State {
+        var results: [Result<ResolvedService, DiscoveryError>?]
+        var continuation: CheckedContinuation<[Result<ResolvedService, DiscoveryError>?], Never>?
+        var graceStarted = false
+    }
+    private let state: Locked<State>
+
+    init(count: Int) { state = Locked(State(results: Array(repeating: nil, count: count))) }
+
+    func start(_ continuation: CheckedContinuation<[Result<ResolvedService, DiscoveryError>?], Never>, timeout: Duration) {
+        state.withLock { $0.continuation = continuation }
+        Task {
+            try? await Task.sleep(for: timeout)
+            self.finish()
+        }
+    }
+
+    func record(_ index: Int, _ result: Result<ResolvedService, DiscoveryError>) {
+        let (done, startGrace) = state.withLock { state -> (Bool, Bool) in
+            state.results[index] = result
+            let done = state.results.allSatisfy { $0 != nil }
+            var startGrace = false
+            if case .success = result, !state.graceStarted {
+                state.graceStarted = true
+                startGrace = true
+            }
+            return (done, startGrace)
+        }
+        if done {
+            finish()
+        } else if startGrace {
+            Task {
+                try? await Task.sleep(for: .milliseconds(500))
+                self.finish()
+            }
+        }
+    }
+
+    private func finish() {
+        let (continuation, results) = state.withLock { state in
+            defer { state.continuation = nil }
+            return (state.continuation, state.results)
+        }
+        continuation?.resume(returning: results)
+    }
+}
+
+extension ResolvedService {
+    /// Only the addresses of one IP version (all for `.any`).
+    func only(_ version: IPVersion) -> ResolvedService {
+        guard version != .any else { return self }
+        return ResolvedService(
+            identity: identity, hostName: hostName, port: port, txt: txt,
+            addresses: addresses.filter { $0.ip.version == version }, isLocal: isLocal)
+    }
+}

@@ -1,0 +1,237 @@
+import Dispatch
+import Locks
+import Logging
+import MDNSCore
+
+/// The wide-area side of one ``ServiceDiscovery``: unicast DNS-SD beside the link's mDNS. Holds the
+/// DNS client, the domains the network announces, the registrations (told when the host's addresses
+/// change) and a cache of where each zone's data is.
+final class WideArea: Sendable {
+    let dns: UnicastDNS
+    let configuration: DiscoveryConfiguration
+    let logger: Logger
+    let hostLabel: String
+
+    private struct State {
+        var domains: (value: AnnouncedDomains, at: ContinuousClock.Instant)?
+        var registrations: [ObjectIdentifier: WideAreaRegistration] = [:]
+        var zones: [DNSName: (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: ContinuousClock.Instant)] = [:]
+        var monitor: NetlinkMonitor?
+        var monitorSource: (any DispatchSourceRead)?
+        var debounce: (any DispatchSourceTimer)?
+        var stopped = false
+    }
+
+    private let state = Locked(State())
+
+    init(configuration: DiscoveryConfiguration, logger: Logger, hostLabel: String) {
+        self.configuration = configuration
+        self.logger = logger
+        self.hostLabel = hostLabel
+        self.dns = UnicastDNS(settings: configuration.wideArea, logger: logger)
+    }
+
+    var settings: WideAreaConfiguration { configuration.wideArea }
+
+    // MARK: Domains (RFC 6763 §11)
+
+    /// Browse and registration domains: the configured ones first, then those the network announces.
+    struct AnnouncedDomains: Sendable, Equatable {
+        var browse: [String] = []
+        var registration: [String] = []
+    }
+
+    /// The domains to use, enumerated at most every `maxAge` (asked again after interface changes).
+    func domains(maxAge: Duration = .seconds(300)) async -> AnnouncedDomains {
+        if let cached = state.withLock({ $0.domains }), ContinuousClock.now - cached.at < maxAge { return cached.value }
+        var result = AnnouncedDomains(browse: settings.domains, registration: settings.domains)
+        if settings.enumeratesDomains {
+            let announced = await enumerate()
+            for domain in announced.browse where !result.browse.contains(domain) { result.browse.append(domain) }
+            for domain in announced.registration where !result.registration.contains(domain) { result.registration.append(domain) }
+        }
+        let value = result
+        state.withLock { $0.domains = (value, ContinuousClock.now) }
+        return result
+    }
+
+    /// Asks `b`, `db`, `lb` (browse) and `r`, `dr` (registration) `._dns-sd._udp` under each search
+    /// domain and each subnet's reverse-mapping name, all at once.
+    private func enumerate() async -> AnnouncedDomains {
+        var bases = dns.searchDomains()
+        for name in WideAreaHost.subnetNames(configuration) where !bases.contains(name) { bases.append(name) }
+        guard !bases.isEmpty, !dns.resolvers().isEmpty else { return AnnouncedDomains() }
+        let prefixes = ["db", "b", "lb", "dr", "r"]
+        let answers = await withTaskGroup(of: (Int, Int, [String]).self) { group in
+            for (baseIndex, base) in bases.enumerated() {
+                for (prefixIndex, prefix) in prefixes.enumerated() {
+                    guard let name = base.prepending("\(prefix)._dns-sd._udp") else { continue }
+                    group.addTask {
+                        let records = (try? await self.dns.records(name, DNSType.ptr)) ?? []
+                        let domains = records.compactMap { record -> String? in
+                            guard case .ptr(let target) = record.data, !target.labels.isEmpty else { return nil }
+                            return WideAreaConfiguration.normalize(target.description)
+                        }
+                        return (baseIndex, prefixIndex, domains)
+                    }
+                }
+            }
+            var all: [(Int, Int, [String])] = []
+            for await answer in group { all.append(answer) }
+            return all.sorted { ($0.0, $0.1) < ($1.0, $1.1) }
+        }
+        var result = AnnouncedDomains()
+        for (_, prefixIndex, domains) in answers {
+            for domain in domains where domain != "local" {
+                if prefixIndex < 3 {
+                    if !result.browse.contains(domain) { result.browse.append(domain) }
+                } else if !result.registration.contains(domain) {
+                    result.registration.append(domain)
+                }
+            }
+        }
+        logger.debug(
+            "wide-area domains",
+            metadata: [
+                "bases": "\(bases.map(\.description).joined(separator: " "))",
+                "browse": "\(result.browse.joined(separator: " "))",
+                "registration": "\(result.registration.joined(separator: " "))",
+            ])
+        return result
+    }
+
+    // MARK: Zones
+
+    /// The zone holding `name` and the servers that have its data (cached for a minute).
+    func zone(of name: DNSName) async throws(DiscoveryError) -> (zone: UnicastDNS.Zone, servers: [DNSServerAddress]) {
+        if let cached = state.withLock({ $0.zones[name] }), ContinuousClock.now - cached.at < .seconds(60) {
+            return (cached.zone, cached.servers)
+        }
+        let zone = try await dns.zone(of: name)
+        let servers = await dns.authoritativeServers(of: zone)
+        state.withLock { $0.zones[name] = (zone, servers, ContinuousClock.now) }
+        return (zone, servers)
+    }
+
+    func forgetZone(of name: DNSName) {
+        _ = state.withLock { $0.zones.removeValue(forKey: name) }
+    }
+
+    // MARK: Registrations
+
+    /// Registers `handle`'s service in the configured or announced registration domain.
+    func register(_ request: PublishRequest, name: String, handle: PublishedService) {
+        guard let key = settings.key else { return }
+        let registration = WideAreaRegistration(
+            wideArea: self, domain: request.domain ?? settings.domains.first, name: name, type: request.type,
+            port: request.port, txt: request.txt, key: key, handle: handle, logger: logger)
+        state.withLock { $0.registrations[ObjectIdentifier(registration)] = registration }
+        startMonitor()
+        handle.attachWideArea([registration])
+    }
+
+    func forget(_ registration: WideAreaRegistration) {
+        _ = state.withLock { $0.registrations.removeValue(forKey: ObjectIdentifier(registration)) }
+    }
+
+    /// Watches the host's addresses (netlink) and refreshes the registrations when they change.
+    private func startMonitor() {
+        state.withLock { state in
+            guard state.monitor == nil, !state.stopped, let monitor = NetlinkMonitor() else { return }
+            let queue = dns.client.queue
+            let source = DispatchSource.makeReadSource(fileDescriptor: monitor.fd, queue: queue)
+            source.setEventHandler { [weak self] in
+                monitor.drain()
+                self?.addressesMayHaveChanged()
+            }
+            source.setCancelHandler { monitor.close() }
+            source.resume()
+            state.monitor = monitor
+            state.monitorSource = source
+        }
+    }
+
+    /// Changes come in bursts: act half a second after the last one.
+    private func addressesMayHaveChanged() {
+        let timer = DispatchSource.makeTimerSource(queue: dns.client.queue)
+        timer.schedule(deadline: .now() + .milliseconds(500))
+        timer.setEventHandler { [weak self] in
+            guard let self else { return }
+            let registrations = self.state.withLock { state -> [WideAreaRegistration] in
+                state.domains = nil  // subnets may have changed too
+                return Array(state.registrations.values)
+            }
+            for registration in registrations { registration.addressesChanged() }
+        }
+        timer.resume()
+        let previous = state.withLock { state -> (any DispatchSourceTimer)? in
+            defer { state.debounce = timer }
+            return state.debounce
+        }
+        previous?.cancel()
+    }
+
+    /// Deletes every registration's records (each bounded by the update timeout), then stops watching.
+    func shutdown() async {
+        let registrations = state.withLock { Array($0.registrations.values) }
+        await withTaskGroup(of: Void.self) { group in
+            for registration in registrations { group.addTask { await registration.stop() } }
+        }
+        stopMonitor()
+    }
+
+    /// The discovery object went away: deletions are sent in the background.
+    func beginShutdown() {
+        let registrations = state.withLock { Array($0.registrations.values) }
+        for registration in registrations { registration.beginStop() }
+        stopMonitor()
+    }
+
+    private func stopMonitor() {
+        let (source, debounce) = state.withLock { state -> ((any DispatchSourceRead)?, (any DispatchSourceTimer)?) in
+            state.stopped = true
+            defer {
+                state.monitorSource = nil
+                state.monitor = nil
+                state.debounce = nil
+            }
+            return (state.monitorSource, state.debounce)
+        }
+        source?.cancel()
+        debounce?.cancel()
+    }
+
+    // MARK: Resolving
+
+    /// Resolves an instance in a unicast domain: SRV, TXT, then the target's A and AAAA, asked of
+    /// the zone's own servers (no cache between us and the data).
+    func resolve(_ identity: ServiceIdentity, timeout: Duration) async throws(DiscoveryError) -> ResolvedService {
+        guard let domainName = DNSName(identity.domain), let typeName = DNSName(identity.type),
+            let service = DNSName(labels: typeName.labels + domainName.labels),
+            let instance = DNSName(instance: identity.name, service: service)
+        else {
+            throw DiscoveryError(.invalidArgument, "\(identity) is not a valid DNS name")
+        }
+        let deadline = ContinuousClock.now + timeout
+        let (_, servers) = try await zone(of: domainName)
+        let srv = try await dns.records(instance, DNSType.srv, servers: servers, recursion: false)
+        let txt = (try? await dns.records(instance, DNSType.txt, servers: servers, recursion: false)) ?? []
+        guard let first = srv.first, case .srv(_, _, let port, let target) = first.data else {
+            throw DiscoveryError(.timedOut, "\(identity) has no SRV record in \(identity.domain): it is no longer registered")
+        }
+        var ips = await dns.addresses(of: target, servers: servers, recursion: false)
+        if ips.isEmpty { ips = await dns.addresses(of: target) }
+        guard ContinuousClock.now < deadline || !ips.isEmpty else {
+            throw DiscoveryError(.timedOut, "\(identity) resolved to \(target), which has no address")
+        }
+        let strings: [[UInt8]]
+        if case .txt(let values)? = txt.first?.data { strings = values } else { strings = [] }
+        var record = TXTRecord(wireEntries: strings)
+        record.remove(expiresKey)
+        let own = Set(WideAreaHost.routableAddresses(configuration))
+        return ResolvedService(
+            identity: identity, hostName: target.description, port: port, txt: record,
+            addresses: ips.map { ServiceAddress(ip: $0, interfaceIndex: 0, port: port) },
+            isLocal: ips.contains { own.contains($0) })
+    }
+}

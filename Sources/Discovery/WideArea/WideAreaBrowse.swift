@@ -1,0 +1,187 @@
+import Locks
+import Logging
+import MDNSCore
+
+/// An instance found in a unicast domain, with its TXT record (the browser reads it to hide expired
+/// instances and to tell who published it).
+struct WideAreaInstance: Sendable, Hashable {
+    var identity: ServiceIdentity
+    var txt: TXTRecord
+    /// The `expires` TXT value (seconds since the epoch), when the publisher set one.
+    var expires: UInt64?
+
+    func isExpired(now: UInt64) -> Bool { expires.map { $0 < now } ?? false }
+}
+
+/// What a unicast browse reports.
+enum WideAreaBrowseEvent: Sendable {
+    case added(WideAreaInstance)
+    case removed(WideAreaInstance)
+    /// The first poll is done (also when the domain turned out empty or missing, or unreachable).
+    case allForNow
+}
+
+/// Browses one service type in one unicast DNS domain. BIND has neither DNS Push (RFC 8765) nor
+/// long-lived queries, so it polls: the zone's SOA serial every poll interval (jittered to 80–100 %),
+/// and the type's PTR set only when the serial changed (TCP when the set does not fit a datagram).
+/// New instances' TXT records are read (32 at a time); an instance whose `expires` passed is hidden
+/// (its TXT is read again when the serial changes, and when its expiry passes if it was visible).
+/// A domain that is missing or empty is "all for now" with nothing in it; a server that does not
+/// answer keeps what was seen and is asked again at the next poll.
+final class WideAreaBrowse: Sendable {
+    let wideArea: WideArea
+    let domain: String
+    let type: String
+    let onEvent: @Sendable (WideAreaBrowseEvent) -> Void
+    private let task = Locked<Task<Void, Never>?>(nil)
+    /// Polls so far, DNS queries sent so far (for the figures).
+    let counters = Locked<(polls: Int, queries: Int)>((0, 0))
+
+    init(wideArea: WideArea, domain: String, type: String, onEvent: @escaping @Sendable (WideAreaBrowseEvent) -> Void) {
+        self.wideArea = wideArea
+        self.domain = domain
+        self.type = type
+        self.onEvent = onEvent
+    }
+
+    func start() {
+        let task = Task { await self.run() }
+        self.task.withLock { $0 = task }
+    }
+
+    func stop() {
+        task.withLock { $0 }?.cancel()
+    }
+
+    private var logger: Logger { wideArea.logger }
+
+    private func run() async {
+        guard let domainName = DNSName(domain), let typeName = DNSName(type),
+            let service = DNSName(labels: typeName.labels + domainName.labels)
+        else {
+            onEvent(.allForNow)
+            return
+        }
+        var visible: [String: WideAreaInstance] = [:]
+        var hidden: [String: WideAreaInstance] = [:]
+        var lastSerial: UInt32?
+        var firstDone = false
+        var lastProblem: String?
+        var generator = SystemRandomNumberGenerator()
+        while !Task.isCancelled {
+            counters.withLock { $0.polls += 1 }
+            do {
+                let (zone, servers) = try await wideArea.zone(of: domainName)
+                let serial = try await currentSerial(zone: zone, servers: servers, domainName: domainName)
+                let now = UnicastDNS.now()
+                if serial != lastSerial {
+                    let names = try await instanceNames(service: service, servers: servers)
+                    if Task.isCancelled { return }
+                    for (name, instance) in visible where !names.contains(name) {
+                        visible.removeValue(forKey: name)
+                        onEvent(.removed(instance))
+                    }
+                    for name in hidden.keys where !names.contains(name) { hidden.removeValue(forKey: name) }
+                    // Read TXT for the new ones and for the hidden ones (re-registered?).
+                    let toRead = names.filter { visible[$0] == nil }.sorted()
+                    let read = await readInstances(toRead, service: service, servers: servers)
+                    if Task.isCancelled { return }
+                    for name in toRead {
+                        guard let instance = read[name] else { continue }
+                        if instance.isExpired(now: now) {
+                            if hidden[name] == nil {
+                                logger.debug("wide-area instance expired, hidden", metadata: ["instance": "\(instance.identity)"])
+                            }
+                            hidden[name] = instance
+                        } else {
+                            hidden.removeValue(forKey: name)
+                            visible[name] = instance
+                            onEvent(.added(instance))
+                        }
+                    }
+                    lastSerial = serial
+                }
+                // Visible instances whose expiry passed: read again (a refresh may be on its way).
+                let due = visible.values.filter { $0.isExpired(now: now) }.map(\.identity.name)
+                if !due.isEmpty {
+                    let read = await readInstances(due, service: service, servers: servers)
+                    for name in due {
+                        guard let old = visible[name] else { continue }
+                        if let fresh = read[name], !fresh.isExpired(now: now) {
+                            visible[name] = fresh
+                        } else {
+                            visible.removeValue(forKey: name)
+                            hidden[name] = read[name] ?? old
+                            onEvent(.removed(old))
+                        }
+                    }
+                }
+                lastProblem = nil
+            } catch {
+                if error.message != lastProblem {
+                    // A missing domain is an empty one; other problems are logged once until they change.
+                    logger.debug(
+                        "wide-area browse poll failed", metadata: ["domain": "\(domain)", "type": "\(type)", "error": "\(error.message)"])
+                    lastProblem = error.message
+                }
+                wideArea.forgetZone(of: domainName)
+            }
+            if !firstDone {
+                firstDone = true
+                onEvent(.allForNow)
+            }
+            let interval = wideArea.settings.pollInterval
+            let jittered = interval * Double.random(in: 0.8...1.0, using: &generator)
+            try? await Task.sleep(for: jittered)
+        }
+    }
+
+    private func currentSerial(zone: UnicastDNS.Zone, servers: [DNSServerAddress], domainName: DNSName) async throws(DiscoveryError) -> UInt32 {
+        counters.withLock { $0.queries += 1 }
+        return try await wideArea.dns.zone(of: domainName, servers: servers).serial
+    }
+
+    /// The instance names (first labels) of the type's PTR set.
+    private func instanceNames(service: DNSName, servers: [DNSServerAddress]) async throws(DiscoveryError) -> Set<String> {
+        counters.withLock { $0.queries += 1 }
+        let records = try await wideArea.dns.records(service, DNSType.ptr, servers: servers, recursion: false)
+        var names: Set<String> = []
+        for record in records {
+            guard case .ptr(let target) = record.data, target.parent == service, let label = target.labels.first else { continue }
+            names.insert(String(decoding: label, as: UTF8.self))
+        }
+        return names
+    }
+
+    /// Reads the TXT records of `names`, at most 32 queries in flight. Missing ones are left out.
+    private func readInstances(_ names: [String], service: DNSName, servers: [DNSServerAddress]) async -> [String: WideAreaInstance] {
+        var result: [String: WideAreaInstance] = [:]
+        var pending = names[...]
+        await withTaskGroup(of: (String, WideAreaInstance?).self) { group in
+            func add(_ name: String) {
+                group.addTask {
+                    guard let instance = DNSName(instance: name, service: service) else { return (name, nil) }
+                    self.counters.withLock { $0.queries += 1 }
+                    // No TXT (a PTR left behind, or deleted meanwhile): not an instance to show.
+                    guard let records = try? await self.wideArea.dns.records(instance, DNSType.txt, servers: servers, recursion: false),
+                        !records.isEmpty
+                    else { return (name, nil) }
+                    let strings: [[UInt8]]
+                    if case .txt(let values)? = records.first?.data { strings = values } else { strings = [] }
+                    let txt = TXTRecord(wireEntries: strings)
+                    let identity = ServiceIdentity(name: name, type: self.type, domain: self.domain)
+                    return (name, WideAreaInstance(identity: identity, txt: txt, expires: txt[expiresKey].flatMap { UInt64($0) }))
+                }
+            }
+            for _ in 0..<32 {
+                guard let name = pending.popFirst() else { break }
+                add(name)
+            }
+            for await (name, instance) in group {
+                if let instance { result[name] = instance }
+                if let next = pending.popFirst() { add(next) }
+            }
+        }
+        return result
+    }
+}
