@@ -201,7 +201,7 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "Discovery", "Messaging", .product(name: "Logging", package: "swift-log"),
+                "Discovery", "MDNSCore", "Messaging", .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),  // the README's example
             ],
             swiftSettings: strict

@@ -2,8 +2,9 @@
 # Installs what is missing, builds once, runs every test: unit tests here, integration tests against
 # real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh), then the
 # embedded mDNS backend's tests in namespaces without avahi-daemon (against avahi, itself and
-# python-zeroconf) and the chat and preview tests again on the embedded backend. Exits non-zero
-# on any failure.
+# python-zeroconf), the chat and preview tests again on the embedded backend, and wide-area DNS-SD
+# across a router against a real BIND 9 (Tests/harness/widearea-harness.sh). Exits non-zero on any
+# failure.
 #
 #   Tests/run.sh                 everything (as root: namespaces need it)
 #   Tests/run.sh --tsan          also run every unit test under ThreadSanitizer (TSAN_FILTER=... narrows it)
@@ -36,6 +37,9 @@ zeroconf_python=""
 # PyPI's noiseprotocol in a venv under .build/, for the independent version-2 client.
 noise_python=""
 [ "$unit_only" = yes ] || noise_python=$(Tests/harness/install-noise.sh)
+# PyPI's dnspython in a venv under .build/, for the TSIG interop test of the wide-area suite.
+dnspython=""
+[ "$unit_only" = yes ] || dnspython=$(Tests/harness/install-dnspython.sh)
 
 bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
@@ -81,7 +85,8 @@ run_suite unit env "${unit_env[@]}" \
 if [ "$unit_only" = no ]; then
   # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
   run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" Tests/harness/avahi-harness.sh run --hosts 2 -- \
-    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded'
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded' \
+    --skip WideAreaIntegrationTests
   # The embedded backend: hosts start without avahi-daemon (the tests start it on a host when they need it).
   run_suite integration-embedded env HARNESS_LOG_DIR="$logs" ZEROCONF_PYTHON="$zeroconf_python" \
     Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
@@ -93,6 +98,11 @@ if [ "$unit_only" = no ]; then
     Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter 'ChatIntegrationTests|PreviewIntegrationTests' \
     --skip 'publishesItsLimitsAndKeepsFreeSpaceCurrent|roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent'
+  # Wide-area DNS-SD across a router: BIND 9 in a DNS namespace, hosts on two subnets (Tests/harness/
+  # widearea-harness.sh), avahi-daemon on host c for its wide-area browser.
+  run_suite widearea env HARNESS_LOG_DIR="$logs" DNSPYTHON="$dnspython" \
+    Tests/harness/widearea-harness.sh run --avahi c -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter WideAreaIntegrationTests
 fi
 
 # The DocC catalogs (Messaging, Discovery, Transport) with the snippets, warnings as errors,

@@ -13,6 +13,8 @@ struct RoomInfo: Sendable {
     /// The host's short fingerprint as its TXT record announces it (a hint; joining proves it).
     var fingerprint: String?
     var problem: String?
+    /// Where it was found: `link`, a unicast DNS domain, or both (`link, lab.home.arpa`).
+    var foundIn: String = "link"
 
     /// One line: `Lobby — topic: Friday plans — 2 members — key 1a2b-3c4d-5e6f-7a8b — on bravo.local port 4242 (10.77.0.2, fe80::1%va)`.
     var summary: String {
@@ -26,6 +28,8 @@ struct RoomInfo: Sendable {
             if !addresses.isEmpty { location += " (\(addresses.joined(separator: ", ")))" }
             parts.append(location)
         }
+        let places = foundIn.components(separatedBy: ", ").map { $0 == "link" ? "on the link" : "in \($0)" }
+        parts.append("found " + places.joined(separator: " and "))
         return parts.joined(separator: " — ")
     }
 }
@@ -69,7 +73,7 @@ struct RoomFinder: Sendable {
                                     ? "\($0.ip)%\($0.interfaceName ?? String($0.interfaceIndex))" : "\($0.ip)"
                             },
                             topic: resolved.txt["topic"], members: resolved.txt["members"].flatMap { Int($0) },
-                            fingerprint: resolved.txt["fp"])
+                            fingerprint: resolved.txt["fp"], foundIn: service.foundIn)
                     } catch {
                         return RoomInfo(name: service.name, problem: "could not resolve it: \(error)")
                     }

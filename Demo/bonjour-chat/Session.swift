@@ -23,7 +23,7 @@ final class ChatSession {
     let continuation: AsyncStream<LoopInput>.Continuation
     let key: PreSharedKey?
 
-    init(options: CommonOptions, nick: String) {
+    init(options: CommonOptions, nick: String, discovery configuration: DiscoveryConfiguration) {
         logger = options.logger()
         key = (try? options.preSharedKey()) ?? nil  // validated when the options were parsed
         self.nick = nick
@@ -32,7 +32,7 @@ final class ChatSession {
             color: shouldUseColor(
                 isTerminal: isatty(STDOUT_FILENO) == 1, environment: ProcessInfo.processInfo.environment))
         console = Console(interactive: interactive)
-        discovery = ServiceDiscovery(logger: logger, programName: "bonjour-chat")
+        discovery = ServiceDiscovery(logger: logger, programName: "bonjour-chat", configuration: configuration)
         (stream, continuation) = AsyncStream.makeStream(of: LoopInput.self)
     }
 

@@ -67,6 +67,24 @@ struct CommonOptions: ParsableArguments {
             discussion: "host: only people with the same key can join. join: the host must prove the same key."))
     var keyFile: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Also look for rooms in this unicast DNS domain (wide-area DNS-SD, e.g. across routed subnets).",
+            discussion: """
+                Domains the network announces (DNS-SD domain enumeration under the resolver's search \
+                domains) are used without this option. host: with --wide-area-key, the room is also \
+                registered in this domain. Environment: LANMSG_WIDE_AREA_DOMAIN.
+                """))
+    var wideAreaDomain: String?
+
+    /// The discovery settings: the environment's, with --wide-area-domain (and a key file) on top.
+    func discoveryConfiguration(wideAreaKey: String? = nil) throws(DiscoveryError) -> DiscoveryConfiguration {
+        let (configuration, problems) = try DiscoveryConfiguration.forProgram(
+            wideAreaDomain: wideAreaDomain, wideAreaKeyFile: wideAreaKey)
+        for problem in problems { logger().warning("ignored discovery setting: \(problem)") }
+        return configuration
+    }
+
     /// The pre-shared key, when --key-file was given (validated before the command runs).
     func preSharedKey() throws(TransportError) -> PreSharedKey? {
         guard let keyFile else { return nil }
@@ -76,6 +94,11 @@ struct CommonOptions: ParsableArguments {
     func validate() throws {
         do {
             _ = try preSharedKey()
+        } catch {
+            throw ValidationError(error.message)
+        }
+        do {
+            _ = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain)
         } catch {
             throw ValidationError(error.message)
         }
@@ -113,7 +136,8 @@ struct Rooms: ChatCommandRunner {
 
     func execute() async throws {
         let logger = common.logger()
-        let discovery = ServiceDiscovery(logger: logger, programName: "bonjour-chat")
+        let discovery = ServiceDiscovery(
+            logger: logger, programName: "bonjour-chat", configuration: try common.discoveryConfiguration())
         let rooms = try await RoomFinder(discovery: discovery).list(timeout: .milliseconds(Int(timeout * 1000)))
         await discovery.shutdown()
         if rooms.isEmpty {
@@ -139,15 +163,31 @@ struct Host: ChatCommandRunner {
     @Option(help: "The room's topic.") var topic = ""
     @Option(help: "Your nick (default: your user name).") var nick: String?
     @Option(help: "TCP port to listen on (default: any free port).") var port: UInt16 = 0
+    @Option(
+        help: ArgumentHelp(
+            "Also register the room in a unicast DNS domain, signing the updates with this TSIG key file.",
+            discussion: """
+                The file is what `tsig-keygen -a hmac-sha256 HOST.DOMAIN` writes; the DNS server must \
+                allow the key to add the room (docs/DISCOVERY.md). The domain: --wide-area-domain, else \
+                the one the network announces (dr._dns-sd._udp). Environment: LANMSG_WIDE_AREA_KEY.
+                """))
+    var wideAreaKey: String?
     @OptionGroup var common: CommonOptions
 
     func validate() throws {
         guard !room.isEmpty, room.utf8.count <= 63 else { throw ValidationError("ROOM must be 1 to 63 bytes") }
         if let nick, Room.sanitizeNick(nick) == nil { throw ValidationError("--nick must not be empty") }
+        do {
+            _ = try common.discoveryConfiguration(wideAreaKey: wideAreaKey)
+        } catch {
+            throw ValidationError(error.message)
+        }
     }
 
     func execute() async throws {
-        let session = ChatSession(options: common, nick: nick ?? defaultNick())
+        let session = ChatSession(
+            options: common, nick: nick ?? defaultNick(),
+            discovery: try common.discoveryConfiguration(wideAreaKey: wideAreaKey))
         throw await session.host(room: room, topic: topic, port: port)
     }
 }
@@ -185,7 +225,8 @@ struct Join: ChatCommandRunner {
     }
 
     func execute() async throws {
-        let session = ChatSession(options: common, nick: nick ?? defaultNick())
+        let session = ChatSession(
+            options: common, nick: nick ?? defaultNick(), discovery: try common.discoveryConfiguration())
         let target: JoinTarget = if let host, let port { .direct(host: host, port: port) } else { .room(room) }
         throw await session.join(target, timeout: timeout, rejoinTimeout: rejoinTimeout)
     }

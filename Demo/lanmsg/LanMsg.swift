@@ -6,7 +6,7 @@ struct LanMsg: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "lanmsg",
         abstract: "Tools for apps built on swift-lan-messaging.",
-        subcommands: [Doctor.self])
+        subcommands: [Doctor.self, WideAreaCommand.self])
 }
 
 struct Doctor: AsyncParsableCommand {
@@ -16,8 +16,9 @@ struct Doctor: AsyncParsableCommand {
             Checks, in order: the system D-Bus, who holds UDP port 5353, avahi-daemon (and publishes \
             and browses a test service through it, or through the embedded mDNS stack when Avahi is \
             absent), each interface (up, multicast, addresses, \
-            IPv6 link-local), and whether an mDNS packet sent on each interface comes back (a firewall \
-            dropping port 5353 stops it). With --service and --type, also finds, resolves, connects to \
+            IPv6 link-local), whether an mDNS packet sent on each interface comes back (a firewall \
+            dropping port 5353 stops it), and the wide-area set-up (search domains, announced domains, \
+            the update server, a key's acceptance and the clocks, unsigned updates refused). With --service and --type, also finds, resolves, connects to \
             and handshakes with that service and measures its round-trip time.
             Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed.
             """)
@@ -33,6 +34,12 @@ struct Doctor: AsyncParsableCommand {
 
     @Flag(help: "Show the library's log lines too.")
     var verbose = false
+
+    @Option(help: "Wide-area: a TSIG key file to check (accepted by the update server, not readable by others, clocks agreed). Environment: LANMSG_WIDE_AREA_KEY.")
+    var wideAreaKey: String?
+
+    @Option(help: "Wide-area: the unicast DNS domain to check (default: those the network announces). Environment: LANMSG_WIDE_AREA_DOMAIN.")
+    var wideAreaDomain: String?
 
     func validate() throws {
         if service != nil && type == nil { throw ValidationError("--service needs --type, e.g. --type _preview._tcp") }
@@ -51,6 +58,7 @@ struct Doctor: AsyncParsableCommand {
             if let advice = finding.advice, finding.level != .ok { print("      → \(advice)") }
         }
         await checks.runHostChecks()
+        await checks.checkWideArea(keyFile: wideAreaKey, domain: wideAreaDomain)
         if let service, let type { await checks.checkService(name: service, type: type) }
         print("summary: \(failures) failed, \(warnings) warning\(warnings == 1 ? "" : "s")")
         if failures > 0 { throw ExitCode(1) }

@@ -51,6 +51,19 @@ struct PreviewPushCommand: AsyncParsableCommand {
     @Flag(help: "Say more: the connection's round-trip time and reconnects after each file.")
     var verbose = false
 
+    @Option(
+        help: ArgumentHelp(
+            "Also look for previewers in this unicast DNS domain (wide-area DNS-SD, e.g. across routed subnets).",
+            discussion: "Domains the network announces are used without it. Environment: LANMSG_WIDE_AREA_DOMAIN."))
+    var wideAreaDomain: String?
+
+    /// The environment's discovery settings with --wide-area-domain on top.
+    func discoveryConfiguration(logger: Logger) throws(DiscoveryError) -> DiscoveryConfiguration {
+        let (configuration, problems) = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain)
+        for problem in problems { logger.warning("ignored discovery setting: \(problem)") }
+        return configuration
+    }
+
     func validate() throws {
         if list && !files.isEmpty { throw ValidationError("--list takes no files") }
         if !list && files.isEmpty { throw ValidationError("name at least one file to push (or use --list)") }
@@ -63,6 +76,11 @@ struct PreviewPushCommand: AsyncParsableCommand {
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
         if let keyFile {
             do { _ = try PreSharedKey(contentsOfFile: keyFile) } catch { throw ValidationError(error.message) }
+        }
+        do {
+            _ = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain)
+        } catch {
+            throw ValidationError(error.message)
         }
     }
 
@@ -78,7 +96,10 @@ struct PreviewPushCommand: AsyncParsableCommand {
             return
         }
         let discovery: ServiceDiscovery? =
-            host == nil ? ServiceDiscovery(logger: logger, programName: "preview-push") : nil
+            host == nil
+            ? ServiceDiscovery(
+                logger: logger, programName: "preview-push", configuration: try discoveryConfiguration(logger: logger))
+            : nil
         let target: ServiceTarget
         if let host, let port {
             target = .host(host, port: port)
@@ -157,7 +178,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
     }
 
     func listPreviewers(logger: Logger) async throws {
-        let discovery = ServiceDiscovery(logger: logger, programName: "preview-push")
+        let discovery = ServiceDiscovery(
+            logger: logger, programName: "preview-push", configuration: try discoveryConfiguration(logger: logger))
         defer { Task { await discovery.shutdown() } }
         let found = try await discovery.services(ofType: PreviewProtocol.serviceType, timeout: timeoutDuration) {
             _, allForNow in allForNow
@@ -176,7 +198,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
             let free = resolved.txt[PreviewProtocol.TXTKey.freeSpace].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let max = resolved.txt[PreviewProtocol.TXTKey.maxSize].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let addresses = resolved.addresses.map(\.description).joined(separator: ", ")
-            say("\(service.name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)")
+            say(
+                "\(service.name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)\tfound in \(service.foundIn)")
         }
     }
 }

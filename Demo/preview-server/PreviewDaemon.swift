@@ -16,12 +16,15 @@ final class PreviewDaemon: Service, Sendable {
     let gracePeriod: Duration
     let key: PreSharedKey?
     let security: ChannelSecurity
+    let discoveryConfiguration: DiscoveryConfiguration?
     let logger: Logger
 
     init(
-        store: PreviewStore, partials: PartialTransfers? = nil, name: String, port: UInt16, onReceive: String?, gracePeriod: Duration,
+        store: PreviewStore, partials: PartialTransfers? = nil, name: String, port: UInt16,
+        discovery: DiscoveryConfiguration? = nil, onReceive: String?, gracePeriod: Duration,
         key: PreSharedKey? = nil, security: ChannelSecurity = .standard, logger: Logger
     ) {
+        self.discoveryConfiguration = discovery
         self.key = key
         self.security = security
         self.store = store
@@ -35,7 +38,8 @@ final class PreviewDaemon: Service, Sendable {
 
     func run() async throws {
         let logger = self.logger
-        let discovery = ServiceDiscovery(logger: logger, programName: "preview-server")
+        let discovery = ServiceDiscovery(
+            logger: logger, programName: "preview-server", configuration: discoveryConfiguration)
         let stopping = Mutex(false)
         let service = PreviewService(store: store, partials: partials, logger: logger) { [weak self] file in
             await self?.stored(file)

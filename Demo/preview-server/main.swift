@@ -76,6 +76,23 @@ struct PreviewServerCommand: AsyncParsableCommand {
     @Option(help: "The address the metrics endpoint listens on (an IPv4 address; default: loopback only).")
     var metricsAddress: String = "127.0.0.1"
 
+    @Option(
+        help: ArgumentHelp(
+            "Also register the previewer in a unicast DNS domain (wide-area DNS-SD), signing the updates with this "
+                + "TSIG key file (what tsig-keygen writes). Environment: LANMSG_WIDE_AREA_KEY.", valueName: "file"))
+    var wideAreaKey: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "The unicast DNS domain to register in (default: the one the network announces, dr._dns-sd._udp). "
+                + "Environment: LANMSG_WIDE_AREA_DOMAIN.", valueName: "domain"))
+    var wideAreaDomain: String?
+
+    /// The environment's discovery settings with the wide-area options on top.
+    func discoveryConfiguration() throws(DiscoveryError) -> (DiscoveryConfiguration, problems: [String]) {
+        try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain, wideAreaKeyFile: wideAreaKey)
+    }
+
     func validate() throws {
         guard Logger.Level(rawValue: logLevel) != nil else {
             throw ValidationError("unknown log level '\(logLevel)'")
@@ -97,6 +114,11 @@ struct PreviewServerCommand: AsyncParsableCommand {
         if pairFor > 0 && accept != "paired" { throw ValidationError("--pair-for needs --accept paired") }
         if let name, name.isEmpty || name.utf8.count > 63 {
             throw ValidationError("--name must be 1 to 63 bytes")
+        }
+        do {
+            _ = try discoveryConfiguration()
+        } catch {
+            throw ValidationError(error.message)
         }
     }
 
@@ -142,8 +164,11 @@ struct PreviewServerCommand: AsyncParsableCommand {
             FileHandle.standardError.write(
                 Data("preview-server: metrics at http://\(metricsAddress):\(endpoint!.port)/metrics\n".utf8))
         }
+        let (discoveryConfiguration, problems) = try discoveryConfiguration()
+        for problem in problems { logger.warning("ignored discovery setting: \(problem)") }
         let daemon = PreviewDaemon(
             store: store, partials: partials, name: name ?? "Preview on \(Self.hostName())", port: port,
+            discovery: discoveryConfiguration,
             onReceive: onReceive,
             gracePeriod: .milliseconds(Int64(gracePeriod * 1000)),
             key: try keyFile.map { try PreSharedKey(contentsOfFile: $0) },

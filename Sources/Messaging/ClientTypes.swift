@@ -35,6 +35,11 @@ public struct ClientConfiguration: Sendable {
     /// restarted, or its grace period expired) ``ClientEvent/undelivered(_:)`` lists the messages
     /// that may not have arrived. nil: no sessions (a message sent while disconnected fails).
     public var session: SessionConfiguration? = SessionConfiguration()
+    /// Servers connected to by name are remembered here with their addresses and proven key; when a
+    /// later browse finds nothing within ``browseTimeout``, the remembered addresses are tried,
+    /// accepting only the remembered key (encrypted channels only). nil: remember nothing.
+    /// Default: ``PeerMemory/standard`` (beside the program's trust store).
+    public var peerMemory: PeerMemory? = .standard
 
     /// - Parameters:
     ///   - peerName: This side's name in the hello (shown to the server), not the service's name.

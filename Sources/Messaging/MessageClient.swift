@@ -364,14 +364,19 @@ public final class MessageClient: Sendable {
     }
 
     private func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
-        let addresses = try await addresses(waiting: waiting)
+        let found = try await addresses(waiting: waiting)
         do {
             var channelConfiguration = configuration.channel
             channelConfiguration.metrics = metrics
             if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
             channelConfiguration.offersSessions = session != nil && sessionInUse
+            if let remembered = found.remembered, let (identity, _) = try configuration.channel.security.resolved() {
+                // Found by memory, not discovery: only the key that was proven there before will do.
+                channelConfiguration.security = .encrypted(identity: identity, trust: .pinned([remembered]))
+            }
             let channel = try await MessageChannel.connect(
-                to: addresses, configuration: channelConfiguration, logger: logger)
+                to: found.addresses, configuration: channelConfiguration, logger: logger)
+            remember(channel, resolved: found.addresses)
             guard let session, sessionInUse else { return (channel, nil) }
             guard channel.peer.sessions else {
                 logger.notice(
@@ -394,11 +399,33 @@ public final class MessageClient: Sendable {
         }
     }
 
-    private func addresses(waiting: Bool) async throws(MessagingError) -> [SocketAddress] {
+    /// A server remembered from an earlier connection (``ClientConfiguration/peerMemory``), when
+    /// the channel is encrypted: there is a key to insist on.
+    private func rememberedEntry() -> PeerMemory.Entry? {
+        guard case .service(let name?, let type, _) = target, configuration.channel.security.isEncrypted,
+            let memory = configuration.peerMemory
+        else { return nil }
+        return memory.entry(type: type, name: name)
+    }
+
+    /// After a connection to a named service: remember where it was and its proven key.
+    private func remember(_ channel: MessageChannel, resolved: [SocketAddress]) {
+        guard case .service(let name?, let type, _) = target, let memory = configuration.peerMemory,
+            let identity = channel.peerIdentity
+        else { return }
+        do {
+            try memory.remember(
+                type: type, name: name, fingerprint: identity.fingerprint, used: channel.remoteAddress, others: resolved)
+        } catch {
+            logger.notice("could not remember the server's addresses: \(error.message)")
+        }
+    }
+
+    private func addresses(waiting: Bool) async throws(MessagingError) -> (addresses: [SocketAddress], remembered: Fingerprint?) {
         switch target {
         case .host(let host, let port):
             do {
-                return try HostLookup.addresses(host: host, port: port)
+                return (try HostLookup.addresses(host: host, port: port), nil)
             } catch {
                 throw MessagingError(.connectFailed, error.message, underlying: error)
             }
@@ -406,9 +433,25 @@ public final class MessageClient: Sendable {
             let queue = self.queue
             var notFoundYet: (@Sendable (MessagingError) -> Void)?
             if waiting { notFoundYet = { error in _ = queue.push(.waiting(error)) } }
-            let service = try await Self.find(
-                name: name, type: type, discovery: discovery,
-                timeout: waiting ? .seconds(86_400) : configuration.browseTimeout, notFoundYet: notFoundYet)
+            let remembered = rememberedEntry()
+            let service: DiscoveredService
+            do {
+                // With a remembered server, a waiting client browses one browse timeout at a time,
+                // trying the remembered addresses in between.
+                service = try await Self.find(
+                    name: name, type: type, discovery: discovery,
+                    timeout: waiting && remembered == nil ? .seconds(86_400) : configuration.browseTimeout,
+                    notFoundYet: notFoundYet)
+            } catch {
+                guard error.code == .serviceNotFound, let remembered else { throw error }
+                logger.notice(
+                    "discovery found no \(type) service named '\(remembered.name)' within \(configuration.browseTimeout); trying the addresses it had last time, accepting only its remembered key",
+                    metadata: [
+                        "addresses": "\(remembered.addresses.map(\.description).joined(separator: ", "))",
+                        "key": "\(remembered.fingerprint.short)",
+                    ])
+                return (remembered.addresses, remembered.fingerprint)
+            }
             let resolved: ResolvedService
             do {
                 resolved = try await discovery.resolve(service, timeout: configuration.resolveTimeout)
@@ -425,7 +468,7 @@ public final class MessageClient: Sendable {
                 throw MessagingError(.serviceNotFound, "\(service.identity) resolved without a usable address")
             }
             logger.debug("resolved", metadata: ["service": "\(resolved)"])
-            return addresses
+            return (addresses, nil)
         }
     }
 

@@ -213,22 +213,9 @@ public final class TrustStore: Sendable {
     }
 
     private func write(_ list: [(name: String, fingerprint: Fingerprint)]) throws(TransportError) {
-        try Identity.createDirectories(for: path)
         var text = "# lanmsg known peers: <fingerprint> <name>\n"
         for (name, fingerprint) in list { text += "\(fingerprint.full) \(name)\n" }
-        let temporary = path + ".tmp.\(getpid())"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
-            throw TransportError(.invalidArgument, "cannot write the trust store '\(path)': \(String(cString: strerror(errno)))")
-        }
-        let bytes = Array(text.utf8)
-        let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd) == 0
-        close(fd)
-        guard written == bytes.count, synced, rename(temporary, path) == 0 else {
-            unlink(temporary)
-            throw TransportError(.invalidArgument, "cannot write the trust store '\(path)': \(String(cString: strerror(errno)))")
-        }
+        try writeFileAtomically(path, text, what: "the trust store")
     }
 }
 

@@ -5,10 +5,13 @@
 //
 //   discovery-peer [avahi|embedded|automatic]
 //   publish NAME TYPE PORT [key=value ...]   → PUBLISHED name | RENAMED from to | FAILED ...
+//                                              wide-area: REGISTERED name in domain | WA-RENAMED from -> to in domain
+//                                              | REGISTER-FAILED domain code: message
 //   txt key=value ...                        → TXT-UPDATED        (the last publication)
 //   unpublish                                → UNPUBLISHED
 //   browse TYPE                              → ADDED name | REMOVED name | ALLFORNOW   (resolves each
 //                                              added service once: RESOLVED name host port txt addresses)
+//   resolve NAME                             → RESOLVED … (a browsed service, in every place it was found)
 //   watch NAME TYPE                          → WATCH name txt
 //   rss                                      → RSS kilobytes
 //   quit                                     → shutdown, exit 0 (also at end of input)
@@ -16,6 +19,7 @@ import Discovery
 import Dispatch
 import Foundation
 import Logging
+import Synchronization
 
 signal(SIGPIPE, SIG_IGN)
 
@@ -82,6 +86,8 @@ say("BACKEND \(await discovery.backend())")
 
 var publication: PublishedService?
 var tasks: [Task<Void, Never>] = []
+/// The services browsed so far, by name (as last reported: added or updated).
+let found = Mutex<[String: DiscoveredService]>([:])
 for await line in stdinLines() {
     let words = line.split(separator: " ").map(String.init)
     guard let command = words.first else { continue }
@@ -126,6 +132,7 @@ for await line in stdinLines() {
                     for await event in browser {
                         switch event {
                         case .added(let service):
+                            found.withLock { $0[service.name] = service }
                             say("ADDED \(service.name)")
                             say("LOCATIONS \(service.name) \(service.foundIn)")
                             Task {
@@ -139,7 +146,9 @@ for await line in stdinLines() {
                                 }
                             }
                         case .removed(let service): say("REMOVED \(service.name)")
-                        case .updated(let service): say("UPDATED \(service.name) \(service.foundIn)")
+                        case .updated(let service):
+                            found.withLock { $0[service.name] = service }
+                            say("UPDATED \(service.name) \(service.foundIn)")
                         case .allForNow: say("ALLFORNOW")
                         case .failed(let error): say("BROWSE-FAILED \(error)")
                         }
@@ -147,6 +156,19 @@ for await line in stdinLines() {
                 })
         } catch {
             say("FAILED \(error)")
+        }
+    case "resolve" where words.count >= 2:
+        // A service browsed earlier (with every place it was found in), by name.
+        let name = words[1...].joined(separator: " ")
+        guard let service = found.withLock({ $0[name] }) else {
+            say("RESOLVE-FAILED \(name) not browsed")
+            continue
+        }
+        do {
+            let resolved = try await discovery.resolve(service)
+            say("RESOLVED \(service.name) \(resolved.hostName) \(resolved.port) \(resolved.txt) | \(resolved.addresses.map(\.numericHost).joined(separator: " "))")
+        } catch {
+            say("RESOLVE-FAILED \(service.name) \(error)")
         }
     case "watch" where words.count == 3:
         do {

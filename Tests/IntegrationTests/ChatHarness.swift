@@ -11,9 +11,13 @@ final class ChatProcess: Sendable {
     private let exitStatus = Mutex<Int32?>(nil)
 
     /// Starts `arguments` on host "b" (through nsenter) or here, on host "a".
-    init(onB: Bool, _ arguments: [String]) throws {
+    convenience init(onB: Bool, _ arguments: [String]) throws {
+        try self.init(prefix: onB ? ["nsenter", "-t", Harness.hostBPID, "-m", "-n", "--"] : [], arguments)
+    }
+
+    /// Starts `prefix + arguments` (the prefix enters another host, e.g. `nsenter -t PID -m -n -u --`).
+    init(prefix: [String], _ arguments: [String]) throws {
         signal(SIGPIPE, SIG_IGN)  // a child that exits must not take the test runner with it
-        let prefix = onB ? ["nsenter", "-t", Harness.hostBPID, "-m", "-n", "--"] : []
         self.arguments = prefix + arguments
         outputPath = NSTemporaryDirectory() + "chat-itest-\(UUID().uuidString).out"
         var fds: [Int32] = [-1, -1]

@@ -70,6 +70,10 @@ final class Peer: Sendable {
         process = try ChatProcess(onB: onB, arguments)
     }
 
+    init(prefix: [String], _ arguments: [String]) throws {
+        process = try ChatProcess(prefix: prefix, arguments)
+    }
+
     /// discovery-peer with a backend (and, for the embedded one, a host name other than the kernel's).
     static func discovery(onB: Bool, backend: String, hostName: String? = nil) async throws -> Peer {
         let environment = hostName.map { ["/usr/bin/env", "LANMSG_DISCOVERY_HOSTNAME=\($0)"] } ?? []

@@ -1,5 +1,6 @@
 // libFuzzer target for the DNS message parser and the mDNS engine that consumes it: everything a
-// hostile responder controls. Built by run-fuzz-mdns.sh with Sources/MDNSCore/*.swift.
+// hostile responder controls; and the unicast reply parser (TSIG split off, its MAC input built,
+// SOA and EDNS read), which a hostile DNS server or an off-path spoofer controls. Built by run-fuzz-mdns.sh with Sources/MDNSCore/*.swift.
 // Invariants: no crash, no hang; a parsed message re-encodes to bytes that parse again, and a
 // second round is stable; an engine fed the datagram keeps its cache within its capacity.
 
@@ -23,6 +24,22 @@ public func fuzzDNS(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
         check(reparsed.records.count == message.records.count, "records lost")
         let third = try? DNSMessage(parsing: reparsed.encoded(maxSize: 1 << 20))
         check(third == reparsed, "re-encoding is not stable")
+    }
+    // The same bytes as a unicast DNS server's reply: TSIG split off (and re-encoded stably), the MAC
+    // input of a response built, SOA and EDNS read.
+    if let signed = try? SignedDNSMessage(parsing: bytes) {
+        _ = signed.message.extendedRcode
+        for record in signed.message.records {
+            _ = record.soa
+            _ = record.ednsOptions.map(\.updateLease)
+        }
+        if let tsig = signed.tsig {
+            let input = tsig.responseDigestInput(requestMAC: [1, 2, 3], unsignedResponse: signed.unsignedBytes)
+            check(input.count > signed.unsignedBytes.count, "the MAC input lost bytes")
+            _ = tsig.serverTime
+            check((try? TSIGRecord(keyName: tsig.keyName, rdata: tsig.rdata)) == tsig, "a TSIG record does not re-encode stably")
+            check(signed.unsignedBytes.count <= bytes.count, "the unsigned part is longer than the message")
+        }
     }
     // The engine, with a publication, a browse and a resolve, fed the datagram as a query and as a
     // response from another host, then run 2 minutes ahead.

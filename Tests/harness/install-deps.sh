@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build, the tests and the demo need, when it is missing (Debian packages).
 # Never starts a service: a policy-rc.d refuses every start during the install, so no avahi-daemon
-# ever runs in the machine's main network namespace.
+# or named ever runs in the machine's main network namespace.
 set -euo pipefail
 
 missing=()
@@ -17,6 +17,10 @@ command -v tmux >/dev/null || missing+=(tmux)
 command -v tcpdump >/dev/null || missing+=(tcpdump)   # the capture check of the encrypted transport
 command -v nft >/dev/null || missing+=(nftables)   # the chaos test: random packet loss
 command -v tc >/dev/null || missing+=(iproute2)
+command -v named >/dev/null || missing+=(bind9)            # the wide-area lab's DNS server (never started here)
+command -v tsig-keygen >/dev/null || missing+=(bind9)
+command -v nsupdate >/dev/null || missing+=(bind9-dnsutils)  # nsupdate and dig: peers we did not write
+command -v dig >/dev/null || missing+=(bind9-dnsutils)
 for extra in "$@"; do command -v "$extra" >/dev/null || missing+=("$extra"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -50,7 +50,8 @@
 # Hosts a, b, c: own network, mount and UTS namespaces; own dbus-daemon --system; /etc/resolv.conf =
 # STATE/resolv.conf ("search lab.home.arpa", "nameserver 10.81.3.53"); avahi-daemon (host-name
 # hosta/hostb/hostc, enable-wide-area=yes) where asked. TSIG keys (hmac-sha256, tsig-keygen) named
-# hosta.lab.home.arpa. etc. in STATE/keys/hostX.key. Enter a host by hand: nsenter -t PID -m -n -u.
+# hosta.lab.home.arpa. etc. in STATE/keys/hostX.key; STATE/keys/guest.key (guest.example.) is known to
+# named but granted nothing. Enter a host by hand: nsenter -t PID -m -n -u.
 #
 # Environment (STATE/env, and exported to CMD by "run"): HARNESS_STATE, HARNESS_TAG, WIDEAREA_SCRIPT
 # (= HARNESS_SCRIPT), WIDEAREA_ZONE=lab.home.arpa, WIDEAREA_DNS=10.81.3.53, WIDEAREA_DNS6=fd81:3::53,
@@ -147,6 +148,8 @@ write_files() {
   for h in a b c; do
     (umask 077; tsig-keygen -a hmac-sha256 "host$h.$ZONE" > "$s/keys/host$h.key")
   done
+  # A key the server knows but the update policy grants nothing (for the policy-violation test).
+  (umask 077; tsig-keygen -a hmac-sha256 "guest.example" > "$s/keys/guest.key")
   local soa="@ SOA ns.$ZONE. hostmaster.$ZONE. 1 3600 600 86400 10"
   {
     echo "\$TTL 60"; echo "\$ORIGIN $ZONE."
@@ -187,11 +190,15 @@ options {
     allow-query { any; };
     allow-transfer { any; };
     notify no;
+    // BIND 9.18.28 and later refuse an RRset over 100 records by default (CVE-2024-1737): a type
+    // with more instances than that needs a higher limit (the 1,000-instance test).
+    max-records-per-type 5000;
 };
 controls { };
 include "$s/keys/hosta.key";
 include "$s/keys/hostb.key";
 include "$s/keys/hostc.key";
+include "$s/keys/guest.key";
 zone "$ZONE" {
     type primary;
     file "$ZONE.db";

@@ -110,16 +110,15 @@ final class MergedBrowse: Sendable {
         let task = Task {
             // The domains, then again every 5 minutes (new ones are browsed, vanished ones stopped).
             while !Task.isCancelled {
-                let domains: [String]
                 if let fixedDomains {
-                    domains = fixedDomains
-                } else {
-                    domains = await wideArea.domains().browse
+                    self.setDomains(fixedDomains)
+                    return
                 }
+                let found = await wideArea.domains()
                 if Task.isCancelled { return }
-                self.setDomains(domains)
-                if self.fixedDomains != nil { return }
-                try? await Task.sleep(for: .seconds(300))
+                self.setDomains(found.browse)
+                // When the DNS server did not answer, ask again soon.
+                try? await Task.sleep(for: found.unanswered == nil ? .seconds(300) : max(.seconds(5), wideArea.settings.pollInterval * 3))
             }
         }
         state.withLock { $0.tasks.append(task) }

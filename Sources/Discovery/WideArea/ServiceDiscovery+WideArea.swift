@@ -32,7 +32,10 @@ extension ServiceDiscovery {
             switch result {
             case .success(let resolved)?:
                 if merged == nil { merged = resolved }
-                for address in resolved.addresses where !addresses.contains(address) { addresses.append(address) }
+                // The same address from a second place adds nothing (the first, the link's, keeps its interface).
+                for address in resolved.addresses where !addresses.contains(where: { $0.ip == address.ip && $0.port == address.port }) {
+                    addresses.append(address)
+                }
             case .failure(let error)?:
                 lastError = error
             case nil:

@@ -174,6 +174,22 @@ final class UnicastDNS: Sendable {
     func send(
         _ update: DNSMessage, key: TSIGKey, servers: [DNSServerAddress], describing what: String
     ) async throws(DiscoveryError) -> UpdateOutcome {
+        try await sendReturningReply(update, key: key, servers: servers, describing: what).outcome
+    }
+
+    /// An update without a signature (for the doctor's check that the server refuses those): the RCODE.
+    func sendUnsigned(_ update: DNSMessage, servers: [DNSServerAddress]) async throws(DiscoveryError) -> UInt16 {
+        let result = await client.exchange(update.encoded(maxSize: 65535), id: update.id, servers: servers, timeout: settings.updateTimeout)
+        switch result {
+        case .success(let reply): return reply.rcode
+        case .failure(let error): throw DiscoveryError(.dnsUnreachable, "an unsigned update got no answer: \(error)")
+        }
+    }
+
+    /// ``send(_:key:servers:describing:)`` with the verified reply.
+    func sendReturningReply(
+        _ update: DNSMessage, key: TSIGKey, servers: [DNSServerAddress], describing what: String
+    ) async throws(DiscoveryError) -> (outcome: UpdateOutcome, reply: DNSReply) {
         let now = Self.now()
         let (bytes, requestMAC) = key.sign(update.encoded(maxSize: 65535), id: update.id, time: now)
         let result = await client.exchange(bytes, id: update.id, servers: servers, timeout: settings.updateTimeout, tcp: bytes.count > 1232)
@@ -229,9 +245,9 @@ final class UnicastDNS: Sendable {
                 .keyRejected, "the reply from \(server) to the update of \(what) did not verify (\(failure)); it was ignored")
         }
         switch reply.rcode {
-        case DNSRcode.noError: return .done
-        case DNSRcode.yxDomain: return .nameExists
-        case DNSRcode.nxDomain, DNSRcode.nxRRSet, DNSRcode.yxRRSet: return .prerequisiteFailed(reply.rcode)
+        case DNSRcode.noError: return (.done, reply)
+        case DNSRcode.yxDomain: return (.nameExists, reply)
+        case DNSRcode.nxDomain, DNSRcode.nxRRSet, DNSRcode.yxRRSet: return (.prerequisiteFailed(reply.rcode), reply)
         case DNSRcode.refused:
             throw DiscoveryError(
                 .updateRefused,

@@ -39,6 +39,8 @@ final class WideArea: Sendable {
     struct AnnouncedDomains: Sendable, Equatable {
         var browse: [String] = []
         var registration: [String] = []
+        /// Some enumeration query got no answer (the list may be incomplete; not cached).
+        var unanswered: String?
     }
 
     /// The domains to use, enumerated at most every `maxAge` (asked again after interface changes).
@@ -49,9 +51,11 @@ final class WideArea: Sendable {
             let announced = await enumerate()
             for domain in announced.browse where !result.browse.contains(domain) { result.browse.append(domain) }
             for domain in announced.registration where !result.registration.contains(domain) { result.registration.append(domain) }
+            result.unanswered = announced.unanswered
         }
         let value = result
-        state.withLock { $0.domains = (value, ContinuousClock.now) }
+        // A list made while the DNS server did not answer is asked again next time.
+        if value.unanswered == nil { state.withLock { $0.domains = (value, ContinuousClock.now) } }
         return result
     }
 
@@ -62,26 +66,32 @@ final class WideArea: Sendable {
         for name in WideAreaHost.subnetNames(configuration) where !bases.contains(name) { bases.append(name) }
         guard !bases.isEmpty, !dns.resolvers().isEmpty else { return AnnouncedDomains() }
         let prefixes = ["db", "b", "lb", "dr", "r"]
-        let answers = await withTaskGroup(of: (Int, Int, [String]).self) { group in
+        let answers = await withTaskGroup(of: (Int, Int, [String], String?).self) { group in
             for (baseIndex, base) in bases.enumerated() {
                 for (prefixIndex, prefix) in prefixes.enumerated() {
                     guard let name = base.prepending("\(prefix)._dns-sd._udp") else { continue }
                     group.addTask {
-                        let records = (try? await self.dns.records(name, DNSType.ptr)) ?? []
+                        let records: [ResourceRecord]
+                        do throws(DiscoveryError) {
+                            records = try await self.dns.records(name, DNSType.ptr)
+                        } catch {
+                            return (baseIndex, prefixIndex, [], error.code == .dnsUnreachable ? error.message : nil)
+                        }
                         let domains = records.compactMap { record -> String? in
                             guard case .ptr(let target) = record.data, !target.labels.isEmpty else { return nil }
                             return WideAreaConfiguration.normalize(target.description)
                         }
-                        return (baseIndex, prefixIndex, domains)
+                        return (baseIndex, prefixIndex, domains, nil)
                     }
                 }
             }
-            var all: [(Int, Int, [String])] = []
+            var all: [(Int, Int, [String], String?)] = []
             for await answer in group { all.append(answer) }
             return all.sorted { ($0.0, $0.1) < ($1.0, $1.1) }
         }
         var result = AnnouncedDomains()
-        for (_, prefixIndex, domains) in answers {
+        result.unanswered = answers.compactMap { $0.3 }.first
+        for (_, prefixIndex, domains, _) in answers {
             for domain in domains where domain != "local" {
                 if prefixIndex < 3 {
                     if !result.browse.contains(domain) { result.browse.append(domain) }

@@ -123,3 +123,27 @@ enum DNSNameText {
         return labels
     }
 }
+
+extension DiscoveryConfiguration {
+    /// What a program's command line and environment ask for: ``fromEnvironment(_:)``, with the
+    /// wide-area options on top — `--wide-area-domain DOMAIN` (browsed, and published in when a key
+    /// is given) and `--wide-area-key FILE` (a `tsig-keygen` key file; publishing needs it).
+    /// - Throws: `.invalidKeyFile` for an unreadable or malformed key file, `.invalidArgument` for a
+    ///   domain that is not a domain name (say it to the user: these are usage errors).
+    public static func forProgram(
+        wideAreaDomain: String? = nil, wideAreaKeyFile: String? = nil, environment: [String: String]? = nil
+    ) throws(DiscoveryError) -> (DiscoveryConfiguration, problems: [String]) {
+        var (configuration, problems) = fromEnvironment(environment)
+        if let wideAreaDomain {
+            guard let domain = WideAreaConfiguration.normalize(wideAreaDomain) else {
+                throw DiscoveryError(.invalidArgument, "--wide-area-domain '\(wideAreaDomain)' is not a domain name")
+            }
+            configuration.wideArea.domains.removeAll { $0 == domain }
+            configuration.wideArea.domains.insert(domain, at: 0)
+        }
+        if let wideAreaKeyFile {
+            configuration.wideArea.key = try TSIGKey(contentsOfFile: wideAreaKeyFile)
+        }
+        return (configuration, problems)
+    }
+}

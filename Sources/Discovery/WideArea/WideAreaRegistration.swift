@@ -224,7 +224,12 @@ final class WideAreaRegistration: Sendable {
     private func locate() async throws(DiscoveryError) -> Plan {
         var chosen = state.withLock { $0.domain }
         if chosen == nil {
-            chosen = await wideArea.domains().registration.first
+            let announced = await wideArea.domains()
+            chosen = announced.registration.first
+            if chosen == nil, let unanswered = announced.unanswered {
+                throw DiscoveryError(
+                    .dnsUnreachable, "cannot learn the domain to register in (dr._dns-sd._udp): \(unanswered)")
+            }
             guard let found = chosen else {
                 throw DiscoveryError(
                     .dnsFailure,

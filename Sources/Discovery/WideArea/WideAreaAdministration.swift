@@ -1,0 +1,159 @@
+import Logging
+import MDNSCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// What an administrator (or `lanmsg doctor` and `lanmsg wide-area`) asks of the wide-area set-up:
+/// the resolver's search domains, the domains the network announces, the update server, whether a
+/// key is accepted and the clocks agree, whether the server takes unsigned updates, the instances
+/// registered in a domain and their expiry, and removing the expired ones a crash left behind.
+public struct WideAreaAdministration: Sendable {
+    let wideArea: WideArea
+
+    /// - Parameter configuration: Its ``DiscoveryConfiguration/wideArea`` settings are used (servers,
+    ///   resolver file, domains, key); wide-area is used here even when turned off for browsing.
+    public init(configuration: DiscoveryConfiguration, logger: Logger) {
+        var settings = configuration
+        settings.wideArea.isEnabled = true
+        wideArea = WideArea(configuration: settings, logger: logger, hostLabel: EmbeddedBackend.hostLabel())
+    }
+
+    /// The resolver configuration's search domains.
+    public var searchDomains: [String] { wideArea.dns.searchDomains().map(\.description) }
+
+    /// The resolvers asked (configured, else the resolver configuration's name servers).
+    public var resolvers: [DNSServerAddress] { wideArea.dns.resolvers() }
+
+    /// The reverse-mapping names of this host's subnets, under which a network may announce domains.
+    public var subnetNames: [String] { WideAreaHost.subnetNames(wideArea.configuration).map(\.description) }
+
+    /// The browse and registration domains: configured ones first, then the announced ones.
+    public func domains() async -> (browse: [String], registration: [String]) {
+        let found = await wideArea.domains(maxAge: .zero)
+        return (found.browse, found.registration)
+    }
+
+    /// The zone holding `domain`, and the servers that take its updates.
+    public func updateServers(for domain: String) async throws(DiscoveryError) -> (zone: String, servers: [DNSServerAddress]) {
+        let zone = try await wideArea.dns.zone(of: try Self.name(domain))
+        return (zone.name.description, try await wideArea.dns.updateServers(for: zone))
+    }
+
+    /// What a signed no-op update (a prerequisite on the zone's apex, no change) says of `key`.
+    public struct KeyCheck: Sendable {
+        /// The server that answered.
+        public var server: DNSServerAddress
+        /// Seconds this host's clock is ahead of the server's (negative: behind), from the time in
+        /// the server's signed reply.
+        public var clockSkew: Int64
+        /// The round trip.
+        public var roundTrip: Duration
+    }
+
+    /// Sends a signed update that changes nothing: the key is accepted when it verifies.
+    /// - Throws: `.keyRejected` (BADSIG, BADKEY), `.clockSkew` (BADTIME), `.dnsUnreachable`, …
+    public func checkKey(_ key: TSIGKey, domain: String) async throws(DiscoveryError) -> KeyCheck {
+        let zone = try await wideArea.dns.zone(of: try Self.name(domain))
+        let servers = try await wideArea.dns.updateServers(for: zone)
+        let started = ContinuousClock.now
+        let update = DNSMessage.update(id: DNSClient.randomID(), zone: zone.name, prerequisites: [.nameInUse(zone.name)], updates: [])
+        let (outcome, reply) = try await wideArea.dns.sendReturningReply(update, key: key, servers: servers, describing: "a no-op update of \(zone.name)")
+        if case .prerequisiteFailed(let rcode) = outcome {
+            throw DiscoveryError(.dnsFailure, "\(reply.server) answered the no-op update with \(DNSRcode.name(rcode))", dnsRcode: rcode)
+        }
+        let serverTime = reply.signed.tsig?.timeSigned ?? UnicastDNS.now()
+        return KeyCheck(
+            server: reply.server, clockSkew: Int64(bitPattern: UnicastDNS.now()) - Int64(bitPattern: serverTime),
+            roundTrip: ContinuousClock.now - started)
+    }
+
+    /// Whether the zone's server lets anyone change it: an unsigned update adding a TXT record under
+    /// `_lanmsg-doctor-probe.<zone>` (removed again at once if it was accepted). true: it was accepted.
+    public func acceptsUnsignedUpdates(domain: String) async throws(DiscoveryError) -> Bool {
+        let zone = try await wideArea.dns.zone(of: try Self.name(domain))
+        let servers = try await wideArea.dns.updateServers(for: zone)
+        guard let probe = zone.name.prepending("_lanmsg-doctor-probe") else { return false }
+        let record = ResourceRecord(name: probe, data: .txt([Array("unsigned update probe".utf8)]), ttl: 1)
+        let add = DNSMessage.update(id: DNSClient.randomID(), zone: zone.name, prerequisites: [.nameNotInUse(probe)], updates: [record])
+        let rcode = try await wideArea.dns.sendUnsigned(add, servers: servers)
+        guard rcode == DNSRcode.noError else { return false }
+        let remove = DNSMessage.update(id: DNSClient.randomID(), zone: zone.name, prerequisites: [], updates: [.deleteName(probe)])
+        _ = try? await wideArea.dns.sendUnsigned(remove, servers: servers)
+        return true
+    }
+
+    /// One instance registered in a unicast domain.
+    public struct Instance: Sendable, Hashable {
+        public var name: String
+        public var type: String
+        public var domain: String
+        public var txt: TXTRecord
+        /// The `expires` time (seconds since the epoch), when the publisher set one.
+        public var expires: UInt64?
+        /// Whether `expires` has passed (a crashed publisher's records).
+        public var isExpired: Bool
+    }
+
+    /// The instances of `type` in `domain`, asked of the zone's own servers.
+    public func instances(type: String, domain: String) async throws(DiscoveryError) -> [Instance] {
+        let domainName = try Self.name(domain)
+        guard let typeName = DNSName(type), let service = DNSName(labels: typeName.labels + domainName.labels) else {
+            throw DiscoveryError(.invalidArgument, "'\(type)' is not a service type")
+        }
+        let (_, servers) = try await wideArea.zone(of: domainName)
+        let pointers = try await wideArea.dns.records(service, DNSType.ptr, servers: servers, recursion: false)
+        let now = UnicastDNS.now()
+        var result: [Instance] = []
+        for record in pointers {
+            guard case .ptr(let target) = record.data, target.parent == service else { continue }
+            let name = target.firstLabelText
+            let txtRecords = (try? await wideArea.dns.records(target, DNSType.txt, servers: servers, recursion: false)) ?? []
+            var txt = TXTRecord()
+            if case .txt(let strings)? = txtRecords.first?.data { txt = TXTRecord(wireEntries: strings) }
+            let expires = txt[expiresKey].flatMap { UInt64($0) }
+            result.append(Instance(name: name, type: type, domain: domain, txt: txt, expires: expires, isExpired: expires.map { $0 < now } ?? false))
+        }
+        return result.sorted { $0.name < $1.name }
+    }
+
+    /// Removes the instances of `type` in `domain` whose expiry passed: SRV and TXT, and their PTR
+    /// by value — each on condition that its TXT is still the expired one (a publisher that
+    /// refreshed meanwhile keeps its records). Returns the names removed.
+    public func removeExpired(type: String, domain: String, key: TSIGKey) async throws(DiscoveryError) -> [String] {
+        let domainName = try Self.name(domain)
+        guard let typeName = DNSName(type), let service = DNSName(labels: typeName.labels + domainName.labels) else {
+            throw DiscoveryError(.invalidArgument, "'\(type)' is not a service type")
+        }
+        let zone = try await wideArea.dns.zone(of: domainName)
+        let servers = try await wideArea.dns.updateServers(for: zone)
+        var removed: [String] = []
+        for instance in try await instances(type: type, domain: domain) where instance.isExpired {
+            guard let name = DNSName(instance: instance.name, service: service) else { continue }
+            let txt = ResourceRecord(name: name, data: .txt(instance.txt.wireEntries), ttl: 0)
+            let update = DNSMessage.update(
+                id: DNSClient.randomID(), zone: zone.name, prerequisites: [.rrsetEquals(txt)],
+                updates: [.deleteRecord(ResourceRecord(name: service, data: .ptr(name), ttl: 0)), .deleteName(name)])
+            let outcome = try await wideArea.dns.send(update, key: key, servers: servers, describing: "the removal of '\(instance.name)'")
+            if outcome == .done { removed.append(instance.name) }
+        }
+        return removed
+    }
+
+    static func name(_ domain: String) throws(DiscoveryError) -> DNSName {
+        guard let normalized = WideAreaConfiguration.normalize(domain), let name = DNSName(normalized) else {
+            throw DiscoveryError(.invalidArgument, "'\(domain)' is not a domain name")
+        }
+        return name
+    }
+}
+
+extension TSIGKey {
+    /// Whether the key file can be read by users other than its owner (it should not be).
+    public static func isReadableByOthers(path: String) -> Bool {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return false }
+        return info.st_mode & 0o044 != 0
+    }
+}

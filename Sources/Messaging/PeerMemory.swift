@@ -1,0 +1,128 @@
+import Foundation
+import Locks
+import ProtocolCore
+import Transport
+
+/// Servers this client connected to by service name, remembered with the addresses it reached them
+/// at and their proven key — so it can still find them when discovery cannot (another subnet with
+/// no DNS-SD server, multicast filtered, the daemon down).
+///
+/// ``MessageClient`` writes an entry after each connection to a named service over an encrypted
+/// channel, and reads it when a browse finds nothing within the browse timeout: it then tries the
+/// remembered addresses, accepting there only the remembered key (a different machine at an old
+/// address is refused, whatever its name). Nothing is stored that an mDNS browse would not show:
+/// service type and name, addresses, port, the key's fingerprint.
+///
+/// One line per service: `<type> <fingerprint> <address>,<address>… <name>`. Every lookup reads the
+/// file, changes are written to a temporary file and renamed into place (mode 0600), like
+/// ``TrustStore``.
+public final class PeerMemory: Sendable {
+    /// One remembered server.
+    public struct Entry: Sendable, Hashable {
+        public var type: String
+        public var name: String
+        public var fingerprint: Fingerprint
+        /// The address that worked first, then the others the service resolved to.
+        public var addresses: [SocketAddress]
+    }
+
+    /// The file.
+    public let path: String
+    private let lock = Lock()
+
+    /// The most addresses kept per service.
+    public static let maxAddresses = 8
+
+    public init(path: String) { self.path = path }
+
+    /// Where an app's memory lives by default: `$XDG_DATA_HOME/lanmsg/<app>/known_addresses`.
+    public static func defaultPath(app: String) -> String { Identity.dataDirectory(app: app) + "/known_addresses" }
+
+    /// The default for this process (`defaultPath(app:)` with the process name).
+    public static var standard: PeerMemory { PeerMemory(path: defaultPath(app: ProcessInfo.processInfo.processName)) }
+
+    /// Every remembered service, in file order.
+    public var entries: [Entry] { lock.withLock { read() } }
+
+    /// The entry for a service, if any.
+    public func entry(type: String, name: String) -> Entry? {
+        lock.withLock { read().first { $0.type == type && $0.name == name } }
+    }
+
+    /// Remembers (or replaces) a service's key and addresses; `used` first.
+    public func remember(type: String, name: String, fingerprint: Fingerprint, used: SocketAddress?, others: [SocketAddress])
+        throws(TransportError)
+    {
+        var addresses: [SocketAddress] = used.map { [$0] } ?? []
+        for address in others where !addresses.contains(address) { addresses.append(address) }
+        let entry = Entry(type: type, name: name, fingerprint: fingerprint, addresses: Array(addresses.prefix(Self.maxAddresses)))
+        guard !entry.addresses.isEmpty, !type.contains(" "), !type.contains("\n"), !name.contains("\n") else { return }
+        try lock.withLock { () throws(TransportError) in
+            var list = read()
+            if list.contains(entry) { return }  // nothing new: no write
+            list.removeAll { $0.type == type && $0.name == name }
+            list.append(entry)
+            try write(list)
+        }
+    }
+
+    /// Forgets a service; returns whether it was remembered.
+    @discardableResult
+    public func forget(type: String, name: String) throws(TransportError) -> Bool {
+        try lock.withLock { () throws(TransportError) -> Bool in
+            let list = read()
+            let kept = list.filter { !($0.type == type && $0.name == name) }
+            guard kept.count != list.count else { return false }
+            try write(kept)
+            return true
+        }
+    }
+
+    private func read() -> [Entry] {
+        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
+            return []
+        }
+        return text.split(separator: "\n").compactMap { line -> Entry? in
+            guard !line.hasPrefix("#") else { return nil }
+            let parts = line.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
+            guard parts.count == 4, let fingerprint = Fingerprint(String(parts[1])) else { return nil }
+            let addresses = parts[2].split(separator: ",").compactMap { Self.parseAddress(String($0)) }
+            guard !addresses.isEmpty, !parts[3].isEmpty else { return nil }
+            return Entry(type: String(parts[0]), name: String(parts[3]), fingerprint: fingerprint, addresses: addresses)
+        }
+    }
+
+    /// `10.0.0.1:4000` or `[fd00::1]:4000` (`[fe80::1%3]:4000`).
+    static func parseAddress(_ text: String) -> SocketAddress? {
+        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        return try? SocketAddress(ipAddress: host, port: port)
+    }
+
+    private func write(_ list: [Entry]) throws(TransportError) {
+        var text = "# lanmsg known addresses: <service type> <fingerprint> <address>,… <service name>\n"
+        for entry in list {
+            text += "\(entry.type) \(entry.fingerprint.full) \(entry.addresses.map(\.description).joined(separator: ",")) \(entry.name)\n"
+        }
+        try writeFileAtomically(path, text, what: "the peer memory")
+    }
+}
+
+/// Writes `text` to `path` through a temporary file renamed into place (mode 0600, fsynced).
+func writeFileAtomically(_ path: String, _ text: String, what: String) throws(TransportError) {
+    try Identity.createDirectories(for: path)
+    let temporary = path + ".tmp.\(getpid())"
+    let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard fd >= 0 else {
+        throw TransportError(.invalidArgument, "cannot write \(what) '\(path)': \(String(cString: strerror(errno)))")
+    }
+    let bytes = Array(text.utf8)
+    let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+    let synced = fsync(fd) == 0
+    close(fd)
+    guard written == bytes.count, synced, rename(temporary, path) == 0 else {
+        unlink(temporary)
+        throw TransportError(.invalidArgument, "cannot write \(what) '\(path)': \(String(cString: strerror(errno)))")
+    }
+}

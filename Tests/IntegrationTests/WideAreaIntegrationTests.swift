@@ -1,0 +1,431 @@
+import Foundation
+import Testing
+
+@testable import Discovery
+@testable import MDNSCore
+
+/// Wide-area DNS-SD in the routed lab (Tests/harness/widearea-harness.sh): our programs and peers
+/// on two subnets, a real BIND 9 as the DNS server, and peers we did not write reading and writing
+/// the zone (dig, nsupdate, avahi's wide-area browser, dnspython).
+@Suite(.serialized, .enabled(if: Lab.isActive, Lab.disabledReason))
+struct WideAreaIntegrationTests {
+    static let zone = Lab.zone
+
+    // MARK: The premise
+
+    @Test func mdnsDoesNotCrossTheRouterButReachesTheSameLink() async throws {
+        let type = "_wa-control._tcp"
+        let off = ["LANMSG_WIDE_AREA": "off"]
+        let publisher = try await Lab.peer(.a, off)
+        let sameLink = try await Lab.peer(.c, off)
+        let otherSubnet = try await Lab.peer(.b, off)
+        try otherSubnet.send("browse \(type)")
+        try sameLink.send("browse \(type)")
+        try publisher.send("publish Control \(type) 4000")
+        try await publisher.wait("PUBLISHED Control")
+        // Positive control: on the same link it is seen.
+        let seen = try await sameLink.wait("ADDED Control", timeout: .seconds(10))
+        // Across the router: the browse has answered and the announcements are long over, nothing came.
+        try await otherSubnet.wait("ALLFORNOW")
+        try await Task.sleep(for: .seconds(2))  // the publisher's announcements (1 s apart) are over
+        #expect(seen.time > 0)
+        #expect(!otherSubnet.lines.contains { $0.text.hasPrefix("ADDED") }, "\(otherSubnet.lines)")
+    }
+
+    // MARK: The programs across the router
+
+    @Test func aRoomOnTheOtherSubnetIsListedJoinedAndChattedInWithoutFlags() async throws {
+        let chat = Harness.binary("bonjour-chat")
+        let room = "Across"
+        let host = try ChatProcess(
+            prefix: Lab.prefix(.b),
+            Lab.programEnvironment(data: Lab.temporaryDirectory("chat-host"))
+                + [chat, "host", room, "--topic", "routed", "--nick", "bob", "--wide-area-key", Lab.keyFile("hostb")])
+        defer { host.stop() }
+        // No wide-area flag on this side: the domain comes from the resolver's search domain.
+        let data = Lab.temporaryDirectory("chat-member")
+        var listing = ""
+        try await Lab.waitUntil("rooms lists \(room) from lab.home.arpa") {
+            listing = try Harness.run(Lab.programEnvironment(data: data) + [chat, "rooms", "--timeout", "2"]).output
+            return listing.contains(room) && listing.contains("found in \(Self.zone)")
+        }
+        #expect(listing.contains("topic: routed"), "\(listing)")
+        #expect(listing.contains("on hostb.\(Self.zone)"), "\(listing)")
+        let member = try ChatProcess(
+            prefix: [], Lab.programEnvironment(data: data) + [chat, "join", room, "--nick", "alice"])
+        defer { member.stop() }
+        try await member.waitForOutput("you joined \(room)")
+        try member.send("hello across the router")
+        try await host.waitForOutput("<alice> hello across the router")
+        member.closeInput()
+        #expect(await member.waitForExit(timeout: .seconds(10)) == 0)
+    }
+
+    @Test func aPreviewPushCrossesTheRouterWithoutFlags() async throws {
+        let directory = Lab.temporaryDirectory("preview-store")
+        let server = try ChatProcess(
+            prefix: Lab.prefix(.b),
+            Lab.programEnvironment(data: Lab.temporaryDirectory("preview-server"))
+                + [Harness.binary("preview-server"), "--directory", directory, "--name", "Projector",
+                    "--wide-area-key", Lab.keyFile("hostb"), "--log-level", "info"])
+        defer { server.stop() }
+        try await server.waitForOutput("registered as 'Projector' in \(Self.zone)")
+        let file = Lab.temporaryDirectory("preview-file") + "/slides.txt"
+        try "routed preview\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let push = try Harness.run(
+            Lab.programEnvironment(data: Lab.temporaryDirectory("preview-push"))
+                + [Harness.binary("preview-push"), "--to", "Projector", "--timeout", "10", file], timeout: .seconds(40))
+        #expect(push.status == 0, "\(push.output)")
+        #expect((try? String(contentsOfFile: directory + "/slides.txt", encoding: .utf8)) == "routed preview\n")
+        let list = try Harness.run(
+            Lab.programEnvironment(data: Lab.temporaryDirectory("preview-list"))
+                + [Harness.binary("preview-push"), "--list", "--timeout", "3"])
+        #expect(list.output.contains("Projector") && list.output.contains("found in \(Self.zone)"), "\(list.output)")
+    }
+
+    // MARK: What is in the zone, read and written by peers we did not write
+
+    @Test func theZoneHoldsExactlyWhatWasPublishedAndAvahiResolvesIt() async throws {
+        let type = "_wa-exact._tcp"
+        let publisher = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb")])
+        let before = UInt64(Date().timeIntervalSince1970)
+        try publisher.send("publish Exact \(type) 4242 fp=exact-1 v=1")
+        try await publisher.wait("REGISTERED Exact in \(Self.zone)")
+        let instance = "Exact.\(type).\(Self.zone)."
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR") == [instance])
+        #expect(try Lab.dig(instance, "SRV") == ["0 0 4242 hostb.\(Self.zone)."])
+        let txt = try #require(try Lab.dig(instance, "TXT").first)
+        #expect(txt.hasPrefix("\"fp=exact-1\" \"v=1\" \"expires="), "\(txt)")
+        let expires = UInt64(txt.split(separator: "=").last!.dropLast()) ?? 0
+        #expect(expires >= before + 3590 && expires <= before + 3610, "expiry \(expires) for a 3600 s lease")
+        // The host's routable addresses only: no link-local, no loopback.
+        #expect(try Lab.dig("hostb.\(Self.zone)", "A") == [Lab.Host.b.address])
+        #expect(try Lab.dig("hostb.\(Self.zone)", "AAAA") == [Lab.Host.b.address6])
+        // avahi's own wide-area browser (on host c) resolves it.
+        var line = ""
+        try await Lab.waitUntil("avahi-browse -d \(Self.zone) resolves Exact", timeout: .seconds(20)) {
+            let result = try Lab.run(.c, ["avahi-browse", "-d", Self.zone, "-r", "-t", "-p", type], timeout: .seconds(15))
+            line = result.output.split(separator: "\n").map(String.init).first { $0.hasPrefix("=") && $0.contains("Exact") } ?? ""
+            return !line.isEmpty
+        }
+        #expect(line.contains("hostb.\(Self.zone);") && line.contains(";4242;"), "\(line)")
+        #expect(line.contains("\"fp=exact-1\""), "\(line)")
+        try publisher.send("unpublish")
+        try await publisher.wait("UNPUBLISHED")
+    }
+
+    @Test func ourBrowserSeesAServiceRegisteredWithNsupdate() async throws {
+        let type = "_wa-manual._tcp"
+        let instance = "ByHand.\(type).\(Self.zone)."
+        try Lab.nsupdate(.c, key: "hostc", [
+            "zone \(Self.zone).",
+            "update add \(instance) 60 SRV 0 0 7777 hostc.\(Self.zone).",
+            "update add \(instance) 60 TXT \"fp=manual\" \"note=typed by hand\"",
+            "update add \(type).\(Self.zone). 60 PTR \(instance)",
+            "update add hostc.\(Self.zone). 60 A \(Lab.Host.c.address)",
+        ])
+        let browser = try await Lab.peer(.b)
+        try browser.send("browse \(type)")
+        try await browser.wait("ADDED ByHand")
+        let resolved = try await browser.wait("RESOLVED ByHand")
+        #expect(resolved.text.contains("hostc.\(Self.zone) 7777") && resolved.text.contains(Lab.Host.c.address), "\(resolved.text)")
+        #expect(resolved.text.contains("note=typed by hand"), "\(resolved.text)")
+        // And removed by hand: the running browser reports it at its next poll.
+        try Lab.nsupdate(.c, key: "hostc", [
+            "zone \(Self.zone).", "update delete \(type).\(Self.zone). PTR \(instance)", "update delete \(instance)",
+        ])
+        try await browser.wait("REMOVED ByHand", timeout: .seconds(5))
+    }
+
+    // MARK: Lifecycle
+
+    @Test func stopRemovesTheRecordsAtOnceAndABrowserSeesItWithinOnePoll() async throws {
+        let type = "_wa-stop._tcp"
+        let browser = try await Lab.peer(.a)
+        try browser.send("browse \(type)")
+        let publisher = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb")])
+        try publisher.send("publish Brief \(type) 4100 fp=brief")
+        let registered = try await publisher.wait("REGISTERED Brief")
+        let added = try await browser.wait("ADDED Brief", timeout: .seconds(5))
+        Harness.measured(
+            "wide-area registration → seen on the other subnet (poll 1 s)", .nanoseconds(Int64(added.time) - Int64(registered.time)))
+        try publisher.send("unpublish")
+        let unpublished = try await publisher.wait("UNPUBLISHED")
+        // At once: no PTR, SRV or TXT left.
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR").isEmpty)
+        #expect(try Lab.dig("Brief.\(type).\(Self.zone)", "SRV").isEmpty)
+        #expect(try Lab.dig("Brief.\(type).\(Self.zone)", "TXT").isEmpty)
+        let removed = try await browser.wait("REMOVED Brief", timeout: .seconds(3))
+        let seconds = Double(removed.time - unpublished.time) / 1e9
+        #expect(seconds <= 2.0, "the browser polls every second; it took \(seconds) s")
+        Harness.measured("wide-area stop → removal seen (poll 1 s)", .nanoseconds(Int64(removed.time) - Int64(unpublished.time)))
+    }
+
+    @Test func aKilledPublishersRecordsExpireAndTheCleanupCommandRemovesThem() async throws {
+        let type = "_wa-crash._tcp"
+        let browser = try await Lab.peer(.a)
+        try browser.send("browse \(type)")
+        let publisher = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb"), "LANMSG_WIDE_AREA_LEASE": "3"])
+        try publisher.send("publish Crashed \(type) 4200 fp=crashed")
+        try await publisher.wait("REGISTERED Crashed")
+        try await browser.wait("ADDED Crashed", timeout: .seconds(5))
+        kill(publisher.process.pid, SIGKILL)
+        _ = await publisher.process.waitForExit(timeout: .seconds(5))
+        let killed = monotonicNanoseconds()
+        // The records stay (BIND ignores leases) ...
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR") == ["Crashed.\(type).\(Self.zone)."])
+        // ... but browsers hide them once the expiry in TXT passed (3 s lease, refreshed at 1.5 s).
+        let removed = try await browser.wait("REMOVED Crashed", after: killed, timeout: .seconds(8))
+        Harness.measured("wide-area kill -9 → hidden by expiry (lease 3 s, poll 1 s)", .nanoseconds(Int64(removed.time) - Int64(killed)))
+        let lanmsg = Harness.binary("lanmsg")
+        let list = try Harness.run([lanmsg, "wide-area", "list", "--type", type])
+        #expect(list.output.contains("Crashed") && list.output.contains("expired"), "\(list.output)")
+        let cleanup = try Harness.run([lanmsg, "wide-area", "cleanup", "--key", Lab.keyFile("hosta"), "--type", type])
+        #expect(cleanup.status == 0, "\(cleanup.output)")
+        #expect(cleanup.output.contains("removed Crashed"), "\(cleanup.output)")
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR").isEmpty)
+        #expect(try Lab.dig("Crashed.\(type).\(Self.zone)", "SRV").isEmpty)
+    }
+
+    @Test func refusalsSayWhyAndLeaveTheZoneUnchanged() async throws {
+        let type = "_wa-refused._tcp"
+        let keys = Lab.temporaryDirectory("bad-keys")
+        // The right name with another secret; a name the server does not know.
+        let wrongSecret = keys + "/wrong.key"
+        let original = try String(contentsOfFile: Lab.keyFile("hosta"), encoding: .utf8)
+        let secret = original.split(separator: "\"")[3]
+        let other = Base64.encode((0..<32).map { UInt8($0 * 7 + 3) })
+        try original.replacingOccurrences(of: String(secret), with: other).write(toFile: wrongSecret, atomically: true, encoding: .utf8)
+        let unknown = keys + "/unknown.key"
+        let generated = try Harness.run(["tsig-keygen", "-a", "hmac-sha256", "stranger.\(Self.zone)"])
+        try generated.output.write(toFile: unknown, atomically: true, encoding: .utf8)
+        let serial = try Lab.serial()
+        for (file, code, words) in [
+            (wrongSecret, "TSIG key rejected", "BADSIG"), (unknown, "TSIG key rejected", "BADKEY"),
+            (Lab.keyFile("guest"), "DNS update refused", "REFUSED"),
+        ] {
+            let peer = try await Lab.peer(.a, ["LANMSG_WIDE_AREA_KEY": file])
+            try peer.send("publish Refused \(type) 4300 fp=refused")
+            let failed = try await peer.wait("REGISTER-FAILED \(Self.zone)", timeout: .seconds(10))
+            #expect(failed.text.contains(code) && failed.text.contains(words), "\(failed.text)")
+            #expect(!peer.lines.contains { $0.text.hasPrefix("REGISTERED") })
+            try await peer.wait("PUBLISHED Refused")  // the link publication goes on
+            peer.stop()
+        }
+        #expect(try Lab.serial() == serial, "a refused update must not change the zone")
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR").isEmpty)
+    }
+
+    @Test func twoHostsClaimingOneNameEndWithOneRenamed() async throws {
+        let type = "_wa-twin._tcp"
+        let first = try await Lab.peer(.a, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hosta")])
+        let second = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb")])
+        try first.send("publish Twin \(type) 4400 fp=twin-a")
+        try second.send("publish Twin \(type) 4401 fp=twin-b")
+        try await first.wait("REGISTERED")
+        try await second.wait("REGISTERED")
+        let names = Set((first.lines + second.lines).filter { $0.text.hasPrefix("REGISTERED") }.map(\.text))
+        #expect(names == ["REGISTERED Twin in \(Self.zone)", "REGISTERED Twin #2 in \(Self.zone)"], "\(names)")
+        #expect((first.lines + second.lines).filter { $0.text.hasPrefix("WA-RENAMED Twin -> Twin #2") }.count == 1)
+        #expect(Set(try Lab.dig("\(type).\(Self.zone)", "PTR")) == ["Twin.\(type).\(Self.zone).", "Twin\\032#2.\(type).\(Self.zone)."])
+    }
+
+    @Test func ourOwnStaleRegistrationIsReplacedNotRenamed() async throws {
+        let type = "_wa-phoenix._tcp"
+        let before = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb")])
+        try before.send("publish Phoenix \(type) 4500 fp=phoenix")
+        try await before.wait("REGISTERED Phoenix")
+        kill(before.process.pid, SIGKILL)
+        _ = await before.process.waitForExit(timeout: .seconds(5))
+        // The same service (same key fingerprint in TXT) comes back on another port.
+        let after = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb")])
+        try after.send("publish Phoenix \(type) 4501 fp=phoenix")
+        try await after.wait("REGISTERED Phoenix in \(Self.zone)")
+        #expect(!after.lines.contains { $0.text.hasPrefix("WA-RENAMED") })
+        #expect(try Lab.dig("Phoenix.\(type).\(Self.zone)", "SRV") == ["0 0 4501 hostb.\(Self.zone)."])
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR") == ["Phoenix.\(type).\(Self.zone)."])
+    }
+
+    @Test func aPeerOnTheLinkAndInTheDomainShowsOnceAndResolvesFromBoth() async throws {
+        let type = "_wa-both._tcp"
+        let publisher = try await Lab.peer(.c, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostc")])
+        let browser = try await Lab.peer(.a)
+        try browser.send("browse \(type)")
+        try publisher.send("publish BothWays \(type) 4600 fp=both-ways")
+        try await publisher.wait("REGISTERED BothWays")
+        try await publisher.wait("PUBLISHED BothWays")
+        // Seen in both places, reported once.
+        try await browser.wait("", timeout: .seconds(10)) { _ in
+            browser.lines.contains { $0.text == "UPDATED BothWays link, \(Self.zone)" || $0.text == "LOCATIONS BothWays link, \(Self.zone)" }
+        }
+        #expect(browser.lines.filter { $0.text == "ADDED BothWays" }.count == 1, "\(browser.lines.map(\.text))")
+        try browser.send("resolve BothWays")
+        let resolved = try await browser.wait("RESOLVED BothWays", after: monotonicNanoseconds())
+        // Both places' answers, merged without duplicates: the link's link-local address (only mDNS
+        // gives one) and the routable ones.
+        let addresses = resolved.text.split(separator: "|").last!.split(separator: " ").map(String.init)
+        #expect(addresses.contains { $0.hasPrefix("fe80::") } && addresses.contains(Lab.Host.c.address), "\(addresses)")
+        #expect(Set(addresses).count == addresses.count, "\(addresses)")
+        // Gone from one place: still there. Gone from both: removed.
+        try publisher.send("unpublish")
+        try await browser.wait("REMOVED BothWays", timeout: .seconds(10))
+    }
+
+    @Test func theDnsServerGoingAwayLosesNothingOnTheLinkAndRegistersWhenItReturns() async throws {
+        let type = "_wa-outage._tcp"
+        let linkBrowser = try await Lab.peer(.c)
+        try linkBrowser.send("browse \(type)")
+        try Lab.control("named-stop")
+        var restarted = false
+        defer { if !restarted { try? Lab.control("named-start") } }
+        let publisher = try await Lab.peer(.a, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hosta")])
+        try publisher.send("publish Outage \(type) 4700 fp=outage")
+        try await publisher.wait("PUBLISHED Outage")
+        try await linkBrowser.wait("ADDED Outage", timeout: .seconds(10))  // the link does not care
+        let failed = try await publisher.wait("REGISTER-FAILED", timeout: .seconds(15))
+        #expect(failed.text.contains("DNS server unreachable"), "\(failed.text)")
+        try Lab.control("named-start")
+        restarted = true
+        try await publisher.wait("REGISTERED Outage in \(Self.zone)", timeout: .seconds(20))
+        #expect(try Lab.dig("\(type).\(Self.zone)", "PTR") == ["Outage.\(type).\(Self.zone)."])
+        #expect(!linkBrowser.lines.contains { $0.text.hasPrefix("REMOVED") })
+    }
+
+    @Test func aRememberedServerIsReachedWhenDiscoveryFindsNothingAndOnlyWithItsKey() async throws {
+        let pusherData = Lab.temporaryDirectory("remembering-pusher")
+        let push = { (timeout: String) throws -> (status: Int32, output: String) in
+            let file = Lab.temporaryDirectory("remembered-file") + "/note.txt"
+            try "remembered\n".write(toFile: file, atomically: true, encoding: .utf8)
+            return try Harness.run(
+                Lab.programEnvironment(["LANMSG_DISCOVERY_BACKEND": "embedded"], data: pusherData)
+                    + [Harness.binary("preview-push"), "--to", "Remembered", "--timeout", timeout, "--retry-for", "0", file],
+                timeout: .seconds(60))
+        }
+        let startServer = { (identity: String) throws -> ChatProcess in
+            try ChatProcess(
+                prefix: Lab.prefix(.b),
+                Lab.programEnvironment(data: Lab.temporaryDirectory("remembered-server"))
+                    + [Harness.binary("preview-server"), "--directory", Lab.temporaryDirectory("remembered-store"),
+                        "--name", "Remembered", "--port", "47123", "--identity", identity,
+                        "--wide-area-key", Lab.keyFile("hostb"), "--log-level", "info"])
+        }
+        let identity = Lab.temporaryDirectory("remembered-identity") + "/identity"
+        var server = try startServer(identity)
+        try await server.waitForOutput("registered as 'Remembered' in \(Self.zone)")
+        let first = try push("10")
+        #expect(first.status == 0, "\(first.output)")
+        let memory = try String(contentsOfFile: pusherData + "/lanmsg/preview-push/known_addresses", encoding: .utf8)
+        #expect(memory.contains("_preview._tcp") && memory.contains("Remembered") && memory.contains("10.81.2.20:47123"), "\(memory)")
+        // Both discovery paths gone: no DNS server, and mDNS never crossed the router.
+        try Lab.control("named-stop")
+        defer { try? Lab.control("named-start") }
+        let again = try push("3")
+        #expect(again.status == 0, "the remembered address should have worked: \(again.output)")
+        // Another server (another key) at the remembered address: refused, whatever its name.
+        server.stop()
+        server = try startServer(Lab.temporaryDirectory("impostor-identity") + "/identity")
+        defer { server.stop() }
+        try await server.waitForOutput("listening on port 47123")
+        let impostor = try push("3")
+        #expect(impostor.status != 0, "\(impostor.output)")
+        #expect(impostor.output.contains("pinned") || impostor.output.contains("key"), "\(impostor.output)")
+    }
+
+    // MARK: TSIG with an implementation we did not write
+
+    @Test func dnspythonVerifiesOurSignatureAndWeVerifyItsReply() async throws {
+        let python = try #require(ProcessInfo.processInfo.environment["DNSPYTHON"], "Tests/run.sh sets DNSPYTHON")
+        let script = Harness.repoRoot.appendingPathComponent("Tests/interop/tsig-vectors.py").path
+        let key = try TSIGKey.parse(
+            "key \"hosta.lab.home.arpa\" { algorithm hmac-sha256; secret \"pYVjFfBNQ7vO5iD3kP1WdZ0s2GmK4u8TqXyRcAhLnEo=\"; };")
+        let instance = try #require(DNSName("Chat on hosta._lanmsg._tcp.lab.home.arpa"))
+        let update = DNSMessage.update(
+            id: 0x4242, zone: DNSName("lab.home.arpa")!, prerequisites: [.nameNotInUse(instance)],
+            updates: [ResourceRecord(name: instance, data: .srv(priority: 0, weight: 0, port: 8080, target: DNSName("hosta.lab.home.arpa")!), ttl: 60)]
+        ).encoded(maxSize: 65535)
+        let now = UInt64(Date().timeIntervalSince1970)
+        let (signed, mac) = key.sign(update, id: 0x4242, time: now)
+        let hexText = signed.map { String(format: "%02x", $0) }.joined()
+        let verified = try Harness.run([python, script, "verify", hexText])
+        #expect(verified.output.hasPrefix("OK hosta.lab.home.arpa. 16962"), "\(verified.output)")
+        // Tampered: dnspython refuses it.
+        var tampered = signed
+        tampered[tampered.count / 2] ^= 0x20
+        let refused = try Harness.run([python, script, "verify", tampered.map { String(format: "%02x", $0) }.joined()])
+        #expect(refused.output.hasPrefix("FAIL"), "\(refused.output)")
+        // dnspython's signed reply to our request verifies with our request MAC.
+        let reply = try Harness.run([python, script, "sign-reply", hexText])
+        let replyBytes = hexBytes(reply.output.trimmingCharacters(in: .whitespacesAndNewlines))
+        let parsed = try SignedDNSMessage(parsing: replyBytes)
+        #expect(key.verify(parsed, requestMAC: mac, now: now).isSuccess)
+    }
+
+    // MARK: Figures
+
+    @Test func aDomainWithAThousandInstancesIsBrowsedAndResolved() async throws {
+        let type = "_wa-many._tcp"
+        let expires = UInt64(Date().timeIntervalSince1970) + 3600
+        for batch in 0..<10 {
+            var lines = ["zone \(Self.zone)."]
+            for index in batch * 100..<(batch + 1) * 100 {
+                let instance = "Service\(index).\(type).\(Self.zone)."
+                lines += [
+                    "update add \(instance) 60 SRV 0 0 \(20000 + index) hostc.\(Self.zone).",
+                    "update add \(instance) 60 TXT \"fp=many-\(index)\" \"expires=\(expires)\"",
+                    "update add \(type).\(Self.zone). 60 PTR \(instance)",
+                ]
+            }
+            try Lab.nsupdate(.c, key: "hostc", lines)
+        }
+        try Lab.nsupdate(.c, key: "hostc", ["zone \(Self.zone).", "update add hostc.\(Self.zone). 60 A \(Lab.Host.c.address)"])
+        let browser = try await Lab.peer(.b)
+        let started = monotonicNanoseconds()
+        try browser.send("browse \(type)")
+        try await browser.wait("", timeout: .seconds(60)) { _ in browser.lines.filter { $0.text.hasPrefix("ADDED Service") }.count == 1000 }
+        let browsed = monotonicNanoseconds()
+        try await browser.wait("", timeout: .seconds(60)) { _ in browser.lines.filter { $0.text.hasPrefix("RESOLVED Service") }.count == 1000 }
+        let resolved = monotonicNanoseconds()
+        Harness.measured("wide-area: 1,000 instances browsed (PTR over TCP + 1,000 TXT)", .nanoseconds(Int64(browsed - started)))
+        Harness.measured("wide-area: 1,000 instances browsed and resolved (SRV, TXT, A/AAAA each)", .nanoseconds(Int64(resolved - started)))
+        let sample = try #require(browser.lines.first { $0.text.hasPrefix("RESOLVED Service7 ") })
+        #expect(sample.text.contains("hostc.\(Self.zone) 20007") && sample.text.contains(Lab.Host.c.address), "\(sample.text)")
+    }
+
+    @Test func anIdleBrowserAsksTheServerAFewTimesAMinute() async throws {
+        // Counted at the DNS server's interface: every query from host b while one browse idles at
+        // the default 10 s poll, for 20 s.
+        let capture = try ChatProcess(
+            prefix: Lab.prefix(.dns),
+            [
+                "timeout", "25", "tcpdump", "-i", "eth0", "-n", "-l",
+                "udp dst port 53 and (src host \(Lab.Host.b.address) or src host \(Lab.Host.b.address6))",
+            ])
+        defer { capture.stop() }
+        try await capture.waitForOutput("listening on eth0")
+        let browser = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_POLL": "10"])
+        try browser.send("browse _wa-idle._tcp")
+        try await browser.wait("ALLFORNOW", timeout: .seconds(10))
+        let settled = capture.lines.filter { $0.contains(" > ") }.count  // start-up: enumeration + first poll
+        try await Task.sleep(for: .seconds(20))
+        let total = capture.lines.filter { $0.contains(" > ") }.count
+        let perMinute = Double(total - settled) * 3
+        Harness.measured("wide-area: DNS queries per minute by an idle browser (poll 10 s)", perMinute, "queries/min")
+        Harness.measured("wide-area: DNS queries at browse start (domain enumeration + first poll)", Double(settled), "queries")
+        #expect(perMinute >= 3 && perMinute <= 12, "\(total - settled) queries in 20 s")
+    }
+}
+
+func hexBytes(_ text: String) -> [UInt8] {
+    var bytes: [UInt8] = []
+    var index = text.startIndex
+    while text.distance(from: index, to: text.endIndex) >= 2 {
+        let next = text.index(index, offsetBy: 2)
+        if let byte = UInt8(text[index..<next], radix: 16) { bytes.append(byte) }
+        index = next
+    }
+    return bytes
+}
+
+extension Result where Success == Void {
+    var isSuccess: Bool { if case .success = self { return true } else { return false } }
+}
