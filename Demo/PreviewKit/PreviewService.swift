@@ -93,7 +93,9 @@ public final class PreviewService: Sendable {
         case .refused(let remote, let reason):
             logger.notice(
                 "refused connection", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
-        case .published, .renamed, .interrupted, .resumed, .undelivered:
+        case .registrationFailed(let domain, let error):
+            logger.warning("wide-area registration in \(domain) failed: \(error.message)")
+        case .published, .renamed, .interrupted, .resumed, .undelivered, .registered:
             break
         }
     }

@@ -245,6 +245,10 @@ final class ChatSession {
                 case .refused(let remote, let reason):
                     logger.notice(
                         "refused", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
+                case .registered(let name, let domain):
+                    notice("the room is also registered in \(domain) as \(name) (found from other subnets)")
+                case .registrationFailed(let domain, let error):
+                    problem("registering the room in \(domain) failed: \(error.message)")
                 }
             case .line(let line):
                 let command = ChatCommand.parse(line)

@@ -6,9 +6,11 @@ extension DoctorChecks {
     /// update server of each domain, and with a key: the key file's mode, the key accepted by a
     /// signed no-op, the clocks; and whether the server takes unsigned updates (it should not).
     func checkWideArea(keyFile: String?, domain: String?) async {
-        let configuration: DiscoveryConfiguration
+        var configuration: DiscoveryConfiguration
         do {
             (configuration, _) = try DiscoveryConfiguration.forProgram(wideAreaDomain: domain, wideAreaKeyFile: keyFile)
+            configuration.wideArea.queryTimeout = timeout  // --timeout bounds these checks too
+            configuration.wideArea.updateTimeout = timeout
         } catch {
             report(Finding(level: .fail, check: "wide-area-key", text: error.message,
                 advice: "make a key with `tsig-keygen -a hmac-sha256 HOST.DOMAIN > FILE` and add it to the DNS server (docs/DISCOVERY.md)"))
@@ -66,7 +68,7 @@ extension DoctorChecks {
                     let check = try await administration.checkKey(key, domain: domain)
                     report(Finding(
                         level: .ok, check: "wide-area-key",
-                        text: "\(domain): \(key) accepted by \(check.server) (a signed update changing nothing, \(check.roundTrip.formatted))"))
+                        text: "\(domain): \(key) accepted by \(check.server) and allowed to register services (\(check.roundTrip.formatted))"))
                     let skew = check.clockSkew
                     report(Finding(
                         level: abs(skew) > 60 ? .warn : .ok, check: "clock",

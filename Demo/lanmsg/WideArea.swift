@@ -37,7 +37,8 @@ struct WideAreaOptions: ParsableArguments {
     func domains(_ administration: WideAreaAdministration, registration: Bool) async throws -> [String] {
         if let domain { return [domain] }
         let found = await administration.domains()
-        let list = registration ? found.registration : found.browse
+        var list = registration ? found.registration : found.browse
+        for domain in found.browse + found.registration where !list.contains(domain) { list.append(domain) }
         guard !list.isEmpty else {
             throw ValidationError(
                 "no domain given (--domain) and the network announces none (search domains: \(administration.searchDomains.joined(separator: " ")))")
@@ -99,6 +100,7 @@ struct WideAreaCleanup: AsyncParsableCommand {
         }
         let administration = WideAreaAdministration(configuration: configuration, logger: options.logger())
         var total = 0
+        var failures = 0
         for domain in try await options.domains(administration, registration: true) {
             for type in options.serviceTypes {
                 do {
@@ -107,10 +109,11 @@ struct WideAreaCleanup: AsyncParsableCommand {
                     total += removed.count
                 } catch {
                     print("\(type).\(domain): \(error.message)")
-                    throw ExitCode(1)
+                    failures += 1  // the other types and domains are still cleaned
                 }
             }
         }
-        print("\(total) expired instance\(total == 1 ? "" : "s") removed")
+        print("\(total) expired instance\(total == 1 ? "" : "s") removed\(failures > 0 ? "; \(failures) failed" : "")")
+        if failures > 0 { throw ExitCode(1) }
     }
 }

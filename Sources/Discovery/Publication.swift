@@ -36,7 +36,8 @@ public final class PublishedService: Sendable {
     }
 
     let state: Locked<State>
-    /// The publication's events: established, renamed, suspended, failed. One consumer.
+    /// The publication's events: established, renamed, suspended, failed; with wide-area
+    /// publishing also registered, registrationRenamed and registrationFailed. One consumer.
     public let events: AsyncStream<PublicationEvent>
     let continuation: AsyncStream<PublicationEvent>.Continuation
     /// The service type.

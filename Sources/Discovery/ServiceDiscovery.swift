@@ -34,6 +34,9 @@ public final class ServiceDiscovery: Sendable {
     let metrics = DiscoveryMetrics.make()
     /// Wide-area DNS-SD beside the link (nil when turned off).
     let wideArea: WideArea?
+    /// Merged browses and wide-area watches running, stopped by ``shutdown()``.
+    let wideAreaActivity = Locked<(browses: [ObjectIdentifier: MergedBrowse], watches: [Int: Task<Void, Never>], next: Int)>(
+        ([:], [:], 0))
 
     /// Creates the discovery object and starts its backend.
     /// - Parameters:
@@ -184,6 +187,11 @@ public final class ServiceDiscovery: Sendable {
         if domain != nil, !Self.isLinkDomain(domain!), wideAreaDomain == nil {
             throw DiscoveryError(.invalidArgument, "'\(domain!)' is not a domain name")
         }
+        if wideAreaDomain != nil, wideArea?.settings.key == nil {
+            throw DiscoveryError(
+                .invalidArgument,
+                "publishing in the unicast domain '\(domain!)' needs a TSIG key (WideAreaConfiguration.key, --wide-area-key, LANMSG_WIDE_AREA_KEY)")
+        }
         if wideArea?.settings.key != nil, txt.contains(expiresKey) {
             throw DiscoveryError(
                 .invalidTXT, "the TXT key '\(expiresKey)' is reserved: wide-area publishing puts the registration's expiry there")
@@ -233,7 +241,12 @@ public final class ServiceDiscovery: Sendable {
             let merged = MergedBrowse(
                 type: type, includesLink: unicast == nil, domains: unicast.map { [$0] }, wideArea: wideArea,
                 logger: logger, continuation: continuation)
-            continuation.onTermination = { _ in merged.stop() }
+            let id = ObjectIdentifier(merged)
+            wideAreaActivity.withLock { $0.browses[id] = merged }
+            continuation.onTermination = { [weak self] _ in
+                merged.stop()
+                _ = self?.wideAreaActivity.withLock { $0.browses.removeValue(forKey: id) }
+            }
             if unicast == nil {
                 selector.whenDecided { backend in merged.start(backend: backend, request: linkRequest) }
             } else {
@@ -347,7 +360,15 @@ public final class ServiceDiscovery: Sendable {
         let (stream, continuation) = AsyncStream.makeStream(of: ResolvedService.self, bufferingPolicy: .bufferingNewest(16))
         if let wideArea, !Self.isLinkDomain(identity.domain) {
             let task = watchWideArea(identity, wideArea: wideArea, ipVersion: request.ipVersion, continuation: continuation)
-            continuation.onTermination = { _ in task.cancel() }
+            let id = wideAreaActivity.withLock { activity -> Int in
+                activity.next += 1
+                activity.watches[activity.next] = task
+                return activity.next
+            }
+            continuation.onTermination = { [weak self] _ in
+                task.cancel()
+                _ = self?.wideAreaActivity.withLock { $0.watches.removeValue(forKey: id) }
+            }
             return ServiceWatcher(stream: stream)
         }
         let stop = DeferredStop()
@@ -359,6 +380,15 @@ public final class ServiceDiscovery: Sendable {
     /// Unpublishes everything, stops every browse and resolve, and disconnects from the daemon.
     /// Idempotent. Afterwards no Dispatch source or timer of this object is left.
     public func shutdown() async {
+        let (browses, watches) = wideAreaActivity.withLock { activity in
+            defer {
+                activity.browses = [:]
+                activity.watches = [:]
+            }
+            return (Array(activity.browses.values), Array(activity.watches.values))
+        }
+        for browse in browses { browse.stop() }
+        for watch in watches { watch.cancel() }
         await wideArea?.shutdown()
         await selector.backend().shutdown()
     }

@@ -179,8 +179,9 @@ public struct DiscoveredService: Sendable, Hashable, CustomStringConvertible {
     public let isOwn: Bool
     /// Everywhere this service was found: the link (domain `local`) first, then each unicast DNS
     /// domain, with the name it has there. One entry unless wide-area DNS-SD found the same service
-    /// (the same `fp` TXT key: the same server key) in several places; ``identity`` is the first place
-    /// it was seen. A resolve asks every place and returns the link's addresses first.
+    /// (the same `fp` TXT value — the same server key — and the same port) in several places;
+    /// ``identity`` is the first place it was seen. A resolve asks every place and returns the
+    /// link's addresses first.
     public let locations: [ServiceIdentity]
 
     init(

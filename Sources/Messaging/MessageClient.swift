@@ -364,18 +364,18 @@ public final class MessageClient: Sendable {
     }
 
     private func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
-        let found = try await addresses(waiting: waiting)
+        var found = try await addresses(waiting: waiting)
         do {
-            var channelConfiguration = configuration.channel
-            channelConfiguration.metrics = metrics
-            if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
-            channelConfiguration.offersSessions = session != nil && sessionInUse
-            if let remembered = found.remembered, let (identity, _) = try configuration.channel.security.resolved() {
-                // Found by memory, not discovery: only the key that was proven there before will do.
-                channelConfiguration.security = .encrypted(identity: identity, trust: .pinned([remembered]))
+            let channel: MessageChannel
+            do {
+                channel = try await connect(found)
+            } catch where found.remembered != nil && waiting {
+                // A waiting client goes back to waiting for discovery when the remembered addresses
+                // do not answer (it does not spend a reconnect attempt on them).
+                logger.info("the remembered addresses did not answer (\(error)); waiting for discovery")
+                found = try await addresses(waiting: true, useMemory: false)
+                channel = try await connect(found)
             }
-            let channel = try await MessageChannel.connect(
-                to: found.addresses, configuration: channelConfiguration, logger: logger)
             remember(channel, resolved: found.addresses)
             guard let session, sessionInUse else { return (channel, nil) }
             guard channel.peer.sessions else {
@@ -397,6 +397,20 @@ public final class MessageClient: Sendable {
         } catch {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error)", underlying: error)
         }
+    }
+
+    /// Connects to what `addresses(waiting:)` found; at remembered addresses only the remembered
+    /// key, which the configured trust policy must accept as well.
+    private func connect(_ found: (addresses: [SocketAddress], remembered: Fingerprint?)) async throws -> MessageChannel {
+        var channelConfiguration = configuration.channel
+        channelConfiguration.metrics = metrics
+        if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
+        channelConfiguration.offersSessions = session != nil && sessionInUse
+        if let remembered = found.remembered, let (identity, policy) = try configuration.channel.security.resolved() {
+            // Found by memory, not discovery: only the key that was proven there before will do.
+            channelConfiguration.security = .encrypted(identity: identity, trust: .remembered(remembered, within: policy))
+        }
+        return try await MessageChannel.connect(to: found.addresses, configuration: channelConfiguration, logger: logger)
     }
 
     /// A server remembered from an earlier connection (``ClientConfiguration/peerMemory``), when
@@ -421,7 +435,7 @@ public final class MessageClient: Sendable {
         }
     }
 
-    private func addresses(waiting: Bool) async throws(MessagingError) -> (addresses: [SocketAddress], remembered: Fingerprint?) {
+    private func addresses(waiting: Bool, useMemory: Bool = true) async throws(MessagingError) -> (addresses: [SocketAddress], remembered: Fingerprint?) {
         switch target {
         case .host(let host, let port):
             do {
@@ -433,7 +447,7 @@ public final class MessageClient: Sendable {
             let queue = self.queue
             var notFoundYet: (@Sendable (MessagingError) -> Void)?
             if waiting { notFoundYet = { error in _ = queue.push(.waiting(error)) } }
-            let remembered = rememberedEntry()
+            let remembered = useMemory ? rememberedEntry() : nil
             let service: DiscoveredService
             do {
                 // With a remembered server, a waiting client browses one browse timeout at a time,

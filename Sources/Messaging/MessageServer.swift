@@ -170,6 +170,8 @@ public final class MessageServer: Service, Sendable {
                 switch event {
                 case .established(let name): queue.push(.published(name: name))
                 case .renamed(let from, let to): queue.push(.renamed(from: from, to: to))
+                case .registered(let name, let domain): queue.push(.registered(name: name, domain: domain))
+                case .registrationFailed(let domain, let error): queue.push(.registrationFailed(domain: domain, error))
                 default: break
                 }
             }

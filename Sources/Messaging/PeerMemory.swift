@@ -38,8 +38,21 @@ public final class PeerMemory: Sendable {
     /// Where an app's memory lives by default: `$XDG_DATA_HOME/lanmsg/<app>/known_addresses`.
     public static func defaultPath(app: String) -> String { Identity.dataDirectory(app: app) + "/known_addresses" }
 
-    /// The default for this process (`defaultPath(app:)` with the process name).
-    public static var standard: PeerMemory { PeerMemory(path: defaultPath(app: ProcessInfo.processInfo.processName)) }
+    /// The default for this process (`defaultPath(app:)` with the process name). One object per
+    /// path in a process, so clients that share the file share its lock.
+    public static var standard: PeerMemory { shared(path: defaultPath(app: ProcessInfo.processInfo.processName)) }
+
+    private static let instances = Locked<[String: PeerMemory]>([:])
+
+    /// The one object of this process for `path`.
+    public static func shared(path: String) -> PeerMemory {
+        instances.withLock { instances in
+            if let existing = instances[path] { return existing }
+            let memory = PeerMemory(path: path)
+            instances[path] = memory
+            return memory
+        }
+    }
 
     /// Every remembered service, in file order.
     public var entries: [Entry] { lock.withLock { read() } }
@@ -112,7 +125,8 @@ public final class PeerMemory: Sendable {
 /// Writes `text` to `path` through a temporary file renamed into place (mode 0600, fsynced).
 func writeFileAtomically(_ path: String, _ text: String, what: String) throws(TransportError) {
     try Identity.createDirectories(for: path)
-    let temporary = path + ".tmp.\(getpid())"
+    // A name of its own per write: two writers of one file (threads or processes) never share it.
+    let temporary = path + ".tmp.\(getpid()).\(UInt64.random(in: 0...UInt64.max))"
     let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
     guard fd >= 0 else {
         throw TransportError(.invalidArgument, "cannot write \(what) '\(path)': \(String(cString: strerror(errno)))")

@@ -248,6 +248,26 @@ public struct TrustPolicy: Sendable {
         TrustPolicy(rule: .custom(decide))
     }
 
+    /// At an address remembered for a server (``PeerMemory``): only the key proven there before,
+    /// and only if `base` accepts it too (a key the user removed from the trust store, or that a
+    /// custom policy refuses, stays refused). Reads the trust store now, off the connection's loop.
+    static func remembered(_ fingerprint: Fingerprint, within base: TrustPolicy) -> TrustPolicy {
+        let known = base.knownPeers()
+        return .custom { peer in
+            guard peer.fingerprint == fingerprint else {
+                return "'\(peer.name)' presented the key \(peer.fingerprint.full) at an address remembered for the key "
+                    + "\(fingerprint.full); refused (another machine may use the address now). Find the server by "
+                    + "discovery, or forget it in the peer memory (known_addresses) if its key really changed."
+            }
+            if case .failure(let error) = base.evaluate(
+                name: peer.name, fingerprint: peer.fingerprint, code: peer.comparisonCode, known: known)
+            {
+                return error.message
+            }
+            return nil
+        }
+    }
+
     /// The peers a trust-on-first-use store knows, read now (a file read: call it before the
     /// handshake, off the connection's loop); empty for the other rules.
     func knownPeers() -> [String: Fingerprint] {

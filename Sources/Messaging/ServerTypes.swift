@@ -74,6 +74,12 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
     case undelivered(ServerConnection, [UndeliveredMessage])
     /// A connection was refused (connection limit, failed hello), with the reason.
     case refused(remote: SocketAddress?, reason: String)
+    /// Wide-area: the service is registered in the unicast DNS domain `domain` under `name` (after
+    /// a first registration, a re-registration or a rename there).
+    case registered(name: String, domain: String)
+    /// Wide-area: registering in `domain` failed; the error says why and what to do. The link
+    /// publication is not affected, and the registration is retried.
+    case registrationFailed(domain: String, DiscoveryError)
 
     public var description: String {
         switch self {
@@ -87,6 +93,8 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
         case .resumed(let connection, let resent): "resumed \(connection) (\(resent) messages sent again)"
         case .undelivered(let connection, let messages): "\(messages.count) messages to \(connection) not acknowledged"
         case .refused(let remote, let reason): "refused \(remote.map { "\($0)" } ?? "?"): \(reason)"
+        case .registered(let name, let domain): "registered as '\(name)' in \(domain)"
+        case .registrationFailed(let domain, let error): "registration in \(domain) failed: \(error.message)"
         }
     }
 }

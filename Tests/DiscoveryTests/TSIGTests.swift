@@ -1,4 +1,7 @@
 import Testing
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 @testable import Discovery
 @testable import MDNSCore
@@ -127,3 +130,31 @@ extension Result where Success == Void {
         return nil
     }
 }
+
+@Suite struct TSIGKeyFileTests {
+    /// A key file others can read is refused before use, like an identity file, saying how to fix it.
+    @Test func aKeyFileReadableByOthersIsRefused() throws {
+        let path = "/tmp/tsig-\(UInt32.random(in: 0...UInt32.max)).key"
+        let text = "key \"hosta.lab.home.arpa\" { algorithm hmac-sha256; secret \"\(TSIGTests.secret)\"; };\n"
+        let fd = creat(path, 0o644)
+        _ = text.withCString { write(fd, $0, strlen($0)) }
+        close(fd)
+        defer { unlink(path) }
+        chmod(path, 0o644)
+        do {
+            _ = try TSIGKey(contentsOfFile: path)
+            Issue.record("a world-readable key file must be refused")
+        } catch {
+            #expect(error.code == .invalidKeyFile)
+            #expect(error.message.contains("chmod 600"), "\(error.message)")
+        }
+        chmod(path, 0o600)
+        #expect(try TSIGKey(contentsOfFile: path).name == "hosta.lab.home.arpa")
+        // Named by the environment, an unusable key stops a program as a flag would.
+        chmod(path, 0o644)
+        #expect(throws: DiscoveryError.self) {
+            _ = try DiscoveryConfiguration.forProgram(environment: ["LANMSG_WIDE_AREA_KEY": path])
+        }
+    }
+}
+

@@ -199,6 +199,7 @@ struct WideAreaIntegrationTests {
         let unknown = keys + "/unknown.key"
         let generated = try Harness.run(["tsig-keygen", "-a", "hmac-sha256", "stranger.\(Self.zone)"])
         try generated.output.write(toFile: unknown, atomically: true, encoding: .utf8)
+        for file in [wrongSecret, unknown] { chmod(file, 0o600) }  // a key readable by others is refused before use
         let serial = try Lab.serial()
         for (file, code, words) in [
             (wrongSecret, "TSIG key rejected", "BADSIG"), (unknown, "TSIG key rejected", "BADKEY"),
@@ -331,6 +332,27 @@ struct WideAreaIntegrationTests {
         #expect(impostor.output.contains("pinned") || impostor.output.contains("key"), "\(impostor.output)")
     }
 
+    // MARK: The doctor
+
+    @Test func theDoctorChecksTheWideAreaSetUpAndNamesWhatIsWrong() async throws {
+        let lanmsg = Harness.binary("lanmsg")
+        let environment = Lab.programEnvironment(data: Lab.temporaryDirectory("doctor"))
+        let good = try Harness.run(environment + [lanmsg, "doctor", "--wide-area-key", Lab.keyFile("hosta"), "--timeout", "2"], timeout: .seconds(60))
+        for line in [
+            "ok    search-domains: search domains: \(Self.zone)", "ok    wide-area-domains: browse domains: \(Self.zone)",
+            "ok    update-server: \(Self.zone): zone \(Self.zone)", "allowed to register services",
+            "ok    clock: this host's clock is", "ok    unsigned-updates: \(Self.zone): the DNS server refuses unsigned updates",
+        ] {
+            #expect(good.output.contains(line), "missing '\(line)' in:\n\(good.output)")
+        }
+        #expect(!good.output.contains("FAIL  wide-area"), "\(good.output)")
+        // A key the server knows but whose policy grants nothing: the doctor says so (a no-op
+        // alone would have passed: the policy is consulted only for changes).
+        let guest = try Harness.run(environment + [lanmsg, "doctor", "--wide-area-key", Lab.keyFile("guest"), "--timeout", "2"], timeout: .seconds(60))
+        #expect(guest.status == 1, "\(guest.output)")
+        #expect(guest.output.contains("FAIL  wide-area-key") && guest.output.contains("REFUSED"), "\(guest.output)")
+    }
+
     // MARK: TSIG with an implementation we did not write
 
     @Test func dnspythonVerifiesOurSignatureAndWeVerifyItsReply() async throws {
@@ -385,7 +407,7 @@ struct WideAreaIntegrationTests {
         let browsed = monotonicNanoseconds()
         try await browser.wait("", timeout: .seconds(60)) { _ in browser.lines.filter { $0.text.hasPrefix("RESOLVED Service") }.count == 1000 }
         let resolved = monotonicNanoseconds()
-        Harness.measured("wide-area: 1,000 instances browsed (PTR over TCP + 1,000 TXT)", .nanoseconds(Int64(browsed - started)))
+        Harness.measured("wide-area: 1,000 instances browsed (PTR over TCP + 1,000 TXT and SRV)", .nanoseconds(Int64(browsed - started)))
         Harness.measured("wide-area: 1,000 instances browsed and resolved (SRV, TXT, A/AAAA each)", .nanoseconds(Int64(resolved - started)))
         let sample = try #require(browser.lines.first { $0.text.hasPrefix("RESOLVED Service7 ") })
         #expect(sample.text.contains("hostc.\(Self.zone) 20007") && sample.text.contains(Lab.Host.c.address), "\(sample.text)")

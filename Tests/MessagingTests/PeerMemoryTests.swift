@@ -66,7 +66,7 @@ import Transport
             _ = try await connect()
             Issue.record("a server whose key is not the remembered one must be refused")
         } catch let error as MessagingError {
-            #expect(error.message.contains("pinned"), "\(error.message)")
+            #expect(error.message.contains("remembered for the key"), "\(error.message)")
         }
         await harness.server.stop()
     }

@@ -3,15 +3,17 @@ import Logging
 
 /// One browse across the link and unicast DNS domains, in one event stream.
 ///
-/// A service is one entry however many places it is found in: entries found with the same `fp` TXT
-/// value (the same server key) are merged, so a peer seen on the link and in a domain is one peer
-/// with several ``DiscoveredService/locations`` (the link first). It is removed only when every place
-/// removed it. The link's services are resolved once (up to a second) to read their `fp` before
-/// they are reported, while wide-area domains are being browsed; without domains the link's events
-/// pass through untouched.
+/// A service is one entry however many places it is found in: entries with the same `fp` TXT value
+/// (the same server key) and the same port are merged, so a server seen on the link and in a
+/// domain — even under another name there, after a rename — is one peer with several
+/// ``DiscoveredService/locations`` (the link first); two services of one key (two rooms one user
+/// hosts) stay two. An entry is removed only when every place removed it. While wide-area domains
+/// may be involved, the link's services are resolved once (up to a second) to read `fp` and the
+/// port before they are reported; without domains the link's events pass through untouched.
 ///
-/// "All for now" is reported once the link said it and every domain answered its first poll (a
-/// missing or unreachable domain counts as answered), or 2 s after the link said it.
+/// "All for now" is reported once the link said it, every link service being resolved was
+/// reported, and every domain answered its first poll (a missing or unreachable domain counts as
+/// answered) — or 2 s after the link said it.
 final class MergedBrowse: Sendable {
     enum Source: Hashable, Sendable, Comparable {
         case link
@@ -34,7 +36,7 @@ final class MergedBrowse: Sendable {
     }
 
     private struct Entry {
-        var fingerprint: String?
+        var mergeKey: String?
         var places: [Source: Place]
         var reported: DiscoveredService
     }
@@ -48,10 +50,11 @@ final class MergedBrowse: Sendable {
         var entries: [Int: Entry] = [:]
         var nextEntry = 0
         var byPlace: [PlaceKey: Int] = [:]
-        var byFingerprint: [String: Int] = [:]
-        /// Link services being resolved for their `fp`, by name, with a generation number (a removal
-        /// while resolving cancels the add).
+        var byMergeKey: [String: Int] = [:]
+        /// Link services being resolved for `fp` and port, by name, with a generation number: a
+        /// removal while resolving cancels the add.
         var resolving: [String: Int] = [:]
+        var resolveTasks: [Int: Task<Void, Never>] = [:]
         var generation = 0
         /// Sources that have not said "all for now" yet; nil once it was reported.
         var pendingAllForNow: Set<Source>? = []
@@ -88,18 +91,27 @@ final class MergedBrowse: Sendable {
         self.continuation = continuation
     }
 
-    /// Starts the link browse through `backend` (when included) and the domain browses.
+    /// Starts the link browse through `backend` (when included) and the domain browses; nothing
+    /// when the browse was already stopped (its consumer went away before the backend was chosen).
     func start(backend: (any DiscoveryBackend)?, request: BrowseRequest) {
+        guard !state.withLock({ $0.stopped }) else { return }
         if includesLink, let backend {
             state.withLock { _ = $0.pendingAllForNow?.insert(.link) }
             let (linkEvents, linkContinuation) = AsyncStream.makeStream(of: BrowseEvent.self)
             let stop = backend.startBrowse(request, continuation: linkContinuation)
             let task = Task {
-                for await event in linkEvents { await self.link(event, backend: backend, request: request) }
+                for await event in linkEvents { self.link(event, backend: backend, request: request) }
             }
-            state.withLock { state in
+            let stopNow = state.withLock { state -> Bool in
+                guard !state.stopped else { return true }
                 state.stopLink = stop
                 state.tasks.append(task)
+                return false
+            }
+            if stopNow {
+                stop()
+                task.cancel()
+                return
             }
         }
         guard let wideArea else {
@@ -108,7 +120,7 @@ final class MergedBrowse: Sendable {
             return
         }
         let task = Task {
-            // The domains, then again every 5 minutes (new ones are browsed, vanished ones stopped).
+            // The domains, then again every 15 minutes (new ones are browsed, vanished ones stopped).
             while !Task.isCancelled {
                 if let fixedDomains {
                     self.setDomains(fixedDomains)
@@ -118,10 +130,15 @@ final class MergedBrowse: Sendable {
                 if Task.isCancelled { return }
                 self.setDomains(found.browse)
                 // When the DNS server did not answer, ask again soon.
-                try? await Task.sleep(for: found.unanswered == nil ? .seconds(300) : max(.seconds(5), wideArea.settings.pollInterval * 3))
+                try? await Task.sleep(for: found.unanswered == nil ? .seconds(900) : max(.seconds(5), wideArea.settings.pollInterval * 3))
             }
         }
-        state.withLock { $0.tasks.append(task) }
+        let stopNow = state.withLock { state -> Bool in
+            guard !state.stopped else { return true }
+            state.tasks.append(task)
+            return false
+        }
+        if stopNow { task.cancel() }
     }
 
     func stop() {
@@ -129,10 +146,11 @@ final class MergedBrowse: Sendable {
             state.stopped = true
             defer {
                 state.tasks = []
+                state.resolveTasks = [:]
                 state.domains = [:]
                 state.stopLink = nil
             }
-            return (state.stopLink, state.tasks, Array(state.domains.values))
+            return (state.stopLink, state.tasks + Array(state.resolveTasks.values), Array(state.domains.values))
         }
         stopLink?()
         for task in tasks { task.cancel() }
@@ -167,14 +185,14 @@ final class MergedBrowse: Sendable {
         }
         for browse in stopped {
             browse.stop()
-            for (name, _) in placesIn(.domain(browse.domain)) { remove(.domain(browse.domain), name: name) }
+            for name in namesIn(.domain(browse.domain)) { remove(.domain(browse.domain), name: name) }
         }
         for browse in started { browse.start() }
         checkAllForNow()
     }
 
-    private func placesIn(_ source: Source) -> [(String, Int)] {
-        state.withLock { state in state.byPlace.compactMap { $0.key.source == source ? ($0.key.name, $0.value) : nil } }
+    private func namesIn(_ source: Source) -> [String] {
+        state.withLock { state in state.byPlace.keys.filter { $0.source == source }.map(\.name) }
     }
 
     private func domainEvent(_ domain: String, _ event: WideAreaBrowseEvent) {
@@ -183,7 +201,7 @@ final class MergedBrowse: Sendable {
             add(
                 .domain(domain),
                 Place(identity: instance.identity, sightings: [], isLocal: false, isOwn: false),
-                fingerprint: instance.txt["fp"])
+                mergeKey: Self.mergeKey(fingerprint: instance.txt["fp"], port: instance.port))
         case .removed(let instance):
             remove(.domain(domain), name: instance.identity.name)
         case .allForNow:
@@ -192,14 +210,20 @@ final class MergedBrowse: Sendable {
         }
     }
 
+    /// What makes two places one service: the same key and the same port.
+    static func mergeKey(fingerprint: String?, port: UInt16?) -> String? {
+        guard let fingerprint, let port else { return nil }
+        return "\(fingerprint) \(port)"
+    }
+
     // MARK: Link
 
-    private func link(_ event: BrowseEvent, backend: any DiscoveryBackend, request: BrowseRequest) async {
+    private func link(_ event: BrowseEvent, backend: any DiscoveryBackend, request: BrowseRequest) {
         switch event {
         case .added(let service):
             let place = Place(identity: service.identity, sightings: service.seenOn, isLocal: service.isLocal, isOwn: service.isOwn)
             guard mergesLink else {
-                add(.link, place, fingerprint: nil)
+                add(.link, place, mergeKey: nil)
                 return
             }
             let generation = state.withLock { state -> Int in
@@ -207,25 +231,29 @@ final class MergedBrowse: Sendable {
                 state.resolving[service.name] = state.generation
                 return state.generation
             }
-            // Read its fp without holding up the other events.
+            // Read its fp and port without holding up the other events.
             let task = Task {
                 let resolved = await backend.resolve(
                     ResolveRequest(
                         identity: service.identity, sightings: Array(service.seenOn), interface: request.interface,
                         ipVersion: request.ipVersion),
                     timeout: .seconds(1))
-                let current = self.state.withLock { state -> Bool in
-                    guard state.resolving[service.name] == generation else { return false }
-                    state.resolving.removeValue(forKey: service.name)
-                    return true
-                }
-                guard current else { return }
-                self.add(.link, place, fingerprint: (try? resolved.get())?.txt["fp"])
+                let found = try? resolved.get()
+                self.add(.link, place, mergeKey: Self.mergeKey(fingerprint: found?.txt["fp"], port: found?.port), generation: generation)
             }
-            state.withLock { $0.tasks.append(task) }
+            let stopNow = state.withLock { state -> Bool in
+                guard !state.stopped else { return true }
+                if state.resolving[service.name] == generation { state.resolveTasks[generation] = task }
+                return false
+            }
+            if stopNow { task.cancel() }
         case .removed(let service):
-            let wasResolving = state.withLock { $0.resolving.removeValue(forKey: service.name) != nil }
-            if !wasResolving { remove(.link, name: service.name) }
+            let wasResolving = state.withLock { state -> Bool in
+                guard let generation = state.resolving.removeValue(forKey: service.name) else { return false }
+                state.resolveTasks.removeValue(forKey: generation)?.cancel()
+                return true
+            }
+            if wasResolving { checkAllForNow() } else { remove(.link, name: service.name) }
         case .updated:
             break  // a backend never sends it
         case .allForNow:
@@ -240,7 +268,12 @@ final class MergedBrowse: Sendable {
                 self.state.withLock { $0.graceOver = true }
                 self.checkAllForNow()
             }
-            state.withLock { $0.tasks.append(task) }
+            let stopNow = state.withLock { state -> Bool in
+                guard !state.stopped else { return true }
+                state.tasks.append(task)
+                return false
+            }
+            if stopNow { task.cancel() }
         case .failed(let error):
             continuation.yield(.failed(error))
         }
@@ -248,8 +281,15 @@ final class MergedBrowse: Sendable {
 
     // MARK: Merging
 
-    private func add(_ source: Source, _ place: Place, fingerprint: String?) {
+    /// Adds a place; `generation` (a link service that was being resolved) is checked under the same
+    /// lock as the add, so a removal that came meanwhile wins.
+    private func add(_ source: Source, _ place: Place, mergeKey: String?, generation: Int? = nil) {
         let event = state.withLock { state -> BrowseEvent? in
+            if let generation {
+                guard state.resolving[place.identity.name] == generation else { return nil }
+                state.resolving.removeValue(forKey: place.identity.name)
+                state.resolveTasks.removeValue(forKey: generation)
+            }
             guard !state.stopped else { return nil }
             let key = PlaceKey(source: source, name: place.identity.name)
             if let id = state.byPlace[key], var entry = state.entries[id] {  // already known there
@@ -258,9 +298,7 @@ final class MergedBrowse: Sendable {
                 state.entries[id] = entry
                 return nil
             }
-            if let fingerprint, let id = state.byFingerprint[fingerprint], var entry = state.entries[id],
-                entry.places[source] == nil
-            {
+            if let mergeKey, let id = state.byMergeKey[mergeKey], var entry = state.entries[id], entry.places[source] == nil {
                 entry.places[source] = place
                 entry.reported = Self.report(entry)
                 state.entries[id] = entry
@@ -269,14 +307,15 @@ final class MergedBrowse: Sendable {
             }
             state.nextEntry += 1
             let id = state.nextEntry
-            var entry = Entry(fingerprint: fingerprint, places: [source: place], reported: Self.placeholder(place))
+            var entry = Entry(mergeKey: mergeKey, places: [source: place], reported: Self.placeholder(place))
             entry.reported = Self.report(entry, primary: place.identity)
             state.entries[id] = entry
             state.byPlace[key] = id
-            if let fingerprint, state.byFingerprint[fingerprint] == nil { state.byFingerprint[fingerprint] = id }
+            if let mergeKey, state.byMergeKey[mergeKey] == nil { state.byMergeKey[mergeKey] = id }
             return .added(entry.reported)
         }
         if let event { continuation.yield(event) }
+        if generation != nil { checkAllForNow() }
     }
 
     private func remove(_ source: Source, name: String) {
@@ -286,8 +325,8 @@ final class MergedBrowse: Sendable {
             entry.places.removeValue(forKey: source)
             if entry.places.isEmpty {
                 state.entries.removeValue(forKey: id)
-                if let fingerprint = entry.fingerprint, state.byFingerprint[fingerprint] == id {
-                    state.byFingerprint.removeValue(forKey: fingerprint)
+                if let mergeKey = entry.mergeKey, state.byMergeKey[mergeKey] == id {
+                    state.byMergeKey.removeValue(forKey: mergeKey)
                 }
                 return .removed(entry.reported)
             }
@@ -316,7 +355,7 @@ final class MergedBrowse: Sendable {
     private func checkAllForNow() {
         let ready = state.withLock { state -> Bool in
             guard let pending = state.pendingAllForNow else { return false }
-            let everyoneAnswered = pending.isEmpty && (state.domainsKnown || wideArea == nil)
+            let everyoneAnswered = pending.isEmpty && state.resolving.isEmpty && (state.domainsKnown || wideArea == nil)
             guard everyoneAnswered || state.graceOver else { return false }
             state.pendingAllForNow = nil
             return true

@@ -88,16 +88,21 @@ private final class ResolveCollector: Sendable {
         var results: [Result<ResolvedService, DiscoveryError>?]
         var continuation: CheckedContinuation<[Result<ResolvedService, DiscoveryError>?], Never>?
         var graceStarted = false
+        /// The timeout and grace timers, cancelled when the answer is given.
+        var timers: [Task<Void, Never>] = []
     }
     private let state: Locked<State>
 
     init(count: Int) { state = Locked(State(results: Array(repeating: nil, count: count))) }
 
     func start(_ continuation: CheckedContinuation<[Result<ResolvedService, DiscoveryError>?], Never>, timeout: Duration) {
-        state.withLock { $0.continuation = continuation }
-        Task {
+        let timer = Task {
             try? await Task.sleep(for: timeout)
             self.finish()
+        }
+        state.withLock {
+            $0.continuation = continuation
+            $0.timers.append(timer)
         }
     }
 
@@ -115,18 +120,23 @@ private final class ResolveCollector: Sendable {
         if done {
             finish()
         } else if startGrace {
-            Task {
+            let timer = Task {
                 try? await Task.sleep(for: .milliseconds(500))
                 self.finish()
             }
+            state.withLock { $0.timers.append(timer) }
         }
     }
 
     private func finish() {
-        let (continuation, results) = state.withLock { state in
-            defer { state.continuation = nil }
-            return (state.continuation, state.results)
+        let (continuation, results, timers) = state.withLock { state in
+            defer {
+                state.continuation = nil
+                state.timers = []
+            }
+            return (state.continuation, state.results, state.timers)
         }
+        for timer in timers { timer.cancel() }
         continuation?.resume(returning: results)
     }
 }

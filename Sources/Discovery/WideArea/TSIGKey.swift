@@ -57,6 +57,14 @@ public struct TSIGKey: Sendable, Hashable, CustomStringConvertible {
     /// Reads a key file in the format `tsig-keygen` writes (the first `key` statement).
     /// - Throws: `.invalidKeyFile`, saying what is wrong and how to make a good one.
     public init(contentsOfFile path: String) throws(DiscoveryError) {
+        // Like an identity file: whoever can read the secret can change the zone's services.
+        var info = stat()
+        if stat(path, &info) == 0, info.st_mode & 0o077 != 0 {
+            throw DiscoveryError(
+                .invalidKeyFile,
+                "the TSIG key file '\(path)' can be read by other users (mode \(String(info.st_mode & 0o777, radix: 8))); "
+                    + "anyone who reads it can change the zone's services. Make it private: chmod 600 \(path)")
+        }
         guard let text = readTextFile(path) else {
             throw DiscoveryError(
                 .invalidKeyFile, "cannot read the TSIG key file '\(path)': \(String(cString: strerror(errno)))",
@@ -149,14 +157,15 @@ public struct TSIGKey: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Verifies a reply to a request whose MAC was `requestMAC`, at local time `now`.
-    func verify(_ reply: SignedDNSMessage, requestMAC: [UInt8], now: UInt64) -> Result<Void, VerifyFailure> {
+    /// `checkTime: false` verifies the MAC only (a BADTIME reply is signed with the check skipped).
+    func verify(_ reply: SignedDNSMessage, requestMAC: [UInt8], now: UInt64, checkTime: Bool = true) -> Result<Void, VerifyFailure> {
         guard let tsig = reply.tsig else { return .failure(.unsigned) }
         guard tsig.keyName == dnsName, tsig.algorithm == algorithm.dnsName else { return .failure(.wrongKey) }
         guard tsig.mac.count == algorithm.macSize else { return .failure(.badMAC) }
         let input = tsig.responseDigestInput(requestMAC: requestMAC, unsignedResponse: reply.unsignedBytes)
         guard isValid(tsig.mac, for: input) else { return .failure(.badMAC) }
         let skew = Int64(bitPattern: now) - Int64(bitPattern: tsig.timeSigned)
-        guard abs(skew) <= Int64(tsig.fudge) else {
+        guard !checkTime || abs(skew) <= Int64(tsig.fudge) else {
             return .failure(.badTime(serverTime: tsig.timeSigned, skew: skew))
         }
         return .success(())
@@ -233,6 +242,13 @@ public struct TSIGKey: Sendable, Hashable, CustomStringConvertible {
             }
         }
         return tokens
+    }
+}
+
+extension Result {
+    var isFailure: Bool {
+        if case .failure = self { return true }
+        return false
     }
 }
 

@@ -153,7 +153,7 @@ final class UnicastDNS: Sendable {
         guard !found.isEmpty else {
             throw DiscoveryError(
                 .dnsUnreachable,
-                "no address found for the update server of \(zone.name) (no _dns-update._udp SRV, and the SOA's primary \(zone.primary) has no address); set the server with --wide-area-server or LANMSG_WIDE_AREA_SERVER")
+                "no address found for the update server of \(zone.name) (no _dns-update._udp SRV, and the SOA's primary \(zone.primary) has no address); set the update server with LANMSG_WIDE_AREA_SERVER (WideAreaConfiguration.updateServer)")
         }
         return found
     }
@@ -216,6 +216,11 @@ final class UnicastDNS: Sendable {
                 "\(server) does not know \(key) (BADKEY): the key name is not in its configuration. Ask the administrator to add the key to named.conf, or use the key file the administrator gave you.",
                 dnsRcode: tsigError)
         case DNSRcode.badTime:
+            // Signed with the time check skipped (RFC 8945 §5.2.3): believed only when the MAC verifies.
+            if key.verify(reply.signed, requestMAC: requestMAC, now: now, checkTime: false).isFailure {
+                throw DiscoveryError(
+                    .dnsFailure, "\(server) answered BADTIME without a valid signature; the answer was ignored (it could be forged)")
+            }
             let serverTime = reply.signed.tsig?.serverTime ?? reply.signed.tsig?.timeSigned ?? 0
             let skew = Int64(bitPattern: now) - Int64(bitPattern: serverTime)
             throw DiscoveryError(
@@ -229,12 +234,15 @@ final class UnicastDNS: Sendable {
         switch key.verify(reply.signed, requestMAC: requestMAC, now: now) {
         case .success: break
         case .failure(.unsigned):
-            // An unsigned REFUSED/NOTAUTH is what a server sends when it does not process TSIG for
-            // the zone; anything else unsigned may be forged.
-            if reply.rcode == DNSRcode.noError {
+            // A server signs every answer to a request whose signature it verified (RFC 8945 §5.3).
+            // An unsigned answer is believed only as an error report (a server that refused before
+            // looking at the signature); an unsigned success or prerequisite outcome could be forged,
+            // and acting on it would rename or keep records on an attacker's word: ignored, retried.
+            let errorReports = [DNSRcode.refused, DNSRcode.notAuth, DNSRcode.formErr, DNSRcode.notImp, DNSRcode.servFail]
+            guard errorReports.contains(reply.rcode) else {
                 throw DiscoveryError(
-                    .keyRejected,
-                    "\(server) answered the update of \(what) without a signature; the answer was ignored (it could be forged)")
+                    .dnsFailure,
+                    "\(server) answered the update of \(what) with an unsigned \(DNSRcode.name(reply.rcode)); the answer was ignored (it could be forged) and the update will be sent again")
             }
         case .failure(.badTime(let serverTime, let skew)):
             throw DiscoveryError(
@@ -256,7 +264,7 @@ final class UnicastDNS: Sendable {
         case DNSRcode.notAuth:
             throw DiscoveryError(
                 .updateRefused,
-                "\(server) is not authoritative for the zone of \(what) (NOTAUTH); point --wide-area-server at the zone's primary server",
+                "\(server) is not authoritative for the zone of \(what) (NOTAUTH); point LANMSG_WIDE_AREA_SERVER (WideAreaConfiguration.updateServer) at the zone's primary server",
                 dnsRcode: reply.rcode)
         case DNSRcode.notZone:
             throw DiscoveryError(

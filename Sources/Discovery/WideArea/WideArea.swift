@@ -43,8 +43,9 @@ final class WideArea: Sendable {
         var unanswered: String?
     }
 
-    /// The domains to use, enumerated at most every `maxAge` (asked again after interface changes).
-    func domains(maxAge: Duration = .seconds(300)) async -> AnnouncedDomains {
+    /// The domains to use, enumerated at most every `maxAge` (15 minutes: announced domains change
+    /// with the network's configuration, rarely; asked again after interface changes).
+    func domains(maxAge: Duration = .seconds(900)) async -> AnnouncedDomains {
         if let cached = state.withLock({ $0.domains }), ContinuousClock.now - cached.at < maxAge { return cached.value }
         var result = AnnouncedDomains(browse: settings.domains, registration: settings.domains)
         if settings.enumeratesDomains {
@@ -112,13 +113,17 @@ final class WideArea: Sendable {
 
     // MARK: Zones
 
-    /// The zone holding `name` and the servers that have its data (cached for a minute).
+    /// The zone holding `name` and the servers that have its data (cached for 15 minutes, and
+    /// forgotten after a failure: the browser asks again after any poll that went wrong).
     func zone(of name: DNSName) async throws(DiscoveryError) -> (zone: UnicastDNS.Zone, servers: [DNSServerAddress]) {
-        if let cached = state.withLock({ $0.zones[name] }), ContinuousClock.now - cached.at < .seconds(60) {
+        if let cached = state.withLock({ $0.zones[name] }), ContinuousClock.now - cached.at < .seconds(900) {
             return (cached.zone, cached.servers)
         }
         let zone = try await dns.zone(of: name)
-        let servers = await dns.authoritativeServers(of: zone)
+        // The primary first (no cache between us and the data), the resolvers after it: a hidden or
+        // unreachable primary still leaves the zone readable through them.
+        var servers = await dns.authoritativeServers(of: zone)
+        for resolver in dns.resolvers() where !servers.contains(resolver) { servers.append(resolver) }
         state.withLock { $0.zones[name] = (zone, servers, ContinuousClock.now) }
         return (zone, servers)
     }
@@ -216,23 +221,45 @@ final class WideArea: Sendable {
     /// Resolves an instance in a unicast domain: SRV, TXT, then the target's A and AAAA, asked of
     /// the zone's own servers (no cache between us and the data).
     func resolve(_ identity: ServiceIdentity, timeout: Duration) async throws(DiscoveryError) -> ResolvedService {
+        // The chain is several queries; the whole of it is bounded by `timeout` (the queries in
+        // flight are cancelled at the deadline).
+        let result: Result<ResolvedService, DiscoveryError> = await withTaskGroup(of: Result<ResolvedService, DiscoveryError>?.self) { group in
+            group.addTask {
+                do throws(DiscoveryError) {
+                    return .success(try await self.resolveChain(identity))
+                } catch {
+                    return .failure(error)
+                }
+            }
+            group.addTask {
+                try? await Task.sleep(for: timeout)
+                return Task.isCancelled ? nil : .failure(DiscoveryError(.timedOut, "no complete answer for \(identity) within \(timeout)"))
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first ?? .failure(DiscoveryError(.timedOut, "no complete answer for \(identity) within \(timeout)"))
+        }
+        return try result.get()
+    }
+
+    private func resolveChain(_ identity: ServiceIdentity) async throws(DiscoveryError) -> ResolvedService {
         guard let domainName = DNSName(identity.domain), let typeName = DNSName(identity.type),
             let service = DNSName(labels: typeName.labels + domainName.labels),
             let instance = DNSName(instance: identity.name, service: service)
         else {
             throw DiscoveryError(.invalidArgument, "\(identity) is not a valid DNS name")
         }
-        let deadline = ContinuousClock.now + timeout
         let (_, servers) = try await zone(of: domainName)
         let srv = try await dns.records(instance, DNSType.srv, servers: servers, recursion: false)
         let txt = (try? await dns.records(instance, DNSType.txt, servers: servers, recursion: false)) ?? []
         guard let first = srv.first, case .srv(_, _, let port, let target) = first.data else {
-            throw DiscoveryError(.timedOut, "\(identity) has no SRV record in \(identity.domain): it is no longer registered")
+            throw DiscoveryError(.notPublished, "\(identity) has no SRV record in \(identity.domain): it is no longer registered")
         }
         var ips = await dns.addresses(of: target, servers: servers, recursion: false)
         if ips.isEmpty { ips = await dns.addresses(of: target) }
-        guard ContinuousClock.now < deadline || !ips.isEmpty else {
-            throw DiscoveryError(.timedOut, "\(identity) resolved to \(target), which has no address")
+        guard !ips.isEmpty else {
+            throw DiscoveryError(
+                .notPublished, "\(identity) points at \(target), which has no address (A or AAAA) in the DNS")
         }
         let strings: [[UInt8]]
         if case .txt(let values)? = txt.first?.data { strings = values } else { strings = [] }

@@ -12,8 +12,10 @@ import MDNSCore
 public struct WideAreaAdministration: Sendable {
     let wideArea: WideArea
 
-    /// - Parameter configuration: Its ``DiscoveryConfiguration/wideArea`` settings are used (servers,
-    ///   resolver file, domains, key); wide-area is used here even when turned off for browsing.
+    /// - Parameters:
+    ///   - configuration: Its ``DiscoveryConfiguration/wideArea`` settings are used (servers,
+    ///     resolver file, domains, key); wide-area is used here even when turned off for browsing.
+    ///   - logger: Where the DNS exchanges log (debug level).
     public init(configuration: DiscoveryConfiguration, logger: Logger) {
         var settings = configuration
         settings.wideArea.isEnabled = true
@@ -52,21 +54,35 @@ public struct WideAreaAdministration: Sendable {
         public var roundTrip: Duration
     }
 
-    /// Sends a signed update that changes nothing: the key is accepted when it verifies.
-    /// - Throws: `.keyRejected` (BADSIG, BADKEY), `.clockSkew` (BADTIME), `.dnsUnreachable`, …
+    /// Checks `key` the way publishing uses it: first a signed update that changes nothing (the key
+    /// and the clocks: the server does not consult its update policy for it), then a probe the
+    /// policy must allow — a TXT record added under `_lanmsg-doctor._tcp.<zone>` and removed at once.
+    /// - Throws: `.keyRejected` (BADSIG, BADKEY), `.clockSkew` (BADTIME), `.updateRefused` (the
+    ///   policy does not let the key register services), `.dnsUnreachable`, …
     public func checkKey(_ key: TSIGKey, domain: String) async throws(DiscoveryError) -> KeyCheck {
         let zone = try await wideArea.dns.zone(of: try Self.name(domain))
         let servers = try await wideArea.dns.updateServers(for: zone)
         let started = ContinuousClock.now
         let update = DNSMessage.update(id: DNSClient.randomID(), zone: zone.name, prerequisites: [.nameInUse(zone.name)], updates: [])
         let (outcome, reply) = try await wideArea.dns.sendReturningReply(update, key: key, servers: servers, describing: "a no-op update of \(zone.name)")
+        let roundTrip = ContinuousClock.now - started
         if case .prerequisiteFailed(let rcode) = outcome {
             throw DiscoveryError(.dnsFailure, "\(reply.server) answered the no-op update with \(DNSRcode.name(rcode))", dnsRcode: rcode)
         }
         let serverTime = reply.signed.tsig?.timeSigned ?? UnicastDNS.now()
+        // The update policy: what a registration needs (a record under _tcp of the zone).
+        guard let service = zone.name.prepending("_lanmsg-doctor._tcp"),
+            let probe = DNSName(instance: "lanmsg doctor \(getpid())", service: service)
+        else { throw DiscoveryError(.invalidArgument, "the zone name \(zone.name) is too long to probe") }
+        let add = DNSMessage.update(
+            id: DNSClient.randomID(), zone: zone.name, prerequisites: [.nameNotInUse(probe)],
+            updates: [ResourceRecord(name: probe, data: .txt([Array("lanmsg doctor probe".utf8)]), ttl: 1)])
+        _ = try await wideArea.dns.send(add, key: key, servers: servers, describing: "a probe record under \(service)")
+        let remove = DNSMessage.update(id: DNSClient.randomID(), zone: zone.name, prerequisites: [], updates: [.deleteName(probe)])
+        _ = try? await wideArea.dns.send(remove, key: key, servers: servers, describing: "the removal of the probe")
         return KeyCheck(
             server: reply.server, clockSkew: Int64(bitPattern: UnicastDNS.now()) - Int64(bitPattern: serverTime),
-            roundTrip: ContinuousClock.now - started)
+            roundTrip: roundTrip)
     }
 
     /// Whether the zone's server lets anyone change it: an unsigned update adding a TXT record under

@@ -9,6 +9,9 @@ struct WideAreaInstance: Sendable, Hashable {
     var txt: TXTRecord
     /// The `expires` TXT value (seconds since the epoch), when the publisher set one.
     var expires: UInt64?
+    /// The SRV record's port (nil when it has none): with `fp`, what tells that two places hold
+    /// the same service.
+    var port: UInt16?
 
     func isExpired(now: UInt64) -> Bool { expires.map { $0 < now } ?? false }
 }
@@ -84,8 +87,11 @@ final class WideAreaBrowse: Sendable {
                     for name in hidden.keys where !names.contains(name) { hidden.removeValue(forKey: name) }
                     // Read TXT for the new ones and for the hidden ones (re-registered?).
                     let toRead = names.filter { visible[$0] == nil }.sorted()
-                    let read = await readInstances(toRead, service: service, servers: servers)
+                    let (read, failedReads) = await readInstances(toRead, service: service, servers: servers)
                     if Task.isCancelled { return }
+                    // An instance whose records could not be read (a timeout) is read again at the
+                    // next poll: the serial is not taken as seen until every one was.
+                    let unread = toRead.filter { failedReads.contains($0) }
                     for name in toRead {
                         guard let instance = read[name] else { continue }
                         if instance.isExpired(now: now) {
@@ -99,16 +105,18 @@ final class WideAreaBrowse: Sendable {
                             onEvent(.added(instance))
                         }
                     }
-                    lastSerial = serial
+                    if unread.isEmpty { lastSerial = serial }
                 }
                 // Visible instances whose expiry passed: read again (a refresh may be on its way).
                 let due = visible.values.filter { $0.isExpired(now: now) }.map(\.identity.name)
                 if !due.isEmpty {
-                    let read = await readInstances(due, service: service, servers: servers)
+                    let (read, failed) = await readInstances(due, service: service, servers: servers)
                     for name in due {
                         guard let old = visible[name] else { continue }
                         if let fresh = read[name], !fresh.isExpired(now: now) {
                             visible[name] = fresh
+                        } else if failed.contains(name) {
+                            continue  // not answered: asked again at the next poll
                         } else {
                             visible.removeValue(forKey: name)
                             hidden[name] = read[name] ?? old
@@ -153,35 +161,55 @@ final class WideAreaBrowse: Sendable {
         return names
     }
 
-    /// Reads the TXT records of `names`, at most 32 queries in flight. Missing ones are left out.
-    private func readInstances(_ names: [String], service: DNSName, servers: [DNSServerAddress]) async -> [String: WideAreaInstance] {
+    /// Reads the TXT and SRV records of `names`, at most 32 instances in flight. Instances without
+    /// a TXT record are left out; those whose query got no answer are returned in `failed`.
+    private func readInstances(_ names: [String], service: DNSName, servers: [DNSServerAddress]) async
+        -> (found: [String: WideAreaInstance], failed: Set<String>)
+    {
+        enum Read: Sendable {
+            case found(WideAreaInstance)
+            case missing
+            case failed
+        }
         var result: [String: WideAreaInstance] = [:]
+        var failed: Set<String> = []
         var pending = names[...]
-        await withTaskGroup(of: (String, WideAreaInstance?).self) { group in
+        await withTaskGroup(of: (String, Read).self) { group in
             func add(_ name: String) {
                 group.addTask {
-                    guard let instance = DNSName(instance: name, service: service) else { return (name, nil) }
-                    self.counters.withLock { $0.queries += 1 }
+                    guard let instance = DNSName(instance: name, service: service) else { return (name, .missing) }
+                    self.counters.withLock { $0.queries += 2 }
+                    let records: [ResourceRecord]
+                    do throws(DiscoveryError) {
+                        records = try await self.wideArea.dns.records(instance, DNSType.txt, servers: servers, recursion: false)
+                    } catch {
+                        return (name, .failed)
+                    }
                     // No TXT (a PTR left behind, or deleted meanwhile): not an instance to show.
-                    guard let records = try? await self.wideArea.dns.records(instance, DNSType.txt, servers: servers, recursion: false),
-                        !records.isEmpty
-                    else { return (name, nil) }
+                    guard !records.isEmpty else { return (name, .missing) }
+                    let srv = (try? await self.wideArea.dns.records(instance, DNSType.srv, servers: servers, recursion: false)) ?? []
                     let strings: [[UInt8]]
                     if case .txt(let values)? = records.first?.data { strings = values } else { strings = [] }
                     let txt = TXTRecord(wireEntries: strings)
+                    var port: UInt16?
+                    if case .srv(_, _, let value, _)? = srv.first?.data { port = value }
                     let identity = ServiceIdentity(name: name, type: self.type, domain: self.domain)
-                    return (name, WideAreaInstance(identity: identity, txt: txt, expires: txt[expiresKey].flatMap { UInt64($0) }))
+                    return (name, .found(WideAreaInstance(identity: identity, txt: txt, expires: txt[expiresKey].flatMap { UInt64($0) }, port: port)))
                 }
             }
             for _ in 0..<32 {
                 guard let name = pending.popFirst() else { break }
                 add(name)
             }
-            for await (name, instance) in group {
-                if let instance { result[name] = instance }
+            for await (name, read) in group {
+                switch read {
+                case .found(let instance): result[name] = instance
+                case .failed: failed.insert(name)
+                case .missing: break
+                }
                 if let next = pending.popFirst() { add(next) }
             }
         }
-        return result
+        return (result, failed)
     }
 }

@@ -134,6 +134,12 @@ extension DiscoveryConfiguration {
         wideAreaDomain: String? = nil, wideAreaKeyFile: String? = nil, environment: [String: String]? = nil
     ) throws(DiscoveryError) -> (DiscoveryConfiguration, problems: [String]) {
         var (configuration, problems) = fromEnvironment(environment)
+        // A key named by the environment that cannot be used is as wrong as one named by a flag:
+        // the user asked to publish, so say it now instead of publishing on the link only.
+        let env = environment ?? currentEnvironment()
+        if wideAreaKeyFile == nil, let path = env["LANMSG_WIDE_AREA_KEY"], !path.isEmpty, configuration.wideArea.key == nil {
+            _ = try TSIGKey(contentsOfFile: path)  // throws the reason
+        }
         if let wideAreaDomain {
             guard let domain = WideAreaConfiguration.normalize(wideAreaDomain) else {
                 throw DiscoveryError(.invalidArgument, "--wide-area-domain '\(wideAreaDomain)' is not a domain name")

@@ -84,6 +84,9 @@ final class WideAreaRegistration: Sendable {
         var domain: String?
         var txt: TXTRecord
         var registered: Registered?
+        /// The records of the last update sent that could have created them, answered or not: what
+        /// stop deletes when no answer confirmed them (the delete is conditional on our SRV).
+        var attempted: Registered?
         var task: Task<Void, Never>?
         var stopped = false
         /// The last failure reported (the same one is not reported again on every retry).
@@ -136,29 +139,41 @@ final class WideAreaRegistration: Sendable {
     /// The host's addresses may have changed: refresh now.
     func addressesChanged() { wakeup.signal() }
 
-    /// Stops refreshing and deletes the records (bounded by the update timeout).
+    /// Stops refreshing and deletes the records (bounded by the update timeout). An update in
+    /// flight is not cancelled (its records could land unseen): the loop ends after it, then the
+    /// deletion runs in a task of its own, so a caller that is itself being cancelled (a signal
+    /// handler) still removes the records.
     func stop() async {
         let (task, alreadyStopped) = state.withLock { state -> (Task<Void, Never>?, Bool) in
             defer { state.stopped = true }
             return (state.task, state.stopped)
         }
         guard !alreadyStopped else { return }
-        task?.cancel()
-        await task?.value
-        wideArea.forget(self)
-        guard let registered = state.withLock({ $0.registered }) else { return }
-        do {
-            try await delete(registered)
-            state.withLock { $0.registered = nil }
-            logger.info(
-                "wide-area registration removed",
-                metadata: ["name": "\(registered.name)", "type": "\(type)", "domain": "\(domain)"])
-        } catch {
-            logger.warning(
-                "could not remove the wide-area registration; it stays until its expiry or `lanmsg wide-area cleanup`",
-                metadata: ["name": "\(registered.name)", "domain": "\(domain)", "error": "\(error.message)"])
+        wakeup.signal()
+        let removal = Task {
+            await task?.value
+            self.wideArea.forget(self)
+            guard let records = self.state.withLock({ $0.registered ?? $0.attempted }) else { return }
+            do throws(DiscoveryError) {
+                try await self.delete(records)
+                self.state.withLock {
+                    $0.registered = nil
+                    $0.attempted = nil
+                }
+                self.logger.info(
+                    "wide-area registration removed",
+                    metadata: ["name": "\(records.name)", "type": "\(self.type)", "domain": "\(self.domain)"])
+            } catch {
+                self.logger.warning(
+                    "could not remove the wide-area registration; it stays until its expiry or `lanmsg wide-area cleanup`",
+                    metadata: ["name": "\(records.name)", "domain": "\(self.domain)", "error": "\(error.message)"])
+            }
         }
+        await removal.value
     }
+
+    /// Whether stop() was called: the loop ends at its next step.
+    private var isStopping: Bool { state.withLock { $0.stopped } }
 
     /// Stops without waiting (the discovery object went away): the deletion is sent in the background.
     func beginStop() {
@@ -170,7 +185,7 @@ final class WideAreaRegistration: Sendable {
     private func run() async {
         var backoff: Duration = .seconds(1)
         let maxBackoff = min(Duration.seconds(60), configuration.wideArea.lease / 4)
-        while !Task.isCancelled {
+        while !Task.isCancelled && !isStopping {
             let wait: Duration
             do {
                 if state.withLock({ $0.registered }) == nil {
@@ -182,7 +197,7 @@ final class WideAreaRegistration: Sendable {
                 state.withLock { $0.lastFailure = nil }
                 wait = configuration.wideArea.lease / 2
             } catch {
-                if Task.isCancelled { return }
+                if Task.isCancelled || isStopping { return }
                 report(error)
                 switch error.code {
                 case .dnsUnreachable, .dnsFailure, .collision:
@@ -196,7 +211,7 @@ final class WideAreaRegistration: Sendable {
             }
             // Sleep until the next refresh, or until nudged (TXT or address change).
             _ = await wakeup.wait(wait)
-            if Task.isCancelled { return }
+            if Task.isCancelled || isStopping { return }
         }
     }
 
@@ -226,6 +241,11 @@ final class WideAreaRegistration: Sendable {
         if chosen == nil {
             let announced = await wideArea.domains()
             chosen = announced.registration.first
+            if chosen == nil, dns.resolvers().isEmpty {
+                throw DiscoveryError(
+                    .dnsUnreachable,
+                    "no DNS server is configured (\(configuration.wideArea.resolverConfigurationPath) has no nameserver) and no domain was given: nowhere to register")
+            }
             if chosen == nil, let unanswered = announced.unanswered {
                 throw DiscoveryError(
                     .dnsUnreachable, "cannot learn the domain to register in (dr._dns-sd._udp): \(unanswered)")
@@ -311,11 +331,13 @@ final class WideAreaRegistration: Sendable {
         let plan = try await locate()
         var name = state.withLock { $0.name }
         for _ in 0..<32 {
-            try Task.checkCancellation(or: DiscoveryError(.shutDown, "stopped"))
+            if isStopping || Task.isCancelled { throw DiscoveryError(.shutDown, "stopped") }
             let txt = state.withLock { $0.txt }
             let (srv, updates) = try additions(name: name, plan: plan, txt: txt)
             let instance = srv.name
             let message = updateMessage(zone: plan.zone.name, prerequisites: [.nameNotInUse(instance)], updates: updates)
+            let attempt = Registered(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv)
+            state.withLock { $0.attempted = attempt }
             switch try await dns.send(message, key: key, servers: plan.servers, describing: "'\(name)' in \(domain)") {
             case .done:
                 registered(Registered(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv))
@@ -323,9 +345,11 @@ final class WideAreaRegistration: Sendable {
             case .prerequisiteFailed(let rcode):
                 throw DiscoveryError(.dnsFailure, "the registration of '\(name)' failed its prerequisite (\(DNSRcode.name(rcode)))")
             case .nameExists:
-                if try await isOurOwn(instance: instance, plan: plan) {
+                if let earlier = try await ourEarlierRecords(instance: instance, plan: plan) {
+                    // Replace exactly what was read: if it changed meanwhile (cleaned up, taken by
+                    // another host), the prerequisite fails and nothing of anyone else's is touched.
                     let replace = updateMessage(
-                        zone: plan.zone.name, prerequisites: [.nameInUse(instance)],
+                        zone: plan.zone.name, prerequisites: earlier.map { .rrsetEquals($0) },
                         updates: [.deleteName(instance)] + updates)
                     let outcome = try await dns.send(
                         replace, key: key, servers: plan.servers, describing: "our earlier '\(name)' in \(domain)")
@@ -359,22 +383,25 @@ final class WideAreaRegistration: Sendable {
         handle.record(.registered(name: registration.name, domain: domain))
     }
 
-    /// Whether the records under `instance` are an earlier registration of this same service:
-    /// the same `fp` TXT value when ours has one, else an SRV pointing at our host.
-    private func isOurOwn(instance: DNSName, plan: Plan) async throws(DiscoveryError) -> Bool {
-        let ourFingerprint = state.withLock { $0.txt["fp"] }
-        if let ourFingerprint {
-            let records = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
-            return records.contains { record in
-                guard case .txt(let strings) = record.data else { return false }
-                return TXTRecord(wireEntries: strings)["fp"] == ourFingerprint
-            }
-        }
-        let records = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
-        return records.contains { record in
+    /// The records under `instance` when they are an earlier registration of this same service
+    /// (a restart after a crash): an SRV pointing at our host and, when our TXT has an `fp`, the
+    /// same `fp` (the same key — another host with the same key and name is someone else). nil:
+    /// someone else's.
+    private func ourEarlierRecords(instance: DNSName, plan: Plan) async throws(DiscoveryError) -> [ResourceRecord]? {
+        let srv = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
+        let txt = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
+        guard !srv.isEmpty, srv.allSatisfy({ record in
             if case .srv(_, _, _, let target) = record.data { return target == plan.host }
             return false
+        }) else { return nil }
+        if let ourFingerprint = state.withLock({ $0.txt["fp"] }) {
+            let theirs = txt.compactMap { record -> String? in
+                guard case .txt(let strings) = record.data else { return nil }
+                return TXTRecord(wireEntries: strings)["fp"]
+            }
+            guard theirs == [ourFingerprint] else { return nil }
         }
+        return srv + txt
     }
 
     /// A refresh: the same records with a new expiry and the current addresses, on condition that
@@ -388,6 +415,7 @@ final class WideAreaRegistration: Sendable {
         let message = updateMessage(
             zone: plan.zone.name, prerequisites: [.rrsetEquals(current.srv)],
             updates: [.deleteRRset(instance, type: DNSType.txt), .deleteRRset(instance, type: DNSType.srv)] + updates)
+        state.withLock { $0.attempted = Registered(name: current.name, zone: plan.zone.name, servers: plan.servers, srv: srv) }
         switch try await dns.send(message, key: key, servers: plan.servers, describing: "'\(current.name)' in \(domain)") {
         case .done:
             state.withLock { $0.registered = Registered(name: current.name, zone: plan.zone.name, servers: plan.servers, srv: srv) }
