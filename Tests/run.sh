@@ -48,6 +48,21 @@ swift build --build-tests 2>&1 | tail -n 20
 stage_done "install + build"
 
 logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
+# The ThreadSanitizer bundle and the wire fuzzer are built in the background at the lowest CPU
+# priority while the tests below run (most of their time is spent waiting on timers and the network
+# namespaces): the builds use the idle CPU, the tests keep theirs. Their stages wait for them.
+background_pids=()
+if [ "$tsan" = yes ]; then
+  nice -n 19 swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan \
+    > "$logs/build-tsan.log" 2>&1 &
+  tsan_build_pid=$!; background_pids+=("$tsan_build_pid")
+fi
+if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
+  nice -n 19 swift build -c "${FUZZ_CONFIG:-debug}" --product lanmsg-fuzz --sanitize=fuzzer --sanitize=address \
+    -Xswiftc -DFUZZING --scratch-path "$root/.build-fuzz" > "$logs/build-fuzz.log" 2>&1 &
+  fuzz_build_pid=$!; background_pids+=("$fuzz_build_pid")
+fi
+trap 'for pid in "${background_pids[@]}"; do kill "$pid" 2>/dev/null || true; done' EXIT
 status=0
 passed=0 failed=0
 
@@ -119,6 +134,8 @@ stage_done "docs"
 # FUZZ_CONFIG=debug: the builds take 190 s instead of 315 s, for fewer executions). Long runs are
 # optimized by default: Tests/fuzz/run-fuzz-wire.sh 3600, run-fuzz-json.sh 3600, run-fuzz-mdns.sh 3600.
 echo "== fuzz (${FUZZ_SECONDS:-15} s per target)"
+# The wire fuzzer's build started in the background (its script's own build is then up to date).
+[ -z "${fuzz_build_pid:-}" ] || wait "$fuzz_build_pid" || { echo "!! the wire fuzzer's build failed:"; tail -n 20 "$logs/build-fuzz.log"; }
 for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/run-fuzz-mdns.sh; do
   if FUZZ_OPT="${FUZZ_OPT:--Onone}" FUZZ_CONFIG="${FUZZ_CONFIG:-debug}" \
     "$fuzz" "${FUZZ_SECONDS:-15}" > "$logs/$(basename "$fuzz" .sh).log" 2>&1; then
@@ -131,9 +148,11 @@ done
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
-  # The test bundle only (not the demo programs, snippets and fuzz target the unit tests never run).
-  swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan 2>&1 | tail -n 5
-  stage_done "build (TSan)"
+  # The test bundle only (not the demo programs, snippets and fuzz target the unit tests never run),
+  # built in the background since the first build; what is left of it is waited for here.
+  if ! wait "$tsan_build_pid"; then echo "!! the ThreadSanitizer build failed"; status=1; fi
+  tail -n 5 "$logs/build-tsan.log"
+  stage_done "build (TSan, rest)"
   # Every unit test but one (TSAN_FILTER narrows it, e.g. TSAN_FILTER=TransportTests): the 70,000
   # round trips over the rekey (20 s plain, 45 s under TSan) repeat one code path for volume; the
   # plain run above covers them, and the rekey's logic runs under TSan in ProtocolCoreTests.

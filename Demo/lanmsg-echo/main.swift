@@ -55,6 +55,16 @@ struct EchoServer: AsyncParsableCommand {
         let server = MessageServer(configuration: configuration, discovery: discovery, logger: logger)
         try await server.start()
         say("listening on port \(server.port ?? 0)")
+        // SIGTERM / SIGINT: every client is told (GOODBYE "server stopping"), the service is
+        // unpublished, then the program exits 0 — never a silent drop.
+        let stopping = Task.detached { () async -> Void in
+            for await number in Self.terminationSignals() {
+                FileHandle.standardOutput.write(Data("stopping on signal \(number)\n".utf8))
+                await server.stop()
+                return
+            }
+        }
+        defer { stopping.cancel() }
         var count = 0
         // Numbered one-way messages ("seq", {"n":…}) per connection: how many, how many twice, out of order.
         var sequences: [UInt64: SequenceStats] = [:]
@@ -107,6 +117,24 @@ struct EchoServer: AsyncParsableCommand {
                 say("\(event)")
             }
         }
+        // The events end when the server stopped (on a signal): leave discovery cleanly too.
+        await discovery.shutdown()
+        say("stopped")
+    }
+
+    /// SIGTERM and SIGINT as an async sequence (Dispatch signal sources; the default actions off).
+    static func terminationSignals() -> AsyncStream<Int32> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Int32.self)
+        let sources = SignalSources(
+            [SIGTERM, SIGINT].map { number in
+                signal(number, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                source.setEventHandler { continuation.yield(number) }
+                source.resume()
+                return source
+            })
+        continuation.onTermination = { _ in sources.cancel() }
+        return stream
     }
 
     struct Numbered: Codable, Sendable { var n: Int }
@@ -127,4 +155,11 @@ struct EchoServer: AsyncParsableCommand {
     func say(_ line: String) {
         FileHandle.standardOutput.write(Data((line + "\n").utf8))
     }
+}
+
+/// Dispatch signal sources, cancelled together (immutable after creation; cancel is thread-safe).
+final class SignalSources: @unchecked Sendable {
+    let sources: [any DispatchSourceSignal]
+    init(_ sources: [any DispatchSourceSignal]) { self.sources = sources }
+    func cancel() { for source in sources { source.cancel() } }
 }

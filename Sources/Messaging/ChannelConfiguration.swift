@@ -189,3 +189,15 @@ public struct ChannelConfiguration: Sendable {
     }
 }
 
+extension ChannelConfiguration {
+    /// The frame limit announced as `max_frame` must be one a peer accepts (1,024 … 2^32 − 1).
+    func checkFrameLimit() throws(TransportError) {
+        let limit = connection.maxFrameSize
+        guard limit >= HelloPayload.minMaxFrame, limit <= HelloPayload.maxMaxFrame else {
+            throw TransportError(
+                .invalidArgument,
+                "maxFrameSize \(limit) is outside \(HelloPayload.minMaxFrame)…\(HelloPayload.maxMaxFrame) bytes: peers refuse a hello "
+                    + "announcing it (docs/PROTOCOL.md, \"Hello\")")
+        }
+    }
+}

@@ -17,9 +17,12 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
     /// synchronizes through the runtime's atomics, which it does not see).
     private let handoff = Lock()
 
+    private let role: HandshakeStateMachine.Role
+
     init(driver: ConnectionDriver, role: HandshakeStateMachine.Role, configuration: ChannelConfiguration) {
         self.driver = driver
         self.configuration = configuration
+        self.role = role
         machine = HandshakeStateMachine(role: role, settings: configuration.handshakeSettings())
     }
 
@@ -68,7 +71,9 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
             driver.logger.debug("hello complete with '\(established.peer.name)' (version \(established.peer.version))")
             driver.setPeerMaxFrameSize(established.peerMaxFrameSize)
             let channel = handoff.withLock {
-                let channel = MessageChannel(driver: driver, established: established, configuration: configuration)
+                let channel = MessageChannel(
+                    driver: driver, established: established, configuration: configuration,
+                    awaitsSession: role == .server && configuration.offersSessions && established.peer.sessions)
                 channel.activate()
                 return channel
             }

@@ -96,20 +96,36 @@ extension MessageChannel {
     /// Replies to the request `message` (the reply carries its sequence number as reply-to).
     /// - Throws: `TransportError.Code.invalidArgument` when `message` was not a request (sent with
     ///   `send`, not `request`: nobody waits for a reply), and the errors of ``send(_:type:)``.
+    ///
+    /// A reply larger than the requester accepts (its `max_frame`) is not sent: the requester gets
+    /// the error reply `too_large` instead (it would otherwise wait until its timeout), and this
+    /// call throws `TransportError.Code.frameTooLarge`.
     public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
         try Self.checkIsRequest(message)
         let (codec, payload) = try encode(value, type: type)
-        try await transmit(
-            Frame(kind: .message, codecID: codec, typeID: type, reference: message.sequence, payload: payload))
+        try await transmitReply(
+            Frame(kind: .message, codecID: codec, typeID: type, reference: message.sequence, payload: payload), to: message)
     }
 
-    /// Replies to the request `message` with raw bytes.
+    /// Replies to the request `message` with raw bytes (an oversized reply: as ``reply(to:with:type:)``).
     public func replyRaw(to message: IncomingMessage, bytes: [UInt8], type: String) async throws {
         try Self.checkIsRequest(message)
-        try await transmit(
+        try await transmitReply(
             Frame(
                 kind: .message, codecID: WireProtocol.rawCodecID, typeID: type, reference: message.sequence,
-                payload: bytes))
+                payload: bytes), to: message)
+    }
+
+    /// Sends a reply; one the peer would refuse for its size becomes the error reply `too_large`.
+    private func transmitReply(_ frame: Frame, to message: IncomingMessage) async throws(TransportError) {
+        do {
+            try await transmit(frame)
+        } catch where error.code == .frameTooLarge {
+            let text = "the reply to '\(message.typeID)' is larger than this peer accepts (\(peerMaxFrameSize) bytes); "
+                + "ask for less, or have it sent as a stream"
+            try? await transmit(Self.errorFrame(RemoteError(code: RemoteError.tooLarge, message: text), to: message))
+            throw error
+        }
     }
 
     /// Answers the request `message` with an error: the requester's `request(...)` throws

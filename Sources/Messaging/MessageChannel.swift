@@ -83,6 +83,9 @@ public final class MessageChannel: @unchecked Sendable {
         var helloWaiter: CheckedContinuation<SessionHello, any Error>?
         var openedWaiter: CheckedContinuation<MessageSession.Opened, any Error>?
         var ackArmed = false
+        /// Server: the client offered a session in its hello, and its SESSION has not come yet —
+        /// the only frames allowed before it are SESSION, PING, PONG and GOODBYE.
+        var awaitingClientSession = false
         /// Consumers of ``healthUpdates``.
         var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation] = []
     }
@@ -96,15 +99,22 @@ public final class MessageChannel: @unchecked Sendable {
         init(_ identity: PeerIdentity) { self.identity = identity }
     }
 
+    /// - Parameter awaitsSession: Server side: the client offered a message session and this
+    ///   server accepts them, so the client's next frame must be its SESSION.
     init(
         driver: ConnectionDriver, established: HandshakeStateMachine.Established, configuration: ChannelConfiguration,
-        identity: PeerIdentity? = nil
+        identity: PeerIdentity? = nil, awaitsSession: Bool = false
     ) {
         self.driver = driver
         identityBox = identity.map(IdentityBox.init)
         self.peer = established.peer
         self.storedPeerMaxFrameSize = UInt32(clamping: established.peerMaxFrameSize)
         self.configuration = configuration
+        if awaitsSession {
+            let link = SessionLink()
+            link.awaitingClientSession = true
+            sessionLink = link
+        }
     }
 
     /// A buffer of inbound elements that pauses reading `driver` while it holds `limit` or more.
@@ -130,6 +140,7 @@ public final class MessageChannel: @unchecked Sendable {
     public static func connect(
         to addresses: [SocketAddress], configuration: ChannelConfiguration, logger: Logger
     ) async throws -> MessageChannel {
+        try configuration.checkFrameLimit()
         let (fd, address) = try await TCPConnector.connect(
             to: addresses, attemptDelay: configuration.connectAttemptDelay, timeout: configuration.connectTimeout,
             logger: logger)
@@ -148,6 +159,7 @@ public final class MessageChannel: @unchecked Sendable {
     public static func accept(
         _ socket: AcceptedSocket, configuration: ChannelConfiguration, logger: Logger
     ) async throws -> MessageChannel {
+        try configuration.checkFrameLimit()
         guard let fd = socket.take() else {
             throw TransportError(.invalidArgument, "the accepted socket was already used or closed")
         }
@@ -271,6 +283,13 @@ public final class MessageChannel: @unchecked Sendable {
 
 extension MessageChannel: ConnectionHandler {
     package func connection(_ connection: ConnectionDriver, received frame: Frame) {
+        if let link = sessionLink, link.awaitingClientSession,
+            ![.session, .ping, .pong, .goodbye].contains(frame.kind)
+        {
+            return violation(
+                "the client offered a message session in its hello but sent \(frame.kind) before its SESSION frame; "
+                    + "a client that offers sessions sends SESSION first (docs/PROTOCOL.md, \"Sessions\")")
+        }
         switch frame.kind {
         case .message:
             handleMessage(frame)
@@ -443,8 +462,14 @@ extension MessageChannel: ConnectionHandler {
         guard let hello = try? FastJSONDecoder().decode(SessionHello.self, from: frame.payload), hello.isWellFormed else {
             return violation("malformed SESSION payload (it needs \"id\": 32 hex digits and \"received\")")
         }
-        let link = sessionLink ?? SessionLink()
-        sessionLink = link
+        // SESSION is the client's first frame when it offered sessions, or the server's answer to it.
+        guard let link = sessionLink, link.awaitingClientSession || link.openedWaiter != nil else {
+            return violation(
+                peer.sessions
+                    ? "an unexpected SESSION frame (a session is already open, or none was offered)"
+                    : "a SESSION frame, but \(peer.name.isEmpty ? "the peer" : "'\(peer.name)'") did not offer message sessions in its hello")
+        }
+        link.awaitingClientSession = false
         if let waiter = link.openedWaiter, let session = link.session {
             // Client: the server's answer. Attached here, on the loop, before the next frame is read.
             link.openedWaiter = nil
@@ -511,7 +536,8 @@ extension MessageChannel: ConnectionHandler {
             }
         }
         guard await raceTimeout(timeout, { _ = await waiting.result }) else {
-            abort()
+            // Said to the peer, then closed (not a silent drop).
+            queue.async { self.violation(timeoutText) }
             throw TransportError(.helloFailed, timeoutText)
         }
         return try await waiting.value

@@ -17,4 +17,8 @@ public struct RemoteError: Error, Sendable, Hashable, Codable, CustomStringConve
     }
 
     public var description: String { "the peer answered with an error (\(code)): \(message)" }
+
+    /// The code of the error reply a side sends instead of a reply larger than the requester's
+    /// `max_frame` (docs/PROTOCOL.md, "Requests"): `too_large`.
+    public static let tooLarge = "too_large"
 }

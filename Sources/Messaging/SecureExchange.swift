@@ -209,7 +209,15 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
             // encrypted; otherwise there is no channel to say it on.
             if role == .server, let (send, receive) = try? machine.transport() {
                 driver.beginEncryption(SecureTransport(send: send, receive: receive), leftover: [])
-                let refusal = Refusal(code: "refused", message: error.message)
+                // The code says which: a hello that breaks the spec, another version, or the
+                // server's policy (docs/PROTOCOL.md, "Verdict").
+                let code =
+                    switch error.code {
+                    case .helloFailed: "bad_hello"
+                    case .versionMismatch: "version_mismatch"
+                    default: "refused"
+                    }
+                let refusal = Refusal(code: code, message: error.message)
                 driver.enqueue(HandshakeStateMachine.jsonFrame(.refuse, refusal), bypassLimit: true) { _ in }
             }
             fail(error)
@@ -258,7 +266,8 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         let established = HandshakeStateMachine.Established(peer: peer.info, peerMaxFrameSize: peer.maxFrameSize)
         let channel = handoff.withLock {
             let channel = MessageChannel(
-                driver: driver, established: established, configuration: configuration, identity: identity)
+                driver: driver, established: established, configuration: configuration, identity: identity,
+                awaitsSession: role == .server && configuration.offersSessions && peer.info.sessions)
             channel.activate()
             return channel
         }

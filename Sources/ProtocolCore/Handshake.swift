@@ -163,6 +163,10 @@ package struct HandshakeStateMachine: Sendable {
             let text = "peer acknowledged with protocol version \(ack.version), this side speaks \(version)"
             return fail(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)), text: text)
         }
+        if let problem = ack.problem {
+            let text = "malformed HELLO_ACK: \(problem)"
+            return fail(TransportError(.helloFailed, text, closeReason: .protocolError(text)), text: text)
+        }
         let established = Established(
             peer: ack.info, peerMaxFrameSize: ack.maxFrame ?? Self.defaultMaxFrameSize)
         switch (settings.preSharedKey, nonce, ack.auth) {
@@ -232,6 +236,9 @@ package struct HandshakeStateMachine: Sendable {
         switch decodeHello(frame) {
         case .success(let decoded): hello = decoded
         case .failure(let failure): return refuse(code: "bad_hello", .helloFailed, failure.message)
+        }
+        if let problem = hello.problem {
+            return refuse(code: "bad_hello", .helloFailed, "malformed HELLO: \(problem)")
         }
         let info = hello.info
         if let refusal = settings.validator?(info) {

@@ -123,6 +123,25 @@ package struct HelloPayload: Codable, Sendable {
     }
 }
 
+extension HelloPayload {
+    /// The smallest `max_frame` a peer may announce: every control frame (PING, PONG, ACK, SESSION,
+    /// GOODBYE) and an error reply fit in it (docs/PROTOCOL.md, "Hello").
+    package static let minMaxFrame = 1024
+    /// The largest: a frame's length field is 32 bits.
+    package static let maxMaxFrame = Int(UInt32.max)
+
+    /// Why this hello cannot be accepted beyond its required keys (nil when it can): a `max_frame`
+    /// outside ``minMaxFrame``…``maxMaxFrame``.
+    package var problem: String? {
+        guard let maxFrame else { return nil }
+        guard maxFrame >= Self.minMaxFrame, maxFrame <= Self.maxMaxFrame else {
+            return "\"max_frame\" is \(maxFrame), outside the allowed \(Self.minMaxFrame)…\(Self.maxMaxFrame): every "
+                + "peer must accept frames of at least \(Self.minMaxFrame) bytes"
+        }
+        return nil
+    }
+}
+
 /// The server's challenge in HELLO_ACK (pre-shared key only).
 package struct AuthChallenge: Codable, Sendable {
     // Sorted order (see HelloPayload).

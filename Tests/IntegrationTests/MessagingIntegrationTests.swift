@@ -13,6 +13,31 @@ struct MessagingIntegrationTests {
         return server
     }
 
+    /// SIGTERM to lanmsg-echo: its client is told (GOODBYE "server stopping"), not dropped, and
+    /// the program exits 0 — a session client included.
+    @Test func echoSaysGoodbyeToItsClientsOnSIGTERM() async throws {
+        let type = "_itest-bye._tcp"
+        let server = try Harness.spawn(onB: true, [Harness.binary("lanmsg-echo"), "--name", "Bye Echo", "--type", type])
+        defer { server.stop() }
+        try await server.waitForOutput("published as Bye Echo")
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        var configuration = ClientConfiguration(peerName: "bye", reconnect: ReconnectPolicy(initialDelay: .seconds(30), maxAttempts: 1))
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        let client = try await MessageClient.connect(
+            to: .service(name: "Bye Echo", type: type, discovery: discovery), configuration: configuration, logger: logger)
+        let events = Collector(client.events)
+        try await events.wait(timeout: .seconds(10), "connected") { if case .connected = $0 { true } else { false } }
+        kill(server.pid, SIGTERM)
+        let (event, _) = try await events.wait(timeout: .seconds(10), "disconnected") {
+            if case .disconnected = $0 { true } else { false }
+        }
+        guard case .disconnected(let reason) = event else { return }
+        #expect(reason == .goodbye("server stopping"), "\(reason)")
+        #expect(server.wait(timeout: .seconds(10)) == 0, "\(server.text)")
+        await client.close()
+    }
+
     @Test func serverFoundByBrowsingAndReachedOverIPv4AndIPv6LinkLocal() async throws {
         let type = "_itest-echo._tcp"
         let server = try await startEcho(name: "Echo B", type: type)

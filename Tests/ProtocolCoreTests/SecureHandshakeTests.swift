@@ -245,3 +245,28 @@ import Testing
         #expect(hex(try transport.seal(authOK)) == "00203b91d25ea0770e33b227c4fabb597dd47f558924555777eeee78dca6a0e831e9")
     }
 }
+
+/// What the spec forbids in the handshake is refused (docs/PROTOCOL.md, "Preamble and handshake").
+@Suite struct SecureHandshakeEdgeTests {
+    /// Message 1 carries no payload: a client that slips bytes into it is refused before the server
+    /// answers (no message 2, so nothing of the server's is revealed to it).
+    @Test func aPayloadInMessageOneIsRefused() throws {
+        var client = try NoiseHandshake(
+            pattern: .XX, role: .initiator, protocolName: SecureProtocol.protocolName(preSharedKey: false),
+            prologue: SecureProtocol.prologue, localStatic: .init(), localEphemeral: nil, psks: [])
+        let message = try client.writeMessage(payload: Array("early data".utf8))
+        var server = try SecureHandshake(role: .server, settings: SecureHandshakeTests.settings("server"))
+        let output = server.receive(SecureProtocol.preamble + SecureHandshake.framed(message))
+        #expect(output.bytes.isEmpty, "the server must not answer with message 2")
+        guard case .failure(let error)? = output.outcome else {
+            Issue.record("expected a failure, got \(String(describing: output.outcome))")
+            return
+        }
+        #expect(error.code == .protocolViolation)
+        #expect(error.message.contains("message 1 carried a 10-byte payload"))
+        // The empty payload the spec asks for is answered.
+        var honest = try SecureHandshake(role: .server, settings: SecureHandshakeTests.settings("server"))
+        var client2 = try SecureHandshake(role: .client, settings: SecureHandshakeTests.settings("client"))
+        #expect(!honest.receive(client2.start().bytes).bytes.isEmpty)
+    }
+}

@@ -176,7 +176,14 @@ package struct SecureHandshake: Sendable {
         }
         switch (role, noise.isComplete) {
         case (.server, false):
-            // Message 1 read: answer with message 2 carrying our hello.
+            // Message 1 read. Its payload is empty (docs/PROTOCOL.md): anything else is another
+            // protocol, or a peer probing what it can slip in before it is known.
+            guard payload.isEmpty else {
+                return fail(
+                    .protocolViolation,
+                    "the client's handshake message 1 carried a \(payload.count)-byte payload; version 2 sends it empty")
+            }
+            // Answer with message 2 carrying our hello.
             return step { machine throws(NoiseError) in
                 let message = try Self.handshakeFramed(machine.noise.writeMessage(payload: machine.hello()))
                 machine.messageTwoHash = machine.noise.handshakeHash
@@ -231,6 +238,11 @@ package struct SecureHandshake: Sendable {
             done = true
             let text = "the peer's hello says version \(hello.version) inside a version-2 handshake"
             return .failure(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)))
+        }
+        if let problem = hello.problem {
+            done = true
+            let text = "malformed hello in the encrypted handshake: \(problem)"
+            return .failure(TransportError(.helloFailed, text, closeReason: .protocolError(text)))
         }
         let proven = ProvenPeer(
             publicKey: key, info: hello.info, maxFrameSize: hello.maxFrame ?? HandshakeStateMachine.defaultMaxFrameSize,

@@ -1,0 +1,194 @@
+import Foundation
+import Testing
+
+import Locks
+@testable import Messaging
+@testable import ProtocolCore
+@testable import Transport
+
+extension HostilePeer {
+    /// Reads frames (sequence not checked) until `done` says so, the server closes, or `seconds` pass.
+    func readFrames(for seconds: Double = 5, until done: ([Frame]) -> Bool = { _ in false }) -> (frames: [Frame], closed: Bool) {
+        var decoder = FrameDecoder(checkSequence: false)
+        var frames: [Frame] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&descriptor, 1, Int32(max(1, deadline.timeIntervalSinceNow * 1000)))
+            if ready <= 0 { break }
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n <= 0 { return (frames, true) }
+            decoder.append(contentsOf: buffer[0..<n])
+            while let frame = try? decoder.next() { frames.append(frame) }
+            if done(frames) { return (frames, false) }
+        }
+        return (frames, false)
+    }
+}
+
+/// The spec's edges (docs/PROTOCOL.md), as a client written from it meets them: what the server
+/// answers where the spec used to be silent, checked with hand-made frames.
+@Suite(.serialized) struct SpecEdgeTests {
+    func server(
+        configure: (inout ServerConfiguration) -> Void = { _ in },
+        handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }
+    ) async throws -> LoopbackServer {
+        try await LoopbackServer(security: .plaintext, configure: configure, handle: handle)
+    }
+
+    func hello(_ peer: HostilePeer, _ json: String) {
+        peer.write(peer.frame(.hello, codec: 1, payload: Array(json.utf8)))
+    }
+
+    static func refusal(_ frames: [Frame]) -> Refusal? {
+        frames.first { $0.kind == .refuse }.flatMap { try? JSONDecoder().decode(Refusal.self, from: Data($0.payload)) }
+    }
+
+    /// `max_frame` has a range (1,024 … 2^32 − 1): outside it the hello is refused with
+    /// `bad_hello`, naming the field — never accepted and then answered with frames the peer said
+    /// it cannot take.
+    @Test(arguments: ["0", "-1", "11", "1023", "4294967296"])
+    func aMaxFrameOutsideItsRangeIsRefusedNamingTheField(value: String) async throws {
+        let harness = try await server()
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"max_frame":\#(value),"name":"tiny","version":1}"#)
+        let (frames, closed) = await offThePool { peer.readFrames { $0.contains { $0.kind == .refuse } } }
+        let refusal = try #require(Self.refusal(frames), "expected REFUSE, got \(frames.map(\.kind))")
+        #expect(refusal.code == "bad_hello")
+        #expect(refusal.message.contains("max_frame"), "\(refusal.message)")
+        #expect(!frames.contains { $0.kind == .helloAck })
+        _ = closed
+        await harness.server.stop()
+    }
+
+    @Test func theSmallestAllowedMaxFrameIsServedAndAnOversizedReplyBecomesAnErrorReply() async throws {
+        let replyFailed = Locked<String?>(nil)
+        let harness = try await server(handle: { _, event in
+            guard case .received(let connection, let message) = event, message.expectsReply else { return }
+            do {
+                try await connection.reply(to: message, with: String(repeating: "x", count: 5000), type: "big")
+            } catch {
+                replyFailed.withLock { $0 = "\(error)" }
+            }
+        })
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"max_frame":1024,"name":"small","version":1}"#)
+        var request = Frame(kind: .message, codecID: 1, typeID: "big", sequence: 2, payload: Array("{}".utf8))
+        request.expectsReply = true
+        peer.write(try request.encoded())
+        let (frames, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .message } } }
+        #expect(frames.first?.kind == .helloAck)
+        let answer = try #require(frames.first { $0.kind == .message })
+        // An error reply (flags 0x01 | 0x04) with code too_large, within the 1,024 bytes.
+        #expect(answer.isError && answer.reference == 2)
+        let error = try JSONDecoder().decode(RemoteError.self, from: Data(answer.payload))
+        #expect(error.code == "too_large", "\(error)")
+        #expect(try answer.encoded().count - 4 <= 1024)
+        #expect(frames.allSatisfy { (try? $0.encoded().count - 4) ?? 0 <= 1024 })
+        try await waitUntilAsync("the replier learns its reply did not fit") { replyFailed.withLock { $0 } != nil }
+        #expect(replyFailed.withLock { $0 }?.contains("1024") == true)
+        await harness.server.stop()
+    }
+
+    /// A client that offered sessions sends SESSION first: anything else first is refused at once,
+    /// with a GOODBYE saying why (it used to be held silently, then dropped after 10 s).
+    @Test func aRequestBeforeSessionIsRefusedAtOnceWithAReason() async throws {
+        let harness = try await server()
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"name":"eager","sessions":true,"version":1}"#)
+        var request = Frame(kind: .message, codecID: 1, typeID: "kv.get", sequence: 2, payload: Array("{}".utf8))
+        request.expectsReply = true
+        peer.write(try request.encoded())
+        let started = Date()
+        let (frames, closed) = await offThePool { peer.readFrames(for: 8) { $0.contains { $0.kind == .goodbye } } }
+        let goodbye = try #require(frames.first { $0.kind == .goodbye }, "\(frames.map(\.kind))")
+        #expect(String(decoding: goodbye.payload, as: UTF8.self).contains("SESSION first"))
+        #expect(Date().timeIntervalSince(started) < 3)
+        _ = closed
+        await harness.server.stop()
+    }
+
+    @Test func aSessionFromAClientThatDidNotOfferOneIsRefused() async throws {
+        let harness = try await server()
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"name":"late","version":1}"#)
+        peer.write(peer.frame(.session, codec: 1, payload: Array(#"{"id":"00112233445566778899aabbccddeeff","received":0}"#.utf8)))
+        let (frames, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .goodbye } } }
+        let goodbye = try #require(frames.first { $0.kind == .goodbye }, "\(frames.map(\.kind))")
+        #expect(String(decoding: goodbye.payload, as: UTF8.self).contains("did not offer message sessions"))
+        await harness.server.stop()
+    }
+
+    /// "One PING right after a session opens": the server's first PING follows its SESSION answer
+    /// at once, not a heartbeat interval (5 s) later.
+    @Test func theServerPingsRightAfterASessionOpens() async throws {
+        let harness = try await server()
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"name":"pinged","sessions":true,"version":1}"#)
+        peer.write(peer.frame(.session, codec: 1, payload: Array(#"{"id":"00112233445566778899aabbccddeeff","received":0}"#.utf8)))
+        let started = Date()
+        let (frames, _) = await offThePool {
+            peer.readFrames(for: 4) { frames in frames.drop { $0.kind != .session }.contains { $0.kind == .ping } }
+        }
+        #expect(frames.first?.kind == .helloAck && frames.contains { $0.kind == .session }, "\(frames.map(\.kind))")
+        let afterSession = frames.drop { $0.kind != .session }
+        #expect(afterSession.contains { $0.kind == .ping }, "no PING after SESSION within 4 s: \(frames.map(\.kind))")
+        #expect(Date().timeIntervalSince(started) < 1)
+        await harness.server.stop()
+    }
+}
+
+func waitUntilAsync(_ what: String, seconds: Double = 10, _ condition: () -> Bool) async throws {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    while !condition() {
+        guard ContinuousClock.now < deadline else { throw TestFailure("not within \(seconds) s: \(what)") }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}
+
+@Suite(.serialized) struct SessionPingTests {
+    /// Encrypted, as every default channel is: the server's first round-trip sample comes from a
+    /// PING it sends right after the session opens, not from the heartbeat 5 s later.
+    @Test func theServerHasARoundTripSampleRightAfterAnEncryptedSessionOpens() async throws {
+        let harness = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
+        let client = try await harness.client("sampled") { configuration in
+            configuration.reconnect = ReconnectPolicy()
+            configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        }
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        let opened = ContinuousClock.now
+        var samples = 0
+        while ContinuousClock.now - opened < .seconds(3) {
+            samples = await connection.channel.health.samples
+            if samples > 0 { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(samples > 0, "the server had no round-trip sample 3 s after the session opened")
+        #expect(ContinuousClock.now - opened < .seconds(1))
+        await client.close()
+        await harness.server.stop()
+    }
+}
+
+@Suite(.serialized) struct StopGoodbyeTests {
+    /// A server that stops says so to a client in a message session: GOODBYE with the reason, not a
+    /// silent close the client would take for a lost connection.
+    @Test func aStoppingServerSaysGoodbyeToASessionClient() async throws {
+        let harness = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
+        let client = try await harness.client("sessioned") { configuration in
+            configuration.reconnect = ReconnectPolicy(initialDelay: .seconds(5), maxAttempts: 1)
+            configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        }
+        try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        let events = EventLog<ClientEvent>()
+        let reader = Task { for await event in client.events { events.append(event) } }
+        await harness.server.stop()
+        let disconnected = try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
+        guard case .disconnected(let reason) = disconnected else { return }
+        #expect(reason == .goodbye("server stopping"), "\(reason)")
+        reader.cancel()
+        await client.close()
+    }
+}
