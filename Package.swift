@@ -174,6 +174,17 @@ let package = Package(
         // --sanitize=fuzzer and -DFUZZING; a plain build replays inputs given as files).
         .executableTarget(
             name: "lanmsg-fuzz", dependencies: ["ProtocolCore", .product(name: "Crypto", package: "swift-crypto")], path: "Tests/fuzz/FuzzCore", swiftSettings: strict),
+        // The README's Getting started as a program (board or client), for the integration test that
+        // stops it with SIGTERM.
+        .executableTarget(
+            name: "readme-board",
+            dependencies: [
+                "Messaging", .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Tests/ReadmeBoard",
+            swiftSettings: strict
+        ),
         // A scriptable DNS-SD peer (either backend) for the integration tests.
         .executableTarget(
             name: "discovery-peer",

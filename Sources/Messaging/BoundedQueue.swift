@@ -17,13 +17,20 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         let continuation: CheckedContinuation<Element?, any Error>
     }
 
+    private struct Producer {
+        let id: UInt64
+        let continuation: CheckedContinuation<Void, Never>
+    }
+
     private struct State {
         var items: [Element] = []
         var head = 0
         var finished = false
         var overLimit = false
         var consumers: [Waiter] = []
-        var producers: [CheckedContinuation<Void, Never>] = []
+        var producers: [Producer] = []
+        /// Elements taken by consumers so far.
+        var taken: UInt64 = 0
         var nextWaiterID: UInt64 = 0
         var failure: (any Error)?
         /// A consumer asked for an element at least once.
@@ -48,6 +55,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     var hasConsumer: Bool { state.withLock { $0.consumed } }
     /// Producers suspended in ``pushWaiting(_:)`` (tests).
     var suspendedProducers: Int { state.withLock { $0.producers.count } }
+    /// Elements consumers took so far (a consumer that stopped reading takes none).
+    var taken: UInt64 { state.withLock { $0.taken } }
 
     /// Adds an element without waiting (dropped after `finish`); calls `onFull` when the limit is
     /// reached. Returns false when the element was dropped.
@@ -101,10 +110,14 @@ final class BoundedQueue<Element: Sendable>: Sendable {
                 push(element)
                 return
             }
+            let id = state.withLock { state -> UInt64 in
+                state.nextWaiterID += 1
+                return state.nextWaiterID
+            }
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let resumeNow = state.withLock { state -> Bool in
                     if state.finished || state.count < limit { return true }
-                    state.producers.append(continuation)
+                    state.producers.append(Producer(id: id, continuation: continuation))
                     return false
                 }
                 if resumeNow { continuation.resume() }
@@ -112,10 +125,50 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         }
     }
 
+    /// ``pushWaiting(_:)`` for at most `timeout`: false, having added nothing, when the queue was
+    /// still at its limit then (its consumer stopped reading).
+    func pushWaiting(_ element: Element, within timeout: Duration) async -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let room = state.withLock { state -> Bool in state.finished || state.count < limit }
+            if room {
+                push(element)
+                return true
+            }
+            if ContinuousClock.now >= deadline { return false }
+            let id = state.withLock { state -> UInt64 in
+                state.nextWaiterID += 1
+                return state.nextWaiterID
+            }
+            let timer = Task {
+                try? await Task.sleep(until: deadline)
+                self.releaseProducer(id)
+            }
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = state.withLock { state -> Bool in
+                    if state.finished || state.count < limit { return true }
+                    state.producers.append(Producer(id: id, continuation: continuation))
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+            timer.cancel()
+        }
+    }
+
+    /// Resumes the producer `id` if it still waits (its time is up).
+    private func releaseProducer(_ id: UInt64) {
+        let producer = state.withLock { state -> Producer? in
+            guard let index = state.producers.firstIndex(where: { $0.id == id }) else { return nil }
+            return state.producers.remove(at: index)
+        }
+        producer?.continuation.resume()
+    }
+
     /// Ends the queue: consumers get the remaining elements, then nil (or `error`); waiting
     /// producers return.
     func finish(throwing error: (any Error)? = nil) {
-        let (consumers, producers) = state.withLock { state -> ([Waiter], [CheckedContinuation<Void, Never>]) in
+        let (consumers, producers) = state.withLock { state -> ([Waiter], [Producer]) in
             guard !state.finished else { return ([], []) }
             state.finished = true
             state.failure = error
@@ -128,7 +181,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         for consumer in consumers {
             if let error { consumer.continuation.resume(throwing: error) } else { consumer.continuation.resume(returning: nil) }
         }
-        for producer in producers { producer.resume() }
+        for producer in producers { producer.continuation.resume() }
     }
 
     /// Drops everything buffered and ignores later pushes.
@@ -153,6 +206,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         guard state.head < state.items.count else { return state.finished ? .end(state.failure) : .empty }
         let element = state.items[state.head]
         state.head += 1
+        state.taken += 1
         if state.head == state.items.count {
             state.items.removeAll(keepingCapacity: state.items.count <= 64)
             state.head = 0
@@ -165,7 +219,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
             state.overLimit = false
             drained = true
         }
-        let producer = state.producers.isEmpty ? nil : state.producers.removeFirst()
+        let producer = state.producers.isEmpty ? nil : state.producers.removeFirst().continuation
         return .element(element, drained: drained, producer: producer)
     }
 

@@ -24,9 +24,10 @@ public struct ClientConfiguration: Sendable {
     /// reconnecting, before failing with ``MessagingError/Code-swift.struct/notConnected`` (0: fail at once).
     public var connectionWait: Duration = .seconds(10)
     /// Client events waiting for the app. While the app reads ``MessageClient/events``, a full
-    /// buffer pauses reading the connection (back-pressure). While nothing reads them, the newest
-    /// events are kept and older unsolicited messages are dropped (counted in
-    /// ``MessageClient/droppedMessages``), so replies to requests never wait behind them.
+    /// buffer pauses reading the connection (back-pressure). While nothing reads them — never, or
+    /// no more: full for a second without the app taking one — the newest events are kept and
+    /// older unsolicited messages are dropped (counted in ``MessageClient/droppedMessages``), so
+    /// replies to requests never wait behind them; back-pressure returns when the app reads again.
     public var eventBufferLimit = 256
     /// Message sessions (with a ``reconnect`` policy only): one-way messages sent with
     /// ``MessageClient/send(_:type:)`` are kept until the server acknowledges them, wait in the

@@ -33,6 +33,10 @@ public final class MessageClient: Sendable {
         /// A server without message sessions was met: sends go straight to the connection.
         var serverLacksSessions = false
         var resumed = false
+        /// Why the client stopped connecting by itself (it gave up), told to later callers.
+        var finalError: MessagingError?
+        /// ``BoundedQueue/taken`` when the app was last found not reading its full events queue.
+        var stalledAtTaken: UInt64?
     }
 
     /// Where this client connects.
@@ -70,6 +74,11 @@ public final class MessageClient: Sendable {
     public static func connect(
         to target: ServiceTarget, configuration: ClientConfiguration, logger: Logger
     ) async throws(MessagingError) -> MessageClient {
+        do {
+            _ = try configuration.channel.security.resolved()
+        } catch {
+            throw MessagingError(.unusableIdentity, "cannot connect: \(error.message)", underlying: error)
+        }
         let client = MessageClient(target: target, configuration: configuration, logger: logger)
         if configuration.waitsForServer {
             client.startConnecting(reconnecting: false)
@@ -204,6 +213,7 @@ public final class MessageClient: Sendable {
         }
         let ready = state.withLock { state -> Ready in
             if let channel = state.channel { return .channel(channel) }
+            if let error = state.finalError { return .failure(error) }
             if state.closed { return .failure(MessagingError(.stopped, "the client is closed")) }
             let willConnect = state.connecting != nil || configuration.reconnect != nil
             if !willConnect || wait <= .zero {
@@ -297,8 +307,18 @@ public final class MessageClient: Sendable {
     /// replies to requests keep arriving.
     private func deliver(_ message: IncomingMessage) async {
         if queue.hasConsumer {
-            await queue.pushWaiting(.received(message))
-            return
+            // While the app reads events, a full queue pauses this connection (back-pressure). An
+            // app that stopped reading (nothing taken for a second while full) must not stall the
+            // connection: replies to its requests travel on it. Then, as when nobody ever read,
+            // the oldest unsolicited message is dropped — until the app reads again.
+            let stalledAt = state.withLock { $0.stalledAtTaken }
+            if stalledAt != queue.taken {
+                if await queue.pushWaiting(.received(message), within: .seconds(1)) { return }
+                let taken = queue.taken
+                state.withLock { $0.stalledAtTaken = taken }
+                logger.notice(
+                    "the app stopped reading client.events (full for a second): dropping the oldest unsolicited messages so that replies keep arriving")
+            }
         }
         let evicted = queue.push(.received(message)) { event in
             if case .received = event { return true }
@@ -339,21 +359,20 @@ public final class MessageClient: Sendable {
             } catch {
                 if Task.isCancelled || state.withLock({ $0.closed }) { return }
                 state.withLock { $0.lastFailure = error.message }
+                if error.code == .untrustedServer {
+                    // Final: a key this client does not trust stays untrusted however often it is
+                    // met. Said once (the event and every waiting caller carry it), then closed.
+                    logger.warning("\(error.message)")
+                    giveUp(error)
+                    return
+                }
                 logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
                 if let max = policy.maxAttempts, attempt >= max {
                     let gaveUp = MessagingError(
                         .connectFailed, "gave up connecting to \(target) after \(max) attempts: \(error.message)",
                         underlying: error)
                     logger.warning("\(gaveUp.message)")
-                    if let lost = session?.end(gaveUp), !lost.isEmpty { queue.push(.undelivered(lost)) }
-                    queue.push(.gaveUp(gaveUp))
-                    let waiters = state.withLock { state in
-                        state.closed = true
-                        defer { state.waiters = [:] }
-                        return Array(state.waiters.values)
-                    }
-                    for waiter in waiters { waiter.resume(throwing: gaveUp) }
-                    queue.finish()
+                    giveUp(gaveUp)
                     return
                 }
                 queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: delay) : .waiting(error))
@@ -361,6 +380,22 @@ public final class MessageClient: Sendable {
                 delay = min(delay * 2, policy.maxDelay)
             }
         }
+    }
+
+    /// Stops connecting for good: the session's unacknowledged messages are reported, the app
+    /// gets ``ClientEvent/gaveUp(_:)``, every caller waiting for a connection gets `error`.
+    private func giveUp(_ error: MessagingError) {
+        if let lost = session?.end(error), !lost.isEmpty { queue.push(.undelivered(lost)) }
+        queue.push(.gaveUp(error))
+        let waiters = state.withLock { state in
+            state.closed = true
+            state.lastFailure = error.message
+            state.finalError = error
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume(throwing: error) }
+        queue.finish()
     }
 
     private func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
@@ -392,8 +427,14 @@ public final class MessageClient: Sendable {
                 channel.abort()
                 throw error
             }
+        } catch let error as TransportError where error.code == .untrustedKey {
+            // Not a connection problem: retrying meets the same key. The message is the trust
+            // policy's (for a changed key: what happened and what to do).
+            throw MessagingError(.untrustedServer, error.message, underlying: error)
         } catch let error as TransportError {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error.message)", underlying: error)
+        } catch let error as MessagingError {
+            throw error
         } catch {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error)", underlying: error)
         }

@@ -114,6 +114,14 @@ public final class MessageServer: Service, Sendable {
             return true
         }
         guard proceed else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
+        // The identity first: a server that cannot prove its key must not publish a service every
+        // handshake with would fail.
+        do {
+            _ = try configuration.channel.security.resolved(server: true)
+        } catch {
+            state.withLock { state in if case .starting = state.phase { state.phase = .stopped } }
+            throw MessagingError(.unusableIdentity, "cannot start the server: \(error.message)", underlying: error)
+        }
         let listener: Listener
         do {
             listener = try Listener(configuration: configuration.listener, logger: logger) { [weak self] socket in

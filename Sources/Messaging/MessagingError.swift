@@ -4,7 +4,7 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         fileprivate enum Kind: Sendable, Hashable {
             case notStarted, alreadyStarted, listenFailed, publishFailed, serviceNotFound, ambiguousService
-            case connectFailed, stopped, peerTooSlow, notConnected
+            case connectFailed, stopped, peerTooSlow, notConnected, untrustedServer, unusableIdentity
         }
         fileprivate let kind: Kind
         /// The server is not running.
@@ -28,6 +28,15 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         public static let notConnected = Code(kind: .notConnected)
         /// The server or client was stopped.
         public static let stopped = Code(kind: .stopped)
+        /// The server proved a key this client does not trust (it changed since the first
+        /// connection, is not pinned, or the trust policy refused it). Final: a client stops
+        /// connecting and reconnecting at once (``ClientEvent/gaveUp(_:)``); `underlying` is the
+        /// `TransportError` with code `untrustedKey`, whose message says what to do.
+        public static let untrustedServer = Code(kind: .untrustedServer)
+        /// This side's identity (its private key file) or trust store cannot be used: the server
+        /// does not start (nothing listens, nothing is published), the client does not connect.
+        /// The message names the file and what to do.
+        public static let unusableIdentity = Code(kind: .unusableIdentity)
 
         public var description: String { "\(kind)" }
     }

@@ -67,6 +67,7 @@ package final class MessagingMetrics: Sendable {
             case .versionMismatch: reason = "version_mismatch"
             case .helloRefused: reason = "refused"
             case .authenticationFailed: reason = "authentication"
+            case .untrustedKey: reason = "untrusted_key"
             case .connectionClosed: reason = "connection_lost"
             default: reason = "failed"  // timed out, malformed, or the connection failed
             }

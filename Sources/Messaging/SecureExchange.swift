@@ -204,7 +204,13 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                 phase = .awaitingVerdict(peer)
             }
         case .failure(let error):
-            driver.logger.warning("\(error.message)")
+            // A client's failure is thrown to its caller (which says it once); a server has nobody
+            // else to tell.
+            if role == .server {
+                driver.logger.warning("\(error.message)")
+            } else {
+                driver.logger.debug("\(error.message)")
+            }
             // A server that read the whole handshake (it refused the client's key) says why,
             // encrypted; otherwise there is no channel to say it on.
             if role == .server, let (send, receive) = try? machine.transport() {
@@ -215,7 +221,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                     switch error.code {
                     case .helloFailed: "bad_hello"
                     case .versionMismatch: "version_mismatch"
-                    default: "refused"
+                    default: "refused"  // untrustedKey: the policy refused the client's key or hello
                     }
                 let refusal = Refusal(code: code, message: error.message)
                 driver.enqueue(HandshakeStateMachine.jsonFrame(.refuse, refusal), bypassLimit: true) { _ in }

@@ -288,19 +288,19 @@ public struct TrustPolicy: Sendable {
             guard set.contains(fingerprint) else {
                 return .failure(
                     TransportError(
-                        .authenticationFailed,
+                        .untrustedKey,
                         "'\(name)' presented the key \(fingerprint.full), which is not among the \(set.count) pinned "
                             + "fingerprint(s); refused. Pin its fingerprint if you trust it."))
             }
             return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: false))
         case .custom(let decide):
             let identity = PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: true)
-            if let refusal = decide(identity) { return .failure(TransportError(.authenticationFailed, refusal)) }
+            if let refusal = decide(identity) { return .failure(TransportError(.untrustedKey, refusal)) }
             return .success(identity)
         case .firstUse(let store):
             if let known = known[name] {
                 guard known == fingerprint else {
-                    return .failure(TransportError(.authenticationFailed, Self.keyChangedWarning(name, fingerprint, known, store)))
+                    return .failure(TransportError(.untrustedKey, Self.keyChangedWarning(name, fingerprint, known, store)))
                 }
                 return .success(PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: false))
             }

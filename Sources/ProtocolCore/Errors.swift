@@ -15,6 +15,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
             case syscallFailed, invalidAddress, connectFailed, connectTimedOut, connectionClosed
             case versionMismatch, helloRefused, helloFailed, requestTimedOut, encodingFailed, decodingFailed
             case frameTooLarge, protocolViolation, transferFailed, invalidArgument, listenerFailed, authenticationFailed
+            case untrustedKey
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -51,8 +52,14 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         public static let invalidArgument = Code(.invalidArgument)
         /// The listener could not be set up.
         public static let listenerFailed = Code(.listenerFailed)
-        /// Pre-shared-key authentication failed: wrong or missing key on one side.
+        /// Pre-shared-key authentication failed (wrong or missing key on one side), or the encrypted
+        /// handshake itself failed (a message that does not decrypt).
         public static let authenticationFailed = Code(.authenticationFailed)
+        /// The peer proved a key this side does not trust: it differs from the key remembered for
+        /// its name (trust on first use: the peer was reinstalled — or is an impostor), it is not
+        /// among the pinned fingerprints, or the app's trust policy refused it. Retrying does not
+        /// change it: the message says what the user can do.
+        public static let untrustedKey = Code(.untrustedKey)
 
         /// The code's name.
         public var description: String { base.rawValue }

@@ -202,7 +202,7 @@ struct SecureChannelTests {
                     to: [impostor.v4], configuration: clientConfiguration, logger: testLogger())
                 Issue.record("a changed key was accepted")
             } catch let error as TransportError {
-                #expect(error.code == .authenticationFailed)
+                #expect(error.code == .untrustedKey)
                 #expect(error.message.contains("THE KEY OF PEER 'kitchen' HAS CHANGED"))
                 #expect(error.message.contains(original.fingerprint.full))
             }
@@ -257,7 +257,7 @@ struct SecureChannelTests {
                 #expect(error.message.contains("not among the 1 pinned"))
             }
             if case .failure(let error) = try await server.next() {
-                #expect(error.code == .authenticationFailed)
+                #expect(error.code == .untrustedKey)
             } else {
                 Issue.record("the server made a channel for an unpinned client")
             }

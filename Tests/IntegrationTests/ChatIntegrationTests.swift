@@ -220,6 +220,21 @@ struct ChatIntegrationTests {
         #expect(usage.status == 2, "\(usage.output)")
     }
 
+    /// A corrupt identity file stops the host before anything is published, naming the file and
+    /// what to do (it used to publish the room, then refuse every member's handshake).
+    @Test func aCorruptIdentityFileStopsTheHostNamingTheFile() async throws {
+        let data = NSTemporaryDirectory() + "chat-corrupt-\(UUID().uuidString.prefix(8))"
+        let file = data + "/lanmsg/bonjour-chat/identity"
+        try FileManager.default.createDirectory(atPath: data + "/lanmsg/bonjour-chat", withIntermediateDirectories: true)
+        try "this is not a key\n".write(toFile: file, atomically: true, encoding: .utf8)
+        chmod(file, 0o600)
+        let room = roomName("Broken Key")
+        let result = try Harness.run(["env", "XDG_DATA_HOME=\(data)", chat, "host", room, "--nick", "hal"], timeout: .seconds(20))
+        #expect(result.status == 5, "\(result.output)")
+        #expect(result.output.contains(file), "\(result.output)")
+        #expect(!result.output.contains("published on the network"), "\(result.output)")
+    }
+
     @Test func hostKilledClientsNoticeSaySoAndRejoin() async throws {
         let room = roomName("Fragile")
         let host = try await hostOnB(room)

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 /// The README's Getting started is what a newcomer copies: its code must be the code the test suite
-/// compiles and runs (Tests/IntegrationTests/GettingStarted.swift), and its Package.swift lines must
+/// compiles and runs (Tests/ReadmeBoard/GettingStarted.swift), and its Package.swift lines must
 /// name this package and its products as they are.
 @Suite struct ReadmeTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -29,7 +29,7 @@ import Testing
     }
 
     @Test func theGettingStartedCodeIsTheCodeTheTestsCompile() throws {
-        let source = try Self.read("Tests/IntegrationTests/GettingStarted.swift")
+        let source = try Self.read("Tests/ReadmeBoard/GettingStarted.swift")
         let begin = try #require(source.range(of: "// README:begin\n"))
         let end = try #require(source.range(of: "// README:end"))
         let compiled = String(source[begin.upperBound..<end.lowerBound])
@@ -45,6 +45,9 @@ import Testing
         #expect(ours.contains(#"name: "swift-lan-messaging""#))
         #expect(manifest.contains(#"package: "swift-lan-messaging""#))
         #expect(manifest.contains("swift-lan-messaging.git"))  // the identity is the URL's last component
+        // A checkout by path keeps the identity only with `name:` (a folder's name is its identity).
+        #expect(!manifest.contains(".package(path:"), "a path dependency without name: gets the folder's identity")
+        #expect(manifest.contains(#".package(name: "swift-lan-messaging", path:"#))
         for product in ["Messaging"] {
             #expect(manifest.contains(#".product(name: "\#(product)", package: "swift-lan-messaging")"#))
             #expect(ours.contains(#".library(name: "\#(product)""#))

@@ -167,11 +167,13 @@ struct TestFailure: Error, CustomStringConvertible {
             configuration.channel.connection.sendLowWaterMark = 64 * 1024
         }
         let reader = try await harness.client("reader")
-        let stuck = try await harness.client("stuck")
-        // It reads its first event, then nothing more: a consumer that stopped, so the client's
-        // queue fills and it stops reading its connection (back-pressure up to the server).
-        var stuckEvents = stuck.events.makeAsyncIterator()
-        _ = await stuckEvents.next()
+        // A channel whose messages nobody consumes: its buffer fills and it stops reading its
+        // connection (back-pressure up to the server). (A MessageClient whose app stops reading
+        // events does not do that: it drops old unsolicited messages so that replies keep coming.)
+        var stuckConfiguration = ChannelConfiguration(name: "stuck")
+        stuckConfiguration.security = harness.security
+        let stuck = try await MessageChannel.connect(
+            to: [.ipv4Loopback(port: harness.port)], configuration: stuckConfiguration, logger: testLogger())
         try await harness.events.wait("2 accepted") { _ in harness.server.connections.count == 2 }
         let received = Locked(0)
         let consumer = Task {
@@ -204,7 +206,7 @@ struct TestFailure: Error, CustomStringConvertible {
         #expect(received.withLock { $0 } > before)
         consumer.cancel()
         await reader.close()
-        await stuck.close()
+        stuck.close()
         await harness.server.stop()
     }
 

@@ -192,3 +192,104 @@ func waitUntilAsync(_ what: String, seconds: Double = 10, _ condition: () -> Boo
         await client.close()
     }
 }
+
+/// A server whose key this client does not trust is final, not "not up yet" (issue 27, 20–22).
+@Suite(.serialized) struct TrustRefusalTests {
+    static func directory() -> String {
+        let path = NSTemporaryDirectory() + "trust-refusal-\(UUID().uuidString.prefix(8))"
+        try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    /// Waiting for the server, and its key changed: the client gives up at once with the reason
+    /// (it used to retry for the whole wait, log the warning six times and say "not connected").
+    @Test func aChangedKeyEndsAWaitingClientAtOnceWithTheReason() async throws {
+        let harness = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
+        let store = TrustStore(path: Self.directory() + "/known_peers")
+        try store.trust(Identity.ephemeral().fingerprint, name: "Test")  // another key remembered for "Test"
+        var configuration = ClientConfiguration(peerName: "waiter", reconnect: ReconnectPolicy(initialDelay: .milliseconds(100)))
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .trustOnFirstUse(store))
+        configuration.waitsForServer = true
+        configuration.connectionWait = .seconds(20)
+        let started = ContinuousClock.now
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: harness.port), configuration: configuration, logger: testLogger())
+        do {
+            _ = try await client.request("hi", type: "x", expecting: String.self, timeout: .seconds(20))
+            Issue.record("a request to a server with a changed key succeeded")
+        } catch let error as MessagingError {
+            #expect(error.code == .untrustedServer, "\(error.code): \(error.message)")
+            #expect(error.message.contains("HAS CHANGED"), "\(error.message)")
+        }
+        #expect(ContinuousClock.now - started < .seconds(3), "the refusal must be final at once")
+        var gaveUp: MessagingError?
+        var reconnects = 0
+        for await event in client.events {
+            if case .gaveUp(let error) = event { gaveUp = error }
+            if case .waiting = event { reconnects += 1 }
+        }
+        #expect(gaveUp?.code == .untrustedServer)
+        #expect(reconnects <= 1)
+        await harness.server.stop()
+    }
+
+    /// Connected once (the key is remembered), then the server comes back with another key: the
+    /// reconnecting client says the key changed and stops (it used to retry forever, silently).
+    @Test func aKeyChangeMetWhileReconnectingStopsTheClientWithAnEvent() async throws {
+        let store = TrustStore(path: Self.directory() + "/known_peers")
+        let first = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
+        let port = first.port
+        var configuration = ClientConfiguration(peerName: "returner", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200)))
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .trustOnFirstUse(store))
+        configuration.session = nil
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+        let events = EventLog<ClientEvent>()
+        let reader = Task { for await event in client.events { events.append(event) } }
+        await first.server.stop()
+        try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
+        let second = try await LoopbackServer(
+            security: .encrypted(identity: .ephemeral(), trust: .anyKey), configure: { $0.listener.port = port })
+        let gaveUp = try await events.wait(timeout: .seconds(10), "gave up") { if case .gaveUp = $0 { true } else { false } }
+        guard case .gaveUp(let error) = gaveUp else { return }
+        #expect(error.code == .untrustedServer)
+        #expect(error.message.contains("HAS CHANGED"))
+        let reconnectsBefore = events.count { if case .reconnecting = $0 { true } else { false } }
+        try await Task.sleep(for: .milliseconds(500))  // it would retry every 200 ms if it still did
+        #expect(events.count { if case .reconnecting = $0 { true } else { false } } == reconnectsBefore)
+        reader.cancel()
+        await client.close()
+        await second.server.stop()
+    }
+}
+
+/// The second newcomer's walls (issue 27, items 19 and 24).
+@Suite(.serialized) struct NewcomerWallTests {
+    /// An app that read its events until it was connected, then stopped reading, still gets the
+    /// replies to its requests while the server broadcasts (they used to time out: the full events
+    /// queue paused the connection the replies travel on).
+    @Test func requestsAreAnsweredAfterTheAppStoppedReadingEvents() async throws {
+        let harness = try await LoopbackServer(
+            security: .plaintext,
+            handle: { server, event in
+                guard case .received(let connection, let message) = event, message.expectsReply else { return }
+                _ = await server.broadcast("noise", type: "news")  // unsolicited traffic around every reply
+                try? await connection.reply(to: message, with: "answer", type: "kv.ok")
+            })
+        let client = try await harness.client("reads-once")
+        var events = client.events.makeAsyncIterator()
+        while let event = await events.next() {
+            if case .connected = event { break }  // ... and never reads again
+        }
+        for round in 0..<2000 {
+            _ = await harness.server.broadcast(round, type: "news")
+        }
+        for _ in 0..<20 {
+            let answer = try await client.request("q", type: "kv.get", expecting: String.self, timeout: .seconds(5))
+            #expect(answer == "answer")
+        }
+        #expect(client.droppedMessages > 0)
+        await client.close()
+        await harness.server.stop()
+    }
+}

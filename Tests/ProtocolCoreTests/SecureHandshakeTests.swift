@@ -107,7 +107,7 @@ import Testing
         let run = try Self.run(
             client: Self.settings("alice", verify: { _ in "not the pinned key" }), server: Self.settings("server"))
         guard case .failure(let error) = run.clientOutcome else { Issue.record("client accepted"); return }
-        #expect(error.code == .authenticationFailed)
+        #expect(error.code == .untrustedKey)
         #expect(error.message.contains("not the pinned key"))
         #expect(run.serverOutcome == nil)  // the server never got message 3
     }
@@ -116,7 +116,7 @@ import Testing
         let run = try Self.run(
             client: Self.settings("alice"), server: Self.settings("server", verify: { $0.info.name == "alice" ? "unknown" : nil }))
         guard case .failure(let error) = run.serverOutcome else { Issue.record("server accepted"); return }
-        #expect(error.code == .authenticationFailed)
+        #expect(error.code == .untrustedKey)
         #expect((try? run.clientOutcome?.get()) != nil)  // the client finished its part; the server then refuses
     }
 

@@ -249,7 +249,7 @@ package struct SecureHandshake: Sendable {
             handshakeHash: messageTwoHash)
         if let refusal = settings.verify(proven) {
             done = true
-            return .failure(TransportError(.authenticationFailed, refusal, closeReason: .helloFailed(refusal)))
+            return .failure(TransportError(.untrustedKey, refusal, closeReason: .helloFailed(refusal)))
         }
         return .success(proven)
     }

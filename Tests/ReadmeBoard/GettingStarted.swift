@@ -1,5 +1,6 @@
 // The README's "Getting started" code, byte for byte between the markers (a unit test compares
-// them; GettingStartedIntegrationTests runs it against real avahi-daemons).
+// them; GettingStartedIntegrationTests runs the readme-board program built from it against real
+// avahi-daemons).
 // README:begin
 import Logging
 import Messaging
@@ -17,7 +18,8 @@ struct Board: Service {
 
     func run() async throws {
         var entries: [String: String] = [:]
-        for await event in server.events {
+        // Until SIGTERM/SIGINT: the group stops this loop first, then the server (reverse order).
+        for await event in server.events.cancelOnGracefulShutdown() {
             guard case .received(let client, let request) = event, request.expectsReply else { continue }
             do {
                 let entry = try request.decode(Entry.self)
