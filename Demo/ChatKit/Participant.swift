@@ -73,6 +73,9 @@ public struct Participant: Sendable {
         case .bye:
             saidBye = true
             return []
+        case .closed(let text):
+            joined = false
+            return [formatter.notice(text.isEmpty ? "the host closed the room \(room)" : text, at: now)]
         }
     }
 

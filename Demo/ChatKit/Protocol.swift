@@ -3,12 +3,14 @@ import Messaging
 /// The room protocol: Codable messages on the library's channels, each with a stable type id.
 ///
 /// Participant → host: `chat.join` (``JoinRequest``), `chat.say` / `chat.me` / `chat.nick` / `chat.topic`
-/// / `chat.leave` (``TextPayload``), `chat.members` (empty ``TextPayload``: "who is here?").
+/// / `chat.leave` (``TextPayload``), `chat.members` (a request, empty ``TextPayload``: "who is here?";
+/// the reply is `chat.members` ``MembersInfo``, or an error reply).
 ///
 /// Host → participant: `chat.welcome` (``Welcome``), `chat.history` (``History``), `chat.members`
-/// (``MembersInfo``), `chat.bye` (``TextPayload``: your leave was processed) and one ``RoomEvent`` per
-/// room event under its own type id (`chat.say`, `chat.me`, `chat.nick`, `chat.topic`, `chat.join`,
-/// `chat.leave`, `chat.notice`).
+/// (``MembersInfo``, the reply), `chat.bye` (``TextPayload``: your leave was processed; the host then
+/// closes the connection), `chat.closed` (``TextPayload``: the host closed the room) and one
+/// ``RoomEvent`` per room event under its own type id (`chat.say`, `chat.me`, `chat.nick`,
+/// `chat.topic`, `chat.join`, `chat.leave`, `chat.notice`).
 public enum ChatType {
     public static let join = "chat.join"
     public static let say = "chat.say"
@@ -21,6 +23,17 @@ public enum ChatType {
     public static let history = "chat.history"
     public static let welcome = "chat.welcome"
     public static let bye = "chat.bye"
+    public static let closed = "chat.closed"
+}
+
+/// The codes of the host's error replies (to `chat.members`, the one request).
+public enum ChatErrorCode {
+    /// The request's payload could not be read.
+    public static let badRequest = "bad_request"
+    /// Join first (`chat.join`).
+    public static let notJoined = "not_joined"
+    /// A request of a type this host does not know.
+    public static let unknownType = "unknown_type"
 }
 
 /// The DNS-SD service type of rooms.
@@ -130,6 +143,8 @@ public enum HostMessage: Sendable, Equatable {
     case members(MembersInfo)
     case event(RoomEvent)
     case bye(String)
+    /// The host closed the room (members leave; there is nothing to rejoin).
+    case closed(String)
 
     /// The type id it travels under.
     public var typeID: String {
@@ -139,6 +154,7 @@ public enum HostMessage: Sendable, Equatable {
         case .members: ChatType.members
         case .event(let event): event.typeID
         case .bye: ChatType.bye
+        case .closed: ChatType.closed
         }
     }
 
@@ -149,6 +165,7 @@ public enum HostMessage: Sendable, Equatable {
         case ChatType.history: return .history(try message.decode(History.self))
         case ChatType.members: return .members(try message.decode(MembersInfo.self))
         case ChatType.bye: return .bye(try message.decode(TextPayload.self).text)
+        case ChatType.closed: return .closed(try message.decode(TextPayload.self).text)
         case ChatType.say, ChatType.me, ChatType.nick, ChatType.topic, ChatType.join, ChatType.leave, ChatType.notice:
             return .event(try message.decode(RoomEvent.self))
         default: return nil
@@ -198,14 +215,16 @@ public enum ParticipantRequest: Sendable, Equatable {
         typeID: String, text: () throws -> String, nick: () throws -> String
     ) throws -> ParticipantRequest? {
         switch typeID {
-        case ChatType.join: .join(nick: try nick())
-        case ChatType.say: .say(try text())
-        case ChatType.me: .me(try text())
-        case ChatType.nick: .nick(try text())
-        case ChatType.topic: .topic(try text())
-        case ChatType.members: .members
-        case ChatType.leave: .leave(try text())
-        default: nil
+        case ChatType.join: return .join(nick: try nick())
+        case ChatType.say: return .say(try text())
+        case ChatType.me: return .me(try text())
+        case ChatType.nick: return .nick(try text())
+        case ChatType.topic: return .topic(try text())
+        case ChatType.members:
+            _ = try text()  // an empty text, read anyway: a malformed request is told so
+            return .members
+        case ChatType.leave: return .leave(try text())
+        default: return nil
         }
     }
 }
@@ -230,7 +249,7 @@ extension ServerConnection {
         case .history(let value): try await send(value, type: message.typeID)
         case .members(let value): try await send(value, type: message.typeID)
         case .event(let value): try await send(value, type: message.typeID)
-        case .bye(let text): try await send(TextPayload(text), type: message.typeID)
+        case .bye(let text), .closed(let text): try await send(TextPayload(text), type: message.typeID)
         }
     }
 }

@@ -46,6 +46,9 @@ public struct Room: Sendable {
     /// The TXT record entries that describe the room: topic and member count.
     public var txt: [String: String] { ["topic": topic, "members": String(members.count)] }
 
+    /// Who is here, as `chat.members` says it.
+    public var membersInfo: MembersInfo { MembersInfo(room: name, topic: topic, members: nicks) }
+
     /// The nick of a member, if present.
     public func nick(of id: MemberID) -> String? { members.first { $0.id == id }?.nick }
 
@@ -60,41 +63,40 @@ public struct Room: Sendable {
         case .join:
             return []
         case .say(let raw), .me(let raw):
-            let text = Room.clean(raw, limit: Room.maxTextLength)
-            guard !text.isEmpty else { return [] }
+            // Several lines in one message (a paste) are several messages: never glued together.
             let kind: RoomEvent.Kind = if case .say = request { .say } else { .me }
-            let event = RoomEvent(kind, time: time, nick: nick, text: text)
-            remember(event)
-            return [.everyone(.event(event))]
+            var out: [Delivery] = []
+            for line in Room.lines(of: raw) {
+                let text = Room.clean(line, limit: Room.maxTextLength)
+                guard !text.isEmpty else { continue }
+                let event = RoomEvent(kind, time: time, nick: nick, text: text)
+                remember(event)
+                out.append(.everyone(.event(event)))
+            }
+            return out
         case .nick(let raw):
-            guard let new = Room.sanitizeNick(raw) else {
+            if let refusal = Room.nickRefusal(raw, current: nick) {
+                return [.to(id, .event(RoomEvent(.notice, time: time, text: refusal)))]
+            }
+            let new = Room.sanitizeNick(raw)!
+            if new == nick { return [] }
+            if members.contains(where: { $0.id != id && $0.nick.lowercased() == new.lowercased() }) {
                 return [
                     .to(
                         id,
                         .event(
                             RoomEvent(
                                 .notice, time: time,
-                                text:
-                                    "'\(Room.clean(raw))' is not a usable nick "
-                                        + "(1 to \(Room.maxNickLength) characters, no spaces)"
-                            )))
-                ]
-            }
-            if new == nick { return [] }
-            if members.contains(where: { $0.id != id && $0.nick.lowercased() == new.lowercased() }) {
-                return [
-                    .to(
-                        id,
-                        .event(RoomEvent(.notice, time: time, text: "the nick \(new) is taken; you are still \(nick)")))
+                                text: "the nick \(new) is taken by someone else in the room; you are still \(nick)")))
                 ]
             }
             members[index].nick = new
             return [.everyone(.event(RoomEvent(.nick, time: time, nick: nick, text: new)))]
         case .topic(let raw):
-            topic = Room.clampTopic(Room.clean(raw))
+            topic = Room.clampTopic(Room.clean(Room.lines(of: raw).joined(separator: " ")))
             return [.everyone(.event(RoomEvent(.topic, time: time, nick: nick, text: topic)))]
         case .members:
-            return [.to(id, .members(MembersInfo(room: name, topic: topic, members: nicks)))]
+            return [.to(id, .members(membersInfo))]
         case .leave(let reason):
             members.remove(at: index)
             return [
@@ -156,6 +158,27 @@ public struct Room: Sendable {
             if !lowered.contains(candidate.lowercased()) { return candidate }
             suffix += 1
         }
+    }
+
+    /// The answer to `/nick raw` when it cannot be a nick: which nick, why, and what was kept.
+    public static func nickRefusal(_ raw: String, current: String) -> String? {
+        let shown = clean(raw, limit: 60)
+        guard sanitizeNick(raw) != nil else {
+            return "'\(shown)' cannot be a nick: nothing is left once spaces and control characters are removed "
+                + "(a nick is 1 to \(maxNickLength) characters); you are still \(current)"
+        }
+        let cleaned = clean(raw).trimmingWhitespace()
+        if cleaned.count > maxNickLength {
+            return "'\(shown)' cannot be a nick: it has \(cleaned.count) characters, at most \(maxNickLength) are allowed; "
+                + "you are still \(current)"
+        }
+        return nil
+    }
+
+    /// The lines of a text: split at CR, LF and CRLF (a pasted block), each as it was typed.
+    public static func lines(of text: String) -> [String] {
+        text.split(omittingEmptySubsequences: false, whereSeparator: { $0 == "\n" || $0 == "\r" || $0 == "\r\n" })
+            .map(String.init)
     }
 
     /// A usable nick from what someone typed: control characters dropped, spaces become `_`,

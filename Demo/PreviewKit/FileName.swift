@@ -25,6 +25,14 @@ public enum FileName {
         if name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
             throw bad("it contains a control character")
         }
+        if name.unicodeScalars.contains(where: { (0x80...0x9F).contains($0.value) }) {
+            throw bad("it contains a C1 control character (U+0080–U+009F), which terminals obey")
+        }
+        if let scalar = name.unicodeScalars.first(where: isBidiControl) {
+            throw bad(
+                "it contains the bidirectional control U+\(String(scalar.value, radix: 16, uppercase: true)), which can make "
+                    + "a name look like another (\"txt.exe\" shown as \"exe.txt\"); rename the file without it")
+        }
         if name.hasPrefix(tempPrefix) { throw bad("names starting with '\(tempPrefix)' are reserved") }
     }
 
@@ -53,16 +61,25 @@ public enum FileName {
         entry.hasPrefix(tempPrefix) && entry.hasSuffix(tempSuffix)
     }
 
-    /// `name` with control characters escaped, for messages and logs.
-    static func printable(_ name: String) -> String {
+    /// The Unicode bidirectional formatting characters (embeddings, overrides, isolates, marks).
+    public static func isBidiControl(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
+        default: false
+        }
+    }
+
+    /// `name` with control characters (C0, DEL, C1) and bidirectional controls escaped as
+    /// `\u{…}`, for anything a program prints or logs: a name never reaches a terminal raw.
+    public static func printable(_ name: String, limit: Int = 80) -> String {
         var out = ""
         for scalar in name.unicodeScalars {
-            if scalar.value < 0x20 || scalar.value == 0x7F {
+            if scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value) || isBidiControl(scalar) {
                 out += "\\u{\(String(scalar.value, radix: 16))}"
             } else {
                 out.unicodeScalars.append(scalar)
             }
         }
-        return out.count > 80 ? String(out.prefix(80)) + "…" : out
+        return out.count > limit ? String(out.prefix(limit)) + "…" : out
     }
 }

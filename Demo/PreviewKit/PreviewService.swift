@@ -221,10 +221,21 @@ public final class PreviewService: Sendable {
         guard transfer.typeID == PreviewProtocol.TypeID.file,
             let id = transfer.metadata[PreviewProtocol.offerMetadataKey]
         else {
+            // Said to the sender, not only logged: a stream needs an accepted offer first.
             logger.notice(
-                "discarding unexpected transfer",
+                "discarding a stream without an offer",
                 metadata: ["type": "\(transfer.typeID)", "connection": "\(connection)"])
             transfer.discard()
+            let failure = PreviewFailure(
+                PreviewFailure.badRequest,
+                transfer.typeID == PreviewProtocol.TypeID.file
+                    ? "a \(PreviewProtocol.TypeID.file) stream needs the offerID of an accepted \(PreviewProtocol.TypeID.offer) in its metadata as \"\(PreviewProtocol.offerMetadataKey)\"; offer the file first"
+                    : "this server takes \(PreviewProtocol.TypeID.file) streams only (after an accepted \(PreviewProtocol.TypeID.offer)), not '\(transfer.typeID)'")
+            Task {
+                try? await connection.send(
+                    PreviewResult(offerID: transfer.metadata[PreviewProtocol.offerMetadataKey] ?? "", failure: failure),
+                    type: PreviewProtocol.TypeID.result)
+            }
             return
         }
         let started: Pending? = state.withLock { state in

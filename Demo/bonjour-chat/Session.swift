@@ -223,12 +223,47 @@ final class ChatSession {
                     connections[connection.id] = connection
                     if let identity = connection.channel.peerIdentity { notice(describe(identity, as: "member")) }
                 case .received(let connection, let message):
-                    guard let request = try? ParticipantRequest.decode(message) else {
-                        logger.notice(
-                            "ignoring message", metadata: ["type": "\(message.typeID)", "from": "\(connection)"])
+                    let request: ParticipantRequest
+                    do {
+                        guard let decoded = try ParticipantRequest.decode(message) else {
+                            // A type this version does not know: a request is answered, a one-way
+                            // message logged (a newer member may send things this host ignores).
+                            logger.notice("unknown message", metadata: ["type": "\(message.typeID)", "from": "\(connection)"])
+                            if message.expectsReply {
+                                try? await connection.reply(
+                                    to: message,
+                                    error: RemoteError(code: ChatErrorCode.unknownType, message: "this host does not know '\(message.typeID)'"))
+                            }
+                            continue loop
+                        }
+                        request = decoded
+                    } catch {
+                        // Malformed: said to the sender (error reply to a request, a notice otherwise) and logged.
+                        let text = "your \(message.typeID) could not be read by the host: \(error)"
+                        logger.notice("malformed message", metadata: ["type": "\(message.typeID)", "from": "\(connection)", "error": "\(error)"])
+                        if message.expectsReply {
+                            try? await connection.reply(to: message, error: RemoteError(code: ChatErrorCode.badRequest, message: text))
+                        } else {
+                            try? await connection.send(HostMessage.event(RoomEvent(.notice, time: now, text: text)))
+                        }
+                        continue loop
+                    }
+                    if case .members = request, message.expectsReply {
+                        // `chat.members` is a request: the reply carries who is here.
+                        if room.nick(of: connection.id) != nil {
+                            try? await connection.reply(to: message, with: room.membersInfo, type: ChatType.members)
+                        } else {
+                            try? await connection.reply(
+                                to: message, error: RemoteError(code: ChatErrorCode.notJoined, message: "join the room first (chat.join)"))
+                        }
                         continue loop
                     }
                     await deliver(room.handle(request, from: connection.id, at: now))
+                    if case .leave = request {
+                        // chat.bye is sent: the member is gone, and so is its connection.
+                        connections[connection.id] = nil
+                        connection.close(reason: "left the room")
+                    }
                 case .closed(let connection, _):
                     connections[connection.id] = nil
                     await deliver(room.disconnected(connection.id, at: now))
@@ -293,7 +328,10 @@ final class ChatSession {
         }
         let closing = RoomEvent(.notice, time: now, text: "\(me.nick) closed the room \(room.name)")
         console.show(me.receive(.event(closing), at: now))
-        await send(.event(closing), to: room.members.compactMap { connections[$0.id] })
+        let members = room.members.compactMap { connections[$0.id] }
+        await send(.event(closing), to: members)
+        // chat.closed: members leave instead of looking for the room to rejoin.
+        await send(.closed("the host closed the room \(room.name)"), to: members)
         await server.stop()
         await finish()
         _ = status
@@ -486,10 +524,26 @@ final class ChatSession {
                     if let identity = client.channel?.peerIdentity { notice(describe(identity, as: "host")) }
                     try? await client.send(ParticipantRequest.join(nick: me.nick))
                 case .received(let message):
-                    guard let decoded = try? HostMessage.decode(message) else { continue }
+                    let decoded: HostMessage
+                    do {
+                        guard let known = try HostMessage.decode(message) else {
+                            logger.debug("unknown message from the host", metadata: ["type": "\(message.typeID)"])
+                            continue
+                        }
+                        decoded = known
+                    } catch {
+                        problem("the host sent a \(message.typeID) this chat cannot read (\(error)); it was skipped")
+                        continue
+                    }
                     console.show(me.receive(decoded, at: now))
                     console.setPrompt(me.prompt)
                     switch decoded {
+                    case .closed:
+                        // The room is gone for good: nothing to rejoin.
+                        reportNotSent(pending)
+                        await client.close()
+                        await finish()
+                        return ChatExit(ExitStatus.ok)
                     case .welcome:
                         generation += 1
                         await flushPending()
@@ -547,8 +601,10 @@ final class ChatSession {
                 await client.close()
                 await finish()
                 return ChatExit(ExitStatus.connectionLost)
-            case .line(let line):
+            case .line(let typed):
                 guard !leaving else { continue }
+                // A pasted block is several lines (CR, LF, CRLF): each is its own message or command.
+                for line in Room.lines(of: typed) {
                 let command = ChatCommand.parse(line)
                 switch command {
                 case .say(let text): await submit(.say(text))
@@ -557,7 +613,18 @@ final class ChatSession {
                 case .topic(nil): notice(me.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(me.topic)")
                 case .topic(let text?): await submit(.topic(text))
                 case .who:
-                    await submit(.members)
+                    guard me.joined else {
+                        notice("not in the room right now (\(me.room)); /who works once rejoined")
+                        continue
+                    }
+                    // chat.members is a request: the host answers with who is here.
+                    do {
+                        let info = try await client.request(
+                            TextPayload(), type: ChatType.members, expecting: MembersInfo.self, timeout: .seconds(5))
+                        console.show(me.receive(.members(info), at: now))
+                    } catch {
+                        problem("the host did not say who is here: \(error)")
+                    }
                     if let health = await client.health { notice("link to the host: \(health)") }
                 case .rooms: listRoomsInBackground()
                 case .help: showHelp()
@@ -566,6 +633,7 @@ final class ChatSession {
                 case .quit(let reason):
                     if let exit = await leave(reason) { return exit }
                 case .empty, .usage, .unknown: _ = reportBadCommand(command)
+                }
                 }
             case .endOfInput:
                 inputDone = true

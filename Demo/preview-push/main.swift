@@ -51,6 +51,9 @@ struct PreviewPushCommand: AsyncParsableCommand {
     @Flag(help: "Say more: the connection's round-trip time and reconnects after each file.")
     var verbose = false
 
+    @Flag(help: "Push even to a previewer whose push protocol version (TXT and hello `pv`) is not this program's.")
+    var ignoreVersion = false
+
     @Option(
         help: ArgumentHelp(
             "Also look for previewers in this unicast DNS domain (wide-area DNS-SD, e.g. across routed subnets).",
@@ -123,6 +126,17 @@ struct PreviewPushCommand: AsyncParsableCommand {
             await discovery?.shutdown()
             throw ExitCode(2)
         }
+        // A previewer of another push protocol version is not pushed to unless asked.
+        if let version = client.peer?.metadata[PreviewProtocol.TXTKey.protocolVersion], version != String(PreviewProtocol.version),
+            !ignoreVersion
+        {
+            fail(
+                "preview-push: '\(FileName.printable(client.peer?.name ?? "?"))' speaks push protocol version \(FileName.printable(version)), "
+                    + "this preview-push speaks \(PreviewProtocol.version); nothing was sent (update one of them, or push anyway with --ignore-version)")
+            await client.close()
+            await discovery?.shutdown()
+            throw ExitCode(2)
+        }
         guard let channel = client.channel else {
             fail("preview-push: the connection closed at once")
             throw ExitCode(2)
@@ -159,7 +173,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
                 let seconds = bar.elapsedSeconds
                 let rate = seconds > 0 ? Double(result.size ?? 0) / seconds / 1_048_576 : 0
                 say(
-                    "stored \(file) on '\(server)' as '\(result.storedName ?? "?")' (\(result.size ?? 0) bytes, "
+                    "stored \(file) on '\(FileName.printable(server))' as '\(FileName.printable(result.storedName ?? "?", limit: 300))' (\(result.size ?? 0) bytes, "
                         + "sha256 \(result.sha256 ?? "?"), \(String(format: "%.1f", rate)) MiB/s)")
                 if verbose, let health = await client.health { note("preview-push: link: \(health)") }
             } catch {
@@ -191,15 +205,22 @@ struct PreviewPushCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         for service in found {
+            let name = FileName.printable(service.name)
             guard let resolved = try? await discovery.resolve(service, timeout: timeoutDuration) else {
-                say("\(service.name)\t(does not resolve)")
+                say("\(name)\t(does not resolve)")
                 continue
+            }
+            let version = resolved.txt[PreviewProtocol.TXTKey.protocolVersion] ?? "?"
+            if version != String(PreviewProtocol.version) {
+                note(
+                    "preview-push: warning: '\(name)' speaks push protocol version \(FileName.printable(version)) (this preview-push: \(PreviewProtocol.version)); "
+                        + "it is not pushed to without --ignore-version")
             }
             let free = resolved.txt[PreviewProtocol.TXTKey.freeSpace].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let max = resolved.txt[PreviewProtocol.TXTKey.maxSize].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let addresses = resolved.addresses.map(\.description).joined(separator: ", ")
             say(
-                "\(service.name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)\tfound in \(service.foundIn)")
+                "\(name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)\tpv \(FileName.printable(version))\tfound in \(service.foundIn)")
         }
     }
 }

@@ -52,6 +52,8 @@ final class PreviewDaemon: Service, Sendable {
         configuration.channel.preSharedKey = key
         configuration.channel.security = security
         configuration.stopGracePeriod = .seconds(2)
+        // The push protocol's version in the hello too (as in TXT `pv`), for a pusher that did not browse.
+        configuration.channel.metadata = [PreviewProtocol.TXTKey.protocolVersion: String(PreviewProtocol.version)]
         configuration.channel.helloValidator = { _ in
             stopping.withLock { $0 } ? "the preview server is shutting down" : nil
         }
@@ -119,7 +121,7 @@ final class PreviewDaemon: Service, Sendable {
     private let publicationBox = PublicationBox()
 
     private func stored(_ file: StoredFile) async {
-        say("stored '\(file.name)' (\(file.size) bytes, sha256 \(file.sha256))")
+        say("stored '\(FileName.printable(file.name, limit: 300))' (\(file.size) bytes, sha256 \(file.sha256))")
         await updateTXT()
         if let onReceive { Hook.run(onReceive, path: file.path, logger: logger) }
     }

@@ -254,6 +254,12 @@ public final class MessageChannel: @unchecked Sendable {
         }
     }
 
+    /// Whether the connection is still open (neither side closed it, as far as this side knows);
+    /// asked on the loop, where its state lives.
+    var isOpen: Bool {
+        get async { await withCheckedContinuation { continuation in queue.async { continuation.resume(returning: self.driver.isOpen) } } }
+    }
+
     /// Closes immediately, dropping queued frames. Idempotent. Sends fail from the moment it returns.
     public func abort() { driver.abort(.localClose) }
 

@@ -304,6 +304,12 @@ public final class MessageServer: Service, Sendable {
             queue.push(.accepted(connection))
             startPump(connection, channel)
         case .resume(let connection, let old):
+            if await old.isOpen {
+                // The old connection was lost without a sign (the client's side was destroyed, or
+                // a link went down): say so before saying the client is back.
+                logger.info("connection lost unnoticed; the client resumed on a new one", metadata: ["connection": "\(connection)"])
+                queue.push(.interrupted(connection, .superseded))
+            }
             old.abort()  // a half-open connection the client gave up on
             guard let session = connection.session, let hello else { return }
             let resent: Int

@@ -96,6 +96,7 @@ package final class MessagingMetrics: Sendable {
         case .localClose: "local_close"
         case .error: "error"
         case .sessionExpired: "session_expired"
+        case .superseded: "superseded"
         }
     }
 }

@@ -147,6 +147,9 @@ public enum CloseReason: Hashable, Sendable, CustomStringConvertible {
     /// Server: the client's connection was lost and it did not resume its message session within
     /// the grace period.
     case sessionExpired
+    /// Server: the client resumed its message session on a new connection while this one still
+    /// looked open — it had been lost without a sign (a half-open connection).
+    case superseded
 
     /// A textual description of the reason.
     public var description: String {
@@ -161,6 +164,7 @@ public enum CloseReason: Hashable, Sendable, CustomStringConvertible {
         case .helloFailed(let text): "hello failed: \(text)"
         case .localClose: "closed locally"
         case .sessionExpired: "the connection was lost and the client did not come back within the session's grace period"
+        case .superseded: "the client came back on a new connection before this one was seen lost"
         case .error(let code): "error: \(errnoString(code)) (errno \(code))"
         }
     }

@@ -275,3 +275,61 @@ import Testing
             "\(home.debugDescription)")
     }
 }
+
+/// What a careful user met in the first hour (issue 27, items 11 and 12), at the room's level.
+@Suite struct RoomEdgeTests {
+    static func notices(_ deliveries: [Room.Delivery]) -> [String] {
+        deliveries.compactMap { delivery in
+            if case .to(_, .event(let event)) = delivery, event.kind == .notice { return event.text }
+            return nil
+        }
+    }
+
+    /// A refused nick says which nick, why, and which nick is kept.
+    @Test func aRefusedNickSaysWhichWhyAndWhatWasKept() {
+        var room = Room(name: "Lobby")
+        _ = room.handle(.join(nick: "alice"), from: 1, at: 1)
+        _ = room.handle(.join(nick: "bob"), from: 2, at: 2)
+        let empty = Self.notices(room.handle(.nick(" \u{07} "), from: 1, at: 3))
+        #expect(empty.count == 1)
+        #expect(empty.first?.contains("cannot be a nick") == true, "\(empty)")
+        #expect(empty.first?.contains("you are still alice") == true, "\(empty)")
+        #expect(empty.first?.contains("no spaces") == false, "spaces are allowed (they become _): \(empty)")
+        let long = String(repeating: "x", count: 40)
+        let tooLong = Self.notices(room.handle(.nick(long), from: 1, at: 4))
+        #expect(tooLong.first?.contains("'\(long)'") == true && tooLong.first?.contains("40 characters") == true, "\(tooLong)")
+        #expect(tooLong.first?.contains("you are still alice") == true)
+        #expect(room.nick(of: 1) == "alice")  // not silently cut to 32 characters
+        let taken = Self.notices(room.handle(.nick("BOB"), from: 1, at: 5))
+        #expect(taken.first?.contains("BOB") == true && taken.first?.contains("you are still alice") == true, "\(taken)")
+        // Spaces are allowed: they become underscores.
+        _ = room.handle(.nick("alice smith"), from: 1, at: 6)
+        #expect(room.nick(of: 1) == "alice_smith")
+    }
+
+    /// A pasted block is several messages, never words glued together.
+    @Test func severalLinesInOneMessageAreSeveralMessages() {
+        var room = Room(name: "Lobby")
+        _ = room.handle(.join(nick: "alice"), from: 1, at: 1)
+        let out = room.handle(.say("first line\r\nsecond line\rthird\n\nfourth"), from: 1, at: 2)
+        let texts: [String] = out.compactMap { delivery in
+            if case .everyone(.event(let event)) = delivery, event.kind == .say { return event.text }
+            return nil
+        }
+        #expect(texts == ["first line", "second line", "third", "fourth"])
+        #expect(room.history.map(\.text) == texts)
+        // A topic with a line break becomes one line, with a space where the break was.
+        _ = room.handle(.topic("Friday\nplans"), from: 1, at: 3)
+        #expect(room.topic == "Friday plans")
+        #expect(Room.lines(of: "a\r\nb") == ["a", "b"])
+    }
+
+    /// The closing message ends a member's stay: a notice, and not joined any more.
+    @Test func aClosedRoomIsAnnouncedToTheParticipant() {
+        var me = Participant(nick: "alice", room: "Lobby", formatter: ChatFormatter(color: false))
+        _ = me.receive(.welcome(Welcome(room: "Lobby", nick: "alice", requested: "alice", topic: "", members: ["alice"])), at: 1)
+        let lines = me.receive(.closed("the host closed the room Lobby"), at: 2)
+        #expect(lines.count == 1 && lines[0].contains("the host closed the room Lobby"))
+        #expect(!me.joined)
+    }
+}

@@ -580,3 +580,44 @@ struct PreviewIntegrationTests {
         #expect(entries(directoryA) == ["note.txt"])
     }
 }
+
+/// preview-push and the push protocol's version (issue 27, item 18): a previewer speaking another
+/// version (TXT and hello `pv`) is listed with a warning and not pushed to unless asked.
+@Suite(.serialized, .enabled(if: Harness.isActive, Harness.disabledReason))
+struct PreviewVersionIntegrationTests {
+    @Test func aPreviewerOfAnotherVersionIsListedWithAWarningAndNotPushedToUnlessAsked() async throws {
+        let logger = Harness.logger("preview-version")
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        let name = "Future Previewer \(UUID().uuidString.prefix(4))"
+        var configuration = ServerConfiguration(serviceType: "_preview._tcp", serviceName: name, peerName: name)
+        configuration.txt = ["pv": "2", "max": "1000", "free": "1000"]
+        configuration.channel.metadata = ["pv": "2"]
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        let server = MessageServer(configuration: configuration, discovery: discovery, logger: logger)
+        try await server.start()
+        defer { Task { await server.stop() } }
+        let drain = Task { for await _ in server.events {} }
+        defer { drain.cancel() }
+        let push = Harness.binary("preview-push")
+        let data = NSTemporaryDirectory() + "preview-version-\(UUID().uuidString.prefix(8))"
+        var listed = ""
+        try await Lab.waitUntil("--list shows the future previewer") {
+            listed = try Harness.run(["env", "XDG_DATA_HOME=\(data)", push, "--list", "--timeout", "3"]).output
+            return listed.contains(name)
+        }
+        #expect(listed.contains("warning: '\(name)' speaks push protocol version 2"), "\(listed)")
+        #expect(listed.contains("pv 2"), "\(listed)")
+        let file = NSTemporaryDirectory() + "preview-version-\(UUID().uuidString.prefix(8)).txt"
+        try "new format\n".write(toFile: file, atomically: true, encoding: .utf8)
+        let refused = try Harness.run(
+            ["env", "XDG_DATA_HOME=\(data)", push, "--to", name, "--timeout", "5", "--retry-for", "0", file])
+        #expect(refused.status != 0, "\(refused.output)")
+        #expect(refused.output.contains("speaks push protocol version 2") && refused.output.contains("--ignore-version"), "\(refused.output)")
+        #expect(refused.output.contains("nothing was sent"), "\(refused.output)")
+        let asked = try Harness.run(
+            ["env", "XDG_DATA_HOME=\(data)", push, "--to", name, "--timeout", "2", "--retry-for", "0", "--ignore-version", file],
+            timeout: .seconds(60))
+        #expect(!asked.output.contains("speaks push protocol version 2"), "\(asked.output)")
+    }
+}

@@ -207,7 +207,7 @@ import Transport
         for label in labels { #expect(readme.contains("`\(label)`"), "README lacks \(label)") }
         let reasons: [CloseReason] = [
             .closedByPeer, .goodbye(""), .reset, .frameTooLarge(size: 0, limit: 0), .protocolError(""), .idleTimeout,
-            .heartbeatTimeout, .helloFailed(""), .localClose, .error(0), .sessionExpired,
+            .heartbeatTimeout, .helloFailed(""), .localClose, .error(0), .sessionExpired, .superseded,
         ]
         for reason in reasons {
             let label = MessagingMetrics.label(reason)

@@ -120,3 +120,67 @@ final class ProgressLog: Sendable {
     func append(_ value: UInt64) { storage.withLock { $0.append(value) } }
     var values: [UInt64] { storage.withLock { $0 } }
 }
+
+/// What a careful user met (issue 27, items 16 and 17).
+@Suite struct PreviewEdgeTests {
+    let logger = Logger(label: "preview-edge")
+
+    /// A stream sent without an accepted offer is answered with a failed result naming the
+    /// problem (it used to be discarded in silence, the sender waiting for a result forever).
+    @Test func aStreamWithoutAnOfferGetsAResultSayingSo() async throws {
+        let directory = try TempDirectory()
+        defer { directory.remove() }
+        let harness = LoopbackPushTests()
+        let (server, _, events) = try await harness.startServer(directory)
+        let channel = try await harness.connect(server)
+        let results = Task { () -> PreviewResult? in
+            for await message in channel.messages where message.typeID == PreviewProtocol.TypeID.result {
+                return try? message.decode(PreviewResult.self)
+            }
+            return nil
+        }
+        let stream = try await channel.startTransfer(type: PreviewProtocol.TypeID.file, totalSize: 5, metadata: ["name": "sneaky.txt"])
+        try await stream.send(Array("hello".utf8))
+        try await stream.finish()
+        let result = try #require(await withTimeout(.seconds(5)) { await results.value } ?? nil)
+        #expect(result.failure?.code == PreviewFailure.badRequest)
+        #expect(result.failure?.message.contains("offer the file first") == true, "\(String(describing: result.failure))")
+        #expect(directory.entries.isEmpty)
+        channel.close()
+        await server.stop()
+        await events.value
+    }
+
+    /// Names that a terminal or a file manager would render deceptively are refused, and every
+    /// name a program prints is escaped.
+    @Test func bidirectionalAndC1ControlsAreRefusedAndEscaped() {
+        for name in ["invoice\u{202E}fdp.exe", "a\u{2066}b", "x\u{200F}y", "bell\u{0085}.txt", "csi\u{009B}31m.txt"] {
+            #expect(throws: PreviewFailure.self) { try FileName.validate(name) }
+            let shown = FileName.printable(name)
+            #expect(!shown.unicodeScalars.contains { $0.value >= 0x80 && $0.value <= 0x9F || FileName.isBidiControl($0) }, "\(shown)")
+            #expect(shown.contains("\\u{"), "\(shown)")
+        }
+        do {
+            try FileName.validate("invoice\u{202E}fdp.exe")
+        } catch {
+            #expect(error.message.contains("U+202E"), "\(error.message)")
+        }
+        // Ordinary non-ASCII names stay as they are.
+        #expect((try? FileName.validate("Überweisung – März.pdf")) != nil)
+        #expect(FileName.printable("Überweisung – März.pdf") == "Überweisung – März.pdf")
+    }
+}
+
+/// `body`'s result, or nil after `timeout`.
+func withTimeout<T: Sendable>(_ timeout: Duration, _ body: @escaping @Sendable () async -> T) async -> T? {
+    await withTaskGroup(of: T?.self) { group in
+        group.addTask { await body() }
+        group.addTask {
+            try? await Task.sleep(for: timeout)
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}
