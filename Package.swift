@@ -194,6 +194,10 @@ let package = Package(
         ),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
+        // docs/PROTOCOL.md's application examples, rendered from what the code sends.
+        .testTarget(
+            name: "SpecExampleTests", dependencies: ["ChatKit", "PreviewKit", "ProtocolCore", "Messaging"],
+            swiftSettings: strict),
         .testTarget(name: "DiscoveryTests", dependencies: ["Discovery", "MDNSCore"], swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),

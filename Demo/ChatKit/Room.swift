@@ -197,8 +197,12 @@ public struct Room: Sendable {
                 out.append(" ")
                 continue
             }
+            // Controls (C0, DEL, C1) and the bidirectional formatting characters — embeddings,
+            // overrides, isolates and the marks ALM, LRM, RLM, as preview's file names — plus the
+            // invisible operators U+2060–U+2064.
             if scalar.properties.generalCategory == .control
                 || scalar.properties.generalCategory == .format && scalar.value >= 0x202A && scalar.value <= 0x2069
+                || [0x061C, 0x200E, 0x200F].contains(scalar.value)
             {
                 continue
             }

@@ -134,7 +134,7 @@ public final class PreviewService: Sendable {
             let sender = Self.sender(of: connection)
             let completedKey = sender + "/" + pushID
             if let done = state.withLock({ $0.completed[completedKey] }) {
-                logger.info("a retry of a stored push", metadata: ["name": "\(offer.name)", "stored": "\(done.storedName ?? "?")"])
+                logger.info("a retry of a stored push", metadata: ["name": "\(FileName.printable(offer.name))", "stored": "\(FileName.printable(done.storedName ?? "?"))"])
                 return .alreadyStored(done)
             }
             let key = PartialTransfers.Key(sender: sender, sha256: offer.sha256, size: offer.size)

@@ -121,11 +121,16 @@ extension MessageChannel {
         do {
             try await transmit(frame)
         } catch where error.code == .frameTooLarge {
-            let text = "the reply to '\(message.typeID)' is larger than this peer accepts (\(peerMaxFrameSize) bytes); "
-                + "ask for less, or have it sent as a stream"
-            try? await transmit(Self.errorFrame(RemoteError(code: RemoteError.tooLarge, message: text), to: message))
+            try? await transmit(tooLargeReply(to: message))
             throw error
         }
+    }
+
+    /// The error reply `too_large` that replaces a reply the requester would refuse for its size.
+    private func tooLargeReply(to message: IncomingMessage) -> Frame {
+        let text = "the reply to '\(message.typeID)' is larger than this peer accepts (\(peerMaxFrameSize) bytes); "
+            + "ask for less, or have it sent as a stream"
+        return Self.errorFrame(RemoteError(code: RemoteError.tooLarge, message: text), to: message)
     }
 
     /// Answers the request `message` with an error: the requester's `request(...)` throws
@@ -137,12 +142,18 @@ extension MessageChannel {
 
     /// Replies without suspending, when the send queue has room (for ``on(type:as:_:)`` handlers):
     /// false, having sent nothing, when the queue is full. Any context.
-    /// - Throws: like ``reply(to:with:type:)``.
+    /// - Throws: like ``reply(to:with:type:)`` — an oversized reply throws
+    ///   `TransportError.Code.frameTooLarge` and the requester gets the error reply `too_large`.
     public func tryReply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) throws(TransportError)
         -> Bool
     {
         try Self.checkIsRequest(message)
-        return try trySend(value, type: type, replyTo: message.sequence)
+        do {
+            return try trySend(value, type: type, replyTo: message.sequence)
+        } catch where error.code == .frameTooLarge {
+            _ = try? driver.trySend(tooLargeReply(to: message))
+            throw error
+        }
     }
 
     /// ``reply(to:error:)`` without suspending (false when the send queue is full). Any context.

@@ -150,7 +150,8 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                 ?? Refusal(code: "unknown", message: String(decoding: frame.payload.prefix(500), as: UTF8.self))
             let text = "the server refused the connection: \(refusal.message)"
             driver.logger.warning("\(text)")
-            fail(TransportError(.helloRefused, text, closeReason: .helloFailed(refusal.message)))
+            // The code says which error: a bad hello, another version or the server's policy.
+            fail(TransportError(refusal.errorCode, text, closeReason: .helloFailed(refusal.message)))
         default:
             let text = "expected AUTH_OK or REFUSE after the encrypted handshake, got frame kind \(frame.kind)"
             fail(TransportError(.helloFailed, text, closeReason: .protocolError(text)))

@@ -201,18 +201,11 @@ package struct HandshakeStateMachine: Sendable {
         let refusal =
             (try? FastJSONDecoder().decode(Refusal.self, from: frame.payload))
             ?? Refusal(code: "unknown", message: String(decoding: frame.payload.prefix(500), as: UTF8.self))
-        let code: TransportError.Code =
-            switch refusal.code {
-            case "version_mismatch": .versionMismatch
-            case "auth_required", "auth_failed": .authenticationFailed
-            case "bad_hello": .helloFailed
-            default: .helloRefused
-            }
         state = .done
         return Output(
             outcome: .failure(
                 TransportError(
-                    code, "the peer refused the connection: \(refusal.message)",
+                    refusal.errorCode, "the peer refused the connection: \(refusal.message)",
                     closeReason: .helloFailed(refusal.message))),
             notice: "peer refused the hello: \(refusal.message)")
     }

@@ -50,7 +50,20 @@ package struct Refusal: Codable, Sendable {
     }
 }
 
-/// The payload of a STREAM_START frame.
+extension Refusal {
+    /// The error a refused client reports, chosen by `code` (docs/PROTOCOL.md, "Hello" and
+    /// "Verdict"); an unknown code is a refusal.
+    package var errorCode: TransportError.Code {
+        switch code {
+        case "version_mismatch": .versionMismatch
+        case "auth_required", "auth_failed": .authenticationFailed
+        case "bad_hello": .helloFailed
+        default: .helloRefused
+        }
+    }
+}
+
+/// The payload of a STREAM_START frame. Encoded with sorted keys, the metadata's included.
 package struct TransferHeader: Codable, Sendable {
     // Declared in sorted order (the encoder writes keys in declaration order).
     package var metadata: [String: String]
@@ -58,6 +71,34 @@ package struct TransferHeader: Codable, Sendable {
     package init(size: UInt64, metadata: [String: String]) {
         self.size = size
         self.metadata = metadata
+    }
+
+    enum CodingKeys: String, CodingKey { case metadata, size }
+
+    package func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(SortedMap(metadata), forKey: .metadata)
+        try container.encode(size, forKey: .size)
+    }
+}
+
+/// A string map encoded as a JSON object with its keys in sorted order (a Swift dictionary
+/// encodes in its hash order, which differs from run to run): the protocol's own JSON is
+/// deterministic (docs/PROTOCOL.md, "Frame kinds").
+package struct SortedMap: Encodable {
+    package let map: [String: String]
+    package init(_ map: [String: String]) { self.map = map }
+
+    struct Key: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
+
+    package func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: Key.self)
+        for key in map.keys.sorted() { try container.encode(map[key]!, forKey: Key(stringValue: key)) }
     }
 }
 
@@ -115,7 +156,7 @@ package struct HelloPayload: Codable, Sendable {
         var container = encoder.container(keyedBy: CodingKeys.self)
         try container.encodeIfPresent(auth, forKey: .auth)
         try container.encodeIfPresent(maxFrame, forKey: .maxFrame)
-        try container.encode(metadata, forKey: .metadata)
+        try container.encode(SortedMap(metadata), forKey: .metadata)
         try container.encode(name, forKey: .name)
         try container.encodeIfPresent(nonce, forKey: .nonce)
         try container.encodeIfPresent(sessions, forKey: .sessions)

@@ -324,6 +324,16 @@ import Testing
         #expect(Room.lines(of: "a\r\nb") == ["a", "b"])
     }
 
+    /// Every bidirectional formatting character is removed, the marks ALM, LRM and RLM included
+    /// (as in preview's file names; they used to pass).
+    @Test func bidirectionalControlsAreRemoved() {
+        for scalar: UInt32 in [0x061C, 0x200E, 0x200F, 0x202A, 0x202E, 0x2066, 0x2069] {
+            let text = "a" + String(Character(Unicode.Scalar(scalar)!)) + "b"
+            #expect(Room.clean(text) == "ab", "U+\(String(scalar, radix: 16))")
+        }
+        #expect(Room.clean("\u{200D}") == "\u{200D}")  // a joiner (emoji sequences) stays
+    }
+
     /// The closing message ends a member's stay: a notice, and not joined any more.
     @Test func aClosedRoomIsAnnouncedToTheParticipant() {
         var me = Participant(nick: "alice", room: "Lobby", formatter: ChatFormatter(color: false))

@@ -62,12 +62,19 @@ extension HostilePeer {
         await harness.server.stop()
     }
 
-    @Test func theSmallestAllowedMaxFrameIsServedAndAnOversizedReplyBecomesAnErrorReply() async throws {
+    /// Through `reply` (suspending) and `tryReply` (not): both answer `too_large` in place of the reply.
+    @Test(arguments: [false, true])
+    func theSmallestAllowedMaxFrameIsServedAndAnOversizedReplyBecomesAnErrorReply(withoutSuspending: Bool) async throws {
         let replyFailed = Locked<String?>(nil)
         let harness = try await server(handle: { _, event in
             guard case .received(let connection, let message) = event, message.expectsReply else { return }
             do {
-                try await connection.reply(to: message, with: String(repeating: "x", count: 5000), type: "big")
+                let big = String(repeating: "x", count: 5000)
+                if withoutSuspending {
+                    _ = try connection.channel.tryReply(to: message, with: big, type: "big")
+                } else {
+                    try await connection.reply(to: message, with: big, type: "big")
+                }
             } catch {
                 replyFailed.withLock { $0 = "\(error)" }
             }

@@ -182,3 +182,40 @@ import Testing
         }
     }
 }
+
+/// The protocol's own JSON is written with sorted keys, metadata included (docs/PROTOCOL.md,
+/// "Frame kinds"): a Swift dictionary encodes in hash order, which differs between runs, so the
+/// same hello or STREAM_START used to come out in different byte orders.
+@Suite struct SortedProtocolJSONTests {
+    static let metadata = Dictionary(uniqueKeysWithValues: (0..<24).map { ("key\(String($0, radix: 36))-\($0 * 7 % 24)", "\($0)") })
+    static let sortedKeys = metadata.keys.sorted()
+
+    static func keys(in json: [UInt8]) -> [String] {
+        let text = String(decoding: json, as: UTF8.self)
+        return sortedKeys.compactMap { key in text.range(of: "\"\(key)\"").map { (key, $0.lowerBound) } }
+            .sorted { $0.1 < $1.1 }.map(\.0)
+    }
+
+    @Test func helloMetadataIsSorted() throws {
+        let json = try FastJSONEncoder().encode(HelloPayload(PeerInfo(version: 1, name: "n", metadata: Self.metadata)))
+        #expect(Self.keys(in: json) == Self.sortedKeys)
+    }
+
+    @Test func streamStartMetadataIsSorted() throws {
+        let json = try FastJSONEncoder().encode(TransferHeader(size: 1, metadata: Self.metadata))
+        #expect(Self.keys(in: json) == Self.sortedKeys)
+        #expect(String(decoding: json, as: UTF8.self).hasSuffix(#","size":1}"#))
+    }
+}
+
+/// A refused client reports the error the REFUSE code names — in version 2 too, where the client
+/// used to report every verdict REFUSE as `helloRefused` (docs/PROTOCOL.md, "Verdict").
+@Suite struct RefusalCodeTests {
+    @Test(arguments: [
+        ("bad_hello", TransportError.Code.helloFailed), ("version_mismatch", .versionMismatch), ("refused", .helloRefused),
+        ("auth_required", .authenticationFailed), ("auth_failed", .authenticationFailed), ("something_new", .helloRefused),
+    ])
+    func theCodeChoosesTheError(code: String, expected: TransportError.Code) {
+        #expect(Refusal(code: code, message: "m").errorCode == expected)
+    }
+}

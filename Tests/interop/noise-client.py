@@ -96,6 +96,17 @@ def fingerprint(public_key):
     return hashlib.sha256(public_key).hexdigest()
 
 
+def transcript_hash(protocol_name, message1, message2):
+    """The Noise handshake hash after message 2 (h2), from the bytes on the wire (docs/PROTOCOL.md,
+    "Implementer notes"): XX's tokens up to there mix into h exactly the public ephemeral keys and
+    the ciphertexts, all of which travel as they are."""
+    name = protocol_name if isinstance(protocol_name, bytes) else protocol_name.encode("ascii")
+    h = name + bytes(32 - len(name)) if len(name) <= 32 else hashlib.sha256(name).digest()
+    for part in (PROLOGUE, message1[:32], message1[32:], message2[:32], message2[32:80], message2[80:]):
+        h = hashlib.sha256(h + part).digest()
+    return h
+
+
 def comparison_code(handshake_hash):
     digest = hashlib.sha256(b"lanmsg comparison code" + handshake_hash).digest()
     value = int.from_bytes(digest[:4], "big") % 1_000_000
@@ -251,6 +262,12 @@ class Session:
             raise Failure("handshake message 2 does not decrypt: %s%s" % (error or type(error).__name__, hint))
         server_key = bytes(hs.rs.public_bytes)
         hash_after_2 = bytes(noise.noise_protocol.symmetric_state.h)
+        # docs/PROTOCOL.md's implementer note: h2 also follows from the bytes on the wire alone,
+        # for a Noise library that does not expose its handshake hash. Both must agree.
+        from_wire = transcript_hash(PROTOCOL_XXPSK3 if psk else PROTOCOL_XX, message1, message2)
+        if from_wire != hash_after_2:
+            raise Failure("h2 from the wire bytes (%s) differs from noiseprotocol's (%s)"
+                          % (from_wire.hex(), hash_after_2.hex()))
         server_fp = fingerprint(server_key)
         log("server-fingerprint %s" % server_fp)
         log("code %s" % comparison_code(hash_after_2))
@@ -303,8 +320,8 @@ class Session:
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise Failure("the server's hello `metadata` is not an object of strings")
         max_frame = hello.get("max_frame", DEFAULT_MAX_FRAME)
-        if not isinstance(max_frame, int) or isinstance(max_frame, bool) or max_frame < 64:
-            raise Failure("the server's hello has an unusable max_frame %r" % (max_frame,))
+        if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not 1024 <= max_frame <= 0xFFFFFFFF:
+            raise Failure("the server's hello has a max_frame %r outside 1,024 ... 4,294,967,295" % (max_frame,))
         self.peer_max_frame = max_frame
         self.server_hello = hello
 
