@@ -315,6 +315,12 @@ public final class MessageServer: Service, Sendable {
             let resent: Int
             do {
                 resent = try await channel.attachSession(session, hello: hello, isNew: false)
+            } catch let error as TransportError where error.code == .connectionClosed {
+                // The new connection was lost before the session was attached to it (dropped again
+                // at once): a lost connection like any other, so the session waits for its client
+                // (ending it here reported messages as undelivered that a resume would deliver).
+                channelClosed(connection, channel, reason: await channel.closed())
+                return
             } catch {
                 logger.warning("cannot resume the session of \(connection): \(error)")
                 endSession(connection, reason: .protocolError("\(error)"))
