@@ -39,6 +39,10 @@ let package = Package(
         // with a "prohibited flag" warning in every build; the headers are in /usr/include and the
         // module map links the two libraries.
         .systemLibrary(name: "CAvahiClient"),
+        // Layer 0: ChaCha20-Poly1305 in place, from OpenSSL 3's libcrypto (Debian: libssl-dev), for
+        // the Noise transport: swift-crypto's AEAD returns new buffers, which cost the encrypted bulk
+        // path several copies and allocations per message (docs/PERFORMANCE.md, "Encryption").
+        .target(name: "CLanmsgAEAD", linkerSettings: [.linkedLibrary("crypto")]),
         // The package's one lock type (a pthread mutex with its value in one allocation).
         .target(name: "Locks", swiftSettings: strict),
         // Layer 0: mDNS / DNS-SD protocol logic without I/O (messages, cache, responder, querier).
@@ -59,6 +63,7 @@ let package = Package(
             name: "ProtocolCore",
             dependencies: [
                 "FastJSON",  // hello payloads
+                "CLanmsgAEAD",  // the transport's AEAD
                 .product(name: "Crypto", package: "swift-crypto"),  // HMAC-SHA256 for pre-shared keys
             ],
             swiftSettings: strict
@@ -67,7 +72,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "ProtocolCore", "Locks",
+                "ProtocolCore", "Locks", "CLanmsgAEAD",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],

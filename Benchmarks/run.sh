@@ -127,6 +127,9 @@ run_one() {
     esac
     grep -h '^RESULT ' "$tag.server" "$tag.client" | tee -a "$RESULTS" || true
     grep -h -e '^HANDSHAKES ' -e '^CONNECT ' "$tag.client.err" 2>/dev/null || true  # W5: handshake latency and rate
+    # (the handshake rate also as a result, for the encrypted table)
+    sed -n 's/^HANDSHAKES \([^ ]*\) connections_per_s=\([0-9.]*\).*/RESULT HS \1 connections_per_s=\2/p' "$tag.client.err" 2>/dev/null \
+        >> "$RESULTS" || true
 }
 
 # The headline metric of a workload and whether lower is better.
@@ -168,6 +171,17 @@ run_w3() {
             "$RESULTS" | tee -a "$RESULTS"
     done
 }
+
+# The cipher-limit row (issue 26): the transport's AEAD alone on one core, as a connection uses it
+# (bench-ours cipher: 64 KiB and 100-byte messages sealed, then opened), and libcrypto's own figure.
+if [[ " ${IMPLS[*]} " == *" ours+noise "* ]]; then
+    echo "== CIPHER"
+    "$BIN/bench-ours" cipher | tee -a "$RESULTS"
+    if command -v openssl >/dev/null; then
+        kbs=$(openssl speed -evp chacha20-poly1305 -bytes 65536 -seconds 2 2>/dev/null | awk '/^ChaCha20-Poly1305/ { sub(/k$/, "", $2); print $2 }')
+        [ -n "$kbs" ] && echo "RESULT CIPHER openssl mib_per_s=$(awk -v k="$kbs" 'BEGIN { printf "%.0f", k * 1000 / 1048576 }') (openssl speed, seal only)" | tee -a "$RESULTS"
+    fi
+fi
 
 for w in "${WORKLOADS[@]}"; do
     [ "$w" = D1 ] && continue
@@ -225,4 +239,30 @@ for w in "${WORKLOADS[@]}"; do
             done ;;
     esac
 done
+# The encrypted table: version 2 against plaintext, NIO over TLS, and the cipher's limit. The limit
+# of an encrypted stream with one core per side: 1 / (1/plaintext + 1/cipher) (each side does its
+# plaintext work and its half of the AEAD).
+if [[ " ${IMPLS[*]} " == *" ours+noise "* ]]; then
+    echo
+    cipher=$(value CIPHER ours+noise mib_per_s)
+    echo "cipher (AEAD alone, one core, 64 KiB messages): ${cipher:--} MiB/s (seal $(value CIPHER ours+noise seal_mib_per_s), open $(value CIPHER ours+noise open_mib_per_s); 100 B: seal $(value CIPHER ours+noise seal_100_ns) ns, open $(value CIPHER ours+noise open_100_ns) ns); openssl speed: $(value CIPHER openssl mib_per_s) MiB/s"
+    printf '%-4s %-16s %12s %12s %12s %12s %10s %10s %10s\n' "" "metric" "plaintext" "encrypted" "limit" "nio+tls" "enc/plain" "enc/limit" "enc/tls"
+    erow() { # erow WORKLOAD KEY [LIMIT]
+        local p e l t
+        p=$(value "$1" ours "$2"); e=$(value "$1" ours+noise "$2"); l=${3:-}; t=$(value "$1" nio+tls "$2")
+        printf '%-4s %-16s %12s %12s %12s %12s %10s %10s %10s\n' "$1" "$2" "${p:--}" "${e:--}" "${l:--}" "${t:--}" \
+            "$(ratio "$e" "$p")" "$(ratio "$e" "$l")" "$(ratio "$e" "$t")"
+    }
+    for w in "${WORKLOADS[@]}"; do
+        case "$w" in
+            W1|W4) erow "$w" msgs_per_s ;;
+            W2) erow W2 p50_us; erow W2 p99_us ;;
+            W3) p=$(value W3 ours mib_per_s)
+                limit=$(awk -v p="$p" -v c="$cipher" 'BEGIN { if (p == "" || c == "" || p + 0 == 0 || c + 0 == 0) print ""; else printf "%.0f", 1 / (1 / p + 1 / c) }')
+                erow W3 mib_per_s "$limit" ;;
+            W5) erow W5 bytes_per_conn; erow HS connections_per_s ;;
+            W6) erow W6 requests_per_s; erow W6 p50_us; erow W6 p99_us ;;
+        esac
+    done
+fi
 echo "(logs: $WORK)"

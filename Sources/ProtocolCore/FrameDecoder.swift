@@ -67,6 +67,64 @@ package struct FrameDecoder: Sendable {
         buffer.append(contentsOf: bytes)
     }
 
+    /// Lets `write` put the next `count` received bytes straight into the decoder: the first region
+    /// is the missing part of a large frame's payload (empty when none is being received), the
+    /// second the end of the reassembly buffer; their lengths add up to `count`. The bytes count as
+    /// received only when `write` returns (a throw leaves the decoder as it was). Version 2 opens
+    /// transport messages with this: the plaintext is decrypted into place, not copied.
+    package mutating func receive<E: Error>(
+        count: Int, _ write: (UnsafeMutableRawBufferPointer, UnsafeMutableRawBufferPointer) throws(E) -> Void
+    ) throws(E) {
+        let direct = partials.isEmpty ? 0 : min(count, partials[0].payload.count - partials[0].filled)
+        let rest = count - direct
+        if rest > 0 { compactIfUseful() }
+        let start = buffer.count
+        if rest > 0 { ZeroBytes.append(rest, to: &buffer) }
+        // (Array's withUnsafe… are rethrows: the typed error is carried out by hand.)
+        var failure: E?
+        if direct > 0 {
+            let filled = partials[0].filled
+            partials[0].payload.withUnsafeMutableBytes { payload in
+                buffer.withUnsafeMutableBytes { raw in
+                    do throws(E) {
+                        try write(
+                            UnsafeMutableRawBufferPointer(rebasing: payload[filled..<(filled + direct)]),
+                            UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
+                    } catch {
+                        failure = error
+                    }
+                }
+            }
+            if failure == nil { partials[0].filled += direct }
+        } else {
+            buffer.withUnsafeMutableBytes { raw in
+                do throws(E) {
+                    try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
+                } catch {
+                    failure = error
+                }
+            }
+        }
+        if let failure {
+            buffer.removeSubrange(start...)
+            throw failure
+        }
+        if direct == 0 && partials.isEmpty { beginLargeFrameIfPossible() }
+    }
+
+    /// When the buffer holds the header of a large frame that is not complete, starts receiving its
+    /// payload in place (what ``next()`` does), so that the next ``receive(count:_:)`` writes into it.
+    private mutating func beginLargeFrameIfPossible() {
+        let available = buffer.count - readIndex
+        guard available >= 8 else { return }
+        let length = buffer.withUnsafeBytes { raw -> UInt32 in
+            UInt32(bigEndian: raw.loadUnaligned(fromByteOffset: readIndex, as: UInt32.self))
+        }
+        // Anything wrong with the length is next()'s to report.
+        guard UInt64(length) <= UInt64(maxFrameSize), Int(length) >= Frame.fixedHeaderSize, available < 4 + Int(length) else { return }
+        try? startPartialIfLarge(bodySize: Int(length), available: available)
+    }
+
     /// Frees the reassembly buffer when it holds no bytes (an idle connection keeps no storage).
     package mutating func releaseStorageIfEmpty() {
         if readIndex == buffer.count && buffer.capacity > 0 {

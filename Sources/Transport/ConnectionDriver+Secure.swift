@@ -2,16 +2,38 @@ import Dispatch
 import ProtocolCore
 
 /// Version 2's state of a connection, made only for connections that speak it: while raw, read
-/// bytes go to the handler (the handshake); once `transport` is set, everything read is opened and
-/// every byte written is sealed. Confined to the loop.
+/// bytes go to the handler (the handshake); once `receiver` is set, everything read is opened and
+/// every byte written is sealed (the sealing half lives in the send state, under its lock: a sender
+/// may seal and write its own frame). Confined to the loop.
 final class SecureState {
     var rawInput = true
-    var transport: SecureTransport?
-    /// Sealed (or raw) bytes taken from the queue and not yet written.
-    var sealed: [UInt8] = []
+    var receiver: SecureReceiver?
+    /// Sealed (or raw) bytes the flush took and has not written yet: `sealedOffset..<sealedCount`.
+    private(set) var sealedStorage: UnsafeMutableRawBufferPointer?
+    var sealedCount = 0
     var sealedOffset = 0
 
-    var sealedPending: Bool { sealedOffset < sealed.count }
+    var sealedPending: Bool { sealedOffset < sealedCount }
+
+    /// Room for `size` sealed bytes from the start of the storage (only when nothing is pending).
+    func sealedSpace(_ size: Int) -> UnsafeMutableRawPointer {
+        precondition(!sealedPending)
+        if let storage = sealedStorage, storage.count >= size { return storage.baseAddress! }
+        sealedStorage?.deallocate()
+        let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 64 * 1024), alignment: 16)
+        sealedStorage = storage
+        return storage.baseAddress!
+    }
+
+    /// Idle: hold no sealed storage.
+    func releaseSealed() {
+        sealedStorage?.deallocate()
+        sealedStorage = nil
+        sealedCount = 0
+        sealedOffset = 0
+    }
+
+    deinit { sealedStorage?.deallocate() }
 }
 
 /// Version 2 (docs/PROTOCOL.md, "Version 2"): raw bytes during the handshake, then every byte read
@@ -40,8 +62,11 @@ extension ConnectionDriver {
         let state = secure ?? SecureState()
         secure = state
         state.rawInput = false
-        state.transport = transport
-        send.withLock { $0.encrypted = true }
+        state.receiver = transport.receiver
+        send.withLock {
+            $0.encrypted = true
+            $0.sealer = transport.sender
+        }
         if !leftover.isEmpty {
             leftover.withUnsafeBytes { _ = openSecure($0, state) }
         }
@@ -62,25 +87,36 @@ extension ConnectionDriver {
     }
 
     /// Transport messages sealed and opened so far (nil in plaintext). On the loop.
-    package var transportMessageCounts: (sent: UInt64, received: UInt64)? { secure?.transport?.messageCounts }
+    package var transportMessageCounts: (sent: UInt64, received: UInt64)? {
+        guard let received = secure?.receiver?.messageCount else { return nil }
+        return (send.withLock { $0.sealer?.messageCount ?? 0 }, received)
+    }
 
     /// Whether the transport is encrypted (version 2).
-    package var isEncrypted: Bool { secure?.transport != nil }
+    package var isEncrypted: Bool { secure?.receiver != nil }
 
-    /// Opens received transport messages into the frame decoder; false when one failed (closed).
+    /// Opens received transport messages straight into the frame decoder; false when one failed (closed).
     func openSecure(_ bytes: UnsafeRawBufferPointer, _ state: SecureState) -> Bool {
-        do {
-            let plaintext = try state.transport!.open(bytes)
-            plaintext.withUnsafeBytes { decoder.append($0) }
+        do throws(NoiseError) {
+            try state.receiver!.open(bytes, into: &decoder)
             return true
         } catch {
-            let text =
-                "a transport message failed authentication (\(error)): the data was altered or corrupted "
-                + "on the way, or the peer's encryption is broken"
-            logger.warning("\(text)")
-            tearDown(.protocolError(text))
+            failedToOpen(error)
             return false
         }
     }
+
+    /// A received message that does not authenticate ends the connection at once.
+    func failedToOpen(_ error: NoiseError) {
+        let text =
+            "a transport message failed authentication (\(error)): the data was altered or corrupted "
+            + "on the way, or the peer's encryption is broken"
+        logger.warning("\(text)")
+        tearDown(.protocolError(text))
+    }
+
+    /// Bytes to read beyond the rest of a message already begun: a few messages' worth, so that a
+    /// bulk stream is read in large pieces straight into the incomplete message's buffer.
+    static let secureReadExtra = 4 * (SecureProtocol.maxMessage + 2)
 
 }

@@ -1,3 +1,4 @@
+import CLanmsgAEAD
 import Dispatch
 import ProtocolCore
 
@@ -184,7 +185,7 @@ extension ConnectionDriver {
     /// for the rest. Would-block and errors write nothing here: the flush meets them again and
     /// handles them (write source, teardown).
     private func writeDirectly(_ state: inout SendState, maxBuffers: Int) -> Bool {
-        if state.encrypted { return state.writes.requestFlush() }  // only the loop seals
+        if state.encrypted { return sealDirectly(&state, maxBuffers: maxBuffers) }
         let written = withUnsafeTemporaryAllocation(of: iovec.self, capacity: maxBuffers) { vecs -> Int in
             let count = state.writes.forEachUnwritten(maxBuffers: maxBuffers) { index, base, length in
                 vecs[index] = iovec(iov_base: UnsafeMutableRawPointer(mutating: base), iov_len: length)
@@ -215,7 +216,7 @@ extension ConnectionDriver {
     func flush() {
         guard lifecycle.isReading else { return }  // not started, or torn down
         send.withLock { $0.writes.beginFlush() }
-        if let secure, secure.transport != nil { return flushEncrypted(secure) }
+        if let secure, secure.receiver != nil { return flushEncrypted(secure) }
         withUnsafeTemporaryAllocation(of: iovec.self, capacity: Self.maxIOVecs) { vecs in flush(using: vecs) }
     }
 
@@ -264,8 +265,103 @@ extension ConnectionDriver {
         }
     }
 
+    /// The most plaintext a sender seals and writes itself (larger batches go to the loop's flush).
+    static let directSealLimit = 4 * SecureProtocol.maxPlaintext
+
+    /// Version 2's ``writeDirectly(_:maxBuffers:)``: the sender seals its frame with the connection's
+    /// sealer, under the lock (nothing else is unwritten and no flush is pending, so the nonce order
+    /// is the byte order) and writes it with one `send`. What the socket does not take goes to the
+    /// loop's flush as sealed bytes. Returns whether the flush must be scheduled.
+    private func sealDirectly(_ state: inout SendState, maxBuffers: Int) -> Bool {
+        guard var sealer = state.sealer, state.sealedRemainder.isEmpty, state.writes.headIsRaw == false else {
+            return state.writes.requestFlush()
+        }
+        return withUnsafeTemporaryAllocation(of: lanmsg_span.self, capacity: maxBuffers) { spans -> Bool in
+            var used = 0
+            var total = 0
+            _ = state.writes.forEachUnwritten(maxBuffers: maxBuffers, sameKindOnly: true) { _, base, length in
+                spans[used] = lanmsg_span(base: base.assumingMemoryBound(to: UInt8.self), length: length)
+                used += 1
+                total += length
+            }
+            guard total > 0, total <= Self.directSealLimit else { return state.writes.requestFlush() }
+            let size = Self.sealedSize(total)
+            let scratch = WriteScratch.buffer(minimumSize: size)
+            do throws(NoiseError) {
+                try Self.seal(UnsafeBufferPointer(rebasing: spans[0..<used]), total: total, with: &sealer, into: scratch.baseAddress!)
+            } catch {
+                return state.writes.requestFlush()  // nothing sealed (the flush meets the error again)
+            }
+            state.sealer = sealer
+            var result: Int
+            repeat {
+                result = Glibc.send(fd.rawValue, scratch.baseAddress!, size, Int32(MSG_NOSIGNAL))
+            } while result < 0 && errno == EINTR
+            let written = max(result, 0)
+            if written > 0 { configuration.metrics?.bytesOut.increment(by: written) }
+            var admitted: [PendingWrites.Admitted] = []
+            let after = state.writes.didWrite(total, admitted: &admitted)
+            assert(admitted.isEmpty)  // nobody waits while nothing was unwritten
+            if written < size {
+                // The socket is full (or failed): the flush writes the rest, and meets any error.
+                state.sealedRemainder = Array(UnsafeRawBufferPointer(rebasing: scratch[written..<size]))
+                return state.writes.requestFlush()
+            }
+            return after == .drained ? false : state.writes.requestFlush()
+        }
+    }
+
+    /// The wire size of `total` plaintext bytes cut into transport messages.
+    static func sealedSize(_ total: Int) -> Int {
+        let messages = max(1, (total + SecureProtocol.maxPlaintext - 1) / SecureProtocol.maxPlaintext)
+        return total + messages * SecureSender.sealedSize(0)
+    }
+
+    /// Seals the concatenation of `spans` (`total` bytes) as transport messages of up to
+    /// ``SecureProtocol/maxPlaintext`` bytes each, written one after the other at `out` (room for
+    /// ``sealedSize(_:)``): no copy of the plaintext first.
+    static func seal(
+        _ spans: UnsafeBufferPointer<lanmsg_span>, total: Int, with sealer: inout SecureSender, into out: UnsafeMutableRawPointer
+    ) throws(NoiseError) {
+        var failure: NoiseError?
+        withUnsafeTemporaryAllocation(of: lanmsg_span.self, capacity: spans.count + 1) { message in
+            var index = 0  // the span being sealed
+            var offset = 0  // how much of it is sealed
+            var cursor = out
+            var left = total
+            while left > 0 || cursor == out {
+                let size = min(left, SecureProtocol.maxPlaintext)
+                var count = 0
+                var filled = 0
+                while filled < size {
+                    let span = spans[index]
+                    let take = min(span.length - offset, size - filled)
+                    message[count] = lanmsg_span(base: span.base! + offset, length: take)
+                    count += 1
+                    filled += take
+                    offset += take
+                    if offset == span.length {
+                        index += 1
+                        offset = 0
+                    }
+                }
+                do throws(NoiseError) {
+                    try sealer.seal(UnsafeBufferPointer(rebasing: message[0..<count]), plaintextCount: size, into: cursor)
+                } catch {
+                    failure = error
+                    return
+                }
+                cursor += SecureSender.sealedSize(size)
+                left -= size
+                if left == 0 { break }
+            }
+        }
+        if let failure { throw failure }
+    }
+
     /// Version 2's flush: takes up to about 1 MiB of queued frames, seals it into transport messages
-    /// (raw handshake bytes still queued go as they are), writes, repeats.
+    /// straight from the queued buffers (raw handshake bytes still queued go as they are), writes,
+    /// repeats.
     private func flushEncrypted(_ secure: SecureState) {
         while !isClosed {
             if !secure.sealedPending {
@@ -277,11 +373,9 @@ extension ConnectionDriver {
                 // send with MSG_NOSIGNAL, not write: a peer that reset the connection must give
                 // EPIPE, not a SIGPIPE that kills the process.
                 result = try syscall("send", nonblocking: true) { () -> Int in
-                    secure.sealed.withUnsafeBytes { bytes in
-                        Glibc.send(
-                            fd.rawValue, bytes.baseAddress! + secure.sealedOffset, bytes.count - secure.sealedOffset,
-                            Int32(MSG_NOSIGNAL))
-                    }
+                    Glibc.send(
+                        fd.rawValue, secure.sealedStorage!.baseAddress! + secure.sealedOffset,
+                        secure.sealedCount - secure.sealedOffset, Int32(MSG_NOSIGNAL))
                 }
             } catch {
                 return tearDown(Self.reason(for: error))
@@ -292,55 +386,83 @@ extension ConnectionDriver {
         }
     }
 
-    /// Moves queued bytes into `secure.sealed`; false when there is nothing more (drained) or the
-    /// connection closed.
+    /// Fills `secure`'s sealed bytes: a sender's unwritten remainder, raw handshake bytes, or up to
+    /// 1 MiB of queued frames sealed with the sealer (taken out of the send state while it seals,
+    /// outside the lock: only the flush consumes queued buffers, so they stay put). False when
+    /// there is nothing more (drained) or the connection closed.
     private func refillSealed(_ secure: SecureState) -> Bool {
         let budget = 16 * SecureProtocol.maxPlaintext
-        var admitted: [PendingWrites.Admitted] = []
-        var plaintext: [UInt8] = []
-        var raw = false
-        let drainedNow = send.withLock { state -> Bool in
-            raw = state.writes.headIsRaw ?? false
+        return withUnsafeTemporaryAllocation(of: lanmsg_span.self, capacity: Self.maxIOVecs) { spans -> Bool in
+            var admitted: [PendingWrites.Admitted] = []
+            var used = 0
             var total = 0
-            _ = state.writes.forEachUnwritten(maxBuffers: Self.maxIOVecs, sameKindOnly: true) { _, base, length in
-                let take = min(length, budget - total)
-                guard take > 0 else { return }
-                plaintext.append(contentsOf: UnsafeRawBufferPointer(start: base, count: take))
-                total += take
+            var sealer: SecureSender?
+            var copied: [UInt8]?
+            let drainedNow = send.withLock { state -> Bool in
+                if !state.sealedRemainder.isEmpty {
+                    copied = state.sealedRemainder
+                    state.sealedRemainder = []
+                    return false
+                }
+                let raw = state.writes.headIsRaw ?? false
+                _ = state.writes.forEachUnwritten(maxBuffers: Self.maxIOVecs, sameKindOnly: true) { _, base, length in
+                    let take = min(length, budget - total)
+                    guard take > 0 else { return }
+                    spans[used] = lanmsg_span(base: base.assumingMemoryBound(to: UInt8.self), length: take)
+                    used += 1
+                    total += take
+                }
+                if total > 0 {
+                    if raw {
+                        var bytes: [UInt8] = []
+                        for span in spans[0..<used] { bytes.append(contentsOf: UnsafeBufferPointer(start: span.base, count: span.length)) }
+                        copied = bytes
+                        _ = state.writes.didWrite(total, admitted: &admitted)
+                    } else {
+                        sealer = state.sealer
+                        state.sealer = nil
+                    }
+                    return false
+                }
+                state.writes.admitIfRoom(&admitted)
+                if admitted.isEmpty { state.writes.flushDone() }
+                return admitted.isEmpty
             }
-            if total > 0 {
-                _ = state.writes.didWrite(total, admitted: &admitted)
+            if let copied {
+                resume(admitted)
+                copied.withUnsafeBytes { secure.sealedSpace(copied.count).copyMemory(from: $0.baseAddress!, byteCount: copied.count) }
+                secure.sealedOffset = 0
+                secure.sealedCount = copied.count
+                return true
+            }
+            guard total > 0 else {
+                resume(admitted)
+                if drainedNow {
+                    secure.releaseSealed()  // idle: hold no storage
+                    drained()
+                }
+                return !drainedNow
+            }
+            guard var sealing = sealer else {
+                tearDown(.protocolError("cannot encrypt: the transport has no sealer"))
                 return false
             }
-            state.writes.admitIfRoom(&admitted)
-            if admitted.isEmpty { state.writes.flushDone() }
-            return admitted.isEmpty
-        }
-        resume(admitted)
-        secure.sealedOffset = 0
-        if plaintext.isEmpty {
-            secure.sealed = []  // idle: hold no storage
-            if drainedNow { drained() }
-            return !drainedNow
-        }
-        if raw {
-            secure.sealed = plaintext
+            let size = Self.sealedSize(total)
+            do throws(NoiseError) {
+                try Self.seal(UnsafeBufferPointer(rebasing: spans[0..<used]), total: total, with: &sealing, into: secure.sealedSpace(size))
+            } catch {
+                tearDown(.protocolError("cannot encrypt: \(error)"))
+                return false
+            }
+            send.withLock { state in
+                state.sealer = sealing
+                _ = state.writes.didWrite(total, admitted: &admitted)
+            }
+            resume(admitted)
+            secure.sealedOffset = 0
+            secure.sealedCount = size
             return true
         }
-        secure.sealed.removeAll(keepingCapacity: true)
-        secure.sealed.reserveCapacity(plaintext.count + (plaintext.count / SecureProtocol.maxPlaintext + 1) * 18)
-        var start = 0
-        do {
-            while start < plaintext.count {
-                let end = min(start + SecureProtocol.maxPlaintext, plaintext.count)
-                try secure.transport!.seal(plaintext[start..<end], into: &secure.sealed)
-                start = end
-            }
-        } catch {
-            tearDown(.protocolError("cannot encrypt: \(error)"))
-            return false
-        }
-        return true
     }
 
     private func resume(_ admitted: [PendingWrites.Admitted]) {

@@ -47,8 +47,14 @@ package final class ConnectionDriver: @unchecked Sendable {
         var writes: PendingWrites
         /// Set at teardown: what a refused sender is told.
         var closeReason: CloseReason?
-        /// Version 2's transport is on: senders never write themselves (the loop seals).
+        /// Version 2's transport is on: every byte written is sealed.
         var encrypted = false
+        /// Version 2's sealing half: used by a sender that writes its own frame (under this lock),
+        /// or taken out by the loop's flush while it seals (then nil; no sender writes meanwhile).
+        var sealer: SecureSender?
+        /// Sealed bytes a sender could not write at once, handed to the loop's flush (written
+        /// before anything else).
+        var sealedRemainder: [UInt8] = []
     }
 
     // Field order matters for memory (benchmark W5): small fields sit together.
@@ -163,7 +169,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         let (action, waiters) = send.withLock { state -> (ConnectionLifecycle.Action, [Waiter]) in
             let action = lifecycle.closeGracefully(
-                reason: reason, outputEmpty: state.writes.isEmpty && !(secure?.sealedPending ?? false))
+                reason: reason,
+                outputEmpty: state.writes.isEmpty && state.sealedRemainder.isEmpty && !(secure?.sealedPending ?? false))
             switch action {
             case .stopAccepting, .stopAcceptingAndShutDownWrite:
                 state.closeReason = reason ?? .localClose
@@ -349,7 +356,26 @@ package final class ConnectionDriver: @unchecked Sendable {
             guard readPauseCount == 0, lifecycle.isReading else { return }
             var result: IOResult<Int> = .wouldBlock
             do throws(TransportError) {
-                if secure == nil && decoder.missingPayloadBytes > 0 {
+                if let secure, !secure.rawInput, secure.receiver!.pendingBytes > 0 {
+                    // A transport message is incomplete: read the rest (and more) straight after it.
+                    var failure: TransportError?
+                    do throws(NoiseError) {
+                        _ = try secure.receiver!.readIntoPending(extra: Self.secureReadExtra, into: &decoder) { space in
+                            do throws(TransportError) {
+                                result = try syscall("read", nonblocking: true) {
+                                    read(fd.rawValue, space.baseAddress, space.count)
+                                }
+                            } catch {
+                                failure = error
+                            }
+                            if case .processed(let count) = result { return count }
+                            return 0
+                        }
+                    } catch {
+                        return failedToOpen(error)
+                    }
+                    if let failure { throw failure }
+                } else if secure == nil && decoder.missingPayloadBytes > 0 {
                     // A large payload: read straight into its array (no reassembly copies).
                     var failure: TransportError?
                     decoder.fillPayload { space in
@@ -387,6 +413,7 @@ package final class ConnectionDriver: @unchecked Sendable {
             switch result {
             case .wouldBlock:
                 decoder.releaseStorageIfEmpty()  // drained: hold no storage while idle
+                secure?.receiver?.releaseStorageIfIdle()
                 // While a large payload is incomplete, ask the kernel to report the socket readable
                 // only once the rest (up to 1 MiB) is there: one wake-up per megabyte, not per few
                 // segments. End of file and errors are reported regardless.

@@ -35,6 +35,36 @@ enum ReadScratch {
     }
 }
 
+/// The buffer a sender seals its own frame into before writing it (version 2), one per thread
+/// like ``ReadScratch``: an idle connection holds none.
+enum WriteScratch {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let status = pthread_key_create(&key) { pointer in
+            pointer?.deallocate()
+        }
+        precondition(status == 0, "pthread_key_create failed: \(status)")
+        return key
+    }()
+
+    /// At least `minimumSize` bytes, valid on this thread until the next call on this thread.
+    static func buffer(minimumSize: Int) -> UnsafeMutableRawBufferPointer {
+        let header = MemoryLayout<Int>.stride
+        if let pointer = pthread_getspecific(key) {
+            let capacity = pointer.load(as: Int.self)
+            if capacity >= minimumSize {
+                return UnsafeMutableRawBufferPointer(start: pointer + header, count: capacity)
+            }
+            pointer.deallocate()
+        }
+        let capacity = max(minimumSize, 4096)
+        let pointer = UnsafeMutableRawPointer.allocate(byteCount: header + capacity, alignment: 16)
+        pointer.storeBytes(of: capacity, as: Int.self)
+        pthread_setspecific(key, pointer)
+        return UnsafeMutableRawBufferPointer(start: pointer + header, count: capacity)
+    }
+}
+
 /// When the current thread last sent a frame on the fast path (any connection), in uptime nanoseconds.
 enum SendPacing {
     private static let key: pthread_key_t = {

@@ -6,6 +6,7 @@ set -euo pipefail
 
 missing=()
 pkg-config --exists avahi-client 2>/dev/null || missing+=(libavahi-client-dev pkg-config)
+pkg-config --exists libcrypto 2>/dev/null || missing+=(libssl-dev pkg-config)   # OpenSSL 3's AEAD (CLanmsgAEAD)
 command -v avahi-daemon >/dev/null || missing+=(avahi-daemon)
 command -v avahi-browse >/dev/null || missing+=(avahi-utils)
 command -v dbus-daemon >/dev/null || missing+=(dbus)

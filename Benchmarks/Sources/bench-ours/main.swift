@@ -2,6 +2,7 @@
 //
 //   bench-ours server W1|W2|W3|W4|W5 [--codec fast|foundation]     prints "READY <port>", then a RESULT line
 //   bench-ours client W1|W2|W3|W4|W5 --port P [--codec ...]        prints a RESULT line
+//   bench-ours cipher                                               the transport's AEAD alone (RESULT CIPHER)
 //   (W1 client: --w1-batch N sends N samples per send(contentsOf:) call; default 1, one send each;
 //    --w1-client loop|pool: the sending task prefers the channel's loop executor (default) or not)
 //
@@ -27,9 +28,11 @@ final class Counter: @unchecked Sendable {
 }
 
 let options = Options()
-guard options.words.count >= 2 else { fail("usage: bench-ours server|client W1..W6 [--port P] [--codec foundation|fast]") }
+guard options.words.count >= 2 || options.words.first == "cipher" else {
+    fail("usage: bench-ours server|client W1..W6 [--port P] [--codec foundation|fast] | bench-ours cipher")
+}
 let role = options.words[0]
-let workload = options.words[1]
+let workload = options.words.count > 1 ? options.words[1] : "CIPHER"
 let codecName = options.string("codec", "fast")
 // --security plaintext (protocol version 1, the figures before encryption) or encrypted
 // (version 2: Noise XX handshake with ephemeral keys, every frame sealed; implementation "+noise").
@@ -475,7 +478,27 @@ func runClient() async throws {
     }
 }
 
+/// `bench-ours cipher CIPHER`: the transport's AEAD alone, one core (the cipher-limit row): 64 KiB
+/// messages (the bulk path's size) and 100-byte ones (a small message's), sealed, then opened.
+func runCipher() {
+    let bulk = _CipherBenchmark.measure(size: 65_519, count: 4_000)  // about 250 MiB
+    let small = _CipherBenchmark.measure(size: 100, count: 400_000)
+    let mib = Double(65_519 * 4_000) / Double(1 << 20)
+    let seal = mib / (Double(bulk.sealNanoseconds) / 1e9)
+    let open = mib / (Double(bulk.openNanoseconds) / 1e9)
+    result(
+        "CIPHER", "ours+noise",
+        [
+            "seal_mib_per_s": fmt(seal, 0), "open_mib_per_s": fmt(open, 0),
+            // One side seals and the other opens, each on its own core: the slower one bounds a stream.
+            "mib_per_s": fmt(min(seal, open), 0),
+            "seal_100_ns": fmt(Double(small.sealNanoseconds) / 400_000, 0),
+            "open_100_ns": fmt(Double(small.openNanoseconds) / 400_000, 0),
+        ])
+}
+
 do {
+    if role == "cipher" { runCipher(); exit(0) }
     if role == "server" { try await runServer() } else { try await runClient() }
 } catch {
     fail("\(role) \(workload): \(error)")

@@ -1,3 +1,4 @@
+import CLanmsgAEAD
 import Crypto
 
 #if canImport(FoundationEssentials)
@@ -12,27 +13,48 @@ package struct NoiseError: Error, Sendable, Equatable, CustomStringConvertible {
     package init(_ description: String) { self.description = description }
 }
 
+/// A 32-byte ChaChaPoly key in its own allocation, wiped when the last reference goes.
+package final class CipherKey: @unchecked Sendable {
+    // @unchecked Sendable: the bytes are written once, in init, and only read afterwards.
+    let bytes: UnsafeMutableRawPointer
+
+    init(_ key: some Collection<UInt8>) {
+        precondition(key.count == 32, "a ChaChaPoly key is 32 bytes")
+        bytes = .allocate(byteCount: 32, alignment: 16)
+        bytes.copyMemory(from: Array(key), byteCount: 32)
+    }
+
+    deinit {
+        lanmsg_wipe(bytes, 32)
+        bytes.deallocate()
+    }
+
+    var pointer: UnsafePointer<UInt8> { UnsafePointer(bytes.assumingMemoryBound(to: UInt8.self)) }
+}
+
 /// The Noise protocol's `CipherState` with ChaChaPoly (section 5.1): a key and a 64-bit nonce,
 /// incremented after every message and never reused.
-package struct NoiseCipherState: @unchecked Sendable {
-    // @unchecked Sendable: swift-crypto 3's SymmetricKey is an immutable value not marked Sendable.
-    private var key: SymmetricKey?
+///
+/// The AEAD is libcrypto's (OpenSSL 3, through `CLanmsgAEAD`), which seals from and opens into the
+/// caller's buffers: the transport's bulk path makes no intermediate copies (docs/PERFORMANCE.md,
+/// "Encryption"). The handshake's hashing, HKDF and X25519 stay with swift-crypto.
+package struct NoiseCipherState: Sendable {
+    private var key: CipherKey?
     /// The nonce of the next message.
     package private(set) var nonce: UInt64 = 0
     /// 2⁶⁴ − 1 is reserved (section 5.1): a cipher that reaches it refuses to go on.
     private static let maxNonce = UInt64.max
 
     package init(key: [UInt8]? = nil) {
-        self.key = key.map { SymmetricKey(data: $0) }
+        self.key = key.map { CipherKey($0) }
     }
 
     package var hasKey: Bool { key != nil }
 
-    /// The 96-bit ChaChaPoly nonce: 32 zero bits, then the 64-bit counter little-endian.
-    private static func chachaNonce(_ n: UInt64) -> ChaChaPoly.Nonce {
-        var bytes = [UInt8](repeating: 0, count: 12)
-        withUnsafeBytes(of: n.littleEndian) { bytes.replaceSubrange(4..<12, with: $0) }
-        return try! ChaChaPoly.Nonce(data: bytes)  // 12 bytes: cannot fail
+    private func checkedKey() throws(NoiseError) -> CipherKey {
+        guard let key else { throw NoiseError("no key") }
+        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
+        return key
     }
 
     /// Encrypts `plaintext` with `ad`; without a key, returns `plaintext` (section 5.1).
@@ -44,21 +66,44 @@ package struct NoiseCipherState: @unchecked Sendable {
         return out
     }
 
-    /// Encrypts `plaintext` and appends ciphertext and tag to `out` (no intermediate arrays: the
-    /// transport's bulk path). Needs a key.
+    /// Encrypts `plaintext` and appends ciphertext and tag to `out`. Needs a key.
     package mutating func encrypt(
         ad: [UInt8], _ plaintext: ArraySlice<UInt8>, appendingTo out: inout [UInt8]
     ) throws(NoiseError) {
-        guard let key else { throw NoiseError("no key") }
-        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
-        do {
-            let box = try ChaChaPoly.seal(plaintext, using: key, nonce: Self.chachaNonce(nonce), authenticating: ad)
-            nonce += 1
-            out.append(contentsOf: box.ciphertext)
-            out.append(contentsOf: box.tag)
-        } catch {
-            throw NoiseError("encryption failed: \(error)")
+        let start = out.count
+        ZeroBytes.append(plaintext.count + 16, to: &out)
+        var failure: NoiseError?
+        plaintext.withUnsafeBytes { source in
+            out.withUnsafeMutableBytes { destination in
+                var span = lanmsg_span(base: source.baseAddress?.assumingMemoryBound(to: UInt8.self), length: source.count)
+                withUnsafePointer(to: &span) { span in
+                    do throws(NoiseError) {
+                        try seal(ad: ad, spans: UnsafeBufferPointer(start: span, count: 1), into: destination.baseAddress! + start)
+                    } catch {
+                        failure = error
+                    }
+                }
+            }
         }
+        if let failure {
+            out.removeSubrange(start...)
+            throw failure
+        }
+    }
+
+    /// Seals the concatenation of `spans` (with `ad`) into `out`: the ciphertext, then the 16-byte
+    /// tag. `out` must have room for their total length + 16. Needs a key.
+    package mutating func seal(
+        ad: [UInt8], spans: UnsafeBufferPointer<lanmsg_span>, into out: UnsafeMutableRawPointer
+    ) throws(NoiseError) {
+        let key = try checkedKey()
+        let status = ad.withUnsafeBufferPointer { ad in
+            lanmsg_chachapoly_seal(
+                key.pointer, nonce, ad.baseAddress, ad.count, spans.baseAddress, Int32(spans.count),
+                out.assumingMemoryBound(to: UInt8.self))
+        }
+        guard status == 0 else { throw NoiseError("encryption failed (libcrypto)") }
+        nonce += 1
     }
 
     /// Decrypts and authenticates `ciphertext` (tag included), appending the plaintext to `out`.
@@ -67,18 +112,48 @@ package struct NoiseCipherState: @unchecked Sendable {
     package mutating func decrypt(
         ad: [UInt8], _ ciphertext: ArraySlice<UInt8>, appendingTo out: inout [UInt8]
     ) throws(NoiseError) {
-        guard let key else { throw NoiseError("no key") }
-        guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }
         guard ciphertext.count >= 16 else { throw NoiseError("a message of \(ciphertext.count) bytes is shorter than its tag") }
-        do {
-            let box = try ChaChaPoly.SealedBox(
-                nonce: Self.chachaNonce(nonce), ciphertext: ciphertext.dropLast(16), tag: ciphertext.suffix(16))
-            let plaintext = try ChaChaPoly.open(box, using: key, authenticating: ad)
-            nonce += 1
-            out.append(contentsOf: plaintext)
-        } catch {
+        let start = out.count
+        let length = ciphertext.count - 16
+        ZeroBytes.append(length, to: &out)
+        var failure: NoiseError?
+        ciphertext.withUnsafeBytes { source in
+            out.withUnsafeMutableBytes { destination in
+                var span = lanmsg_mutable_span(
+                    base: (destination.baseAddress! + start).assumingMemoryBound(to: UInt8.self), length: length)
+                withUnsafePointer(to: &span) { span in
+                    do throws(NoiseError) {
+                        try open(ad: ad, UnsafeRawBufferPointer(source), into: UnsafeBufferPointer(start: span, count: 1))
+                    } catch {
+                        failure = error
+                    }
+                }
+            }
+        }
+        if let failure {
+            out.removeSubrange(start...)
+            throw failure
+        }
+    }
+
+    /// Opens `message` (ciphertext and 16-byte tag) with `ad`, writing the plaintext into `spans`
+    /// in order (their lengths add up to the message's length − 16). Needs a key.
+    /// - Throws: ``NoiseError`` when the tag does not match (tampering, wrong key, replay); the
+    ///   spans then hold bytes that must not be used.
+    package mutating func open(
+        ad: [UInt8], _ message: UnsafeRawBufferPointer, into spans: UnsafeBufferPointer<lanmsg_mutable_span>
+    ) throws(NoiseError) {
+        let key = try checkedKey()
+        guard message.count >= 16 else { throw NoiseError("a message of \(message.count) bytes is shorter than its tag") }
+        let status = ad.withUnsafeBufferPointer { ad in
+            lanmsg_chachapoly_open(
+                key.pointer, nonce, ad.baseAddress, ad.count, message.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                message.count - 16, spans.baseAddress, Int32(spans.count))
+        }
+        guard status == 0 else {
             throw NoiseError("a message failed authentication (nonce \(nonce)): it was altered, replayed or sent with another key")
         }
+        nonce += 1
     }
 
     /// Decrypts and authenticates `ciphertext` (tag included); without a key, returns it as is.
@@ -94,9 +169,17 @@ package struct NoiseCipherState: @unchecked Sendable {
     /// nonce 2⁶⁴ − 1. The nonce goes on counting.
     package mutating func rekey() {
         guard let key else { return }
-        let box = try! ChaChaPoly.seal(
-            [UInt8](repeating: 0, count: 32), using: key, nonce: Self.chachaNonce(Self.maxNonce), authenticating: [UInt8]())
-        self.key = SymmetricKey(data: Array(box.ciphertext.prefix(32)))
+        let zeros = [UInt8](repeating: 0, count: 32)
+        var out = [UInt8](repeating: 0, count: 48)
+        let status = zeros.withUnsafeBufferPointer { zeros in
+            out.withUnsafeMutableBufferPointer { out in
+                var span = lanmsg_span(base: zeros.baseAddress, length: 32)
+                return lanmsg_chachapoly_seal(key.pointer, Self.maxNonce, nil, 0, &span, 1, out.baseAddress)
+            }
+        }
+        precondition(status == 0, "libcrypto failed to rekey")
+        self.key = CipherKey(out.prefix(32))
+        lanmsg_wipe(&out, 48)
     }
 }
 
@@ -115,9 +198,19 @@ struct NoiseSymmetricState: Sendable {
     /// HKDF with SHA-256 (section 4.3), 2 or 3 outputs of 32 bytes: RFC 5869 with the chaining key
     /// as salt and an empty info.
     static func hkdf(_ chainingKey: [UInt8], _ inputKeyMaterial: [UInt8], outputs: Int) -> [[UInt8]] {
-        let prk = HKDF<SHA256>.extract(inputKeyMaterial: SymmetricKey(data: inputKeyMaterial), salt: chainingKey)
-        let okm = HKDF<SHA256>.expand(pseudoRandomKey: prk, info: [UInt8](), outputByteCount: 32 * outputs)
-        let bytes = okm.withUnsafeBytes { Array($0) }
+        // libcrypto's HMAC-SHA256 (CLanmsgAEAD): the same function as swift-crypto's HKDF with the
+        // chaining key as salt and no info, without its key objects and copies (a handshake runs
+        // it 6 times per side; it was 15 % of a server's handshake time).
+        var bytes = [UInt8](repeating: 0, count: 32 * outputs)
+        let status = chainingKey.withUnsafeBufferPointer { key in
+            inputKeyMaterial.withUnsafeBufferPointer { ikm in
+                bytes.withUnsafeMutableBufferPointer { out in
+                    lanmsg_noise_hkdf(key.baseAddress, ikm.baseAddress, ikm.count, Int32(outputs), out.baseAddress)
+                }
+            }
+        }
+        precondition(status == 0 && chainingKey.count == 32, "HKDF failed (libcrypto)")
+        defer { lanmsg_wipe(&bytes, bytes.count) }
         return (0..<outputs).map { Array(bytes[(32 * $0)..<(32 * $0 + 32)]) }
     }
 

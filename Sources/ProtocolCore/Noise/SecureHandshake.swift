@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+import CLanmsgAEAD
 import Crypto
 import FastJSON
 
@@ -291,65 +296,300 @@ package struct SecureHandshake: Sendable {
 }
 
 /// The transport of version 2, without I/O: plaintext in, length-prefixed ChaChaPoly messages out,
-/// and back. Each direction rekeys every ``SecureProtocol/rekeyInterval`` messages.
+/// and back. Each direction rekeys every ``SecureProtocol/rekeyInterval`` messages. A connection
+/// uses the two halves apart (``sender``, ``receiver``): it seals where frames are queued and opens
+/// where bytes are read.
 package struct SecureTransport: Sendable {
-    private var sendCipher: NoiseCipherState
-    private var receiveCipher: NoiseCipherState
-    private var inbound: [UInt8] = []
-    private var inboundStart = 0
+    package var sender: SecureSender
+    package var receiver: SecureReceiver
 
     package init(send: NoiseCipherState, receive: NoiseCipherState) {
-        sendCipher = send
-        receiveCipher = receive
+        sender = SecureSender(cipher: send)
+        receiver = SecureReceiver(cipher: receive)
     }
 
     /// Encrypts up to ``SecureProtocol/maxPlaintext`` bytes into one message, length prefix included.
     package mutating func seal(_ plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
         var out: [UInt8] = []
-        try seal(plaintext[...], into: &out)
+        try sender.seal(plaintext[...], into: &out)
         return out
     }
 
     /// Encrypts up to ``SecureProtocol/maxPlaintext`` bytes into one message appended to `out`,
     /// length prefix included.
     package mutating func seal(_ plaintext: ArraySlice<UInt8>, into out: inout [UInt8]) throws(NoiseError) {
-        precondition(plaintext.count <= SecureProtocol.maxPlaintext)
-        if sendCipher.nonce > 0 && sendCipher.nonce % SecureProtocol.rekeyInterval == 0 { sendCipher.rekey() }
-        let length = plaintext.count + 16
-        out.append(UInt8(truncatingIfNeeded: length >> 8))
-        out.append(UInt8(truncatingIfNeeded: length))
-        try sendCipher.encrypt(ad: [], plaintext, appendingTo: &out)
+        try sender.seal(plaintext, into: &out)
     }
 
     /// Takes received bytes; returns the plaintext of every complete message among them.
     /// - Throws: ``NoiseError`` when a message fails authentication: close the connection.
     package mutating func open(_ bytes: some Collection<UInt8>) throws(NoiseError) -> [UInt8] {
-        if inboundStart > 0 && inboundStart == inbound.count {
-            inbound.removeAll(keepingCapacity: true)
-            inboundStart = 0
+        var sink = PlaintextBytes()
+        let copy = Array(bytes)
+        try copy.withUnsafeBufferPointer { (raw) throws(NoiseError) in
+            try receiver.open(UnsafeRawBufferPointer(raw), into: &sink)
         }
-        inbound.append(contentsOf: bytes)
-        var plaintext: [UInt8] = []
-        while inbound.count - inboundStart >= 2 {
-            let length = Int(inbound[inboundStart]) << 8 | Int(inbound[inboundStart + 1])
-            guard inbound.count - inboundStart >= 2 + length else { break }
-            let message = inbound[(inboundStart + 2)..<(inboundStart + 2 + length)]
-            inboundStart += 2 + length
-            if receiveCipher.nonce > 0 && receiveCipher.nonce % SecureProtocol.rekeyInterval == 0 {
-                receiveCipher.rekey()
-            }
-            try receiveCipher.decrypt(ad: [], message, appendingTo: &plaintext)
-        }
-        if inboundStart > 65_536 {
-            inbound.removeSubrange(0..<inboundStart)
-            inboundStart = 0
-        }
-        return plaintext
+        return sink.bytes
     }
 
     /// Transport messages sealed and opened so far (each direction's nonce).
-    package var messageCounts: (sent: UInt64, received: UInt64) { (sendCipher.nonce, receiveCipher.nonce) }
+    package var messageCounts: (sent: UInt64, received: UInt64) { (sender.messageCount, receiver.messageCount) }
 
     /// Received bytes of an incomplete message.
-    package var pendingBytes: Int { inbound.count - inboundStart }
+    package var pendingBytes: Int { receiver.pendingBytes }
+}
+
+/// The sending half of ``SecureTransport``: seals plaintext (gathered from several buffers, without
+/// copying it first) into length-prefixed transport messages.
+package struct SecureSender: Sendable {
+    private var cipher: NoiseCipherState
+
+    package init(cipher: NoiseCipherState) { self.cipher = cipher }
+
+    /// Messages sealed so far (the next message's nonce).
+    package var messageCount: UInt64 { cipher.nonce }
+
+    /// The size on the wire of a message carrying `plaintextCount` bytes: length prefix and tag.
+    @inline(__always)
+    package static func sealedSize(_ plaintextCount: Int) -> Int { plaintextCount + 18 }
+
+    /// Seals the concatenation of `spans` (`plaintextCount` bytes in all, at most
+    /// ``SecureProtocol/maxPlaintext``) into one message at `out`, which has room for
+    /// ``sealedSize(_:)`` bytes: the 2-byte length, the ciphertext and the tag.
+    package mutating func seal(
+        _ spans: UnsafeBufferPointer<lanmsg_span>, plaintextCount: Int, into out: UnsafeMutableRawPointer
+    ) throws(NoiseError) {
+        precondition(plaintextCount <= SecureProtocol.maxPlaintext)
+        if cipher.nonce > 0 && cipher.nonce % SecureProtocol.rekeyInterval == 0 { cipher.rekey() }
+        let length = plaintextCount + 16
+        out.storeBytes(of: UInt8(truncatingIfNeeded: length >> 8), as: UInt8.self)
+        out.storeBytes(of: UInt8(truncatingIfNeeded: length), toByteOffset: 1, as: UInt8.self)
+        try cipher.seal(ad: [], spans: spans, into: out + 2)
+    }
+
+    /// Seals up to ``SecureProtocol/maxPlaintext`` bytes into one message appended to `out`.
+    package mutating func seal(_ plaintext: ArraySlice<UInt8>, into out: inout [UInt8]) throws(NoiseError) {
+        let start = out.count
+        ZeroBytes.append(Self.sealedSize(plaintext.count), to: &out)
+        var failure: NoiseError?
+        plaintext.withUnsafeBytes { source in
+            out.withUnsafeMutableBytes { destination in
+                var span = lanmsg_span(base: source.baseAddress?.assumingMemoryBound(to: UInt8.self), length: source.count)
+                withUnsafePointer(to: &span) { span in
+                    do throws(NoiseError) {
+                        try seal(UnsafeBufferPointer(start: span, count: 1), plaintextCount: source.count, into: destination.baseAddress! + start)
+                    } catch {
+                        failure = error
+                    }
+                }
+            }
+        }
+        if let failure {
+            out.removeSubrange(start...)
+            throw failure
+        }
+    }
+}
+
+/// Where opened plaintext goes: ``FrameDecoder`` (straight into its buffers), or bytes.
+package protocol PlaintextSink {
+    /// Lets `write` fill the next `count` bytes, given as two regions in order.
+    mutating func receive<E: Error>(
+        count: Int, _ write: (UnsafeMutableRawBufferPointer, UnsafeMutableRawBufferPointer) throws(E) -> Void
+    ) throws(E)
+}
+
+extension FrameDecoder: PlaintextSink {}
+
+/// Plaintext collected into an array.
+package struct PlaintextBytes: PlaintextSink {
+    package var bytes: [UInt8] = []
+    package init() {}
+
+    package mutating func receive<E: Error>(
+        count: Int, _ write: (UnsafeMutableRawBufferPointer, UnsafeMutableRawBufferPointer) throws(E) -> Void
+    ) throws(E) {
+        let start = bytes.count
+        ZeroBytes.append(count, to: &bytes)
+        var failure: E?
+        bytes.withUnsafeMutableBytes { raw in
+            do throws(E) {
+                try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
+            } catch {
+                failure = error
+            }
+        }
+        if let failure {
+            bytes.removeSubrange(start...)
+            throw failure
+        }
+    }
+}
+
+/// The receiving half of ``SecureTransport``: opens transport messages from the bytes read, into a
+/// ``PlaintextSink``. A message cut by the end of a read is kept until the rest arrives (the only
+/// bytes it copies); everything else is decrypted from the read buffer into the sink.
+package struct SecureReceiver: Sendable {
+    private var cipher: NoiseCipherState
+    /// The first bytes of an incomplete message (empty most of the time; no storage when empty).
+    private let pending = ReceiveBuffer()
+
+    package init(cipher: NoiseCipherState) { self.cipher = cipher }
+
+    /// Messages opened so far (the next message's nonce).
+    package var messageCount: UInt64 { cipher.nonce }
+
+    /// Received bytes of an incomplete message.
+    package var pendingBytes: Int { pending.count }
+
+    /// Opens every complete message in `bytes` into `sink`; an incomplete end is kept for the next call.
+    /// - Throws: ``NoiseError`` when a message fails authentication: close the connection.
+    package mutating func open(_ bytes: UnsafeRawBufferPointer, into sink: inout some PlaintextSink) throws(NoiseError) {
+        var offset = 0
+        if pending.count > 0 {
+            // Complete the kept message first (its length prefix may itself be cut).
+            if pending.count < 2 {
+                let take = min(2 - pending.count, bytes.count)
+                pending.append(UnsafeRawBufferPointer(rebasing: bytes[0..<take]))
+                offset = take
+                guard pending.count == 2 else { return }
+            }
+            let missing = 2 + pending.messageLength - pending.count
+            let take = min(missing, bytes.count - offset)
+            pending.append(UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + take)]))
+            offset += take
+            guard take == missing else { return }
+            try Self.openMessage(UnsafeRawBufferPointer(rebasing: pending.bytes[2...]), &cipher, into: &sink)
+            pending.removeFirst(pending.count)
+        }
+        offset = try Self.openComplete(bytes, from: offset, &cipher, into: &sink)
+        if offset < bytes.count { pending.append(UnsafeRawBufferPointer(rebasing: bytes[offset...])) }
+    }
+
+    /// While a message is incomplete: lets `read` append up to the rest of it plus `extra` bytes to
+    /// it directly (no read buffer in between), then opens what is complete into `sink`. Returns
+    /// what `read` returned (0: end of file or nothing read).
+    package mutating func readIntoPending(
+        extra: Int, into sink: inout some PlaintextSink, _ read: (UnsafeMutableRawBufferPointer) -> Int
+    ) throws(NoiseError) -> Int {
+        let missing = pending.count < 2 ? 2 - pending.count : 2 + pending.messageLength - pending.count
+        let count = read(pending.space(missing + extra))
+        guard count > 0 else { return count }
+        pending.commit(count)
+        let consumed = try Self.openComplete(pending.bytes, from: 0, &cipher, into: &sink)
+        pending.removeFirst(consumed)  // the incomplete rest moves to the front; the storage stays
+        return count
+    }
+
+    /// Frees the storage of the incomplete-message buffer when it holds nothing (an idle
+    /// connection keeps none).
+    package mutating func releaseStorageIfIdle() { pending.releaseIfEmpty() }
+
+    /// Opens the complete messages of `bytes` from `offset` on; returns where the first incomplete one begins.
+    private static func openComplete(
+        _ bytes: UnsafeRawBufferPointer, from start: Int, _ cipher: inout NoiseCipherState, into sink: inout some PlaintextSink
+    ) throws(NoiseError) -> Int {
+        var offset = start
+        while bytes.count - offset >= 2 {
+            let length = length(bytes[offset], bytes[offset + 1])
+            guard bytes.count - offset >= 2 + length else { break }
+            try openMessage(UnsafeRawBufferPointer(rebasing: bytes[(offset + 2)..<(offset + 2 + length)]), &cipher, into: &sink)
+            offset += 2 + length
+        }
+        return offset
+    }
+
+    private static func openMessage(
+        _ message: UnsafeRawBufferPointer, _ cipher: inout NoiseCipherState, into sink: inout some PlaintextSink
+    ) throws(NoiseError) {
+        guard message.count >= 16 else { throw NoiseError("a message of \(message.count) bytes is shorter than its tag") }
+        if cipher.nonce > 0 && cipher.nonce % SecureProtocol.rekeyInterval == 0 { cipher.rekey() }
+        try sink.receive(count: message.count - 16) { (first, second) throws(NoiseError) in
+            var spans = (
+                lanmsg_mutable_span(base: first.baseAddress?.assumingMemoryBound(to: UInt8.self), length: first.count),
+                lanmsg_mutable_span(base: second.baseAddress?.assumingMemoryBound(to: UInt8.self), length: second.count)
+            )
+            try withUnsafePointer(to: &spans) { (pair) throws(NoiseError) in
+                try pair.withMemoryRebound(to: lanmsg_mutable_span.self, capacity: 2) { (base) throws(NoiseError) in
+                    try cipher.open(ad: [], message, into: UnsafeBufferPointer(start: base, count: 2))
+                }
+            }
+        }
+    }
+
+    @inline(__always)
+    private static func length(_ high: UInt8, _ low: UInt8) -> Int { Int(high) << 8 | Int(low) }
+}
+
+/// Received bytes kept between reads, in one allocation that grows as needed and is freed when
+/// empty on request; bytes are read into it directly (no zero-filling, no intermediate buffer).
+/// Owned by one ``SecureReceiver`` (on its connection's loop).
+final class ReceiveBuffer: @unchecked Sendable {
+    // @unchecked Sendable: used by one connection at a time (its loop).
+    private var storage: UnsafeMutableRawBufferPointer?
+    private(set) var count = 0
+
+    deinit { storage?.deallocate() }
+
+    var bytes: UnsafeRawBufferPointer {
+        guard let storage else { return UnsafeRawBufferPointer(start: nil, count: 0) }
+        return UnsafeRawBufferPointer(rebasing: storage[0..<count])
+    }
+
+    /// The length in the 2-byte prefix of the message at the front (needs 2 bytes).
+    var messageLength: Int { Int(storage![0]) << 8 | Int(storage![1]) }
+
+    /// Room for `size` more bytes after the kept ones; ``commit(_:)`` what was written.
+    func space(_ size: Int) -> UnsafeMutableRawBufferPointer {
+        reserve(count + size)
+        return UnsafeMutableRawBufferPointer(rebasing: storage![count..<(count + size)])
+    }
+
+    func commit(_ written: Int) { count += written }
+
+    func append(_ bytes: UnsafeRawBufferPointer) {
+        guard !bytes.isEmpty else { return }
+        space(bytes.count).copyMemory(from: bytes)
+        count += bytes.count
+    }
+
+    /// Drops the first `n` bytes (the rest moves to the front).
+    func removeFirst(_ n: Int) {
+        guard n > 0, let storage else { return }
+        if n < count { (storage.baseAddress! + 0).copyMemory(from: storage.baseAddress! + n, byteCount: count - n) }
+        count -= n
+    }
+
+    func releaseIfEmpty() {
+        guard count == 0, let storage else { return }
+        storage.deallocate()
+        self.storage = nil
+    }
+
+    private func reserve(_ capacity: Int) {
+        if let storage, storage.count >= capacity { return }
+        let grown = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 2 * (storage?.count ?? 0), 4096), alignment: 16)
+        if let storage {
+            grown.baseAddress!.copyMemory(from: storage.baseAddress!, byteCount: count)
+            storage.deallocate()
+        }
+        storage = grown
+    }
+}
+
+/// 64 KiB of zeros: appended (copied) to make room in an array, which is a `memcpy` in every build
+/// (appending a `repeatElement` goes element by element in a debug build).
+package enum ZeroBytes {
+    nonisolated(unsafe) private static let page = UnsafeRawBufferPointer(
+        start: UnsafeMutableRawPointer(calloc(1, 65_536)), count: 65_536)
+
+    /// Appends `count` zero bytes to `array`.
+    package static func append(_ count: Int, to array: inout [UInt8]) {
+        var left = count
+        while left > 0 {
+            let take = min(left, page.count)
+            array.append(contentsOf: UnsafeRawBufferPointer(rebasing: page[0..<take]))
+            left -= take
+        }
+    }
 }

@@ -1,0 +1,122 @@
+#include "lanmsg_aead.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <pthread.h>
+#include <string.h>
+
+// One cipher context per thread and direction, made on first use and freed when the thread ends:
+// a connection keeps only its 32-byte keys, and a message costs one re-initialisation (ChaCha20
+// has no key schedule; Poly1305's key comes from each nonce anyway).
+static EVP_CIPHER *cipher;
+static pthread_key_t context_key;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+typedef struct {
+    EVP_CIPHER_CTX *seal;
+    EVP_CIPHER_CTX *open;
+} contexts;
+
+static void free_contexts(void *value) {
+    contexts *c = value;
+    EVP_CIPHER_CTX_free(c->seal);
+    EVP_CIPHER_CTX_free(c->open);
+    OPENSSL_free(c);
+}
+
+static void setup(void) {
+    cipher = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
+    pthread_key_create(&context_key, free_contexts);
+}
+
+static contexts *thread_contexts(void) {
+    pthread_once(&once, setup);
+    if (cipher == NULL) return NULL;
+    contexts *c = pthread_getspecific(context_key);
+    if (c != NULL) return c;
+    c = OPENSSL_zalloc(sizeof(contexts));
+    if (c == NULL) return NULL;
+    c->seal = EVP_CIPHER_CTX_new();
+    c->open = EVP_CIPHER_CTX_new();
+    if (c->seal == NULL || c->open == NULL || !EVP_EncryptInit_ex2(c->seal, cipher, NULL, NULL, NULL) ||
+        !EVP_DecryptInit_ex2(c->open, cipher, NULL, NULL, NULL)) {
+        free_contexts(c);
+        return NULL;
+    }
+    pthread_setspecific(context_key, c);
+    return c;
+}
+
+static void nonce_bytes(uint64_t counter, uint8_t nonce[12]) {
+    memset(nonce, 0, 4);
+    for (int i = 0; i < 8; i++) nonce[4 + i] = (uint8_t)(counter >> (8 * i));
+}
+
+int lanmsg_chachapoly_seal(const uint8_t *key, uint64_t counter, const uint8_t *ad, size_t ad_length,
+                           const lanmsg_span *spans, int count, uint8_t *out) {
+    contexts *c = thread_contexts();
+    if (c == NULL) return -1;
+    uint8_t nonce[12];
+    nonce_bytes(counter, nonce);
+    int written = 0;
+    if (!EVP_EncryptInit_ex2(c->seal, NULL, key, nonce, NULL)) return -1;
+    if (ad_length > 0 && !EVP_EncryptUpdate(c->seal, NULL, &written, ad, (int)ad_length)) return -1;
+    uint8_t *cursor = out;
+    for (int i = 0; i < count; i++) {
+        if (spans[i].length == 0) continue;
+        if (!EVP_EncryptUpdate(c->seal, cursor, &written, spans[i].base, (int)spans[i].length)) return -1;
+        cursor += written;
+    }
+    if (!EVP_EncryptFinal_ex(c->seal, cursor, &written)) return -1;
+    cursor += written;
+    return EVP_CIPHER_CTX_ctrl(c->seal, EVP_CTRL_AEAD_GET_TAG, 16, cursor) ? 0 : -1;
+}
+
+int lanmsg_chachapoly_open(const uint8_t *key, uint64_t counter, const uint8_t *ad, size_t ad_length,
+                           const uint8_t *in, size_t length, const lanmsg_mutable_span *spans, int count) {
+    contexts *c = thread_contexts();
+    if (c == NULL) return -1;
+    uint8_t nonce[12];
+    nonce_bytes(counter, nonce);
+    int written = 0;
+    if (!EVP_DecryptInit_ex2(c->open, NULL, key, nonce, NULL)) return -1;
+    if (!EVP_CIPHER_CTX_ctrl(c->open, EVP_CTRL_AEAD_SET_TAG, 16, (void *)(in + length))) return -1;
+    if (ad_length > 0 && !EVP_DecryptUpdate(c->open, NULL, &written, ad, (int)ad_length)) return -1;
+    const uint8_t *source = in;
+    size_t left = length;
+    for (int i = 0; i < count && left > 0; i++) {
+        size_t take = spans[i].length < left ? spans[i].length : left;
+        if (take == 0) continue;
+        if (!EVP_DecryptUpdate(c->open, spans[i].base, &written, source, (int)take)) return -1;
+        source += take;
+        left -= take;
+    }
+    if (left != 0) return -1;
+    uint8_t end[16];
+    return EVP_DecryptFinal_ex(c->open, end, &written) > 0 ? 0 : -1;
+}
+
+void lanmsg_wipe(void *pointer, size_t length) { OPENSSL_cleanse(pointer, length); }
+
+int lanmsg_noise_hkdf(const uint8_t *chaining_key, const uint8_t *ikm, size_t ikm_length, int outputs, uint8_t *out) {
+    if (outputs < 1 || outputs > 3) return -1;
+    uint8_t temp_key[32];
+    unsigned int length = 0;
+    if (HMAC(EVP_sha256(), chaining_key, 32, ikm, ikm_length, temp_key, &length) == NULL || length != 32) return -1;
+    uint8_t input[33];
+    size_t input_length = 0;
+    for (int i = 0; i < outputs; i++) {
+        // output1 = HMAC(temp_key, 0x01); output(i+1) = HMAC(temp_key, output(i) || i+1)
+        input[input_length] = (uint8_t)(i + 1);
+        if (HMAC(EVP_sha256(), temp_key, 32, input, input_length + 1, out + 32 * i, &length) == NULL || length != 32) {
+            OPENSSL_cleanse(temp_key, sizeof temp_key);
+            return -1;
+        }
+        memcpy(input, out + 32 * i, 32);
+        input_length = 32;
+    }
+    OPENSSL_cleanse(temp_key, sizeof temp_key);
+    OPENSSL_cleanse(input, sizeof input);
+    return 0;
+}
