@@ -2,7 +2,8 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/core_names.h>
+#include <openssl/params.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -10,37 +11,44 @@
 // a connection keeps only its 32-byte keys, and a message costs one re-initialisation (ChaCha20
 // has no key schedule; Poly1305's key comes from each nonce anyway).
 static EVP_CIPHER *cipher;
+static EVP_MAC *hmac;
 static pthread_key_t context_key;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 typedef struct {
     EVP_CIPHER_CTX *seal;
     EVP_CIPHER_CTX *open;
+    EVP_MAC_CTX *hmac;  // HMAC-SHA256 for Noise's HKDF: fetched once, not per call (HMAC() fetches every time)
 } contexts;
 
 static void free_contexts(void *value) {
     contexts *c = value;
     EVP_CIPHER_CTX_free(c->seal);
     EVP_CIPHER_CTX_free(c->open);
+    EVP_MAC_CTX_free(c->hmac);
     OPENSSL_free(c);
 }
 
 static void setup(void) {
     cipher = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
+    hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     pthread_key_create(&context_key, free_contexts);
 }
 
 static contexts *thread_contexts(void) {
     pthread_once(&once, setup);
-    if (cipher == NULL) return NULL;
+    if (cipher == NULL || hmac == NULL) return NULL;
     contexts *c = pthread_getspecific(context_key);
     if (c != NULL) return c;
     c = OPENSSL_zalloc(sizeof(contexts));
     if (c == NULL) return NULL;
     c->seal = EVP_CIPHER_CTX_new();
     c->open = EVP_CIPHER_CTX_new();
-    if (c->seal == NULL || c->open == NULL || !EVP_EncryptInit_ex2(c->seal, cipher, NULL, NULL, NULL) ||
-        !EVP_DecryptInit_ex2(c->open, cipher, NULL, NULL, NULL)) {
+    c->hmac = EVP_MAC_CTX_new(hmac);
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+    if (c->seal == NULL || c->open == NULL || c->hmac == NULL || !EVP_EncryptInit_ex2(c->seal, cipher, NULL, NULL, NULL) ||
+        !EVP_DecryptInit_ex2(c->open, cipher, NULL, NULL, NULL) || !EVP_MAC_CTX_set_params(c->hmac, params)) {
         free_contexts(c);
         return NULL;
     }
@@ -99,24 +107,34 @@ int lanmsg_chachapoly_open(const uint8_t *key, uint64_t counter, const uint8_t *
 
 void lanmsg_wipe(void *pointer, size_t length) { OPENSSL_cleanse(pointer, length); }
 
+static int hmac_sha256(EVP_MAC_CTX *ctx, const uint8_t *key, const uint8_t *data, size_t length, uint8_t *out) {
+    size_t written = 0;
+    if (!EVP_MAC_init(ctx, key, 32, NULL) || !EVP_MAC_update(ctx, data, length) || !EVP_MAC_final(ctx, out, &written, 32))
+        return -1;
+    return written == 32 ? 0 : -1;
+}
+
 int lanmsg_noise_hkdf(const uint8_t *chaining_key, const uint8_t *ikm, size_t ikm_length, int outputs, uint8_t *out) {
     if (outputs < 1 || outputs > 3) return -1;
+    contexts *c = thread_contexts();
+    if (c == NULL) return -1;
     uint8_t temp_key[32];
-    unsigned int length = 0;
-    if (HMAC(EVP_sha256(), chaining_key, 32, ikm, ikm_length, temp_key, &length) == NULL || length != 32) return -1;
     uint8_t input[33];
     size_t input_length = 0;
-    for (int i = 0; i < outputs; i++) {
+    int status = hmac_sha256(c->hmac, chaining_key, ikm, ikm_length, temp_key);
+    for (int i = 0; status == 0 && i < outputs; i++) {
         // output1 = HMAC(temp_key, 0x01); output(i+1) = HMAC(temp_key, output(i) || i+1)
         input[input_length] = (uint8_t)(i + 1);
-        if (HMAC(EVP_sha256(), temp_key, 32, input, input_length + 1, out + 32 * i, &length) == NULL || length != 32) {
-            OPENSSL_cleanse(temp_key, sizeof temp_key);
-            return -1;
+        status = hmac_sha256(c->hmac, temp_key, input, input_length + 1, out + 32 * i);
+        if (status == 0) {
+            memcpy(input, out + 32 * i, 32);
+            input_length = 32;
         }
-        memcpy(input, out + 32 * i, 32);
-        input_length = 32;
     }
+    // The context's key state is derived from temp_key: overwrite it with a zero key's.
+    uint8_t zero[32] = {0};
+    (void)EVP_MAC_init(c->hmac, zero, 32, NULL);
     OPENSSL_cleanse(temp_key, sizeof temp_key);
     OPENSSL_cleanse(input, sizeof input);
-    return 0;
+    return status;
 }

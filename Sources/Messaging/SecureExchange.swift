@@ -77,7 +77,9 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                     return error.message
                 }
             })
-        machine = try SecureHandshake(role: role, settings: settings)
+        // The ephemeral key is made here, in the connecting or accepting task, not on the
+        // connection's loop where the handshake runs (docs/PERFORMANCE.md, "Encryption").
+        machine = try SecureHandshake(role: role, settings: settings, ephemeral: Curve25519.KeyAgreement.PrivateKey())
         phase = role == .server ? .detecting([]) : .handshaking
     }
 

@@ -13,11 +13,20 @@ import ProtocolCore
 /// short form, the first 16 in groups of four (`1a2b-3c4d-5e6f-7a8b`), is what people compare
 /// and what the TXT record carries as a hint (the handshake proves the key, not the TXT record).
 public struct Fingerprint: Sendable, Hashable, CustomStringConvertible {
+    /// The 32 bytes, inline (no allocation: every encrypted channel keeps its peer's).
+    private let digest: SIMD32<UInt8>
+
     /// The 32 bytes of the SHA-256.
-    public let bytes: [UInt8]
+    public var bytes: [UInt8] { (0..<32).map { digest[$0] } }
 
     /// The fingerprint of a 32-byte Curve25519 public key.
-    public init(publicKey: [UInt8]) { bytes = Array(SHA256.hash(data: publicKey)) }
+    public init(publicKey: [UInt8]) { self.init(digestBytes: SHA256.hash(data: publicKey)) }
+
+    private init(digestBytes: some Sequence<UInt8>) {
+        var digest = SIMD32<UInt8>()
+        for (index, byte) in digestBytes.enumerated() { digest[index] = byte }
+        self.digest = digest
+    }
 
     /// Parses the full form: 64 hex digits (separators `:`, `-` and spaces ignored). Nil otherwise.
     public init?(_ text: String) {
@@ -31,7 +40,7 @@ public struct Fingerprint: Sendable, Hashable, CustomStringConvertible {
             bytes.append(byte)
             index = next
         }
-        self.bytes = bytes
+        self.init(digestBytes: bytes)
     }
 
     /// 64 lowercase hex digits.

@@ -13,23 +13,26 @@ package struct NoiseError: Error, Sendable, Equatable, CustomStringConvertible {
     package init(_ description: String) { self.description = description }
 }
 
-/// A 32-byte ChaChaPoly key in its own allocation, wiped when the last reference goes.
-package final class CipherKey: @unchecked Sendable {
-    // @unchecked Sendable: the bytes are written once, in init, and only read afterwards.
-    let bytes: UnsafeMutableRawPointer
+/// A 32-byte ChaChaPoly key in its own allocation (the object's tail: one allocation of 48
+/// bytes), wiped when the last reference goes.
+package final class CipherKey: ManagedBuffer<Void, UInt8> {
 
-    init(_ key: some Collection<UInt8>) {
+    static func make(_ key: some Collection<UInt8>) -> CipherKey {
         precondition(key.count == 32, "a ChaChaPoly key is 32 bytes")
-        bytes = .allocate(byteCount: 32, alignment: 16)
-        bytes.copyMemory(from: Array(key), byteCount: 32)
+        let made = unsafeDowncast(CipherKey.create(minimumCapacity: 32) { _ in () }, to: CipherKey.self)
+        made.withUnsafeMutablePointerToElements { bytes in
+            _ = UnsafeMutableBufferPointer(start: bytes, count: 32).initialize(from: key)
+        }
+        return made
     }
 
     deinit {
-        lanmsg_wipe(bytes, 32)
-        bytes.deallocate()
+        withUnsafeMutablePointerToElements { lanmsg_wipe($0, 32) }
     }
 
-    var pointer: UnsafePointer<UInt8> { UnsafePointer(bytes.assumingMemoryBound(to: UInt8.self)) }
+    /// The key's bytes: valid while this object lives (callers hold it through their cipher
+    /// state, which keeps it until it is replaced).
+    var pointer: UnsafePointer<UInt8> { withUnsafeMutablePointerToElements { UnsafePointer($0) } }
 }
 
 /// The Noise protocol's `CipherState` with ChaChaPoly (section 5.1): a key and a 64-bit nonce,
@@ -38,7 +41,9 @@ package final class CipherKey: @unchecked Sendable {
 /// The AEAD is libcrypto's (OpenSSL 3, through `CLanmsgAEAD`), which seals from and opens into the
 /// caller's buffers: the transport's bulk path makes no intermediate copies (docs/PERFORMANCE.md,
 /// "Encryption"). The handshake's hashing, HKDF and X25519 stay with swift-crypto.
-package struct NoiseCipherState: Sendable {
+package struct NoiseCipherState: @unchecked Sendable {
+    // @unchecked Sendable: `key`'s bytes are written once, when made, and only read afterwards
+    // (ManagedBuffer, which it is, opts out of Sendable).
     private var key: CipherKey?
     /// The nonce of the next message.
     package private(set) var nonce: UInt64 = 0
@@ -46,7 +51,7 @@ package struct NoiseCipherState: Sendable {
     private static let maxNonce = UInt64.max
 
     package init(key: [UInt8]? = nil) {
-        self.key = key.map { CipherKey($0) }
+        self.key = key.map { CipherKey.make($0) }
     }
 
     package var hasKey: Bool { key != nil }
@@ -178,7 +183,7 @@ package struct NoiseCipherState: Sendable {
             }
         }
         precondition(status == 0, "libcrypto failed to rekey")
-        self.key = CipherKey(out.prefix(32))
+        self.key = CipherKey.make(out.prefix(32))
         lanmsg_wipe(&out, 48)
     }
 }

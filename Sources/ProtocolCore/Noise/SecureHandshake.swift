@@ -430,14 +430,14 @@ package struct PlaintextBytes: PlaintextSink {
 /// ``PlaintextSink``. A message cut by the end of a read is kept until the rest arrives (the only
 /// bytes it copies); everything else is decrypted from the read buffer into the sink.
 package struct SecureReceiver: Sendable {
-    private var cipher: NoiseCipherState
-    /// The first bytes of an incomplete message (empty most of the time; no storage when empty).
-    private let pending = ReceiveBuffer()
+    /// The cipher and the first bytes of an incomplete message (empty most of the time; no
+    /// storage when empty), in one object: an idle connection's receiving half is one allocation.
+    private let pending: ReceiveBuffer
 
-    package init(cipher: NoiseCipherState) { self.cipher = cipher }
+    package init(cipher: NoiseCipherState) { pending = ReceiveBuffer(cipher: cipher) }
 
     /// Messages opened so far (the next message's nonce).
-    package var messageCount: UInt64 { cipher.nonce }
+    package var messageCount: UInt64 { pending.cipher.nonce }
 
     /// Received bytes of an incomplete message.
     package var pendingBytes: Int { pending.count }
@@ -459,10 +459,10 @@ package struct SecureReceiver: Sendable {
             pending.append(UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + take)]))
             offset += take
             guard take == missing else { return }
-            try Self.openMessage(UnsafeRawBufferPointer(rebasing: pending.bytes[2...]), &cipher, into: &sink)
+            try Self.openMessage(UnsafeRawBufferPointer(rebasing: pending.bytes[2...]), &pending.cipher, into: &sink)
             pending.removeFirst(pending.count)
         }
-        offset = try Self.openComplete(bytes, from: offset, &cipher, into: &sink)
+        offset = try Self.openComplete(bytes, from: offset, &pending.cipher, into: &sink)
         if offset < bytes.count { pending.append(UnsafeRawBufferPointer(rebasing: bytes[offset...])) }
     }
 
@@ -476,7 +476,7 @@ package struct SecureReceiver: Sendable {
         let count = read(pending.space(missing + extra))
         guard count > 0 else { return count }
         pending.commit(count)
-        let consumed = try Self.openComplete(pending.bytes, from: 0, &cipher, into: &sink)
+        let consumed = try Self.openComplete(pending.bytes, from: 0, &pending.cipher, into: &sink)
         pending.removeFirst(consumed)  // the incomplete rest moves to the front; the storage stays
         return count
     }
@@ -521,13 +521,16 @@ package struct SecureReceiver: Sendable {
     private static func length(_ high: UInt8, _ low: UInt8) -> Int { Int(high) << 8 | Int(low) }
 }
 
-/// Received bytes kept between reads, in one allocation that grows as needed and is freed when
-/// empty on request; bytes are read into it directly (no zero-filling, no intermediate buffer).
-/// Owned by one ``SecureReceiver`` (on its connection's loop).
+/// The receiving cipher and the received bytes kept between reads, in one allocation that grows
+/// as needed and is freed when empty on request; bytes are read into it directly (no
+/// zero-filling, no intermediate buffer). Owned by one ``SecureReceiver`` (on its connection's loop).
 final class ReceiveBuffer: @unchecked Sendable {
     // @unchecked Sendable: used by one connection at a time (its loop).
+    var cipher: NoiseCipherState
     private var storage: UnsafeMutableRawBufferPointer?
     private(set) var count = 0
+
+    init(cipher: NoiseCipherState) { self.cipher = cipher }
 
     deinit { storage?.deallocate() }
 
