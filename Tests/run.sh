@@ -75,11 +75,15 @@ run_suite() {
   local rc=${PIPESTATUS[0]}
   set -e
   local p f s
-  p=$(grep -cE '✔ Test [^r].*passed' "$logs/$label.log" || true)
-  f=$(grep -cE '✘ Test [^r].*failed' "$logs/$label.log" || true)
+  # Each test's own line ("✔ Test name() passed after", "✘ Test name() failed after"), not the
+  # run's summary line ("Test run with N tests ..."); any failed test fails the stage, whatever the
+  # runner's exit status (it has been 0 with a failed swift-testing test).
+  p=$(grep -E '✔ Test .*passed after' "$logs/$label.log" | grep -cv 'Test run with' || true)
+  f=$(grep -E '✘ Test .*failed after' "$logs/$label.log" | grep -cv 'Test run with' || true)
   s=$(grep -cE '➜ Test .*skipped' "$logs/$label.log" || true)
   passed=$((passed + p)); failed=$((failed + f))
-  if [ "$rc" != 0 ] || [ "$f" != 0 ]; then echo "!! $label failed (exit $rc)"; status=1; fi
+  if grep -qE '✘ Test run with' "$logs/$label.log" && [ "$f" = 0 ]; then f=1; failed=$((failed + 1)); fi
+  if [ "$rc" != 0 ] || [ "$f" != 0 ]; then echo "!! $label failed (exit $rc, $f failed)"; status=1; fi
   if [ "$s" != 0 ]; then echo "!! $label skipped $s tests: every test must run"; grep -E '➜ Test .*skipped' "$logs/$label.log"; status=1; fi
   if ! grep -qE 'Test run with [0-9]+ test' "$logs/$label.log"; then echo "!! $label ran no test"; status=1; fi
   stage_done "$label"
