@@ -58,11 +58,13 @@ struct SealingConcurrencyTests {
             }
             await withCheckedContinuation { continuation in group.notify(queue: .global()) { continuation.resume() } }
             try await waitUntil("every message received, or a connection closed", seconds: 60) {
-                received.withLock { $0 } == threads * perThread || !accepted.driver.isOpen
+                received.withLock { $0 } == threads * perThread || !accepted.driver.loop.run { accepted.driver.isOpen }
             }
             #expect(received.withLock { $0 } == threads * perThread)
             #expect(bytes.withLock { $0 } == sent.withLock { $0 })
-            #expect(client.driver.isOpen && accepted.driver.isOpen, "a connection closed: a message failed to open")
+            // (The lifecycle belongs to each connection's loop: read it there.)
+            let open = client.driver.loop.run { client.driver.isOpen } && accepted.driver.loop.run { accepted.driver.isOpen }
+            #expect(open, "a connection closed: a message failed to open")
             // Both sides counted the same transport messages: sealed = opened.
             let sealed = client.driver.loop.run { client.driver.transportMessageCounts?.sent }
             let opened = accepted.driver.loop.run { accepted.driver.transportMessageCounts?.received }

@@ -56,6 +56,13 @@ for mode in 01 03 11 13; do
   { printf '\x03'; printf "\\x$mode"; head -c 400 /dev/zero; } > "$WORK/lanmsg-fuzz.corpus/noise-$mode"
 done
 { printf '\x03\x00LANMSG/2\x00\x20'; head -c 32 /dev/zero; } > "$WORK/lanmsg-fuzz.corpus/noise-raw"
+# The receiving half fed sealed frames (selector 3, mode 0xC0): a 70 KiB frame inserted before the
+# spec's example frames, messages of 264 bytes; and the same with one sealed byte flipped.
+for f in "$WORK"/vec*.hex; do
+  [ -f "$f" ] || continue
+  { printf '\x03\xc0\x01\x46\x61\x00\x00\x05'; tr -cd '0-9a-fA-F' < "$f" | xxd -r -p; } > "$WORK/lanmsg-fuzz.corpus/stream-$(basename "$f" .hex)" 2>/dev/null || true
+  { printf '\x03\xc0\x01\x46\x61\x00\x01\x05'; tr -cd '0-9a-fA-F' < "$f" | xxd -r -p; } > "$WORK/lanmsg-fuzz.corpus/stream-flip-$(basename "$f" .hex)" 2>/dev/null || true
+done
 printf '\x05txt=1\x0bpath=/a/b/c\x04flag\x03v=x' > "$WORK/fuzz-txt.corpus/typical"
 printf '\x0dproto=lanmsg\x01\x00' > "$WORK/fuzz-txt.corpus/odd"
 printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"

@@ -5,7 +5,8 @@
 //
 // The first input byte picks the harness: 0, 2 (mod 4) → frames (decoder invariants), 1 → hello (the
 // server side of the hello exchange fed whatever frames the bytes decode to), 3 → version 2 (the
-// Noise handshake and transport decoders, FuzzNoise.swift).
+// Noise handshake and transport decoders, FuzzNoise.swift; a second byte with both top bits set →
+// the receiving half fed sealed frames in pieces, compared with a plaintext decoder).
 import ProtocolCore
 
 @inline(__always)
