@@ -38,6 +38,9 @@ public final class MessageServer: Service, Sendable {
         /// Connections whose `.closed` event was not pushed yet, with the task pumping their messages.
         var pumps: [UInt64: Task<Void, Never>] = [:]
         var pendingHellos = 0
+        /// Connections in their handshake (``ServerConfiguration/maxPendingHandshakes``), in all and by source address.
+        var handshakes = 0
+        var handshakesByHost: [String: Int] = [:]
         var nextID: UInt64 = 0
         /// Connections with a message session, by session id (kept through the grace period).
         var sessions: [String: ServerConnection] = [:]
@@ -47,6 +50,8 @@ public final class MessageServer: Service, Sendable {
     public let configuration: ServerConfiguration
     private let publisher: (any ServicePublisher)?
     private let logger: Logger
+    /// Refused connections and failed handshakes, logged as a summary per interval.
+    private let refusals: RefusalLog
     private let state = Locked(State())
     private let queue: BoundedQueue<ServerEvent>
     /// What happens on the server, in order; see ``ServerEvent``.
@@ -62,6 +67,7 @@ public final class MessageServer: Service, Sendable {
         self.configuration = configuration
         self.publisher = discovery
         self.logger = logger
+        self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval)
         let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ServerEvents(queue: queue)
@@ -72,6 +78,7 @@ public final class MessageServer: Service, Sendable {
         self.configuration = configuration
         self.publisher = publisher
         self.logger = logger
+        self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval)
         let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ServerEvents(queue: queue)
@@ -208,16 +215,36 @@ public final class MessageServer: Service, Sendable {
 
     private func accepted(_ socket: AcceptedSocket) {
         let limit = configuration.maxConnections
-        let admitted = state.withLock { state -> Bool in
-            guard case .running = state.phase, state.connections.count + state.pendingHellos < limit else { return false }
+        let host = socket.remoteAddress.map(RefusalLog.host) ?? "?"
+        enum Admission { case admitted, full, busy(String) }
+        let admission = state.withLock { state -> Admission in
+            guard case .running = state.phase, state.connections.count + state.pendingHellos < limit else { return .full }
+            // Before any handshake work: a handshake costs the server key agreements, so only so
+            // many run at once, in all and from one address.
+            if state.handshakes >= configuration.maxPendingHandshakes {
+                return .busy("\(state.handshakes) connections are in their handshake, the most this server takes at once")
+            }
+            let fromHost = state.handshakesByHost[host, default: 0]
+            if fromHost >= configuration.maxPendingHandshakesPerAddress {
+                return .busy("\(fromHost) connections from \(host) are in their handshake, the most this server takes from one address")
+            }
             state.pendingHellos += 1
-            return true
+            state.handshakes += 1
+            state.handshakesByHost[host] = fromHost + 1
+            return .admitted
         }
-        guard admitted else {
+        if case .busy(let why) = admission {
+            let reason = "busy: \(why); try again in a moment"
+            MessageChannel.refuse(
+                socket, with: Refusal(code: "busy", message: reason), configuration: configuration.channel, logger: logger)
+            refusals.record(reason: "busy", source: socket.remoteAddress, detail: "refusing connection: \(reason)")
+            metrics?.refused(.busy)
+            queue.push(.refused(remote: socket.remoteAddress, reason: reason))
+            return
+        }
+        guard case .admitted = admission else {
             let reason = "connection limit of \(limit) reached (or server stopping)"
-            logger.warning(
-                "refusing connection",
-                metadata: ["remote": "\(socket.remoteAddress.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
+            refusals.record(reason: "connection limit", source: socket.remoteAddress, detail: "refusing connection: \(reason)")
             socket.close()
             metrics?.refused(.connectionLimit)
             queue.push(.refused(remote: socket.remoteAddress, reason: reason))
@@ -229,14 +256,32 @@ public final class MessageServer: Service, Sendable {
                 var channelConfiguration = configuration.channel
                 channelConfiguration.metrics = metrics
                 channelConfiguration.offersSessions = configuration.session != nil
-                let channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
+                channelConfiguration.summarizesRefusals = true
+                let channel: MessageChannel
+                do {
+                    channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
+                } catch {
+                    self.handshakeEnded(host)
+                    throw error
+                }
+                self.handshakeEnded(host)
                 await self.register(channel)
             } catch {
                 state.withLock { $0.pendingHellos -= 1 }
-                logger.notice("hello failed", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "error": "\(error)"])
+                let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
+                refusals.record(reason: "handshake: \(code)", source: remote, detail: "hello failed: \(error)")
                 metrics?.refused(.handshake)
                 queue.push(.refused(remote: remote, reason: "\(error)"))
             }
+        }
+    }
+
+    /// A connection's handshake ended (done or failed): its slot is free.
+    private func handshakeEnded(_ host: String) {
+        state.withLock { state in
+            state.handshakes -= 1
+            let left = state.handshakesByHost[host, default: 1] - 1
+            state.handshakesByHost[host] = left > 0 ? left : nil
         }
     }
 
@@ -492,6 +537,7 @@ extension MessageServer {
         }
         state.withLock { $0.phase = .stopped }
         queue.finish()
+        refusals.flush()
         logger.info("server stopped")
     }
 

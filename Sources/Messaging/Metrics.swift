@@ -28,6 +28,9 @@ package final class MessagingMetrics: Sendable {
         case handshake
         /// The SESSION exchange failed or named another identity's session.
         case session
+        /// Too many connections in their handshake (``ServerConfiguration/maxPendingHandshakes``, in
+        /// all or from one address): refused with REFUSE `busy` before any key agreement.
+        case busy
     }
 
     /// Metrics for `role` in the current factory; nil when that is the no-op factory.

@@ -209,7 +209,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         case .failure(let error):
             // A client's failure is thrown to its caller (which says it once); a server has nobody
             // else to tell.
-            if role == .server {
+            if role == .server && !configuration.summarizesRefusals {
                 driver.logger.warning("\(error.message)")
             } else {
                 driver.logger.debug("\(error.message)")
@@ -259,7 +259,11 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         driver.enqueue(
             HandshakeStateMachine.jsonFrame(.refuse, Refusal(code: "version_mismatch", message: text)), bypassLimit: true
         ) { _ in }
-        driver.logger.warning("refused a plaintext (version 1) client: \(text)")
+        if configuration.summarizesRefusals {
+            driver.logger.debug("refused a plaintext (version 1) client: \(text)")
+        } else {
+            driver.logger.warning("refused a plaintext (version 1) client: \(text)")
+        }
         fail(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)))
     }
 

@@ -30,6 +30,19 @@ public struct ServerConfiguration: Sendable {
     public var eventBufferLimit = 256
     /// How long ``MessageServer/stop()`` lets connections flush and say goodbye before aborting them.
     public var stopGracePeriod: Duration = .seconds(5)
+    /// Connections still in their handshake at once (accepted, the hello or the Noise handshake not
+    /// finished); more are refused at once with REFUSE `busy` before any key agreement
+    /// (docs/PROTOCOL.md, "Busy"; ``ServerEvent/refused(remote:reason:)``, metric reason `busy`). A
+    /// version-2 handshake costs the server three X25519 operations: this bound keeps a flood of
+    /// handshake attempts from taking the loops that serve established connections.
+    public var maxPendingHandshakes = 512
+    /// The same bound for one source address (IPv4 or IPv6 address, any port), so that one host
+    /// cannot hold every handshake slot.
+    public var maxPendingHandshakesPerAddress = 128
+    /// Refused connections and failed handshakes are logged as a summary: in each interval of this
+    /// length, the first of each reason in full, then one line with the counts by reason and source.
+    /// (Every one is still a ``ServerEvent/refused(remote:reason:)`` event and counted in the metrics.)
+    public var refusalLogInterval: Duration = .seconds(10)
 
     /// - Parameters:
     ///   - serviceType: The DNS-SD service type, e.g. `_bonjour-chat._tcp`.

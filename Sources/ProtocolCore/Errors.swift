@@ -15,7 +15,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
             case syscallFailed, invalidAddress, connectFailed, connectTimedOut, connectionClosed
             case versionMismatch, helloRefused, helloFailed, requestTimedOut, encodingFailed, decodingFailed
             case frameTooLarge, protocolViolation, transferFailed, invalidArgument, listenerFailed, authenticationFailed
-            case untrustedKey
+            case untrustedKey, serverBusy
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -34,6 +34,9 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         public static let versionMismatch = Code(.versionMismatch)
         /// The peer refused the hello exchange.
         public static let helloRefused = Code(.helloRefused)
+        /// The server has too many connections in their handshake (in all, or from this address)
+        /// and refused this one before any key agreement (REFUSE `busy`): try again shortly.
+        public static let serverBusy = Code(.serverBusy)
         /// The hello exchange failed (timeout, malformed hello, connection lost).
         public static let helloFailed = Code(.helloFailed)
         /// A request got no reply within its timeout.

@@ -58,6 +58,7 @@ extension Refusal {
         case "version_mismatch": .versionMismatch
         case "auth_required", "auth_failed": .authenticationFailed
         case "bad_hello": .helloFailed
+        case "busy": .serverBusy
         default: .helloRefused
         }
     }

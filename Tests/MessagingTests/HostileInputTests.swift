@@ -62,6 +62,18 @@ final class HostilePeer: @unchecked Sendable {
         write(frame(.hello, codec: 1, payload: Array(payload)))
     }
 
+    /// Everything the server sends until it closes (or the 10 s receive timeout).
+    func readAll() -> [UInt8] {
+        var all: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        for _ in 0..<10_000 {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n <= 0 { return all }
+            all += buffer[0..<n]
+        }
+        return all
+    }
+
     /// Reads until EOF (or the 10 s receive timeout); returns whether the server closed the socket.
     func serverClosed() -> Bool {
         var buffer = [UInt8](repeating: 0, count: 65536)
@@ -298,6 +310,10 @@ final class HostilePeer: @unchecked Sendable {
         }, configure: {
             $0.channel.connection.idleTimeout = .seconds(2)
             $0.channel.pingInterval = .seconds(1)  // the good client pings, so it is never idle
+            // The thousand connect from one address faster than their hellos are answered: this
+            // test is about idle timeouts, not admission (AdmissionTests).
+            $0.maxPendingHandshakesPerAddress = 2_000
+            $0.maxPendingHandshakes = 2_000
         })
     }
 }

@@ -143,6 +143,12 @@ package struct SecureHandshake: Sendable {
         }
         var output = Output()
         while !done, buffer.count >= 2 {
+            if role == .client && buffer[0] == 0 && buffer[1] == 0 {
+                // Not a Noise message (message 2 is never empty): the server refused the connection
+                // before the handshake, with a version-1 REFUSE frame, whose 4-byte length begins
+                // with these two zero bytes (docs/PROTOCOL.md, "Busy").
+                return refusedBeforeHandshake()
+            }
             let length = Int(buffer[0]) << 8 | Int(buffer[1])
             guard buffer.count >= 2 + length else { break }
             let message = Array(buffer[2..<(2 + length)])
@@ -156,6 +162,27 @@ package struct SecureHandshake: Sendable {
             buffer = []
         }
         return output
+    }
+
+    /// A REFUSE frame (version-1 framing, in the clear) where message 2 was expected: the server
+    /// refused before any key agreement. Waits for the whole frame, then fails with its code.
+    private mutating func refusedBeforeHandshake() -> Output {
+        guard buffer.count >= 4 else { return Output() }
+        let length = Int(buffer[0]) << 24 | Int(buffer[1]) << 16 | Int(buffer[2]) << 8 | Int(buffer[3])
+        guard length <= SecureProtocol.maxMessage else {
+            return fail(.protocolViolation, "the server sent an empty handshake message 2 followed by \(length) bytes that are not a REFUSE frame")
+        }
+        guard buffer.count >= 4 + length else { return Output() }
+        var decoder = FrameDecoder(maxFrameSize: SecureProtocol.maxMessage, checkSequence: false)
+        decoder.append(contentsOf: buffer.prefix(4 + length))
+        guard let frame = try? decoder.next(), frame.kind == .refuse,
+            let refusal = try? FastJSONDecoder().decode(Refusal.self, from: frame.payload)
+        else {
+            return fail(.protocolViolation, "the server sent an empty handshake message 2 not followed by a REFUSE frame")
+        }
+        done = true
+        let text = "the server refused the connection before the handshake: \(refusal.message)"
+        return Output(outcome: .failure(TransportError(refusal.errorCode, text, closeReason: .helloFailed(refusal.message))))
     }
 
     /// The transport ciphers, once the handshake succeeded.

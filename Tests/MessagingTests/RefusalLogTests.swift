@@ -1,0 +1,233 @@
+import Foundation
+import Logging
+import Testing
+
+import Locks
+@testable import Messaging
+import ProtocolCore
+@testable import Transport
+
+/// Log lines kept in memory.
+final class CapturedLog: Sendable {
+    struct Line: Sendable {
+        let level: Logger.Level
+        let message: String
+    }
+    private let storage = Locked<[Line]>([])
+    var lines: [Line] { storage.withLock { $0 } }
+
+    func logger(_ label: String = "captured") -> Logger {
+        var logger = Logger(label: label) { _ in Handler(log: self) }
+        logger.logLevel = .debug
+        return logger
+    }
+
+    fileprivate func append(_ line: Line) { storage.withLock { $0.append(line) } }
+
+    struct Handler: LogHandler {
+        let log: CapturedLog
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .debug
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) {
+            log.append(Line(level: event.level, message: "\(event.message)"))
+        }
+    }
+}
+
+/// Refusals are logged as a summary, not one line per attempt (issue 28: a flood of failed
+/// handshakes wrote 1.8 MB of log in 10 s).
+@Suite(.serialized) struct RefusalLogTests {
+    /// 200 peers that speak another protocol: every one is refused (an event each), the log has
+    /// the first in full and then one summary line with the count and the source.
+    @Test func aFloodOfFailedHandshakesIsLoggedAsASummary() async throws {
+        let log = CapturedLog()
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Flooded")
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        configuration.publish = false
+        configuration.listener.loopbackOnly = true
+        configuration.refusalLogInterval = .seconds(3600)  // one interval: the summary comes at stop()
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: log.logger())
+        try await server.start()
+        let events = EventLog<ServerEvent>()
+        let pump = Task { for await event in server.events { events.append(event) } }
+        let port = server.port!
+        let attempts = 200
+        await offThePool {
+            for _ in 0..<attempts {
+                guard let peer = try? HostilePeer(port: port) else { continue }
+                peer.write(Array("GET / HTTP/1.1\r\n\r\n".utf8))  // not the version-2 preamble
+                _ = peer.serverClosed()  // (closed when `peer` goes)
+            }
+        }
+        _ = try await events.wait("all \(attempts) refused") { _ in
+            events.count { if case .refused = $0 { true } else { false } } >= attempts
+        }
+        pump.cancel()
+        await server.stop()  // ends the interval: the summary
+        let loud = log.lines.filter { $0.level >= .notice }
+        #expect(loud.count <= 3, "\(loud.count) lines at notice or above: \(loud.prefix(5).map(\.message))")
+        let summary = loud.first { $0.message.hasPrefix("refused \(attempts) connections") }
+        #expect(summary != nil, "no summary among \(loud.map(\.message))")
+        #expect(summary?.message.contains("127.0.0.1 \(attempts)") == true)
+        #expect(summary?.message.contains("handshake: versionMismatch \(attempts)") == true)
+    }
+
+    /// The summary is logged when the interval ends, without another refusal to trigger it.
+    @Test func theSummaryComesWhenTheIntervalEnds() async throws {
+        let log = CapturedLog()
+        let refusals = RefusalLog(logger: log.logger(), interval: .milliseconds(50))
+        let source = try SocketAddress(ipAddress: "192.0.2.7", port: 5)
+        for _ in 0..<3 { refusals.record(reason: "busy", source: source, detail: "refusing connection: busy") }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while log.lines.count < 2, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(log.lines.map(\.message) == [
+            "refusing connection: busy",
+            "refused 3 connections in the last 0.05 seconds (2 not logged one by one): by reason busy 3; by source 192.0.2.7 3",
+        ])
+    }
+
+    /// The summary names the most frequent sources first and says how many more there were.
+    @Test func theSummaryCountsByReasonAndSource() async throws {
+        let log = CapturedLog()
+        let refusals = RefusalLog(logger: log.logger(), interval: .seconds(3600))
+        for index in 0..<8 {
+            let source = try SocketAddress(ipAddress: "10.0.0.\(index + 1)", port: 40_000)
+            for _ in 0...index { refusals.record(reason: "handshake: helloFailed", source: source, detail: "bad hello") }
+        }
+        refusals.record(reason: "connection limit", source: try SocketAddress(ipAddress: "::1", port: 1), detail: "full")
+        refusals.flush()
+        let messages = log.lines.map(\.message)
+        #expect(messages.count == 3, "\(messages)")  // the first of each reason, then the summary
+        #expect(messages.first == "bad hello")
+        #expect(messages.dropFirst().first == "full")
+        let summary = messages.last ?? ""
+        #expect(summary.hasPrefix("refused 37 connections in the last 3600.0 seconds (35 not logged one by one)"), "\(summary)")
+        #expect(summary.contains("by reason handshake: helloFailed 36, connection limit 1"), "\(summary)")
+        #expect(summary.contains("by source 10.0.0.8 8, 10.0.0.7 7, 10.0.0.6 6, 10.0.0.5 5, 10.0.0.4 4 and 4 more addresses"), "\(summary)")
+        refusals.flush()
+        #expect(log.lines.count == 3)  // nothing more to say
+    }
+}
+
+/// Admission: connections in their handshake are bounded, in all and per source address; one over
+/// the bound gets REFUSE `busy` at once, before any key agreement (issue 28).
+@Suite(.serialized) struct AdmissionTests {
+    func server(total: Int, perAddress: Int) async throws -> LoopbackServer {
+        try await LoopbackServer(
+            security: .encrypted(identity: .ephemeral(), trust: .anyKey),
+            configure: {
+                $0.maxPendingHandshakes = total
+                $0.maxPendingHandshakesPerAddress = perAddress
+                $0.channel.helloTimeout = .seconds(30)  // the stalled peers hold their slots
+            })
+    }
+
+    func busyClient(_ harness: LoopbackServer) async -> TransportError? {
+        var configuration = ChannelConfiguration(name: "latecomer")
+        configuration.security = harness.security
+        do {
+            let channel = try await MessageChannel.connect(
+                to: [.ipv4Loopback(port: harness.port)], configuration: configuration, logger: testLogger())
+            channel.close()
+            return nil
+        } catch let error as TransportError {
+            return error
+        } catch {
+            return TransportError(.connectFailed, "\(error)")
+        }
+    }
+
+    /// Peers that connect and say nothing hold handshake slots; the next client, version 2, is
+    /// refused busy with a clear error, and the bytes on the wire are a version-1 REFUSE frame with
+    /// code "busy" sent before the client said anything. Once the slots are free, it gets in.
+    @Test func overTheBoundIsRefusedBusyBeforeTheHandshake() async throws {
+        let harness = try await server(total: 3, perAddress: 100)
+        let stalled = try (0..<3).map { _ in try HostilePeer(port: harness.port) }
+        // Once the server has accepted the three (their handshakes wait for their first bytes),
+        // the next connection is refused.
+        let deadline = ContinuousClock.now + .seconds(10)
+        var refused: TransportError?
+        while ContinuousClock.now < deadline {
+            refused = await busyClient(harness)
+            if refused?.code == .serverBusy { break }  // (until the server has accepted all three)
+        }
+        #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
+        #expect(refused?.message.contains("busy") == true && refused?.message.contains("try again") == true)
+        // A raw peer that sends nothing reads the refusal: a v1 REFUSE frame, code busy.
+        let silent = try HostilePeer(port: harness.port)
+        let bytes = await offThePool { silent.readAll() }
+        var decoder = FrameDecoder(maxFrameSize: 65_535, checkSequence: false)
+        decoder.append(contentsOf: bytes)
+        let frame = try #require(try decoder.next())
+        #expect(bytes.prefix(2) == [0, 0])  // what a version-2 client takes for message 2's length
+        // docs/PROTOCOL.md, "Busy": REFUSE, JSON, no flags, no type id, sequence 1.
+        #expect(Array(bytes.dropFirst(4).prefix(12)) == [0x03, 0x01, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 1])
+        #expect(String(decoding: bytes.dropFirst(16), as: UTF8.self).hasPrefix(#"{"code":"busy","message":"busy: "#))
+        #expect(frame.kind == .refuse)
+        let refusal = try JSONDecoder().decode(Refusal.self, from: Data(frame.payload))
+        #expect(refusal.code == "busy")
+        try await harness.events.wait("the second busy refusal") { _ in
+            harness.events.count { if case .refused(_, let reason) = $0 { reason.hasPrefix("busy") } else { false } } >= 2
+        }
+        // Slots free again: the latecomer gets in.
+        for peer in stalled { peer.reset() }
+        let admitted = ContinuousClock.now + .seconds(10)
+        var last: TransportError? = TransportError(.serverBusy, "not tried")
+        while ContinuousClock.now < admitted, last != nil {
+            last = await busyClient(harness)
+            if last != nil { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(last == nil, "still refused: \(String(describing: last))")
+        await harness.server.stop()
+    }
+
+    /// One address holds at most its share: beyond it that address is refused busy.
+    @Test func oneAddressCannotTakeEverySlot() async throws {
+        let harness = try await server(total: 100, perAddress: 2)
+        let stalled = try (0..<2).map { _ in try HostilePeer(port: harness.port) }
+        let deadline = ContinuousClock.now + .seconds(10)
+        var refused: TransportError?
+        while ContinuousClock.now < deadline {
+            refused = await busyClient(harness)
+            if refused?.code == .serverBusy { break }
+        }
+        #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
+        #expect(refused?.message.contains("from 127.0.0.1") == true, "\(String(describing: refused?.message))")
+        _ = stalled
+        await harness.server.stop()
+    }
+
+    /// A version-1 client over the bound reads the REFUSE as the answer to its hello.
+    @Test func aVersionOneClientReadsTheBusyRefusal() async throws {
+        let harness = try await LoopbackServer(
+            security: .plaintext,
+            configure: {
+                $0.maxPendingHandshakes = 1
+                $0.channel.helloTimeout = .seconds(30)
+            })
+        let stalled = try HostilePeer(port: harness.port)
+        var configuration = ChannelConfiguration(name: "v1-latecomer")
+        configuration.security = .plaintext
+        let deadline = ContinuousClock.now + .seconds(10)
+        var code: TransportError.Code?
+        var message = ""
+        while ContinuousClock.now < deadline, code != .serverBusy {
+            do {
+                let channel = try await MessageChannel.connect(
+                    to: [.ipv4Loopback(port: harness.port)], configuration: configuration, logger: testLogger())
+                channel.close()
+                code = nil
+            } catch let error as TransportError {
+                code = error.code
+                message = error.message
+            }
+        }
+        #expect(code == .serverBusy, "\(message)")
+        _ = stalled
+        await harness.server.stop()
+    }
+}
