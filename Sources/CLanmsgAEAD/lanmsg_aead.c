@@ -30,6 +30,10 @@ static void free_contexts(void *value) {
 }
 
 static void setup(void) {
+    // No clean-up at exit: OpenSSL's atexit handler frees its global state while other threads
+    // (connection loops, their thread-local contexts' destructors) may still use it, which crashed
+    // a program on its way out (a client exiting while a loop thread sealed its GOODBYE).
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
     cipher = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
     hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     pthread_key_create(&context_key, free_contexts);
