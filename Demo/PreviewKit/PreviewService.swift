@@ -91,7 +91,8 @@ public final class PreviewService: Sendable {
         case .accepted(let connection):
             logger.info("client connected", metadata: ["connection": "\(connection)"])
         case .refused(let remote, let reason):
-            logger.notice(
+            // The server's log already has these, as a summary per interval.
+            logger.debug(
                 "refused connection", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
         case .registrationFailed(let domain, let error):
             logger.warning("wide-area registration in \(domain) failed: \(error.message)")

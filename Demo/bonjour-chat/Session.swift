@@ -278,7 +278,8 @@ final class ChatSession {
                 case .transfer(_, let transfer):
                     transfer.discard()
                 case .refused(let remote, let reason):
-                    logger.notice(
+                    // The server's log already has these, as a summary per interval.
+                    logger.debug(
                         "refused", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
                 case .registered(let name, let domain):
                     notice("the room is also registered in \(domain) as \(name) (found from other subnets)")

@@ -60,53 +60,54 @@ static contexts *thread_contexts(void) {
     return c;
 }
 
-static void nonce_bytes(uint64_t counter, uint8_t nonce[12]) {
-    memset(nonce, 0, 4);
+// The thread's sealing (or opening) context, keyed with `key` and the nonce of `counter`, the
+// associated data fed; NULL on failure.
+static EVP_CIPHER_CTX *begin(int sealing, const uint8_t *key, uint64_t counter, const uint8_t *ad, size_t ad_length) {
+    contexts *c = thread_contexts();
+    if (c == NULL) return NULL;
+    EVP_CIPHER_CTX *context = sealing ? c->seal : c->open;
+    uint8_t nonce[12] = {0};  // 32 zero bits, then the counter little-endian (Noise, ChaChaPoly)
     for (int i = 0; i < 8; i++) nonce[4 + i] = (uint8_t)(counter >> (8 * i));
+    int written = 0;
+    if (!EVP_CipherInit_ex2(context, NULL, key, nonce, sealing, NULL)) return NULL;
+    if (ad_length > 0 && !EVP_CipherUpdate(context, NULL, &written, ad, (int)ad_length)) return NULL;
+    return context;
 }
 
 int lanmsg_chachapoly_seal(const uint8_t *key, uint64_t counter, const uint8_t *ad, size_t ad_length,
                            const lanmsg_span *spans, int count, uint8_t *out) {
-    contexts *c = thread_contexts();
-    if (c == NULL) return -1;
-    uint8_t nonce[12];
-    nonce_bytes(counter, nonce);
+    EVP_CIPHER_CTX *context = begin(1, key, counter, ad, ad_length);
+    if (context == NULL) return -1;
     int written = 0;
-    if (!EVP_EncryptInit_ex2(c->seal, NULL, key, nonce, NULL)) return -1;
-    if (ad_length > 0 && !EVP_EncryptUpdate(c->seal, NULL, &written, ad, (int)ad_length)) return -1;
     uint8_t *cursor = out;
     for (int i = 0; i < count; i++) {
         if (spans[i].length == 0) continue;
-        if (!EVP_EncryptUpdate(c->seal, cursor, &written, spans[i].base, (int)spans[i].length)) return -1;
+        if (!EVP_EncryptUpdate(context, cursor, &written, spans[i].base, (int)spans[i].length)) return -1;
         cursor += written;
     }
-    if (!EVP_EncryptFinal_ex(c->seal, cursor, &written)) return -1;
+    if (!EVP_EncryptFinal_ex(context, cursor, &written)) return -1;
     cursor += written;
-    return EVP_CIPHER_CTX_ctrl(c->seal, EVP_CTRL_AEAD_GET_TAG, 16, cursor) ? 0 : -1;
+    return EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_AEAD_GET_TAG, 16, cursor) ? 0 : -1;
 }
 
 int lanmsg_chachapoly_open(const uint8_t *key, uint64_t counter, const uint8_t *ad, size_t ad_length,
                            const uint8_t *in, size_t length, const lanmsg_mutable_span *spans, int count) {
-    contexts *c = thread_contexts();
-    if (c == NULL) return -1;
-    uint8_t nonce[12];
-    nonce_bytes(counter, nonce);
+    EVP_CIPHER_CTX *context = begin(0, key, counter, ad, ad_length);
+    if (context == NULL) return -1;
+    if (!EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_AEAD_SET_TAG, 16, (void *)(in + length))) return -1;
     int written = 0;
-    if (!EVP_DecryptInit_ex2(c->open, NULL, key, nonce, NULL)) return -1;
-    if (!EVP_CIPHER_CTX_ctrl(c->open, EVP_CTRL_AEAD_SET_TAG, 16, (void *)(in + length))) return -1;
-    if (ad_length > 0 && !EVP_DecryptUpdate(c->open, NULL, &written, ad, (int)ad_length)) return -1;
     const uint8_t *source = in;
     size_t left = length;
     for (int i = 0; i < count && left > 0; i++) {
         size_t take = spans[i].length < left ? spans[i].length : left;
         if (take == 0) continue;
-        if (!EVP_DecryptUpdate(c->open, spans[i].base, &written, source, (int)take)) return -1;
+        if (!EVP_DecryptUpdate(context, spans[i].base, &written, source, (int)take)) return -1;
         source += take;
         left -= take;
     }
     if (left != 0) return -1;
     uint8_t end[16];
-    return EVP_DecryptFinal_ex(c->open, end, &written) > 0 ? 0 : -1;
+    return EVP_DecryptFinal_ex(context, end, &written) > 0 ? 0 : -1;
 }
 
 void lanmsg_wipe(void *pointer, size_t length) { OPENSSL_cleanse(pointer, length); }

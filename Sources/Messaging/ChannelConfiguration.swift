@@ -24,7 +24,6 @@ public struct ChannelConfiguration: Sendable {
         var security: ChannelSecurity = .standard
         var expectedPeerName: String? = nil
         var offersSessions = false
-        var summarizesRefusals = false
         var metrics: MessagingMetrics? = nil
     }
 
@@ -168,13 +167,6 @@ public struct ChannelConfiguration: Sendable {
     var offersSessions: Bool {
         get { storage.box.values.offersSessions }
         set { storage.update { $0.offersSessions = newValue } }
-    }
-
-    /// A ``MessageServer`` logs failed handshakes itself, as a summary (``RefusalLog``): the channel
-    /// then logs them at debug level only.
-    var summarizesRefusals: Bool {
-        get { storage.box.values.summarizesRefusals }
-        set { storage.update { $0.summarizesRefusals = newValue } }
     }
 
     /// Creates a configuration with this side's name.

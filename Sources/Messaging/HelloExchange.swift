@@ -62,7 +62,11 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
     }
 
     private func perform(_ output: HandshakeStateMachine.Output, closeAtOnce: Bool = false) {
-        if let notice = output.notice { driver.logger.warning("\(notice)") }
+        if let notice = output.notice {
+            // A failure, thrown to the caller too. A server's caller says it (a MessageServer as a
+            // summary: RefusalLog), so a flood of bad hellos is not a line each here.
+            if role == .server { driver.logger.debug("\(notice)") } else { driver.logger.warning("\(notice)") }
+        }
         for frame in output.frames { driver.enqueue(frame, bypassLimit: true) { _ in } }
         guard let outcome = output.outcome else { return }
         driver.setDeadline(.handshake, at: nil)

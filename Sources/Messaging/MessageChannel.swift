@@ -152,6 +152,9 @@ public final class MessageChannel: @unchecked Sendable {
 
     /// Takes an accepted socket and performs the server side of the hello exchange.
     ///
+    /// A failure is logged here at debug level only: saying it is the caller's (``MessageServer``
+    /// logs refusals as a summary per interval, so a flood of bad handshakes is not a line each).
+    ///
     /// - Throws: `TransportError.Code.versionMismatch` (the peer was told why),
     ///   `TransportError.Code.helloRefused` (``ChannelConfiguration/helloValidator`` refused it),
     ///   `TransportError.Code.helloFailed` (timeout, malformed hello, connection lost),

@@ -215,7 +215,7 @@ public final class MessageServer: Service, Sendable {
 
     private func accepted(_ socket: AcceptedSocket) {
         let limit = configuration.maxConnections
-        let host = socket.remoteAddress.map(RefusalLog.host) ?? "?"
+        let host = socket.remoteAddress?.host ?? "?"
         enum Admission { case admitted, full, busy(String) }
         let admission = state.withLock { state -> Admission in
             guard case .running = state.phase, state.connections.count + state.pendingHellos < limit else { return .full }
@@ -233,48 +233,49 @@ public final class MessageServer: Service, Sendable {
             state.handshakesByHost[host] = fromHost + 1
             return .admitted
         }
-        if case .busy(let why) = admission {
+        let remote = socket.remoteAddress
+        switch admission {
+        case .full:
+            socket.close()
+            refused(remote, .connectionLimit, "connection limit of \(limit) reached (or server stopping)")
+        case .busy(let why):
             let reason = "busy: \(why); try again in a moment"
             MessageChannel.refuse(
                 socket, with: Refusal(code: "busy", message: reason), configuration: configuration.channel, logger: logger)
-            refusals.record(reason: "busy", source: socket.remoteAddress, detail: "refusing connection: \(reason)")
-            metrics?.refused(.busy)
-            queue.push(.refused(remote: socket.remoteAddress, reason: reason))
-            return
-        }
-        guard case .admitted = admission else {
-            let reason = "connection limit of \(limit) reached (or server stopping)"
-            refusals.record(reason: "connection limit", source: socket.remoteAddress, detail: "refusing connection: \(reason)")
-            socket.close()
-            metrics?.refused(.connectionLimit)
-            queue.push(.refused(remote: socket.remoteAddress, reason: reason))
-            return
-        }
-        let remote = socket.remoteAddress
-        Task {
-            do {
+            refused(remote, .busy, reason)
+        case .admitted:
+            Task {
                 var channelConfiguration = configuration.channel
                 channelConfiguration.metrics = metrics
                 channelConfiguration.offersSessions = configuration.session != nil
-                channelConfiguration.summarizesRefusals = true
                 let channel: MessageChannel
                 do {
                     channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
                 } catch {
-                    self.handshakeEnded(host)
-                    throw error
+                    handshakeEnded(host)
+                    state.withLock { $0.pendingHellos -= 1 }
+                    let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
+                    refused(remote, .handshake, "\(error)", logAs: "handshake: \(code)")
+                    return
                 }
-                self.handshakeEnded(host)
-                await self.register(channel)
-            } catch {
-                state.withLock { $0.pendingHellos -= 1 }
-                let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
-                refusals.record(reason: "handshake: \(code)", source: remote, detail: "hello failed: \(error)")
-                metrics?.refused(.handshake)
-                queue.push(.refused(remote: remote, reason: "\(error)"))
+                handshakeEnded(host)
+                await register(channel)
             }
         }
     }
+
+    /// A refused connection: counted, reported as an event, logged as part of the interval's
+    /// summary (``RefusalLog``; `logAs` is its reason there, the metric's name by default).
+    private func refused(
+        _ remote: SocketAddress?, _ kind: MessagingMetrics.Refusal, _ reason: String, logAs: String? = nil
+    ) {
+        refusals.record(reason: logAs ?? kind.rawValue, source: remote, detail: "refused a connection: \(reason)")
+        metrics?.refused(kind)
+        queue.push(.refused(remote: remote, reason: reason))
+    }
+
+    /// Connections in their handshake now (``ServerConfiguration/maxPendingHandshakes`` bounds them).
+    package var handshakesInProgress: Int { state.withLock { $0.handshakes } }
 
     /// A connection's handshake ended (done or failed): its slot is free.
     private func handshakeEnded(_ host: String) {
@@ -293,9 +294,7 @@ public final class MessageServer: Service, Sendable {
                 hello = try await channel.sessionHello(timeout: configuration.channel.helloTimeout)
             } catch {
                 state.withLock { $0.pendingHellos -= 1 }
-                logger.notice("session exchange failed", metadata: ["error": "\(error)"])
-                metrics?.refused(.session)
-                queue.push(.refused(remote: channel.remoteAddress, reason: "\(error)"))
+                refused(channel.remoteAddress, .session, "session exchange failed: \(error)")
                 return
             }
         }
@@ -330,10 +329,8 @@ public final class MessageServer: Service, Sendable {
         case .stopping:
             channel.close(reason: "server stopping")
         case .refuse(let reason):
-            logger.warning("refusing a session resume", metadata: ["reason": "\(reason)"])
-            metrics?.refused(.session)
             channel.close(reason: reason)
-            queue.push(.refused(remote: channel.remoteAddress, reason: reason))
+            refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
         case .new(let connection):
             if let session = connection.session, let hello {
                 do {

@@ -36,7 +36,7 @@ final class RefusalLog: Sendable {
     ///   - source: The peer's address.
     ///   - detail: What happened, said in full the first time.
     func record(reason: String, source: SocketAddress?, detail: @autoclosure () -> String) {
-        let host = source.map(Self.host) ?? "?"
+        let host = source?.host ?? "?"
         let (first, opened) = window.withLock { window -> (Bool, Bool) in
             let opened = window == nil
             var current = window ?? Window()
@@ -70,13 +70,5 @@ final class RefusalLog: Sendable {
         logger.warning(
             "refused \(ended.total) connections in the last \(interval) (\(ended.total - ended.logged) not logged one by one): by reason \(reasons); by source \(named)"
         )
-    }
-
-    /// The address without its port.
-    static func host(_ address: SocketAddress) -> String {
-        let text = "\(address)"
-        if text.hasPrefix("["), let end = text.firstIndex(of: "]") { return String(text[...end]) }
-        if let colon = text.lastIndex(of: ":") { return String(text[..<colon]) }
-        return text
     }
 }

@@ -207,13 +207,8 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
                 phase = .awaitingVerdict(peer)
             }
         case .failure(let error):
-            // A client's failure is thrown to its caller (which says it once); a server has nobody
-            // else to tell.
-            if role == .server && !configuration.summarizesRefusals {
-                driver.logger.warning("\(error.message)")
-            } else {
-                driver.logger.debug("\(error.message)")
-            }
+            // Thrown to the caller, which says it (a MessageServer as a summary: RefusalLog).
+            driver.logger.debug("\(error.message)")
             // A server that read the whole handshake (it refused the client's key) says why,
             // encrypted; otherwise there is no channel to say it on.
             if role == .server, let (send, receive) = try? machine.transport() {
@@ -259,11 +254,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         driver.enqueue(
             HandshakeStateMachine.jsonFrame(.refuse, Refusal(code: "version_mismatch", message: text)), bypassLimit: true
         ) { _ in }
-        if configuration.summarizesRefusals {
-            driver.logger.debug("refused a plaintext (version 1) client: \(text)")
-        } else {
-            driver.logger.warning("refused a plaintext (version 1) client: \(text)")
-        }
+        driver.logger.debug("refused a plaintext (version 1) client: \(text)")  // thrown below
         fail(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)))
     }
 

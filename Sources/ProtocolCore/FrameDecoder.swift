@@ -78,38 +78,18 @@ package struct FrameDecoder: Sendable {
         let direct = partials.isEmpty ? 0 : min(count, partials[0].payload.count - partials[0].filled)
         let rest = count - direct
         if rest > 0 { compactIfUseful() }
-        let start = buffer.count
-        if rest > 0 { ZeroBytes.append(rest, to: &buffer) }
-        // (Array's withUnsafe… are rethrows: the typed error is carried out by hand.)
-        var failure: E?
         if direct > 0 {
             let filled = partials[0].filled
-            partials[0].payload.withUnsafeMutableBytes { payload in
-                buffer.withUnsafeMutableBytes { raw in
-                    do throws(E) {
-                        try write(
-                            UnsafeMutableRawBufferPointer(rebasing: payload[filled..<(filled + direct)]),
-                            UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
-                    } catch {
-                        failure = error
-                    }
+            try partials[0].payload.withUnsafeMutableBytesTyped { (payload) throws(E) in
+                try buffer.append(count: rest) { (tail) throws(E) in
+                    try write(UnsafeMutableRawBufferPointer(rebasing: payload[filled..<(filled + direct)]), tail)
                 }
             }
-            if failure == nil { partials[0].filled += direct }
+            partials[0].filled += direct
         } else {
-            buffer.withUnsafeMutableBytes { raw in
-                do throws(E) {
-                    try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
-                } catch {
-                    failure = error
-                }
-            }
+            try buffer.append(count: rest) { (tail) throws(E) in try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), tail) }
+            if partials.isEmpty { beginLargeFrameIfPossible() }
         }
-        if let failure {
-            buffer.removeSubrange(start...)
-            throw failure
-        }
-        if direct == 0 && partials.isEmpty { beginLargeFrameIfPossible() }
     }
 
     /// When the buffer holds the header of a large frame that is not complete, starts receiving its

@@ -1,10 +1,6 @@
 import CLanmsgAEAD
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#endif
-
 /// Not API: the transport's AEAD alone, as a connection uses it (the length-prefixed messages of
 /// protocol version 2, sealed from and opened into plain buffers), for the cipher-limit row of
 /// Benchmarks/run.sh. No sockets, no frames.
@@ -15,7 +11,7 @@ public enum _CipherBenchmark {
         precondition(size >= 0 && size <= SecureProtocol.maxPlaintext)
         let key = [UInt8](repeating: 0x42, count: 32)
         var sender = SecureSender(cipher: NoiseCipherState(key: key))
-        var receiver = SecureReceiver(cipher: NoiseCipherState(key: key))
+        let receiver = SecureReceiver(cipher: NoiseCipherState(key: key))
         let plaintext = [UInt8](repeating: 0x5a, count: size)
         let batch = max(1, (4 << 20) / SecureSender.sealedSize(size))
         var sealed = [UInt8](repeating: 0, count: batch * SecureSender.sealedSize(size))
@@ -25,7 +21,7 @@ public enum _CipherBenchmark {
         var done = 0
         while done < count {
             let n = min(batch, count - done)
-            let sealStart = now()
+            let sealStart = uptimeNanoseconds()
             plaintext.withUnsafeBufferPointer { source in
                 sealed.withUnsafeMutableBytes { out in
                     var span = lanmsg_span(base: source.baseAddress, length: size)
@@ -38,22 +34,16 @@ public enum _CipherBenchmark {
                     }
                 }
             }
-            let openStart = now()
+            let openStart = uptimeNanoseconds()
             sealed.withUnsafeBufferPointer { raw in
                 try! receiver.open(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(raw)[0..<(n * SecureSender.sealedSize(size))]), into: &sink)
             }
-            let end = now()
+            let end = uptimeNanoseconds()
             sealTime += openStart - sealStart
             openTime += end - openStart
             done += n
         }
         return (sealTime, openTime)
-    }
-
-    private static func now() -> UInt64 {
-        var spec = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &spec)
-        return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
     }
 
     /// Opened plaintext written into one reused buffer (as a decoder's buffer would hold it).
@@ -64,15 +54,9 @@ public enum _CipherBenchmark {
         mutating func receive<E: Error>(
             count: Int, _ write: (UnsafeMutableRawBufferPointer, UnsafeMutableRawBufferPointer) throws(E) -> Void
         ) throws(E) {
-            var failure: E?
-            buffer.withUnsafeMutableBytes { raw in
-                do throws(E) {
-                    try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), UnsafeMutableRawBufferPointer(rebasing: raw[0..<count]))
-                } catch {
-                    failure = error
-                }
+            try buffer.withUnsafeMutableBytesTyped { (raw) throws(E) in
+                try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), UnsafeMutableRawBufferPointer(rebasing: raw[0..<count]))
             }
-            if let failure { throw failure }
         }
     }
 }

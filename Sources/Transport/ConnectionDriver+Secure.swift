@@ -6,8 +6,10 @@ import ProtocolCore
 /// every byte written is sealed (the sealing half lives in the send state, under its lock: a sender
 /// may seal and write its own frame). Confined to the loop.
 final class SecureState {
-    var rawInput = true
+    /// The receiving half, from the end of the handshake on.
     var receiver: SecureReceiver?
+    /// Read bytes go to the handler as they are (the handshake).
+    var rawInput: Bool { receiver == nil }
     /// Sealed (or raw) bytes the flush took and has not written yet: `sealedOffset..<sealedCount`.
     private(set) var sealedStorage: UnsafeMutableRawBufferPointer?
     var sealedCount = 0
@@ -23,6 +25,20 @@ final class SecureState {
         let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 64 * 1024), alignment: 16)
         sealedStorage = storage
         return storage.baseAddress!
+    }
+
+    /// The next bytes to write as they are (a sender's unwritten sealed bytes, raw handshake
+    /// bytes): `pieces` copied in order (only when nothing is pending).
+    func hold(_ pieces: some Sequence<UnsafeRawBufferPointer>) {
+        var total = 0
+        for piece in pieces { total += piece.count }
+        var cursor = sealedSpace(total)
+        for piece in pieces where piece.count > 0 {
+            cursor.copyMemory(from: piece.baseAddress!, byteCount: piece.count)
+            cursor += piece.count
+        }
+        sealedOffset = 0
+        sealedCount = total
     }
 
     /// Idle: hold no sealed storage.
@@ -61,7 +77,6 @@ extension ConnectionDriver {
         dispatchPrecondition(condition: .onQueue(queue))
         let state = secure ?? SecureState()
         secure = state
-        state.rawInput = false
         state.receiver = transport.receiver
         send.withLock {
             $0.encrypted = true

@@ -190,22 +190,29 @@ extension ConnectionDriver {
             let count = state.writes.forEachUnwritten(maxBuffers: maxBuffers) { index, base, length in
                 vecs[index] = iovec(iov_base: UnsafeMutableRawPointer(mutating: base), iov_len: length)
             }
-            var message = msghdr()
-            message.msg_iov = vecs.baseAddress
-            message.msg_iovlen = numericCast(count)
-            var result: Int
-            repeat {
-                result = sendmsg(fd.rawValue, &message, Int32(MSG_NOSIGNAL))
-            } while result < 0 && errno == EINTR
-            return max(result, 0)
+            return sendDirectly(UnsafeMutableBufferPointer(rebasing: vecs[0..<count]))
         }
-        if written > 0 { configuration.metrics?.bytesOut.increment(by: written) }
         var admitted: [PendingWrites.Admitted] = []
         if written > 0, state.writes.didWrite(written, admitted: &admitted) == .drained {
             assert(admitted.isEmpty)  // nobody waits while nothing was unwritten
             return false
         }
         return state.writes.requestFlush()
+    }
+
+    /// A sender's one nonblocking `sendmsg`: the bytes written, 0 on would-block or an error (the
+    /// flush meets the error again and handles it).
+    private func sendDirectly(_ vecs: UnsafeMutableBufferPointer<iovec>) -> Int {
+        var message = msghdr()
+        message.msg_iov = vecs.baseAddress
+        message.msg_iovlen = numericCast(vecs.count)
+        var result: Int
+        repeat {
+            result = sendmsg(fd.rawValue, &message, Int32(MSG_NOSIGNAL))
+        } while result < 0 && errno == EINTR
+        let written = max(result, 0)
+        if written > 0 { configuration.metrics?.bytesOut.increment(by: written) }
+        return written
     }
 
     func scheduleFlush() { queue.async { self.flush() } }
@@ -286,19 +293,15 @@ extension ConnectionDriver {
             }
             guard total > 0, total <= Self.directSealLimit else { return state.writes.requestFlush() }
             let size = Self.sealedSize(total)
-            let scratch = WriteScratch.buffer(minimumSize: size)
+            let scratch = ThreadScratch.write.buffer(minimumSize: size)
             do throws(NoiseError) {
                 try Self.seal(UnsafeBufferPointer(rebasing: spans[0..<used]), total: total, with: &sealer, into: scratch.baseAddress!)
             } catch {
                 return state.writes.requestFlush()  // nothing sealed (the flush meets the error again)
             }
             state.sealer = sealer
-            var result: Int
-            repeat {
-                result = Glibc.send(fd.rawValue, scratch.baseAddress!, size, Int32(MSG_NOSIGNAL))
-            } while result < 0 && errno == EINTR
-            let written = max(result, 0)
-            if written > 0 { configuration.metrics?.bytesOut.increment(by: written) }
+            var vec = iovec(iov_base: scratch.baseAddress, iov_len: size)
+            let written = withUnsafeMutablePointer(to: &vec) { sendDirectly(UnsafeMutableBufferPointer(start: $0, count: 1)) }
             var admitted: [PendingWrites.Admitted] = []
             let after = state.writes.didWrite(total, admitted: &admitted)
             assert(admitted.isEmpty)  // nobody waits while nothing was unwritten
@@ -329,7 +332,7 @@ extension ConnectionDriver {
             var offset = 0  // how much of it is sealed
             var cursor = out
             var left = total
-            while left > 0 || cursor == out {
+            while left > 0 {
                 let size = min(left, SecureProtocol.maxPlaintext)
                 var count = 0
                 var filled = 0
@@ -353,7 +356,6 @@ extension ConnectionDriver {
                 }
                 cursor += SecureSender.sealedSize(size)
                 left -= size
-                if left == 0 { break }
             }
         }
         if let failure { throw failure }
@@ -397,11 +399,12 @@ extension ConnectionDriver {
             var used = 0
             var total = 0
             var sealer: SecureSender?
-            var copied: [UInt8]?
+            var filled = false  // bytes to write as they are are in `secure`'s storage
             let drainedNow = send.withLock { state -> Bool in
                 if !state.sealedRemainder.isEmpty {
-                    copied = state.sealedRemainder
+                    state.sealedRemainder.withUnsafeBytes { secure.hold(CollectionOfOne($0)) }
                     state.sealedRemainder = []
+                    filled = true
                     return false
                 }
                 let raw = state.writes.headIsRaw ?? false
@@ -414,10 +417,9 @@ extension ConnectionDriver {
                 }
                 if total > 0 {
                     if raw {
-                        var bytes: [UInt8] = []
-                        for span in spans[0..<used] { bytes.append(contentsOf: UnsafeBufferPointer(start: span.base, count: span.length)) }
-                        copied = bytes
+                        secure.hold(spans[0..<used].lazy.map { UnsafeRawBufferPointer(start: $0.base, count: $0.length) })
                         _ = state.writes.didWrite(total, admitted: &admitted)
+                        filled = true
                     } else {
                         sealer = state.sealer
                         state.sealer = nil
@@ -428,11 +430,8 @@ extension ConnectionDriver {
                 if admitted.isEmpty { state.writes.flushDone() }
                 return admitted.isEmpty
             }
-            if let copied {
+            if filled {
                 resume(admitted)
-                copied.withUnsafeBytes { secure.sealedSpace(copied.count).copyMemory(from: $0.baseAddress!, byteCount: copied.count) }
-                secure.sealedOffset = 0
-                secure.sealedCount = copied.count
                 return true
             }
             guard total > 0 else {

@@ -355,45 +355,33 @@ package final class ConnectionDriver: @unchecked Sendable {
         for _ in 0..<8 {
             guard readPauseCount == 0, lifecycle.isReading else { return }
             var result: IOResult<Int> = .wouldBlock
+            var failure: TransportError?
+            /// One nonblocking read into `space`: the bytes read (0 at end of file, would-block or
+            /// an error, which `result` and `failure` tell apart).
+            func readInto(_ space: UnsafeMutableRawBufferPointer) -> Int {
+                do throws(TransportError) {
+                    result = try syscall("read", nonblocking: true) { read(fd.rawValue, space.baseAddress, space.count) }
+                } catch {
+                    failure = error
+                }
+                if case .processed(let count) = result { return count }
+                return 0
+            }
             do throws(TransportError) {
-                if let secure, !secure.rawInput, secure.receiver!.pendingBytes > 0 {
+                if let receiver = secure?.receiver, receiver.pendingBytes > 0 {
                     // A transport message is incomplete: read the rest (and more) straight after it.
-                    var failure: TransportError?
                     do throws(NoiseError) {
-                        _ = try secure.receiver!.readIntoPending(extra: Self.secureReadExtra, into: &decoder) { space in
-                            do throws(TransportError) {
-                                result = try syscall("read", nonblocking: true) {
-                                    read(fd.rawValue, space.baseAddress, space.count)
-                                }
-                            } catch {
-                                failure = error
-                            }
-                            if case .processed(let count) = result { return count }
-                            return 0
-                        }
+                        _ = try receiver.readIntoPending(extra: Self.secureReadExtra, into: &decoder, readInto)
                     } catch {
                         return failedToOpen(error)
                     }
-                    if let failure { throw failure }
                 } else if secure == nil && decoder.missingPayloadBytes > 0 {
                     // A large payload: read straight into its array (no reassembly copies).
-                    var failure: TransportError?
-                    decoder.fillPayload { space in
-                        do throws(TransportError) {
-                            result = try syscall("read", nonblocking: true) {
-                                read(fd.rawValue, space.baseAddress, space.count)
-                            }
-                        } catch {
-                            failure = error
-                        }
-                        if case .processed(let count) = result { return count }
-                        return 0
-                    }
-                    if let failure { throw failure }
+                    decoder.fillPayload(readInto)
                 } else {
-                    let buffer = ReadScratch.buffer(minimumSize: max(configuration.readBufferSize, 4096))
-                    result = try syscall("read", nonblocking: true) { read(fd.rawValue, buffer.baseAddress, buffer.count) }
-                    if case .processed(let count) = result, count > 0 {
+                    let buffer = ThreadScratch.read.buffer(minimumSize: configuration.readBufferSize)
+                    let count = readInto(buffer)
+                    if count > 0 {
                         let bytes = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
                         if let secure {
                             if secure.rawInput {
@@ -406,6 +394,7 @@ package final class ConnectionDriver: @unchecked Sendable {
                         }
                     }
                 }
+                if let failure { throw failure }
             } catch {
                 tearDown(Self.reason(for: error))
                 return

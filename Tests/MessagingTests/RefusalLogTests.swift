@@ -126,7 +126,8 @@ final class CapturedLog: Sendable {
             })
     }
 
-    func busyClient(_ harness: LoopbackServer) async -> TransportError? {
+    /// One connection attempt with the server's security: nil when it got in (then closed).
+    func attempt(_ harness: LoopbackServer) async -> TransportError? {
         var configuration = ChannelConfiguration(name: "latecomer")
         configuration.security = harness.security
         do {
@@ -141,20 +142,19 @@ final class CapturedLog: Sendable {
         }
     }
 
+    /// Waits until the server holds `count` connections in their handshake.
+    func handshakes(_ harness: LoopbackServer, _ count: Int) async throws {
+        try await waitUntil("\(count) handshakes in progress") { harness.server.handshakesInProgress == count }
+    }
+
     /// Peers that connect and say nothing hold handshake slots; the next client, version 2, is
     /// refused busy with a clear error, and the bytes on the wire are a version-1 REFUSE frame with
     /// code "busy" sent before the client said anything. Once the slots are free, it gets in.
     @Test func overTheBoundIsRefusedBusyBeforeTheHandshake() async throws {
         let harness = try await server(total: 3, perAddress: 100)
         let stalled = try (0..<3).map { _ in try HostilePeer(port: harness.port) }
-        // Once the server has accepted the three (their handshakes wait for their first bytes),
-        // the next connection is refused.
-        let deadline = ContinuousClock.now + .seconds(10)
-        var refused: TransportError?
-        while ContinuousClock.now < deadline {
-            refused = await busyClient(harness)
-            if refused?.code == .serverBusy { break }  // (until the server has accepted all three)
-        }
+        try await handshakes(harness, 3)  // their handshakes wait for their first bytes
+        let refused = await attempt(harness)
         #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
         #expect(refused?.message.contains("busy") == true && refused?.message.contains("try again") == true)
         // A raw peer that sends nothing reads the refusal: a v1 REFUSE frame, code busy.
@@ -175,13 +175,9 @@ final class CapturedLog: Sendable {
         }
         // Slots free again: the latecomer gets in.
         for peer in stalled { peer.reset() }
-        let admitted = ContinuousClock.now + .seconds(10)
-        var last: TransportError? = TransportError(.serverBusy, "not tried")
-        while ContinuousClock.now < admitted, last != nil {
-            last = await busyClient(harness)
-            if last != nil { try await Task.sleep(for: .milliseconds(20)) }
-        }
-        #expect(last == nil, "still refused: \(String(describing: last))")
+        try await handshakes(harness, 0)
+        let admitted = await attempt(harness)
+        #expect(admitted == nil, "still refused: \(String(describing: admitted))")
         await harness.server.stop()
     }
 
@@ -189,12 +185,8 @@ final class CapturedLog: Sendable {
     @Test func oneAddressCannotTakeEverySlot() async throws {
         let harness = try await server(total: 100, perAddress: 2)
         let stalled = try (0..<2).map { _ in try HostilePeer(port: harness.port) }
-        let deadline = ContinuousClock.now + .seconds(10)
-        var refused: TransportError?
-        while ContinuousClock.now < deadline {
-            refused = await busyClient(harness)
-            if refused?.code == .serverBusy { break }
-        }
+        try await handshakes(harness, 2)
+        let refused = await attempt(harness)
         #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
         #expect(refused?.message.contains("from 127.0.0.1") == true, "\(String(describing: refused?.message))")
         _ = stalled
@@ -210,23 +202,9 @@ final class CapturedLog: Sendable {
                 $0.channel.helloTimeout = .seconds(30)
             })
         let stalled = try HostilePeer(port: harness.port)
-        var configuration = ChannelConfiguration(name: "v1-latecomer")
-        configuration.security = .plaintext
-        let deadline = ContinuousClock.now + .seconds(10)
-        var code: TransportError.Code?
-        var message = ""
-        while ContinuousClock.now < deadline, code != .serverBusy {
-            do {
-                let channel = try await MessageChannel.connect(
-                    to: [.ipv4Loopback(port: harness.port)], configuration: configuration, logger: testLogger())
-                channel.close()
-                code = nil
-            } catch let error as TransportError {
-                code = error.code
-                message = error.message
-            }
-        }
-        #expect(code == .serverBusy, "\(message)")
+        try await handshakes(harness, 1)
+        let refused = await attempt(harness)
+        #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
         _ = stalled
         await harness.server.stop()
     }

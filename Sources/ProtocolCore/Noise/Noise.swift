@@ -75,25 +75,22 @@ package struct NoiseCipherState: @unchecked Sendable {
     package mutating func encrypt(
         ad: [UInt8], _ plaintext: ArraySlice<UInt8>, appendingTo out: inout [UInt8]
     ) throws(NoiseError) {
+        let key = try checkedKey()
         let start = out.count
         ZeroBytes.append(plaintext.count + 16, to: &out)
-        var failure: NoiseError?
-        plaintext.withUnsafeBytes { source in
+        let status = plaintext.withUnsafeBytes { source in
             out.withUnsafeMutableBytes { destination in
                 var span = lanmsg_span(base: source.baseAddress?.assumingMemoryBound(to: UInt8.self), length: source.count)
-                withUnsafePointer(to: &span) { span in
-                    do throws(NoiseError) {
-                        try seal(ad: ad, spans: UnsafeBufferPointer(start: span, count: 1), into: destination.baseAddress! + start)
-                    } catch {
-                        failure = error
-                    }
+                return withUnsafePointer(to: &span) {
+                    Self.seal(key, nonce, ad, UnsafeBufferPointer(start: $0, count: 1), into: destination.baseAddress! + start)
                 }
             }
         }
-        if let failure {
+        guard status == 0 else {
             out.removeSubrange(start...)
-            throw failure
+            throw NoiseError("encryption failed (libcrypto)")
         }
+        nonce += 1
     }
 
     /// Seals the concatenation of `spans` (with `ad`) into `out`: the ciphertext, then the 16-byte
@@ -102,12 +99,7 @@ package struct NoiseCipherState: @unchecked Sendable {
         ad: [UInt8], spans: UnsafeBufferPointer<lanmsg_span>, into out: UnsafeMutableRawPointer
     ) throws(NoiseError) {
         let key = try checkedKey()
-        let status = ad.withUnsafeBufferPointer { ad in
-            lanmsg_chachapoly_seal(
-                key.pointer, nonce, ad.baseAddress, ad.count, spans.baseAddress, Int32(spans.count),
-                out.assumingMemoryBound(to: UInt8.self))
-        }
-        guard status == 0 else { throw NoiseError("encryption failed (libcrypto)") }
+        guard Self.seal(key, nonce, ad, spans, into: out) == 0 else { throw NoiseError("encryption failed (libcrypto)") }
         nonce += 1
     }
 
@@ -117,28 +109,25 @@ package struct NoiseCipherState: @unchecked Sendable {
     package mutating func decrypt(
         ad: [UInt8], _ ciphertext: ArraySlice<UInt8>, appendingTo out: inout [UInt8]
     ) throws(NoiseError) {
-        guard ciphertext.count >= 16 else { throw NoiseError("a message of \(ciphertext.count) bytes is shorter than its tag") }
+        let key = try checkedKey()
+        guard ciphertext.count >= 16 else { throw Self.tooShort(ciphertext.count) }
         let start = out.count
         let length = ciphertext.count - 16
         ZeroBytes.append(length, to: &out)
-        var failure: NoiseError?
-        ciphertext.withUnsafeBytes { source in
+        let status = ciphertext.withUnsafeBytes { source in
             out.withUnsafeMutableBytes { destination in
                 var span = lanmsg_mutable_span(
                     base: (destination.baseAddress! + start).assumingMemoryBound(to: UInt8.self), length: length)
-                withUnsafePointer(to: &span) { span in
-                    do throws(NoiseError) {
-                        try open(ad: ad, UnsafeRawBufferPointer(source), into: UnsafeBufferPointer(start: span, count: 1))
-                    } catch {
-                        failure = error
-                    }
+                return withUnsafePointer(to: &span) {
+                    Self.open(key, nonce, ad, source, into: UnsafeBufferPointer(start: $0, count: 1))
                 }
             }
         }
-        if let failure {
+        guard status == 0 else {
             out.removeSubrange(start...)
-            throw failure
+            throw failedAuthentication()
         }
+        nonce += 1
     }
 
     /// Opens `message` (ciphertext and 16-byte tag) with `ad`, writing the plaintext into `spans`
@@ -149,15 +138,8 @@ package struct NoiseCipherState: @unchecked Sendable {
         ad: [UInt8], _ message: UnsafeRawBufferPointer, into spans: UnsafeBufferPointer<lanmsg_mutable_span>
     ) throws(NoiseError) {
         let key = try checkedKey()
-        guard message.count >= 16 else { throw NoiseError("a message of \(message.count) bytes is shorter than its tag") }
-        let status = ad.withUnsafeBufferPointer { ad in
-            lanmsg_chachapoly_open(
-                key.pointer, nonce, ad.baseAddress, ad.count, message.baseAddress!.assumingMemoryBound(to: UInt8.self),
-                message.count - 16, spans.baseAddress, Int32(spans.count))
-        }
-        guard status == 0 else {
-            throw NoiseError("a message failed authentication (nonce \(nonce)): it was altered, replayed or sent with another key")
-        }
+        guard message.count >= 16 else { throw Self.tooShort(message.count) }
+        guard Self.open(key, nonce, ad, message, into: spans) == 0 else { throw failedAuthentication() }
         nonce += 1
     }
 
@@ -170,6 +152,38 @@ package struct NoiseCipherState: @unchecked Sendable {
         return out
     }
 
+    // The two libcrypto calls every method above makes (0: done).
+
+    private static func seal(
+        _ key: CipherKey, _ nonce: UInt64, _ ad: [UInt8], _ spans: UnsafeBufferPointer<lanmsg_span>,
+        into out: UnsafeMutableRawPointer
+    ) -> Int32 {
+        ad.withUnsafeBufferPointer { ad in
+            lanmsg_chachapoly_seal(
+                key.pointer, nonce, ad.baseAddress, ad.count, spans.baseAddress, Int32(spans.count),
+                out.assumingMemoryBound(to: UInt8.self))
+        }
+    }
+
+    private static func open(
+        _ key: CipherKey, _ nonce: UInt64, _ ad: [UInt8], _ message: UnsafeRawBufferPointer,
+        into spans: UnsafeBufferPointer<lanmsg_mutable_span>
+    ) -> Int32 {
+        ad.withUnsafeBufferPointer { ad in
+            lanmsg_chachapoly_open(
+                key.pointer, nonce, ad.baseAddress, ad.count, message.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                message.count - 16, spans.baseAddress, Int32(spans.count))
+        }
+    }
+
+    private static func tooShort(_ count: Int) -> NoiseError {
+        NoiseError("a message of \(count) bytes is shorter than its tag")
+    }
+
+    private func failedAuthentication() -> NoiseError {
+        NoiseError("a message failed authentication (nonce \(nonce)): it was altered, replayed or sent with another key")
+    }
+
     /// `Rekey()` (section 4.2): the key becomes the first 32 bytes of encrypting 32 zero bytes with
     /// nonce 2⁶⁴ − 1. The nonce goes on counting.
     package mutating func rekey() {
@@ -177,9 +191,11 @@ package struct NoiseCipherState: @unchecked Sendable {
         let zeros = [UInt8](repeating: 0, count: 32)
         var out = [UInt8](repeating: 0, count: 48)
         let status = zeros.withUnsafeBufferPointer { zeros in
-            out.withUnsafeMutableBufferPointer { out in
+            out.withUnsafeMutableBytes { out in
                 var span = lanmsg_span(base: zeros.baseAddress, length: 32)
-                return lanmsg_chachapoly_seal(key.pointer, Self.maxNonce, nil, 0, &span, 1, out.baseAddress)
+                return withUnsafePointer(to: &span) {
+                    Self.seal(key, Self.maxNonce, [], UnsafeBufferPointer(start: $0, count: 1), into: out.baseAddress!)
+                }
             }
         }
         precondition(status == 0, "libcrypto failed to rekey")

@@ -387,7 +387,7 @@ package struct SecureSender: Sendable {
         _ spans: UnsafeBufferPointer<lanmsg_span>, plaintextCount: Int, into out: UnsafeMutableRawPointer
     ) throws(NoiseError) {
         precondition(plaintextCount <= SecureProtocol.maxPlaintext)
-        if cipher.nonce > 0 && cipher.nonce % SecureProtocol.rekeyInterval == 0 { cipher.rekey() }
+        cipher.rekeyWhenDue()
         let length = plaintextCount + 16
         out.storeBytes(of: UInt8(truncatingIfNeeded: length >> 8), as: UInt8.self)
         out.storeBytes(of: UInt8(truncatingIfNeeded: length), toByteOffset: 1, as: UInt8.self)
@@ -396,25 +396,24 @@ package struct SecureSender: Sendable {
 
     /// Seals up to ``SecureProtocol/maxPlaintext`` bytes into one message appended to `out`.
     package mutating func seal(_ plaintext: ArraySlice<UInt8>, into out: inout [UInt8]) throws(NoiseError) {
-        let start = out.count
-        ZeroBytes.append(Self.sealedSize(plaintext.count), to: &out)
-        var failure: NoiseError?
-        plaintext.withUnsafeBytes { source in
-            out.withUnsafeMutableBytes { destination in
-                var span = lanmsg_span(base: source.baseAddress?.assumingMemoryBound(to: UInt8.self), length: source.count)
-                withUnsafePointer(to: &span) { span in
-                    do throws(NoiseError) {
-                        try seal(UnsafeBufferPointer(start: span, count: 1), plaintextCount: source.count, into: destination.baseAddress! + start)
-                    } catch {
-                        failure = error
-                    }
-                }
-            }
+        precondition(plaintext.count <= SecureProtocol.maxPlaintext)
+        cipher.rekeyWhenDue()
+        let length = plaintext.count + 16
+        out.append(UInt8(truncatingIfNeeded: length >> 8))
+        out.append(UInt8(truncatingIfNeeded: length))
+        do throws(NoiseError) {
+            try cipher.encrypt(ad: [], plaintext, appendingTo: &out)
+        } catch {
+            out.removeLast(2)
+            throw error
         }
-        if let failure {
-            out.removeSubrange(start...)
-            throw failure
-        }
+    }
+}
+
+extension NoiseCipherState {
+    /// Rekeys before every ``SecureProtocol/rekeyInterval``-th message (not before the first).
+    mutating func rekeyWhenDue() {
+        if nonce > 0 && nonce % SecureProtocol.rekeyInterval == 0 { rekey() }
     }
 }
 
@@ -436,26 +435,14 @@ package struct PlaintextBytes: PlaintextSink {
     package mutating func receive<E: Error>(
         count: Int, _ write: (UnsafeMutableRawBufferPointer, UnsafeMutableRawBufferPointer) throws(E) -> Void
     ) throws(E) {
-        let start = bytes.count
-        ZeroBytes.append(count, to: &bytes)
-        var failure: E?
-        bytes.withUnsafeMutableBytes { raw in
-            do throws(E) {
-                try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
-            } catch {
-                failure = error
-            }
-        }
-        if let failure {
-            bytes.removeSubrange(start...)
-            throw failure
-        }
+        try bytes.append(count: count) { (tail) throws(E) in try write(UnsafeMutableRawBufferPointer(start: nil, count: 0), tail) }
     }
 }
 
 /// The receiving half of ``SecureTransport``: opens transport messages from the bytes read, into a
 /// ``PlaintextSink``. A message cut by the end of a read is kept until the rest arrives (the only
-/// bytes it copies); everything else is decrypted from the read buffer into the sink.
+/// bytes it copies); everything else is decrypted from the read buffer into the sink. A reference
+/// to one receiving state: copies share it.
 package struct SecureReceiver: Sendable {
     /// The cipher and the first bytes of an incomplete message (empty most of the time; no
     /// storage when empty), in one object: an idle connection's receiving half is one allocation.
@@ -471,7 +458,7 @@ package struct SecureReceiver: Sendable {
 
     /// Opens every complete message in `bytes` into `sink`; an incomplete end is kept for the next call.
     /// - Throws: ``NoiseError`` when a message fails authentication: close the connection.
-    package mutating func open(_ bytes: UnsafeRawBufferPointer, into sink: inout some PlaintextSink) throws(NoiseError) {
+    package func open(_ bytes: UnsafeRawBufferPointer, into sink: inout some PlaintextSink) throws(NoiseError) {
         var offset = 0
         if pending.count > 0 {
             // Complete the kept message first (its length prefix may itself be cut).
@@ -496,7 +483,7 @@ package struct SecureReceiver: Sendable {
     /// While a message is incomplete: lets `read` append up to the rest of it plus `extra` bytes to
     /// it directly (no read buffer in between), then opens what is complete into `sink`. Returns
     /// what `read` returned (0: end of file or nothing read).
-    package mutating func readIntoPending(
+    package func readIntoPending(
         extra: Int, into sink: inout some PlaintextSink, _ read: (UnsafeMutableRawBufferPointer) -> Int
     ) throws(NoiseError) -> Int {
         let missing = pending.count < 2 ? 2 - pending.count : 2 + pending.messageLength - pending.count
@@ -510,7 +497,7 @@ package struct SecureReceiver: Sendable {
 
     /// Frees the storage of the incomplete-message buffer when it holds nothing (an idle
     /// connection keeps none).
-    package mutating func releaseStorageIfIdle() { pending.releaseIfEmpty() }
+    package func releaseStorageIfIdle() { pending.releaseIfEmpty() }
 
     /// Opens the complete messages of `bytes` from `offset` on; returns where the first incomplete one begins.
     private static func openComplete(
@@ -530,7 +517,7 @@ package struct SecureReceiver: Sendable {
         _ message: UnsafeRawBufferPointer, _ cipher: inout NoiseCipherState, into sink: inout some PlaintextSink
     ) throws(NoiseError) {
         guard message.count >= 16 else { throw NoiseError("a message of \(message.count) bytes is shorter than its tag") }
-        if cipher.nonce > 0 && cipher.nonce % SecureProtocol.rekeyInterval == 0 { cipher.rekey() }
+        cipher.rekeyWhenDue()
         try sink.receive(count: message.count - 16) { (first, second) throws(NoiseError) in
             var spans = (
                 lanmsg_mutable_span(base: first.baseAddress?.assumingMemoryBound(to: UInt8.self), length: first.count),
@@ -604,22 +591,5 @@ final class ReceiveBuffer: @unchecked Sendable {
             storage.deallocate()
         }
         storage = grown
-    }
-}
-
-/// 64 KiB of zeros: appended (copied) to make room in an array, which is a `memcpy` in every build
-/// (appending a `repeatElement` goes element by element in a debug build).
-package enum ZeroBytes {
-    nonisolated(unsafe) private static let page = UnsafeRawBufferPointer(
-        start: UnsafeMutableRawPointer(calloc(1, 65_536)), count: 65_536)
-
-    /// Appends `count` zero bytes to `array`.
-    package static func append(_ count: Int, to array: inout [UInt8]) {
-        var left = count
-        while left > 0 {
-            let take = min(left, page.count)
-            array.append(contentsOf: UnsafeRawBufferPointer(rebasing: page[0..<take]))
-            left -= take
-        }
     }
 }

@@ -89,7 +89,7 @@ func fuzzSecureStream(_ bytes: [UInt8]) {
     var server = try! SecureHandshake(role: .server, settings: settings("server", 3), ephemeral: key(4))
     _ = server.receive(transcript.bytes)
     guard let ciphers = try? server.transport() else { fatalError("the genuine transcript has no transport") }
-    var receiver = SecureReceiver(cipher: ciphers.receive)
+    let receiver = SecureReceiver(cipher: ciphers.receive)
 
     var plaintext = Array(bytes.dropFirst(6))
     let largePayload = Int(bytes[1]) << 10
