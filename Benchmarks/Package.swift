@@ -61,6 +61,17 @@ let package = Package(
             ],
             path: "Sources/bench-nio"
         ),
+        // Issue 28 (Benchmarks/flood.sh): a MessageServer under a handshake flood, an established
+        // client's round trips and a legitimate newcomer's connects beside it.
+        .executableTarget(
+            name: "bench-siege",
+            dependencies: [
+                "BenchCommon",
+                .product(name: "Messaging", package: parentIdentity),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/bench-siege"
+        ),
         // D1: publish -> resolve -> connect, and stop -> removed, across the two-host avahi harness.
         .executableTarget(
             name: "bench-discovery",

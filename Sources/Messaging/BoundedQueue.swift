@@ -82,6 +82,21 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         return accepted
     }
 
+    /// Adds an element unless the queue is at its limit (or finished): for what may be dropped
+    /// when the consumer does not keep up. Returns whether it was added.
+    @discardableResult
+    func pushBelowLimit(_ element: Element) -> Bool {
+        let handedOver = state.withLock { state -> (added: Bool, consumer: CheckedContinuation<Element?, any Error>?) in
+            guard !state.finished else { return (false, nil) }
+            if !state.consumers.isEmpty { return (true, state.consumers.removeFirst().continuation) }
+            guard state.count < limit else { return (false, nil) }
+            state.items.append(element)
+            return (true, nil)
+        }
+        handedOver.consumer?.resume(returning: element)
+        return handedOver.added
+    }
+
     /// Adds an element without waiting; when the queue is at its limit, first removes the oldest
     /// element that `evictable` accepts. Returns whether one was removed (the element itself is
     /// always added, unless the queue is finished).

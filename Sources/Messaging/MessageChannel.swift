@@ -171,31 +171,6 @@ public final class MessageChannel: @unchecked Sendable {
         return try await handshake(driver, client: false, configuration: configuration)
     }
 
-    /// Refuses an accepted connection before any handshake work: a version-1 REFUSE frame in the
-    /// clear, then a graceful close (docs/PROTOCOL.md, "Busy"). A version-1 client reads it as the
-    /// answer to its hello; a version-2 client reads its first two bytes, zero, as the length of
-    /// message 2, which is never empty, and then the frame. Whatever the client sends is read and
-    /// dropped; the connection is closed within `linger` in any case.
-    static func refuse(
-        _ socket: AcceptedSocket, with refusal: Refusal, configuration: ChannelConfiguration, logger: Logger,
-        linger: Duration = .seconds(2)
-    ) {
-        var frame = HandshakeStateMachine.jsonFrame(.refuse, refusal)
-        frame.sequence = 1  // the server's first frame (a version-1 client checks it)
-        guard let fd = socket.take(), let bytes = try? frame.encoded() else {
-            socket.close()
-            return
-        }
-        let driver = ConnectionDriver(
-            fd: fd, loop: configuration.loopGroup.next(), configuration: configuration.connection, logger: logger)
-        driver.queue.async {
-            driver.startRaw(handler: RefusingHandler(driver))
-            driver.setDeadline(.handshake, at: uptimeNanoseconds() &+ linger.nanoseconds)
-            driver.sendRaw(bytes)
-            driver.closeGracefully(reason: .helloFailed(refusal.message))
-        }
-    }
-
     /// The hello exchange (version 1) or the secure handshake (version 2), counted when it fails.
     private static func handshake(
         _ driver: ConnectionDriver, client: Bool, configuration: ChannelConfiguration
@@ -659,17 +634,4 @@ extension MessageChannel: ConnectionHandler {
             driver.setDeadline(.heartbeat, at: next)
         }
     }
-}
-
-/// A connection refused before its handshake: drops what the client sends, ends it at the deadline.
-/// It keeps its connection alive until the connection closes (nothing else holds a refused one).
-/// `@unchecked Sendable`: `driver` is confined to the connection's loop.
-private final class RefusingHandler: ConnectionHandler, @unchecked Sendable {
-    private var driver: ConnectionDriver?
-    init(_ driver: ConnectionDriver) { self.driver = driver }
-    func connection(_ connection: ConnectionDriver, received frame: Frame) {}
-    func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {
-        connection.tearDown(.helloFailed("refused before the handshake"))
-    }
-    func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) { driver = nil }
 }

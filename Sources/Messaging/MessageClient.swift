@@ -375,8 +375,10 @@ public final class MessageClient: Sendable {
                     giveUp(gaveUp)
                     return
                 }
-                queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: delay) : .waiting(error))
-                try? await Task.sleep(for: delay)
+                // A busy server says when to come back: not sooner than that.
+                let wait = max(delay, (error.underlying as? TransportError)?.retryAfter ?? .zero)
+                queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: wait) : .waiting(error))
+                try? await Task.sleep(for: wait)
                 delay = min(delay * 2, policy.maxDelay)
             }
         }

@@ -38,12 +38,21 @@ public final class MessageServer: Service, Sendable {
         /// Connections whose `.closed` event was not pushed yet, with the task pumping their messages.
         var pumps: [UInt64: Task<Void, Never>] = [:]
         var pendingHellos = 0
-        /// Connections in their handshake (``ServerConfiguration/maxPendingHandshakes``), in all and by source address.
-        var handshakes = 0
-        var handshakesByHost: [String: Int] = [:]
+        /// Which connections may start their handshake (``ServerConfiguration/maxPendingHandshakes``
+        /// and the rates).
+        var admission: HandshakeAdmission
+        /// This second (uptime) and the refused events reported in it.
+        var refusedEventSecond: UInt64 = 0
+        var refusedEvents = 0
+        /// Refused connections since the start (tests).
+        var refusals = 0
+        /// Sources blocked for flooding: how long their last block was and when it ends (uptime ns).
+        var blocks: [HandshakeAdmission.Source: (duration: Duration, until: UInt64)] = [:]
         var nextID: UInt64 = 0
         /// Connections with a message session, by session id (kept through the grace period).
         var sessions: [String: ServerConnection] = [:]
+
+        init(admission: HandshakeAdmission) { self.admission = admission }
     }
 
     /// The configuration the server was created with.
@@ -52,7 +61,9 @@ public final class MessageServer: Service, Sendable {
     private let logger: Logger
     /// Refused connections and failed handshakes, logged as a summary per interval.
     private let refusals: RefusalLog
-    private let state = Locked(State())
+    /// Writes the REFUSE `busy` of connections over an admission bound.
+    private let refuser: Refuser
+    private let state: Locked<State>
     private let queue: BoundedQueue<ServerEvent>
     /// What happens on the server, in order; see ``ServerEvent``.
     public let events: ServerEvents
@@ -68,6 +79,8 @@ public final class MessageServer: Service, Sendable {
         self.publisher = discovery
         self.logger = logger
         self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval)
+        self.state = Locked(State(admission: Self.admission(configuration)))
+        self.refuser = Refuser(configuration: configuration.channel, logger: logger)
         let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ServerEvents(queue: queue)
@@ -79,6 +92,8 @@ public final class MessageServer: Service, Sendable {
         self.publisher = publisher
         self.logger = logger
         self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval)
+        self.state = Locked(State(admission: Self.admission(configuration)))
+        self.refuser = Refuser(configuration: configuration.channel, logger: logger)
         let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ServerEvents(queue: queue)
@@ -213,36 +228,50 @@ public final class MessageServer: Service, Sendable {
 
     // MARK: Connections
 
+    private static func admission(_ configuration: ServerConfiguration) -> HandshakeAdmission {
+        HandshakeAdmission(
+            limits: .init(
+                inFlight: configuration.maxPendingHandshakes,
+                inFlightPerSource: configuration.maxPendingHandshakesPerAddress,
+                perSecond: configuration.maxHandshakesPerSecond,
+                perSecondPerSource: configuration.maxHandshakesPerSecondPerAddress,
+                blockAfterRefusals: configuration.floodBlockThreshold),
+            now: uptimeNanoseconds())
+    }
+
     private func accepted(_ socket: AcceptedSocket) {
         let limit = configuration.maxConnections
-        let host = socket.remoteAddress?.host ?? "?"
-        enum Admission { case admitted, full, busy(String) }
+        let remote = socket.remoteAddress
+        let source = HandshakeAdmission.Source(remote)
+        enum Admission { case admitted, full, busy(String, Int, block: Listener?) }
         let admission = state.withLock { state -> Admission in
-            guard case .running = state.phase, state.connections.count + state.pendingHellos < limit else { return .full }
-            // Before any handshake work: a handshake costs the server key agreements, so only so
-            // many run at once, in all and from one address.
-            if state.handshakes >= configuration.maxPendingHandshakes {
-                return .busy("\(state.handshakes) connections are in their handshake, the most this server takes at once")
+            guard case .running(let listener, _) = state.phase, state.connections.count + state.pendingHellos < limit else {
+                return .full
             }
-            let fromHost = state.handshakesByHost[host, default: 0]
-            if fromHost >= configuration.maxPendingHandshakesPerAddress {
-                return .busy("\(fromHost) connections from \(host) are in their handshake, the most this server takes from one address")
+            // Before any handshake work: a handshake costs the server key agreements, so only so
+            // many run at once and start per second, in all and from one source.
+            switch state.admission.admit(source, now: uptimeNanoseconds()) {
+            case .busy(let why, let retry, let block): return .busy(why, retry, block: block ? listener : nil)
+            case .admitted: break
             }
             state.pendingHellos += 1
-            state.handshakes += 1
-            state.handshakesByHost[host] = fromHost + 1
             return .admitted
         }
-        let remote = socket.remoteAddress
         switch admission {
         case .full:
             socket.close()
             refused(remote, .connectionLimit, "connection limit of \(limit) reached (or server stopping)")
-        case .busy(let why):
-            let reason = "busy: \(why); try again in a moment"
-            MessageChannel.refuse(
-                socket, with: Refusal(code: "busy", message: reason), configuration: configuration.channel, logger: logger)
+        case .busy(let why, let retry, let blockAt):
+            let reason = "busy: \(why); try again in \(retry) ms"
+            refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
             refused(remote, .busy, reason)
+            if let listener = blockAt, let threshold = configuration.floodBlockThreshold {
+                let duration = blockDuration(source)
+                listener.block(source, for: duration)
+                logger.warning(
+                    "\(source) made \(threshold) connection attempts in one second that were refused busy: blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
+                )
+            }
         case .admitted:
             Task {
                 var channelConfiguration = configuration.channel
@@ -252,13 +281,15 @@ public final class MessageServer: Service, Sendable {
                 do {
                     channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
                 } catch {
-                    handshakeEnded(host)
-                    state.withLock { $0.pendingHellos -= 1 }
+                    state.withLock {
+                        $0.admission.ended(source)
+                        $0.pendingHellos -= 1
+                    }
                     let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
                     refused(remote, .handshake, "\(error)", logAs: "handshake: \(code)")
                     return
                 }
-                handshakeEnded(host)
+                state.withLock { $0.admission.ended(source) }
                 await register(channel)
             }
         }
@@ -271,20 +302,54 @@ public final class MessageServer: Service, Sendable {
     ) {
         refusals.record(reason: logAs ?? kind.rawValue, source: remote, detail: "refused a connection: \(reason)")
         metrics?.refused(kind)
-        queue.push(.refused(remote: remote, reason: reason))
+        // Under a flood, thousands of events a second would cost the app a wake-up each and grow
+        // the queue when it does not keep up: past ``refusedEventsPerSecond``, or past the event
+        // queue's limit, refusals are only counted (metrics) and summarised (log).
+        let second = uptimeNanoseconds() / 1_000_000_000
+        let thisSecond = state.withLock { state -> Int in
+            if state.refusedEventSecond != second {
+                state.refusedEventSecond = second
+                state.refusedEvents = 0
+            }
+            state.refusedEvents += 1
+            state.refusals += 1
+            return state.refusedEvents
+        }
+        if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
     }
 
-    /// Connections in their handshake now (``ServerConfiguration/maxPendingHandshakes`` bounds them).
-    package var handshakesInProgress: Int { state.withLock { $0.handshakes } }
-
-    /// A connection's handshake ended (done or failed): its slot is free.
-    private func handshakeEnded(_ host: String) {
-        state.withLock { state in
-            state.handshakes -= 1
-            let left = state.handshakesByHost[host, default: 1] - 1
-            state.handshakesByHost[host] = left > 0 ? left : nil
+    /// How long to block a flooding source: ``ServerConfiguration/floodBlockDuration``, doubled
+    /// (up to 32 times) each time it floods again within twice its last block after the block
+    /// ended — a flood that never stops then reaches the server for a fraction of a second in
+    /// minutes, not every 10 s.
+    private func blockDuration(_ source: HandshakeAdmission.Source) -> Duration {
+        let base = configuration.floodBlockDuration
+        let now = uptimeNanoseconds()
+        return state.withLock { state in
+            var duration = base
+            if let last = state.blocks[source], now < last.until &+ 2 &* last.duration.nanoseconds {
+                duration = min(last.duration * 2, base * 32)
+            }
+            state.blocks[source] = (duration, now &+ duration.nanoseconds)
+            if state.blocks.count > 256 {  // forget the sources that have been quiet long enough
+                state.blocks = state.blocks.filter { now < $0.value.until &+ 2 &* $0.value.duration.nanoseconds }
+            }
+            return duration
         }
     }
+
+    /// ``ServerEvent/refused(remote:reason:)`` events reported per second at most.
+    static let refusedEventsPerSecond = 100
+
+
+    /// Connections in their handshake now, and the most there were at once
+    /// (``ServerConfiguration/maxPendingHandshakes`` bounds them).
+    package var handshakesInProgress: Int { state.withLock { $0.admission.inFlight } }
+    package var handshakesHighWater: Int { state.withLock { $0.admission.highWater } }
+    /// Connections refused so far, for any reason (the events report up to 100 a second).
+    package var refusalCount: Int { state.withLock { $0.refusals } }
+    /// Sources whose connection attempts the kernel drops now (``ServerConfiguration/floodBlockThreshold``).
+    package var blockedSources: [HandshakeAdmission.Source] { listener?.blockedSources ?? [] }
 
     private func register(_ channel: MessageChannel) async {
         // A client that offered a session sends SESSION first: new, or the resume of a known one.

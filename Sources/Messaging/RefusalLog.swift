@@ -24,6 +24,8 @@ final class RefusalLog: Sendable {
     private let window = Locked<Window?>(nil)
     /// How many sources a summary names.
     static let namedSources = 5
+    /// How many sources an interval counts one by one.
+    static let trackedSources = 1_024
 
     init(logger: Logger, interval: Duration = .seconds(10)) {
         self.logger = logger
@@ -41,7 +43,9 @@ final class RefusalLog: Sendable {
             let opened = window == nil
             var current = window ?? Window()
             current.total += 1
-            current.bySource[host, default: 0] += 1
+            // (bounded: a flood from many addresses counts the rest as "other addresses")
+            let key = current.bySource.count < Self.trackedSources || current.bySource[host] != nil ? host : "other addresses"
+            current.bySource[key, default: 0] += 1
             let count = current.byReason[reason, default: 0] + 1
             current.byReason[reason] = count
             if count == 1 { current.logged += 1 }

@@ -153,7 +153,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
             let text = "the server refused the connection: \(refusal.message)"
             driver.logger.warning("\(text)")
             // The code says which error: a bad hello, another version or the server's policy.
-            fail(TransportError(refusal.errorCode, text, closeReason: .helloFailed(refusal.message)))
+            fail(refusal.error(text))
         default:
             let text = "expected AUTH_OK or REFUSE after the encrypted handshake, got frame kind \(frame.kind)"
             fail(TransportError(.helloFailed, text, closeReason: .protocolError(text)))

@@ -39,6 +39,26 @@ public struct ServerConfiguration: Sendable {
     /// The same bound for one source address (IPv4 or IPv6 address, any port), so that one host
     /// cannot hold every handshake slot.
     public var maxPendingHandshakesPerAddress = 128
+    /// Handshakes started per second, in all; more are refused at once with REFUSE `busy` and a
+    /// retry hint, before any key agreement. Up to this many may start in one burst. nil: no bound.
+    /// (A handshake costs this server about 0.3 ms of one core: the default bounds a flood from
+    /// many addresses to about half a core.)
+    public var maxHandshakesPerSecond: Int? = 2_048
+    /// The same bound for one source: an IPv4 address, or an IPv6 /64 (one host usually owns a
+    /// whole /64). A flood from one host is then refused cheaply while other hosts connect as
+    /// usual. Raise it for a server that many clients reach through one address (a NAT, a test
+    /// harness opening thousands of connections from loopback). nil: no bound.
+    public var maxHandshakesPerSecondPerAddress: Int? = 256
+    /// A source (address, or IPv6 /64) refused this many times within one second is flooding the
+    /// server: for ``floodBlockDuration`` its connection attempts are dropped by the kernel (a
+    /// socket filter on the listener, Linux) before they become connections, so the flood costs
+    /// this server next to nothing; its connects time out meanwhile. A client that honours the
+    /// retry hint makes about ten attempts a second. nil: never block.
+    public var floodBlockThreshold: Int? = 1_024
+    /// How long a flooding source stays blocked (``floodBlockThreshold``) the first time. A source
+    /// that floods again soon after (within twice its last block) is blocked twice as long, up to
+    /// 32 times this.
+    public var floodBlockDuration: Duration = .seconds(10)
     /// Refused connections and failed handshakes are logged as a summary: in each interval of this
     /// length, the first of each reason in full, then one line with the counts by reason and source.
     /// (Every one is still a ``ServerEvent/refused(remote:reason:)`` event and counted in the metrics.)
@@ -85,7 +105,10 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
     /// Messages sent to this connection's session that the client never acknowledged, reported when
     /// the session ends without them (the client did not come back, or the server stops).
     case undelivered(ServerConnection, [UndeliveredMessage])
-    /// A connection was refused (connection limit, failed hello), with the reason.
+    /// A connection was refused (connection limit, busy, failed hello or handshake), with the
+    /// reason. At most 100 a second are reported, and none while the event queue is full (a flood
+    /// would otherwise cost the app a wake-up per attempt); every refusal is counted in the metrics
+    /// and summarised in the log (``ServerConfiguration/refusalLogInterval``).
     case refused(remote: SocketAddress?, reason: String)
     /// Wide-area: the service is registered in the unicast DNS domain `domain` under `name` (after
     /// a first registration, a re-registration or a rename there).

@@ -95,10 +95,13 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     public let closeReason: CloseReason?
     /// Each address's failure, for ``Code/connectFailed`` and ``Code/connectTimedOut``.
     public let connectFailures: [ConnectFailure]
+    /// For ``Code/serverBusy``: how long the server asked the client to wait before trying again
+    /// (nil when it did not say).
+    public let retryAfter: Duration?
 
     package init(
         _ code: Code, _ message: String, errno: Int32? = nil, call: String? = nil,
-        closeReason: CloseReason? = nil, connectFailures: [ConnectFailure] = []
+        closeReason: CloseReason? = nil, connectFailures: [ConnectFailure] = [], retryAfter: Duration? = nil
     ) {
         self.code = code
         self.message = message
@@ -106,6 +109,7 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         self.call = call
         self.closeReason = closeReason
         self.connectFailures = connectFailures
+        self.retryAfter = retryAfter
     }
 
     /// A textual description including the code and message.

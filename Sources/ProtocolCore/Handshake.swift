@@ -203,10 +203,7 @@ package struct HandshakeStateMachine: Sendable {
             ?? Refusal(code: "unknown", message: String(decoding: frame.payload.prefix(500), as: UTF8.self))
         state = .done
         return Output(
-            outcome: .failure(
-                TransportError(
-                    refusal.errorCode, "the peer refused the connection: \(refusal.message)",
-                    closeReason: .helloFailed(refusal.message))),
+            outcome: .failure(refusal.error("the peer refused the connection: \(refusal.message)")),
             notice: "peer refused the hello: \(refusal.message)")
     }
 

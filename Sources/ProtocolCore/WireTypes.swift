@@ -44,9 +44,17 @@ public struct PeerInfo: Sendable, Codable, Hashable {
 package struct Refusal: Codable, Sendable {
     package var code: String
     package var message: String
-    package init(code: String, message: String) {
+    /// `busy` only: when to try again, in milliseconds (docs/PROTOCOL.md, "Busy").
+    package var retryMilliseconds: Int?
+    package init(code: String, message: String, retryMilliseconds: Int? = nil) {
         self.code = code
         self.message = message
+        self.retryMilliseconds = retryMilliseconds
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case code, message
+        case retryMilliseconds = "retry_ms"
     }
 }
 
@@ -61,6 +69,14 @@ extension Refusal {
         case "busy": .serverBusy
         default: .helloRefused
         }
+    }
+
+    /// The error a client reports for this refusal: `text` says it, the code is ``errorCode``, and
+    /// a `busy` refusal's retry hint is kept.
+    package func error(_ text: String) -> TransportError {
+        TransportError(
+            errorCode, text, closeReason: .helloFailed(message),
+            retryAfter: retryMilliseconds.map { .milliseconds(max(0, $0)) })
     }
 }
 

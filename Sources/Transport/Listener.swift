@@ -59,8 +59,11 @@ public final class Listener: @unchecked Sendable {
         public var loopbackOnly: Bool = false
         /// Which families to try. IPv6 is skipped silently-with-a-log when unavailable.
         public var families: Set<SocketAddress.Family> = [.ipv4, .ipv6]
-        /// The `listen` backlog.
-        public var backlog: Int32 = 128
+        /// The `listen` backlog: connections the kernel completes before they are accepted. Past
+        /// it, the kernel drops new connection attempts and their clients retry only after a
+        /// second; under a flood of connection attempts 128 overflowed and a legitimate connect
+        /// took 2 s (the kernel caps it at `net.core.somaxconn`, 4,096 by default).
+        public var backlog: Int32 = 1024
         /// How many fresh port pairs to try when the IPv6 side of a kernel-assigned port is taken.
         public var maxPortPairAttempts: Int = 16
         /// First pause after EMFILE/ENFILE; doubles up to ``maxAcceptBackoff``.
@@ -93,6 +96,9 @@ public final class Listener: @unchecked Sendable {
     private var backoffTimer: (any DispatchSourceTimer)?
     /// Number of times accepting was paused for lack of file descriptors (for tests and metrics).
     private(set) var acceptPauses = 0
+    /// Sources whose connection attempts the kernel drops (``block(_:for:)``), until an uptime in nanoseconds.
+    private var blocked: [HandshakeAdmission.Source: UInt64] = [:]
+    private var unblockTimer: (any DispatchSourceTimer)?
 
     /// The port the listener is bound to (the same for both families).
     public let port: UInt16
@@ -357,10 +363,56 @@ public final class Listener: @unchecked Sendable {
             acceptSuspended = false
             backoffTimer?.cancel()
             backoffTimer = nil
+            unblockTimer?.cancel()
+            unblockTimer = nil
             logger.info("stopped listening on port \(port)")
         }
     }
 
     /// Accept pauses so far (EMFILE/ENFILE back-offs). Callable from any context.
     package var acceptPauseCount: Int { onQueue { acceptPauses } }
+
+    // MARK: Blocking sources
+
+    /// Has the kernel drop connection attempts from `source` (an IPv4 address or IPv6 /64) for
+    /// `duration`, before they become connections (``SourceFilter``): for a host flooding the
+    /// server with attempts it refuses anyway. At most ``SourceFilter/capacity`` sources at once
+    /// (the ones blocked longest are let go first). Callable from any context.
+    package func block(_ source: HandshakeAdmission.Source, for duration: Duration) {
+        guard source != .unknown else { return }
+        let until = uptimeNanoseconds() &+ duration.nanoseconds
+        queue.async { [self] in
+            guard !stopped else { return }
+            blocked[source] = until
+            while blocked.count > SourceFilter.capacity, let first = blocked.min(by: { $0.value < $1.value }) {
+                blocked[first.key] = nil
+            }
+            applyBlocks()
+        }
+    }
+
+    /// The sources blocked now. Callable from any context.
+    package var blockedSources: [HandshakeAdmission.Source] { onQueue { Array(blocked.keys) } }
+
+    /// Installs the filters for what is blocked now and arms the timer for the next expiry. On the queue.
+    private func applyBlocks() {
+        let now = uptimeNanoseconds()
+        blocked = blocked.filter { $0.value > now }
+        let sources = Array(blocked.keys)
+        for socket in sockets where !SourceFilter.apply(sources, to: socket.fd, family: socket.family) {
+            logger.warning("cannot install the socket filter that blocks flooding sources on \(socket.fd): errno \(errno)")
+        }
+        guard let next = blocked.values.min() else {
+            unblockTimer?.cancel()
+            unblockTimer = nil
+            return
+        }
+        let timer = unblockTimer ?? DispatchSource.makeTimerSource(queue: queue)
+        if unblockTimer == nil {
+            timer.setEventHandler { [weak self] in self?.applyBlocks() }
+            timer.resume()
+            unblockTimer = timer
+        }
+        timer.schedule(deadline: DispatchTime(uptimeNanoseconds: next))
+    }
 }

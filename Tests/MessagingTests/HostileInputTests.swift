@@ -314,6 +314,7 @@ final class HostilePeer: @unchecked Sendable {
             // test is about idle timeouts, not admission (AdmissionTests).
             $0.maxPendingHandshakesPerAddress = 2_000
             $0.maxPendingHandshakes = 2_000
+            $0.maxHandshakesPerSecondPerAddress = nil
         })
     }
 }

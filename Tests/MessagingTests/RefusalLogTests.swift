@@ -41,8 +41,9 @@ final class CapturedLog: Sendable {
 /// Refusals are logged as a summary, not one line per attempt (issue 28: a flood of failed
 /// handshakes wrote 1.8 MB of log in 10 s).
 @Suite(.serialized) struct RefusalLogTests {
-    /// 200 peers that speak another protocol: every one is refused (an event each), the log has
-    /// the first in full and then one summary line with the count and the source.
+    /// 200 peers that speak another protocol: every one is refused (counted; an event each, up to
+    /// 100 a second), the log has the first in full and then one summary line with the count and
+    /// the source.
     @Test func aFloodOfFailedHandshakesIsLoggedAsASummary() async throws {
         let log = CapturedLog()
         var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Flooded")
@@ -63,8 +64,10 @@ final class CapturedLog: Sendable {
                 _ = peer.serverClosed()  // (closed when `peer` goes)
             }
         }
-        _ = try await events.wait("all \(attempts) refused") { _ in
-            events.count { if case .refused = $0 { true } else { false } } >= attempts
+        _ = try await events.wait("all \(attempts) refused") { _ in server.refusalCount >= attempts }
+        // Events: every one, or 100 a second at most (a flood must not cost the app a wake-up each).
+        _ = try await events.wait("their events") { _ in
+            events.count { if case .refused = $0 { true } else { false } } >= min(attempts, MessageServer.refusedEventsPerSecond)
         }
         pump.cancel()
         await server.stop()  // ends the interval: the summary
@@ -190,6 +193,25 @@ final class CapturedLog: Sendable {
         #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
         #expect(refused?.message.contains("from 127.0.0.1") == true, "\(String(describing: refused?.message))")
         _ = stalled
+        await harness.server.stop()
+    }
+
+    /// Handshakes started per second from one address are bounded too: over the rate, a client is
+    /// refused busy with the server's retry hint (REFUSE `retry_ms`), and gets in once it is due.
+    @Test func overTheRateIsRefusedWithARetryHint() async throws {
+        let harness = try await LoopbackServer(
+            security: .encrypted(identity: .ephemeral(), trust: .anyKey),
+            configure: { $0.maxHandshakesPerSecondPerAddress = 2 })
+        #expect(await attempt(harness) == nil)
+        #expect(await attempt(harness) == nil)
+        let refused = await attempt(harness)
+        #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
+        #expect(refused?.message.contains("127.0.0.1 started 2 handshakes in the last second") == true, "\(String(describing: refused?.message))")
+        let hint = try #require(refused?.retryAfter)
+        #expect(hint >= .milliseconds(100) && hint <= .milliseconds(600), "\(hint)")
+        try await Task.sleep(for: hint)  // the hint itself is what is tested: due now
+        let admitted = await attempt(harness)
+        #expect(admitted == nil, "refused after the hint: \(String(describing: admitted))")
         await harness.server.stop()
     }
 

@@ -182,7 +182,7 @@ package struct SecureHandshake: Sendable {
         }
         done = true
         let text = "the server refused the connection before the handshake: \(refusal.message)"
-        return Output(outcome: .failure(TransportError(refusal.errorCode, text, closeReason: .helloFailed(refusal.message))))
+        return Output(outcome: .failure(refusal.error(text)))
     }
 
     /// The transport ciphers, once the handshake succeeded.

@@ -1,0 +1,243 @@
+/// Which accepted connections may start a handshake now (no I/O, no clock: the caller passes the
+/// time in uptime nanoseconds).
+///
+/// A version-2 handshake costs the server three X25519 operations before it knows who is talking,
+/// and an attacker pays only 42 bytes for each. Four bounds keep that work from taking the loops
+/// that serve established connections, each checked before any key agreement:
+/// - connections **in their handshake at once**, in all and per source;
+/// - handshakes **started per second**, in all and per source (token buckets holding one second's
+///   worth, so a burst up to the rate passes at once).
+///
+/// A *source* is an IPv4 address, or an IPv6 /64 (one host usually owns a whole /64, so counting
+/// its addresses one by one would let it multiply its share by 2^64). TCP's own handshake proves
+/// that a source can receive at its address before the server sees the connection, so a source
+/// cannot be spoofed here: the role that cookies play for WireGuard's UDP.
+///
+/// Memory stays bounded under a flood from many sources: a source's entry lives while it has
+/// handshakes in flight or its bucket is not full again, and past ``maxTrackedSources`` new
+/// sources are refused.
+package struct HandshakeAdmission: Sendable {
+    package struct Limits: Sendable, Equatable {
+        /// Connections in their handshake at once, in all and from one source.
+        package var inFlight: Int
+        package var inFlightPerSource: Int
+        /// Handshakes started per second, in all and from one source; nil: no rate bound.
+        package var perSecond: Int?
+        package var perSecondPerSource: Int?
+        /// A source refused this many times within one second is flooding: the verdict says to
+        /// block it (``Verdict/busy(reason:retryAfterMilliseconds:block:)``). nil: never.
+        package var blockAfterRefusals: Int?
+
+        package init(
+            inFlight: Int, inFlightPerSource: Int, perSecond: Int?, perSecondPerSource: Int?, blockAfterRefusals: Int? = nil
+        ) {
+            self.inFlight = inFlight
+            self.inFlightPerSource = inFlightPerSource
+            self.perSecond = perSecond
+            self.perSecondPerSource = perSecondPerSource
+            self.blockAfterRefusals = blockAfterRefusals
+        }
+    }
+
+    /// Where a connection comes from, as the bounds count it: an IPv4 address or an IPv6 /64
+    /// (an IPv4-mapped IPv6 address counts as its IPv4 address).
+    package enum Source: Hashable, Sendable, CustomStringConvertible {
+        case ipv4(UInt32)  // network byte order, as in SocketAddress
+        case ipv6Prefix(UInt64)  // the first 8 bytes, big-endian
+        case unknown
+
+        package init(_ address: SocketAddress?) {
+            switch address?.storage {
+            case .v4(let a, _)?:
+                self = .ipv4(a)
+            case .v6(let bytes, _, _)? where bytes.count == 16:
+                if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF {
+                    // ::ffff:a.b.c.d (a dual-stack socket's IPv4 peer): its IPv4 address, in network order.
+                    self = .ipv4(bytes[12..<16].withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) })
+                } else {
+                    self = .ipv6Prefix(bytes[0..<8].reduce(0) { $0 << 8 | UInt64($1) })
+                }
+            default:
+                self = .unknown
+            }
+        }
+
+        /// `"192.0.2.1"`, `"2001:db8:0:1::/64"`.
+        package var description: String {
+            switch self {
+            case .ipv4(let a):
+                return withUnsafeBytes(of: a) { $0.map { String($0) }.joined(separator: ".") }
+            case .ipv6Prefix(let p):
+                let groups = (0..<4).map { String((p >> (48 - 16 * UInt64($0))) & 0xFFFF, radix: 16) }
+                return groups.joined(separator: ":") + "::/64"
+            case .unknown:
+                return "?"
+            }
+        }
+    }
+
+    package enum Verdict: Sendable, Equatable {
+        case admitted
+        /// Over a bound: refuse before any handshake work. `reason` names the bound; the client
+        /// may try again after `retryAfterMilliseconds`. `block`: this refusal made the source's
+        /// count in this second reach ``Limits/blockAfterRefusals`` (said once per second).
+        case busy(reason: String, retryAfterMilliseconds: Int, block: Bool = false)
+    }
+
+    /// A token bucket holding at most one second's worth of `rate` tokens.
+    private struct Bucket: Sendable {
+        var tokens: Double
+        var updated: UInt64
+
+        init(rate: Int, now: UInt64) {
+            tokens = Double(rate)
+            updated = now
+        }
+
+        mutating func refill(rate: Int, now: UInt64) {
+            guard now > updated else { return }
+            tokens = min(Double(rate), tokens + Double(now - updated) * Double(rate) / 1e9)
+            updated = now
+        }
+
+        /// Milliseconds until one token is there.
+        func wait(rate: Int) -> Int { Int(((1 - tokens) * 1000 / Double(rate)).rounded(.up)) }
+    }
+
+    private struct Entry: Sendable {
+        var inFlight = 0
+        var bucket: Bucket?
+        /// Refusals in the second `refusedSecond` (uptime seconds); counted only with a block threshold.
+        var refused = 0
+        var refusedSecond: UInt64 = 0
+    }
+
+    /// More sources than this with an entry: new ones are refused (an attacker spraying sources
+    /// cannot grow the table without bound; the total rate bounds their work anyway).
+    package static let maxTrackedSources = 16_384
+    /// The shortest retry hint: a handshake takes a few milliseconds on a LAN, a retry sooner
+    /// would most likely meet the same bound.
+    package static let minimumRetryMilliseconds = 100
+
+    package let limits: Limits
+    private var total: Bucket?
+    private var sources: [Source: Entry] = [:]
+    /// Prune finished entries when the table grows past this (doubles with what stays).
+    private var pruneAt = 1_024
+    /// With the table full: no pruning before then (uptime nanoseconds).
+    private var noPruneBefore: UInt64 = 0
+    /// Connections in their handshake now, and the most there ever were at once.
+    package private(set) var inFlight = 0
+    package private(set) var highWater = 0
+
+    package init(limits: Limits, now: UInt64) {
+        self.limits = limits
+        total = limits.perSecond.map { Bucket(rate: $0, now: now) }
+    }
+
+    /// Sources with an entry now (tests: the table stays bounded).
+    package var trackedSources: Int { sources.count }
+
+    /// Admits a connection from `source` (its handshake starts; call ``ended(_:)`` when it is done
+    /// or failed) or says which bound it is over.
+    package mutating func admit(_ source: Source, now: UInt64) -> Verdict {
+        let entry = sources[source]
+        if inFlight >= limits.inFlight {
+            return refuse(
+                source, entry, now, "\(inFlight) connections are in their handshake, the most this server takes at once")
+        }
+        if entry == nil && sources.count >= pruneAt {
+            if now >= noPruneBefore { prune(now: now) }
+            if sources.count >= Self.maxTrackedSources {
+                // Pruning again for every new source would cost a scan of the table each:
+                // new sources wait a moment instead.
+                noPruneBefore = now &+ 100_000_000
+                return busy("\(sources.count) sources are starting handshakes, the most this server tracks")
+            }
+        }
+        var current = entry ?? Entry()
+        if current.inFlight >= limits.inFlightPerSource {
+            return refuse(
+                source, current, now,
+                "\(current.inFlight) connections from \(source) are in their handshake, the most this server takes from one source")
+        }
+        if let rate = limits.perSecondPerSource {
+            var bucket = current.bucket ?? Bucket(rate: rate, now: now)
+            bucket.refill(rate: rate, now: now)
+            current.bucket = bucket
+            if bucket.tokens < 1 {
+                return refuse(
+                    source, current, now,
+                    "\(source) started \(rate) handshakes in the last second, the most this server takes from one source",
+                    after: bucket.wait(rate: rate))
+            }
+        }
+        if let rate = limits.perSecond, var bucket = total {
+            bucket.refill(rate: rate, now: now)
+            total = bucket
+            if bucket.tokens < 1 {
+                return refuse(
+                    source, current, now, "\(rate) handshakes started in the last second, the most this server takes",
+                    after: bucket.wait(rate: rate))
+            }
+            total?.tokens -= 1
+        }
+        current.bucket?.tokens -= 1
+        current.inFlight += 1
+        sources[source] = current
+        inFlight += 1
+        highWater = max(highWater, inFlight)
+        return .admitted
+    }
+
+    /// A refusal of `source`: counted toward its block threshold when there is one (its entry
+    /// kept for that, and for a bucket the check above refilled).
+    private mutating func refuse(
+        _ source: Source, _ entry: Entry?, _ now: UInt64, _ reason: String, after milliseconds: Int = 0
+    ) -> Verdict {
+        var block = false
+        if var entry = entry ?? (limits.blockAfterRefusals != nil ? Entry() : nil) {
+            if let threshold = limits.blockAfterRefusals {
+                let second = now / 1_000_000_000
+                if entry.refusedSecond != second {
+                    entry.refusedSecond = second
+                    entry.refused = 0
+                }
+                entry.refused += 1
+                block = entry.refused == threshold
+            }
+            sources[source] = entry
+        }
+        return .busy(
+            reason: reason, retryAfterMilliseconds: max(milliseconds, Self.minimumRetryMilliseconds), block: block)
+    }
+
+    /// A handshake admitted from `source` ended (done or failed): its slot is free.
+    package mutating func ended(_ source: Source) {
+        guard var entry = sources[source], entry.inFlight > 0 else { return }
+        entry.inFlight -= 1
+        inFlight -= 1
+        if entry.inFlight == 0 && entry.bucket == nil && entry.refused == 0 {
+            sources[source] = nil
+        } else {
+            sources[source] = entry
+        }
+    }
+
+    private func busy(_ reason: String, after milliseconds: Int = 0) -> Verdict {
+        .busy(reason: reason, retryAfterMilliseconds: max(milliseconds, Self.minimumRetryMilliseconds))
+    }
+
+    /// Drops the entries that say nothing any more: no handshake in flight and a full bucket.
+    private mutating func prune(now: UInt64) {
+        let rate = limits.perSecondPerSource
+        let second = now / 1_000_000_000
+        sources = sources.filter { _, entry in
+            guard entry.inFlight == 0, entry.refused == 0 || entry.refusedSecond != second else { return true }
+            guard let rate, var bucket = entry.bucket else { return false }
+            bucket.refill(rate: rate, now: now)
+            return bucket.tokens < Double(rate)
+        }
+        pruneAt = min(max(1_024, sources.count * 2), Self.maxTrackedSources)
+    }
+}

@@ -1,0 +1,152 @@
+import Testing
+
+@testable import ProtocolCore
+
+/// Admission before the handshake (issue 28), with a fake clock: in-flight bounds, per-source and
+/// total rates, how sources are counted, and the table's bound under many sources.
+@Suite struct HandshakeAdmissionTests {
+    static let second: UInt64 = 1_000_000_000
+    static let a = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.1", port: 1)!)
+    static let b = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.2", port: 1)!)
+
+    func admission(
+        inFlight: Int = 1_000, perSource: Int = 1_000, perSecond: Int? = nil, perSecondPerSource: Int? = nil
+    ) -> HandshakeAdmission {
+        HandshakeAdmission(
+            limits: .init(inFlight: inFlight, inFlightPerSource: perSource, perSecond: perSecond, perSecondPerSource: perSecondPerSource),
+            now: 0)
+    }
+
+    func isBusy(_ verdict: HandshakeAdmission.Verdict) -> Bool {
+        if case .busy = verdict { return true }
+        return false
+    }
+
+    @Test func inFlightBoundsInAllAndPerSource() {
+        var admission = admission(inFlight: 3, perSource: 2)
+        #expect(admission.admit(Self.a, now: 0) == .admitted)
+        #expect(admission.admit(Self.a, now: 0) == .admitted)
+        let third = admission.admit(Self.a, now: 0)
+        guard case .busy(let reason, let retry, _) = third else { Issue.record("admitted a third from a"); return }
+        #expect(reason.contains("from 192.0.2.1"), "\(reason)")
+        #expect(retry == HandshakeAdmission.minimumRetryMilliseconds)
+        #expect(admission.admit(Self.b, now: 0) == .admitted)  // another source still gets in
+        #expect(isBusy(admission.admit(Self.b, now: 0)))  // the total is reached
+        #expect(admission.inFlight == 3 && admission.highWater == 3)
+        admission.ended(Self.a)
+        #expect(admission.admit(Self.b, now: 0) == .admitted)
+        // Ending more than was admitted changes nothing.
+        for _ in 0..<5 { admission.ended(Self.a) }
+        #expect(admission.inFlight == 2)
+    }
+
+    /// A source gets its rate per second, a burst of one second's worth at once; then one
+    /// handshake each 1/rate seconds, with a retry hint that says when.
+    @Test func aSourceGetsItsRateAndAHintWhenOver() {
+        var admission = admission(perSecondPerSource: 10)
+        for _ in 0..<10 {
+            #expect(admission.admit(Self.a, now: 0) == .admitted)
+            admission.ended(Self.a)  // done at once: only the rate bounds it
+        }
+        guard case .busy(let reason, let retry, _) = admission.admit(Self.a, now: 0) else {
+            Issue.record("an eleventh handshake in the same instant")
+            return
+        }
+        #expect(reason.contains("192.0.2.1 started 10 handshakes"), "\(reason)")
+        #expect(retry == 100)  // 1/10 s until the next token (and the floor is 100 ms)
+        #expect(admission.admit(Self.b, now: 0) == .admitted)  // other sources are not affected
+        #expect(isBusy(admission.admit(Self.a, now: Self.second / 20)))  // half a token
+        #expect(admission.admit(Self.a, now: Self.second / 10) == .admitted)  // one token
+        // After a quiet second the whole burst is back, not more.
+        admission.ended(Self.a)
+        var admitted = 0
+        while admitted < 20, admission.admit(Self.a, now: 3 * Self.second) == .admitted {
+            admission.ended(Self.a)
+            admitted += 1
+        }
+        #expect(admitted == 10)
+    }
+
+    @Test func theTotalRateBoundsManySources() {
+        var admission = admission(perSecond: 5, perSecondPerSource: 100)
+        var admitted = 0
+        for i in 0..<20 {
+            let source = HandshakeAdmission.Source(SocketAddress(numeric: "10.0.0.\(i)", port: 1)!)
+            if admission.admit(source, now: 0) == .admitted { admitted += 1 }
+        }
+        #expect(admitted == 5)
+        guard case .busy(let reason, let retry, _) = admission.admit(Self.a, now: 0) else { Issue.record("admitted"); return }
+        #expect(reason.contains("5 handshakes started in the last second"), "\(reason)")
+        #expect(retry == 200)  // 1/5 s
+    }
+
+    /// A refused attempt takes no token: a source refused because the total is spent keeps its own.
+    @Test func aRefusalTakesNoToken() {
+        var admission = admission(perSecond: 2, perSecondPerSource: 1)
+        let c = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.3", port: 1)!)
+        #expect(admission.admit(Self.a, now: 0) == .admitted)
+        #expect(admission.admit(Self.b, now: 0) == .admitted)
+        #expect(isBusy(admission.admit(c, now: 0)))  // the total's two tokens are gone
+        // Half a second later the total has one token again; c still has its own (charged, it
+        // would have half of one).
+        #expect(admission.admit(c, now: Self.second / 2) == .admitted)
+    }
+
+    /// IPv6 sources count per /64: one host's many addresses share one share; an IPv4-mapped
+    /// address counts as its IPv4 address.
+    @Test func sourcesAreIPv4AddressesAndIPv6Prefixes() {
+        let x = HandshakeAdmission.Source(SocketAddress(numeric: "2001:db8:0:1::5", port: 1)!)
+        let y = HandshakeAdmission.Source(SocketAddress(numeric: "2001:db8:0:1:aaaa:bbbb:cccc:dddd", port: 2)!)
+        let z = HandshakeAdmission.Source(SocketAddress(numeric: "2001:db8:0:2::5", port: 1)!)
+        #expect(x == y && x != z)
+        #expect(x.description == "2001:db8:0:1::/64")
+        let mapped = HandshakeAdmission.Source(SocketAddress(numeric: "::ffff:192.0.2.1", port: 9)!)
+        #expect(mapped == Self.a && mapped.description == "192.0.2.1")
+        #expect(HandshakeAdmission.Source(nil) == .unknown)
+        var admission = admission(perSource: 1)
+        #expect(admission.admit(x, now: 0) == .admitted)
+        #expect(isBusy(admission.admit(y, now: 0)))
+        #expect(admission.admit(z, now: 0) == .admitted)
+    }
+
+    /// A flood from ever new sources: the table stays bounded, finished entries are pruned, and
+    /// past the bound new sources are refused until entries can go.
+    @Test func theSourceTableStaysBounded() {
+        var admission = admission(perSecondPerSource: 1)
+        var refused = 0
+        for i in 0..<(HandshakeAdmission.maxTrackedSources + 5_000) {
+            let source = HandshakeAdmission.Source.ipv4(UInt32(i))
+            if admission.admit(source, now: 0) == .admitted { admission.ended(source) } else { refused += 1 }
+            #expect(admission.trackedSources <= HandshakeAdmission.maxTrackedSources)
+        }
+        #expect(refused == 5_000)  // every bucket is empty in the same instant: none can go
+        // A second later every bucket is full again: the next new source prunes them all.
+        #expect(admission.admit(.ipv4(UInt32.max), now: 2 * Self.second) == .admitted)
+        #expect(admission.trackedSources == 1)
+        // Without rates an entry lives only while its handshake does.
+        var plain = self.admission()
+        #expect(plain.admit(Self.a, now: 0) == .admitted)
+        #expect(plain.trackedSources == 1)
+        plain.ended(Self.a)
+        #expect(plain.trackedSources == 0)
+    }
+
+    /// A source refused `blockAfterRefusals` times within one second is named once to be blocked;
+    /// the count starts again each second, and a source within its share is never named.
+    @Test func aFloodingSourceIsNamedOncePerSecond() {
+        var admission = HandshakeAdmission(
+            limits: .init(inFlight: 1_000, inFlightPerSource: 1_000, perSecond: nil, perSecondPerSource: 2, blockAfterRefusals: 5),
+            now: 0)
+        func blocks(_ verdict: HandshakeAdmission.Verdict) -> Bool {
+            if case .busy(_, _, let block) = verdict { return block }
+            return false
+        }
+        // 20 attempts in the same instant: 2 admitted (its rate), then refusals; the fifth names it.
+        let named = (0..<20).filter { _ in blocks(admission.admit(Self.a, now: 0)) }
+        #expect(named == [6])
+        // Another source refused four times in that second is not named.
+        #expect((0..<6).filter { _ in blocks(admission.admit(Self.b, now: 0)) }.isEmpty)
+        // The next second counts from zero: named again, once, at its fifth refusal there.
+        #expect((0..<20).filter { _ in blocks(admission.admit(Self.a, now: Self.second + Self.second / 2)) }.count == 1)
+    }
+}
