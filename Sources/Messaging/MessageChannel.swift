@@ -45,6 +45,8 @@ public final class MessageChannel: @unchecked Sendable {
     /// The transfers' buffer, made on first use: most channels never receive a transfer, and an
     /// idle channel should not pay for a second buffer.
     private let lazyTransferBuffer = AtomicLazyReference<BoundedQueue<IncomingTransfer>>()
+    /// Where transfers go instead of the buffer (``sendTransfers(to:)``).
+    private let transferSink = Locked<(@Sendable (IncomingTransfer) -> Void)?>(nil)
     var transferBuffer: BoundedQueue<IncomingTransfer> {
         if let buffer = lazyTransferBuffer.load() { return buffer }
         return lazyTransferBuffer.storeIfNil(Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
@@ -415,7 +417,24 @@ extension MessageChannel: ConnectionHandler {
             TransferProgress(
                 streamID: frame.sequence, typeID: frame.typeID, completedBytes: 0, totalBytes: header.size,
                 isFinished: false))
-        transferBuffer.push(transfer)
+        // Under the sink's lock, so that a sink set meanwhile sees this transfer in the buffer.
+        let sink = transferSink.withLock { sink -> (@Sendable (IncomingTransfer) -> Void)? in
+            if sink == nil { transferBuffer.push(transfer) }
+            return sink
+        }
+        sink?(transfer)
+    }
+
+    /// Hands this channel's transfers to `sink` (on the loop, in order) instead of ``transfers``.
+    /// A server uses it so that no task waits per connection for a transfer that most never get
+    /// (a waiting task costs ~2.9 KB: `Benchmarks/idle.sh`). Returns false when transfers already
+    /// arrived in the buffer: then the caller reads ``transfers`` as before.
+    func sendTransfers(to sink: @escaping @Sendable (IncomingTransfer) -> Void) -> Bool {
+        transferSink.withLock { current in
+            guard lazyTransferBuffer.load() == nil else { return false }
+            current = sink
+            return true
+        }
     }
 
     private func handleChunk(_ frame: Frame) {

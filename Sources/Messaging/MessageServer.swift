@@ -454,8 +454,12 @@ public final class MessageServer: Service, Sendable {
         }
         connection.pump.withLock { $0 = pump }
         state.withLock { $0.pumps[connection.id] = pump }
-        Task {
-            for await transfer in channel.transfers { await queue.pushWaiting(.transfer(connection, transfer)) }
+        // Transfers straight from the channel's loop into the events (a transfer's chunks have
+        // their own bounded buffer); a task only when some arrived before this point.
+        if !channel.sendTransfers(to: { queue.push(.transfer(connection, $0)) }) {
+            Task {
+                for await transfer in channel.transfers { await queue.pushWaiting(.transfer(connection, transfer)) }
+            }
         }
     }
 

@@ -10,6 +10,7 @@
 //   bench-siege legit --port P --count N     one new encrypted connection a second, N times; a
 //       busy refusal is retried after the server's hint until 2 s have passed; prints each
 //       connect's time and RESULT LEGIT (succeeded within 2 s, p50, max)
+//   bench-siege idle-server / idle-clients   many idle encrypted connections (Benchmarks/idle.sh)
 import BenchCommon
 import Foundation
 import Logging
@@ -66,11 +67,13 @@ func runServer() async throws {
     }
 }
 
-func connect(_ port: UInt16) async throws -> MessageChannel {
+func connect(_ port: UInt16, ping: Bool = true) async throws -> MessageChannel {
     var logger = Logger(label: "siege-client")
     logger.logLevel = .error
+    var configuration = channelConfiguration("client")
+    if !ping { configuration.pingInterval = nil }
     return try await MessageChannel.connect(
-        to: [SocketAddress.ipv4Loopback(port: port)], configuration: channelConfiguration("client"), logger: logger)
+        to: [SocketAddress.ipv4Loopback(port: port)], configuration: configuration, logger: logger)
 }
 
 /// Round trips for `seconds`, each request sent when the previous reply arrived (W2's handler
@@ -156,8 +159,146 @@ func runLegit(_ port: UInt16) async throws {
     if let failure = failures.first { FileHandle.standardError.write(Data("LEGIT first failure: \(failure)\n".utf8)) }
 }
 
+// MARK: Many idle connections (issue 28, item 3)
+
+/// `bench-siege idle-server --connections N [--idle-seconds S]`: a MessageServer with heartbeats
+/// as configured by default (ping every 5 s on both sides). Waits for N connections (reports the
+/// time from the first accept to the last), then RSS per connection above the empty server, its
+/// CPU while they idle for S seconds, a broadcast to all of them (the clients report when they got
+/// it), and how long stop() takes to close them all with GOODBYE.
+func runIdleServer() async throws {
+    let target = options.int("connections", 19_000)
+    let idleSeconds = options.int("idle-seconds", 60)
+    var logger = Logger(label: "siege-idle")
+    logger.logLevel = .notice
+    var configuration = ServerConfiguration(serviceType: "_siege._tcp", serviceName: "idle")
+    configuration.publish = false
+    configuration.listener.loopbackOnly = true
+    configuration.listener.families = [.ipv4]
+    configuration.listener.backlog = 4096
+    configuration.channel.security = security
+    configuration.maxConnections = target + 100
+    // Every client comes from 127.0.0.1 (a test harness, as the setting's documentation says).
+    configuration.maxHandshakesPerSecondPerAddress = nil
+    configuration.maxHandshakesPerSecond = nil
+    configuration.maxPendingHandshakesPerAddress = 512
+    configuration.eventBufferLimit = 100_000
+    // (for finding where the cost is: --ping off, the server without heartbeats; --sessions off)
+    if options.string("ping", "on") == "off" { configuration.channel.pingInterval = nil }
+    if options.string("sessions", "on") == "off" { configuration.session = nil }
+    let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+    try await server.start()
+    guard let port = server.port else { fail("no port") }
+    try await Task.sleep(for: .milliseconds(500))
+    let emptyRSS = residentBytes()
+    emit("READY \(port)")
+    var accepted = 0
+    var first: ContinuousClock.Instant?
+    var events = server.events.makeAsyncIterator()
+    while accepted < target {
+        guard let event = await events.next() else { fail("events ended") }
+        if case .accepted = event {
+            if first == nil { first = .now }
+            accepted += 1
+        }
+    }
+    let acceptSeconds = seconds(since: first!)
+    // Drain events in the background (nothing more is expected but closes).
+    let drain = Task { while await events.next() != nil {} }
+    try await Task.sleep(for: .seconds(3))  // handshakes' leftovers settle
+    let rss = residentBytes()
+    emit(
+        "RESULT IDLE19K accept connections=\(target) accept_all_s=\(fmt(acceptSeconds, 2)) rss_empty_kib=\(emptyRSS / 1024) "
+            + "rss_kib=\(rss / 1024) bytes_per_conn=\(fmt(Double(rss - emptyRSS) / Double(target), 0)) threads=\(processStatus("Threads"))")
+    let cpu0 = cpuSeconds()
+    let t0 = ContinuousClock.now
+    try await Task.sleep(for: .seconds(idleSeconds))
+    let cpu = (cpuSeconds() - cpu0) / seconds(since: t0)
+    emit(
+        "RESULT IDLE19K idle seconds=\(idleSeconds) cpu_percent=\(fmt(cpu * 100, 2)) connections=\(server.connections.count) "
+            + "rss_kib=\(residentBytes() / 1024)")
+    emit("BROADCAST_AT \(nowNanos())")
+    let broadcastStart = ContinuousClock.now
+    let results = await server.broadcast(Sample.make(7), type: "b")
+    emit(
+        "RESULT IDLE19K broadcast queued_s=\(fmt(seconds(since: broadcastStart), 3)) sent=\(results.filter(\.succeeded).count) "
+            + "failed=\(results.filter { !$0.succeeded }.count)")
+    try await Task.sleep(for: .seconds(5))  // the clients report when the last one got it
+    let stopStart = ContinuousClock.now
+    emit("STOP_AT \(nowNanos())")
+    await server.stop()
+    emit("RESULT IDLE19K stop stop_s=\(fmt(seconds(since: stopStart), 3)) left=\(server.connections.count)")
+    drain.cancel()
+}
+
+/// This process's CPU time (user + system), seconds.
+func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
+/// `bench-siege idle-clients --port P --count N`: N encrypted connections (32 connecting at once),
+/// default heartbeats; prints when the broadcast reached the last of them and how they closed.
+func runIdleClients(_ port: UInt16) async throws {
+    let count = options.int("count", 9_500)
+    final class Tally: @unchecked Sendable {  // guarded by lock
+        let lock = NSLock()
+        var received = 0
+        var lastReceived: UInt64 = 0
+        var closed = 0
+        var goodbyes = 0
+        var lastClosed: UInt64 = 0
+        var channels: [MessageChannel] = []
+    }
+    let tally = Tally()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for worker in 0..<32 {
+            group.addTask {
+                var i = worker
+                while i < count {
+                    let channel = try await connect(port, ping: options.string("ping", "on") == "on")
+                    channel.on(type: "b", as: Sample.self) { _, _ in
+                        let now = nowNanos()
+                        tally.lock.withLock {
+                            tally.received += 1
+                            tally.lastReceived = max(tally.lastReceived, now)
+                        }
+                    }
+                    tally.lock.withLock { tally.channels.append(channel) }
+                    Task {
+                        let reason = await channel.closed()
+                        let now = nowNanos()
+                        tally.lock.withLock {
+                            tally.closed += 1
+                            if case .goodbye = reason { tally.goodbyes += 1 }
+                            tally.lastClosed = max(tally.lastClosed, now)
+                        }
+                    }
+                    i += 32
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+    emit("CONNECTED \(count)")
+    let deadline = ContinuousClock.now + .seconds(options.int("hold", 300))
+    while ContinuousClock.now < deadline {
+        let closed = tally.lock.withLock { tally.closed }
+        if closed == count { break }
+        try await Task.sleep(for: .milliseconds(100))
+    }
+    tally.lock.withLock {
+        emit(
+            "CLIENTS count=\(count) broadcast_received=\(tally.received) last_received_ns=\(tally.lastReceived) "
+                + "closed=\(tally.closed) goodbyes=\(tally.goodbyes) last_closed_ns=\(tally.lastClosed)")
+    }
+}
+
 do {
     switch role {
+    case "idle-server": try await runIdleServer()
+    case "idle-clients": try await runIdleClients(UInt16(options.int("port", 0)))
     case "server": try await runServer()
     case "w2": try await runW2(UInt16(options.int("port", 0)))
     case "legit": try await runLegit(UInt16(options.int("port", 0)))

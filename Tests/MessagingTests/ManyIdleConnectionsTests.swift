@@ -1,0 +1,83 @@
+import Foundation
+import Testing
+
+import Locks
+@testable import Messaging
+import ProtocolCore
+
+/// Many idle encrypted connections on one server with heartbeats running (issue 28), in a short
+/// form (the full one, 19,000 connections with its figures, is `Benchmarks/idle.sh`): they all stay
+/// up through heartbeat rounds, a broadcast reaches every one, and stop() closes them all with
+/// GOODBYE within its grace period.
+@Suite(.serialized) struct ManyIdleConnectionsTests {
+    @Test func fourHundredIdleConnectionsStayUpGetABroadcastAndAGoodbye() async throws {
+        let count = 400
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Idle")
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        configuration.publish = false
+        configuration.listener.loopbackOnly = true
+        configuration.listener.families = [.ipv4]
+        configuration.maxHandshakesPerSecondPerAddress = nil  // all from 127.0.0.1
+        configuration.eventBufferLimit = 10_000
+        // Heartbeats every 100 ms each way, dead after 2 s: many rounds within the test.
+        configuration.channel.pingInterval = .milliseconds(100)
+        configuration.channel.heartbeatTimeout = .seconds(2)
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+        try await server.start()
+        let port = try #require(server.port)
+        let events = EventLog<ServerEvent>()
+        let pump = Task { for await event in server.events { events.append(event) } }
+
+        var client = ChannelConfiguration(name: "idle")
+        client.security = configuration.channel.security
+        client.pingInterval = .milliseconds(100)
+        client.heartbeatTimeout = .seconds(2)
+        let clientConfiguration = client
+        let received = Locked(0)
+        let channels = try await withThrowingTaskGroup(of: [MessageChannel].self) { group in
+            for worker in 0..<8 {
+                group.addTask {
+                    var mine: [MessageChannel] = []
+                    for _ in stride(from: worker, to: count, by: 8) {
+                        let channel = try await MessageChannel.connect(
+                            to: [.ipv4Loopback(port: port)], configuration: clientConfiguration, logger: testLogger())
+                        channel.on(type: "news", as: String.self) { _, _ in received.withLock { $0 += 1 } }
+                        mine.append(channel)
+                    }
+                    return mine
+                }
+            }
+            return try await group.reduce(into: []) { $0 += $1 }
+        }
+        #expect(channels.count == count)
+        try await waitUntil("\(count) connections on the server") { server.connections.count == count }
+
+        // Twenty heartbeat rounds (2 s): nobody is dropped, nobody falls silent.
+        let idleEnd = ContinuousClock.now + .seconds(2)
+        while ContinuousClock.now < idleEnd {
+            #expect(server.connections.count == count)
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        #expect(events.count { if case .closed = $0 { true } else { false } } == 0)
+        var silent = 0
+        for connection in server.connections where await connection.health.sinceLastHeard >= .seconds(1) { silent += 1 }
+        #expect(silent == 0)
+
+        let results = await server.broadcast("hello, everyone", type: "news")
+        #expect(results.count == count && results.allSatisfy(\.succeeded))
+        try await waitUntil("the broadcast at every client") { received.withLock { $0 } == count }
+
+        let stopStart = ContinuousClock.now
+        await server.stop()
+        let stopTook = ContinuousClock.now - stopStart
+        let reasons = await withTaskGroup(of: CloseReason.self) { group in
+            for channel in channels { group.addTask { await channel.closed() } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        let goodbyes = reasons.filter { if case .goodbye = $0 { true } else { false } }.count
+        #expect(goodbyes == count, "\(count - goodbyes) closed otherwise: \(reasons.first { if case .goodbye = $0 { false } else { true } }.map { "\($0)" } ?? "")")
+        #expect(stopTook < configuration.stopGracePeriod, "stop() took \(stopTook)")
+        pump.cancel()
+        print("MEASURED \(count) idle encrypted connections: stop() closed them all with GOODBYE in \(stopTook)")
+    }
+}
