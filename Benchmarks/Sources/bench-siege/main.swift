@@ -11,6 +11,7 @@
 //       busy refusal is retried after the server's hint until 2 s have passed; prints each
 //       connect's time and RESULT LEGIT (succeeded within 2 s, p50, max)
 //   bench-siege idle-server / idle-clients   many idle encrypted connections (Benchmarks/idle.sh)
+//   bench-siege soak-server / soak-clients   an hour of churn (Benchmarks/soak.sh)
 import BenchCommon
 import Foundation
 import Logging
@@ -295,8 +296,195 @@ func runIdleClients(_ port: UInt16) async throws {
     }
 }
 
+// MARK: Soak (issue 28, item 4)
+
+/// A numbered one-way message of a session client (the server checks each arrives once, in order).
+struct Numbered: Codable, Sendable {
+    var client: Int
+    var n: Int
+}
+
+struct SoakError: Error, CustomStringConvertible {
+    let text: String
+    var description: String { text }
+}
+
+/// Open file descriptors of this process.
+func openDescriptors() -> Int {
+    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+}
+
+/// `bench-siege soak-server --minutes M`: a MessageServer (encrypted, sessions) under the soak's
+/// churn. Answers requests "s"; checks the session clients' numbered messages (once each, in
+/// order); broadcasts every 10 s; prints a SOAK line every minute (fds, RSS, connections, threads)
+/// and at the end the messages received, duplicated and missing.
+func runSoakServer() async throws {
+    let minutes = options.int("minutes", 60)
+    var logger = Logger(label: "siege-soak")
+    logger.logLevel = .warning
+    var configuration = ServerConfiguration(serviceType: "_siege._tcp", serviceName: "soak")
+    configuration.publish = false
+    configuration.listener.loopbackOnly = true
+    configuration.listener.families = [.ipv4]
+    configuration.channel.security = security
+    configuration.maxHandshakesPerSecondPerAddress = nil  // every client is 127.0.0.1
+    let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+    try await server.start()
+    guard let port = server.port else { fail("no port") }
+    emit("READY \(port)")
+    final class Check: @unchecked Sendable {  // guarded by lock
+        let lock = NSLock()
+        var next: [Int: Int] = [:]  // client -> next expected number
+        var received = 0
+        var duplicates = 0
+        var gaps = 0
+    }
+    let check = Check()
+    let events = Task {
+        for await event in server.events {
+            switch event {
+            case .accepted(let connection):
+                let channel = connection.channel
+                channel.on(type: "s", as: Sample.self) { sample, message in
+                    _ = try? channel.trySend(sample, type: "s", replyTo: message.sequence)
+                }
+            case .resumed(let connection, _):
+                let channel = connection.channel
+                channel.on(type: "s", as: Sample.self) { sample, message in
+                    _ = try? channel.trySend(sample, type: "s", replyTo: message.sequence)
+                }
+            case .received(let connection, let message):
+                if message.typeID == "n", let numbered = try? message.decode(Numbered.self) {
+                    check.lock.withLock {
+                        check.received += 1
+                        let expected = check.next[numbered.client, default: 0]
+                        if numbered.n < expected { check.duplicates += 1 }
+                        if numbered.n > expected { check.gaps += numbered.n - expected }
+                        check.next[numbered.client] = max(expected, numbered.n + 1)
+                    }
+                } else if let sample = try? message.decode(Sample.self) {
+                    _ = try? connection.channel.trySend(sample, type: "s", replyTo: message.sequence)
+                }
+            default:
+                break
+            }
+        }
+    }
+    let start = ContinuousClock.now
+    var minute = 0
+    while minute < minutes {
+        for _ in 0..<6 {
+            try await Task.sleep(for: .seconds(10))
+            _ = await server.broadcast(Sample.make(1), type: "b")
+        }
+        minute += 1
+        let (received, duplicates, gaps) = check.lock.withLock { (check.received, check.duplicates, check.gaps) }
+        emit(
+            "SOAK minute=\(minute) fds=\(openDescriptors()) rss_kib=\(residentBytes() / 1024) connections=\(server.connections.count) "
+                + "threads=\(processStatus("Threads")) received=\(received) duplicates=\(duplicates) gaps=\(gaps) "
+                + "elapsed_s=\(fmt(seconds(since: start), 0))")
+    }
+    // The clients stop first (the runner waits for them): what they sent has arrived by now.
+    try await Task.sleep(for: .seconds(options.int("drain", 20)))
+    let (received, duplicates, gaps) = check.lock.withLock { (check.received, check.duplicates, check.gaps) }
+    let lastByClient = check.lock.withLock { check.next }
+    emit("SOAKEND received=\(received) duplicates=\(duplicates) gaps=\(gaps) clients=\(lastByClient.count) next=\(lastByClient.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","))")
+    events.cancel()
+    await server.stop()
+}
+
+/// `bench-siege soak-clients --port P --minutes M`: the churn. 20 session clients send a numbered
+/// one-way message every 100 ms each and have their connection killed every 30 s (the session
+/// resumes); 4 workers connect, make a request and close, over and over (about 20 connections a
+/// second); one connection makes requests as fast as it can (it rekeys every 65,536 messages).
+/// Prints what each session client sent.
+func runSoakClients(_ port: UInt16) async throws {
+    let minutes = options.int("minutes", 60)
+    let end = ContinuousClock.now + .seconds(minutes * 60)
+    let logger: Logger = {
+        var logger = Logger(label: "siege-soak-client")
+        logger.logLevel = .error
+        return logger
+    }()
+    final class Totals: @unchecked Sendable {  // guarded by lock
+        let lock = NSLock()
+        var sent: [Int: Int] = [:]
+        var churned = 0
+        var requests = 0
+        var kills = 0
+        var failures: [String] = []
+    }
+    let totals = Totals()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for id in 0..<20 {
+            group.addTask {
+                var configuration = ClientConfiguration(peerName: "soak-\(id)")
+                configuration.channel.security = security
+                configuration.reconnect = ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .seconds(1), maxAttempts: nil)
+                configuration.peerMemory = nil
+                let client = try await MessageClient.connect(
+                    to: .host("127.0.0.1", port: port), configuration: configuration, logger: logger)
+                let drain = Task { for await _ in client.events {} }
+                var n = 0
+                var nextKill = ContinuousClock.now + .seconds(30) + .milliseconds(1_500 * id)
+                while ContinuousClock.now < end {
+                    try await client.send(Numbered(client: id, n: n), type: "n")
+                    n += 1
+                    totals.lock.withLock { totals.sent[id] = n }
+                    if ContinuousClock.now >= nextKill {
+                        client.channel?.abort()  // a lost connection: the session resumes
+                        totals.lock.withLock { totals.kills += 1 }
+                        nextKill = ContinuousClock.now + .seconds(30)
+                    }
+                    try await Task.sleep(for: .milliseconds(100))
+                }
+                // Everything sent is acknowledged before closing (exactly once: nothing lost).
+                let settle = ContinuousClock.now + .seconds(15)
+                while client.unacknowledgedCount > 0, ContinuousClock.now < settle { try await Task.sleep(for: .milliseconds(50)) }
+                await client.close()
+                drain.cancel()
+            }
+        }
+        for _ in 0..<4 {
+            group.addTask {
+                while ContinuousClock.now < end {
+                    let started = ContinuousClock.now
+                    do {
+                        let channel = try await connect(port)
+                        let reply: Sample = try await channel.request(Sample.make(2), type: "s", expecting: Sample.self)
+                        guard reply == Sample.make(2) else { throw SoakError(text: "a wrong reply") }
+                        channel.close()
+                        totals.lock.withLock { totals.churned += 1 }
+                    } catch {
+                        totals.lock.withLock { if totals.failures.count < 10 { totals.failures.append("churn: \(error)") } }
+                    }
+                    try await Task.sleep(until: started + .milliseconds(200))
+                }
+            }
+        }
+        group.addTask {
+            let channel = try await connect(port)
+            let sample = Sample.make(3)
+            while ContinuousClock.now < end {
+                for _ in 0..<1_000 { _ = try await channel.request(sample, type: "s", expecting: Sample.self) }
+                totals.lock.withLock { totals.requests += 1_000 }
+            }
+            channel.close()
+        }
+        try await group.waitForAll()
+    }
+    totals.lock.withLock {
+        emit(
+            "SOAKCLIENTS sent=\(totals.sent.values.reduce(0, +)) kills=\(totals.kills) churned=\(totals.churned) requests=\(totals.requests) "
+                + "next=\(totals.sent.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","))")
+        for failure in totals.failures { emit("SOAKFAILURE \(failure)") }
+    }
+}
+
 do {
     switch role {
+    case "soak-server": try await runSoakServer()
+    case "soak-clients": try await runSoakClients(UInt16(options.int("port", 0)))
     case "idle-server": try await runIdleServer()
     case "idle-clients": try await runIdleClients(UInt16(options.int("port", 0)))
     case "server": try await runServer()
