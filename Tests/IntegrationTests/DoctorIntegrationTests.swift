@@ -107,7 +107,9 @@ struct DoctorIntegrationTests {
         let server = try Harness.spawn(
             onB: true, [Harness.binary("lanmsg-echo"), "--name", "Doctor Echo", "--type", "_itest-doctor._tcp"])
         defer { server.stop() }
-        try await server.waitForOutput("listening on port")
+        // Published, not only listening: the doctor browses for 2 s, and avahi's probing before
+        // the announcement took most of that once in CI (the service was "not found").
+        try await server.waitForOutput("published as Doctor Echo")
         let (status, output) = try doctor(["--service", "Doctor Echo", "--type", "_itest-doctor._tcp"])
         #expect(status == 0)
         #expect(output.contains("ok    service: found 'Doctor Echo' on va"))
