@@ -365,6 +365,8 @@ extension MessageChannel: ConnectionHandler {
         }
         messageBuffer.finish()
         transferBuffer.finish()
+        // The sink holds its receiver (a server's connection, which holds this channel): let go.
+        transferSink.withLock { $0 = nil }
     }
 
     func violation(_ text: String) {

@@ -81,3 +81,26 @@ import ProtocolCore
         print("MEASURED \(count) idle encrypted connections: stop() closed them all with GOODBYE in \(stopTook)")
     }
 }
+
+/// A server lets go of its closed connections (the soak found one kept by a cycle: a connection
+/// holding its channel, the channel holding the connection through the hand-off of its transfers).
+@Suite struct ClosedConnectionsAreFreedTests {
+    @Test func aClosedConnectionsChannelIsFreed() async throws {
+        final class Weak: @unchecked Sendable {  // set once, before it is read
+            weak var channel: MessageChannel?
+        }
+        let harness = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
+        let serverSide = Weak()
+        let client = try await harness.client("leaving")
+        do {  // (the event holds the connection: not beyond this block)
+            let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            if case .accepted(let connection) = accepted { serverSide.channel = connection.channel }
+        }
+        #expect(serverSide.channel != nil)
+        await client.close()
+        try await harness.events.wait("closed") { if case .closed = $0 { true } else { false } }
+        harness.events.clear()  // the events hold the connection too
+        try await waitUntil("the closed channel freed", timeout: .seconds(5)) { serverSide.channel == nil }
+        await harness.server.stop()
+    }
+}

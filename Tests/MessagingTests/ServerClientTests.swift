@@ -61,6 +61,7 @@ final class EventLog<Element: Sendable>: Sendable {
     private let items = Locked<[Element]>([])
     func append(_ element: Element) { items.withLock { $0.append(element) } }
     var all: [Element] { items.withLock { $0 } }
+    func clear() { items.withLock { $0.removeAll() } }
 
     @discardableResult
     func wait(timeout: Duration = .seconds(10), _ what: String, where predicate: (Element) -> Bool) async throws -> Element {
