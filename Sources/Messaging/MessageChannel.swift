@@ -194,9 +194,7 @@ public final class MessageChannel: @unchecked Sendable {
     func activate() {
         configuration.metrics?.open.increment()
         driver.setHandler(self)
-        if let interval = configuration.pingInterval {
-            driver.setDeadline(.heartbeat, at: uptimeNanoseconds() &+ interval.nanoseconds)
-        }
+        if let beat = heartbeat { armHeartbeat(beat, from: uptimeNanoseconds()) }
     }
 
     // MARK: Handlers
@@ -306,6 +304,7 @@ extension MessageChannel: ConnectionHandler {
             handleMessage(frame)
         case .ping:
             driver.enqueue(Frame(kind: .pong, reference: frame.sequence), bypassLimit: true) { _ in }
+            pingAlongIfDueSoon()
         case .pong:
             if let reference = frame.reference, rtt.pongReceived(reference: reference, now: uptimeNanoseconds()),
                 let watchers = sessionLink?.healthWatchers, !watchers.isEmpty
@@ -643,16 +642,36 @@ extension MessageChannel: ConnectionHandler {
         }
     }
 
+    /// Answering the peer's PING: this side's own goes along in the same write when it is due soon
+    /// (``Heartbeat/pingsAlong(now:due:)``: an idle server's CPU is its wakeups, issue 28). On the loop.
+    private func pingAlongIfDueSoon() {
+        guard let beat = heartbeat, let due = driver.coarseDeadlines[.heartbeat] else { return }
+        let now = uptimeNanoseconds()
+        guard beat.pingsAlong(now: now, due: due) else { return }
+        ping()
+        armHeartbeat(beat, from: now)
+    }
+
+    /// The heartbeat as configured; nil without heartbeat.
+    private var heartbeat: Heartbeat? {
+        guard let interval = configuration.pingInterval else { return nil }
+        return Heartbeat(interval: interval.nanoseconds, timeout: configuration.heartbeatTimeout.nanoseconds)
+    }
+
+    /// The next heartbeat `beat.interval` after `now`. On the loop.
+    private func armHeartbeat(_ beat: Heartbeat, from now: UInt64) {
+        driver.setDeadline(.heartbeat, at: now &+ beat.interval, slack: beat.slack)
+    }
+
     private func heartbeatTick() {
-        guard let interval = configuration.pingInterval else { return }
-        let beat = Heartbeat(interval: interval.nanoseconds, timeout: configuration.heartbeatTimeout.nanoseconds)
+        guard let beat = heartbeat else { return }
         switch beat.tick(now: uptimeNanoseconds(), lastHeard: driver.lastFrameTime, readingPaused: driver.isReadPaused) {
         case .timedOut:
-            logger.warning("peer sent nothing for \(configuration.heartbeatTimeout); closing (heartbeat timeout)")
+            logger.warning("peer sent nothing for \(Duration.nanoseconds(Int64(beat.timeout))); closing (heartbeat timeout)")
             driver.tearDown(.heartbeatTimeout)
-        case .ping(let next):
+        case .ping:
             ping()
-            driver.setDeadline(.heartbeat, at: next)
+            armHeartbeat(beat, from: uptimeNanoseconds())
         }
     }
 }

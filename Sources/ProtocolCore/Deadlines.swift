@@ -74,3 +74,77 @@ package struct Deadlines: Sendable, Equatable {
     /// Clears every deadline.
     package mutating func clearAll() { self = Deadlines() }
 }
+
+/// The coarse deadlines of one connection — the heartbeat and the idle check, seconds apart and
+/// tolerant of a little earliness — kept apart from ``Deadlines`` so that a loop serves them for
+/// all its connections with one timer (`LoopSweep` in Transport): each deadline carries a *slack*,
+/// how much earlier it may be handled, and the loop handles every connection whose window opened
+/// when its timer fires. Connections handled together re-arm together, so an idle server's
+/// heartbeats come in a few batches per interval instead of one wakeup per connection.
+/// Times are uptime nanoseconds; the core never reads a clock.
+package struct CoarseDeadlines: Sendable, Equatable {
+    private var heartbeat: UInt64 = 0
+    private var heartbeatSlack: UInt32 = 0
+    private var idleSlack: UInt32 = 0
+    private var idleCheck: UInt64 = 0
+
+    /// The longest slack kept: a second (in nanoseconds, it fits 32 bits).
+    package static let maxSlack: UInt64 = 1_000_000_000
+
+    package init() {}
+
+    /// Whether `kind` is kept here rather than in ``Deadlines``.
+    package static func holds(_ kind: Deadlines.Kind) -> Bool { kind == .heartbeat || kind == .idleCheck }
+
+    /// Sets (nil: clears) the deadline of `kind` (``Deadlines/Kind/heartbeat`` or
+    /// ``Deadlines/Kind/idleCheck``), which may be handled up to `slack` nanoseconds early
+    /// (at most ``maxSlack``).
+    package mutating func set(_ kind: Deadlines.Kind, at time: UInt64?, slack: UInt64) {
+        let at = time.map { max($0, 1) } ?? 0
+        let early = UInt32(min(slack, Self.maxSlack))
+        switch kind {
+        case .heartbeat: (heartbeat, heartbeatSlack) = (at, early)
+        case .idleCheck: (idleCheck, idleSlack) = (at, early)
+        default: preconditionFailure("\(kind) is not a coarse deadline")
+        }
+    }
+
+    /// The deadline of `kind`, if set.
+    package subscript(kind: Deadlines.Kind) -> UInt64? {
+        let value = kind == .heartbeat ? heartbeat : kind == .idleCheck ? idleCheck : 0
+        return value == 0 ? nil : value
+    }
+
+    /// The earliest deadline (when the loop's timer must fire at the latest), if any.
+    package var earliest: UInt64? {
+        switch (heartbeat, idleCheck) {
+        case (0, 0): nil
+        case (0, let idle): idle
+        case (let beat, 0): beat
+        case (let beat, let idle): min(beat, idle)
+        }
+    }
+
+    /// Whether a deadline's window is open at `now` (its time minus its slack has come).
+    package func isDue(now: UInt64) -> Bool {
+        (heartbeat != 0 && heartbeat &- UInt64(heartbeatSlack) <= now)
+            || (idleCheck != 0 && idleCheck &- UInt64(idleSlack) <= now)
+    }
+
+    /// Clears and returns the deadlines whose window is open at `now`, idle check first.
+    package mutating func expire(now: UInt64) -> [Deadlines.Kind] {
+        var due: [Deadlines.Kind] = []
+        if idleCheck != 0 && idleCheck &- UInt64(idleSlack) <= now {
+            idleCheck = 0
+            due.append(.idleCheck)
+        }
+        if heartbeat != 0 && heartbeat &- UInt64(heartbeatSlack) <= now {
+            heartbeat = 0
+            due.append(.heartbeat)
+        }
+        return due
+    }
+
+    /// Clears both.
+    package mutating func clearAll() { self = CoarseDeadlines() }
+}

@@ -28,6 +28,16 @@ package struct Heartbeat: Sendable {
         if !readingPaused && now &- lastHeard > timeout { return .timedOut }
         return .ping(next: now &+ interval)
     }
+
+    /// How early this side's PING may go, so that peers' heartbeats share wakeups: a due time
+    /// within an eighth of an interval (at most a second) may be handled now (``CoarseDeadlines``).
+    package var slack: UInt64 { min(interval / 8, CoarseDeadlines.maxSlack) }
+
+    /// A PING from the peer is being answered at `now` and this side's own is due at `due`: whether
+    /// to send it now, in the same write as the PONG (it is due within half an interval); the
+    /// heartbeat is then re-armed from `now`. One exchange of three frames gives both sides their
+    /// round-trip sample, instead of two exchanges at unrelated times.
+    package func pingsAlong(now: UInt64, due: UInt64) -> Bool { due <= now &+ interval / 2 }
 }
 
 /// Round-trip time from PING/PONG, smoothed as TCP does (RFC 6298: SRTT and RTTVAR with gains 1/8

@@ -85,6 +85,10 @@ package final class ConnectionDriver: @unchecked Sendable {
         var source: (any DispatchSourceTimer)?
     }
     private var timing: Timing?
+    /// The heartbeat and the idle check, served by the loop's one timer (``LoopSweep``).
+    package private(set) var coarseDeadlines = CoarseDeadlines()
+    /// This connection's place in the loop's sweep (-1: not in it). Kept by ``LoopSweep``.
+    var sweepIndex = -1
     /// When the last complete frame arrived (uptime ns).
     package private(set) var lastFrameTime: UInt64 = 0
     private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []
@@ -136,7 +140,9 @@ package final class ConnectionDriver: @unchecked Sendable {
         // continuation (~150 bytes) for the connection's whole life otherwise.
         readSource = read
         read.resume()
-        if let idle = configuration.idleTimeout { setDeadline(.idleCheck, at: lastFrameTime &+ idle.nanoseconds) }
+        if let idle = configuration.idleTimeout?.nanoseconds {
+            setDeadline(.idleCheck, at: lastFrameTime &+ idle, slack: idle / 8)
+        }
     }
 
     /// Hands the connection to another owner (the hello exchange hands over to the channel). On the loop.
@@ -224,6 +230,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         for waiter in waiters { waiter(.failure(error)) }
         timing?.source?.cancel()
         timing = nil
+        coarseDeadlines.clearAll()
+        loop.sweep.remove(self)
         if let read = readSource {
             sourcesToCancel = writeSource == nil ? 1 : 2
             // Setting a cancel handler on an active source is allowed; Dispatch runs it after the
@@ -257,9 +265,16 @@ package final class ConnectionDriver: @unchecked Sendable {
     // MARK: Deadlines (one timer)
 
     /// Sets (or clears, with nil) a deadline in uptime nanoseconds; the owner is told when it passes.
+    /// The heartbeat and the idle check are coarse (``CoarseDeadlines``): served by the loop's one
+    /// timer, possibly up to `slack` early (at most a second), together with other connections'.
     /// On the loop.
-    package func setDeadline(_ kind: Deadlines.Kind, at time: UInt64?) {
+    package func setDeadline(_ kind: Deadlines.Kind, at time: UInt64?, slack: UInt64 = 0) {
         guard !isClosed else { return }
+        if CoarseDeadlines.holds(kind) {
+            coarseDeadlines.set(kind, at: time, slack: slack)
+            loop.sweep.update(self)
+            return
+        }
         if time == nil && timing == nil { return }
         let timing = self.timing ?? Timing()
         self.timing = timing
@@ -299,12 +314,24 @@ package final class ConnectionDriver: @unchecked Sendable {
         for kind in timing.deadlines.expire(now: now) {
             guard !isClosed else { return }
             switch kind {
-            case .idleCheck: checkIdle(now: now)
             case .linger: perform(lifecycle.lingerExpired())
-            case .handshake, .heartbeat, .request, .ack: handler?.connection(self, deadlinePassed: kind)
+            case .handshake, .request, .ack: handler?.connection(self, deadlinePassed: kind)
+            case .idleCheck, .heartbeat: break  // coarse: see sweepFired(now:)
             }
         }
         armTimer()
+    }
+
+    /// The loop's sweep found a coarse deadline's window open. On the loop.
+    func sweepFired(now: UInt64) {
+        for kind in coarseDeadlines.expire(now: now) {
+            guard !isClosed else { return }
+            switch kind {
+            case .idleCheck: checkIdle(now: now)
+            default: handler?.connection(self, deadlinePassed: kind)
+            }
+        }
+        if !isClosed { loop.sweep.update(self) }
     }
 
     private func checkIdle(now: UInt64) {
@@ -315,7 +342,7 @@ package final class ConnectionDriver: @unchecked Sendable {
                 "closing: no complete frame for \(Duration.nanoseconds(idle)) (\(decoder.bufferedByteCount) bytes of a partial frame buffered)")
             tearDown(.idleTimeout)
         } else {
-            timing?.deadlines[.idleCheck] = lastFrameTime &+ idle
+            setDeadline(.idleCheck, at: lastFrameTime &+ idle, slack: idle / 8)
         }
     }
 

@@ -48,6 +48,8 @@ package final class Loop: Sendable {
     package let queue: DispatchQueue
     /// Runs tasks on ``queue`` (see `MessageChannel.taskExecutor`).
     package let executor: LoopExecutor
+    /// The one timer for the coarse deadlines of this loop's connections.
+    package let sweep: LoopSweep
 
     private static let key = DispatchSpecificKey<ObjectIdentifier>()
 
@@ -56,6 +58,7 @@ package final class Loop: Sendable {
         let queue = DispatchQueue(label: label)
         self.queue = queue
         executor = LoopExecutor(queue: queue)
+        sweep = LoopSweep(queue: queue)
         queue.setSpecific(key: Loop.key, value: ObjectIdentifier(self))
     }
 

@@ -72,7 +72,44 @@ import Testing
     }
 }
 
+@Suite struct CoarseDeadlinesTests {
+    @Test func aDeadlineMayBeHandledWithinItsSlackAndNoEarlier() {
+        var coarse = CoarseDeadlines()
+        #expect(coarse.earliest == nil && !coarse.isDue(now: .max))
+        coarse.set(.heartbeat, at: 1_000, slack: 100)
+        coarse.set(.idleCheck, at: 5_000, slack: 2_000)
+        #expect(coarse.earliest == 1_000)
+        #expect(!coarse.isDue(now: 899) && coarse.expire(now: 899) == [])
+        #expect(coarse.isDue(now: 900))
+        // The idle check's window opened at 3,000; the heartbeat's at 900.
+        #expect(coarse.expire(now: 3_000) == [.idleCheck, .heartbeat])
+        #expect(coarse.earliest == nil && coarse[.heartbeat] == nil)
+    }
+
+    @Test func slackIsCappedAtASecondAndClearingWorks() {
+        var coarse = CoarseDeadlines()
+        coarse.set(.heartbeat, at: 10_000_000_000, slack: 5_000_000_000)
+        #expect(!coarse.isDue(now: 8_999_999_999))  // a second early at most, not five
+        #expect(coarse.isDue(now: 9_000_000_000))
+        coarse.set(.heartbeat, at: nil, slack: 0)
+        #expect(coarse.earliest == nil)
+        coarse.set(.idleCheck, at: 0, slack: 0)  // "now" is still a deadline
+        #expect(coarse.expire(now: 1) == [.idleCheck])
+        #expect(CoarseDeadlines.holds(.heartbeat) && CoarseDeadlines.holds(.idleCheck))
+        #expect(!CoarseDeadlines.holds(.request) && !CoarseDeadlines.holds(.handshake))
+    }
+}
+
 @Suite struct HeartbeatTests {
+    @Test func ownPingGoesAlongWithThePongOnlyWhenDueWithinHalfAnInterval() {
+        let beat = Heartbeat(interval: 1_000, timeout: 3_000)
+        #expect(beat.pingsAlong(now: 100, due: 600))  // due in 500: along
+        #expect(!beat.pingsAlong(now: 100, due: 601))  // due in 501: waits for its time
+        #expect(beat.pingsAlong(now: 700, due: 600))  // overdue
+        #expect(beat.slack == 125)
+        #expect(Heartbeat(interval: 60_000_000_000, timeout: 1).slack == CoarseDeadlines.maxSlack)
+    }
+
     @Test func pingsWhileHeardAndTimesOutWhenSilent() {
         let beat = Heartbeat(interval: 5, timeout: 15)
         #expect(beat.tick(now: 5, lastHeard: 0, readingPaused: false) == .ping(next: 10))
