@@ -1,3 +1,4 @@
+import Synchronization
 import ProtocolCore
 import Transport
 
@@ -24,6 +25,7 @@ public struct ChannelConfiguration: Sendable {
         var security: ChannelSecurity = .standard
         var expectedPeerName: String? = nil
         var offersSessions = false
+        var heartbeatPacer: HeartbeatPacer? = nil
         var metrics: MessagingMetrics? = nil
     }
 
@@ -164,6 +166,13 @@ public struct ChannelConfiguration: Sendable {
 
     /// Whether the hello offers message sessions (a ``MessageServer`` accepts them, a
     /// ``MessageClient`` with sessions opens one).
+    /// A server's pace under load (``ServerConfiguration/heartbeatsPerSecond``): its connections
+    /// ping at it and ask their peers for it in their PONGs. nil: no pacing of our own.
+    var heartbeatPacer: HeartbeatPacer? {
+        get { storage.box.values.heartbeatPacer }
+        set { storage.update { $0.heartbeatPacer = newValue } }
+    }
+
     var offersSessions: Bool {
         get { storage.box.values.offersSessions }
         set { storage.update { $0.offersSessions = newValue } }
@@ -199,5 +208,27 @@ extension ChannelConfiguration {
                 "maxFrameSize \(limit) is outside \(HelloPayload.minMaxFrame)…\(HelloPayload.maxMaxFrame) bytes: peers refuse a hello "
                     + "announcing it (docs/PROTOCOL.md, \"Hello\")")
         }
+    }
+}
+
+/// The heartbeat pace of a server under load, read by its connections: 0, or the nanoseconds
+/// between pings that keep all of them together near ``ServerConfiguration/heartbeatsPerSecond``
+/// (``Heartbeat/pace(connections:perSecond:interval:)``). Any context.
+final class HeartbeatPacer: Sendable {
+    private let nanoseconds = Atomic<UInt64>(0)
+    private let perSecond: Int
+    private let interval: UInt64
+
+    init(perSecond: Int, interval: UInt64) {
+        self.perSecond = perSecond
+        self.interval = interval
+    }
+
+    /// The current pace (0: none, the configured interval holds).
+    var pace: UInt64 { nanoseconds.load(ordering: .relaxed) }
+
+    /// The server now holds `connections`.
+    func update(connections: Int) {
+        nanoseconds.store(Heartbeat.pace(connections: connections, perSecond: perSecond, interval: interval), ordering: .relaxed)
     }
 }

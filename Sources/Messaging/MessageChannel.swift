@@ -68,6 +68,8 @@ public final class MessageChannel: @unchecked Sendable {
     /// ``peerMaxFrameSize`` in 32 bits (a frame's length field is 32 bits), next to the 1-byte flag:
     /// every idle connection holds one, and 8 bytes per connection show in W5.
     private let storedPeerMaxFrameSize: UInt32
+    /// The pace the peer asked for in its last PONG, in milliseconds (0: none). Loop-confined.
+    private var peerPaceMilliseconds: UInt32 = 0
     final class PendingInstalls: Sendable {
         let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
@@ -303,9 +305,11 @@ extension MessageChannel: ConnectionHandler {
         case .message:
             handleMessage(frame)
         case .ping:
-            driver.enqueue(Frame(kind: .pong, reference: frame.sequence), bypassLimit: true) { _ in }
+            let pace = configuration.heartbeatPacer?.pace ?? 0
+            driver.enqueue(Frame.pong(reference: frame.sequence, pace: pace), bypassLimit: true) { _ in }
             pingAlongIfDueSoon()
         case .pong:
+            peerPaced(frame.pongPace)
             if let reference = frame.reference, rtt.pongReceived(reference: reference, now: uptimeNanoseconds()),
                 let watchers = sessionLink?.healthWatchers, !watchers.isEmpty
             {
@@ -652,15 +656,33 @@ extension MessageChannel: ConnectionHandler {
         armHeartbeat(beat, from: now)
     }
 
-    /// The heartbeat as configured; nil without heartbeat.
+    /// The heartbeat as configured, slowed to the peer's pace or this server's own
+    /// (docs/PROTOCOL.md, "Heartbeat pacing"); nil without heartbeat.
     private var heartbeat: Heartbeat? {
         guard let interval = configuration.pingInterval else { return nil }
-        return Heartbeat(interval: interval.nanoseconds, timeout: configuration.heartbeatTimeout.nanoseconds)
+        let configured = Heartbeat(interval: interval.nanoseconds, timeout: configuration.heartbeatTimeout.nanoseconds)
+        let pace = max(UInt64(peerPaceMilliseconds) * 1_000_000, configuration.heartbeatPacer?.pace ?? 0)
+        return configured.paced(pace)
     }
 
-    /// The next heartbeat `beat.interval` after `now`. On the loop.
+    /// The peer's PONG said how often it wants to be pinged (`pace` ns, 0: as configured). A new
+    /// pace re-arms the heartbeat from now (the PONG is a sign of life) and lets the connection's
+    /// idle check wait as long as the paced heartbeat's timeout. On the loop.
+    private func peerPaced(_ pace: UInt64) {
+        let milliseconds = UInt32(clamping: pace / 1_000_000)
+        guard milliseconds != peerPaceMilliseconds else { return }
+        peerPaceMilliseconds = milliseconds
+        guard let beat = heartbeat else { return }
+        if milliseconds > 0 { logger.debug("the peer asks to be pinged every \(Duration.nanoseconds(Int64(beat.interval)))") }
+        armHeartbeat(beat, from: uptimeNanoseconds())
+    }
+
+    /// The next heartbeat `beat.interval` after `now`; a paced heartbeat also lets the connection's
+    /// idle check (a server's 30 s without a complete frame) wait as long as its timeout, since a
+    /// peer pinging at that pace sends frames less often. On the loop.
     private func armHeartbeat(_ beat: Heartbeat, from now: UInt64) {
         driver.setDeadline(.heartbeat, at: now &+ beat.interval, slack: beat.slack)
+        driver.idleTimeoutFloor = beat.interval > (configuration.pingInterval?.nanoseconds ?? 0) ? beat.timeout : 0
     }
 
     private func heartbeatTick() {

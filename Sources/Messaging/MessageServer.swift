@@ -68,22 +68,19 @@ public final class MessageServer: Service, Sendable {
     /// What happens on the server, in order; see ``ServerEvent``.
     public let events: ServerEvents
     /// Its connections' metrics (nil when no metrics back end is bootstrapped).
-    let metrics = MessagingMetrics.make(role: "server")
+    let metrics: MessagingMetrics?
+    /// The heartbeat pace under load (nil: ``ServerConfiguration/heartbeatsPerSecond`` is nil or
+    /// the channels have no heartbeat).
+    private let pacer: HeartbeatPacer?
+    /// The configuration of every accepted channel, made once: all of them share its storage.
+    private let acceptedChannel: ChannelConfiguration
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
     ///   - discovery: Used to publish the server; nil (or `configuration.publish == false`) only listens.
     ///   - logger: Where the server logs (accepts, refusals, closes with reasons).
-    public init(configuration: ServerConfiguration, discovery: ServiceDiscovery?, logger: Logger) {
-        self.configuration = configuration
-        self.publisher = discovery
-        self.logger = logger
-        self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval)
-        self.state = Locked(State(admission: Self.admission(configuration)))
-        self.refuser = Refuser(configuration: configuration.channel, logger: logger)
-        let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
-        self.queue = queue
-        self.events = ServerEvents(queue: queue)
+    public convenience init(configuration: ServerConfiguration, discovery: ServiceDiscovery?, logger: Logger) {
+        self.init(configuration: configuration, publisher: discovery, logger: logger)
     }
 
     /// A server publishing through `publisher` (tests control publishing with it).
@@ -97,6 +94,17 @@ public final class MessageServer: Service, Sendable {
         let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ServerEvents(queue: queue)
+        let metrics = MessagingMetrics.make(role: "server")
+        self.metrics = metrics
+        let pacer = configuration.heartbeatsPerSecond.flatMap { perSecond in
+            configuration.channel.pingInterval.map { HeartbeatPacer(perSecond: perSecond, interval: $0.nanoseconds) }
+        }
+        self.pacer = pacer
+        var channel = configuration.channel
+        channel.metrics = metrics
+        channel.offersSessions = configuration.session != nil
+        channel.heartbeatPacer = pacer
+        acceptedChannel = channel
     }
 
     private var listener: Listener? {
@@ -274,12 +282,9 @@ public final class MessageServer: Service, Sendable {
             }
         case .admitted:
             Task {
-                var channelConfiguration = configuration.channel
-                channelConfiguration.metrics = metrics
-                channelConfiguration.offersSessions = configuration.session != nil
                 let channel: MessageChannel
                 do {
-                    channel = try await MessageChannel.accept(socket, configuration: channelConfiguration, logger: logger)
+                    channel = try await MessageChannel.accept(socket, configuration: acceptedChannel, logger: logger)
                 } catch {
                     state.withLock {
                         $0.admission.ended(source)
@@ -387,6 +392,7 @@ public final class MessageServer: Service, Sendable {
             }
             let connection = ServerConnection(id: state.nextID, channel: channel, session: session)
             state.connections[connection.id] = connection
+            pacer?.update(connections: state.connections.count)
             if let hello, session != nil { state.sessions[hello.id] = connection }
             return .new(connection)
         }
@@ -510,6 +516,7 @@ public final class MessageServer: Service, Sendable {
     private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
         let first = state.withLock { state -> Bool in
             state.connections.removeValue(forKey: connection.id)
+            pacer?.update(connections: state.connections.count)
             return state.pumps.removeValue(forKey: connection.id) != nil
         }
         guard first else { return }

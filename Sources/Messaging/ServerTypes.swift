@@ -59,6 +59,12 @@ public struct ServerConfiguration: Sendable {
     /// that floods again soon after (within twice its last block) is blocked twice as long, up to
     /// 32 times this.
     public var floodBlockDuration: Duration = .seconds(10)
+    /// Heartbeat exchanges a second this server aims for in all. With more connections than this
+    /// times the channels' `pingInterval` (2,000 at the defaults), it pings them less often and
+    /// asks them in its PONGs to do the same (docs/PROTOCOL.md, "Heartbeat pacing"): at 19,000
+    /// connections every 47.5 s, a silent peer closed after 142.5 s, where 5 s and 15 s would take
+    /// half a core of an idle server. nil: every connection at the configured interval.
+    public var heartbeatsPerSecond: Int? = 400
     /// Refused connections and failed handshakes are logged as a summary: in each interval of this
     /// length, the first of each reason in full, then one line with the counts by reason and source.
     /// (Every one is still a ``ServerEvent/refused(remote:reason:)`` event and counted in the metrics.)

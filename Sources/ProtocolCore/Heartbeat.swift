@@ -40,6 +40,53 @@ package struct Heartbeat: Sendable {
     package func pingsAlong(now: UInt64, due: UInt64) -> Bool { due <= now &+ interval / 2 }
 }
 
+// MARK: Pacing
+
+extension Heartbeat {
+    /// The longest pace honoured: a peer asking for more gets this (10 minutes).
+    package static let maxPace: UInt64 = 600_000_000_000
+
+    /// This heartbeat slowed to `pace` nanoseconds between pings (what the peer asked for, or a
+    /// server's own under load), the timeout growing in proportion (5 s / 15 s paced to 40 s gives
+    /// 40 s / 120 s); never faster than configured, never slower than ``maxPace``.
+    package func paced(_ pace: UInt64) -> Heartbeat {
+        guard pace > interval else { return self }
+        let slower = min(pace, Self.maxPace)
+        let timeout = UInt64((Double(self.timeout) * Double(slower) / Double(interval)).rounded(.up))
+        return Heartbeat(interval: slower, timeout: timeout)
+    }
+
+    /// The pace a server holding `connections` asks for so that they exchange about `perSecond`
+    /// heartbeats a second in all (issue 28: each exchange costs an idle server tens of
+    /// microseconds of wakeups and system calls, so 19,000 connections pinging every 5 s took half
+    /// a core). 0 when `interval` is already slow enough.
+    package static func pace(connections: Int, perSecond: Int, interval: UInt64) -> UInt64 {
+        guard perSecond > 0, connections > 0 else { return 0 }
+        let pace = UInt64(connections) * 1_000_000_000 / UInt64(perSecond)
+        return pace > interval ? min(pace, maxPace) : 0
+    }
+}
+
+extension Frame {
+    /// A PONG answering the PING `reference`; with `pace` (nanoseconds, > 0) it asks the peer not to
+    /// ping more often than that: 4 bytes, big-endian milliseconds (docs/PROTOCOL.md, "Heartbeat
+    /// pacing").
+    package static func pong(reference: UInt64, pace: UInt64) -> Frame {
+        guard pace > 0 else { return Frame(kind: .pong, reference: reference) }
+        let milliseconds = UInt32(clamping: (pace + 999_999) / 1_000_000)
+        let payload = (0..<4).map { UInt8(truncatingIfNeeded: milliseconds >> (24 - 8 * UInt32($0))) }
+        return Frame(kind: .pong, reference: reference, payload: payload)
+    }
+
+    /// The pace a PONG asks for, in nanoseconds: 0 for an empty payload (no pacing) or any other
+    /// length (ignored, as the spec says).
+    package var pongPace: UInt64 {
+        guard kind == .pong, payload.count == 4 else { return 0 }
+        let milliseconds = payload.reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+        return min(UInt64(milliseconds) * 1_000_000, Heartbeat.maxPace)
+    }
+}
+
 /// Round-trip time from PING/PONG, smoothed as TCP does (RFC 6298: SRTT and RTTVAR with gains 1/8
 /// and 1/4). Compact (24 bytes: microseconds and the PING's sequence in 32 bits) because every
 /// connection holds one. Without I/O: the caller says when a PING left and when its PONG arrived.

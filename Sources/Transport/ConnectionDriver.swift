@@ -89,6 +89,11 @@ package final class ConnectionDriver: @unchecked Sendable {
     package private(set) var coarseDeadlines = CoarseDeadlines()
     /// This connection's place in the loop's sweep (-1: not in it). Kept by ``LoopSweep``.
     var sweepIndex = -1
+    /// The idle check waits at least this long (ns; 0: the configured ``ConnectionConfiguration/idleTimeout``
+    /// alone) while no partial frame is buffered: a channel whose heartbeat is paced
+    /// (docs/PROTOCOL.md, "Heartbeat pacing") hears a frame less often than the check's usual
+    /// timeout. On the loop.
+    package var idleTimeoutFloor: UInt64 = 0
     /// When the last complete frame arrived (uptime ns).
     package private(set) var lastFrameTime: UInt64 = 0
     private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []
@@ -335,7 +340,10 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
 
     private func checkIdle(now: UInt64) {
-        guard let idle = configuration.idleTimeout?.nanoseconds else { return }
+        guard let configured = configuration.idleTimeout?.nanoseconds else { return }
+        // The floor is for a quiet peer only: one holding part of a frame (a slowloris) is
+        // closed after the configured time, paced or not.
+        let idle = decoder.bufferedByteCount > 0 ? configured : max(configured, idleTimeoutFloor)
         if readPauseCount > 0 { lastFrameTime = now }  // we stopped reading on purpose
         if now &- lastFrameTime >= idle {
             logger.warning(

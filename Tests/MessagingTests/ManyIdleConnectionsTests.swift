@@ -22,6 +22,7 @@ import ProtocolCore
         // Heartbeats every 100 ms each way, dead after 2 s: many rounds within the test.
         configuration.channel.pingInterval = .milliseconds(100)
         configuration.channel.heartbeatTimeout = .seconds(2)
+        configuration.heartbeatsPerSecond = nil  // 400 connections would pace them to 1 s (HeartbeatPacingTests)
         let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
         try await server.start()
         let port = try #require(server.port)

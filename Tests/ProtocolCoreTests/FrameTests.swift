@@ -35,7 +35,13 @@ enum Vectors {
         ).flagged(isError: true)
     )
 
-    static let all = [hello, message, reply, ping, request, errorReply]
+    /// A PONG asking for a heartbeat pace of 47,500 ms (docs/PROTOCOL.md, "Heartbeat pacing").
+    static let pacedPong = (
+        "0000001812000100000000000000000400000000000000030000b98c",
+        Frame(kind: .pong, sequence: 4, reference: 3, payload: Frame.pong(reference: 3, pace: 47_500_000_000).payload)
+    )
+
+    static let all = [hello, message, reply, ping, request, errorReply, pacedPong]
 }
 
 func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
@@ -59,13 +65,13 @@ func bytes(hex: String) -> [UInt8] {
         for (hex, _) in Vectors.all { #expect(text.contains(hex)) }
     }
 
-    @Test(arguments: 0..<6)
+    @Test(arguments: 0..<7)
     func hexVectorsEncode(index: Int) throws {
         let (expected, frame) = Vectors.all[index]
         #expect(hex(try frame.encoded()) == expected)
     }
 
-    @Test(arguments: 0..<6)
+    @Test(arguments: 0..<7)
     func hexVectorsDecode(index: Int) throws {
         let (encoded, frame) = Vectors.all[index]
         var decoder = FrameDecoder(checkSequence: false)

@@ -1,0 +1,70 @@
+import Foundation
+import Testing
+
+@testable import Messaging
+import ProtocolCore
+import Transport
+
+/// A server holding more connections than its heartbeat budget paces them (issue 28,
+/// docs/PROTOCOL.md "Heartbeat pacing"): it pings less often and asks its clients, in its PONGs, to
+/// do the same; the paced timeouts (heartbeat and idle check) grow in proportion, so nobody is
+/// closed for pinging at the pace it was asked for.
+@Suite(.serialized) struct HeartbeatPacingTests {
+    @Test func aBusyServerSlowsItsClientsHeartbeatAndKeepsThemOpen() async throws {
+        // Budget 1 a second, 3 connections: a pace of 3 s where the channels ping every 100 ms,
+        // dead after 1 s, and the server's idle check closes after 300 ms without a frame.
+        let harness = try await LoopbackServer(security: .plaintext) { configuration in
+            configuration.heartbeatsPerSecond = 1
+            configuration.channel.pingInterval = .milliseconds(100)
+            configuration.channel.heartbeatTimeout = .seconds(1)
+            configuration.channel.connection.idleTimeout = .milliseconds(300)
+            configuration.session = nil
+        }
+        defer { harness.pump.cancel() }
+        var client = ChannelConfiguration(name: "paced")
+        client.security = .plaintext
+        client.pingInterval = .milliseconds(100)
+        client.heartbeatTimeout = .seconds(1)
+        var channels: [MessageChannel] = []
+        for _ in 0..<3 {
+            channels.append(
+                try await MessageChannel.connect(
+                    to: [.ipv4Loopback(port: harness.port)], configuration: client, logger: testLogger()))
+        }
+        try await waitUntil("3 connections on the server") { harness.server.connections.count == 3 }
+        let start = channels.map { channel in channel.driver.queue.sync { channel.driver.nextSequence } }
+        // Two seconds: twice the configured timeout, nearly seven idle checks, twenty intervals.
+        try await Task.sleep(for: .seconds(2))
+        for (index, channel) in channels.enumerated() {
+            #expect(!channel.driver.queue.sync { channel.driver.isClosed }, "client \(index) was closed")
+            let sent = channel.driver.queue.sync { channel.driver.nextSequence } - start[index]
+            // At the configured 100 ms it would have sent about 20 PINGs; paced to 3 s, at most
+            // the one that brought the pace back and one more.
+            #expect(sent <= 3, "client \(index) sent \(sent) frames in 2 s")
+            let due = channel.driver.queue.sync { channel.driver.coarseDeadlines[.heartbeat] } ?? 0
+            #expect(due > uptimeNanoseconds() + 500_000_000, "client \(index)'s next PING is not paced")
+        }
+        #expect(harness.events.count { if case .closed = $0 { true } else { false } } == 0)
+        for connection in harness.server.connections {
+            let health = await connection.health
+            #expect(health.sinceLastHeard < .seconds(3))
+        }
+        for channel in channels { channel.close() }
+        await harness.server.stop()
+    }
+
+    @Test func thePaceIsTheConnectionsOverTheBudgetAndTimeoutsGrowInProportion() {
+        let second: UInt64 = 1_000_000_000
+        #expect(Heartbeat.pace(connections: 2_000, perSecond: 400, interval: 5 * second) == 0)
+        #expect(Heartbeat.pace(connections: 19_000, perSecond: 400, interval: 5 * second) == 47_500_000_000)
+        #expect(Heartbeat.pace(connections: 10_000_000, perSecond: 1, interval: 5 * second) == Heartbeat.maxPace)
+        let paced = Heartbeat(interval: 5 * second, timeout: 15 * second).paced(47_500_000_000)
+        #expect(paced.interval == 47_500_000_000 && paced.timeout == 142_500_000_000)
+        #expect(Heartbeat(interval: 5 * second, timeout: 15 * second).paced(second).interval == 5 * second)
+        // On the wire: 4 bytes of big-endian milliseconds; anything else is no pace.
+        let pong = Frame.pong(reference: 3, pace: 47_500_000_000)
+        #expect(pong.payload == [0x00, 0x00, 0xB9, 0x8C] && pong.pongPace == 47_500_000_000)
+        #expect(Frame.pong(reference: 3, pace: 0).payload.isEmpty)
+        #expect(Frame(kind: .pong, reference: 3, payload: [1, 2, 3]).pongPace == 0)
+    }
+}
