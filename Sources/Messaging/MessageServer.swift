@@ -42,8 +42,7 @@ public final class MessageServer: Service, Sendable {
         /// and the rates).
         var admission: HandshakeAdmission
         /// This second (uptime) and the refused events reported in it.
-        var refusedEventSecond: UInt64 = 0
-        var refusedEvents = 0
+        var refusedEvents = PerSecondCount()
         /// Refused connections since the start (tests).
         var refusals = 0
         /// Sources blocked for flooding: how long their last block was and when it ends (uptime ns).
@@ -310,15 +309,10 @@ public final class MessageServer: Service, Sendable {
         // Under a flood, thousands of events a second would cost the app a wake-up each and grow
         // the queue when it does not keep up: past ``refusedEventsPerSecond``, or past the event
         // queue's limit, refusals are only counted (metrics) and summarised (log).
-        let second = uptimeNanoseconds() / 1_000_000_000
+        let now = uptimeNanoseconds()
         let thisSecond = state.withLock { state -> Int in
-            if state.refusedEventSecond != second {
-                state.refusedEventSecond = second
-                state.refusedEvents = 0
-            }
-            state.refusedEvents += 1
             state.refusals += 1
-            return state.refusedEvents
+            return state.refusedEvents.add(now: now)
         }
         if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
     }

@@ -31,9 +31,8 @@ final class Refuser: Sendable {
     private let linger: Duration
     private struct Lingering {
         var count = 0
-        /// This second (uptime) and the lingering refusals started in it.
-        var second: UInt64 = 0
-        var started = 0
+        /// Lingering refusals started this second.
+        var started = PerSecondCount()
     }
     private let lingering = Locked(Lingering())
 
@@ -47,21 +46,17 @@ final class Refuser: Sendable {
     var lingeringCount: Int { lingering.withLock { $0.count } }
 
     func refuse(_ socket: AcceptedSocket, with refusal: Refusal) {
-        var frame = HandshakeStateMachine.jsonFrame(.refuse, refusal)
-        frame.sequence = 1  // the server's first frame (a version-1 client checks it)
-        guard let fd = socket.take(), let bytes = try? frame.encoded() else {
+        guard let fd = socket.take(), let bytes = try? refusal.frameBeforeHandshake.encoded() else {
             socket.close()
             return
         }
-        let second = uptimeNanoseconds() / 1_000_000_000
+        let now = uptimeNanoseconds()
         let lingers = lingering.withLock { state -> Bool in
-            if state.second != second {
-                state.second = second
-                state.started = 0
+            guard state.count < Self.maxLingering, state.started.current(now: now) < Self.lingeringPerSecond else {
+                return false
             }
-            guard state.count < Self.maxLingering, state.started < Self.lingeringPerSecond else { return false }
             state.count += 1
-            state.started += 1
+            state.started.add(now: now)
             return true
         }
         guard lingers else {
@@ -83,11 +78,24 @@ final class Refuser: Sendable {
     /// Reads what the client already sent, writes the frame (a REFUSE is far smaller than a fresh
     /// socket's send buffer), closes.
     private static func refuseAtOnce(_ fd: FileDescriptor, _ bytes: [UInt8]) {
-        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { buffer in
-            for _ in 0..<4 where recv(fd.rawValue, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT)) > 0 {}
-        }
-        _ = bytes.withUnsafeBytes { send(fd.rawValue, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
-        fd.close()
+        defer { fd.close() }
+        // What the client sent is read (a few reads, never waiting) so that the close sends FIN
+        // rather than RST; a failure anywhere just ends the refusal early: the socket closes anyway.
+        do {
+            try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 512) { buffer in
+                for _ in 0..<4 {
+                    let read = try syscall("recv", nonblocking: true) {
+                        recv(fd.rawValue, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
+                    }
+                    guard case .processed(let count) = read, count > 0 else { break }
+                }
+            }
+            _ = try bytes.withUnsafeBytes { raw in
+                try syscall("send", nonblocking: true) {
+                    send(fd.rawValue, raw.baseAddress, raw.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
+                }
+            }
+        } catch {}
     }
 }
 

@@ -334,3 +334,13 @@ package struct HandshakeStateMachine: Sendable {
 private struct HelloVersion: Decodable {
     var version: Int
 }
+
+extension Refusal {
+    /// The REFUSE frame a server writes before any handshake (docs/PROTOCOL.md, "Busy"): plaintext,
+    /// version 1, sequence 1 (the server's first frame; a version-1 client checks it).
+    package var frameBeforeHandshake: Frame {
+        var frame = HandshakeStateMachine.jsonFrame(.refuse, self)
+        frame.sequence = 1
+        return frame
+    }
+}

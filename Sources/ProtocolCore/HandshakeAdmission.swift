@@ -107,9 +107,8 @@ package struct HandshakeAdmission: Sendable {
     private struct Entry: Sendable {
         var inFlight = 0
         var bucket: Bucket?
-        /// Refusals in the second `refusedSecond` (uptime seconds); counted only with a block threshold.
-        var refused = 0
-        var refusedSecond: UInt64 = 0
+        /// Refusals this second; counted only with a block threshold.
+        var refused = PerSecondCount()
     }
 
     /// More sources than this with an entry: new ones are refused (an attacker spraying sources
@@ -198,13 +197,7 @@ package struct HandshakeAdmission: Sendable {
         var block = false
         if var entry = entry ?? (limits.blockAfterRefusals != nil ? Entry() : nil) {
             if let threshold = limits.blockAfterRefusals {
-                let second = now / 1_000_000_000
-                if entry.refusedSecond != second {
-                    entry.refusedSecond = second
-                    entry.refused = 0
-                }
-                entry.refused += 1
-                block = entry.refused == threshold
+                block = entry.refused.add(now: now) == threshold
             }
             sources[source] = entry
         }
@@ -217,7 +210,7 @@ package struct HandshakeAdmission: Sendable {
         guard var entry = sources[source], entry.inFlight > 0 else { return }
         entry.inFlight -= 1
         inFlight -= 1
-        if entry.inFlight == 0 && entry.bucket == nil && entry.refused == 0 {
+        if entry.inFlight == 0 && entry.bucket == nil && entry.refused.isEmpty {
             sources[source] = nil
         } else {
             sources[source] = entry
@@ -231,9 +224,8 @@ package struct HandshakeAdmission: Sendable {
     /// Drops the entries that say nothing any more: no handshake in flight and a full bucket.
     private mutating func prune(now: UInt64) {
         let rate = limits.perSecondPerSource
-        let second = now / 1_000_000_000
         sources = sources.filter { _, entry in
-            guard entry.inFlight == 0, entry.refused == 0 || entry.refusedSecond != second else { return true }
+            guard entry.inFlight == 0, entry.refused.current(now: now) == 0 else { return true }
             guard let rate, var bucket = entry.bucket else { return false }
             bucket.refill(rate: rate, now: now)
             return bucket.tokens < Double(rate)

@@ -57,25 +57,11 @@ final class Flooder: Sendable {
     private enum Outcome { case answered, busy, unanswered }
 
     private static func attempt(port: UInt16, source: String) -> Outcome {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        let fd = loopbackSocket(port: port, from: source, nonblocking: true)
         guard fd >= 0 else { return .unanswered }
         defer { close(fd) }
         var abortive = linger(l_onoff: 1, l_linger: 0)  // reset on close: no TIME_WAIT, ports last
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &abortive, socklen_t(MemoryLayout<linger>.size))
-        var from = sockaddr_in()
-        from.sin_family = sa_family_t(AF_INET)
-        inet_pton(AF_INET, source, &from.sin_addr)
-        var to = sockaddr_in()
-        to.sin_family = sa_family_t(AF_INET)
-        to.sin_port = port.bigEndian
-        to.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        let bound = withUnsafePointer(to: &from) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0 else { return .unanswered }
-        _ = withUnsafePointer(to: &to) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
         var poll = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
         guard Glibc.poll(&poll, 1, 200) == 1, poll.revents & Int16(POLLOUT) != 0 else { return .unanswered }
         var message = Array("LANMSG/2".utf8) + [0, 32]
@@ -95,29 +81,26 @@ final class Flooder: Sendable {
 @Suite(.serialized) struct FloodTests {
     @Test func aFloodFromOneHostIsBlockedWhileOthersAreServed() async throws {
         let log = CapturedLog()
-        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Flooded")
-        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
-        configuration.publish = false
-        configuration.listener.loopbackOnly = true
-        configuration.listener.families = [.ipv4]
-        configuration.maxPendingHandshakes = 16
-        configuration.maxPendingHandshakesPerAddress = 8
-        configuration.maxHandshakesPerSecondPerAddress = 20
-        configuration.floodBlockThreshold = 200
-        configuration.floodBlockDuration = .seconds(2)
-        configuration.refusalLogInterval = .seconds(3600)  // one interval: the summary comes at stop()
-        let server = MessageServer(configuration: configuration, discovery: nil, logger: log.logger("flooded"))
-        try await server.start()
-        let port = try #require(server.port)
-        let pump = Task {
-            for await event in server.events {
+        let harness = try await LoopbackServer(
+            security: .encrypted(identity: .ephemeral(), trust: .anyKey), logger: log.logger("flooded"),
+            configure: { configuration in
+                configuration.listener.families = [.ipv4]
+                configuration.maxPendingHandshakes = 16
+                configuration.maxPendingHandshakesPerAddress = 8
+                configuration.maxHandshakesPerSecondPerAddress = 20
+                configuration.floodBlockThreshold = 200
+                configuration.floodBlockDuration = .seconds(2)
+                configuration.refusalLogInterval = .seconds(3600)  // one interval: the summary comes at stop()
+            },
+            handle: { _, event in
                 if case .received(let connection, let message) = event, message.typeID == "echo" {
                     try? await connection.channel.replyRaw(to: message, bytes: message.payload, type: "echo")
                 }
-            }
-        }
+            })
+        let server = harness.server
+        let port = harness.port
         var clientConfiguration = ChannelConfiguration(name: "established")
-        clientConfiguration.security = configuration.channel.security
+        clientConfiguration.security = harness.security
         func connect() async throws -> MessageChannel {
             try await MessageChannel.connect(to: [.ipv4Loopback(port: port)], configuration: clientConfiguration, logger: testLogger())
         }
@@ -148,7 +131,7 @@ final class Flooder: Sendable {
         }
         let counts = await flooder.stop()
         established.close()
-        pump.cancel()
+        harness.pump.cancel()
         await server.stop()
 
         #expect(atBlock.busy >= 200, "\(atBlock)")

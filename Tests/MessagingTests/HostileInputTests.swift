@@ -25,20 +25,33 @@ func residentBytes() -> Int {
 }
 
 /// A raw TCP peer on 127.0.0.1 that writes hand-made bytes.
+/// A TCP socket to 127.0.0.1:`port`, bound first to `source` (another loopback address) when
+/// given; nonblocking, its connect is under way when it returns. -1 when a step failed.
+func loopbackSocket(port: UInt16, from source: String? = nil, nonblocking: Bool = false) -> Int32 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | (nonblocking ? Int32(SOCK_NONBLOCK.rawValue) : 0), 0)
+    guard fd >= 0 else { return -1 }
+    do {
+        if let source {
+            _ = try SocketAddress(ipAddress: source, port: 0).withSockAddr { (address, length) throws(TransportError) in
+                try syscallValue("bind") { bind(fd, address, length) }
+            }
+        }
+        let result = try SocketAddress.ipv4Loopback(port: port).withSockAddr { connect(fd, $0, $1) }
+        guard result == 0 || (nonblocking && errno == EINPROGRESS) else { throw TestFailure("connect: errno \(errno)") }
+        return fd
+    } catch {
+        close(fd)
+        return -1
+    }
+}
+
 final class HostilePeer: @unchecked Sendable {
     let fd: Int32
     private var sequence: UInt64 = 0
 
     init(port: UInt16) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard result == 0 else { throw TestFailure("connect failed: errno \(errno)") }
+        fd = loopbackSocket(port: port)
+        guard fd >= 0 else { throw TestFailure("connect failed: errno \(errno)") }
         var timeout = timeval(tv_sec: 10, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }

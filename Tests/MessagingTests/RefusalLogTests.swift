@@ -46,16 +46,10 @@ final class CapturedLog: Sendable {
     /// the source.
     @Test func aFloodOfFailedHandshakesIsLoggedAsASummary() async throws {
         let log = CapturedLog()
-        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Flooded")
-        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
-        configuration.publish = false
-        configuration.listener.loopbackOnly = true
-        configuration.refusalLogInterval = .seconds(3600)  // one interval: the summary comes at stop()
-        let server = MessageServer(configuration: configuration, discovery: nil, logger: log.logger())
-        try await server.start()
-        let events = EventLog<ServerEvent>()
-        let pump = Task { for await event in server.events { events.append(event) } }
-        let port = server.port!
+        let harness = try await LoopbackServer(
+            security: .encrypted(identity: .ephemeral(), trust: .anyKey), logger: log.logger(),
+            configure: { $0.refusalLogInterval = .seconds(3600) })  // one interval: the summary comes at stop()
+        let (server, events, port) = (harness.server, harness.events, harness.port)
         let attempts = 200
         await offThePool {
             for _ in 0..<attempts {
@@ -69,7 +63,7 @@ final class CapturedLog: Sendable {
         _ = try await events.wait("their events") { _ in
             events.count { if case .refused = $0 { true } else { false } } >= min(attempts, MessageServer.refusedEventsPerSecond)
         }
-        pump.cancel()
+        harness.pump.cancel()
         await server.stop()  // ends the interval: the summary
         let loud = log.lines.filter { $0.level >= .notice }
         #expect(loud.count <= 3, "\(loud.count) lines at notice or above: \(loud.prefix(5).map(\.message))")
@@ -213,6 +207,20 @@ final class CapturedLog: Sendable {
         let admitted = await attempt(harness)
         #expect(admitted == nil, "refused after the hint: \(String(describing: admitted))")
         await harness.server.stop()
+    }
+
+    /// docs/PROTOCOL.md's "Busy" bytes are exactly what this server writes for such a refusal.
+    @Test func theSpecsBusyBytesAreWhatTheServerWrites() throws {
+        let refusal = Refusal(
+            code: "busy",
+            message: "busy: 127.0.0.1 started 256 handshakes in the last second, the most this server takes from one source; "
+                + "try again in 100 ms",
+            retryMilliseconds: 100)
+        let encoded = try refusal.frameBeforeHandshake.encoded().map { String(format: "%02x", $0) }.joined()
+        let spec = try String(
+            contentsOf: URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../docs/PROTOCOL.md"),
+            encoding: .utf8)
+        #expect(spec.contains(encoded), "docs/PROTOCOL.md, \"Busy\", lacks the bytes \(encoded)")
     }
 
     /// A version-1 client over the bound reads the REFUSE as the answer to its hello.

@@ -25,7 +25,8 @@ final class LoopbackServer: Sendable {
     let security: ChannelSecurity
 
     init(
-        security: ChannelSecurity = .standard, configure: (inout ServerConfiguration) -> Void = { _ in },
+        security: ChannelSecurity = .standard, logger: Logger = testLogger(),
+        configure: (inout ServerConfiguration) -> Void = { _ in },
         handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }
     ) async throws {
         self.security = security
@@ -34,7 +35,7 @@ final class LoopbackServer: Sendable {
         configuration.publish = false
         configuration.listener.loopbackOnly = true
         configure(&configuration)
-        let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
         try await server.start()
         self.server = server
         let events = self.events

@@ -150,3 +150,16 @@ import Testing
         #expect((0..<20).filter { _ in blocks(admission.admit(Self.a, now: Self.second + Self.second / 2)) }.count == 1)
     }
 }
+
+@Suite struct PerSecondCountTests {
+    @Test func countsWithinTheSecondAndStartsAgainInTheNext() {
+        var count = PerSecondCount()
+        #expect(count.isEmpty && count.current(now: 5) == 0)
+        #expect(count.add(now: 1_000_000_000) == 1)
+        #expect(count.add(now: 1_999_999_999) == 2)
+        #expect(count.current(now: 1_500_000_000) == 2)
+        #expect(count.current(now: 2_000_000_000) == 0)  // a new second: nothing yet
+        #expect(count.add(now: 2_000_000_000) == 1)
+        #expect(!count.isEmpty)
+    }
+}
