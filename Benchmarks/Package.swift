@@ -35,11 +35,18 @@ let package = Package(
         // The workload definitions shared by both implementations (Sample, timing, options).
         .target(name: "CBenchSupport", path: "Sources/CBenchSupport"),
         .target(name: "BenchCommon", dependencies: ["CBenchSupport"], path: "Sources/BenchCommon"),
+        // W2's handler client, for bench-ours and bench-siege.
+        .target(
+            name: "BenchMessaging",
+            dependencies: ["BenchCommon", .product(name: "Messaging", package: parentIdentity)],
+            path: "Sources/BenchMessaging"
+        ),
         // W1-W5 with our Transport (+ FoundationJSONCodec or FastJSON).
         .executableTarget(
             name: "bench-ours",
             dependencies: [
                 "BenchCommon",
+                "BenchMessaging",
                 .product(name: "Transport", package: parentIdentity),
                 .product(name: "Messaging", package: parentIdentity),  // its default codec, FastJSONCodec
                 .product(name: "Logging", package: "swift-log"),
@@ -67,6 +74,7 @@ let package = Package(
             name: "bench-siege",
             dependencies: [
                 "BenchCommon",
+                "BenchMessaging",
                 .product(name: "Messaging", package: parentIdentity),
                 .product(name: "Logging", package: "swift-log"),
             ],

@@ -16,54 +16,30 @@
 # connects that succeeded within 2 s and their time, the server's CPU (% of one core), RSS before
 # and after, and the bytes it logged during the flood.
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cd "$HERE"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 SECONDS_EACH=${FLOOD_SECONDS:-20}
 RATE=${FLOOD_RATE:-5000}
-
-"$HERE/../Tests/harness/install-deps.sh" gcc >/dev/null
-echo "== building (release) in $HERE/.build"
-nice -n 5 swift build -c release --product bench-siege 2>&1 | grep -v -e "prohibited flag" -e "^\[" || true
-BIN="$(swift build -c release --show-bin-path)"
-[ -x "$BIN/bench-siege" ] || { echo "build failed" >&2; exit 1; }
+siege_setup flood gcc
 gcc -O2 -Wall -o "$BIN/flood" c/flood.c
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-
-WORK="$(mktemp -d /tmp/bench-flood.XXXXXX)"
-STARTED=()
-cleanup() {
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${STARTED[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }  # user + system CPU of a process, in clock ticks
 rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status"; }
 HZ=$(getconf CLK_TCK)
-echo "== machine: $(nproc) cores, kernel $(uname -r); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== machine: $(machine)"
 
-# shellcheck disable=SC2086
-timeout -k 5 $((SECONDS_EACH * 3 + 60)) "$BIN/bench-siege" server ${SERVER_ARGS:-} --timeout $((SECONDS_EACH * 3 + 50)) \
-    > "$WORK/server.out" 2> "$WORK/server.err" &
-SPID=$!
-STARTED+=("$SPID")
-for _ in $(seq 1 100); do grep -q '^READY ' "$WORK/server.out" 2>/dev/null && break; sleep 0.1; done
-PORT=$(sed -n 's/^READY //p' "$WORK/server.out")
-[ -n "$PORT" ] || { echo "server did not start" >&2; cat "$WORK/server.err" >&2; exit 1; }
+# shellcheck disable=SC2086  # SERVER_ARGS is a list of options
+start_server "$WORK/server.out" "$WORK/server.err" $((SECONDS_EACH * 3 + 60)) server ${SERVER_ARGS:-} --timeout $((SECONDS_EACH * 3 + 50))
 SPID=$(pgrep -P "$SPID" bench-siege)  # the server under `timeout`: its CPU and RSS are measured
 
-# phase LABEL: W2 and the newcomer side by side for SECONDS_EACH seconds; the server's CPU over it.
 phase() {
     local label=$1 t0 t1 w2pid legitpid
     t0=$(ticks "$SPID")
     local start=$SECONDS
-    timeout -k 5 $((SECONDS_EACH + 30)) "$BIN/bench-siege" legit --port "$PORT" --count "$SECONDS_EACH" --label "$label" \
-        > "$WORK/legit-$label.out" 2> "$WORK/legit-$label.err" &
+    start $((SECONDS_EACH + 30)) "$WORK/legit-$label.out" "$WORK/legit-$label.err" \
+        "$BIN/bench-siege" legit --port "$PORT" --count "$SECONDS_EACH" --label "$label"
     legitpid=$!
-    STARTED+=("$legitpid")
-    timeout -k 5 $((SECONDS_EACH + 30)) "$BIN/bench-siege" w2 --port "$PORT" --seconds "$SECONDS_EACH" --label "$label" \
-        > "$WORK/w2-$label.out" 2> "$WORK/w2-$label.err" &
+    start $((SECONDS_EACH + 30)) "$WORK/w2-$label.out" "$WORK/w2-$label.err" \
+        "$BIN/bench-siege" w2 --port "$PORT" --seconds "$SECONDS_EACH" --label "$label"
     w2pid=$!
-    STARTED+=("$w2pid")
     wait "$w2pid" || echo "FAILED w2 $label: $(tail -n 2 "$WORK/w2-$label.err")"
     wait "$legitpid" || echo "FAILED legit $label: $(tail -n 2 "$WORK/legit-$label.err")"
     t1=$(ticks "$SPID")
@@ -76,10 +52,9 @@ phase quiet
 rss_before=$(rss_kib "$SPID")
 log_before=$(stat -c %s "$WORK/server.err")
 echo "== with a flood (rate ${RATE}/s, 0 = as fast as it can; from 127.0.0.2)"
-timeout -k 5 $((SECONDS_EACH + 40)) "$BIN/flood" --port "$PORT" --source 127.0.0.2 --rate "$RATE" --seconds $((SECONDS_EACH + 4)) \
-    > "$WORK/flood.out" 2> "$WORK/flood.err" &
+start $((SECONDS_EACH + 40)) "$WORK/flood.out" "$WORK/flood.err" \
+    "$BIN/flood" --port "$PORT" --source 127.0.0.2 --rate "$RATE" --seconds $((SECONDS_EACH + 4))
 FPID=$!
-STARTED+=("$FPID")
 sleep 2  # (the flood at full rate before the measurement starts)
 phase flood
 wait "$FPID" || echo "FAILED flooder: $(cat "$WORK/flood.err")"

@@ -11,40 +11,20 @@
 # server, the server's CPU while they idle (% of one core), a broadcast to all of them (until the
 # last client got it), and how long stop() takes to close them all with GOODBYE.
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cd "$HERE"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 N=${IDLE_CONNECTIONS:-19000}
 IDLE=${IDLE_SECONDS:-60}
 PROCS=2
-
-"$HERE/../Tests/harness/install-deps.sh" >/dev/null
-echo "== building (release) in $HERE/.build"
-nice -n 5 swift build -c release --product bench-siege 2>&1 | grep -v -e "prohibited flag" -e "^\[" || true
-BIN="$(swift build -c release --show-bin-path)"
-[ -x "$BIN/bench-siege" ] || { echo "build failed" >&2; exit 1; }
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+siege_setup idle
 [ "$(ulimit -n)" -gt $((N + 200)) ] || { echo "the fd limit ($(ulimit -n)) is below $N connections" >&2; exit 1; }
-
-WORK="$(mktemp -d /tmp/bench-idle.XXXXXX)"
-STARTED=()
-cleanup() {
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${STARTED[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-echo "== machine: $(nproc) cores, kernel $(uname -r); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-
-timeout -k 5 $((IDLE + 400)) "$BIN/bench-siege" idle-server --connections "$N" --idle-seconds "$IDLE" --timeout $((IDLE + 390)) ${IDLE_ARGS:-} \
-    > "$WORK/server.out" 2> "$WORK/server.err" &
-SPID=$!
-STARTED+=("$SPID")
-for _ in $(seq 1 100); do grep -q '^READY ' "$WORK/server.out" 2>/dev/null && break; sleep 0.1; done
-PORT=$(sed -n 's/^READY //p' "$WORK/server.out")
-[ -n "$PORT" ] || { echo "server did not start" >&2; cat "$WORK/server.err" >&2; exit 1; }
+echo "== machine: $(machine)"
+# shellcheck disable=SC2086  # IDLE_ARGS is a list of options
+start_server "$WORK/server.out" "$WORK/server.err" $((IDLE + 400)) \
+    idle-server --connections "$N" --idle-seconds "$IDLE" --timeout $((IDLE + 390)) ${IDLE_ARGS:-}
 for p in $(seq 1 $PROCS); do
-    timeout -k 5 $((IDLE + 400)) "$BIN/bench-siege" idle-clients --port "$PORT" --count $((N / PROCS)) --hold $((IDLE + 300)) ${IDLE_ARGS:-} \
-        --timeout $((IDLE + 390)) > "$WORK/clients$p.out" 2> "$WORK/clients$p.err" &
-    STARTED+=("$!")
+    # shellcheck disable=SC2086
+    start $((IDLE + 400)) "$WORK/clients$p.out" "$WORK/clients$p.err" "$BIN/bench-siege" idle-clients --port "$PORT" \
+        --count $((N / PROCS)) --hold $((IDLE + 300)) ${IDLE_ARGS:-} --timeout $((IDLE + 390))
 done
 wait "$SPID" || echo "FAILED server: $(tail -n 3 "$WORK/server.err")"
 for pid in "${STARTED[@]:1}"; do wait "$pid" || echo "FAILED clients: exit $?"; done

@@ -15,8 +15,7 @@
 # and RSS too when the run has its full warm-up (20 minutes or more: the allocator still grows in
 # the first minutes).
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cd "$HERE"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 MINUTES=60
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -26,33 +25,13 @@ while [ $# -gt 0 ]; do
 done
 [ "$MINUTES" -ge 2 ] || { echo "--minutes must be at least 2" >&2; exit 2; }
 WARMUP=$(( MINUTES >= 20 ? 10 : MINUTES / 2 ))
-
-"$HERE/../Tests/harness/install-deps.sh" >/dev/null
-echo "== building (release) in $HERE/.build"
-nice -n 5 swift build -c release --product bench-siege 2>&1 | grep -v -e "prohibited flag" -e "^\[" || true
-BIN="$(swift build -c release --show-bin-path)"
-[ -x "$BIN/bench-siege" ] || { echo "build failed" >&2; exit 1; }
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-
-WORK="$(mktemp -d /tmp/bench-soak.XXXXXX)"
-STARTED=()
-cleanup() {
-    for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${STARTED[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
+siege_setup soak
 LIMIT=$((MINUTES * 60 + 240))
-echo "== soak: $MINUTES minutes (warm-up: $WARMUP); machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-timeout -k 5 "$LIMIT" "$BIN/bench-siege" soak-server --minutes "$MINUTES" --timeout "$LIMIT" > "$WORK/server.out" 2> "$WORK/server.err" &
-SPID=$!
-STARTED+=("$SPID")
-for _ in $(seq 1 100); do grep -q '^READY ' "$WORK/server.out" 2>/dev/null && break; sleep 0.1; done
-PORT=$(sed -n 's/^READY //p' "$WORK/server.out")
-[ -n "$PORT" ] || { echo "server did not start" >&2; cat "$WORK/server.err" >&2; exit 1; }
-timeout -k 5 "$LIMIT" "$BIN/bench-siege" soak-clients --port "$PORT" --minutes "$MINUTES" --timeout "$LIMIT" \
-    > "$WORK/clients.out" 2> "$WORK/clients.err" &
+echo "== soak: $MINUTES minutes (warm-up: $WARMUP); machine: $(machine)"
+start_server "$WORK/server.out" "$WORK/server.err" "$LIMIT" soak-server --minutes "$MINUTES" --timeout "$LIMIT"
+start "$LIMIT" "$WORK/clients.out" "$WORK/clients.err" \
+    "$BIN/bench-siege" soak-clients --port "$PORT" --minutes "$MINUTES" --timeout "$LIMIT"
 CPID=$!
-STARTED+=("$CPID")
 # The minute lines as they come (bounded: the server ends by itself).
 shown=0
 while kill -0 "$SPID" 2>/dev/null; do

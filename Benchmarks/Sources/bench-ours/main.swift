@@ -11,6 +11,7 @@
 // same Foundation JSON as the NIO peer, so the difference is the transport). Both are codec id 1 and
 // put the same kind of JSON on the wire. Raw bytes (W3) use codec 0, no JSON.
 import BenchCommon
+import BenchMessaging
 import Foundation
 import Logging
 import Messaging
@@ -300,32 +301,8 @@ func runClient() async throws {
         // Default, like the NIO peer's client (next request sent from channelRead): the reply is
         // handled by an on(type:) handler on the channel's queue, which sends the next request
         // with trySend. --w2-client stream: an async loop over `messages` with `await send`.
-        let n = options.int("messages", Workload.w2RoundTrips)
         let channel = try await connect(port)
-        let sample = Sample.make(42)
-        let finished = AsyncStream<[UInt64]>.makeStream()
-        final class State: @unchecked Sendable {  // touched only by the handler (serial) and before it runs
-            var latencies: [UInt64] = []
-            var i = 0
-            var t0: UInt64 = 0
-        }
-        let state = State()
-        state.latencies.reserveCapacity(n)
-        channel.on(type: "s", as: Sample.self) { back, _ in
-            guard back == sample else { fail("W2: bad reply") }
-            if state.i >= Workload.w2Warmup { state.latencies.append(nowNanos() - state.t0) }
-            state.i += 1
-            if state.i == Workload.w2Warmup + n {
-                finished.continuation.yield(state.latencies)
-                return
-            }
-            state.t0 = nowNanos()
-            guard (try? channel.trySend(sample, type: "s")) == true else { fail("W2: send queue full") }
-        }
-        state.t0 = nowNanos()
-        try await channel.send(sample, type: "s")
-        var results = finished.stream.makeAsyncIterator()
-        guard let latencies = await results.next() else { fail("W2: no result") }
+        let latencies = try await handlerRoundTrips(channel, until: .count(options.int("messages", Workload.w2RoundTrips)))
         let s = latencySummary(latencies)
         result("W2", impl, ["p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max)])
         channel.close()

@@ -13,6 +13,7 @@
 //   bench-siege idle-server / idle-clients   many idle encrypted connections (Benchmarks/idle.sh)
 //   bench-siege soak-server / soak-clients   an hour of churn (Benchmarks/soak.sh)
 import BenchCommon
+import BenchMessaging
 import Foundation
 import Logging
 import Messaging
@@ -28,6 +29,16 @@ func channelConfiguration(_ name: String) -> ChannelConfiguration {
     return c
 }
 
+/// A server on 127.0.0.1 only, not published, encrypted: every role's starting point.
+func loopbackServer(_ name: String) -> ServerConfiguration {
+    var configuration = ServerConfiguration(serviceType: "_siege._tcp", serviceName: name)
+    configuration.publish = false
+    configuration.listener.loopbackOnly = true
+    configuration.listener.families = [.ipv4]
+    configuration.channel.security = security
+    return configuration
+}
+
 func limit(_ key: String, _ fallback: Int?) -> Int? {
     guard let value = options.values[key] else { return fallback }
     return value == "off" ? nil : Int(value)
@@ -36,11 +47,7 @@ func limit(_ key: String, _ fallback: Int?) -> Int? {
 func runServer() async throws {
     var logger = Logger(label: "siege-server")
     logger.logLevel = .notice
-    var configuration = ServerConfiguration(serviceType: "_siege._tcp", serviceName: "siege")
-    configuration.publish = false
-    configuration.listener.loopbackOnly = true
-    configuration.listener.families = [.ipv4]
-    configuration.channel.security = security
+    var configuration = loopbackServer("siege")
     configuration.maxConnections = 100_000
     let defaults = ServerConfiguration(serviceType: "_x._tcp")
     configuration.maxHandshakesPerSecondPerAddress = limit("rate-per-address", defaults.maxHandshakesPerSecondPerAddress)
@@ -82,32 +89,7 @@ func connect(_ port: UInt16, ping: Bool = true) async throws -> MessageChannel {
 func runW2(_ port: UInt16) async throws {
     let seconds = Double(options.int("seconds", 10))
     let channel = try await connect(port)
-    let sample = Sample.make(42)
-    let finished = AsyncStream<[UInt64]>.makeStream()
-    final class State: @unchecked Sendable {  // touched only by the handler (serial) and before it runs
-        var latencies: [UInt64] = []
-        var t0: UInt64 = 0
-        var end: UInt64 = 0
-        var warm = 0
-    }
-    let state = State()
-    state.latencies.reserveCapacity(200_000)
-    channel.on(type: "s", as: Sample.self) { back, _ in
-        guard back == sample else { fail("W2: bad reply") }
-        let t = nowNanos()
-        if state.warm < Workload.w2Warmup { state.warm += 1 } else { state.latencies.append(t - state.t0) }
-        if state.warm == Workload.w2Warmup && state.end == 0 { state.end = t + UInt64(seconds * 1e9) }
-        if state.end != 0 && t >= state.end {
-            finished.continuation.yield(state.latencies)
-            return
-        }
-        state.t0 = nowNanos()
-        guard (try? channel.trySend(sample, type: "s")) == true else { fail("W2: send queue full") }
-    }
-    state.t0 = nowNanos()
-    try await channel.send(sample, type: "s")
-    var results = finished.stream.makeAsyncIterator()
-    guard let latencies = await results.next() else { fail("W2: no result") }
+    let latencies = try await handlerRoundTrips(channel, until: .seconds(seconds))
     let s = latencySummary(latencies)
     result(
         "W2", options.string("label", "ours+noise"),
@@ -172,12 +154,8 @@ func runIdleServer() async throws {
     let idleSeconds = options.int("idle-seconds", 60)
     var logger = Logger(label: "siege-idle")
     logger.logLevel = .notice
-    var configuration = ServerConfiguration(serviceType: "_siege._tcp", serviceName: "idle")
-    configuration.publish = false
-    configuration.listener.loopbackOnly = true
-    configuration.listener.families = [.ipv4]
+    var configuration = loopbackServer("idle")
     configuration.listener.backlog = 4096
-    configuration.channel.security = security
     configuration.maxConnections = target + 100
     // Every client comes from 127.0.0.1 (a test harness, as the setting's documentation says).
     configuration.maxHandshakesPerSecondPerAddress = nil
@@ -322,11 +300,7 @@ func runSoakServer() async throws {
     let minutes = options.int("minutes", 60)
     var logger = Logger(label: "siege-soak")
     logger.logLevel = .warning
-    var configuration = ServerConfiguration(serviceType: "_siege._tcp", serviceName: "soak")
-    configuration.publish = false
-    configuration.listener.loopbackOnly = true
-    configuration.listener.families = [.ipv4]
-    configuration.channel.security = security
+    var configuration = loopbackServer("soak")
     configuration.maxHandshakesPerSecondPerAddress = nil  // every client is 127.0.0.1
     let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
     try await server.start()
