@@ -25,7 +25,7 @@ final class LoopbackServer: Sendable {
     let security: ChannelSecurity
 
     init(
-        security: ChannelSecurity = .standard, logger: Logger = testLogger(),
+        security: ChannelSecurity = .standard, logger: Logger = testLogger(), keepEvents: Bool = true,
         configure: (inout ServerConfiguration) -> Void = { _ in },
         handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }
     ) async throws {
@@ -41,7 +41,7 @@ final class LoopbackServer: Sendable {
         let events = self.events
         pump = Task {
             for await event in server.events {
-                events.append(event)
+                if keepEvents { events.append(event) }  // (kept events keep their connections)
                 await handle(server, event)
             }
         }
