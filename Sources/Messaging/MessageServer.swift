@@ -275,6 +275,7 @@ public final class MessageServer: Service, Sendable {
             if let listener = blockAt, let threshold = configuration.floodBlockThreshold {
                 let duration = blockDuration(source)
                 listener.block(source, for: duration)
+                metrics?.sourcesBlocked.increment()
                 logger.warning(
                     "\(source) made \(threshold) connection attempts in one second that were refused busy: blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
                 )
@@ -297,6 +298,13 @@ public final class MessageServer: Service, Sendable {
                 await register(channel)
             }
         }
+    }
+
+    /// The server now holds `connections`: its heartbeat pace follows (and its metric).
+    private func paced(connections: Int) {
+        guard let pacer else { return }
+        pacer.update(connections: connections)
+        metrics?.heartbeatPace.record(Double(pacer.pace) / 1e9)
     }
 
     /// A refused connection: counted, reported as an event, logged as part of the interval's
@@ -386,7 +394,7 @@ public final class MessageServer: Service, Sendable {
             }
             let connection = ServerConnection(id: state.nextID, channel: channel, session: session)
             state.connections[connection.id] = connection
-            pacer?.update(connections: state.connections.count)
+            paced(connections: state.connections.count)
             if let hello, session != nil { state.sessions[hello.id] = connection }
             return .new(connection)
         }
@@ -510,7 +518,7 @@ public final class MessageServer: Service, Sendable {
     private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
         let first = state.withLock { state -> Bool in
             state.connections.removeValue(forKey: connection.id)
-            pacer?.update(connections: state.connections.count)
+            paced(connections: state.connections.count)
             return state.pumps.removeValue(forKey: connection.id) != nil
         }
         guard first else { return }

@@ -15,6 +15,10 @@ package final class MessagingMetrics: Sendable {
     let open: Meter
     let accepted: Counter
     let requestTimeouts: Counter
+    /// Sources blocked by the listener's filter after flooding (``ServerConfiguration/floodBlockThreshold``).
+    let sourcesBlocked: Counter
+    /// The server's heartbeat pace in seconds, 0 when it does not pace (``ServerConfiguration/heartbeatsPerSecond``).
+    let heartbeatPace: Gauge
     private let refusals: BoundedLabels<Counter>
     private let closes: BoundedLabels<Counter>
     private let handshakeFailures: BoundedLabels<Counter>
@@ -46,6 +50,8 @@ package final class MessagingMetrics: Sendable {
         open = Meter(label: MetricNames.connectionsOpen, dimensions: dimensions, factory: factory)
         accepted = Counter(label: MetricNames.connectionsAccepted, dimensions: dimensions, factory: factory)
         requestTimeouts = Counter(label: MetricNames.requestTimeouts, dimensions: dimensions, factory: factory)
+        sourcesBlocked = Counter(label: MetricNames.sourcesBlocked, dimensions: dimensions, factory: factory)
+        heartbeatPace = Gauge(label: MetricNames.heartbeatPace, dimensions: dimensions, factory: factory)
         refusals = .counters(MetricNames.connectionsRefused, by: "reason", dimensions: dimensions, factory: factory)
         closes = .counters(MetricNames.connectionsClosed, by: "reason", dimensions: dimensions, factory: factory)
         handshakeFailures = .counters(MetricNames.handshakeFailures, by: "reason", dimensions: dimensions, factory: factory)

@@ -66,6 +66,8 @@ package enum MetricNames {
     package static let handshakeFailures = "lanmsg_handshake_failures_total"
     package static let requestSeconds = "lanmsg_request_duration_seconds"
     package static let requestTimeouts = "lanmsg_request_timeouts_total"
+    package static let sourcesBlocked = "lanmsg_sources_blocked_total"
+    package static let heartbeatPace = "lanmsg_heartbeat_pace_seconds"
     package static let discoveryEvents = "lanmsg_discovery_events_total"
     package static let discoveryDaemonState = "lanmsg_discovery_daemon_state"
 }

@@ -1,4 +1,6 @@
+import CoreMetrics
 import Foundation
+import MetricsTestKit
 import Testing
 
 import Locks
@@ -81,7 +83,8 @@ final class Flooder: Sendable {
 @Suite(.serialized) struct FloodTests {
     @Test func aFloodFromOneHostIsBlockedWhileOthersAreServed() async throws {
         let log = CapturedLog()
-        let harness = try await LoopbackServer(
+        let metrics = TestMetrics()
+        let harness = try await withMetricsFactory(metrics) { try await LoopbackServer(
             security: .encrypted(identity: .ephemeral(), trust: .anyKey), logger: log.logger("flooded"),
             configure: { configuration in
                 configuration.listener.families = [.ipv4]
@@ -97,6 +100,7 @@ final class Flooder: Sendable {
                     try? await connection.channel.replyRaw(to: message, bytes: message.payload, type: "echo")
                 }
             })
+        }
         let server = harness.server
         let port = harness.port
         var clientConfiguration = ChannelConfiguration(name: "established")
@@ -142,6 +146,7 @@ final class Flooder: Sendable {
         let loud = log.lines.filter { $0.level >= .notice }
         #expect(loud.count <= 9, "\(loud.count) lines at notice or above: \(loud.prefix(10).map(\.message))")
         #expect(loud.contains { $0.message.contains("127.0.0.2 made 200 connection attempts in one second") })
+        #expect(metrics.counterTotal(label: MetricNames.sourcesBlocked, dimensions: [("role", "server")]) == 2)
         print("MEASURED flood (debug build, 3 threads): \(counts); refused \(server.refusalCount)")
     }
 }

@@ -1,4 +1,6 @@
+import CoreMetrics
 import Foundation
+import MetricsTestKit
 import Testing
 
 @testable import Messaging
@@ -13,12 +15,15 @@ import Transport
     @Test func aBusyServerSlowsItsClientsHeartbeatAndKeepsThemOpen() async throws {
         // Budget 1 a second, 3 connections: a pace of 3 s where the channels ping every 100 ms,
         // dead after 1 s, and the server's idle check closes after 300 ms without a frame.
-        let harness = try await LoopbackServer(security: .plaintext) { configuration in
-            configuration.heartbeatsPerSecond = 1
-            configuration.channel.pingInterval = .milliseconds(100)
-            configuration.channel.heartbeatTimeout = .seconds(1)
-            configuration.channel.connection.idleTimeout = .milliseconds(300)
-            configuration.session = nil
+        let metrics = TestMetrics()
+        let harness = try await withMetricsFactory(metrics) {
+            try await LoopbackServer(security: .plaintext) { configuration in
+                configuration.heartbeatsPerSecond = 1
+                configuration.channel.pingInterval = .milliseconds(100)
+                configuration.channel.heartbeatTimeout = .seconds(1)
+                configuration.channel.connection.idleTimeout = .milliseconds(300)
+                configuration.session = nil
+            }
         }
         defer { harness.pump.cancel() }
         var client = ChannelConfiguration(name: "paced")
@@ -32,6 +37,8 @@ import Transport
                     to: [.ipv4Loopback(port: harness.port)], configuration: client, logger: testLogger()))
         }
         try await waitUntil("3 connections on the server") { harness.server.connections.count == 3 }
+        // The pace is a metric (lanmsg_heartbeat_pace_seconds): 3 connections at 1 a second.
+        #expect(try metrics.expectGauge(MetricNames.heartbeatPace, [("role", "server")]).lastValue == 3)
         let start = channels.map { channel in channel.driver.queue.sync { channel.driver.nextSequence } }
         // Two seconds: twice the configured timeout, nearly seven idle checks, twenty intervals.
         try await Task.sleep(for: .seconds(2))
