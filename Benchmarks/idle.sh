@@ -5,6 +5,7 @@
 #   Benchmarks/idle.sh                          19,000 connections, a minute idle (about 3 minutes)
 #   IDLE_CONNECTIONS=5000 IDLE_SECONDS=20 Benchmarks/idle.sh
 #   IDLE_ARGS="--ping off" / "--sessions off"   without heartbeats (both sides) / without sessions
+#   IDLE_ARGS="--heartbeats 150"                the server's heartbeat budget (default 400 a second; off: no pacing)
 #
 # The clients run in two processes (the fd limit here is 20,000 a process). Reported: the time to
 # accept them all (32 connecting at once per client process), RSS per connection above the empty

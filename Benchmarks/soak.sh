@@ -39,12 +39,14 @@ while kill -0 "$SPID" 2>/dev/null; do
     if [ "$lines" -gt "$shown" ]; then grep '^SOAK ' "$WORK/server.out" | sed -n "$((shown + 1)),${lines}p"; shown=$lines; fi
     sleep 1
 done
-wait "$CPID" || echo "FAILED clients: exit $? $(tail -n 3 "$WORK/clients.err")"
-wait "$SPID" || echo "FAILED server: exit $? $(tail -n 3 "$WORK/server.err")"
+processes=0
+wait "$CPID" || { echo "FAILED clients: exit $? $(tail -n 3 "$WORK/clients.err")"; processes=1; }
+wait "$SPID" || { echo "FAILED server: exit $? $(tail -n 3 "$WORK/server.err")"; processes=1; }
 grep -h -e '^SOAKEND' -e '^SOAKCLIENTS' -e '^SOAKFAILURE' "$WORK/server.out" "$WORK/clients.out" | cut -c1-300
+if grep -q '^SOAKFAILURE' "$WORK/clients.out"; then echo "FAIL: a client failed (SOAKFAILURE above)"; processes=1; fi
 
 value() { awk -v m="$1" -v k="$2" '$1=="SOAK" { split($2, mm, "="); if (mm[2] == m) for (f = 2; f <= NF; f++) { split($f, kv, "="); if (kv[1] == k) print kv[2] } }' "$WORK/server.out"; }
-status=0
+status=$processes
 judged="fds connections threads"
 [ "$MINUTES" -ge 20 ] && judged="$judged rss_kib"
 for k in fds rss_kib connections threads; do

@@ -595,20 +595,34 @@ extension MessageServer {
         listener?.stop()
         for connection in connections { connection.channel.close(reason: "server stopping") }
         let grace = configuration.stopGracePeriod
-        await withTaskGroup(of: Void.self) { group in
-            for connection in connections {
-                group.addTask {
-                    let closed = await raceTimeout(grace) { _ = await connection.channel.closed() }
-                    if !closed { connection.channel.abort() }
-                }
+        // One task per connection waiting for its close, and one timer for all of them that
+        // aborts those still open after the grace period (19,000 connections: a timer and two
+        // tasks each took seconds of their own).
+        let reasons = await withTaskGroup(of: (Int, CloseReason)?.self) { group in
+            for (index, connection) in connections.enumerated() {
+                group.addTask { (index, await connection.channel.closed()) }
             }
+            group.addTask {
+                try? await Task.sleep(for: grace)
+                if !Task.isCancelled { for connection in connections { connection.channel.abort() } }
+                return nil
+            }
+            var reasons = [CloseReason?](repeating: nil, count: connections.count)
+            var open = connections.count
+            while open > 0, let next = await group.next() {
+                guard let (index, reason) = next else { continue }
+                reasons[index] = reason
+                open -= 1
+            }
+            group.cancelAll()  // the timer, when every connection closed in time
+            return reasons
         }
         // Every connection's pump reports its `.closed` once its messages are handed on; a pump
         // stuck behind an app that stopped reading events is not waited for beyond the grace period.
         let pumps = state.withLock { Array($0.pumps.values) }
         _ = await raceTimeout(grace) { for pump in pumps { await pump.value } }
-        for connection in connections {
-            endSession(connection, reason: await connection.channel.closed())
+        for (connection, reason) in zip(connections, reasons) {
+            endSession(connection, reason: reason ?? .localClose)
         }
         state.withLock { $0.phase = .stopped }
         queue.finish()

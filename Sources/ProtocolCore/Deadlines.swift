@@ -75,76 +75,91 @@ package struct Deadlines: Sendable, Equatable {
     package mutating func clearAll() { self = Deadlines() }
 }
 
-/// The coarse deadlines of one connection — the heartbeat and the idle check, seconds apart and
-/// tolerant of a little earliness — kept apart from ``Deadlines`` so that a loop serves them for
-/// all its connections with one timer (`LoopSweep` in Transport): each deadline carries a *slack*,
-/// how much earlier it may be handled, and the loop handles every connection whose window opened
-/// when its timer fires. Connections handled together re-arm together, so an idle server's
-/// heartbeats come in a few batches per interval instead of one wakeup per connection.
+/// The coarse deadlines of one connection — the heartbeat, the idle check and the linger after a
+/// close, seconds apart and tolerant of a little earliness — kept apart from ``Deadlines`` so that
+/// a loop serves them for all its connections with one timer (`LoopSweep` in Transport): each
+/// deadline carries a *slack*, how much earlier it may be handled, and the loop handles every
+/// connection whose window opened when its timer fires. Connections handled together re-arm
+/// together, so an idle server's heartbeats come in a few batches per interval instead of one
+/// wakeup per connection, and a server closing 19,000 connections makes no timer for each.
 /// Times are uptime nanoseconds; the core never reads a clock.
 package struct CoarseDeadlines: Sendable, Equatable {
-    private var heartbeat: UInt64 = 0
-    private var heartbeatSlack: UInt32 = 0
-    private var idleSlack: UInt32 = 0
-    private var idleCheck: UInt64 = 0
+    // Deadlines (0: unset) and their slack in milliseconds, in ``kinds`` order: 32 bytes.
+    private var idleAt: UInt64 = 0
+    private var lingerAt: UInt64 = 0
+    private var heartbeatAt: UInt64 = 0
+    private var idleSlack: UInt16 = 0
+    private var lingerSlack: UInt16 = 0
+    private var heartbeatSlack: UInt16 = 0
 
-    /// The longest slack kept: a second (in nanoseconds, it fits 32 bits).
+    /// The kinds kept here, in the order they are handled.
+    package static let kinds: [Deadlines.Kind] = [.idleCheck, .linger, .heartbeat]
+
+    /// The longest slack kept: a second.
     package static let maxSlack: UInt64 = 1_000_000_000
 
     package init() {}
 
     /// Whether `kind` is kept here rather than in ``Deadlines``.
-    package static func holds(_ kind: Deadlines.Kind) -> Bool { kind == .heartbeat || kind == .idleCheck }
+    package static func holds(_ kind: Deadlines.Kind) -> Bool { kinds.contains(kind) }
 
-    /// Sets (nil: clears) the deadline of `kind` (``Deadlines/Kind/heartbeat`` or
-    /// ``Deadlines/Kind/idleCheck``), which may be handled up to `slack` nanoseconds early
-    /// (at most ``maxSlack``).
-    package mutating func set(_ kind: Deadlines.Kind, at time: UInt64?, slack: UInt64) {
-        let at = time.map { max($0, 1) } ?? 0
-        let early = UInt32(min(slack, Self.maxSlack))
+    private static func index(_ kind: Deadlines.Kind) -> Int {
         switch kind {
-        case .heartbeat: (heartbeat, heartbeatSlack) = (at, early)
-        case .idleCheck: (idleCheck, idleSlack) = (at, early)
+        case .idleCheck: 0
+        case .linger: 1
+        case .heartbeat: 2
         default: preconditionFailure("\(kind) is not a coarse deadline")
         }
     }
 
+    private func time(_ index: Int) -> UInt64 { index == 0 ? idleAt : index == 1 ? lingerAt : heartbeatAt }
+
+    private func opens(_ index: Int) -> UInt64 {
+        let slack = UInt64(index == 0 ? idleSlack : index == 1 ? lingerSlack : heartbeatSlack) * 1_000_000
+        return time(index) &- slack
+    }
+
+    private mutating func store(_ index: Int, _ time: UInt64, _ slack: UInt16) {
+        switch index {
+        case 0: (idleAt, idleSlack) = (time, slack)
+        case 1: (lingerAt, lingerSlack) = (time, slack)
+        default: (heartbeatAt, heartbeatSlack) = (time, slack)
+        }
+    }
+
+    /// Sets (nil: clears) the deadline of `kind` (one of ``kinds``), which may be handled up to
+    /// `slack` nanoseconds early (at most ``maxSlack``; kept in whole milliseconds).
+    package mutating func set(_ kind: Deadlines.Kind, at time: UInt64?, slack: UInt64) {
+        store(Self.index(kind), time.map { max($0, 1) } ?? 0, UInt16(min(slack, Self.maxSlack) / 1_000_000))
+    }
+
     /// The deadline of `kind`, if set.
     package subscript(kind: Deadlines.Kind) -> UInt64? {
-        let value = kind == .heartbeat ? heartbeat : kind == .idleCheck ? idleCheck : 0
+        guard Self.holds(kind) else { return nil }
+        let value = time(Self.index(kind))
         return value == 0 ? nil : value
     }
 
     /// The earliest deadline (when the loop's timer must fire at the latest), if any.
     package var earliest: UInt64? {
-        switch (heartbeat, idleCheck) {
-        case (0, 0): nil
-        case (0, let idle): idle
-        case (let beat, 0): beat
-        case (let beat, let idle): min(beat, idle)
-        }
+        (0..<3).lazy.map { time($0) }.filter { $0 != 0 }.min()
     }
 
     /// Whether a deadline's window is open at `now` (its time minus its slack has come).
     package func isDue(now: UInt64) -> Bool {
-        (heartbeat != 0 && heartbeat &- UInt64(heartbeatSlack) <= now)
-            || (idleCheck != 0 && idleCheck &- UInt64(idleSlack) <= now)
+        (0..<3).contains { time($0) != 0 && opens($0) <= now }
     }
 
-    /// Clears and returns the deadlines whose window is open at `now`, idle check first.
+    /// Clears and returns the deadlines whose window is open at `now`, in ``kinds`` order.
     package mutating func expire(now: UInt64) -> [Deadlines.Kind] {
         var due: [Deadlines.Kind] = []
-        if idleCheck != 0 && idleCheck &- UInt64(idleSlack) <= now {
-            idleCheck = 0
-            due.append(.idleCheck)
-        }
-        if heartbeat != 0 && heartbeat &- UInt64(heartbeatSlack) <= now {
-            heartbeat = 0
-            due.append(.heartbeat)
+        for index in 0..<3 where time(index) != 0 && opens(index) <= now {
+            store(index, 0, 0)
+            due.append(Self.kinds[index])
         }
         return due
     }
 
-    /// Clears both.
+    /// Clears them all.
     package mutating func clearAll() { self = CoarseDeadlines() }
 }

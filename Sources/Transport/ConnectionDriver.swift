@@ -216,7 +216,8 @@ package final class ConnectionDriver: @unchecked Sendable {
             break
         case .shutDownWrite, .stopAcceptingAndShutDownWrite:
             _ = shutdown(fd.rawValue, Int32(SHUT_WR))
-            setDeadline(.linger, at: uptimeNanoseconds() &+ configuration.closeLinger.nanoseconds)
+            let linger = configuration.closeLinger.nanoseconds
+            setDeadline(.linger, at: uptimeNanoseconds() &+ linger, slack: linger / 8)
         case .tearDown(let reason):
             closeNow(reason)
         }
@@ -319,9 +320,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         for kind in timing.deadlines.expire(now: now) {
             guard !isClosed else { return }
             switch kind {
-            case .linger: perform(lifecycle.lingerExpired())
             case .handshake, .request, .ack: handler?.connection(self, deadlinePassed: kind)
-            case .idleCheck, .heartbeat: break  // coarse: see sweepFired(now:)
+            case .idleCheck, .heartbeat, .linger: break  // coarse: see sweepFired(now:)
             }
         }
         armTimer()
@@ -333,6 +333,7 @@ package final class ConnectionDriver: @unchecked Sendable {
             guard !isClosed else { return }
             switch kind {
             case .idleCheck: checkIdle(now: now)
+            case .linger: perform(lifecycle.lingerExpired())
             default: handler?.connection(self, deadlinePassed: kind)
             }
         }

@@ -113,3 +113,27 @@ enum TCPProbe {
         return 0
     }
 }
+
+/// `stop()` waits for its connections to close after GOODBYE, and no longer than its grace period.
+@Suite(.serialized) struct StopGraceTests {
+    /// A peer that never closes its side after the GOODBYE (the server would linger 2 s for it) is
+    /// aborted when the grace period ends, while a well-behaved client closes at once; both are
+    /// reported closed.
+    @Test func aPeerThatNeverClosesIsAbortedAfterTheGracePeriod() async throws {
+        let harness = try await LoopbackServer(security: .plaintext) { $0.stopGracePeriod = .milliseconds(300) }
+        let stubborn = try HostilePeer(port: harness.port)
+        stubborn.hello()
+        let client = try await harness.client("polite")
+        try await harness.events.wait("two accepted") { _ in
+            harness.events.count { if case .accepted = $0 { true } else { false } } == 2
+        }
+        let start = ContinuousClock.now
+        await harness.server.stop()
+        let took = ContinuousClock.now - start
+        // Aborted at the grace period's end, not after the 2-s linger.
+        #expect(took < .milliseconds(1_500), "stop() took \(took)")
+        #expect(harness.events.count { if case .closed = $0 { true } else { false } } == 2)
+        #expect(await offThePool { stubborn.serverClosed() })
+        _ = client
+    }
+}

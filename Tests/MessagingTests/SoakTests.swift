@@ -171,6 +171,7 @@ import ProtocolCore
                 configuration.security = security
                 let channel = try await MessageChannel.connect(
                     to: [.ipv4Loopback(port: port)], configuration: configuration, logger: quiet)
+                channel.on(type: "b", as: String.self) { _, _ in }  // the broadcasts, consumed
                 while ContinuousClock.now < end {
                     for index in 0..<100 {
                         let reply = try await channel.request(index, type: "s", expecting: Int.self)

@@ -76,13 +76,17 @@ import Testing
     @Test func aDeadlineMayBeHandledWithinItsSlackAndNoEarlier() {
         var coarse = CoarseDeadlines()
         #expect(coarse.earliest == nil && !coarse.isDue(now: .max))
-        coarse.set(.heartbeat, at: 1_000, slack: 100)
-        coarse.set(.idleCheck, at: 5_000, slack: 2_000)
-        #expect(coarse.earliest == 1_000)
-        #expect(!coarse.isDue(now: 899) && coarse.expire(now: 899) == [])
-        #expect(coarse.isDue(now: 900))
-        // The idle check's window opened at 3,000; the heartbeat's at 900.
-        #expect(coarse.expire(now: 3_000) == [.idleCheck, .heartbeat])
+        let ms: UInt64 = 1_000_000
+        coarse.set(.heartbeat, at: 1_000 * ms, slack: 100 * ms)
+        coarse.set(.idleCheck, at: 5_000 * ms, slack: 800 * ms)
+        #expect(coarse.earliest == 1_000 * ms)
+        #expect(!coarse.isDue(now: 900 * ms - 1) && coarse.expire(now: 900 * ms - 1) == [])
+        #expect(coarse.isDue(now: 900 * ms))
+        // The idle check's window opened at 4,200 ms; the heartbeat's at 900 ms.
+        #expect(coarse.expire(now: 4_200 * ms) == [.idleCheck, .heartbeat])
+        coarse.set(.linger, at: 10 * ms, slack: 2 * ms + 999)  // slack kept in whole milliseconds
+        #expect(!coarse.isDue(now: 8 * ms - 1) && coarse.isDue(now: 8 * ms))
+        #expect(coarse.expire(now: 10 * ms) == [.linger])
         #expect(coarse.earliest == nil && coarse[.heartbeat] == nil)
     }
 
@@ -95,7 +99,7 @@ import Testing
         #expect(coarse.earliest == nil)
         coarse.set(.idleCheck, at: 0, slack: 0)  // "now" is still a deadline
         #expect(coarse.expire(now: 1) == [.idleCheck])
-        #expect(CoarseDeadlines.holds(.heartbeat) && CoarseDeadlines.holds(.idleCheck))
+        #expect(CoarseDeadlines.holds(.heartbeat) && CoarseDeadlines.holds(.idleCheck) && CoarseDeadlines.holds(.linger))
         #expect(!CoarseDeadlines.holds(.request) && !CoarseDeadlines.holds(.handshake))
     }
 }
