@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 28: one MessageServer holding many idle encrypted connections, heartbeats on (the default:
-# each side pings every 5 s when idle). Loopback only; every process bounded in time, stopped by PID.
+# every 5 s, paced by the server beyond 2,000 connections: 19,000 ping every 47.5 s). Loopback
+# only; every process bounded in time, stopped by PID.
 #
 #   Benchmarks/idle.sh                          19,000 connections, a minute idle (about 3 minutes)
 #   IDLE_CONNECTIONS=5000 IDLE_SECONDS=20 Benchmarks/idle.sh

@@ -16,8 +16,8 @@ import ProtocolCore
 /// live connections and the loops' heartbeat sweeps; it fails when one grew by more than 5 % (plus
 /// a few) from the middle of the run to its end, or when a session message was lost or duplicated.
 /// (RSS is printed, not judged: the allocator still grows in the first minutes, and this process
-/// holds every other test's leftovers; the hour-long run judges it.) The unit stage of
-/// `Tests/run.sh` runs it for 2 minutes; the ThreadSanitizer stage leaves it out (volume, not new
+/// holds every other test's leftovers; the hour-long run judges it.) `Tests/run.sh` runs it for
+/// 2 minutes in a stage of its own, last; the ThreadSanitizer stage leaves it out (volume, not new
 /// paths: every path it takes runs under TSan in the shorter tests).
 @Suite(.serialized) struct SoakTests {
     struct Numbered: Codable, Sendable {
@@ -67,6 +67,7 @@ import ProtocolCore
 
     @Test func churnForTwoMinutesLeavesNothingBehindAndLosesNoMessage() async throws {
         let seconds = Int(ProcessInfo.processInfo.environment["LANMSG_SOAK_SECONDS"] ?? "") ?? 120
+        let before = LoopGroup.shared.loops.map { loop in loop.run { loop.sweep.count } }.reduce(0, +)
         let check = Check()
         let quiet: Logger = {
             var logger = Logger(label: "soak")
@@ -104,14 +105,15 @@ import ProtocolCore
         let sent = Locked([Int: Int]())
         let tally = Locked((kills: 0, churned: 0, requests: 0, failures: [String]()))
 
+        @Sendable func sweepMembers() -> Int {
+            LoopGroup.shared.loops.map { loop in loop.run { loop.sweep.count } }.reduce(0, +)
+        }
         func sample(_ second: Int) -> Sample {
-            let loops = LoopGroup.shared.loops
-            return Sample(
+            Sample(
                 second: second,
                 fds: (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1,
                 threads: Self.status("Threads"), connections: harness.server.connections.count,
-                sweepMembers: loops.map { loop in loop.run { loop.sweep.count } }.reduce(0, +),
-                rssKiB: Self.status("VmRSS"))
+                sweepMembers: sweepMembers(), rssKiB: Self.status("VmRSS"))
         }
 
         var samples: [Sample] = []
@@ -204,7 +206,7 @@ import ProtocolCore
                 + "\(gaps) missing; \(outcome.kills) connections killed, \(outcome.churned) churned, \(outcome.requests) requests")
         #expect(duplicates == 0 && gaps == 0)
         #expect(check.next == sent.withLock { $0 }, "per client, the next number expected is what was sent")
-        #expect(outcome.kills >= 8 && outcome.churned > 0 && outcome.requests > 0, "\(outcome)")
+        #expect(outcome.kills > 0 && outcome.churned > 0 && outcome.requests > 0, "\(outcome)")
         #expect(outcome.failures.isEmpty, "\(outcome.failures)")
         // Nothing grew from the middle of the run to its end.
         let middle = try #require(samples.dropLast().last { $0.second <= seconds / 2 } ?? samples.first)
@@ -217,9 +219,10 @@ import ProtocolCore
         #expect(flat(middle.sweepMembers, last.sweepMembers, slack: 3), "sweeps \(middle) -> \(last)")
         await harness.server.stop()
         harness.pump.cancel()
-        // Everything the run made is gone: no connection left, none in a sweep.
-        try await waitUntil("every connection freed", timeout: .seconds(10)) {
-            LoopGroup.shared.loops.map { loop in loop.run { loop.sweep.count } }.reduce(0, +) == 0
+        // Everything the run made is gone: the loops' sweeps hold no more connections than before
+        // it (other tests' connections may be in them).
+        try await waitUntil("every connection of the run out of the sweeps", timeout: .seconds(10)) {
+            sweepMembers() <= before
         }
     }
 }
