@@ -65,11 +65,13 @@ public final class MessageChannel: @unchecked Sendable {
     private var handlers: [String: (IncomingMessage) -> Void] = [:]
     private let installs = AtomicLazyReference<PendingInstalls>()
     private let hasInstalls = Atomic<Bool>(false)
+    /// The pace the peer asked for in its last PONG, in hundredths of a second (0: none; 16 bits
+    /// hold the 10-minute maximum), between the 1-byte flag and the 32-bit limit: in their padding,
+    /// no byte more per connection. Loop-confined.
+    private var peerPaceCentiseconds: UInt16 = 0
     /// ``peerMaxFrameSize`` in 32 bits (a frame's length field is 32 bits), next to the 1-byte flag:
     /// every idle connection holds one, and 8 bytes per connection show in W5.
     private let storedPeerMaxFrameSize: UInt32
-    /// The pace the peer asked for in its last PONG, in milliseconds (0: none). Loop-confined.
-    private var peerPaceMilliseconds: UInt32 = 0
     final class PendingInstalls: Sendable {
         let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
@@ -661,7 +663,7 @@ extension MessageChannel: ConnectionHandler {
     private var heartbeat: Heartbeat? {
         guard let interval = configuration.pingInterval else { return nil }
         let configured = Heartbeat(interval: interval.nanoseconds, timeout: configuration.heartbeatTimeout.nanoseconds)
-        let pace = max(UInt64(peerPaceMilliseconds) * 1_000_000, configuration.heartbeatPacer?.pace ?? 0)
+        let pace = max(UInt64(peerPaceCentiseconds) * 10_000_000, configuration.heartbeatPacer?.pace ?? 0)
         return configured.paced(pace)
     }
 
@@ -669,11 +671,11 @@ extension MessageChannel: ConnectionHandler {
     /// pace re-arms the heartbeat from now (the PONG is a sign of life) and lets the connection's
     /// idle check wait as long as the paced heartbeat's timeout. On the loop.
     private func peerPaced(_ pace: UInt64) {
-        let milliseconds = UInt32(clamping: pace / 1_000_000)
-        guard milliseconds != peerPaceMilliseconds else { return }
-        peerPaceMilliseconds = milliseconds
+        let centiseconds = UInt16(clamping: (pace + 9_999_999) / 10_000_000)
+        guard centiseconds != peerPaceCentiseconds else { return }
+        peerPaceCentiseconds = centiseconds
         guard let beat = heartbeat else { return }
-        if milliseconds > 0 { logger.debug("the peer asks to be pinged every \(Duration.nanoseconds(Int64(beat.interval)))") }
+        if centiseconds > 0 { logger.debug("the peer asks to be pinged every \(Duration.nanoseconds(Int64(beat.interval)))") }
         armHeartbeat(beat, from: uptimeNanoseconds())
     }
 

@@ -63,6 +63,13 @@ package final class ConnectionDriver: @unchecked Sendable {
     private var readPauseCount: Int32 = 0
     /// The socket's `SO_RCVLOWAT` (1 unless a large payload is being received).
     package private(set) var receiveLowWater: Int32 = 1
+    /// This connection's place in the loop's sweep (-1: not in it). Kept by ``LoopSweep``.
+    var sweepIndex: Int32 = -1
+    /// The idle check waits at least this long (milliseconds; 0: the configured
+    /// ``ConnectionConfiguration/idleTimeout`` alone) while no partial frame is buffered: a channel
+    /// whose heartbeat is paced (docs/PROTOCOL.md, "Heartbeat pacing") hears a frame less often than
+    /// the check's usual timeout. On the loop.
+    private var idleFloorMilliseconds: UInt32 = 0
     var writeSourceResumed = false
     private var sourcesToCancel: UInt8 = 0
     private var cancelledSources: UInt8 = 0
@@ -87,13 +94,11 @@ package final class ConnectionDriver: @unchecked Sendable {
     private var timing: Timing?
     /// The heartbeat and the idle check, served by the loop's one timer (``LoopSweep``).
     package private(set) var coarseDeadlines = CoarseDeadlines()
-    /// This connection's place in the loop's sweep (-1: not in it). Kept by ``LoopSweep``.
-    var sweepIndex = -1
-    /// The idle check waits at least this long (ns; 0: the configured ``ConnectionConfiguration/idleTimeout``
-    /// alone) while no partial frame is buffered: a channel whose heartbeat is paced
-    /// (docs/PROTOCOL.md, "Heartbeat pacing") hears a frame less often than the check's usual
-    /// timeout. On the loop.
-    package var idleTimeoutFloor: UInt64 = 0
+    /// See `idleFloorMilliseconds` (nanoseconds here). On the loop.
+    package var idleTimeoutFloor: UInt64 {
+        get { UInt64(idleFloorMilliseconds) * 1_000_000 }
+        set { idleFloorMilliseconds = UInt32(clamping: newValue / 1_000_000) }
+    }
     /// When the last complete frame arrived (uptime ns).
     package private(set) var lastFrameTime: UInt64 = 0
     private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []

@@ -28,7 +28,7 @@ package final class LoopSweep: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         guard let due = driver.coarseDeadlines.earliest else { return remove(driver) }
         if driver.sweepIndex < 0 {
-            driver.sweepIndex = members.count
+            driver.sweepIndex = Int32(members.count)
             members.append(driver)
         }
         if armed == 0 || due < armed { arm(due) }
@@ -36,13 +36,13 @@ package final class LoopSweep: @unchecked Sendable {
 
     /// Forgets `driver` (it closed, or has no coarse deadline left). On the loop.
     func remove(_ driver: ConnectionDriver) {
-        let index = driver.sweepIndex
+        let index = Int(driver.sweepIndex)
         guard index >= 0 else { return }
         driver.sweepIndex = -1
         let last = members.removeLast()
         if index < members.count {
             members[index] = last
-            last.sweepIndex = index
+            last.sweepIndex = Int32(index)
         }
         if members.isEmpty {
             // No member: no timer (an idle process holds none).
