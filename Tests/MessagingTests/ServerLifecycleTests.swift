@@ -132,7 +132,10 @@ enum TCPProbe {
         let took = ContinuousClock.now - start
         // Aborted at the grace period's end, not after the 2-s linger.
         #expect(took < .milliseconds(1_500), "stop() took \(took)")
-        #expect(harness.events.count { if case .closed = $0 { true } else { false } } == 2)
+        // (The events reach the harness's log from its own task: waited for, not counted at once.)
+        try await harness.events.wait("both reported closed") { _ in
+            harness.events.count { if case .closed = $0 { true } else { false } } == 2
+        }
         #expect(await offThePool { stubborn.serverClosed() })
         _ = client
     }
