@@ -1,5 +1,6 @@
-/// The deadlines of one connection, so that one timer serves them all: the driver arms a single
-/// timer for ``earliest`` and, when it fires, asks which deadlines ``expire(now:)``. Times are
+/// The fine deadlines of one connection (handshake, request, ack), so that one timer serves them
+/// all: the driver arms a single timer for ``earliest`` and, when it fires, asks which deadlines
+/// ``expire(now:)``. The coarse ones are ``CoarseDeadlines``, served by the loop. Times are
 /// uptime nanoseconds; the core never reads a clock.
 package struct Deadlines: Sendable, Equatable {
     /// What a deadline is for.
@@ -18,26 +19,25 @@ package struct Deadlines: Sendable, Equatable {
         case ack
     }
 
-    // One field per kind, 0 = unset: no allocation for an idle connection.
+    /// The kinds kept here; the others (idle check, linger, heartbeat) are ``CoarseDeadlines``.
+    package static let kinds: [Kind] = [.handshake, .request, .ack]
+
+    // One field per kind, 0 = unset.
     private var handshake: UInt64 = 0
-    private var idleCheck: UInt64 = 0
-    private var linger: UInt64 = 0
-    private var heartbeat: UInt64 = 0
     private var request: UInt64 = 0
     private var ack: UInt64 = 0
 
     package init() {}
 
+    /// The deadline of `kind`, one of ``kinds`` (a coarse kind reads nil and must not be set).
     package subscript(kind: Kind) -> UInt64? {
         get {
             let value =
                 switch kind {
                 case .handshake: handshake
-                case .idleCheck: idleCheck
-                case .linger: linger
-                case .heartbeat: heartbeat
                 case .request: request
                 case .ack: ack
+                case .idleCheck, .linger, .heartbeat: UInt64(0)
                 }
             return value == 0 ? nil : value
         }
@@ -45,24 +45,22 @@ package struct Deadlines: Sendable, Equatable {
             let value = max(newValue ?? 0, newValue == nil ? 0 : 1)
             switch kind {
             case .handshake: handshake = value
-            case .idleCheck: idleCheck = value
-            case .linger: linger = value
-            case .heartbeat: heartbeat = value
             case .request: request = value
             case .ack: ack = value
+            case .idleCheck, .linger, .heartbeat: preconditionFailure("\(kind) is a coarse deadline (CoarseDeadlines)")
             }
         }
     }
 
     /// The earliest deadline set, if any.
     package var earliest: UInt64? {
-        Kind.allCases.compactMap { self[$0] }.min()
+        Self.kinds.compactMap { self[$0] }.min()
     }
 
-    /// Clears and returns the deadlines that are due at `now`, in ``Kind`` order.
+    /// Clears and returns the deadlines that are due at `now`, in ``kinds`` order.
     package mutating func expire(now: UInt64) -> [Kind] {
         var due: [Kind] = []
-        for kind in Kind.allCases {
+        for kind in Self.kinds {
             if let at = self[kind], at <= now {
                 self[kind] = nil
                 due.append(kind)

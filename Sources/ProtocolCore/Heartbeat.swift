@@ -5,8 +5,8 @@
 package struct Heartbeat: Sendable {
     /// What to do when the heartbeat deadline passes.
     package enum Tick: Equatable, Sendable {
-        /// Send a PING; the next tick is due at the given time.
-        case ping(next: UInt64)
+        /// Send a PING (the next tick is an interval later, or the paced interval: the caller arms it).
+        case ping
         /// Nothing arrived for the timeout: close with ``CloseReason/heartbeatTimeout``.
         case timedOut
     }
@@ -26,7 +26,7 @@ package struct Heartbeat: Sendable {
     /// this side stopped reading on purpose.
     package func tick(now: UInt64, lastHeard: UInt64, readingPaused: Bool) -> Tick {
         if !readingPaused && now &- lastHeard > timeout { return .timedOut }
-        return .ping(next: now &+ interval)
+        return .ping
     }
 
     /// How early this side's PING may go, so that peers' heartbeats share wakeups: a due time

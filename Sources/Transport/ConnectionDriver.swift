@@ -84,15 +84,15 @@ package final class ConnectionDriver: @unchecked Sendable {
     private var handler: (any ConnectionHandler)?
     var readSource: (any DispatchSourceRead)?
     var writeSource: (any DispatchSourceWrite)?
-    /// The deadlines and their one timer, made when the first deadline is set and released when
-    /// none is left: an idle connection without heartbeat holds no timer state at all.
+    /// The fine deadlines (handshake, requests, acks) and their one timer, made when the first is set
+    /// and released when none is left: an idle connection holds no timer state of its own.
     private final class Timing {
         var deadlines = Deadlines()
         var armed: UInt64 = 0
         var source: (any DispatchSourceTimer)?
     }
     private var timing: Timing?
-    /// The heartbeat and the idle check, served by the loop's one timer (``LoopSweep``).
+    /// The heartbeat, the idle check and the linger, served by the loop's one timer (``LoopSweep``).
     package private(set) var coarseDeadlines = CoarseDeadlines()
     /// See `idleFloorMilliseconds` (nanoseconds here). On the loop.
     package var idleTimeoutFloor: UInt64 {
@@ -276,7 +276,7 @@ package final class ConnectionDriver: @unchecked Sendable {
     // MARK: Deadlines (one timer)
 
     /// Sets (or clears, with nil) a deadline in uptime nanoseconds; the owner is told when it passes.
-    /// The heartbeat and the idle check are coarse (``CoarseDeadlines``): served by the loop's one
+    /// The heartbeat, the idle check and the linger are coarse (``CoarseDeadlines``): served by the loop's one
     /// timer, possibly up to `slack` early (at most a second), together with other connections'.
     /// On the loop.
     package func setDeadline(_ kind: Deadlines.Kind, at time: UInt64?, slack: UInt64 = 0) {
@@ -326,7 +326,7 @@ package final class ConnectionDriver: @unchecked Sendable {
             guard !isClosed else { return }
             switch kind {
             case .handshake, .request, .ack: handler?.connection(self, deadlinePassed: kind)
-            case .idleCheck, .heartbeat, .linger: break  // coarse: see sweepFired(now:)
+            case .idleCheck, .heartbeat, .linger: break  // never here: coarse, see sweepFired(now:)
             }
         }
         armTimer()

@@ -1,7 +1,7 @@
 import Dispatch
 import ProtocolCore
 
-/// One timer for the coarse deadlines (heartbeat, idle check) of all the connections of a loop.
+/// One timer for the coarse deadlines (heartbeat, idle check, linger) of all the connections of a loop.
 ///
 /// A timer per connection costs a Dispatch timer source (a few hundred bytes) and a wakeup of the
 /// loop for every connection at every deadline: 19,000 idle connections pinging every 5 s woke

@@ -58,17 +58,18 @@ import Testing
     @Test func oneTimerServesEveryDeadline() {
         var deadlines = Deadlines()
         #expect(deadlines.earliest == nil)
-        deadlines[.heartbeat] = 500
+        deadlines[.ack] = 500
         deadlines[.handshake] = 300
         deadlines[.request] = 900
         #expect(deadlines.earliest == 300)
         #expect(deadlines.expire(now: 299) == [])
-        #expect(deadlines.expire(now: 600) == [.handshake, .heartbeat])
+        #expect(deadlines.expire(now: 600) == [.handshake, .ack])
         #expect(deadlines.earliest == 900)
         deadlines[.request] = nil
         #expect(deadlines.earliest == nil)
-        deadlines[.linger] = 0  // "now" is still a deadline
-        #expect(deadlines.expire(now: 1) == [.linger])
+        deadlines[.ack] = 0  // "now" is still a deadline
+        #expect(deadlines.expire(now: 1) == [.ack])
+        #expect(deadlines[.heartbeat] == nil)  // coarse kinds live in CoarseDeadlines
     }
 }
 
@@ -116,14 +117,14 @@ import Testing
 
     @Test func pingsWhileHeardAndTimesOutWhenSilent() {
         let beat = Heartbeat(interval: 5, timeout: 15)
-        #expect(beat.tick(now: 5, lastHeard: 0, readingPaused: false) == .ping(next: 10))
-        #expect(beat.tick(now: 20, lastHeard: 9, readingPaused: false) == .ping(next: 25))
+        #expect(beat.tick(now: 5, lastHeard: 0, readingPaused: false) == .ping)
+        #expect(beat.tick(now: 20, lastHeard: 9, readingPaused: false) == .ping)
         #expect(beat.tick(now: 25, lastHeard: 9, readingPaused: false) == .timedOut)
     }
 
     @Test func pausedReadingIsNotSilence() {
         let beat = Heartbeat(interval: 5, timeout: 15)
-        #expect(beat.tick(now: 100, lastHeard: 0, readingPaused: true) == .ping(next: 105))
+        #expect(beat.tick(now: 100, lastHeard: 0, readingPaused: true) == .ping)
     }
 }
 
