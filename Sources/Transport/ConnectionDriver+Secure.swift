@@ -107,6 +107,14 @@ extension ConnectionDriver {
         return (send.withLock { $0.sealer?.messageCount ?? 0 }, received)
     }
 
+    /// Sets both directions' next nonce (tests only: with nothing in flight and the peer's driver
+    /// set to the same value, a test reaches the rekey point in a few messages). On the loop.
+    package func setTransportNonces(_ nonce: UInt64) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        secure?.receiver?.setNonce(nonce)
+        send.withLock { $0.sealer?.setNonce(nonce) }
+    }
+
     /// Whether the transport is encrypted (version 2).
     package var isEncrypted: Bool { secure?.receiver != nil }
 

@@ -216,6 +216,11 @@ struct TestFailure: Error, CustomStringConvertible {
         let harness = try await LoopbackServer { $0.maxConnections = 2 }
         let first = try await harness.client("one")
         let second = try await harness.client("two")
+        // The client finishes its handshake before the server does (the client sends the last
+        // message): wait until the server holds both, or the count below races the second's.
+        try await harness.events.wait("both accepted") { _ in
+            harness.events.count { if case .accepted = $0 { true } else { false } } == 2
+        }
         await #expect(throws: MessagingError.self) {
             _ = try await harness.client("three") { $0.channel.helloTimeout = .seconds(3) }
         }

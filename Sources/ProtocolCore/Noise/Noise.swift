@@ -56,6 +56,11 @@ package struct NoiseCipherState: @unchecked Sendable {
 
     package var hasKey: Bool { key != nil }
 
+    /// Section 5.1's SetNonce: the next message uses `nonce`. Both ends of a transport must agree;
+    /// tests use it to reach a rekey point (``SecureProtocol/rekeyInterval``) without sending
+    /// 65,536 messages first.
+    package mutating func setNonce(_ nonce: UInt64) { self.nonce = nonce }
+
     private func checkedKey() throws(NoiseError) -> CipherKey {
         guard let key else { throw NoiseError("no key") }
         guard nonce < Self.maxNonce else { throw NoiseError("the cipher's nonces are exhausted; reconnect") }

@@ -376,6 +376,9 @@ package struct SecureSender: Sendable {
     /// Messages sealed so far (the next message's nonce).
     package var messageCount: UInt64 { cipher.nonce }
 
+    /// The next message's nonce (``NoiseCipherState/setNonce(_:)``; tests only).
+    package mutating func setNonce(_ nonce: UInt64) { cipher.setNonce(nonce) }
+
     /// The size on the wire of a message carrying `plaintextCount` bytes: length prefix and tag.
     @inline(__always)
     package static func sealedSize(_ plaintextCount: Int) -> Int { plaintextCount + 18 }
@@ -452,6 +455,9 @@ package struct SecureReceiver: Sendable {
 
     /// Messages opened so far (the next message's nonce).
     package var messageCount: UInt64 { pending.cipher.nonce }
+
+    /// The next message's nonce (``NoiseCipherState/setNonce(_:)``; tests only).
+    package func setNonce(_ nonce: UInt64) { pending.cipher.setNonce(nonce) }
 
     /// Received bytes of an incomplete message.
     package var pendingBytes: Int { pending.count }
