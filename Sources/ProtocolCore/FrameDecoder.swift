@@ -27,7 +27,7 @@ package struct FrameDecoder: Sendable {
     /// - Parameters:
     ///   - maxFrameSize: The largest accepted frame body; larger length prefixes throw before allocation.
     ///   - checkSequence: When true, frames must carry sequence numbers 1, 2, 3, … in order.
-    package init(maxFrameSize: Int = 16 * 1024 * 1024, checkSequence: Bool = true) {
+    package init(maxFrameSize: Int = WireProtocol.defaultMaxFrameSize, checkSequence: Bool = true) {
         self.maxFrameSize = maxFrameSize
         self.expectedSequence = checkSequence ? 1 : nil
     }

@@ -66,9 +66,6 @@ package struct HandshakeStateMachine: Sendable {
         case done
     }
 
-    /// Without `max_frame` in the peer's hello (older peers): the default limit, 16 MiB.
-    package static var defaultMaxFrameSize: Int { 16 * 1024 * 1024 }
-
     package let role: Role
     private let settings: Settings
     private var state: State
@@ -168,7 +165,7 @@ package struct HandshakeStateMachine: Sendable {
             return fail(TransportError(.helloFailed, text, closeReason: .protocolError(text)), text: text)
         }
         let established = Established(
-            peer: ack.info, peerMaxFrameSize: ack.maxFrame ?? Self.defaultMaxFrameSize)
+            peer: ack.info, peerMaxFrameSize: ack.maxFrame ?? WireProtocol.defaultMaxFrameSize)
         switch (settings.preSharedKey, nonce, ack.auth) {
         case (nil, _, nil):
             return succeed(established)
@@ -234,7 +231,7 @@ package struct HandshakeStateMachine: Sendable {
         if let refusal = settings.validator?(info) {
             return refuse(code: "refused", .helloRefused, "refused peer '\(info.name)': \(refusal)")
         }
-        let established = Established(peer: info, peerMaxFrameSize: hello.maxFrame ?? Self.defaultMaxFrameSize)
+        let established = Established(peer: info, peerMaxFrameSize: hello.maxFrame ?? WireProtocol.defaultMaxFrameSize)
         guard let key = settings.preSharedKey else {
             state = .done
             return Output(frames: [helloFrame(.helloAck)], outcome: .success(established))

@@ -6,6 +6,10 @@ public enum WireProtocol {
     public static let rawCodecID: UInt8 = 0
     /// Codec id of JSON.
     public static let jsonCodecID: UInt8 = 1
+    /// The largest frame body a peer accepts when its hello has no `max_frame` (older peers), and
+    /// the default limit of ours (`ConnectionConfiguration.maxFrameSize`): 16 MiB. The one place
+    /// this value is written.
+    package static let defaultMaxFrameSize = 16 * 1024 * 1024
 }
 
 /// What a peer says about itself in the hello exchange.

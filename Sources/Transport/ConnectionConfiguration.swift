@@ -1,3 +1,5 @@
+import ProtocolCore
+
 /// Frame-level settings shared by every connection made with one configuration.
 
 /// A configuration's values in one immutable object, replaced (not mutated) on change: copies of
@@ -30,7 +32,7 @@ package struct SharedValues<Values: Sendable>: Sendable {
 public struct ConnectionConfiguration: Sendable {
     // Shared immutable storage, replaced on change (see SharedValues).
     struct Values: Sendable {
-        var maxFrameSize: Int = 16 * 1024 * 1024
+        var maxFrameSize: Int = WireProtocol.defaultMaxFrameSize
         var sendHighWaterMark: Int = 1024 * 1024
         var sendLowWaterMark: Int = 256 * 1024
         var idleTimeout: Duration? = nil

@@ -277,7 +277,7 @@ package struct SecureHandshake: Sendable {
             return .failure(TransportError(.helloFailed, text, closeReason: .protocolError(text)))
         }
         let proven = ProvenPeer(
-            publicKey: key, info: hello.info, maxFrameSize: hello.maxFrame ?? HandshakeStateMachine.defaultMaxFrameSize,
+            publicKey: key, info: hello.info, maxFrameSize: hello.maxFrame ?? WireProtocol.defaultMaxFrameSize,
             handshakeHash: messageTwoHash)
         if let refusal = settings.verify(proven) {
             done = true
