@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 28: one MessageServer holding many idle encrypted connections, heartbeats on (the default:
-# every 5 s, paced by the server beyond 2,000 connections: 19,000 ping every 47.5 s). Loopback
+# every 5 s, paced by the server beyond 750 connections: 19,000 ping every 127 s). Loopback
 # only; every process bounded in time, stopped by PID.
 #
 #   Benchmarks/idle.sh                          19,000 connections, a minute idle (about 3 minutes)
 #   IDLE_CONNECTIONS=5000 IDLE_SECONDS=20 Benchmarks/idle.sh
 #   IDLE_ARGS="--ping off" / "--sessions off"   without heartbeats (both sides) / without sessions
-#   IDLE_ARGS="--heartbeats 150"                the server's heartbeat budget (default 400 a second; off: no pacing)
+#   IDLE_ARGS="--heartbeats 400"                the server's heartbeat budget (default 150 a second; off: no pacing)
 #
 # The clients run in two processes (the fd limit here is 20,000 a process). Reported: the time to
 # accept them all (32 connecting at once per client process), RSS per connection above the empty

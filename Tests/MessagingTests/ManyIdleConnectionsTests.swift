@@ -24,7 +24,7 @@ import ProtocolCore
         // machine busy building, the loops fell behind and the test took a minute.)
         configuration.channel.pingInterval = .milliseconds(500)
         configuration.channel.heartbeatTimeout = .seconds(5)
-        configuration.heartbeatsPerSecond = nil  // 400 connections would pace them to 1 s (HeartbeatPacingTests)
+        configuration.heartbeatsPerSecond = nil  // the default would pace 400 connections to 2.7 s (HeartbeatPacingTests)
         let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
         try await server.start()
         let port = try #require(server.port)
