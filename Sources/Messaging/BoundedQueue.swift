@@ -9,8 +9,19 @@ import Locks
 ///   resumes). So a consumer that does not keep up stops the socket instead of growing memory.
 /// - ``pushWaiting(_:)`` suspends the producer while the queue is at its limit.
 ///
+/// - ``push(_:from:)`` never waits either, for a producer that can stop (a channel reading its
+///   socket): at the limit it returns false and the producer stops until the queue, drained to half
+///   the limit, calls its ``QueueProducer/resumeProducing()``. So one queue bounds what many
+///   producers hand it, each stopping on its own, without a task per producer.
+///
 /// Consumers call ``next()`` (several may wait; cancellation ends a wait). After ``finish(throwing:)``
 /// pushes are dropped and consumers drain what is left, then get nil (or the error).
+/// A producer that stops while a ``BoundedQueue`` is full (``BoundedQueue/push(_:from:)``).
+protocol QueueProducer: AnyObject, Sendable {
+    /// The queue has room again (drained to half its limit, or finished): produce again.
+    func resumeProducing()
+}
+
 final class BoundedQueue<Element: Sendable>: Sendable {
     private struct Waiter {
         let id: UInt64
@@ -29,6 +40,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         var overLimit = false
         var consumers: [Waiter] = []
         var producers: [Producer] = []
+        /// Producers stopped by ``push(_:from:)``, to resume when the queue drains.
+        var stopped: [ObjectIdentifier: any QueueProducer] = [:]
         /// Elements taken by consumers so far.
         var taken: UInt64 = 0
         var nextWaiterID: UInt64 = 0
@@ -80,6 +93,21 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         consumer?.resume(returning: element)
         if full { onFull?() }
         return accepted
+    }
+
+    /// Adds an element without waiting (dropped after `finish`). Returns false when the queue now
+    /// holds its limit or more: `producer` must stop until its ``QueueProducer/resumeProducing()``.
+    func push(_ element: Element, from producer: any QueueProducer) -> Bool {
+        let handedOver = state.withLock { state -> (room: Bool, consumer: CheckedContinuation<Element?, any Error>?) in
+            guard !state.finished else { return (true, nil) }
+            if !state.consumers.isEmpty { return (true, state.consumers.removeFirst().continuation) }
+            state.items.append(element)
+            guard state.count >= limit else { return (true, nil) }
+            state.stopped[ObjectIdentifier(producer)] = producer
+            return (false, nil)
+        }
+        handedOver.consumer?.resume(returning: element)
+        return handedOver.room
     }
 
     /// Adds an element unless the queue is at its limit (or finished): for what may be dropped
@@ -183,20 +211,37 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     /// Ends the queue: consumers get the remaining elements, then nil (or `error`); waiting
     /// producers return.
     func finish(throwing error: (any Error)? = nil) {
-        let (consumers, producers) = state.withLock { state -> ([Waiter], [Producer]) in
-            guard !state.finished else { return ([], []) }
+        let (consumers, producers, stopped) = state.withLock { state -> ([Waiter], [Producer], [any QueueProducer]) in
+            guard !state.finished else { return ([], [], []) }
             state.finished = true
             state.failure = error
             defer {
                 state.consumers = []
                 state.producers = []
+                state.stopped = [:]
             }
-            return (state.count == 0 ? state.consumers : [], state.producers)
+            return (state.count == 0 ? state.consumers : [], state.producers, Array(state.stopped.values))
         }
+        for producer in stopped { producer.resumeProducing() }
         for consumer in consumers {
             if let error { consumer.continuation.resume(throwing: error) } else { consumer.continuation.resume(returning: nil) }
         }
         for producer in producers { producer.continuation.resume() }
+    }
+
+    /// Takes every buffered element at once (for a producer handing its backlog elsewhere); the
+    /// queue stays open.
+    func takeAll() -> [Element] {
+        let (elements, wasOver) = state.withLock { state -> ([Element], Bool) in
+            let elements = Array(state.items[state.head...])
+            state.taken += UInt64(elements.count)
+            state.items = []
+            state.head = 0
+            defer { state.overLimit = false }
+            return (elements, state.overLimit)
+        }
+        if wasOver { onDrained?() }
+        return elements
     }
 
     /// Drops everything buffered and ignores later pushes.
@@ -212,7 +257,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     private enum Poll {
-        case element(Element, drained: Bool, producer: CheckedContinuation<Void, Never>?)
+        case element(Element, drained: Bool, producer: CheckedContinuation<Void, Never>?, stopped: [any QueueProducer])
         case end((any Error)?)
         case empty
     }
@@ -234,14 +279,20 @@ final class BoundedQueue<Element: Sendable>: Sendable {
             state.overLimit = false
             drained = true
         }
+        var stopped: [any QueueProducer] = []
+        if !state.stopped.isEmpty && state.count <= limit / 2 {
+            stopped = Array(state.stopped.values)
+            state.stopped = [:]
+        }
         let producer = state.producers.isEmpty ? nil : state.producers.removeFirst().continuation
-        return .element(element, drained: drained, producer: producer)
+        return .element(element, drained: drained, producer: producer, stopped: stopped)
     }
 
     private func deliver(_ polled: Poll) -> Element? {
-        if case .element(let element, let drained, let producer) = polled {
+        if case .element(let element, let drained, let producer, let stopped) = polled {
             producer?.resume()
             if drained { onDrained?() }
+            for producer in stopped { producer.resumeProducing() }
             return element
         }
         return nil
@@ -254,10 +305,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
             return poll(&state)
         }
         switch polled {
-        case .element(let element, let drained, let producer):
-            producer?.resume()
-            if drained { onDrained?() }
-            return element
+        case .element:
+            return deliver(polled)
         case .end(let error):
             if let error { throw error }
             return nil

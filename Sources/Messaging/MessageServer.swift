@@ -35,8 +35,8 @@ public final class MessageServer: Service, Sendable {
     private struct State {
         var phase = Phase.idle
         var connections: [UInt64: ServerConnection] = [:]
-        /// Connections whose `.closed` event was not pushed yet, with the task pumping their messages.
-        var pumps: [UInt64: Task<Void, Never>] = [:]
+        /// Connections whose `.closed` event was not pushed yet.
+        var unreported: Set<UInt64> = []
         var pendingHellos = 0
         /// Which connections may start their handshake (``ServerConfiguration/maxPendingHandshakes``
         /// and the rates).
@@ -64,6 +64,8 @@ public final class MessageServer: Service, Sendable {
     private let refuser: Refuser
     private let state: Locked<State>
     private let queue: BoundedQueue<ServerEvent>
+    /// Events waiting for the app (tests).
+    var bufferedEvents: Int { queue.count }
     /// What happens on the server, in order; see ``ServerEvent``.
     public let events: ServerEvents
     /// Its connections' metrics (nil when no metrics back end is bootstrapped).
@@ -417,7 +419,7 @@ public final class MessageServer: Service, Sendable {
             logger.debug("accepted", metadata: ["connection": "\(connection)"])
             metrics?.accepted.increment()
             queue.push(.accepted(connection))
-            startPump(connection, channel)
+            routeMessages(connection, channel)
         case .resume(let connection, let old):
             if await old.isOpen {
                 // The old connection was lost without a sign (the client's side was destroyed, or
@@ -426,6 +428,8 @@ public final class MessageServer: Service, Sendable {
                 queue.push(.interrupted(connection, .superseded))
             }
             old.abort()  // a half-open connection the client gave up on
+            // Its loop has handed on every message it took (they come before the new channel's).
+            _ = await old.closed()
             guard let session = connection.session, let hello else { return }
             let resent: Int
             do {
@@ -445,23 +449,21 @@ public final class MessageServer: Service, Sendable {
             logger.info("session resumed", metadata: ["connection": "\(connection)", "resent": "\(resent)"])
             metrics?.accepted.increment()
             queue.push(.resumed(connection, resent: resent))
-            startPump(connection, channel)
+            routeMessages(connection, channel)
         }
     }
 
-    /// Hands `channel`'s messages and transfers to the events, after the previous channel's (a
-    /// resumed session keeps its order), and reports its end.
-    private func startPump(_ connection: ServerConnection, _ channel: MessageChannel) {
+    /// Hands `channel`'s messages and transfers to the events from its loop (the previous channel
+    /// of a resumed session was closed before, so order is kept), and reports its end. While the
+    /// events hold ``ServerConfiguration/eventBufferLimit`` or more, a channel that delivers one
+    /// stops reading until the app drains them to half.
+    private func routeMessages(_ connection: ServerConnection, _ channel: MessageChannel) {
         let queue = self.queue
-        let previous = connection.pump.withLock { $0 }
-        let pump = Task {
-            await previous?.value
-            for await message in channel.messages { await queue.pushWaiting(.received(connection, message)) }
-            let reason = await channel.closed()
-            self.channelClosed(connection, channel, reason: reason)
-        }
-        connection.pump.withLock { $0 = pump }
-        state.withLock { $0.pumps[connection.id] = pump }
+        state.withLock { _ = $0.unreported.insert(connection.id) }
+        channel.route(
+            to: MessageRoute(
+                deliver: { message, channel in queue.push(.received(connection, message), from: channel) },
+                closed: { [self] reason, channel in channelClosed(connection, channel, reason: reason) }))
         // Transfers straight from the channel's loop into the events (a transfer's chunks have
         // their own bounded buffer); a task only when some arrived before this point.
         if !channel.sendTransfers(to: { queue.push(.transfer(connection, $0)) }) {
@@ -514,12 +516,12 @@ public final class MessageServer: Service, Sendable {
         connectionClosed(connection, reason: reason)
     }
 
-    /// Reports a connection's end exactly once (its pump, or `stop()` for a pump that is stuck).
+    /// Reports a connection's end exactly once (its channel's close, or `stop()`).
     private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
         let first = state.withLock { state -> Bool in
             state.connections.removeValue(forKey: connection.id)
             paced(connections: state.connections.count)
-            return state.pumps.removeValue(forKey: connection.id) != nil
+            return state.unreported.remove(connection.id) != nil
         }
         guard first else { return }
         logger.debug("closed", metadata: ["connection": "\(connection)", "reason": "\(reason)"])
@@ -617,10 +619,8 @@ extension MessageServer {
             group.cancelAll()  // the timer, when every connection closed in time
             return reasons
         }
-        // Every connection's pump reports its `.closed` once its messages are handed on; a pump
-        // stuck behind an app that stopped reading events is not waited for beyond the grace period.
-        let pumps = state.withLock { Array($0.pumps.values) }
-        _ = await raceTimeout(grace) { for pump in pumps { await pump.value } }
+        // Every channel reported its `.closed` from its loop before `closed()` returned (after its
+        // last message); the rest (a session kept for its client) end here.
         for (connection, reason) in zip(connections, reasons) {
             endSession(connection, reason: reason ?? .localClose)
         }

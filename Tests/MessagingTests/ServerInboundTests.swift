@@ -1,0 +1,57 @@
+import Foundation
+import Testing
+
+import Locks
+@testable import Messaging
+
+/// A server's events are its connections' one inbound queue: a channel hands each message from its
+/// loop straight into them (no buffer of its own, no task per connection in between), and while
+/// the app does not take them the channel stops reading its socket — nothing lost, memory bounded.
+@Suite struct ServerInboundTests {
+    struct Item: Codable, Sendable {
+        var n: Int
+        var pad: String
+    }
+
+    @Test func anAppThatStopsReadingStopsItsConnectionsAndLosesNothing() async throws {
+        let limit = 16
+        let count = 4_000
+        let (gate, open) = AsyncStream<Void>.makeStream()
+        let received = Locked<[Int]>([])
+        let harness = try await LoopbackServer(keepEvents: false, configure: { $0.eventBufferLimit = limit }) { _, event in
+            guard case .received(_, let message) = event, let item = try? message.decode(Item.self) else { return }
+            if item.n == 0 { for await _ in gate { break } }  // the app stops taking events
+            received.withLock { $0.append(item.n) }
+        }
+        let client = try await harness.client("flood")
+        let pad = String(repeating: "p", count: 4_000)
+        let sent = Locked(0)
+        let sender = Task {
+            for n in 0..<count {
+                try await client.send(Item(n: n, pad: pad), type: "item")
+                sent.withLock { $0 += 1 }
+            }
+        }
+        // The app holds message 0; the events fill to their limit...
+        try await waitUntil("the events at their limit") { harness.server.bufferedEvents >= limit }
+        // ...and stay near it: the connection stopped being read (16 MB would cross loopback in far
+        // less than this second; the socket buffers and the client's send queue hold a few MB).
+        // One read's frames may still arrive after the limit: ≤ 64.
+        var most = 0
+        for _ in 0..<50 {
+            most = max(most, harness.server.bufferedEvents)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(most <= limit + 64, "the events grew to \(most) while the app took none")
+        #expect(sent.withLock { $0 } < count, "every message was sent while the app took none")
+        let connection = try #require(harness.server.connections.first)
+        #expect(!connection.channel.hasMessageBuffer, "a server's channel hands its messages on, it keeps none")
+
+        open.finish()  // the app reads again: reading resumes, every message arrives once, in order
+        try await sender.value
+        try await waitUntil("every message at the app", timeout: .seconds(60)) { received.withLock { $0.count } == count }
+        #expect(received.withLock { $0 } == Array(0..<count))
+        await client.close()
+        await harness.server.stop()
+    }
+}
