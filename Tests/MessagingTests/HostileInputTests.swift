@@ -125,6 +125,8 @@ final class HostilePeer: @unchecked Sendable {
         // flipped-bit test and the lanmsg-fuzz target).
         let harness = try await LoopbackServer(security: .plaintext, configure: configure, handle: Self.echo)
         let good = try await harness.client("good")
+        // (the server holds it a moment after the client is connected: the counts below include it)
+        try await harness.events.wait("good accepted") { if case .accepted = $0 { true } else { false } }
         let before = residentBytes()
         try await body(harness, good)
         // The well-behaved client is still served.

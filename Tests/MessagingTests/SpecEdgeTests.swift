@@ -288,6 +288,9 @@ func waitUntilAsync(_ what: String, seconds: Double = 10, _ condition: () -> Boo
         while let event = await events.next() {
             if case .connected = event { break }  // ... and never reads again
         }
+        // The client is connected before the server holds the connection (the server finishes
+        // the handshake and the session exchange after it): broadcasts before that reach nobody.
+        try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
         for round in 0..<2000 {
             _ = await harness.server.broadcast(round, type: "news")
         }
