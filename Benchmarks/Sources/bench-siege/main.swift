@@ -172,6 +172,7 @@ func runIdleServer() async throws {
     guard let port = server.port else { fail("no port") }
     try await Task.sleep(for: .milliseconds(500))
     let emptyRSS = residentBytes()
+    let emptyHeap = heapInUse()
     emit("READY \(port)")
     var accepted = 0
     var first: ContinuousClock.Instant?
@@ -188,9 +189,13 @@ func runIdleServer() async throws {
     let drain = Task { while await events.next() != nil {} }
     try await Task.sleep(for: .seconds(3))  // handshakes' leftovers settle
     let rss = residentBytes()
+    // The heap in use besides RSS: what the connections hold, without what malloc keeps of the
+    // handshakes' freed memory.
+    let heap = heapInUse()
     emit(
         "RESULT IDLE19K accept connections=\(target) accept_all_s=\(fmt(acceptSeconds, 2)) rss_empty_kib=\(emptyRSS / 1024) "
-            + "rss_kib=\(rss / 1024) bytes_per_conn=\(fmt(Double(rss - emptyRSS) / Double(target), 0)) threads=\(processStatus("Threads"))")
+            + "rss_kib=\(rss / 1024) bytes_per_conn=\(fmt(Double(rss - emptyRSS) / Double(target), 0)) "
+            + "heap_bytes_per_conn=\(fmt(Double(heap - emptyHeap) / Double(target), 0)) threads=\(processStatus("Threads"))")
     let cpu0 = cpuSeconds()
     let t0 = ContinuousClock.now
     try await Task.sleep(for: .seconds(idleSeconds))
