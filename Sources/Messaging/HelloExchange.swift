@@ -49,15 +49,18 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
     }
 
     func connection(_ connection: ConnectionDriver, received frame: Frame) {
+        connection.assertOnLoop("HelloExchange")
         perform(machine.receive(frame))
     }
 
     func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {
+        connection.assertOnLoop("HelloExchange")
         guard kind == .handshake else { return }
         perform(machine.timedOut(after: configuration.helloTimeout), closeAtOnce: true)
     }
 
     func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+        connection.assertOnLoop("HelloExchange")
         perform(machine.connectionClosed(reason))
     }
 

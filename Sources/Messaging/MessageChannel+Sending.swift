@@ -266,6 +266,7 @@ extension MessageChannel {
     }
 
     private var trackedRequests: Requests {
+        assertOnLoop()
         if let requests { return requests }
         let made = Requests()
         requests = made

@@ -40,8 +40,9 @@ public final class MessageChannel: @unchecked Sendable {
         if let buffer = lazyMessageBuffer.load() { return buffer }
         return lazyMessageBuffer.storeIfNil(Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
     }
-    /// Whether the messages' buffer was made (tests: a server's routed channel never makes one).
-    var hasMessageBuffer: Bool { lazyMessageBuffer.load() != nil }
+    /// Whether anything ever read ``messages`` (tests: nothing reads a server's routed channel's;
+    /// its messages go to the server's events from the loop).
+    var messagesWereRead: Bool { lazyMessageBuffer.load()?.hasConsumer ?? false }
     /// Streamed transfers from the peer.
     public var transfers: IncomingTransfers { IncomingTransfers(buffer: transferBuffer) }
     /// The transfers' buffer, made on first use: most channels never receive a transfer, and an
@@ -201,8 +202,16 @@ public final class MessageChannel: @unchecked Sendable {
         }
     }
 
+    /// Checks, in debug builds, that loop-confined state is touched on the connection's loop (the
+    /// entry points below call it: the driver's callbacks and what other types call on the loop),
+    /// so that a wrong thread fails at once instead of only under ThreadSanitizer. Compiled out in
+    /// release builds.
+    @inline(__always)
+    func assertOnLoop(_ function: StaticString = #function) { driver.assertOnLoop("MessageChannel", function) }
+
     /// Takes over the connection from the hello exchange. On the loop.
     func activate() {
+        assertOnLoop()
         configuration.metrics?.open.increment()
         driver.setHandler(self)
         if let beat = heartbeat { armHeartbeat(beat, from: uptimeNanoseconds()) }
@@ -245,6 +254,7 @@ public final class MessageChannel: @unchecked Sendable {
 
     /// Moves handlers installed from other threads into the loop's table. On the loop.
     private func mergeInstalls() {
+        assertOnLoop()
         guard hasInstalls.load(ordering: .sequentiallyConsistent), let pending = installs.load() else { return }
         let taken = pending.list.withLock { list in
             hasInstalls.store(false, ordering: .sequentiallyConsistent)
@@ -303,6 +313,7 @@ public final class MessageChannel: @unchecked Sendable {
 
 extension MessageChannel: ConnectionHandler {
     package func connection(_ connection: ConnectionDriver, received frame: Frame) {
+        assertOnLoop()
         if let link = sessionLink, link.awaitingClientSession,
             ![.session, .ping, .pong, .goodbye].contains(frame.kind)
         {
@@ -345,6 +356,7 @@ extension MessageChannel: ConnectionHandler {
     }
 
     package func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {
+        assertOnLoop()
         switch kind {
         case .heartbeat: heartbeatTick()
         case .request: requestsTimedOut()
@@ -354,6 +366,7 @@ extension MessageChannel: ConnectionHandler {
     }
 
     package func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+        assertOnLoop()
         configuration.metrics?.closed(reason)
         let error = TransportError.closed(reason)
         if let requests {
@@ -386,6 +399,7 @@ extension MessageChannel: ConnectionHandler {
     }
 
     func violation(_ text: String) {
+        assertOnLoop()
         logger.warning("peer \(remoteAddress.map { "\($0)" } ?? "?") violated the protocol: \(text)")
         driver.enqueue(Frame(kind: .goodbye, payload: Array("protocol error: \(text)".utf8)), bypassLimit: true) { _ in }
         driver.closeGracefully(reason: .protocolError(text))
@@ -424,6 +438,7 @@ extension MessageChannel: ConnectionHandler {
 
     /// A message no handler or request took: to the server's route, or to ``messages``. On the loop.
     private func deliverUnhandled(_ message: IncomingMessage) {
+        assertOnLoop()
         if let route { deliver(message, to: route) } else { messageBuffer.push(message) }
     }
 
@@ -517,6 +532,7 @@ extension MessageChannel: ConnectionHandler {
 
     /// Acknowledges the session messages received since the last ACK.
     func sendAck() {
+        assertOnLoop()
         guard let link = sessionLink, let session = link.session else { return }
         link.ackArmed = false
         driver.setDeadline(.ack, at: nil)
@@ -664,6 +680,7 @@ extension MessageChannel: ConnectionHandler {
     }
 
     func healthOnLoop() -> ConnectionHealth {
+        assertOnLoop()
         func duration(_ micros: UInt32) -> Duration? { rtt.samples == 0 ? nil : .microseconds(Int64(micros)) }
         let silence = uptimeNanoseconds() &- driver.lastFrameTime
         var health = ConnectionHealth(
@@ -681,6 +698,7 @@ extension MessageChannel: ConnectionHandler {
 
     /// Sends a PING now (besides the heartbeat's), for a fresh round-trip sample. On the loop.
     func ping() {
+        assertOnLoop()
         driver.enqueue(Frame(kind: .ping), bypassLimit: true) { [self] result in
             if case .success(let sequence) = result { rtt.pingSent(sequence: sequence, now: uptimeNanoseconds()) }
         }

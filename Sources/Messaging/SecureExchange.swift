@@ -124,6 +124,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     // MARK: Events (on the loop)
 
     func connection(_ connection: ConnectionDriver, receivedBytes bytes: [UInt8]) {
+        connection.assertOnLoop("SecureExchange")
         switch phase {
         case .detecting(var buffered):
             buffered += bytes
@@ -142,6 +143,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     }
 
     func connection(_ connection: ConnectionDriver, received frame: Frame) {
+        connection.assertOnLoop("SecureExchange")
         guard case .awaitingVerdict(let peer) = phase else { return }
         switch frame.kind {
         case .authOK:
@@ -161,6 +163,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     }
 
     func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {
+        connection.assertOnLoop("SecureExchange")
         guard kind == .handshake else { return }
         let text =
             "the encrypted handshake did not complete within \(configuration.helloTimeout) "
@@ -169,6 +172,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     }
 
     func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+        connection.assertOnLoop("SecureExchange")
         guard continuation != nil else { return }
         let text: String
         switch (role, phase) {

@@ -131,6 +131,14 @@ package final class ConnectionDriver: @unchecked Sendable {
 
     package var queue: DispatchQueue { loop.queue }
     package var isClosed: Bool { lifecycle.isClosed }
+
+    /// Debug builds: stops the process when `owner`'s loop-confined state is touched off this
+    /// connection's loop (a wrong thread fails at once, not only under ThreadSanitizer). Compiled
+    /// out in release builds.
+    @inline(__always)
+    package func assertOnLoop(_ owner: StaticString, _ function: StaticString = #function) {
+        assert(loop.isCurrent, "\(owner).\(function) must run on the connection's loop")
+    }
     package var closeReason: CloseReason? { lifecycle.closeReason }
     package var isReadPaused: Bool { readPauseCount > 0 }
     package var isOpen: Bool { lifecycle.state == .open }
