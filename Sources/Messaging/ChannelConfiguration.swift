@@ -120,7 +120,9 @@ public struct ChannelConfiguration: Sendable {
         set { storage.update { $0.connectAttemptDelay = newValue } }
     }
 
-    /// How many unconsumed messages (and transfers) are buffered before reading pauses.
+    /// How many unconsumed messages (and transfers) are buffered before reading pauses. (A
+    /// ``MessageServer``'s connections hand their messages straight to its events instead:
+    /// ``ServerConfiguration/eventBufferLimit`` bounds those.)
     public var incomingBufferLimit: Int {
         get { storage.box.values.incomingBufferLimit }
         set { storage.update { $0.incomingBufferLimit = newValue } }

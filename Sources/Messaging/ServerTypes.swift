@@ -26,7 +26,9 @@ public struct ServerConfiguration: Sendable {
     /// messages in both directions arrive exactly once, in order. Messages sent to the connection
     /// meanwhile wait for it. nil: no sessions.
     public var session: SessionConfiguration? = SessionConfiguration()
-    /// Server events waiting for the app; beyond this, connections stop being read until it catches up.
+    /// Server events waiting for the app: the one inbound queue of the server's connections (each
+    /// hands its messages from its loop straight into it). A connection that delivers into it at
+    /// this limit stops being read until the app has drained it to half.
     public var eventBufferLimit = 256
     /// How long ``MessageServer/stop()`` lets connections flush and say goodbye before aborting them.
     public var stopGracePeriod: Duration = .seconds(5)
