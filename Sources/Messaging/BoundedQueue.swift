@@ -16,12 +16,6 @@ import Locks
 ///
 /// Consumers call ``next()`` (several may wait; cancellation ends a wait). After ``finish(throwing:)``
 /// pushes are dropped and consumers drain what is left, then get nil (or the error).
-/// A producer that stops while a ``BoundedQueue`` is full (``BoundedQueue/push(_:from:)``).
-protocol QueueProducer: AnyObject, Sendable {
-    /// The queue has room again (drained to half its limit, or finished): produce again.
-    func resumeProducing()
-}
-
 final class BoundedQueue<Element: Sendable>: Sendable {
     private struct Waiter {
         let id: UInt64
@@ -229,8 +223,9 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         for producer in producers { producer.continuation.resume() }
     }
 
-    /// Takes every buffered element at once (for a producer handing its backlog elsewhere); the
-    /// queue stays open.
+    /// Takes every buffered element at once (a channel handing its backlog to a server's events);
+    /// the queue stays open. Producers waiting in ``pushWaiting(_:)`` or stopped by
+    /// ``push(_:from:)`` are not resumed (its one user has neither).
     func takeAll() -> [Element] {
         let (elements, wasOver) = state.withLock { state -> ([Element], Bool) in
             let elements = Array(state.items[state.head...])
@@ -345,4 +340,10 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         state.withLock { _ in }
         return value
     }
+}
+
+/// A producer that stops while a ``BoundedQueue`` is full (``BoundedQueue/push(_:from:)``).
+protocol QueueProducer: AnyObject, Sendable {
+    /// The queue has room again (drained to half its limit, or finished): produce again.
+    func resumeProducing()
 }

@@ -396,6 +396,9 @@ public final class MessageServer: Service, Sendable {
             }
             let connection = ServerConnection(id: state.nextID, channel: channel, session: session)
             state.connections[connection.id] = connection
+            // From here its end is reported once (by its channel's close or by a stop() that
+            // lists it meanwhile), though `.accepted` comes after the session exchange.
+            state.unreported.insert(connection.id)
             paced(connections: state.connections.count)
             if let hello, session != nil { state.sessions[hello.id] = connection }
             return .new(connection)
@@ -411,14 +414,16 @@ public final class MessageServer: Service, Sendable {
                 do {
                     _ = try await channel.attachSession(session, hello: hello, isNew: true)
                 } catch {
+                    state.withLock { _ = $0.unreported.remove(connection.id) }  // never accepted: no `.closed`
                     endSession(connection, reason: await channel.closed())
                     return
                 }
                 channel.onLoopPing()
             }
+            // Unless a stop() meanwhile reported its end: then it is neither accepted nor routed.
+            guard reportOpened(connection, .accepted(connection)) else { return channel.close(reason: "server stopping") }
             logger.debug("accepted", metadata: ["connection": "\(connection)"])
             metrics?.accepted.increment()
-            queue.push(.accepted(connection))
             routeMessages(connection, channel)
         case .resume(let connection, let old):
             if await old.isOpen {
@@ -447,9 +452,21 @@ public final class MessageServer: Service, Sendable {
             }
             channel.onLoopPing()
             logger.info("session resumed", metadata: ["connection": "\(connection)", "resent": "\(resent)"])
+            guard reportOpened(connection, .resumed(connection, resent: resent)) else {
+                return channel.close(reason: "the session ended")  // stopping, or its grace period passed
+            }
             metrics?.accepted.increment()
-            queue.push(.resumed(connection, resent: resent))
             routeMessages(connection, channel)
+        }
+    }
+
+    /// Pushes `event` (`.accepted`, `.resumed`) unless the connection's end was already reported
+    /// (a stop() that listed it while its session was being attached): atomically with that report.
+    private func reportOpened(_ connection: ServerConnection, _ event: ServerEvent) -> Bool {
+        state.withLock { state in
+            guard state.unreported.contains(connection.id) else { return false }
+            queue.push(event)
+            return true
         }
     }
 
@@ -461,7 +478,6 @@ public final class MessageServer: Service, Sendable {
     /// stops reading until the app drains them to half.
     private func routeMessages(_ connection: ServerConnection, _ channel: MessageChannel) {
         let queue = self.queue
-        state.withLock { _ = $0.unreported.insert(connection.id) }
         channel.route(
             to: MessageRoute(
                 deliver: { message, channel in queue.push(.received(connection, message), from: channel) },
@@ -627,8 +643,9 @@ extension MessageServer {
             group.cancelAll()  // the timer, when every connection closed in time
             return reasons
         }
-        // Every channel reported its `.closed` from its loop before `closed()` returned (after its
-        // last message); the rest (a session kept for its client) end here.
+        // Every connection's end is reported here, once all are closed (each channel's loop
+        // pushed its last message before its `closed()` returned; while stopping, the loops do
+        // not report ends themselves).
         for (connection, reason) in zip(connections, reasons) {
             endSession(connection, reason: reason ?? .localClose)
         }

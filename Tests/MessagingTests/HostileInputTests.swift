@@ -265,7 +265,7 @@ final class HostilePeer: @unchecked Sendable {
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array("{not json".utf8)))
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":5,"n":"x"}"#.utf8)))
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":"ok","n":1}"#.utf8)))
-        try await harness.events.wait("three notes") { _ in
+        try await waitUntil("three notes") {
             harness.events.count { if case .received = $0 { true } else { false } } == 3
         }
         #expect(rejected.withLock { $0.count } == 2)
@@ -293,7 +293,7 @@ final class HostilePeer: @unchecked Sendable {
             var burst: [UInt8] = []
             for index in 0..<10_000 { burst += peer.frame(.message, codec: 0, type: "t", payload: [UInt8(index & 0xFF)]) }
             peer.write(burst)
-            try await harness.events.wait(timeout: .seconds(30), "10,000 received") { _ in
+            try await waitUntil("10,000 received", timeout: .seconds(30)) {
                 harness.events.count { if case .received(let c, _) = $0 { c.peer.name == "hostile" } else { false } } == 10_000
             }
         }
@@ -308,16 +308,16 @@ final class HostilePeer: @unchecked Sendable {
                 peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 7, count: 64)).prefix(20)))
                 peers.append(peer)
             }
-            try await harness.events.wait(timeout: .seconds(30), "1000 accepted") { _ in
+            try await waitUntil("1000 accepted", timeout: .seconds(30)) {
                 harness.events.count { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } } == 1000
             }
             // Meanwhile the real client is served normally.
             let reply = try await good.channel!.requestRaw([1], type: "echo")
             #expect(reply.payload == [1])
             let start = ContinuousClock.now
-            try await harness.events.wait(timeout: .seconds(30), "stalled peers freed") { _ in harness.server.connections.count == 1 }
+            try await waitUntil("stalled peers freed", timeout: .seconds(30)) { harness.server.connections.count == 1 }
             print("MEASURED 1000 stalled half-frame peers freed after: \(ContinuousClock.now - start)")
-            try await harness.events.wait(timeout: .seconds(30), "1000 idle timeouts") { _ in
+            try await waitUntil("1000 idle timeouts", timeout: .seconds(30)) {
                 harness.events.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } } == 1000
             }
             let stalled = peers

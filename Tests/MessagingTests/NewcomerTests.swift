@@ -88,7 +88,7 @@ import Locks
         let harness = try await LoopbackServer()
         let alice = try await harness.client("alice")
         let bob = try await harness.client("bob")
-        try await harness.events.wait("2 accepted") { _ in harness.server.connections.count == 2 }
+        try await waitUntil("2 accepted") { harness.server.connections.count == 2 }
         let aliceConnection = try #require(harness.server.connections.first { $0.peer.name == "alice" })
         let results = await harness.server.broadcast(KV(key: "k"), type: "kv.changed", except: [aliceConnection])
         #expect(results.map(\.connection.peer.name) == ["bob"])
@@ -118,7 +118,7 @@ import Locks
             clients.append(client)
             logs.append(log)
         }
-        try await harness.events.wait("3 accepted") { _ in harness.server.connections.count == 3 }
+        try await waitUntil("3 accepted") { harness.server.connections.count == 3 }
         await harness.server.stop()
         await harness.pump.value  // the server's events ended: everything it reported is in the log
         let closed = harness.events.all.compactMap { event -> String? in

@@ -58,9 +58,9 @@ final class CapturedLog: Sendable {
                 _ = peer.serverClosed()  // (closed when `peer` goes)
             }
         }
-        _ = try await events.wait("all \(attempts) refused") { _ in server.refusalCount >= attempts }
+        try await waitUntil("all \(attempts) refused") { server.refusalCount >= attempts }
         // Events: every one, or 100 a second at most (a flood must not cost the app a wake-up each).
-        _ = try await events.wait("their events") { _ in
+        try await waitUntil("their events") {
             events.count { if case .refused = $0 { true } else { false } } >= min(attempts, MessageServer.refusedEventsPerSecond)
         }
         harness.pump.cancel()
@@ -167,7 +167,7 @@ final class CapturedLog: Sendable {
         #expect(frame.kind == .refuse)
         let refusal = try JSONDecoder().decode(Refusal.self, from: Data(frame.payload))
         #expect(refusal.code == "busy")
-        try await harness.events.wait("the second busy refusal") { _ in
+        try await waitUntil("the second busy refusal") {
             harness.events.count { if case .refused(_, let reason) = $0 { reason.hasPrefix("busy") } else { false } } >= 2
         }
         // Slots free again: the latecomer gets in.

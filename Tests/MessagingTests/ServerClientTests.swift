@@ -114,7 +114,7 @@ struct TestFailure: Error, CustomStringConvertible {
         })
         let client = try await harness.client("batcher")
         try await client.send(contentsOf: (0..<300).map { Note(text: "b", n: $0) }, type: "note.batch")
-        try await harness.events.wait("300 received") { _ in received.withLock { $0.count } == 300 }
+        try await waitUntil("300 received") { received.withLock { $0.count } == 300 }
         #expect(received.withLock { $0 } == Array(0..<300))
         await client.close()
         await harness.server.stop()
@@ -148,7 +148,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let harness = try await LoopbackServer()
         var clients: [MessageClient] = []
         for index in 0..<50 { clients.append(try await harness.client("c\(index)")) }
-        try await harness.events.wait("50 accepted") { _ in harness.server.connections.count == 50 }
+        try await waitUntil("50 accepted") { harness.server.connections.count == 50 }
         let results = await harness.server.broadcast(Note(text: "to all", n: 7), type: "note.all")
         #expect(results.count == 50 && results.allSatisfy(\.succeeded))
         for client in clients {
@@ -176,7 +176,7 @@ struct TestFailure: Error, CustomStringConvertible {
         stuckConfiguration.security = harness.security
         let stuck = try await MessageChannel.connect(
             to: [.ipv4Loopback(port: harness.port)], configuration: stuckConfiguration, logger: testLogger())
-        try await harness.events.wait("2 accepted") { _ in harness.server.connections.count == 2 }
+        try await waitUntil("2 accepted") { harness.server.connections.count == 2 }
         let received = Locked(0)
         let consumer = Task {
             for await event in reader.events {
@@ -218,7 +218,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let second = try await harness.client("two")
         // The client finishes its handshake before the server does (the client sends the last
         // message): wait until the server holds both, or the count below races the second's.
-        try await harness.events.wait("both accepted") { _ in
+        try await waitUntil("both accepted") {
             harness.events.count { if case .accepted = $0 { true } else { false } } == 2
         }
         await #expect(throws: MessagingError.self) {

@@ -124,7 +124,7 @@ enum TCPProbe {
         let stubborn = try HostilePeer(port: harness.port)
         stubborn.hello()
         let client = try await harness.client("polite")
-        try await harness.events.wait("two accepted") { _ in
+        try await waitUntil("two accepted") {
             harness.events.count { if case .accepted = $0 { true } else { false } } == 2
         }
         let start = ContinuousClock.now
@@ -133,7 +133,7 @@ enum TCPProbe {
         // Aborted at the grace period's end, not after the 2-s linger.
         #expect(took < .milliseconds(1_500), "stop() took \(took)")
         // (The events reach the harness's log from its own task: waited for, not counted at once.)
-        try await harness.events.wait("both reported closed") { _ in
+        try await waitUntil("both reported closed") {
             harness.events.count { if case .closed = $0 { true } else { false } } == 2
         }
         #expect(await offThePool { stubborn.serverClosed() })
