@@ -48,8 +48,8 @@ public final class MessageChannel: @unchecked Sendable {
     /// The transfers' buffer, made on first use: most channels never receive a transfer, and an
     /// idle channel should not pay for a second buffer.
     private let lazyTransferBuffer = AtomicLazyReference<BoundedQueue<IncomingTransfer>>()
-    /// Where transfers go instead of the buffer (``sendTransfers(to:)``).
-    private let transferSink = Locked<(@Sendable (IncomingTransfer) -> Void)?>(nil)
+    /// Whether anything ever read ``transfers`` (tests, like ``messagesWereRead``).
+    var transfersWereRead: Bool { lazyTransferBuffer.load()?.hasConsumer ?? false }
     var transferBuffer: BoundedQueue<IncomingTransfer> {
         if let buffer = lazyTransferBuffer.load() { return buffer }
         return lazyTransferBuffer.storeIfNil(Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
@@ -390,8 +390,6 @@ extension MessageChannel: ConnectionHandler {
         }
         messageBuffer.finish()
         transferBuffer.finish()
-        // The sink holds its receiver (a server's connection, which holds this channel): let go.
-        transferSink.withLock { $0 = nil }
         if let route {
             self.route = nil
             route.closed(reason, self)  // after the last message
@@ -449,13 +447,14 @@ extension MessageChannel: ConnectionHandler {
         }
     }
 
-    /// Server: hands the messages no handler or request takes to `route`, on the loop and in order,
-    /// instead of ``messages``, and then the close — so that no task waits per connection to move
-    /// them on (a waiting task costs ~2.9 KB). Messages that arrived before go first. Any context;
-    /// takes effect on the loop.
+    /// Server: hands the messages no handler or request takes, and the transfers, to `route`, on
+    /// the loop and in order, instead of ``messages`` and ``transfers``, and then the close — so
+    /// that no task waits per connection to move them on (a waiting task costs ~2.9 KB). What
+    /// arrived before goes first. Any context; takes effect on the loop.
     func route(to route: MessageRoute) {
         queue.async { [self] in
             for message in lazyMessageBuffer.load()?.takeAll() ?? [] { deliver(message, to: route) }
+            for transfer in lazyTransferBuffer.load()?.takeAll() ?? [] { route.transfer(transfer, self) }
             if driver.isClosed {
                 route.closed(driver.closeReason ?? .localClose, self)
             } else {
@@ -477,24 +476,7 @@ extension MessageChannel: ConnectionHandler {
             TransferProgress(
                 streamID: frame.sequence, typeID: frame.typeID, completedBytes: 0, totalBytes: header.size,
                 isFinished: false))
-        // Under the sink's lock, so that a sink set meanwhile sees this transfer in the buffer.
-        let sink = transferSink.withLock { sink -> (@Sendable (IncomingTransfer) -> Void)? in
-            if sink == nil { transferBuffer.push(transfer) }
-            return sink
-        }
-        sink?(transfer)
-    }
-
-    /// Hands this channel's transfers to `sink` (on the loop, in order) instead of ``transfers``.
-    /// A server uses it so that no task waits per connection for a transfer that most never get
-    /// (a waiting task costs ~2.9 KB: `Benchmarks/idle.sh`). Returns false when transfers already
-    /// arrived in the buffer: then the caller reads ``transfers`` as before.
-    func sendTransfers(to sink: @escaping @Sendable (IncomingTransfer) -> Void) -> Bool {
-        transferSink.withLock { current in
-            guard lazyTransferBuffer.load() == nil else { return false }
-            current = sink
-            return true
-        }
+        if let route { route.transfer(transfer, self) } else { transferBuffer.push(transfer) }
     }
 
     private func handleChunk(_ frame: Frame) {
@@ -762,14 +744,18 @@ final class MessageRoute: Sendable {
     /// Takes a message; false when the receiver is full: the channel stops reading until its
     /// ``QueueProducer/resumeProducing()``.
     let deliver: @Sendable (IncomingMessage, MessageChannel) -> Bool
+    /// Takes a transfer (not held back: its chunks have their own bounded buffer).
+    let transfer: @Sendable (IncomingTransfer, MessageChannel) -> Void
     /// The channel closed, after its last message.
     let closed: @Sendable (CloseReason, MessageChannel) -> Void
 
     init(
         deliver: @escaping @Sendable (IncomingMessage, MessageChannel) -> Bool,
+        transfer: @escaping @Sendable (IncomingTransfer, MessageChannel) -> Void,
         closed: @escaping @Sendable (CloseReason, MessageChannel) -> Void
     ) {
         self.deliver = deliver
+        self.transfer = transfer
         self.closed = closed
     }
 }

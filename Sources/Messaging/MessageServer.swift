@@ -481,6 +481,7 @@ public final class MessageServer: Service, Sendable {
         channel.route(
             to: MessageRoute(
                 deliver: { message, channel in queue.push(.received(connection, message), from: channel) },
+                transfer: { transfer, _ in queue.push(.transfer(connection, transfer)) },
                 closed: { [self] reason, channel in
                     // While stopping, stop() reports every connection's end once all are closed:
                     // the loops only close (at 19,000 connections, reporting from them as well
@@ -488,13 +489,6 @@ public final class MessageServer: Service, Sendable {
                     guard !isStopping else { return }
                     channelClosed(connection, channel, reason: reason)
                 }))
-        // Transfers straight from the channel's loop into the events (a transfer's chunks have
-        // their own bounded buffer); a task only when some arrived before this point.
-        if !channel.sendTransfers(to: { queue.push(.transfer(connection, $0)) }) {
-            Task {
-                for await transfer in channel.transfers { await queue.pushWaiting(.transfer(connection, transfer)) }
-            }
-        }
     }
 
     /// A channel of `connection` closed: the connection ends, or (with a session, lost without a

@@ -56,4 +56,42 @@ import Locks
         await client.close()
         await harness.server.stop()
     }
+
+    /// A server's channel hands its transfers to the events from its loop too (no task per
+    /// connection waiting for a transfer most never get): those sent at once after connecting —
+    /// before the server routed the channel — and those sent later arrive as events, in order,
+    /// each with its bytes, and nothing reads the channel's own ``MessageChannel/transfers``.
+    @Test func transfersReachTheEventsFromTheLoopInOrder() async throws {
+        let bodies = Locked<[String: [UInt8]]>([:])
+        let order = Locked<[String]>([])
+        let harness = try await LoopbackServer(keepEvents: false, handle: { _, event in
+            guard case .transfer(_, let transfer) = event else { return }
+            order.withLock { $0.append(transfer.metadata["name"] ?? "?") }
+            let bytes = try? await transfer.collect()
+            bodies.withLock { $0[transfer.metadata["name"] ?? "?"] = bytes }
+        })
+        let client = try await harness.client("pusher")
+        let channel = try #require(client.channel)
+        func push(_ name: String, _ size: Int) async throws {
+            let bytes = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ name.count) }
+            let transfer = try await channel.startTransfer(type: "file", totalSize: UInt64(size), metadata: ["name": name])
+            var offset = 0
+            while offset < size {
+                let end = min(offset + 10_000, size)
+                try await transfer.send(Array(bytes[offset..<end]))
+                offset = end
+            }
+            try await transfer.finish()
+        }
+        try await push("first", 1)  // at once: possibly before the server installed the route
+        try await push("second", 100_000)
+        try await waitUntil("both transfers collected") { bodies.withLock { $0.count } == 2 }
+        #expect(order.withLock { $0 } == ["first", "second"])
+        #expect(bodies.withLock { $0["first"] } == [UInt8(truncatingIfNeeded: 5)])
+        #expect(bodies.withLock { $0["second"] } == (0..<100_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 6) })
+        let connection = try #require(harness.server.connections.first)
+        #expect(!connection.channel.transfersWereRead, "a server's channel hands its transfers on from its loop")
+        await client.close()
+        await harness.server.stop()
+    }
 }
