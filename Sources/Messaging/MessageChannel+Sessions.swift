@@ -1,0 +1,134 @@
+import Dispatch
+import FastJSON
+import Locks
+import Logging
+import ProtocolCore
+import Synchronization
+import Transport
+
+extension MessageChannel {
+    // MARK: Sessions (on the loop)
+
+    /// Acknowledges the session messages received since the last ACK.
+    func sendAck() {
+        assertOnLoop()
+        guard let link = sessionLink, let session = link.session else { return }
+        link.ackArmed = false
+        driver.setDeadline(.ack, at: nil)
+        if let count = session.takeAck(on: self) {
+            driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in }
+        }
+    }
+
+    func handleAck(_ frame: Frame) {
+        guard let session = sessionLink?.session else { return violation("ACK without a session") }
+        guard let count = frame.acknowledgedCount else { return violation("an ACK must carry an 8-byte count") }
+        if let text = session.acknowledged(count, on: self) { violation(text) }
+    }
+
+    func handleSessionHello(_ frame: Frame) {
+        guard let hello = try? FastJSONDecoder().decode(SessionHello.self, from: frame.payload), hello.isWellFormed else {
+            return violation("malformed SESSION payload (it needs \"id\": 32 hex digits and \"received\")")
+        }
+        // SESSION is the client's first frame when it offered sessions, or the server's answer to it.
+        guard let link = sessionLink, link.awaitingClientSession || link.openedWaiter != nil else {
+            return violation(
+                peer.sessions
+                    ? "an unexpected SESSION frame (a session is already open, or none was offered)"
+                    : "a SESSION frame, but \(peer.name.isEmpty ? "the peer" : "'\(peer.name)'") did not offer message sessions in its hello")
+        }
+        link.awaitingClientSession = false
+        if let waiter = link.openedWaiter, let session = link.session {
+            // Client: the server's answer. Attached here, on the loop, before the next frame is read.
+            link.openedWaiter = nil
+            switch session.clientOpened(hello, on: self) {
+            case .success(let opened): waiter.resume(returning: opened)
+            case .failure(let error):
+                waiter.resume(throwing: error)
+                violation(error.message)
+            }
+            return
+        }
+        guard link.session == nil, link.pendingHello == nil else { return violation("a second SESSION frame") }
+        if let waiter = link.helloWaiter {
+            link.helloWaiter = nil
+            waiter.resume(returning: hello)
+        } else {
+            link.pendingHello = hello
+        }
+    }
+
+    /// Client: opens `session` on this connection (sends SESSION, waits for the answer, resends).
+    func openSession(_ session: MessageSession, timeout: Duration) async throws -> MessageSession.Opened {
+        try await awaitSessionFrame(
+            within: timeout, "the server did not answer the SESSION frame within \(timeout)"
+        ) { link, continuation in
+            link.session = session
+            link.openedWaiter = continuation
+            self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
+        }
+    }
+
+    /// Server: waits for the client's SESSION frame (it offered a session in its hello).
+    func sessionHello(timeout: Duration) async throws -> SessionHello {
+        try await awaitSessionFrame(
+            within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)"
+        ) { link, continuation in
+            if let hello = link.pendingHello {
+                link.pendingHello = nil
+                continuation.resume(returning: hello)
+            } else {
+                link.helloWaiter = continuation
+            }
+        }
+    }
+
+    /// Runs `register` on the loop with this channel's session box and a continuation that the
+    /// SESSION frame's handler (or the close) resumes; aborts the connection when nothing came
+    /// within `timeout`.
+    private func awaitSessionFrame<T: Sendable>(
+        within timeout: Duration, _ timeoutText: String,
+        _ register: @escaping @Sendable (SessionLink, CheckedContinuation<T, any Error>) -> Void
+    ) async throws -> T {
+        let waiting = Task {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+                queue.async {
+                    let link = self.sessionLink ?? SessionLink()
+                    self.sessionLink = link
+                    if link.pendingHello == nil, !self.driver.acceptsFrames {
+                        continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
+                        return
+                    }
+                    register(link, continuation)
+                }
+            }
+        }
+        guard await raceTimeout(timeout, { _ = await waiting.result }) else {
+            // Said to the peer, then closed (not a silent drop).
+            queue.async { self.violation(timeoutText) }
+            throw TransportError(.helloFailed, timeoutText)
+        }
+        return try await waiting.value
+    }
+
+    /// Server: attaches `session` to this connection, answers and resends (on the loop).
+    func attachSession(_ session: MessageSession, hello: SessionHello, isNew: Bool) async throws -> Int {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int, any Error>) in
+            queue.async {
+                guard self.driver.acceptsFrames else {
+                    continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
+                    return
+                }
+                let link = self.sessionLink ?? SessionLink()
+                self.sessionLink = link
+                link.session = session
+                switch session.serverOpen(hello, isNew: isNew, on: self) {
+                case .success(let resent): continuation.resume(returning: resent)
+                case .failure(let error):
+                    self.violation(error.message)
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
+    }
+}

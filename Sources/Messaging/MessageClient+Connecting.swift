@@ -1,0 +1,338 @@
+import Discovery
+import Locks
+import Logging
+import ProtocolCore
+import Transport
+
+extension MessageClient {
+    // MARK: Connecting
+
+    func attach(_ established: (MessageChannel, MessageSession.Opened?)) {
+        let (channel, opened) = established
+        let (keep, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<MessageChannel, any Error>]) in
+            guard !state.closed else { return (false, []) }
+            state.channel = channel
+            if case .resumed? = opened { state.resumed = true } else { state.resumed = false }
+            state.connecting = nil
+            state.lastFailure = nil
+            defer { state.waiters = [:] }
+            return (true, Array(state.waiters.values))
+        }
+        guard keep else {
+            channel.close(reason: "client closed")
+            return
+        }
+        queue.push(.connected(channel.peer, via: channel.remoteAddress))
+        switch opened {
+        case .resumed(let resent)?: queue.push(.resumed(resent: resent))
+        case .new(let lost)? where !lost.isEmpty:
+            logger.warning("the server did not know this client's session: \(lost.count) messages may not have arrived")
+            queue.push(.undelivered(lost))
+        default: break
+        }
+        for waiter in waiters { waiter.resume(returning: channel) }
+        let queue = self.queue
+        Task {
+            for await transfer in channel.transfers { await queue.pushWaiting(.transfer(transfer)) }
+        }
+        Task {
+            for await message in channel.messages { await self.deliver(message) }
+            let reason = await channel.closed()
+            let closedByUs = self.state.withLock { state -> Bool in
+                if state.channel === channel { state.channel = nil }
+                return state.closed
+            }
+            queue.push(.disconnected(reason))
+            if closedByUs { return }
+            if self.configuration.reconnect != nil {
+                self.startConnecting(reconnecting: true)
+            } else {
+                queue.finish()
+            }
+        }
+    }
+
+    /// Hands an unsolicited message to the app. While the app reads events, a full queue makes this
+    /// wait (and the channel stops reading: back-pressure). While nothing has ever read them, the
+    /// oldest unsolicited message is dropped instead, so that the connection keeps being read and
+    /// replies to requests keep arriving.
+    private func deliver(_ message: IncomingMessage) async {
+        if queue.hasConsumer {
+            // While the app reads events, a full queue pauses this connection (back-pressure). An
+            // app that stopped reading (nothing taken for a second while full) must not stall the
+            // connection: replies to its requests travel on it. Then, as when nobody ever read,
+            // the oldest unsolicited message is dropped — until the app reads again.
+            let stalledAt = state.withLock { $0.stalledAtTaken }
+            if stalledAt != queue.taken {
+                if await queue.pushWaiting(.received(message), within: .seconds(1)) { return }
+                let taken = queue.taken
+                state.withLock { $0.stalledAtTaken = taken }
+                logger.notice(
+                    "the app stopped reading client.events (full for a second): dropping the oldest unsolicited messages so that replies keep arriving")
+            }
+        }
+        let evicted = queue.push(.received(message)) { event in
+            if case .received = event { return true }
+            return false
+        }
+        guard evicted else { return }
+        let dropped = state.withLock { state -> Int in
+            state.dropped += 1
+            return state.dropped
+        }
+        if dropped & (dropped - 1) == 0 {  // 1, 2, 4, 8, …: say so without flooding the log
+            logger.notice(
+                "nothing reads client.events: dropped \(dropped) unsolicited messages so far (the oldest first; the newest \(queue.limit) events are kept); replies to requests are not affected")
+        }
+    }
+
+    func startConnecting(reconnecting: Bool) {
+        let task = Task { await self.connectLoop(reconnecting: reconnecting) }
+        let started = state.withLock { state -> Bool in
+            guard !state.closed else { return false }
+            state.connecting = task
+            return true
+        }
+        if !started { task.cancel() }
+    }
+
+    /// Tries until connected, closed, or out of attempts; each failure waits the policy's back-off.
+    /// For a service it browses until the service appears and connects at once.
+    private func connectLoop(reconnecting: Bool) async {
+        let policy = configuration.reconnect ?? ReconnectPolicy()
+        var delay = policy.initialDelay
+        var attempt = 0
+        while !state.withLock({ $0.closed }) && !Task.isCancelled {
+            attempt += 1
+            do {
+                attach(try await establish(waiting: true))
+                return
+            } catch {
+                if Task.isCancelled || state.withLock({ $0.closed }) { return }
+                state.withLock { $0.lastFailure = error.message }
+                if error.code == .untrustedServer {
+                    // Final: a key this client does not trust stays untrusted however often it is
+                    // met. Said once (the event and every waiting caller carry it), then closed.
+                    logger.warning("\(error.message)")
+                    giveUp(error)
+                    return
+                }
+                logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
+                if let max = policy.maxAttempts, attempt >= max {
+                    let gaveUp = MessagingError(
+                        .connectFailed, "gave up connecting to \(target) after \(max) attempts: \(error.message)",
+                        underlying: error)
+                    logger.warning("\(gaveUp.message)")
+                    giveUp(gaveUp)
+                    return
+                }
+                // A busy server says when to come back: not sooner than that.
+                let wait = max(delay, (error.underlying as? TransportError)?.retryAfter ?? .zero)
+                queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: wait) : .waiting(error))
+                try? await Task.sleep(for: wait)
+                delay = min(delay * 2, policy.maxDelay)
+            }
+        }
+    }
+
+    /// Stops connecting for good: the session's unacknowledged messages are reported, the app
+    /// gets ``ClientEvent/gaveUp(_:)``, every caller waiting for a connection gets `error`.
+    private func giveUp(_ error: MessagingError) {
+        if let lost = session?.end(error), !lost.isEmpty { queue.push(.undelivered(lost)) }
+        queue.push(.gaveUp(error))
+        let waiters = state.withLock { state in
+            state.closed = true
+            state.lastFailure = error.message
+            state.finalError = error
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume(throwing: error) }
+        queue.finish()
+    }
+
+    func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
+        var found = try await addresses(waiting: waiting)
+        do {
+            let channel: MessageChannel
+            do {
+                channel = try await connect(found)
+            } catch where found.remembered != nil && waiting {
+                // A waiting client goes back to waiting for discovery when the remembered addresses
+                // do not answer (it does not spend a reconnect attempt on them).
+                logger.info("the remembered addresses did not answer (\(error)); waiting for discovery")
+                found = try await addresses(waiting: true, useMemory: false)
+                channel = try await connect(found)
+            }
+            remember(channel, resolved: found.addresses)
+            guard let session, sessionInUse else { return (channel, nil) }
+            guard channel.peer.sessions else {
+                logger.notice(
+                    "the server '\(channel.peer.name)' does not offer message sessions: messages sent while disconnected will fail")
+                state.withLock { $0.serverLacksSessions = true }
+                return (channel, nil)
+            }
+            do {
+                let opened = try await channel.openSession(session, timeout: configuration.channel.helloTimeout)
+                channel.onLoopPing()
+                return (channel, opened)
+            } catch {
+                channel.abort()
+                throw error
+            }
+        } catch let error as TransportError where error.code == .untrustedKey {
+            // Not a connection problem: retrying meets the same key. The message is the trust
+            // policy's (for a changed key: what happened and what to do).
+            throw MessagingError(.untrustedServer, error.message, underlying: error)
+        } catch let error as TransportError {
+            throw MessagingError(.connectFailed, "cannot connect to \(target): \(error.message)", underlying: error)
+        } catch let error as MessagingError {
+            throw error
+        } catch {
+            throw MessagingError(.connectFailed, "cannot connect to \(target): \(error)", underlying: error)
+        }
+    }
+
+    /// Connects to what `addresses(waiting:)` found; at remembered addresses only the remembered
+    /// key, which the configured trust policy must accept as well.
+    private func connect(_ found: (addresses: [SocketAddress], remembered: Fingerprint?)) async throws -> MessageChannel {
+        var channelConfiguration = configuration.channel
+        channelConfiguration.metrics = metrics
+        if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
+        channelConfiguration.offersSessions = session != nil && sessionInUse
+        if let remembered = found.remembered, let (identity, policy) = try configuration.channel.security.resolved() {
+            // Found by memory, not discovery: only the key that was proven there before will do.
+            channelConfiguration.security = .encrypted(identity: identity, trust: .remembered(remembered, within: policy))
+        }
+        return try await MessageChannel.connect(to: found.addresses, configuration: channelConfiguration, logger: logger)
+    }
+
+    /// A server remembered from an earlier connection (``ClientConfiguration/peerMemory``), when
+    /// the channel is encrypted: there is a key to insist on.
+    private func rememberedEntry() -> PeerMemory.Entry? {
+        guard case .service(let name?, let type, _) = target, configuration.channel.security.isEncrypted,
+            let memory = configuration.peerMemory
+        else { return nil }
+        return memory.entry(type: type, name: name)
+    }
+
+    /// After a connection to a named service: remember where it was and its proven key.
+    private func remember(_ channel: MessageChannel, resolved: [SocketAddress]) {
+        guard case .service(let name?, let type, _) = target, let memory = configuration.peerMemory,
+            let identity = channel.peerIdentity
+        else { return }
+        do {
+            try memory.remember(
+                type: type, name: name, fingerprint: identity.fingerprint, used: channel.remoteAddress, others: resolved)
+        } catch {
+            logger.notice("could not remember the server's addresses: \(error.message)")
+        }
+    }
+
+    private func addresses(waiting: Bool, useMemory: Bool = true) async throws(MessagingError) -> (addresses: [SocketAddress], remembered: Fingerprint?) {
+        switch target {
+        case .host(let host, let port):
+            do {
+                return (try HostLookup.addresses(host: host, port: port), nil)
+            } catch {
+                throw MessagingError(.connectFailed, error.message, underlying: error)
+            }
+        case .service(let name, let type, let discovery):
+            let queue = self.queue
+            var notFoundYet: (@Sendable (MessagingError) -> Void)?
+            if waiting { notFoundYet = { error in _ = queue.push(.waiting(error)) } }
+            let remembered = useMemory ? rememberedEntry() : nil
+            let service: DiscoveredService
+            do {
+                // With a remembered server, a waiting client browses one browse timeout at a time,
+                // trying the remembered addresses in between.
+                service = try await Self.find(
+                    name: name, type: type, discovery: discovery,
+                    timeout: waiting && remembered == nil ? .seconds(86_400) : configuration.browseTimeout,
+                    notFoundYet: notFoundYet)
+            } catch {
+                guard error.code == .serviceNotFound, let remembered else { throw error }
+                logger.notice(
+                    "discovery found no \(type) service named '\(remembered.name)' within \(configuration.browseTimeout); trying the addresses it had last time, accepting only its remembered key",
+                    metadata: [
+                        "addresses": "\(remembered.addresses.map(\.description).joined(separator: ", "))",
+                        "key": "\(remembered.fingerprint.short)",
+                    ])
+                return (remembered.addresses, remembered.fingerprint)
+            }
+            let resolved: ResolvedService
+            do {
+                resolved = try await discovery.resolve(service, timeout: configuration.resolveTimeout)
+            } catch {
+                throw MessagingError(
+                    .serviceNotFound, "found \(service.identity) but could not resolve it: \(error.message)",
+                    underlying: error)
+            }
+            // The resolved bytes and interface become socket addresses directly (no text round trip).
+            let addresses = resolved.addresses.compactMap {
+                SocketAddress(bytes: $0.ip.bytes, port: $0.port, scopeID: $0.scopeID)
+            }
+            guard !addresses.isEmpty else {
+                throw MessagingError(.serviceNotFound, "\(service.identity) resolved without a usable address")
+            }
+            logger.debug("resolved", metadata: ["service": "\(resolved)"])
+            return (addresses, nil)
+        }
+    }
+
+    /// Browses for services of `type` and picks one: the one named `name` (returned the moment it is
+    /// seen), or the only one (decided once Avahi reported "all for now", about a second; a service
+    /// appearing later is taken the moment it appears).
+    /// - Parameters:
+    ///   - name: The instance name to look for; nil takes the only service of `type`.
+    ///   - type: The DNS-SD service type, e.g. `_chat._tcp`.
+    ///   - discovery: The discovery object to browse with.
+    ///   - timeout: How long to browse before giving up.
+    ///   - notFoundYet: Called once when the first "all for now" came without a match.
+    /// - Throws: ``MessagingError`` `.serviceNotFound` or `.ambiguousService` (names listed).
+    public static func find(
+        name: String?, type: String, discovery: ServiceDiscovery, timeout: Duration,
+        notFoundYet: (@Sendable (MessagingError) -> Void)? = nil
+    ) async throws(MessagingError) -> DiscoveredService {
+        let found: [DiscoveredService]
+        let sawAllForNow = Locked(false)
+        let wanted = name.map { "a \(type) service named '\($0)'" } ?? "a \(type) service"
+        do {
+            found = try await discovery.services(ofType: type, timeout: timeout) { seen, allForNow in
+                let matched = name.map { name in seen.contains { $0.name == name } } ?? !seen.isEmpty
+                if allForNow {
+                    let first = sawAllForNow.withLock { saw -> Bool in
+                        defer { saw = true }
+                        return !saw
+                    }
+                    if first && !matched {
+                        notFoundYet?(MessagingError(.serviceNotFound, "waiting for \(wanted) to appear"))
+                    }
+                }
+                // Without a name, "the only one" is known once the network has answered.
+                return matched && (name != nil || sawAllForNow.withLock { $0 })
+            }
+        } catch {
+            throw MessagingError(.serviceNotFound, "cannot browse for \(type): \(error.message)", underlying: error)
+        }
+        if let name {
+            guard let match = found.first(where: { $0.name == name }) else {
+                throw MessagingError(
+                    .serviceNotFound,
+                    "no \(type) service named '\(name)' found within \(timeout); check the name, or that it runs on this network")
+            }
+            return match
+        }
+        switch found.count {
+        case 0:
+            throw MessagingError(
+                .serviceNotFound, "no \(type) service found within \(timeout); is one running on this network?")
+        case 1:
+            return found[0]
+        default:
+            let names = found.map { "'\($0.name)'" }.sorted().joined(separator: ", ")
+            throw MessagingError(
+                .ambiguousService, "\(found.count) \(type) services found (\(names)); name the one you want")
+        }
+    }
+}

@@ -1,0 +1,319 @@
+import Discovery
+import Locks
+import Logging
+import ProtocolCore
+import ServiceLifecycle
+import Transport
+
+extension MessageServer {
+    // MARK: Connections
+
+    static func admission(_ configuration: ServerConfiguration) -> HandshakeAdmission {
+        HandshakeAdmission(
+            limits: .init(
+                inFlight: configuration.maxPendingHandshakes,
+                inFlightPerSource: configuration.maxPendingHandshakesPerAddress,
+                perSecond: configuration.maxHandshakesPerSecond,
+                perSecondPerSource: configuration.maxHandshakesPerSecondPerAddress,
+                blockAfterRefusals: configuration.floodBlockThreshold),
+            now: uptimeNanoseconds())
+    }
+
+    func accepted(_ socket: AcceptedSocket) {
+        let limit = configuration.maxConnections
+        let remote = socket.remoteAddress
+        let source = HandshakeAdmission.Source(remote)
+        enum Admission { case admitted, full, busy(String, Int, block: Listener?) }
+        let admission = state.withLock { state -> Admission in
+            guard case .running(let listener, _) = state.phase, state.connections.count + state.pendingHellos < limit else {
+                return .full
+            }
+            // Before any handshake work: a handshake costs the server key agreements, so only so
+            // many run at once and start per second, in all and from one source.
+            switch state.admission.admit(source, now: uptimeNanoseconds()) {
+            case .busy(let why, let retry, let block): return .busy(why, retry, block: block ? listener : nil)
+            case .admitted: break
+            }
+            state.pendingHellos += 1
+            return .admitted
+        }
+        switch admission {
+        case .full:
+            socket.close()
+            refused(remote, .connectionLimit, "connection limit of \(limit) reached (or server stopping)")
+        case .busy(let why, let retry, let blockAt):
+            let reason = "busy: \(why); try again in \(retry) ms"
+            refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
+            refused(remote, .busy, reason)
+            if let listener = blockAt, let threshold = configuration.floodBlockThreshold {
+                let duration = blockDuration(source)
+                listener.block(source, for: duration)
+                metrics?.sourcesBlocked.increment()
+                logger.warning(
+                    "\(source) made \(threshold) connection attempts in one second that were refused busy: blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
+                )
+            }
+        case .admitted:
+            Task {
+                let channel: MessageChannel
+                do {
+                    channel = try await MessageChannel.accept(socket, configuration: acceptedChannel, logger: logger)
+                } catch {
+                    state.withLock {
+                        $0.admission.ended(source)
+                        $0.pendingHellos -= 1
+                    }
+                    let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
+                    refused(remote, .handshake, "\(error)", logAs: "handshake: \(code)")
+                    return
+                }
+                state.withLock { $0.admission.ended(source) }
+                await register(channel)
+            }
+        }
+    }
+
+    /// The server now holds `connections`: its heartbeat pace follows (and its metric).
+    private func paced(connections: Int) {
+        guard let pacer else { return }
+        pacer.update(connections: connections)
+        metrics?.heartbeatPace.record(Double(pacer.pace) / 1e9)
+    }
+
+    /// A refused connection: counted, reported as an event, logged as part of the interval's
+    /// summary (``RefusalLog``; `logAs` is its reason there, the metric's name by default).
+    private func refused(
+        _ remote: SocketAddress?, _ kind: MessagingMetrics.Refusal, _ reason: String, logAs: String? = nil
+    ) {
+        refusals.record(reason: logAs ?? kind.rawValue, source: remote, detail: "refused a connection: \(reason)")
+        metrics?.refused(kind)
+        // Under a flood, thousands of events a second would cost the app a wake-up each and grow
+        // the queue when it does not keep up: past ``refusedEventsPerSecond``, or past the event
+        // queue's limit, refusals are only counted (metrics) and summarised (log).
+        let now = uptimeNanoseconds()
+        let thisSecond = state.withLock { state -> Int in
+            state.refusals += 1
+            return state.refusedEvents.add(now: now)
+        }
+        if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
+    }
+
+    /// How long to block a flooding source: ``ServerConfiguration/floodBlockDuration``, doubled
+    /// (up to 32 times) each time it floods again within twice its last block after the block
+    /// ended — a flood that never stops then reaches the server for a fraction of a second in
+    /// minutes, not every 10 s.
+    private func blockDuration(_ source: HandshakeAdmission.Source) -> Duration {
+        let base = configuration.floodBlockDuration
+        let now = uptimeNanoseconds()
+        return state.withLock { state in
+            var duration = base
+            if let last = state.blocks[source], now < last.until &+ 2 &* last.duration.nanoseconds {
+                duration = min(last.duration * 2, base * 32)
+            }
+            state.blocks[source] = (duration, now &+ duration.nanoseconds)
+            if state.blocks.count > 256 {  // forget the sources that have been quiet long enough
+                state.blocks = state.blocks.filter { now < $0.value.until &+ 2 &* $0.value.duration.nanoseconds }
+            }
+            return duration
+        }
+    }
+
+    /// ``ServerEvent/refused(remote:reason:)`` events reported per second at most.
+    static let refusedEventsPerSecond = 100
+
+
+    /// Connections in their handshake now, and the most there were at once
+    /// (``ServerConfiguration/maxPendingHandshakes`` bounds them).
+    package var handshakesInProgress: Int { state.withLock { $0.admission.inFlight } }
+    package var handshakesHighWater: Int { state.withLock { $0.admission.highWater } }
+    /// Connections refused so far, for any reason (the events report up to 100 a second).
+    package var refusalCount: Int { state.withLock { $0.refusals } }
+    /// Sources whose connection attempts the kernel drops now (``ServerConfiguration/floodBlockThreshold``).
+    package var blockedSources: [HandshakeAdmission.Source] { listener?.blockedSources ?? [] }
+
+    private func register(_ channel: MessageChannel) async {
+        // A client that offered a session sends SESSION first: new, or the resume of a known one.
+        var hello: SessionHello?
+        if channel.peer.sessions, configuration.session != nil {
+            do {
+                hello = try await channel.sessionHello(timeout: configuration.channel.helloTimeout)
+            } catch {
+                state.withLock { $0.pendingHellos -= 1 }
+                refused(channel.remoteAddress, .session, "session exchange failed: \(error)")
+                return
+            }
+        }
+        enum Decision {
+            case stopping
+            case refuse(String)
+            case new(ServerConnection)
+            case resume(ServerConnection, old: MessageChannel)
+        }
+        let owner = channel.peerIdentity?.fingerprint
+        let decision = state.withLock { state -> Decision in
+            state.pendingHellos -= 1
+            guard case .running = state.phase else { return .stopping }
+            if let hello, let existing = state.sessions[hello.id], let session = existing.session {
+                guard session.state.withLock({ $0.owner }) == owner else {
+                    return .refuse("session \(hello.id.prefix(8))… belongs to another identity key")
+                }
+                return .resume(existing, old: existing.replace(with: channel))
+            }
+            state.nextID += 1
+            var session: MessageSession?
+            if let hello, let options = configuration.session {
+                session = MessageSession(id: hello.id, configuration: options, logger: logger)
+                session?.state.withLock { $0.owner = owner }
+            }
+            let connection = ServerConnection(id: state.nextID, channel: channel, session: session)
+            state.connections[connection.id] = connection
+            // From here its end is reported once (by its channel's close or by a stop() that
+            // lists it meanwhile), though `.accepted` comes after the session exchange.
+            state.unreported.insert(connection.id)
+            paced(connections: state.connections.count)
+            if let hello, session != nil { state.sessions[hello.id] = connection }
+            return .new(connection)
+        }
+        switch decision {
+        case .stopping:
+            channel.close(reason: "server stopping")
+        case .refuse(let reason):
+            channel.close(reason: reason)
+            refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
+        case .new(let connection):
+            if let session = connection.session, let hello {
+                do {
+                    _ = try await channel.attachSession(session, hello: hello, isNew: true)
+                } catch {
+                    state.withLock { _ = $0.unreported.remove(connection.id) }  // never accepted: no `.closed`
+                    endSession(connection, reason: await channel.closed())
+                    return
+                }
+                channel.onLoopPing()
+            }
+            // Unless a stop() meanwhile reported its end: then it is neither accepted nor routed.
+            guard reportOpened(connection, .accepted(connection)) else { return channel.close(reason: "server stopping") }
+            logger.debug("accepted", metadata: ["connection": "\(connection)"])
+            metrics?.accepted.increment()
+            routeMessages(connection, channel)
+        case .resume(let connection, let old):
+            if await old.isOpen {
+                // The old connection was lost without a sign (the client's side was destroyed, or
+                // a link went down): say so before saying the client is back.
+                logger.info("connection lost unnoticed; the client resumed on a new one", metadata: ["connection": "\(connection)"])
+                queue.push(.interrupted(connection, .superseded))
+            }
+            old.abort()  // a half-open connection the client gave up on
+            // Its loop has handed on every message it took (they come before the new channel's).
+            _ = await old.closed()
+            guard let session = connection.session, let hello else { return }
+            let resent: Int
+            do {
+                resent = try await channel.attachSession(session, hello: hello, isNew: false)
+            } catch let error as TransportError where error.code == .connectionClosed {
+                // The new connection was lost before the session was attached to it (dropped again
+                // at once): a lost connection like any other, so the session waits for its client
+                // (ending it here reported messages as undelivered that a resume would deliver).
+                channelClosed(connection, channel, reason: await channel.closed())
+                return
+            } catch {
+                logger.warning("cannot resume the session of \(connection): \(error)")
+                endSession(connection, reason: .protocolError("\(error)"))
+                return
+            }
+            channel.onLoopPing()
+            logger.info("session resumed", metadata: ["connection": "\(connection)", "resent": "\(resent)"])
+            guard reportOpened(connection, .resumed(connection, resent: resent)) else {
+                return channel.close(reason: "the session ended")  // stopping, or its grace period passed
+            }
+            metrics?.accepted.increment()
+            routeMessages(connection, channel)
+        }
+    }
+
+    /// Pushes `event` (`.accepted`, `.resumed`) unless the connection's end was already reported
+    /// (a stop() that listed it while its session was being attached): atomically with that report.
+    private func reportOpened(_ connection: ServerConnection, _ event: ServerEvent) -> Bool {
+        state.withLock { state in
+            guard state.unreported.contains(connection.id) else { return false }
+            queue.push(event)
+            return true
+        }
+    }
+
+    private var isStopping: Bool { state.withLock { if case .stopping = $0.phase { true } else { false } } }
+
+    /// Hands `channel`'s messages and transfers to the events from its loop (the previous channel
+    /// of a resumed session was closed before, so order is kept), and reports its end. While the
+    /// events hold ``ServerConfiguration/eventBufferLimit`` or more, a channel that delivers one
+    /// stops reading until the app drains them to half.
+    private func routeMessages(_ connection: ServerConnection, _ channel: MessageChannel) {
+        let queue = self.queue
+        channel.route(
+            to: MessageRoute(
+                deliver: { message, channel in queue.push(.received(connection, message), from: channel) },
+                transfer: { transfer, _ in queue.push(.transfer(connection, transfer)) },
+                closed: { [self] reason, channel in
+                    // While stopping, stop() reports every connection's end once all are closed:
+                    // the loops only close (at 19,000 connections, reporting from them as well
+                    // made stop() slower).
+                    guard !isStopping else { return }
+                    channelClosed(connection, channel, reason: reason)
+                }))
+    }
+
+    /// A channel of `connection` closed: the connection ends, or (with a session, lost without a
+    /// goodbye) waits for its client for the grace period.
+    private func channelClosed(_ connection: ServerConnection, _ channel: MessageChannel, reason: CloseReason) {
+        guard let session = connection.session, let grace = configuration.session?.gracePeriod else {
+            return connectionClosed(connection, reason: reason)
+        }
+        guard connection.channel === channel else { return }  // replaced by a resume
+        let running = state.withLock { if case .running = $0.phase { true } else { false } }
+        let ended = session.state.withLock { $0.ended != nil }
+        switch reason {
+        case .goodbye, .protocolError, .frameTooLarge:
+            // The client ended it or misbehaved: not a lost network. (`ServerConnection.close` ends
+            // the session itself; a bare `channel.abort()` is treated like a lost connection.)
+            return endSession(connection, reason: reason)
+        default:
+            break
+        }
+        guard running, !ended else { return endSession(connection, reason: reason) }
+        logger.info(
+            "connection lost; keeping its session for \(grace)",
+            metadata: ["connection": "\(connection)", "reason": "\(reason)"])
+        queue.push(.interrupted(connection, reason))
+        Task {
+            try? await Task.sleep(for: grace)
+            if connection.channel === channel { self.endSession(connection, reason: .sessionExpired) }
+        }
+    }
+
+    /// Ends a connection's session (reporting what was never acknowledged) and the connection.
+    func endSession(_ connection: ServerConnection, reason: CloseReason) {
+        if let session = connection.session {
+            state.withLock { state in
+                if state.sessions[session.id] === connection { state.sessions.removeValue(forKey: session.id) }
+            }
+            let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"))
+            if !lost.isEmpty {
+                logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
+                queue.push(.undelivered(connection, lost))
+            }
+        }
+        connectionClosed(connection, reason: reason)
+    }
+
+    /// Reports a connection's end exactly once (its channel's close, or `stop()`).
+    private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
+        let first = state.withLock { state -> Bool in
+            state.connections.removeValue(forKey: connection.id)
+            paced(connections: state.connections.count)
+            return state.unreported.remove(connection.id) != nil
+        }
+        guard first else { return }
+        logger.debug("closed", metadata: ["connection": "\(connection)", "reason": "\(reason)"])
+        queue.push(.closed(connection, reason))
+    }
+}
