@@ -9,16 +9,13 @@ extension MessageClient {
 
     func attach(_ established: (MessageChannel, MessageSession.Opened?)) {
         let (channel, opened) = established
-        let (keep, waiters) = state.withLock { state -> (Bool, [CheckedContinuation<MessageChannel, any Error>]) in
-            guard !state.closed else { return (false, []) }
-            state.channel = channel
-            if case .resumed? = opened { state.resumed = true } else { state.resumed = false }
+        var resumed = false
+        if case .resumed? = opened { resumed = true }
+        let outcome = withState { state in
             state.connecting = nil
-            state.lastFailure = nil
-            defer { state.waiters = [:] }
-            return (true, Array(state.waiters.values))
+            return state.lifecycle.established(channel, peer: channel.peer, via: channel.remoteAddress, resumed: resumed)
         }
-        guard keep else {
+        guard case .connected(let waiters) = outcome else {
             channel.close(reason: "client closed")
             return
         }
@@ -38,16 +35,12 @@ extension MessageClient {
         Task {
             for await message in channel.messages { await self.deliver(message) }
             let reason = await channel.closed()
-            let closedByUs = self.state.withLock { state -> Bool in
-                if state.channel === channel { state.channel = nil }
-                return state.closed
-            }
+            let next = self.lifecycle { $0.channelClosed(channel, reason: reason) }
             queue.push(.disconnected(reason))
-            if closedByUs { return }
-            if self.configuration.reconnect != nil {
-                self.startConnecting(reconnecting: true)
-            } else {
-                queue.finish()
+            switch next {
+            case .nothing: return
+            case .reconnect: self.startConnecting()
+            case .finish: queue.finish()
             }
         }
     }
@@ -86,51 +79,46 @@ extension MessageClient {
         }
     }
 
-    func startConnecting(reconnecting: Bool) {
-        let task = Task { await self.connectLoop(reconnecting: reconnecting) }
+    /// Starts the background connect loop (waiting for the server, or reconnecting), unless closed.
+    func startConnecting() {
+        guard lifecycle({ $0.startLoop() }) else { return }
+        let task = Task { await self.connectLoop() }
         let started = state.withLock { state -> Bool in
-            guard !state.closed else { return false }
+            guard !state.lifecycle.isClosed else { return false }
             state.connecting = task
             return true
         }
         if !started { task.cancel() }
     }
 
-    /// Tries until connected, closed, or out of attempts; each failure waits the policy's back-off.
-    /// For a service it browses until the service appears and connects at once.
-    private func connectLoop(reconnecting: Bool) async {
-        let policy = configuration.reconnect ?? ReconnectPolicy()
-        var delay = policy.initialDelay
+    /// Tries until connected, closed, or out of attempts; the lifecycle decides after each
+    /// failure (retry after its back-off, or give up). For a service it browses until the service
+    /// appears and connects at once.
+    private func connectLoop() async {
         var attempt = 0
-        while !state.withLock({ $0.closed }) && !Task.isCancelled {
+        while !Task.isCancelled {
             attempt += 1
+            let error: MessagingError
             do {
                 attach(try await establish(waiting: true))
                 return
-            } catch {
-                if Task.isCancelled || state.withLock({ $0.closed }) { return }
-                state.withLock { $0.lastFailure = error.message }
-                if error.code == .untrustedServer {
-                    // Final: a key this client does not trust stays untrusted however often it is
-                    // met. Said once (the event and every waiting caller carry it), then closed.
-                    logger.warning("\(error.message)")
-                    giveUp(error)
-                    return
-                }
+            } catch let failure {
+                error = failure
+            }
+            if Task.isCancelled { return }
+            switch lifecycle({ $0.attemptFailed(error, retryAfter: (error.underlying as? TransportError)?.retryAfter) }) {
+            case .stop:
+                return
+            case .giveUp(let final):
+                // Said once (the event and every waiting caller carry it), then closed.
+                logger.warning("\(final.message)")
+                giveUp(final)
+                return
+            case .retry(let wait, let reconnecting):
                 logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
-                if let max = policy.maxAttempts, attempt >= max {
-                    let gaveUp = MessagingError(
-                        .connectFailed, "gave up connecting to \(target) after \(max) attempts: \(error.message)",
-                        underlying: error)
-                    logger.warning("\(gaveUp.message)")
-                    giveUp(gaveUp)
-                    return
-                }
-                // A busy server says when to come back: not sooner than that.
-                let wait = max(delay, (error.underlying as? TransportError)?.retryAfter ?? .zero)
+                // A busy server says when to come back: the wait is not sooner than that.
                 queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: wait) : .waiting(error))
                 try? await Task.sleep(for: wait)
-                delay = min(delay * 2, policy.maxDelay)
             }
         }
     }
@@ -140,13 +128,7 @@ extension MessageClient {
     private func giveUp(_ error: MessagingError) {
         if let lost = session?.end(error), !lost.isEmpty { queue.push(.undelivered(lost)) }
         queue.push(.gaveUp(error))
-        let waiters = state.withLock { state in
-            state.closed = true
-            state.lastFailure = error.message
-            state.finalError = error
-            defer { state.waiters = [:] }
-            return Array(state.waiters.values)
-        }
+        let waiters = lifecycle { $0.giveUp(error) }
         for waiter in waiters { waiter.resume(throwing: error) }
         queue.finish()
     }
@@ -240,7 +222,12 @@ extension MessageClient {
         case .service(let name, let type, let discovery):
             let queue = self.queue
             var notFoundYet: (@Sendable (MessagingError) -> Void)?
-            if waiting { notFoundYet = { error in _ = queue.push(.waiting(error)) } }
+            if waiting {
+                notFoundYet = { [weak self] error in
+                    self?.lifecycle { $0.waiting(error) }
+                    _ = queue.push(.waiting(error))
+                }
+            }
             let remembered = useMemory ? rememberedEntry() : nil
             let service: DiscoveredService
             do {

@@ -19,24 +19,20 @@ import Transport
 /// Replies to ``request(_:type:expecting:timeout:)`` reach their caller whatever the app does with
 /// ``events``; see ``ClientConfiguration/eventBufferLimit`` for what happens to other messages.
 public final class MessageClient: Sendable {
+    /// The lifecycle (``ClientLifecycle``: connecting, connected, reconnecting, closed; waiters;
+    /// back-off) and what the client keeps beside it, under one lock.
     struct State {
-        var channel: MessageChannel?
-        var closed = false
-        /// The background connect (waiting for the server) or reconnect loop.
+        var lifecycle: ClientLifecycle<MessageChannel, CheckedContinuation<MessageChannel, any Error>>
+        /// The background connect loop (waiting for the server, or reconnecting): cancelled by close().
         var connecting: Task<Void, Never>?
-        /// Callers of send/request waiting for a connection, by id.
-        var waiters: [UInt64: CheckedContinuation<MessageChannel, any Error>] = [:]
-        var nextWaiter: UInt64 = 0
-        /// The last reason a connect attempt failed (said when a waiter gives up).
-        var lastFailure: String?
         var dropped = 0
         /// A server without message sessions was met: sends go straight to the connection.
         var serverLacksSessions = false
-        var resumed = false
-        /// Why the client stopped connecting by itself (it gave up), told to later callers.
-        var finalError: MessagingError?
         /// ``BoundedQueue/taken`` when the app was last found not reading its full events queue.
         var stalledAtTaken: UInt64?
+        /// Consumers of ``connectionStates``, and the state version they were last told.
+        var stateWatchers: [AsyncStream<ConnectionState>.Continuation] = []
+        var toldVersion: UInt64 = 0
     }
 
     /// Where this client connects.
@@ -44,7 +40,7 @@ public final class MessageClient: Sendable {
     /// The configuration it was created with.
     public let configuration: ClientConfiguration
     let logger: Logger
-    let state = Locked(State())
+    let state: Locked<State>
     let queue: BoundedQueue<ClientEvent>
     /// What happens on the client, in order; see ``ClientEvent``.
     public let events: ClientEvents
@@ -62,6 +58,7 @@ public final class MessageClient: Sendable {
         } else {
             session = nil
         }
+        state = Locked(State(lifecycle: ClientLifecycle(policy: configuration.reconnect, target: "\(target)")))
         let queue = BoundedQueue<ClientEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
         self.events = ClientEvents(queue: queue)
@@ -81,7 +78,7 @@ public final class MessageClient: Sendable {
         }
         let client = MessageClient(target: target, configuration: configuration, logger: logger)
         if configuration.waitsForServer {
-            client.startConnecting(reconnecting: false)
+            client.startConnecting()
         } else {
             client.attach(try await client.establish(waiting: false))
         }
@@ -89,7 +86,7 @@ public final class MessageClient: Sendable {
     }
 
     /// The current channel (nil while disconnected).
-    public var channel: MessageChannel? { state.withLock { $0.channel } }
+    public var channel: MessageChannel? { state.withLock { $0.lifecycle.channel } }
     /// The server's hello, when connected.
     public var peer: PeerInfo? { channel?.peer }
     /// Unsolicited messages dropped because nothing read ``events`` while they arrived.
@@ -143,7 +140,49 @@ public final class MessageClient: Sendable {
 
     /// Whether the current connection resumed the message session of an earlier one (set before
     /// ``ClientEvent/connected(_:via:)`` is reported).
-    public var resumedSession: Bool { state.withLock { $0.resumed } }
+    public var resumedSession: Bool { state.withLock { $0.lifecycle.resumed } }
+
+    /// Where the connection stands now, with the reason for the last transition.
+    public var connectionState: ConnectionState { state.withLock { $0.lifecycle.state } }
+
+    /// Every change of ``connectionState``, starting with the current one (the newest kept for a
+    /// slow reader); ends once the client is closed or, without reconnecting, disconnected. Apart
+    /// from ``events``: reading one owes nothing to the other. Each access is a new stream.
+    public var connectionStates: AsyncStream<ConnectionState> {
+        let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self, bufferingPolicy: .bufferingNewest(1))
+        state.withLock { state in
+            continuation.yield(state.lifecycle.state)
+            if state.lifecycle.state.isFinal {
+                continuation.finish()
+            } else {
+                state.stateWatchers.append(continuation)
+            }
+        }
+        return stream
+    }
+
+    /// Runs `body` on the lifecycle under the lock (see ``withState(_:)``).
+    func lifecycle<R>(_ body: (inout ClientLifecycle<MessageChannel, CheckedContinuation<MessageChannel, any Error>>) -> R) -> R {
+        withState { body(&$0.lifecycle) }
+    }
+
+    /// Runs `body` on the state under the lock and tells the watchers of ``connectionStates`` when
+    /// it changed the connection state (under the lock, so they see the changes in order).
+    func withState<R>(_ body: (inout State) -> R) -> R {
+        state.withLock { state in
+            let result = body(&state)
+            if state.lifecycle.stateVersion != state.toldVersion {
+                state.toldVersion = state.lifecycle.stateVersion
+                let now = state.lifecycle.state
+                for watcher in state.stateWatchers { watcher.yield(now) }
+                if now.isFinal {
+                    for watcher in state.stateWatchers { watcher.finish() }
+                    state.stateWatchers = []
+                }
+            }
+            return result
+        }
+    }
 
     /// Sends several messages of one type in order with one hand-off to the connection (see
     /// `MessageChannel.send(contentsOf:type:)`): cheaper than one `send` each for a stream of
@@ -172,13 +211,9 @@ public final class MessageClient: Sendable {
 
     /// Closes gracefully (queued messages are flushed) and stops connecting and reconnecting. Idempotent.
     public func close(reason: String = "client closing") async {
-        let (channel, connecting, waiters) = state.withLock { state in
-            state.closed = true
-            defer {
-                state.waiters = [:]
-                state.connecting = nil
-            }
-            return (state.channel, state.connecting, Array(state.waiters.values))
+        let ((channel, waiters), connecting) = withState { state in
+            defer { state.connecting = nil }
+            return (state.lifecycle.close(), state.connecting)
         }
         connecting?.cancel()
         for waiter in waiters { waiter.resume(throwing: MessagingError(.stopped, "the client was closed")) }
@@ -206,52 +241,29 @@ public final class MessageClient: Sendable {
     }
 
     private func readyChannel(within wait: Duration) async throws -> MessageChannel {
-        enum Ready {
-            case channel(MessageChannel)
-            case failure(MessagingError)
-            case wait
-        }
-        let ready = state.withLock { state -> Ready in
-            if let channel = state.channel { return .channel(channel) }
-            if let error = state.finalError { return .failure(error) }
-            if state.closed { return .failure(MessagingError(.stopped, "the client is closed")) }
-            let willConnect = state.connecting != nil || configuration.reconnect != nil
-            if !willConnect || wait <= .zero {
-                return .failure(MessagingError(.notConnected, "not connected to \(target)"))
-            }
-            return .wait
-        }
-        switch ready {
+        switch state.withLock({ $0.lifecycle.ready(waiting: wait) }) {
         case .channel(let channel): return channel
         case .failure(let error): throw error
         case .wait: break
         }
-        let id = state.withLock { state -> UInt64 in
-            state.nextWaiter += 1
-            return state.nextWaiter
-        }
-        let timer = Task {
-            do { try await Task.sleep(for: wait) } catch { return }
-            let (waiter, reason) = state.withLock { state in (state.waiters.removeValue(forKey: id), state.lastFailure) }
-            waiter?.resume(
-                throwing: MessagingError(
-                    .notConnected,
-                    "no connection to \(target) within \(wait)\(reason.map { " (last attempt: \($0))" } ?? "")"))
-        }
-        defer { timer.cancel() }
+        // The timer is armed once the caller is registered (so it cannot fire before), and
+        // disarmed when a channel, the close or the timer resumed it.
+        let timer = Locked<Task<Void, Never>?>(nil)
+        defer { timer.withLock { $0?.cancel() } }
         return try await withCheckedThrowingContinuation { continuation in
-            let now = state.withLock { state -> Ready in
-                if let channel = state.channel { return .channel(channel) }
-                if state.closed { return .failure(MessagingError(.stopped, "the client is closed")) }
-                state.waiters[id] = continuation
-                return .wait
-            }
+            let (id, now) = lifecycle { $0.addWaiter(continuation) }
             switch now {
             case .channel(let channel): continuation.resume(returning: channel)
             case .failure(let error): continuation.resume(throwing: error)
-            case .wait: break
+            case .wait:
+                timer.withLock {
+                    $0 = Task {
+                        do { try await Task.sleep(for: wait) } catch { return }
+                        let (waiter, error) = self.state.withLock { ($0.lifecycle.waiterTimedOut(id), $0.lifecycle.timedOut(wait)) }
+                        waiter?.resume(throwing: error)
+                    }
+                }
             }
         }
     }
-
 }
