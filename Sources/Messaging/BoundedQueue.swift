@@ -3,12 +3,10 @@ import Locks
 /// The package's one bounded async queue: a channel's incoming messages, transfers and chunks, and
 /// the server's and client's events.
 ///
-/// Two ways to add, one limit:
+/// Two ways to add, one limit, and no producer ever suspends:
 /// - ``push(_:)`` never waits. When the count reaches the limit it calls `onFull` once (a channel
 ///   pauses reading its socket); when consumers drain it to half the limit, `onDrained` (reading
 ///   resumes). So a consumer that does not keep up stops the socket instead of growing memory.
-/// - ``pushWaiting(_:)`` suspends the producer while the queue is at its limit.
-///
 /// - ``push(_:from:)`` never waits either, for a producer that can stop (a channel reading its
 ///   socket): at the limit it returns false and the producer stops until the queue, drained to half
 ///   the limit, calls its ``QueueProducer/resumeProducing()``. So one queue bounds what many
@@ -22,18 +20,12 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         let continuation: CheckedContinuation<Element?, any Error>
     }
 
-    private struct Producer {
-        let id: UInt64
-        let continuation: CheckedContinuation<Void, Never>
-    }
-
     private struct State {
         var items: [Element] = []
         var head = 0
         var finished = false
         var overLimit = false
         var consumers: [Waiter] = []
-        var producers: [Producer] = []
         /// Producers stopped by ``push(_:from:)``, to resume when the queue drains.
         var stopped: [ObjectIdentifier: any QueueProducer] = [:]
         /// Elements taken by consumers so far.
@@ -60,8 +52,6 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     var count: Int { state.withLock { $0.count } }
     /// Whether anyone has ever asked for an element (someone reads the queue).
     var hasConsumer: Bool { state.withLock { $0.consumed } }
-    /// Producers suspended in ``pushWaiting(_:)`` (tests).
-    var suspendedProducers: Int { state.withLock { $0.producers.count } }
     /// Elements consumers took so far (a consumer that stopped reading takes none).
     var taken: UInt64 { state.withLock { $0.taken } }
 
@@ -139,93 +129,28 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         return evicted
     }
 
-    /// Adds an element, suspending while the queue is at its limit. Returns at once after `finish`.
-    func pushWaiting(_ element: Element) async {
-        while true {
-            let room = state.withLock { state -> Bool in state.finished || state.count < limit }
-            if room {
-                push(element)
-                return
-            }
-            let id = state.withLock { state -> UInt64 in
-                state.nextWaiterID += 1
-                return state.nextWaiterID
-            }
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let resumeNow = state.withLock { state -> Bool in
-                    if state.finished || state.count < limit { return true }
-                    state.producers.append(Producer(id: id, continuation: continuation))
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        }
-    }
-
-    /// ``pushWaiting(_:)`` for at most `timeout`: false, having added nothing, when the queue was
-    /// still at its limit then (its consumer stopped reading).
-    func pushWaiting(_ element: Element, within timeout: Duration) async -> Bool {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            let room = state.withLock { state -> Bool in state.finished || state.count < limit }
-            if room {
-                push(element)
-                return true
-            }
-            if ContinuousClock.now >= deadline { return false }
-            let id = state.withLock { state -> UInt64 in
-                state.nextWaiterID += 1
-                return state.nextWaiterID
-            }
-            let timer = Task {
-                try? await Task.sleep(until: deadline)
-                self.releaseProducer(id)
-            }
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let resumeNow = state.withLock { state -> Bool in
-                    if state.finished || state.count < limit { return true }
-                    state.producers.append(Producer(id: id, continuation: continuation))
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-            timer.cancel()
-        }
-    }
-
-    /// Resumes the producer `id` if it still waits (its time is up).
-    private func releaseProducer(_ id: UInt64) {
-        let producer = state.withLock { state -> Producer? in
-            guard let index = state.producers.firstIndex(where: { $0.id == id }) else { return nil }
-            return state.producers.remove(at: index)
-        }
-        producer?.continuation.resume()
-    }
-
-    /// Ends the queue: consumers get the remaining elements, then nil (or `error`); waiting
-    /// producers return.
+    /// Ends the queue: consumers get the remaining elements, then nil (or `error`); stopped
+    /// producers are resumed.
     func finish(throwing error: (any Error)? = nil) {
-        let (consumers, producers, stopped) = state.withLock { state -> ([Waiter], [Producer], [any QueueProducer]) in
-            guard !state.finished else { return ([], [], []) }
+        let (consumers, stopped) = state.withLock { state -> ([Waiter], [any QueueProducer]) in
+            guard !state.finished else { return ([], []) }
             state.finished = true
             state.failure = error
             defer {
                 state.consumers = []
-                state.producers = []
                 state.stopped = [:]
             }
-            return (state.count == 0 ? state.consumers : [], state.producers, Array(state.stopped.values))
+            return (state.count == 0 ? state.consumers : [], Array(state.stopped.values))
         }
         for producer in stopped { producer.resumeProducing() }
         for consumer in consumers {
             if let error { consumer.continuation.resume(throwing: error) } else { consumer.continuation.resume(returning: nil) }
         }
-        for producer in producers { producer.continuation.resume() }
     }
 
     /// Takes every buffered element at once (a channel handing its backlog to a server's events);
-    /// the queue stays open. Producers waiting in ``pushWaiting(_:)`` or stopped by
-    /// ``push(_:from:)`` are not resumed (its one user has neither).
+    /// the queue stays open. Producers stopped by ``push(_:from:)`` are not resumed (its users
+    /// have none).
     func takeAll() -> [Element] {
         let (elements, wasOver) = state.withLock { state -> ([Element], Bool) in
             let elements = Array(state.items[state.head...])
@@ -252,7 +177,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     private enum Poll {
-        case element(Element, drained: Bool, producer: CheckedContinuation<Void, Never>?, stopped: [any QueueProducer])
+        case element(Element, drained: Bool, stopped: [any QueueProducer])
         case end((any Error)?)
         case empty
     }
@@ -279,13 +204,11 @@ final class BoundedQueue<Element: Sendable>: Sendable {
             stopped = Array(state.stopped.values)
             state.stopped = [:]
         }
-        let producer = state.producers.isEmpty ? nil : state.producers.removeFirst().continuation
-        return .element(element, drained: drained, producer: producer, stopped: stopped)
+        return .element(element, drained: drained, stopped: stopped)
     }
 
     private func deliver(_ polled: Poll) -> Element? {
-        if case .element(let element, let drained, let producer, let stopped) = polled {
-            producer?.resume()
+        if case .element(let element, let drained, let stopped) = polled {
             if drained { onDrained?() }
             for producer in stopped { producer.resumeProducing() }
             return element

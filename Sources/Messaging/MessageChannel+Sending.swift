@@ -299,9 +299,12 @@ extension MessageChannel {
         let waited = Duration.nanoseconds(Int64(clamping: now &- entry.sentAt))
         let head = "no reply to request '\(entry.typeID)' #\(entry.sequence) within \(waited)"
         if driver.isReadPaused {
-            return "\(head): this side stopped reading the connection because \(messageBuffer.count) received "
-                + "messages were not consumed; the reply may be waiting unread — consume `messages` (or the "
-                + "client's/server's events) or handle the types with on(type:)"
+            let unread =
+                routeStopped
+                ? "the app's events are full (nothing took them)"
+                : "\(lazyMessageBuffer.load()?.count ?? 0) received messages were not consumed"
+            return "\(head): this side stopped reading the connection because \(unread); the reply may be waiting "
+                + "unread — consume `messages` (or the client's/server's events) or handle the types with on(type:)"
         }
         let silence = Duration.nanoseconds(Int64(clamping: now &- driver.lastFrameTime))
         if silence >= waited {

@@ -1,3 +1,4 @@
+import Dispatch
 import Discovery
 import Locks
 import Logging
@@ -28,47 +29,41 @@ extension MessageClient {
         default: break
         }
         for waiter in waiters { waiter.resume(returning: channel) }
+        // The channel hands its messages, transfers and close to the events from its loop: no
+        // buffer of its own and no task in between (one inbound queue per connection, like a
+        // server's).
         let queue = self.queue
-        Task {
-            for await transfer in channel.transfers { await queue.pushWaiting(.transfer(transfer)) }
-        }
-        Task {
-            for await message in channel.messages { await self.deliver(message) }
-            let reason = await channel.closed()
-            let next = self.lifecycle { $0.channelClosed(channel, reason: reason) }
-            queue.push(.disconnected(reason))
-            switch next {
-            case .nothing: return
-            case .reconnect: self.startConnecting()
-            case .finish: queue.finish()
-            }
-        }
+        channel.route(
+            to: MessageRoute(
+                deliver: { [self] message, channel in deliver(message, from: channel) },
+                transfer: { transfer, _ in queue.push(.transfer(transfer)) },
+                closed: { [self] reason, channel in
+                    let next = lifecycle { $0.channelClosed(channel, reason: reason) }
+                    queue.push(.disconnected(reason))
+                    switch next {
+                    case .nothing: return
+                    case .reconnect: startConnecting()
+                    case .finish: queue.finish()
+                    }
+                }))
     }
 
-    /// Hands an unsolicited message to the app. While the app reads events, a full queue makes this
-    /// wait (and the channel stops reading: back-pressure). While nothing has ever read them, the
+    /// Hands an unsolicited message to the app, on `channel`'s loop. While the app reads events, a
+    /// full queue stops the channel reading (back-pressure) until the app drains it to half. While
+    /// nothing has ever read them, or the app stopped reading (``watchForStall(_:taken:)``), the
     /// oldest unsolicited message is dropped instead, so that the connection keeps being read and
-    /// replies to requests keep arriving.
-    private func deliver(_ message: IncomingMessage) async {
-        if queue.hasConsumer {
-            // While the app reads events, a full queue pauses this connection (back-pressure). An
-            // app that stopped reading (nothing taken for a second while full) must not stall the
-            // connection: replies to its requests travel on it. Then, as when nobody ever read,
-            // the oldest unsolicited message is dropped — until the app reads again.
-            let stalledAt = state.withLock { $0.stalledAtTaken }
-            if stalledAt != queue.taken {
-                if await queue.pushWaiting(.received(message), within: .seconds(1)) { return }
-                let taken = queue.taken
-                state.withLock { $0.stalledAtTaken = taken }
-                logger.notice(
-                    "the app stopped reading client.events (full for a second): dropping the oldest unsolicited messages so that replies keep arriving")
-            }
+    /// replies to requests keep arriving. Returns false when the channel must stop reading.
+    private func deliver(_ message: IncomingMessage, from channel: MessageChannel) -> Bool {
+        if queue.hasConsumer, state.withLock({ $0.stalledAtTaken }) != queue.taken {
+            if queue.push(.received(message), from: channel) { return true }
+            watchForStall(channel, taken: queue.taken)
+            return false
         }
         let evicted = queue.push(.received(message)) { event in
             if case .received = event { return true }
             return false
         }
-        guard evicted else { return }
+        guard evicted else { return true }
         let dropped = state.withLock { state -> Int in
             state.dropped += 1
             return state.dropped
@@ -76,6 +71,24 @@ extension MessageClient {
         if dropped & (dropped - 1) == 0 {  // 1, 2, 4, 8, …: say so without flooding the log
             logger.notice(
                 "nothing reads client.events: dropped \(dropped) unsolicited messages so far (the oldest first; the newest \(queue.limit) events are kept); replies to requests are not affected")
+        }
+        return true
+    }
+
+    /// The events are full and `channel` stopped reading. An app that takes nothing for a second
+    /// stopped reading, and must not stall the connection: replies to its requests travel on it.
+    /// Then, as when nobody ever read, the channel reads on and the oldest unsolicited messages are
+    /// dropped — until the app reads again. An app that reads, however slowly, keeps the
+    /// back-pressure. On the channel's loop.
+    private func watchForStall(_ channel: MessageChannel, taken: UInt64) {
+        channel.queue.asyncAfter(deadline: .now() + .seconds(1)) { [weak self, weak channel] in
+            guard let self, let channel, channel.routeStopped else { return }  // reading again
+            let now = queue.taken
+            guard now == taken else { return watchForStall(channel, taken: now) }
+            state.withLock { $0.stalledAtTaken = now }
+            logger.notice(
+                "the app stopped reading client.events (full for a second): dropping the oldest unsolicited messages so that replies keep arriving")
+            channel.resumeProducing()
         }
     }
 

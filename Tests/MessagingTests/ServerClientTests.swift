@@ -292,28 +292,31 @@ struct TestFailure: Error, CustomStringConvertible {
 }
 
 @Suite struct BoundedQueueTests {
-    @Test func pushWaitingSuspendsWhenFullAndResumesWhenDrained() async throws {
-        let queue = BoundedQueue<Int>(limit: 2)
-        await queue.pushWaiting(1)
-        await queue.pushWaiting(2)
-        let pushed = Locked(false)
-        let producer = Task {
-            await queue.pushWaiting(3)
-            pushed.withLock { $0 = true }
-        }
-        let deadline = ContinuousClock.now + .seconds(10)
-        while queue.suspendedProducers == 0 && !pushed.withLock({ $0 }) && ContinuousClock.now < deadline {
-            await Task.yield()
-        }
-        #expect(queue.suspendedProducers == 1)  // it waits for room…
-        #expect(!pushed.withLock { $0 })  // …and did not get in
+    final class Producer: QueueProducer {
+        let resumed = Locked(0)
+        func resumeProducing() { resumed.withLock { $0 += 1 } }
+    }
+
+    /// A producer that can stop (a channel reading its socket) is told to at the limit — its
+    /// element is kept — and resumed once consumers drained the queue to half, not before.
+    @Test func aProducerStopsAtTheLimitAndResumesAtHalf() async throws {
+        let queue = BoundedQueue<Int>(limit: 4)
+        let producer = Producer()
+        #expect(queue.push(1, from: producer) && queue.push(2, from: producer) && queue.push(3, from: producer))
+        #expect(!queue.push(4, from: producer), "at the limit: stop")
+        #expect(queue.count == 4, "the element that reached the limit is kept")
         #expect(try await queue.next() == 1)
-        await producer.value
-        #expect(pushed.withLock { $0 })
+        #expect(producer.resumed.withLock { $0 } == 0, "3 left: more than half")
         #expect(try await queue.next() == 2)
+        #expect(producer.resumed.withLock { $0 } == 1, "2 left: half, resumed")
         #expect(try await queue.next() == 3)
+        #expect(producer.resumed.withLock { $0 } == 1, "once")
+        #expect(queue.push(5, from: producer), "room again")
         queue.finish()
+        #expect(try await queue.next() == 4)
+        #expect(try await queue.next() == 5)
         #expect(try await queue.next() == nil)
+        #expect(queue.push(6, from: producer), "after finish nothing stops (the element is dropped)")
     }
 }
 
