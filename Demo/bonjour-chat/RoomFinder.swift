@@ -1,3 +1,4 @@
+import Discovery
 import ChatKit
 import Foundation
 import Messaging

@@ -1,3 +1,4 @@
+import Discovery
 import Foundation
 import Logging
 import Messaging

@@ -51,10 +51,6 @@ public struct ClientConfiguration: Sendable {
         self.channel = channel
         self.reconnect = reconnect
     }
-
-    /// Use ``init(peerName:reconnect:)``: `name` is this side's name in the hello, not the service's.
-    @available(*, deprecated, renamed: "init(peerName:reconnect:)")
-    public init(name: String, reconnect: ReconnectPolicy? = nil) { self.init(peerName: name, reconnect: reconnect) }
 }
 
 /// Back-off for automatic reconnection (and for waiting for the server): re-browse and re-resolve
