@@ -129,6 +129,11 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         return evicted
     }
 
+    /// Forgets `producer` if it is stopped (it closed: nothing to resume, nothing to keep).
+    func forget(_ producer: any QueueProducer) {
+        _ = state.withLock { $0.stopped.removeValue(forKey: ObjectIdentifier(producer)) }
+    }
+
     /// Ends the queue: consumers get the remaining elements, then nil (or `error`); stopped
     /// producers are resumed.
     func finish(throwing error: (any Error)? = nil) {

@@ -218,6 +218,8 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
         switch phase {
         case .connected(let channel): return (0, .channel(channel))
         case .closed(let error): return (0, .failure(error ?? MessagingError(.stopped, "the client is closed")))
+        case .disconnected where !loopRunning && !reconnects:
+            return (0, .failure(MessagingError(.notConnected, "not connected to \(target)")))
         default:
             nextWaiter += 1
             waiters[nextWaiter] = waiter

@@ -1,4 +1,5 @@
 import FastJSON
+import ProtocolCore
 import Transport
 
 /// The messaging layer's default JSON codec (codec id 1): FastJSON, about 10× faster than

@@ -138,20 +138,27 @@ extension MessageChannel: ConnectionHandler {
     }
 
     private func deliver(_ message: IncomingMessage, to route: MessageRoute) {
-        if !route.deliver(message, self) && !routeStopped {
+        if !route.deliver(message, self) { stopReadingForRoute() }
+    }
+
+    /// The route's receiver is full: stop reading until its ``resumeProducing()``. On the loop.
+    private func stopReadingForRoute() {
+        if !routeStopped {
             routeStopped = true
             driver.pauseReading()
         }
     }
 
-    /// Server: hands the messages no handler or request takes, and the transfers, to `route`, on
+    /// Server or client: hands the messages no handler or request takes, and the transfers, to `route`, on
     /// the loop and in order, instead of ``messages`` and ``transfers``, and then the close — so
     /// that no task waits per connection to move them on (a waiting task costs ~2.9 KB). What
     /// arrived before goes first. Any context; takes effect on the loop.
     func route(to route: MessageRoute) {
         queue.async { [self] in
             for message in lazyMessageBuffer.load()?.takeAll() ?? [] { deliver(message, to: route) }
-            for transfer in lazyTransferBuffer.load()?.takeAll() ?? [] { route.transfer(transfer, self) }
+            for transfer in lazyTransferBuffer.load()?.takeAll() ?? [] where !route.transfer(transfer, self) {
+                stopReadingForRoute()
+            }
             if driver.isClosed {
                 route.closed(driver.closeReason ?? .localClose, self)
             } else {
@@ -173,7 +180,11 @@ extension MessageChannel: ConnectionHandler {
             TransferProgress(
                 streamID: frame.sequence, typeID: frame.typeID, completedBytes: 0, totalBytes: header.size,
                 isFinished: false))
-        if let route { route.transfer(transfer, self) } else { transferBuffer.push(transfer) }
+        if let route {
+            if !route.transfer(transfer, self) { stopReadingForRoute() }
+        } else {
+            transferBuffer.push(transfer)
+        }
     }
 
     private func handleChunk(_ frame: Frame) {
@@ -214,14 +225,14 @@ final class MessageRoute: Sendable {
     /// Takes a message; false when the receiver is full: the channel stops reading until its
     /// ``QueueProducer/resumeProducing()``.
     let deliver: @Sendable (IncomingMessage, MessageChannel) -> Bool
-    /// Takes a transfer (not held back: its chunks have their own bounded buffer).
-    let transfer: @Sendable (IncomingTransfer, MessageChannel) -> Void
+    /// Takes a transfer; false when the receiver is full, as for ``deliver``.
+    let transfer: @Sendable (IncomingTransfer, MessageChannel) -> Bool
     /// The channel closed, after its last message.
     let closed: @Sendable (CloseReason, MessageChannel) -> Void
 
     init(
         deliver: @escaping @Sendable (IncomingMessage, MessageChannel) -> Bool,
-        transfer: @escaping @Sendable (IncomingTransfer, MessageChannel) -> Void,
+        transfer: @escaping @Sendable (IncomingTransfer, MessageChannel) -> Bool,
         closed: @escaping @Sendable (CloseReason, MessageChannel) -> Void
     ) {
         self.deliver = deliver

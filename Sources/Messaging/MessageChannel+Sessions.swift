@@ -61,54 +61,63 @@ extension MessageChannel {
     /// Client: opens `session` on this connection (sends SESSION, waits for the answer, resends).
     func openSession(_ session: MessageSession, timeout: Duration) async throws -> MessageSession.Opened {
         try await awaitSessionFrame(
-            within: timeout, "the server did not answer the SESSION frame within \(timeout)"
-        ) { link, continuation in
-            link.session = session
-            link.openedWaiter = continuation
-            self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
-        }
+            within: timeout, "the server did not answer the SESSION frame within \(timeout)",
+            register: { link, continuation in
+                link.session = session
+                link.openedWaiter = continuation
+                self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
+            },
+            expire: { link in
+                defer { link.openedWaiter = nil }
+                return link.openedWaiter
+            })
     }
 
     /// Server: waits for the client's SESSION frame (it offered a session in its hello).
     func sessionHello(timeout: Duration) async throws -> SessionHello {
         try await awaitSessionFrame(
-            within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)"
-        ) { link, continuation in
-            if let hello = link.pendingHello {
-                link.pendingHello = nil
-                continuation.resume(returning: hello)
-            } else {
-                link.helloWaiter = continuation
-            }
-        }
+            within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)",
+            register: { link, continuation in
+                if let hello = link.pendingHello {
+                    link.pendingHello = nil
+                    continuation.resume(returning: hello)
+                } else {
+                    link.helloWaiter = continuation
+                }
+            },
+            expire: { link in
+                defer { link.helloWaiter = nil }
+                return link.helloWaiter
+            })
     }
 
     /// Runs `register` on the loop with this channel's session box and a continuation that the
-    /// SESSION frame's handler (or the close) resumes; aborts the connection when nothing came
-    /// within `timeout`.
+    /// SESSION frame's handler (or the close) resumes. A timer on the loop ends the wait after
+    /// `timeout` when `expire` still finds the continuation waiting (and takes it): the connection
+    /// is told why and closed. No task waits beside it (a task and a timeout race per session
+    /// opened, before).
     private func awaitSessionFrame<T: Sendable>(
         within timeout: Duration, _ timeoutText: String,
-        _ register: @escaping @Sendable (SessionLink, CheckedContinuation<T, any Error>) -> Void
+        register: @escaping @Sendable (SessionLink, CheckedContinuation<T, any Error>) -> Void,
+        expire: @escaping @Sendable (SessionLink) -> CheckedContinuation<T, any Error>?
     ) async throws -> T {
-        let waiting = Task {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-                queue.async {
-                    let link = self.sessionLink ?? SessionLink()
-                    self.sessionLink = link
-                    if link.pendingHello == nil, !self.driver.acceptsFrames {
-                        continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
-                        return
-                    }
-                    register(link, continuation)
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            queue.async {
+                let link = self.sessionLink ?? SessionLink()
+                self.sessionLink = link
+                if link.pendingHello == nil, !self.driver.acceptsFrames {
+                    continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
+                    return
+                }
+                register(link, continuation)
+                self.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: timeout.nanoseconds))) { [weak self] in
+                    // (the link stays the channel's once made)
+                    guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
+                    waiter.resume(throwing: TransportError(.helloFailed, timeoutText))
+                    self.violation(timeoutText)  // said to the peer, then closed (not a silent drop)
                 }
             }
         }
-        guard await raceTimeout(timeout, { _ = await waiting.result }) else {
-            // Said to the peer, then closed (not a silent drop).
-            queue.async { self.violation(timeoutText) }
-            throw TransportError(.helloFailed, timeoutText)
-        }
-        return try await waiting.value
     }
 
     /// Server: attaches `session` to this connection, answers and resends (on the loop).

@@ -74,6 +74,8 @@ public final class MessageChannel: @unchecked Sendable {
     var peerPaceCentiseconds: UInt16 = 0
     /// Reading stopped because the route's receiver was full (``route(to:)``). Loop-confined.
     var routeStopped = false
+    /// A client's check whether its app stopped reading is armed (one at a time). Loop-confined.
+    var stallCheckArmed = false
     /// Server: where this channel's messages and close go instead of ``messages`` (``route(to:)``).
     /// Loop-confined.
     var route: MessageRoute?

@@ -36,8 +36,9 @@ extension MessageClient {
         channel.route(
             to: MessageRoute(
                 deliver: { [self] message, channel in deliver(message, from: channel) },
-                transfer: { transfer, _ in queue.push(.transfer(transfer)) },
+                transfer: { transfer, channel in queue.push(.transfer(transfer), from: channel) },
                 closed: { [self] reason, channel in
+                    queue.forget(channel)  // a channel the full events stopped: not kept after its close
                     let next = lifecycle { $0.channelClosed(channel, reason: reason) }
                     queue.push(.disconnected(reason))
                     switch next {
@@ -81,10 +82,14 @@ extension MessageClient {
     /// dropped — until the app reads again. An app that reads, however slowly, keeps the
     /// back-pressure. On the channel's loop.
     private func watchForStall(_ channel: MessageChannel, taken: UInt64) {
+        guard !channel.stallCheckArmed else { return }  // one check at a time per channel
+        channel.stallCheckArmed = true
         channel.queue.asyncAfter(deadline: .now() + .seconds(1)) { [weak self, weak channel] in
-            guard let self, let channel, channel.routeStopped else { return }  // reading again
+            guard let channel else { return }
+            channel.stallCheckArmed = false
+            guard let self, channel.routeStopped else { return }  // reading again
             let now = queue.taken
-            guard now == taken else { return watchForStall(channel, taken: now) }
+            guard now == taken else { return watchForStall(channel, taken: now) }  // reading, slowly
             state.withLock { $0.stalledAtTaken = now }
             logger.notice(
                 "the app stopped reading client.events (full for a second): dropping the oldest unsolicited messages so that replies keep arriving")

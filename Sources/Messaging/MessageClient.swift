@@ -31,7 +31,8 @@ public final class MessageClient: Sendable {
         /// ``BoundedQueue/taken`` when the app was last found not reading its full events queue.
         var stalledAtTaken: UInt64?
         /// Consumers of ``connectionStates``, and the state version they were last told.
-        var stateWatchers: [AsyncStream<ConnectionState>.Continuation] = []
+        var stateWatchers: [UInt64: AsyncStream<ConnectionState>.Continuation] = [:]
+        var nextWatcher: UInt64 = 0
         var toldVersion: UInt64 = 0
     }
 
@@ -150,13 +151,21 @@ public final class MessageClient: Sendable {
     /// from ``events``: reading one owes nothing to the other. Each access is a new stream.
     public var connectionStates: AsyncStream<ConnectionState> {
         let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self, bufferingPolicy: .bufferingNewest(1))
-        state.withLock { state in
+        let id = state.withLock { state -> UInt64? in
             continuation.yield(state.lifecycle.state)
-            if state.lifecycle.state.isFinal {
-                continuation.finish()
-            } else {
-                state.stateWatchers.append(continuation)
-            }
+            guard !state.lifecycle.state.isFinal else { return nil }
+            state.nextWatcher += 1
+            state.stateWatchers[state.nextWatcher] = continuation
+            return state.nextWatcher
+        }
+        guard let id else {
+            continuation.finish()
+            return stream
+        }
+        // A reader that goes away (its task cancelled) is forgotten. (Called outside the lock:
+        // the client finishes its watchers after releasing it.)
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.state.withLock { $0.stateWatchers.removeValue(forKey: id) }
         }
         return stream
     }
@@ -169,19 +178,18 @@ public final class MessageClient: Sendable {
     /// Runs `body` on the state under the lock and tells the watchers of ``connectionStates`` when
     /// it changed the connection state (under the lock, so they see the changes in order).
     func withState<R>(_ body: (inout State) -> R) -> R {
-        state.withLock { state in
+        let (result, ended) = state.withLock { state -> (R, [AsyncStream<ConnectionState>.Continuation]) in
             let result = body(&state)
-            if state.lifecycle.stateVersion != state.toldVersion {
-                state.toldVersion = state.lifecycle.stateVersion
-                let now = state.lifecycle.state
-                for watcher in state.stateWatchers { watcher.yield(now) }
-                if now.isFinal {
-                    for watcher in state.stateWatchers { watcher.finish() }
-                    state.stateWatchers = []
-                }
-            }
-            return result
+            guard state.lifecycle.stateVersion != state.toldVersion else { return (result, []) }
+            state.toldVersion = state.lifecycle.stateVersion
+            let now = state.lifecycle.state
+            for watcher in state.stateWatchers.values { watcher.yield(now) }
+            guard now.isFinal else { return (result, []) }
+            defer { state.stateWatchers = [:] }
+            return (result, Array(state.stateWatchers.values))
         }
+        for watcher in ended { watcher.finish() }  // outside the lock: finishing runs onTermination
+        return result
     }
 
     /// Sends several messages of one type in order with one hand-off to the connection (see

@@ -252,8 +252,9 @@ extension MessageServer {
         channel.route(
             to: MessageRoute(
                 deliver: { message, channel in queue.push(.received(connection, message), from: channel) },
-                transfer: { transfer, _ in queue.push(.transfer(connection, transfer)) },
+                transfer: { transfer, channel in queue.push(.transfer(connection, transfer), from: channel) },
                 closed: { [self] reason, channel in
+                    queue.forget(channel)  // a channel the full events stopped: not kept after its close
                     // While stopping, stop() reports every connection's end once all are closed:
                     // the loops only close (at 19,000 connections, reporting from them as well
                     // made stop() slower).
