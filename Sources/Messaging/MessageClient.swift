@@ -1,3 +1,4 @@
+import Dispatch
 import Discovery
 import Locks
 import Logging
@@ -256,7 +257,7 @@ public final class MessageClient: Sendable {
         }
         // The timer is armed once the caller is registered (so it cannot fire before), and
         // disarmed when a channel, the close or the timer resumed it.
-        let timer = Locked<Task<Void, Never>?>(nil)
+        let timer = Locked<DispatchWorkItem?>(nil)
         defer { timer.withLock { $0?.cancel() } }
         return try await withCheckedThrowingContinuation { continuation in
             let (id, now) = lifecycle { $0.addWaiter(continuation) }
@@ -264,13 +265,13 @@ public final class MessageClient: Sendable {
             case .channel(let channel): continuation.resume(returning: channel)
             case .failure(let error): continuation.resume(throwing: error)
             case .wait:
-                timer.withLock {
-                    $0 = Task {
-                        do { try await Task.sleep(for: wait) } catch { return }
-                        let (waiter, error) = self.state.withLock { ($0.lifecycle.waiterTimedOut(id), $0.lifecycle.timedOut(wait)) }
-                        waiter?.resume(throwing: error)
-                    }
+                let item = DispatchWorkItem { [weak self] in
+                    guard let self else { return }
+                    let (waiter, error) = state.withLock { ($0.lifecycle.waiterTimedOut(id), $0.lifecycle.timedOut(wait)) }
+                    waiter?.resume(throwing: error)
                 }
+                timer.withLock { $0 = item }
+                DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: wait), execute: item)
             }
         }
     }

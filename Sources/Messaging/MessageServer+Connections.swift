@@ -1,3 +1,4 @@
+import Dispatch
 import Discovery
 import Locks
 import Logging
@@ -285,8 +286,7 @@ extension MessageServer {
             "connection lost; keeping its session for \(grace)",
             metadata: ["connection": "\(connection)", "reason": "\(reason)"])
         queue.push(.interrupted(connection, reason))
-        Task {
-            try? await Task.sleep(for: grace)
+        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: grace)) {
             if connection.channel === channel { self.endSession(connection, reason: .sessionExpired) }
         }
     }

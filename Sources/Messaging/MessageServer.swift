@@ -1,3 +1,4 @@
+import Dispatch
 import Discovery
 import Locks
 import Logging
@@ -348,22 +349,36 @@ extension MessageServer {
     }
 }
 
-/// Runs a send; when it is still waiting for queue space after `timeout`, aborts the connection
-/// (a peer that does not read) so the send fails instead of hanging.
+/// Runs a send; when it is still waiting for queue space (or, in a message session, for room
+/// among the unacknowledged) after `timeout`, drops the connection — a peer that does not read —
+/// so the send fails instead of hanging. The deadline is a timer on the connection's loop (a
+/// broadcast to 19,000 connections made three tasks for each, before).
 func sendWithDeadline(
-    connection: ServerConnection, timeout: Duration, _ send: @escaping @Sendable () async throws -> Void
+    connection: ServerConnection, timeout: Duration, _ send: () async throws -> Void
 ) async throws {
-    let sender = Task { try await send() }
-    let finished = await raceTimeout(timeout) { _ = await sender.result }
-    if !finished {
-        sender.cancel()
+    let outcome = RaceOutcome()
+    let channel = connection.channel
+    let timer = DispatchWorkItem {
+        guard outcome.expire() else { return }  // the send finished first
         if let session = connection.session {
             _ = session.end(MessagingError(.peerTooSlow, "\(connection) did not acknowledge messages for \(timeout)"))
         }
-        connection.channel.abort()
-        throw MessagingError(
-            .peerTooSlow,
-            "\(connection) did not accept data for \(timeout) (a peer that does not read); dropped it — raise the broadcast timeout if such peers are expected")
+        channel.abort()
     }
-    try await sender.value
+    channel.queue.asyncAfter(deadline: dispatchDeadline(after: timeout), execute: timer)
+    do {
+        try await send()
+        if outcome.finish() {
+            timer.cancel()
+            return
+        }
+    } catch {
+        if outcome.finish() {
+            timer.cancel()
+            throw error
+        }
+    }
+    throw MessagingError(
+        .peerTooSlow,
+        "\(connection) did not accept data for \(timeout) (a peer that does not read); dropped it — raise the broadcast timeout if such peers are expected")
 }
