@@ -80,8 +80,9 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
     enum AfterFailure {
         /// The client was closed meanwhile: stop quietly.
         case stop
-        /// Report `event`, wait `delay`, try again.
-        case retry(after: Duration, reconnecting: Bool)
+        /// Report the failure (as reconnecting, or as waiting for the server) with its attempt
+        /// number, wait `after`, try again.
+        case retry(after: Duration, reconnecting: Bool, attempt: Int)
         /// Give up for good with this error (``giveUp(_:)`` next).
         case giveUp(MessagingError)
     }
@@ -106,10 +107,10 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
         switch phase {
         case .reconnecting(let reason):
             set(.reconnecting(after: reason, attempt: attempts, lastError: error))
-            return .retry(after: wait, reconnecting: true)
+            return .retry(after: wait, reconnecting: true, attempt: attempts)
         default:
             set(.waiting(error))
-            return .retry(after: wait, reconnecting: false)
+            return .retry(after: wait, reconnecting: false, attempt: attempts)
         }
     }
 

@@ -110,7 +110,7 @@ extension MessageChannel {
                     return
                 }
                 register(link, continuation)
-                self.queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: timeout.nanoseconds))) { [weak self] in
+                self.queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) { [weak self] in
                     // (the link stays the channel's once made)
                     guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
                     waiter.resume(throwing: TransportError(.helloFailed, timeoutText))

@@ -113,9 +113,7 @@ extension MessageClient {
     /// failure (retry after its back-off, or give up). For a service it browses until the service
     /// appears and connects at once.
     private func connectLoop() async {
-        var attempt = 0
         while !Task.isCancelled {
-            attempt += 1
             let error: MessagingError
             do {
                 attach(try await establish(waiting: true))
@@ -132,7 +130,7 @@ extension MessageClient {
                 logger.warning("\(final.message)")
                 giveUp(final)
                 return
-            case .retry(let wait, let reconnecting):
+            case .retry(let wait, let reconnecting, let attempt):
                 logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
                 // A busy server says when to come back: the wait is not sooner than that.
                 queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: wait) : .waiting(error))

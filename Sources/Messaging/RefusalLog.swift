@@ -56,7 +56,7 @@ final class RefusalLog: Sendable {
             logger.warning("\(detail())", metadata: ["remote": "\(source.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
         }
         if opened {
-            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: interval.nanoseconds))) { self.flush() }
+            DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: interval)) { self.flush() }
         }
     }
 

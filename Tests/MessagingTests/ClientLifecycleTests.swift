@@ -33,7 +33,7 @@ import Testing
         // Back-off doubles up to the maximum; a server's hint is never undercut.
         var waits: [Duration] = []
         for hint in [nil, nil, Duration.seconds(1), nil] as [Duration?] {
-            guard case .retry(let wait, reconnecting: true) = machine.attemptFailed(refused, retryAfter: hint) else {
+            guard case .retry(let wait, reconnecting: true, _) = machine.attemptFailed(refused, retryAfter: hint) else {
                 Issue.record("no retry"); return
             }
             waits.append(wait)
@@ -52,8 +52,9 @@ import Testing
         _ = machine.channelClosed(second, reason: .heartbeatTimeout)
         started = machine.startLoop()
         #expect(started)
-        guard case .retry(let wait, _) = machine.attemptFailed(refused, retryAfter: nil) else { Issue.record("no retry"); return }
+        guard case .retry(let wait, _, let attempt) = machine.attemptFailed(refused, retryAfter: nil) else { Issue.record("no retry"); return }
         #expect(wait == .milliseconds(100))
+        #expect(attempt == 1, "a new loop counts its attempts from 1")
     }
 
     @Test func waitersGetTheChannelTheCloseOrTheirTimeout() {
@@ -102,7 +103,7 @@ import Testing
         guard case .waiting(let why) = machine.state, why.code == .serviceNotFound else { Issue.record("\(machine.state)"); return }
         let started = machine.startLoop()
         #expect(started)
-        guard case .retry(_, reconnecting: false) = machine.attemptFailed(refused, retryAfter: nil) else {
+        guard case .retry(_, reconnecting: false, attempt: 1) = machine.attemptFailed(refused, retryAfter: nil) else {
             Issue.record("a first connect retries as waiting"); return
         }
         guard case .giveUp(let error) = machine.attemptFailed(refused, retryAfter: nil) else { Issue.record("no give-up"); return }
