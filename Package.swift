@@ -43,6 +43,9 @@ let package = Package(
         // the Noise transport: swift-crypto's AEAD returns new buffers, which cost the encrypted bulk
         // path several copies and allocations per message (docs/PERFORMANCE.md, "Encryption").
         .target(name: "CLanmsgAEAD", linkerSettings: [.linkedLibrary("crypto")]),
+        // Layer 0: Linux's <sys/epoll.h> (the Glibc module leaves it out), for Transport's
+        // LoopReadiness: one epoll set per loop instead of a Dispatch read source per connection.
+        .systemLibrary(name: "CEpoll"),
         // The package's one lock type (a pthread mutex with its value in one allocation).
         .target(name: "Locks", swiftSettings: strict),
         // Layer 0: mDNS / DNS-SD protocol logic without I/O (messages, cache, responder, querier).
@@ -72,7 +75,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "ProtocolCore", "Locks", "CLanmsgAEAD",
+                "ProtocolCore", "Locks", "CLanmsgAEAD", "CEpoll",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],

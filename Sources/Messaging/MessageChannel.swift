@@ -271,6 +271,9 @@ public final class MessageChannel: @unchecked Sendable {
     /// Waits until the channel is closed and returns why.
     public func closed() async -> CloseReason { await driver.closed() }
 
+    /// Why the channel closed, or nil when it is still open after `timeout`.
+    func closed(within timeout: Duration) async -> CloseReason? { await driver.closed(within: timeout) }
+
     /// Closes gracefully: sends GOODBYE with `reason`, flushes queued frames, then closes. Idempotent.
     public func close(reason: String = "closing") {
         queue.async {

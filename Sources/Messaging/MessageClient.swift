@@ -236,7 +236,7 @@ public final class MessageClient: Sendable {
         }
         if let channel {
             channel.close(reason: reason)
-            _ = await raceTimeout(.seconds(5)) { _ = await channel.closed() }
+            _ = await channel.closed(within: .seconds(5))
         }
         queue.finish()
     }

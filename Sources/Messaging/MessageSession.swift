@@ -87,6 +87,9 @@ final class MessageSession: Sendable {
     let configuration: SessionConfiguration
     let logger: Logger
 
+    /// Resumes a ``drained(within:)`` caller (once: it and the caller's deadline race).
+    typealias DrainWaiter = @Sendable () -> Void
+
     struct State: Sendable {
         var outbox: SessionOutbox<Frame>
         var inbox = SessionInbox()
@@ -97,7 +100,7 @@ final class MessageSession: Sendable {
         /// Senders waiting for room, FIFO.
         var waiters: [(UInt64, CheckedContinuation<Void, any Error>)] = []
         /// ``drained(within:)`` callers.
-        var drainWaiters: [CheckedContinuation<Void, Never>] = []
+        var drainWaiters: [DrainWaiter] = []
         var nextWaiter: UInt64 = 0
         /// Set when the session ended: sends fail with it.
         var ended: MessagingError?
@@ -225,7 +228,7 @@ final class MessageSession: Sendable {
     /// The peer acknowledged `count` messages. Returns an error text for a violation.
     func acknowledged(_ count: UInt64, on channel: MessageChannel) -> String? {
         let (error, waiters, drains) = state.withLock {
-            state -> (String?, [CheckedContinuation<Void, any Error>], [CheckedContinuation<Void, Never>]) in
+            state -> (String?, [CheckedContinuation<Void, any Error>], [DrainWaiter]) in
             guard state.channel === channel else { return (nil, [], []) }
             guard let released = state.outbox.acknowledge(through: count) else {
                 return ("ACK of \(count) messages, but only \(state.outbox.nextNumber - 1) were sent", [], [])
@@ -233,18 +236,18 @@ final class MessageSession: Sendable {
             return (nil, released > 0 ? Self.wake(&state) : [], Self.drainWaitersDue(&state))
         }
         for waiter in waiters { waiter.resume() }
-        for waiter in drains { waiter.resume() }
+        for waiter in drains { waiter() }
         return error
     }
 
     /// The connection closed: keep everything for the next one.
     func detach(_ channel: MessageChannel) {
-        let drains = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let drains = state.withLock { state -> [DrainWaiter] in
             guard state.channel === channel else { return [] }
             state.channel = nil
             return Self.drainWaitersDue(&state)
         }
-        for waiter in drains { waiter.resume() }
+        for waiter in drains { waiter() }
     }
 
     // MARK: Opening on a connection
@@ -343,7 +346,7 @@ final class MessageSession: Sendable {
     /// Ends the session: sends fail from now on; returns the messages never acknowledged.
     func end(_ reason: MessagingError) -> [UndeliveredMessage] {
         let (lost, waiters, drains) = state.withLock {
-            state -> ([SessionOutbox<Frame>.Entry], [CheckedContinuation<Void, any Error>], [CheckedContinuation<Void, Never>]) in
+            state -> ([SessionOutbox<Frame>.Entry], [CheckedContinuation<Void, any Error>], [DrainWaiter]) in
             guard state.ended == nil else { return ([], [], []) }
             state.ended = reason
             state.channel = nil
@@ -351,33 +354,32 @@ final class MessageSession: Sendable {
             return (state.outbox.removeAll(), Self.wake(&state), drains)
         }
         for waiter in waiters { waiter.resume(throwing: reason) }
-        for waiter in drains { waiter.resume() }
+        for waiter in drains { waiter() }
         return lost.map(Self.undelivered)
     }
 
     /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.
-    /// Returns whether everything was acknowledged.
+    /// Returns whether everything was acknowledged. The deadline is a Dispatch timer; whichever of
+    /// it and the drain comes first resumes the caller (``RaceOutcome``).
     func drained(within timeout: Duration) async -> Bool {
-        _ = await raceTimeout(timeout) {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let now = self.state.withLock { state -> Bool in
-                    if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return true }
-                    state.drainWaiters.append(continuation)
-                    return false
-                }
-                if now { continuation.resume() }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let outcome = RaceOutcome()
+            let waiter: DrainWaiter = { if outcome.finish() { continuation.resume() } }
+            let now = state.withLock { state -> Bool in
+                if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return true }
+                state.drainWaiters.append(waiter)
+                return false
+            }
+            if now { return waiter() }
+            DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: timeout)) {
+                if outcome.expire() { continuation.resume() }
             }
         }
-        let waiters = state.withLock { state in
-            defer { state.drainWaiters = [] }
-            return state.drainWaiters
-        }
-        for waiter in waiters { waiter.resume() }
         return state.withLock { $0.outbox.count == 0 }
     }
 
     /// Resumes the drain waiters when nothing is kept or the connection is gone.
-    private static func drainWaitersDue(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
+    private static func drainWaitersDue(_ state: inout State) -> [DrainWaiter] {
         guard state.outbox.count == 0 || state.channel == nil || state.ended != nil else { return [] }
         defer { state.drainWaiters = [] }
         return state.drainWaiters

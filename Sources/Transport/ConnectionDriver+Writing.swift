@@ -287,7 +287,7 @@ extension ConnectionDriver {
     }
 
     func resumeWriteSource() {
-        guard !writeSourceResumed, readSource != nil else { return }  // no sources before start / after teardown
+        guard !writeSourceResumed, readSlot >= 0 else { return }  // no sources before start / after teardown
         let source: any DispatchSourceWrite
         if let writeSource {
             source = writeSource

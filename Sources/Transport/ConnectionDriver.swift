@@ -30,9 +30,10 @@ extension ConnectionHandler {
 /// One nonblocking TCP connection carried out on Dispatch: it performs what the core's state
 /// machines decide (``PendingWrites``, ``ConnectionLifecycle``, ``Deadlines``) and nothing else.
 ///
-/// One loop (a serial queue shared with other connections), one read source, a write source made
-/// only when the socket is full, one timer for every deadline; the fd is closed only after every
-/// source's cancel handler ran (the GCDAsyncSocket pattern).
+/// One loop (a serial queue shared with other connections) whose one epoll set and read source
+/// tell the connection when to read (``LoopReadiness``), a write source made only when the socket
+/// is full, one timer for every deadline; the fd is closed after it left the epoll set and after
+/// the write source's cancel handler ran (the GCDAsyncSocket pattern).
 ///
 /// Senders on any thread queue frames under one lock; an idle, non-streaming sender writes its frame
 /// itself (no thread hop), everything else is written by one flush on the loop per batch.
@@ -65,14 +66,15 @@ package final class ConnectionDriver: @unchecked Sendable {
     package private(set) var receiveLowWater: Int32 = 1
     /// This connection's place in the loop's sweep (-1: not in it). Kept by ``LoopSweep``.
     var sweepIndex: Int32 = -1
+    /// This connection's slot in its loop's ``LoopReadiness`` (-1: not reading: before start or
+    /// after teardown).
+    var readSlot: Int32 = -1
     /// The idle check waits at least this long (milliseconds; 0: the configured
     /// ``ConnectionConfiguration/idleTimeout`` alone) while no partial frame is buffered: a channel
     /// whose heartbeat is paced (docs/PROTOCOL.md, "Heartbeat pacing") hears a frame less often than
     /// the check's usual timeout. On the loop.
     private var idleFloorMilliseconds: UInt32 = 0
     var writeSourceResumed = false
-    private var sourcesToCancel: UInt8 = 0
-    private var cancelledSources: UInt8 = 0
     var lifecycle = ConnectionLifecycle()
     package let configuration: ConnectionConfiguration
     package let remoteAddress: SocketAddress?
@@ -82,7 +84,6 @@ package final class ConnectionDriver: @unchecked Sendable {
     var decoder: FrameDecoder
     /// Strong: the owner holds the driver too; the cycle ends at close (the handler is dropped).
     private var handler: (any ConnectionHandler)?
-    var readSource: (any DispatchSourceRead)?
     var writeSource: (any DispatchSourceWrite)?
     /// The fine deadlines (handshake, requests, acks) and their one timer, made when the first is set
     /// and released when none is left: an idle connection holds no timer state of its own.
@@ -101,7 +102,8 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
     /// When the last complete frame arrived (uptime ns).
     package private(set) var lastFrameTime: UInt64 = 0
-    private var closeWaiters: [CheckedContinuation<CloseReason, Never>] = []
+    /// Callers of ``closed()`` and ``closed(within:)``, told the reason at close.
+    private var closeWaiters: [(CloseReason) -> Void] = []
     /// Version 2 (nil for a plaintext connection).
     var secure: SecureState?
 
@@ -152,12 +154,14 @@ package final class ConnectionDriver: @unchecked Sendable {
         self.handler = handler
         send.withLock { $0.writes.open() }
         lastFrameTime = uptimeNanoseconds()
-        let read = DispatchSource.makeReadSource(fileDescriptor: fd.rawValue, queue: queue)
-        read.setEventHandler { [unowned self] in self.handleReadable() }
-        // The cancel handler is set in tearDown(): a handler costs a block and a Dispatch
-        // continuation (~150 bytes) for the connection's whole life otherwise.
-        readSource = read
-        read.resume()
+        // The loop's one epoll set tells when to read (``LoopReadiness``), not a read source of
+        // this connection's own: that cost ~500 bytes for the connection's whole life.
+        do throws(TransportError) {
+            readSlot = try loop.readiness.add(self)
+        } catch {
+            logger.warning("cannot watch the socket for reading: \(error)")
+            return tearDown(.error(error.errno ?? EIO))
+        }
         if let idle = configuration.idleTimeout?.nanoseconds {
             setDeadline(.idleCheck, at: lastFrameTime &+ idle, slack: idle / 8)
         }
@@ -180,7 +184,22 @@ package final class ConnectionDriver: @unchecked Sendable {
                 if let reason = self.closeReason {
                     continuation.resume(returning: reason)
                 } else {
-                    self.closeWaiters.append(continuation)
+                    self.closeWaiters.append { continuation.resume(returning: $0) }
+                }
+            }
+        }
+    }
+
+    /// Waits until the connection has closed and returns why, or nil when it is still open after
+    /// `timeout` (a Dispatch timer on the loop, not a sleeping task).
+    package func closed(within timeout: Duration) async -> CloseReason? {
+        await withCheckedContinuation { continuation in
+            queue.async {
+                if let reason = self.closeReason { return continuation.resume(returning: reason) }
+                let outcome = RaceOutcome()
+                self.closeWaiters.append { if outcome.finish() { continuation.resume(returning: $0) } }
+                self.queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) {
+                    if outcome.expire() { continuation.resume(returning: nil) }
                 }
             }
         }
@@ -251,19 +270,17 @@ package final class ConnectionDriver: @unchecked Sendable {
         timing = nil
         coarseDeadlines.clearAll()
         loop.sweep.remove(self)
-        if let read = readSource {
-            sourcesToCancel = writeSource == nil ? 1 : 2
+        if readSlot >= 0 {
+            loop.readiness.remove(readSlot, fd: fd.rawValue, watched: readPauseCount == 0)
+            readSlot = -1
+        }
+        if let write = writeSource {
             // Setting a cancel handler on an active source is allowed; Dispatch runs it after the
-            // cancellation is processed. The fd is closed when every handler ran.
-            read.setCancelHandler { [self] in sourceCancelled() }
-            read.cancel()
-            if readPauseCount > 0 { read.resume() }  // a suspended source never runs its cancel handler
-            if let write = writeSource {
-                write.setCancelHandler { [self] in sourceCancelled() }
-                write.cancel()
-                if !writeSourceResumed { write.resume() }
-            }
-            readSource = nil
+            // cancellation is processed. The fd is closed then, not before: Dispatch may still be
+            // watching it.
+            write.setCancelHandler { [self] in fd.close() }
+            write.cancel()
+            if !writeSourceResumed { write.resume() }  // a suspended source never runs its cancel handler
             writeSource = nil
         } else {
             fd.close()
@@ -273,12 +290,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         owner?.connection(self, closedWith: reason)
         let waiting = closeWaiters
         closeWaiters = []
-        for waiter in waiting { waiter.resume(returning: reason) }
-    }
-
-    private func sourceCancelled() {
-        cancelledSources += 1
-        if cancelledSources == sourcesToCancel { fd.close() }
+        for waiter in waiting { waiter(reason) }
     }
 
     // MARK: Deadlines (one timer)
@@ -375,7 +387,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         guard !isClosed else { return }
         readPauseCount += 1
-        if readPauseCount == 1 { readSource?.suspend() }
+        if readPauseCount == 1 { watchSocket(false) }
     }
 
     /// Balances one ``pauseReading()``. On the loop.
@@ -385,7 +397,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         readPauseCount -= 1
         if readPauseCount == 0 {
             lastFrameTime = uptimeNanoseconds()
-            readSource?.resume()
+            watchSocket(true)
         }
     }
 
@@ -400,7 +412,19 @@ package final class ConnectionDriver: @unchecked Sendable {
         }
     }
 
-    private func handleReadable() {
+    /// Takes the socket out of the loop's epoll set while reading is paused, and puts it back.
+    private func watchSocket(_ watched: Bool) {
+        guard readSlot >= 0 else { return }
+        do throws(TransportError) {
+            try loop.readiness.watch(readSlot, fd: fd.rawValue, watched)
+        } catch {
+            logger.warning("cannot \(watched ? "resume" : "pause") reading the socket: \(error)")
+            tearDown(.error(error.errno ?? EIO))
+        }
+    }
+
+    /// Reads what the socket has (a bounded amount per turn). Run by the loop's ``LoopReadiness``.
+    func handleReadable() {
         for _ in 0..<8 {
             guard readPauseCount == 0, lifecycle.isReading else { return }
             var result: IOResult<Int> = .wouldBlock

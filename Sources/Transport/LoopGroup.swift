@@ -50,6 +50,8 @@ package final class Loop: Sendable {
     package let executor: LoopExecutor
     /// The one timer for the coarse deadlines of this loop's connections.
     package let sweep: LoopSweep
+    /// The one epoll set (and read source) for this loop's connections.
+    package let readiness: LoopReadiness
 
     private static let key = DispatchSpecificKey<ObjectIdentifier>()
 
@@ -59,6 +61,7 @@ package final class Loop: Sendable {
         self.queue = queue
         executor = LoopExecutor(queue: queue)
         sweep = LoopSweep(queue: queue)
+        readiness = LoopReadiness(queue: queue)
         queue.setSpecific(key: Loop.key, value: ObjectIdentifier(self))
     }
 

@@ -4,6 +4,7 @@ import Testing
 
 import Locks
 @testable import Messaging
+@testable import Transport
 
 struct Note: Codable, Equatable, Sendable {
     var text: String
@@ -320,20 +321,31 @@ struct TestFailure: Error, CustomStringConvertible {
     }
 }
 
-/// `raceTimeout` decides between a body and a deadline. A body that finishes long before the
-/// deadline must always count as finished: the deadline's task, cancelled when the body ends, once
-/// raced the body to report a timeout (broadcast then dropped healthy peers as "too slow").
-struct RaceTimeoutTests {
-    @Test func bodyThatFinishesFirstIsNeverReportedAsATimeout() async {
-        var timeouts = 0
+/// `RaceOutcome` decides between an operation and its deadline's timer (a broadcast's per-peer
+/// deadline, a session's drain, a channel's close). Exactly one side may win: a timer that fires as
+/// the operation ends once reported a timeout for an operation that completed (broadcast then
+/// dropped healthy peers as "too slow").
+struct RaceOutcomeTests {
+    @Test func exactlyOneSideWinsWhenBothClaimAtOnce() {
+        var bothOrNeither = 0
         for _ in 0..<2_000 {
-            if await !raceTimeout(.seconds(30), {}) { timeouts += 1 }
+            let outcome = RaceOutcome()
+            let wins = Locked(0)
+            DispatchQueue.concurrentPerform(iterations: 2) { side in
+                if side == 0 ? outcome.finish() : outcome.expire() { wins.withLock { $0 += 1 } }
+            }
+            if wins.withLock({ $0 }) != 1 { bothOrNeither += 1 }
         }
-        #expect(timeouts == 0, "\(timeouts) of 2,000 immediate bodies reported as timed out")
+        #expect(bothOrNeither == 0, "\(bothOrNeither) of 2,000 races had no winner or two")
     }
 
-    @Test func bodyThatOutlivesTheDeadlineIsReportedAsATimeout() async {
-        let finished = await raceTimeout(.milliseconds(50)) { try? await Task.sleep(for: .seconds(30)) }
-        #expect(!finished)
+    @Test func theFirstClaimStands() {
+        let finished = RaceOutcome()
+        #expect(finished.finish())
+        #expect(!finished.expire())
+        #expect(!finished.finish())
+        let expired = RaceOutcome()
+        #expect(expired.expire())
+        #expect(!expired.finish())
     }
 }

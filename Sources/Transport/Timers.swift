@@ -4,7 +4,7 @@ import Synchronization
 /// The Dispatch time `duration` from now, for timers on a connection's loop or on a global queue
 /// (the package's timers are Dispatch timers, not sleeping tasks). Durations beyond ten years
 /// count as ten years; negative ones as now.
-func dispatchDeadline(after duration: Duration) -> DispatchTime {
+package func dispatchDeadline(after duration: Duration) -> DispatchTime {
     let (seconds, attoseconds) = duration.components
     guard seconds >= 0 else { return .now() }
     let capped = min(seconds, 10 * 365 * 86_400)
@@ -15,16 +15,18 @@ func dispatchDeadline(after duration: Duration) -> DispatchTime {
 /// Which came first, an operation's end or its deadline's timer: decided once, by whichever
 /// claims it (an atomic compare-and-exchange), so that a timer firing as the operation finishes
 /// cannot both report a timeout and let the result through.
-final class RaceOutcome: Sendable {
+package final class RaceOutcome: Sendable {
     private let state = Atomic<UInt8>(0)  // 0: open, 1: finished, 2: expired
 
+    package init() {}
+
     /// The operation finished: true unless the deadline came first.
-    func finish() -> Bool {
+    package func finish() -> Bool {
         state.compareExchange(expected: 0, desired: 1, ordering: .acquiringAndReleasing).exchanged
     }
 
     /// The deadline came: true unless the operation finished first.
-    func expire() -> Bool {
+    package func expire() -> Bool {
         state.compareExchange(expected: 0, desired: 2, ordering: .acquiringAndReleasing).exchanged
     }
 }
