@@ -78,7 +78,7 @@ public final class MessageChannel: @unchecked Sendable {
     var stallCheckArmed = false
     /// Server: where this channel's messages and close go instead of ``messages`` (``route(to:)``).
     /// Loop-confined.
-    var route: MessageRoute?
+    var route: (any MessageRoute)?
     /// ``peerMaxFrameSize`` in 32 bits (a frame's length field is 32 bits), next to the 1-byte flag:
     /// every idle connection holds one, and 8 bytes per connection show in W5.
     private let storedPeerMaxFrameSize: UInt32

@@ -34,7 +34,7 @@ extension MessageClient {
         // server's).
         let queue = self.queue
         channel.route(
-            to: MessageRoute(
+            to: ClosureRoute(
                 deliver: { [self] message, channel in deliver(message, from: channel) },
                 transfer: { transfer, channel in queue.push(.transfer(transfer), from: channel) },
                 closed: { [self] reason, channel in

@@ -166,7 +166,7 @@ extension MessageServer {
                 session = MessageSession(id: hello.id, configuration: options, logger: logger)
                 session?.state.withLock { $0.owner = owner }
             }
-            let connection = ServerConnection(id: state.nextID, channel: channel, session: session)
+            let connection = ServerConnection(id: state.nextID, channel: channel, session: session, events: queue, server: self)
             state.connections[connection.id] = connection
             // From here its end is reported once (by its channel's close or by a stop() that
             // lists it meanwhile), though `.accepted` comes after the session exchange.
@@ -249,19 +249,15 @@ extension MessageServer {
     /// events hold ``ServerConfiguration/eventBufferLimit`` or more, a channel that delivers one
     /// stops reading until the app drains them to half.
     private func routeMessages(_ connection: ServerConnection, _ channel: MessageChannel) {
-        let queue = self.queue
-        channel.route(
-            to: MessageRoute(
-                deliver: { message, channel in queue.push(.received(connection, message), from: channel) },
-                transfer: { transfer, channel in queue.push(.transfer(connection, transfer), from: channel) },
-                closed: { [self] reason, channel in
-                    queue.forget(channel)  // a channel the full events stopped: not kept after its close
-                    // While stopping, stop() reports every connection's end once all are closed:
-                    // the loops only close (at 19,000 connections, reporting from them as well
-                    // made stop() slower).
-                    guard !isStopping else { return }
-                    channelClosed(connection, channel, reason: reason)
-                }))
+        channel.route(to: connection)
+    }
+
+    /// `channel` of `connection` closed (from its loop, after its last message).
+    func routeClosed(_ connection: ServerConnection, _ channel: MessageChannel, reason: CloseReason) {
+        // While stopping, stop() reports every connection's end once all are closed: the loops
+        // only close (at 19,000 connections, reporting from them as well made stop() slower).
+        guard !isStopping else { return }
+        channelClosed(connection, channel, reason: reason)
     }
 
     /// A channel of `connection` closed: the connection ends, or (with a session, lost without a

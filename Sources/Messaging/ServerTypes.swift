@@ -153,11 +153,21 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     private let current: Locked<MessageChannel>
     /// The message session, when the client opened one.
     let session: MessageSession?
+    /// The server's events: the connection is its channel's ``MessageRoute`` (what the channel
+    /// receives goes there from its loop), so that routing costs no object of its own.
+    let events: BoundedQueue<ServerEvent>
+    /// Told when the channel closes. Weak: the server holds its connections.
+    private weak let server: MessageServer?
 
-    init(id: UInt64, channel: MessageChannel, session: MessageSession? = nil) {
+    init(
+        id: UInt64, channel: MessageChannel, session: MessageSession? = nil, events: BoundedQueue<ServerEvent>,
+        server: MessageServer?
+    ) {
         self.id = id
         self.current = Locked(channel)
         self.session = session
+        self.events = events
+        self.server = server
     }
 
     /// The underlying channel: send, request, reply, stream files. After a resume, the new one.
@@ -253,4 +263,19 @@ public struct ServerEvents: AsyncSequence, Sendable {
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
+}
+
+extension ServerConnection: MessageRoute {
+    func deliver(_ message: IncomingMessage, from channel: MessageChannel) -> Bool {
+        events.push(.received(self, message), from: channel)
+    }
+
+    func transfer(_ transfer: IncomingTransfer, from channel: MessageChannel) -> Bool {
+        events.push(.transfer(self, transfer), from: channel)
+    }
+
+    func closed(_ reason: CloseReason, _ channel: MessageChannel) {
+        events.forget(channel)  // a channel the full events stopped: not kept after its close
+        server?.routeClosed(self, channel, reason: reason)
+    }
 }
