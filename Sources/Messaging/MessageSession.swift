@@ -95,6 +95,9 @@ final class MessageSession: Sendable {
         var inbox = SessionInbox()
         /// The connection the session runs on now (after its SESSION exchange).
         var channel: MessageChannel?
+        /// A server's session: the channel its ``ServerConnection`` serves now (kept after the
+        /// connection is lost, replaced by a resume; unlike ``channel``, never cleared).
+        var serving: MessageChannel?
         /// Whether a connection ever carried the session (a client's first SESSION is no resume).
         var everConnected = false
         /// Senders waiting for room, FIFO.

@@ -150,7 +150,10 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
 public final class ServerConnection: Sendable, Hashable, CustomStringConvertible {
     /// Unique per server, increasing.
     public let id: UInt64
-    private let current: Locked<MessageChannel>
+    /// The channel, for a connection without a session (it never changes); with one, the
+    /// session keeps it (``MessageSession/State/serving``: a resume replaces it). No lock of its
+    /// own: thousands of idle connections would pay one each.
+    private let fixed: MessageChannel?
     /// The message session, when the client opened one.
     let session: MessageSession?
     /// The server's events: the connection is its channel's ``MessageRoute`` (what the channel
@@ -164,8 +167,13 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
         server: MessageServer?
     ) {
         self.id = id
-        self.current = Locked(channel)
         self.session = session
+        if let session {
+            fixed = nil
+            session.state.withLock { $0.serving = channel }
+        } else {
+            fixed = channel
+        }
         self.events = events
         self.server = server
     }
@@ -173,13 +181,17 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// The underlying channel: send, request, reply, stream files. After a resume, the new one.
     /// Its own `send` bypasses the message session: use ``send(_:type:)`` for messages that must
     /// survive a reconnect.
-    public var channel: MessageChannel { current.withLock { $0 } }
+    public var channel: MessageChannel {
+        if let fixed { return fixed }
+        // A session's connection: set at init, replaced (never cleared) by a resume.
+        return session!.state.withLock { $0.serving! }
+    }
 
-    /// Puts the resumed session's new channel in place; returns the old one.
+    /// Puts the resumed session's new channel in place; returns the old one. With a session only.
     func replace(with channel: MessageChannel) -> MessageChannel {
-        current.withLock { value in
-            defer { value = channel }
-            return value
+        session!.state.withLock { state in
+            defer { state.serving = channel }
+            return state.serving!
         }
     }
 
