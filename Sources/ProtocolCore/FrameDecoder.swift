@@ -4,14 +4,18 @@
 /// is checked against ``maxFrameSize`` before anything is allocated for the frame, and, unless disabled,
 /// sequence numbers must count 1, 2, 3, … .
 package struct FrameDecoder: Sendable {
-    /// The largest accepted frame body (bytes after the length prefix).
-    package let maxFrameSize: Int
+    // Field order matters for memory (every connection holds a decoder): 40 bytes, not 48.
     private var buffer: [UInt8] = []
     private var readIndex = 0
-    private var expectedSequence: UInt64?
     /// A large frame whose header is parsed and whose payload is being filled in place: zero or
     /// one element (an array keeps an idle decoder small, and value semantics).
     private var partials: [PartialFrame] = []
+    private var expectedSequence: UInt64?
+    private let storedMaxFrameSize: UInt32
+
+    /// The largest accepted frame body (bytes after the length prefix; a frame's length field has
+    /// 32 bits, so larger limits are 4 GiB).
+    package var maxFrameSize: Int { Int(storedMaxFrameSize) }
 
     /// Payloads at least this large are received into their own array (see ``fillPayload(_:)``)
     /// instead of through the reassembly buffer, which saves two copies of every byte.
@@ -28,7 +32,7 @@ package struct FrameDecoder: Sendable {
     ///   - maxFrameSize: The largest accepted frame body; larger length prefixes throw before allocation.
     ///   - checkSequence: When true, frames must carry sequence numbers 1, 2, 3, … in order.
     package init(maxFrameSize: Int = WireProtocol.defaultMaxFrameSize, checkSequence: Bool = true) {
-        self.maxFrameSize = maxFrameSize
+        storedMaxFrameSize = UInt32(clamping: maxFrameSize)
         self.expectedSequence = checkSequence ? 1 : nil
     }
 

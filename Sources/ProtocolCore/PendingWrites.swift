@@ -83,21 +83,14 @@ package struct PendingWrites {
         package let sequence: UInt64
     }
 
-    /// Senders wait while more than this many bytes are unwritten.
-    package let highWaterMark: Int
-    /// Waiting senders are admitted once the unwritten bytes drop to this.
-    package let lowWaterMark: Int
-    /// A sender that queues again within this many nanoseconds is streaming: its frames are written
-    /// in batches by the loop rather than one by one from the sender's thread.
-    package static var streamingGap: UInt64 { 20_000 }
-
+    // Field order and widths matter for memory (benchmark W5, idle connections): this struct
+    // sits in every connection's send state. Word-sized fields first, then 32-bit ones (indexes,
+    // marks and the peer's limit fit; their `Int` views are below), then the flags.
     private var buffers: [WireBuffer] = []
     private var sizes: [Int] = []
-    private var head = 0
+    private var waiters: [(frame: Frame, size: Int, waiter: Waiter)] = []
     /// Bytes of `buffers[head]` already written.
     private var headOffset = 0
-    private var waiters: [(frame: Frame, size: Int, waiter: Waiter)] = []
-    private var waitersHead = 0
     /// Bytes queued and not yet written.
     package private(set) var unwrittenBytes = 0
     /// The largest value ``unwrittenBytes`` had (tests of the bounded queue).
@@ -106,16 +99,41 @@ package struct PendingWrites {
     package private(set) var nextSequence: UInt64 = 1
     /// When a frame was last queued (uptime nanoseconds).
     private var lastEnqueue: UInt64 = 0
-    /// The largest frame body the peer accepts (learnt in the hello).
-    package var peerMaxFrameSize = Int.max
+    private let storedHighWaterMark: UInt32
+    private let storedLowWaterMark: UInt32
+    private var storedHead: UInt32 = 0
+    private var storedWaitersHead: UInt32 = 0
+    /// The peer's limit; `UInt32.max` is none (a frame's length field has 32 bits).
+    private var storedPeerMaxFrameSize = UInt32.max
     /// Whether frames are accepted (the connection is open).
     package private(set) var isAccepting = false
     /// A flush is scheduled on the loop, or the loop waits for the socket to become writable.
     package private(set) var flushPending = false
 
+    /// Senders wait while more than this many bytes are unwritten (at most 4 GiB).
+    package var highWaterMark: Int { Int(storedHighWaterMark) }
+    /// Waiting senders are admitted once the unwritten bytes drop to this.
+    package var lowWaterMark: Int { Int(storedLowWaterMark) }
+    /// A sender that queues again within this many nanoseconds is streaming: its frames are written
+    /// in batches by the loop rather than one by one from the sender's thread.
+    package static var streamingGap: UInt64 { 20_000 }
+    private var head: Int {
+        get { Int(storedHead) }
+        set { storedHead = UInt32(newValue) }
+    }
+    private var waitersHead: Int {
+        get { Int(storedWaitersHead) }
+        set { storedWaitersHead = UInt32(newValue) }
+    }
+    /// The largest frame body the peer accepts (learnt in the hello; `Int.max` until then).
+    package var peerMaxFrameSize: Int {
+        get { storedPeerMaxFrameSize == .max ? .max : Int(storedPeerMaxFrameSize) }
+        set { storedPeerMaxFrameSize = UInt32(clamping: newValue) }
+    }
+
     package init(highWaterMark: Int, lowWaterMark: Int) {
-        self.highWaterMark = highWaterMark
-        self.lowWaterMark = min(lowWaterMark, highWaterMark)
+        storedHighWaterMark = UInt32(clamping: highWaterMark)
+        storedLowWaterMark = UInt32(clamping: min(lowWaterMark, highWaterMark))
     }
 
     /// Whether every queued byte is written.
