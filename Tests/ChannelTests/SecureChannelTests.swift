@@ -68,6 +68,20 @@ struct SecureChannelTests {
         }
     }
 
+    @Test("a peer identity shows the handshake's comparison code as it was derived, leading zeros kept")
+    func identityKeepsTheComparisonCode() {
+        let fingerprint = Fingerprint(publicKey: [UInt8](repeating: 7, count: 32))
+        for code in ["027 631", "000 009", "999 999", "100 000"] {
+            let identity = PeerIdentity(name: "peer", fingerprint: fingerprint, comparisonCode: code, isFirstContact: true)
+            #expect(identity.comparisonCode == code)
+        }
+        let hash = [UInt8](repeating: 3, count: 32)
+        let derived = SecureProtocol.comparisonCode(handshakeHash: hash)
+        #expect(
+            PeerIdentity(name: "peer", fingerprint: fingerprint, comparisonCode: derived, isFirstContact: false)
+                .comparisonCode == derived)
+    }
+
     @Test("request/reply round trips cross the rekey at transport message 65,536 in both directions")
     func rekeyOnTheWire() async throws {
         try await withDeadline(120) {
