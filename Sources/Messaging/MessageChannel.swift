@@ -28,7 +28,7 @@ public final class MessageChannel: @unchecked Sendable {
     public var peerMaxFrameSize: Int { Int(storedPeerMaxFrameSize) }
     /// The peer's address.
     public var remoteAddress: SocketAddress? { driver.remoteAddress }
-    /// The local address of the connection.
+    /// The local address of the connection; nil once it closed.
     public var localAddress: SocketAddress? { driver.localAddress }
     /// Messages from the peer that are neither replies to ``request(_:type:expecting:timeout:)`` nor
     /// taken by an ``on(type:as:_:)`` handler — including unknown type ids and undecodable payloads.

@@ -78,7 +78,6 @@ package final class ConnectionDriver: @unchecked Sendable {
     var lifecycle = ConnectionLifecycle()
     package let configuration: ConnectionConfiguration
     package let remoteAddress: SocketAddress?
-    package let localAddress: SocketAddress?
     private let baseLogger: Logger
     let send: Locked<SendState>
     var decoder: FrameDecoder
@@ -120,7 +119,6 @@ package final class ConnectionDriver: @unchecked Sendable {
         self.loop = loop
         self.configuration = configuration
         remoteAddress = SocketOps.remoteAddress(fd)
-        localAddress = SocketOps.localAddress(fd)
         baseLogger = logger
         decoder = FrameDecoder(maxFrameSize: configuration.maxFrameSize)
         send = Locked(
@@ -132,6 +130,14 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
 
     package var queue: DispatchQueue { loop.queue }
+
+    /// The address this end is bound to, asked of the socket (not kept: 16 bytes in each of
+    /// thousands of idle connections, for a value few ever read); nil once the connection closed.
+    /// Any context: asked under the send lock, where the close is recorded before the descriptor is
+    /// closed, so a closed connection's reused descriptor is never asked.
+    package var localAddress: SocketAddress? {
+        send.withLock { state in state.closeReason == nil ? SocketOps.localAddress(fd) : nil }
+    }
     package var isClosed: Bool { lifecycle.isClosed }
 
     /// Debug builds: stops the process when `owner`'s loop-confined state is touched off this

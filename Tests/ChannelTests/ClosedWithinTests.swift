@@ -35,4 +35,22 @@ import Testing
             #expect(await accepted.closed(within: .zero) == .goodbye("closing"))
         }
     }
+
+    /// The local address is asked of the socket while the channel is open (not stored), and is
+    /// nil once it closed (its descriptor may already belong to another connection).
+    @Test func theLocalAddressIsTheSocketsWhileOpen() async throws {
+        try await withDeadline(20, "addresses of a channel") {
+            let server = try TestServer(families: [.ipv4])
+            let pair = try await server.connectedPair()
+            #expect(pair.accepted.localAddress?.port == server.port)
+            #expect(pair.client.remoteAddress?.port == server.port)
+            #expect(pair.client.localAddress?.port == pair.accepted.remoteAddress?.port)
+            #expect(pair.client.localAddress?.port != nil)
+            pair.client.close()
+            _ = await pair.accepted.closed()
+            _ = await pair.client.closed()
+            #expect(pair.accepted.localAddress == nil)
+            #expect(pair.accepted.remoteAddress != nil, "the peer's address is kept for the logs after the close")
+        }
+    }
 }
