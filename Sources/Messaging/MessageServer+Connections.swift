@@ -24,9 +24,11 @@ extension MessageServer {
         let limit = configuration.maxConnections
         let remote = socket.remoteAddress
         let source = HandshakeAdmission.Source(remote)
-        enum Admission { case admitted, full, busy(String, Int, block: Listener?) }
+        enum Admission { case admitted(ServerWork), full, busy(String, Int, block: Listener?) }
         let admission = state.withLock { state -> Admission in
-            guard case .running(let listener, _) = state.phase, state.connections.count + state.pendingHellos < limit else {
+            guard case .running(let listener, _) = state.phase, let work = state.work,
+                state.connections.count + state.pendingHellos < limit
+            else {
                 return .full
             }
             // Before any handshake work: a handshake costs the server key agreements, so only so
@@ -36,7 +38,7 @@ extension MessageServer {
             case .admitted: break
             }
             state.pendingHellos += 1
-            return .admitted
+            return .admitted(work)
         }
         switch admission {
         case .full:
@@ -54,8 +56,9 @@ extension MessageServer {
                     "\(source) made \(threshold) connection attempts in one second that were refused busy: blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
                 )
             }
-        case .admitted:
-            Task {
+        case .admitted(let work):
+            // A child of the server's one root task (``ServerWork``), not a task of its own.
+            let started = work.run { [self] in
                 let channel: MessageChannel
                 do {
                     channel = try await MessageChannel.accept(socket, configuration: acceptedChannel, logger: logger)
@@ -70,6 +73,13 @@ extension MessageServer {
                 }
                 state.withLock { $0.admission.ended(source) }
                 await register(channel)
+            }
+            if !started {  // stopped meanwhile
+                socket.close()
+                state.withLock {
+                    $0.admission.ended(source)
+                    $0.pendingHellos -= 1
+                }
             }
         }
     }

@@ -51,6 +51,8 @@ public final class MessageServer: Service, Sendable {
         var nextID: UInt64 = 0
         /// Connections with a message session, by session id (kept through the grace period).
         var sessions: [String: ServerConnection] = [:]
+        /// The running server's background work (made when it starts running, finished by stop()).
+        var work: ServerWork?
 
         init(admission: HandshakeAdmission) { self.admission = admission }
     }
@@ -185,17 +187,20 @@ public final class MessageServer: Service, Sendable {
             }
         }
         // Re-check after the await: a stop() meanwhile must not leave a live publication behind.
+        let work = ServerWork()
         let running = state.withLock { state -> Bool in
             guard case .starting = state.phase else { return false }
             state.phase = .running(listener, publication)
+            state.work = work
             return true
         }
         guard running else {
+            work.finish()
             await publication?.unpublish()
             listener.stop()
             throw Self.stoppedWhileStarting
         }
-        if let publication { forwardEvents(of: publication) }
+        if let publication { forwardEvents(of: publication, in: work) }
         logger.info("server running", metadata: ["port": "\(listener.port)", "type": "\(configuration.serviceType)"])
     }
 
@@ -203,9 +208,9 @@ public final class MessageServer: Service, Sendable {
         MessagingError(.stopped, "the server was stopped while starting; nothing is listening or published")
     }
 
-    private func forwardEvents(of publication: any ServicePublication) {
+    private func forwardEvents(of publication: any ServicePublication, in work: ServerWork) {
         let queue = self.queue
-        Task {
+        work.run {
             for await event in publication.events {
                 switch event {
                 case .established(let name): queue.push(.published(name: name))
@@ -295,6 +300,9 @@ extension MessageServer {
                 return (listener, nil, [])
             case .running(let listener, let publication):
                 state.phase = .stopping
+                // No new background work; what runs ends by itself (a handshake within the
+                // hello timeout, then its registration sees the server stopping).
+                state.work?.finish()
                 return (listener, publication, Array(state.connections.values))
             }
         }
@@ -306,28 +314,20 @@ extension MessageServer {
         listener?.stop()
         for connection in connections { connection.channel.close(reason: "server stopping") }
         let grace = configuration.stopGracePeriod
-        // One task per connection waiting for its close, and one timer for all of them that
-        // aborts those still open after the grace period (19,000 connections: a timer and two
-        // tasks each took seconds of their own).
-        let reasons = await withTaskGroup(of: (Int, CloseReason)?.self) { group in
+        // One child task per connection waiting for its close, and one Dispatch timer for all of
+        // them that aborts those still open after the grace period (19,000 connections: a timer
+        // and two tasks each took seconds of their own).
+        let abortLate = DispatchWorkItem { for connection in connections { connection.channel.abort() } }
+        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: grace), execute: abortLate)
+        let reasons = await withTaskGroup(of: (Int, CloseReason).self) { group in
             for (index, connection) in connections.enumerated() {
                 group.addTask { (index, await connection.channel.closed()) }
             }
-            group.addTask {
-                try? await Task.sleep(for: grace)
-                if !Task.isCancelled { for connection in connections { connection.channel.abort() } }
-                return nil
-            }
             var reasons = [CloseReason?](repeating: nil, count: connections.count)
-            var open = connections.count
-            while open > 0, let next = await group.next() {
-                guard let (index, reason) = next else { continue }
-                reasons[index] = reason
-                open -= 1
-            }
-            group.cancelAll()  // the timer, when every connection closed in time
+            for await (index, reason) in group { reasons[index] = reason }
             return reasons
         }
+        abortLate.cancel()  // every connection closed in time
         // Every connection's end is reported here, once all are closed (each channel's loop
         // pushed its last message before its `closed()` returned; while stopping, the loops do
         // not report ends themselves).
@@ -381,4 +381,37 @@ func sendWithDeadline(
     throw MessagingError(
         .peerTooSlow,
         "\(connection) did not accept data for \(timeout) (a peer that does not read); dropped it — raise the broadcast timeout if such peers are expected")
+}
+
+/// The background work of a running server — the handshake of each accepted socket, the forwarding
+/// of its publication's events — as child tasks of one root task (a discarding task group fed by a
+/// stream of jobs) instead of an unstructured task each: the server owns one task, and
+/// ``finish()`` (at `stop()`) ends the intake. Jobs already running end by themselves.
+final class ServerWork: Sendable {
+    typealias Job = @Sendable () async -> Void
+    private let jobs: AsyncStream<Job>.Continuation
+    private let root: Task<Void, Never>
+
+    init() {
+        let (stream, jobs) = AsyncStream.makeStream(of: Job.self)
+        self.jobs = jobs
+        root = Task {
+            await withDiscardingTaskGroup { group in
+                for await job in stream { group.addTask(operation: job) }
+            }
+        }
+    }
+
+    /// Runs `job` as a child of the root task; false once ``finish()`` was called.
+    @discardableResult
+    func run(_ job: @escaping Job) -> Bool {
+        if case .enqueued = jobs.yield(job) { return true }
+        return false
+    }
+
+    /// Takes no more jobs; the root task ends when the running ones have.
+    func finish() { jobs.finish() }
+
+    /// Waits until every job ended and the root task with them (tests).
+    func ended() async { await root.value }
 }

@@ -91,6 +91,52 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
     }
 }
 
+/// The server's background work (the handshake of each accepted socket, the forwarding of its
+/// publication's events) runs as children of one root task (`ServerWork`), which `stop()` ends.
+@Suite struct ServerWorkTests {
+    @Test func stopEndsTheServersBackgroundWork() async throws {
+        let publisher = GatedPublisher()
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Work")
+        configuration.listener.loopbackOnly = true
+        let server = MessageServer(configuration: configuration, publisher: publisher, logger: testLogger())
+        let starting = Task { try await server.start() }
+        var entered = publisher.entered.stream.makeAsyncIterator()
+        _ = await entered.next()
+        publisher.release.continuation.yield()
+        try await starting.value
+        let work = try #require(server.state.withLock { $0.work })
+
+        // The forwarding job: a publication event reaches the server's events.
+        let publication = try #require(publisher.published.withLock { $0 })
+        publication.continuation.yield(.established(name: "Work"))
+        var events = server.events.makeAsyncIterator()
+        let first = await events.next()
+        guard case .published(let name)? = first else {
+            Issue.record("expected .published, got \(String(describing: first))")
+            return
+        }
+        #expect(name == "Work")
+
+        // A handshake job: a socket that connects and says nothing is refused at the hello
+        // deadline or its close; either way its job ends.
+        let port = try #require(server.port)
+        let fd = try TCPProbe.connect(port: port)
+        close(fd)
+
+        await server.stop()
+        #expect(!work.run {}, "the stopped server's work takes no more jobs")
+        let ended = Locked(false)
+        let waiting = Task {
+            await work.ended()
+            ended.withLock { $0 = true }
+        }
+        try await waitUntil("the server's root task ended after stop()", timeout: .seconds(15)) {
+            ended.withLock { $0 }
+        }
+        _ = await waiting.value
+    }
+}
+
 /// A blocking TCP connect to 127.0.0.1 (throws when nothing listens).
 enum TCPProbe {
     static func connect(port: UInt16) throws -> Int32 {

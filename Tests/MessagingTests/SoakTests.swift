@@ -53,9 +53,10 @@ import ProtocolCore
         var threads: Int
         var connections: Int
         var sweepMembers: Int
+        var readers: Int
         var rssKiB: Int
         var description: String {
-            "t=\(second)s fds=\(fds) threads=\(threads) connections=\(connections) sweep=\(sweepMembers) rss_kib=\(rssKiB)"
+            "t=\(second)s fds=\(fds) threads=\(threads) connections=\(connections) sweep=\(sweepMembers) readers=\(readers) rss_kib=\(rssKiB)"
         }
     }
 
@@ -68,6 +69,7 @@ import ProtocolCore
     @Test func churnForTwoMinutesLeavesNothingBehindAndLosesNoMessage() async throws {
         let seconds = Int(ProcessInfo.processInfo.environment["LANMSG_SOAK_SECONDS"] ?? "") ?? 120
         let before = LoopGroup.shared.loops.map { loop in loop.run { loop.sweep.count } }.reduce(0, +)
+        let readersBefore = LoopGroup.shared.loops.map { loop in loop.run { loop.readiness.count } }.reduce(0, +)
         let check = Check()
         let quiet: Logger = {
             var logger = Logger(label: "soak")
@@ -105,6 +107,10 @@ import ProtocolCore
         let sent = Locked([Int: Int]())
         let tally = Locked((kills: 0, churned: 0, requests: 0, failures: [String]()))
 
+        /// Sockets registered in the loops' epoll sets (`LoopReadiness`): one per open connection.
+        @Sendable func readers() -> Int {
+            LoopGroup.shared.loops.map { loop in loop.run { loop.readiness.count } }.reduce(0, +)
+        }
         @Sendable func sweepMembers() -> Int {
             LoopGroup.shared.loops.map { loop in loop.run { loop.sweep.count } }.reduce(0, +)
         }
@@ -113,7 +119,7 @@ import ProtocolCore
                 second: second,
                 fds: (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1,
                 threads: Self.status("Threads"), connections: harness.server.connections.count,
-                sweepMembers: sweepMembers(), rssKiB: Self.status("VmRSS"))
+                sweepMembers: sweepMembers(), readers: readers(), rssKiB: Self.status("VmRSS"))
         }
 
         var samples: [Sample] = []
@@ -217,12 +223,16 @@ import ProtocolCore
         #expect(flat(middle.threads, last.threads, slack: 8), "threads \(middle) -> \(last)")
         #expect(flat(middle.connections, last.connections, slack: 3), "connections \(middle) -> \(last)")
         #expect(flat(middle.sweepMembers, last.sweepMembers, slack: 3), "sweeps \(middle) -> \(last)")
+        #expect(flat(middle.readers, last.readers, slack: 3), "epoll registrations \(middle) -> \(last)")
         await harness.server.stop()
         harness.pump.cancel()
         // Everything the run made is gone: the loops' sweeps hold no more connections than before
         // it (other tests' connections may be in them).
         try await waitUntil("every connection of the run out of the sweeps", timeout: .seconds(10)) {
             sweepMembers() <= before
+        }
+        try await waitUntil("every connection of the run out of the loops' epoll sets", timeout: .seconds(10)) {
+            readers() <= readersBefore
         }
     }
 }
