@@ -28,7 +28,7 @@ public final class MessageChannel: @unchecked Sendable {
     public var peerMaxFrameSize: Int { Int(storedPeerMaxFrameSize) }
     /// The peer's address.
     public var remoteAddress: SocketAddress? { driver.remoteAddress }
-    /// The local address of the connection; nil once it closed.
+    /// The local address of the connection (asked of its socket); nil once the socket is closed.
     public var localAddress: SocketAddress? { driver.localAddress }
     /// Messages from the peer that are neither replies to ``request(_:type:expecting:timeout:)`` nor
     /// taken by an ``on(type:as:_:)`` handler — including unknown type ids and undecodable payloads.
@@ -92,7 +92,10 @@ public final class MessageChannel: @unchecked Sendable {
     /// ``healthUpdates``; nil for most channels (loop-confined; one pointer for an idle connection).
     var sessionLink: SessionLink?
     final class SessionLink {
-        var session: MessageSession?
+        /// Weak: its owner (the ``MessageClient``, or the server's ``ServerConnection`` and session
+        /// table) holds the session, and a server's session holds the channel it serves — a strong
+        /// reference here would keep both alive after the session ended.
+        weak var session: MessageSession?
         /// Server: a SESSION frame that arrived before anyone asked for it.
         var pendingHello: SessionHello?
         /// Server: waits for the client's SESSION; client: waits for the server's answer.

@@ -159,8 +159,9 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// The server's events: the connection is its channel's ``MessageRoute`` (what the channel
     /// receives goes there from its loop), so that routing costs no object of its own.
     let events: BoundedQueue<ServerEvent>
-    /// Told when the channel closes. Weak: the server holds its connections.
-    private weak let server: MessageServer?
+    /// Told when the channel closes. Weak: the server holds its connections. Set once, in init
+    /// (a `weak var` because `weak let` needs Swift 6.2; the package supports 6.0).
+    nonisolated(unsafe) private weak var server: MessageServer?
 
     init(
         id: UInt64, channel: MessageChannel, session: MessageSession? = nil, events: BoundedQueue<ServerEvent>,

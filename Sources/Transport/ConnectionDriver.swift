@@ -50,6 +50,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         var closeReason: CloseReason?
         /// Version 2's transport is on: every byte written is sealed.
         var encrypted = false
+        /// The socket's descriptor was closed (``localAddress`` asks it no more).
+        var descriptorClosed = false
         /// Version 2's sealing half: used by a sender that writes its own frame (under this lock),
         /// or taken out by the loop's flush while it seals (then nil; no sender writes meanwhile).
         var sealer: SecureSender?
@@ -132,11 +134,17 @@ package final class ConnectionDriver: @unchecked Sendable {
     package var queue: DispatchQueue { loop.queue }
 
     /// The address this end is bound to, asked of the socket (not kept: 16 bytes in each of
-    /// thousands of idle connections, for a value few ever read); nil once the connection closed.
-    /// Any context: asked under the send lock, where the close is recorded before the descriptor is
-    /// closed, so a closed connection's reused descriptor is never asked.
+    /// thousands of idle connections, for a value few ever read); nil once its descriptor is
+    /// closed. Any context: asked under the send lock, where the descriptor's close is recorded
+    /// before it happens, so a descriptor number reused by another connection is never asked.
     package var localAddress: SocketAddress? {
-        send.withLock { state in state.closeReason == nil ? SocketOps.localAddress(fd) : nil }
+        send.withLock { state in state.descriptorClosed ? nil : SocketOps.localAddress(fd) }
+    }
+
+    /// Closes the socket's descriptor, recorded first (``localAddress``).
+    private func closeDescriptor() {
+        send.withLock { $0.descriptorClosed = true }
+        fd.close()
     }
     package var isClosed: Bool { lifecycle.isClosed }
 
@@ -284,12 +292,12 @@ package final class ConnectionDriver: @unchecked Sendable {
             // Setting a cancel handler on an active source is allowed; Dispatch runs it after the
             // cancellation is processed. The fd is closed then, not before: Dispatch may still be
             // watching it.
-            write.setCancelHandler { [self] in fd.close() }
+            write.setCancelHandler { [self] in closeDescriptor() }
             write.cancel()
             if !writeSourceResumed { write.resume() }  // a suspended source never runs its cancel handler
             writeSource = nil
         } else {
-            fd.close()
+            closeDescriptor()
         }
         let owner = handler
         handler = nil

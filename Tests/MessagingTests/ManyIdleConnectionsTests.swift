@@ -110,4 +110,33 @@ import ProtocolCore
         try await waitUntil("the closed channel freed", timeout: .seconds(5)) { serverSide.channel == nil }
         await harness.server.stop()
     }
+
+    /// The same with a message session that ends (the client closes: GOODBYE ends it): the session
+    /// serves its channel and the channel knows its session — neither may keep the other alive.
+    @Test func anEndedSessionsChannelAndSessionAreFreed() async throws {
+        final class Weak: @unchecked Sendable {  // set once, before it is read
+            weak var channel: MessageChannel?
+            weak var session: MessageSession?
+        }
+        let harness = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
+        let serverSide = Weak()
+        let client = try await harness.client("leaving") {
+            $0.reconnect = ReconnectPolicy(initialDelay: .milliseconds(10), maxDelay: .milliseconds(50))
+        }
+        do {  // (the event holds the connection: not beyond this block)
+            let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+            if case .accepted(let connection) = accepted {
+                serverSide.channel = connection.channel
+                serverSide.session = connection.session
+            }
+        }
+        #expect(serverSide.channel != nil)
+        #expect(serverSide.session != nil, "the client opened a session")
+        await client.close()
+        try await harness.events.wait("closed") { if case .closed = $0 { true } else { false } }
+        harness.events.clear()  // the events hold the connection too
+        try await waitUntil("the ended session's channel freed", timeout: .seconds(5)) { serverSide.channel == nil }
+        try await waitUntil("the ended session freed", timeout: .seconds(5)) { serverSide.session == nil }
+        await harness.server.stop()
+    }
 }

@@ -117,11 +117,13 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
         }
         #expect(name == "Work")
 
-        // A handshake job: a socket that connects and says nothing is refused at the hello
-        // deadline or its close; either way its job ends.
+        // A handshake job: a socket that connects, is admitted (its handshake runs), then closes
+        // without a word; its job ends with the failed handshake.
         let port = try #require(server.port)
-        let fd = try TCPProbe.connect(port: port)
+        let fd = try TCPProbe.open(port: port)
+        try await waitUntil("the connection's handshake job started") { server.state.withLock { $0.pendingHellos } == 1 }
         close(fd)
+        try await waitUntil("the handshake job ended") { server.state.withLock { $0.pendingHellos } == 0 }
 
         await server.stop()
         #expect(!work.run {}, "the stopped server's work takes no more jobs")
@@ -157,6 +159,26 @@ enum TCPProbe {
         }
         close(fd)
         return 0
+    }
+
+    /// A TCP connection to 127.0.0.1 left open: its descriptor (the caller closes it).
+    static func open(port: UInt16) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr = in_addr(s_addr: UInt32(0x7F00_0001).bigEndian)
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard result == 0 else {
+            let code = errno
+            close(fd)
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+        }
+        return fd
     }
 }
 
