@@ -9,22 +9,23 @@ import Testing
 /// Dispatch read source each. These tests use a private group of one loop, so every connection in
 /// them shares that loop's set and its counts are theirs alone.
 @Suite(.serialized) struct LoopReadinessTests {
-    static func configurations(_ group: LoopGroup) -> (server: ChannelConfiguration, client: ChannelConfiguration) {
+    /// A server and a client configuration on a private group of one loop: that loop, the
+    /// listening server and what its clients connect with.
+    static func oneLoop() throws -> (loop: Loop, server: TestServer, client: ChannelConfiguration, group: LoopGroup) {
+        let group = LoopGroup(loopCount: 1, label: "test.readiness")
         var server = config("server")
         server.loopGroup = group
         var client = config("client")
         client.loopGroup = group
-        return (server, client)
+        return (group.loops[0], try TestServer(server, families: [.ipv4]), client, group)
     }
 
     /// More sockets readable at once than one turn serves (three turns' worth): every one is read,
     /// and every slot is given back when the connections close.
     @Test func everyReadableConnectionIsReadAndEverySlotFreed() async throws {
         try await withDeadline(60, "192 connections read at once") {
-            let group = LoopGroup(loopCount: 1, label: "test.readiness")
-            let loop = group.loops[0]
-            let (serverConfiguration, clientConfiguration) = Self.configurations(group)
-            let server = try TestServer(serverConfiguration, families: [.ipv4])
+            let (loop, server, clientConfiguration, group) = try Self.oneLoop()
+            defer { withExtendedLifetime(group) {} }
             let count = 3 * Int(LoopReadiness.batch)
             var pairs: [(client: MessageChannel, accepted: MessageChannel)] = []
             for _ in 0..<count { pairs.append(try await server.connectedPair(clientConfiguration)) }
@@ -60,10 +61,8 @@ import Testing
     /// once reading resumes, the end of file is read and the connection closes.
     @Test func aPausedSocketIsNotReportedUntilReadingResumes() async throws {
         try await withDeadline(30, "a paused socket whose peer left") {
-            let group = LoopGroup(loopCount: 1, label: "test.readiness")
-            let loop = group.loops[0]
-            let (serverConfiguration, clientConfiguration) = Self.configurations(group)
-            let server = try TestServer(serverConfiguration, families: [.ipv4])
+            let (loop, server, clientConfiguration, group) = try Self.oneLoop()
+            defer { withExtendedLifetime(group) {} }
             let pair = try await server.connectedPair(clientConfiguration)
             let driver = pair.accepted.driver
             loop.run { driver.pauseReading() }

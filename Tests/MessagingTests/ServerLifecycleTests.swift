@@ -23,6 +23,20 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
         }
     }
 
+    /// A loopback server published through this gate, started: the gate opened as soon as
+    /// `start()` entered it.
+    func startedServer(name: String) async throws -> MessageServer {
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: name)
+        configuration.listener.loopbackOnly = true
+        let server = MessageServer(configuration: configuration, publisher: self, logger: testLogger())
+        let starting = Task { try await server.start() }
+        var gate = entered.stream.makeAsyncIterator()
+        _ = await gate.next()
+        release.continuation.yield()
+        try await starting.value
+        return server
+    }
+
     let entered = AsyncStream<Void>.makeStream()
     let release = AsyncStream<Void>.makeStream()
     let published = Locked<Publication?>(nil)
@@ -77,14 +91,7 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
     /// Without a stop, the same gate lets the server run with its publication.
     @Test func startCompletesWhenThePublicationArrives() async throws {
         let publisher = GatedPublisher()
-        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Gate")
-        configuration.listener.loopbackOnly = true
-        let server = MessageServer(configuration: configuration, publisher: publisher, logger: testLogger())
-        let starting = Task { try await server.start() }
-        var entered = publisher.entered.stream.makeAsyncIterator()
-        _ = await entered.next()
-        publisher.release.continuation.yield()
-        try await starting.value
+        let server = try await publisher.startedServer(name: "Gate")
         #expect(server.publishedName == "Gate")
         await server.stop()
         #expect(publisher.published.withLock { $0 }?.unpublished.withLock { $0 } == true)
@@ -96,14 +103,7 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
 @Suite struct ServerWorkTests {
     @Test func stopEndsTheServersBackgroundWork() async throws {
         let publisher = GatedPublisher()
-        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Work")
-        configuration.listener.loopbackOnly = true
-        let server = MessageServer(configuration: configuration, publisher: publisher, logger: testLogger())
-        let starting = Task { try await server.start() }
-        var entered = publisher.entered.stream.makeAsyncIterator()
-        _ = await entered.next()
-        publisher.release.continuation.yield()
-        try await starting.value
+        let server = try await publisher.startedServer(name: "Work")
         let work = try #require(server.state.withLock { $0.work })
 
         // The forwarding job: a publication event reaches the server's events.
@@ -142,22 +142,7 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
 /// A blocking TCP connect to 127.0.0.1 (throws when nothing listens).
 enum TCPProbe {
     static func connect(port: UInt16) throws -> Int32 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr = in_addr(s_addr: UInt32(0x7F00_0001).bigEndian)
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        if result != 0 {
-            let code = errno
-            close(fd)
-            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
-        }
-        close(fd)
+        close(try open(port: port))
         return 0
     }
 
