@@ -1,6 +1,11 @@
 import Locks
 import Dispatch
 import Logging
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// Which DNS-SD implementation a ``ServiceDiscovery`` uses.
 public enum DiscoveryBackendKind: String, Sendable, Hashable, CustomStringConvertible {
@@ -162,4 +167,11 @@ final class DeferredStop: Sendable {
         }
         stop?()
     }
+}
+
+/// The kernel's host name (`gethostname`): every backend's starting point for its own.
+func kernelHostName() -> String {
+    var buffer = [CChar](repeating: 0, count: 256)
+    gethostname(&buffer, buffer.count)
+    return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }

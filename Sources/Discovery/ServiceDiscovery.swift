@@ -83,7 +83,7 @@ public final class ServiceDiscovery: Sendable {
         let why = choice == backend ? "chosen by the application" : "LANMSG_DISCOVERY_BACKEND=\(choice)"
         switch choice {
         case .avahi:
-            let core = DiscoveryCore(logger: logger, programName: name, configuration: settings)
+            let core = AvahiBackend(logger: logger, programName: name, configuration: settings)
             logger.info("discovery backend: avahi", metadata: ["reason": "\(why)"])
             selector.decide(core, reason: why)
             core.queue.async { core.connect() }
@@ -129,7 +129,7 @@ public final class ServiceDiscovery: Sendable {
 
     /// The host name (e.g. `alpha`) from Avahi or claimed by the embedded stack; until then the
     /// kernel's host name.
-    public var hostName: String { selector.current?.currentHostName ?? DiscoveryCore.kernelHostName() }
+    public var hostName: String { selector.current?.currentHostName ?? kernelHostName() }
 
     /// The daemon connection's states: the current one first, then every change, until shutdown.
     public func daemonStates() -> AsyncStream<DaemonState> {
@@ -416,7 +416,7 @@ public final class ServiceDiscovery: Sendable {
     /// Avahi only: how long a publication may stay in Avahi's probing phase before it is withdrawn
     /// and registered again (default 5 s; tests shorten it).
     func setProbeStallTimeout(_ timeout: Duration) async {
-        guard let core = await selector.backend() as? DiscoveryCore else { return }
+        guard let core = await selector.backend() as? AvahiBackend else { return }
         await core.perform { core.probeStallTimeout = timeout }
     }
 
@@ -432,7 +432,7 @@ public final class ServiceDiscovery: Sendable {
     /// wakeups so far (zeros for the embedded backend).
     var pollCounters: (watches: Int, timeouts: Int, wakeups: Int) {
         get async {
-            guard let core = await selector.backend() as? DiscoveryCore else { return (0, 0, 0) }
+            guard let core = await selector.backend() as? AvahiBackend else { return (0, 0, 0) }
             return await core.perform { (core.poll.liveWatches, core.poll.liveTimeouts, core.poll.wakeups) }
         }
     }

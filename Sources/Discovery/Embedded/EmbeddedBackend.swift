@@ -64,7 +64,7 @@ final class EmbeddedBackend: @unchecked Sendable {
 
     /// The kernel's host name, first label only (`alpha` of `alpha.example.org`).
     static func hostLabel() -> String {
-        let full = DiscoveryCore.kernelHostName()
+        let full = kernelHostName()
         let label = String(full.prefix { $0 != "." })
         return label.isEmpty ? "host" : label
     }

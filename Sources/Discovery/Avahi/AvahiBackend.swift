@@ -18,7 +18,7 @@ struct PublishedState {
 
 /// Everything that talks to libavahi-client. Every mutable field is confined to `queue`
 /// (Avahi does no locking); `published` is a lock for the few values read from outside.
-final class DiscoveryCore: @unchecked Sendable {
+final class AvahiBackend: @unchecked Sendable {
     let queue = DispatchQueue(label: "discovery.avahi")
     let logger: Logger
     let programName: String
@@ -48,13 +48,7 @@ final class DiscoveryCore: @unchecked Sendable {
         self.programName = programName
         self.configuration = configuration
         self.poll = DispatchPoll(queue: queue)
-        self.published = Locked(PublishedState(hostName: Self.kernelHostName()))
-    }
-
-    static func kernelHostName() -> String {
-        var buffer = [CChar](repeating: 0, count: 256)
-        gethostname(&buffer, buffer.count)
-        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        self.published = Locked(PublishedState(hostName: kernelHostName()))
     }
 
     /// Runs `body` on the Avahi queue and returns its result.
@@ -254,7 +248,7 @@ final class DiscoveryCore: @unchecked Sendable {
 
 private func clientCallback(_ client: OpaquePointer?, _ state: AvahiClientState, _ userdata: UnsafeMutableRawPointer?) {
     guard let client, let userdata else { return }
-    Unmanaged<DiscoveryCore>.fromOpaque(userdata).takeUnretainedValue().clientStateChanged(client, state)
+    Unmanaged<AvahiBackend>.fromOpaque(userdata).takeUnretainedValue().clientStateChanged(client, state)
 }
 
 // MARK: - Helpers shared by the sessions
@@ -291,7 +285,7 @@ extension Duration {
 
 // MARK: - Interface policy and advertised addresses
 
-extension DiscoveryCore {
+extension AvahiBackend {
     /// `[ifUnspec]` when every interface may be used; else the permitted interfaces' indexes now
     /// (interfaces that appear later are not added to an existing publication).
     func permittedInterfaces() -> [Int32] {
@@ -349,7 +343,7 @@ private func natGroupCallback(_ group: OpaquePointer?, _ state: AvahiEntryGroupS
 
 // MARK: - The Avahi backend
 
-extension DiscoveryCore: DiscoveryBackend, PublicationOwner {
+extension AvahiBackend: DiscoveryBackend, PublicationOwner {
     var kind: DiscoveryBackendKind { .avahi }
     var currentState: DaemonState { published.withLock { $0.state } }
     var currentHostName: String { published.withLock { $0.hostName } }
@@ -445,19 +439,19 @@ extension DiscoveryCore: DiscoveryBackend, PublicationOwner {
 /// and a daemon that goes away later is waited for, as with `.avahi`.
 /// Confined to the Avahi core's queue.
 final class AutomaticChoice: @unchecked Sendable {  // every field is touched on core.queue only
-    let core: DiscoveryCore
+    let core: AvahiBackend
     let selector: BackendSelector
     let started = DispatchTime.now()
     var timer: (any DispatchSourceTimer)?
     var decided = false
 
-    private init(core: DiscoveryCore, selector: BackendSelector) {
+    private init(core: AvahiBackend, selector: BackendSelector) {
         self.core = core
         self.selector = selector
     }
 
     static func start(logger: Logger, programName: String, configuration: DiscoveryConfiguration, selector: BackendSelector) {
-        let core = DiscoveryCore(logger: logger, programName: programName, configuration: configuration)
+        let core = AvahiBackend(logger: logger, programName: programName, configuration: configuration)
         let choice = AutomaticChoice(core: core, selector: selector)
         core.queue.async {
             core.stateHook = { [choice] state in choice.observe(state) }

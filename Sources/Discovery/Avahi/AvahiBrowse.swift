@@ -4,7 +4,7 @@ import Dispatch
 /// One browse: an Avahi service browser and the de-duplicated view of what it reported.
 /// Confined to the core's queue.
 final class BrowseSession: @unchecked Sendable {  // confined to core.queue
-    unowned let core: DiscoveryCore
+    unowned let core: AvahiBackend
     let type: String
     let domain: String?
     let interface: Int32?
@@ -22,7 +22,7 @@ final class BrowseSession: @unchecked Sendable {  // confined to core.queue
     private var entries: [ServiceIdentity: Entry] = [:]
 
     init(
-        core: DiscoveryCore, type: String, domain: String?, interface: Int32?, ipVersion: IPVersion,
+        core: AvahiBackend, type: String, domain: String?, interface: Int32?, ipVersion: IPVersion,
         continuation: AsyncStream<BrowseEvent>.Continuation
     ) {
         self.core = core

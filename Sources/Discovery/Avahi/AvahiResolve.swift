@@ -14,7 +14,7 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
     /// (it ends sooner once every resolver has answered and every wanted family has an address).
     static let grace: Duration = .milliseconds(250)
 
-    unowned let core: DiscoveryCore
+    unowned let core: AvahiBackend
     let identity: ServiceIdentity
     let initialSightings: [DiscoveredService.Sighting]
     let interface: Int32?
@@ -61,7 +61,7 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
     private var nextHandle = 0
 
     init(
-        core: DiscoveryCore, identity: ServiceIdentity, sightings: [DiscoveredService.Sighting], interface: Int32?,
+        core: AvahiBackend, identity: ServiceIdentity, sightings: [DiscoveredService.Sighting], interface: Int32?,
         ipVersion: IPVersion, mode: Mode
     ) {
         self.core = core
