@@ -48,13 +48,15 @@ let package = Package(
         .systemLibrary(name: "CEpoll"),
         // The package's one lock type (a pthread mutex with its value in one allocation).
         .target(name: "Locks", swiftSettings: strict),
+        // The package's one system-call loop (EINTR retried) and errno type.
+        .target(name: "SystemCalls", swiftSettings: strict),
         // Layer 0: mDNS / DNS-SD protocol logic without I/O (messages, cache, responder, querier).
         .target(name: "MDNSCore", swiftSettings: strict),
         // Layer 1a: DNS-SD through Avahi on Dispatch, or through MDNSCore on our own sockets.
         .target(
             name: "Discovery",
             dependencies: [
-                "CAvahiClient", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log"),
+                "CAvahiClient", "MDNSCore", "Locks", "SystemCalls", .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),  // TSIG's HMAC (wide-area DNS UPDATE)
             ],
@@ -75,7 +77,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "ProtocolCore", "Locks", "CLanmsgAEAD", "CEpoll",
+                "ProtocolCore", "Locks", "SystemCalls", "CLanmsgAEAD", "CEpoll",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
@@ -87,7 +89,7 @@ let package = Package(
         .target(
             name: "Messaging",
             dependencies: [
-                "Discovery", "Transport", "ProtocolCore", "Locks", "FastJSON",
+                "Discovery", "Transport", "ProtocolCore", "Locks", "SystemCalls", "FastJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -137,7 +139,7 @@ let package = Package(
         .target(
             name: "PreviewKit",
             dependencies: [
-                "Messaging",
+                "Messaging", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],

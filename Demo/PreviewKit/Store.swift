@@ -1,6 +1,7 @@
 import Crypto
 import Logging
 import Synchronization
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
@@ -25,12 +26,9 @@ public struct SystemCallError: Error, Sendable, CustomStringConvertible {
 /// The one place syscalls of PreviewKit go through.
 @discardableResult
 func posix<T: FixedWidthInteger>(_ name: @autoclosure () -> String, _ body: () -> T) throws(SystemCallError) -> T {
-    while true {
-        let result = body()
-        if result != -1 { return result }
-        let code = errno
-        if code == EINTR { continue }
-        throw SystemCallError(name(), errno: code)
+    switch retryingInterrupts(body) {
+    case .success(let result): return result
+    case .failure(let error): throw SystemCallError(name(), errno: error.code)
     }
 }
 

@@ -4,6 +4,7 @@ import Locks
 import Logging
 import ProtocolCore
 import Transport
+import SystemCalls
 
 /// Why a resumable receive did not produce a complete file.
 public struct ResumableTransferError: Error, Sendable, CustomStringConvertible {
@@ -214,15 +215,11 @@ public final class PartialTransfers: Sendable {
     private static func writeAll(_ fd: Int32, _ bytes: [UInt8], path: String, kept: UInt64) throws(ResumableTransferError) {
         var offset = 0
         while offset < bytes.count {
-            let count = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                let code = errno
-                throw ResumableTransferError(
-                    code: .storage, message: "write \(path): \(String(cString: strerror(code))) (errno \(code))",
-                    kept: kept)
+            switch retryingInterrupts({ bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) } }) {
+            case .success(let count): offset += count
+            case .failure(let error):
+                throw ResumableTransferError(code: .storage, message: "write \(path): \(error)", kept: kept)
             }
-            offset += count
         }
     }
 
@@ -234,10 +231,10 @@ public final class PartialTransfers: Sendable {
         var hasher = SHA256()
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         while true {
-            let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw TransportError(.syscallFailed, "read \(path): \(String(cString: strerror(errno)))")
+            let count: Int
+            switch retryingInterrupts({ buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) } }) {
+            case .success(let read): count = read
+            case .failure(let error): throw TransportError(.syscallFailed, "read \(path): \(error)")
             }
             if count == 0 { break }
             buffer.withUnsafeBytes { hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }

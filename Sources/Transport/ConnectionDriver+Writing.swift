@@ -1,6 +1,7 @@
 import CLanmsgAEAD
 import Dispatch
 import ProtocolCore
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
@@ -206,11 +207,8 @@ extension ConnectionDriver {
         var message = msghdr()
         message.msg_iov = vecs.baseAddress
         message.msg_iovlen = numericCast(vecs.count)
-        var result: Int
-        repeat {
-            result = sendmsg(fd.rawValue, &message, Int32(MSG_NOSIGNAL))
-        } while result < 0 && errno == EINTR
-        let written = max(result, 0)
+        guard case .success(let written) = retryingInterrupts({ sendmsg(fd.rawValue, &message, Int32(MSG_NOSIGNAL)) })
+        else { return 0 }
         if written > 0 { configuration.metrics?.bytesOut.increment(by: written) }
         return written
     }

@@ -1,5 +1,6 @@
 import Dispatch
 import ProtocolCore
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
@@ -28,22 +29,18 @@ package enum IOResult<T> {
     case wouldBlock
 }
 
-/// The one system-call helper: retries EINTR, maps EAGAIN/EWOULDBLOCK to ``IOResult/wouldBlock``
-/// (when `nonblocking` is true) and throws `TransportError.Code.syscallFailed` with errno and the
-/// call's name otherwise. `body` returns the raw C result; any negative value means failure.
+/// Transport's system calls: the package's one loop (``retryingInterrupts(_:)``, EINTR retried),
+/// EAGAIN/EWOULDBLOCK as ``IOResult/wouldBlock`` (when `nonblocking` is true), any other failure
+/// thrown as `TransportError.Code.syscallFailed` with errno and the call's name. `body` returns the
+/// raw C result; any negative value means failure.
 @inline(__always)
 package func syscall<T: FixedWidthInteger>(
     _ name: @autoclosure () -> String, nonblocking: Bool = false, _ body: () -> T
 ) throws(TransportError) -> IOResult<T> {
-    while true {
-        let result = body()
-        if result >= 0 { return .processed(result) }
-        let err = errno
-        switch err {
-        case EINTR: continue
-        case EAGAIN where nonblocking, EWOULDBLOCK where nonblocking: return .wouldBlock
-        default: throw TransportError.syscall(name(), errno: err)
-        }
+    switch retryingInterrupts(body) {
+    case .success(let result): return .processed(result)
+    case .failure(let error) where nonblocking && error.wouldBlock: return .wouldBlock
+    case .failure(let error): throw TransportError.syscall(name(), errno: error.code)
     }
 }
 

@@ -1,27 +1,9 @@
 import MDNSCore
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
 #endif
-
-/// Runs a system call, retrying on EINTR. Returns the result, or `-errno` as `.failure`.
-@inline(__always)
-func systemCall<T: BinaryInteger>(_ body: () -> T) -> Result<T, SystemError> {
-    while true {
-        let result = body()
-        if result >= 0 { return .success(result) }
-        let code = errno
-        if code == EINTR { continue }
-        return .failure(SystemError(code: code))
-    }
-}
-
-/// An `errno` with its text.
-struct SystemError: Error, CustomStringConvertible {
-    let code: Int32
-    var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
-    var description: String { "\(String(cString: strerror(code))) (errno \(code))" }
-}
 
 /// One datagram received on port 5353.
 struct Datagram {
@@ -132,11 +114,11 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
 
     private static func failure(_ call: String, _ code: Int32) -> DiscoveryError {
         DiscoveryError(
-            .network, "\(call) failed for the embedded mDNS stack: \(SystemError(code: code))", systemErrno: code)
+            .network, "\(call) failed for the embedded mDNS stack: \(Errno(code))", systemErrno: code)
     }
 
     /// Joins 224.0.0.251 / ff02::fb on one interface. Returns nil or the error.
-    func join(interface: Int32) -> SystemError? {
+    func join(interface: Int32) -> Errno? {
         membership(interface: interface, join: true)
     }
 
@@ -145,7 +127,7 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
         _ = membership(interface: interface, join: false)
     }
 
-    private func membership(interface: Int32, join: Bool) -> SystemError? {
+    private func membership(interface: Int32, join: Bool) -> Errno? {
         let result: Int32
         if family == .v4 {
             var request = ip_mreqn()
@@ -163,11 +145,11 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
                 socklen_t(MemoryLayout<ipv6_mreq>.size))
         }
         if result == 0 || errno == EADDRINUSE { return nil }
-        return SystemError(code: errno)
+        return Errno(errno)
     }
 
     /// Sends one datagram out of one interface: to the group, or to one querier.
-    func send(_ bytes: [UInt8], interface: Int32, to destination: MDNSPacket.Destination) -> SystemError? {
+    func send(_ bytes: [UInt8], interface: Int32, to destination: MDNSPacket.Destination) -> Errno? {
         var storage = sockaddr_storage()
         let length: Int
         let (address, port): ([UInt8], UInt16) =
@@ -175,7 +157,7 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
             case .multicast: (family == .v4 ? Self.ipv4Group : Self.ipv6Group, mdnsPort)
             case .unicast(let address, let port): (address, port)
             }
-        guard address.count == (family == .v4 ? 4 : 16) else { return SystemError(code: EAFNOSUPPORT) }
+        guard address.count == (family == .v4 ? 4 : 16) else { return Errno(EAFNOSUPPORT) }
         if family == .v4 {
             length = MemoryLayout<sockaddr_in>.size
             withUnsafeMutableBytes(of: &storage) { raw in
@@ -198,7 +180,7 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
         var controlBytes = [UInt8](repeating: 0, count: 64)
         let controlLength = Self.writePacketInfo(into: &controlBytes, family: family, interface: interface)
         var payloadBytes = bytes
-        let result: Result<Int, SystemError> = payloadBytes.withUnsafeMutableBytes { data in
+        let result: Result<Int, Errno> = payloadBytes.withUnsafeMutableBytes { data in
             controlBytes.withUnsafeMutableBytes { controlBuffer in
                 withUnsafeMutablePointer(to: &storage) { namePointer in
                     var io = iovec(iov_base: data.baseAddress, iov_len: data.count)
@@ -210,7 +192,7 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
                         message.msg_iovlen = 1
                         message.msg_control = controlBuffer.baseAddress
                         message.msg_controllen = controlLength
-                        return systemCall { sendmsg(fd, &message, Int32(MSG_NOSIGNAL)) }
+                        return retryingInterrupts { sendmsg(fd, &message, Int32(MSG_NOSIGNAL)) }
                     }
                 }
             }
@@ -246,7 +228,7 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
 
     /// Receives one datagram; nil when none is waiting (or on an error, which is returned in
     /// `error`). Truncated datagrams (over 9,000 bytes) are dropped and reported as such.
-    func receive() -> (datagram: Datagram?, truncated: Bool, error: SystemError?) {
+    func receive() -> (datagram: Datagram?, truncated: Bool, error: Errno?) {
         vector.pointee = iovec(iov_base: payload.baseAddress, iov_len: payload.count)
         header.pointee = msghdr()
         header.pointee.msg_name = UnsafeMutableRawPointer(name)
@@ -255,7 +237,7 @@ final class MDNSSocket: @unchecked Sendable {  // every field is used on the bac
         header.pointee.msg_iovlen = 1
         header.pointee.msg_control = control.baseAddress
         header.pointee.msg_controllen = control.count
-        switch systemCall({ recvmsg(fd, header, 0) }) {
+        switch retryingInterrupts({ recvmsg(fd, header, 0) }) {
         case .failure(let error):
             return (nil, false, error.wouldBlock ? nil : error)
         case .success(let count):

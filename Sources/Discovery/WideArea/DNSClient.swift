@@ -1,5 +1,6 @@
 import Dispatch
 import MDNSCore
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
@@ -190,13 +191,13 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
         guard !finished else { return }
         var buffer = [UInt8](repeating: 0, count: 65536)
         for _ in 0..<16 {
-            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if count < 0 {
-                let code = errno
-                if code == EINTR { continue }
-                if code == EAGAIN || code == EWOULDBLOCK { return }
+            let count: Int
+            switch retryingInterrupts({ buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }) {
+            case .success(let received): count = received
+            case .failure(let error) where error.wouldBlock: return
+            case .failure(let error):
                 // ECONNREFUSED and friends: an ICMP error for this server.
-                serverFailed(server, "\(server): \(String(cString: strerror(code)))")
+                serverFailed(server, "\(server): \(error)")
                 return
             }
             let bytes = Array(buffer[0..<count])
@@ -251,13 +252,12 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
     private func tcpWritable() {
         guard let tcp, !finished else { return }
         while !tcpOutput.isEmpty {
-            let count = tcpOutput.withUnsafeBytes { send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if count < 0 {
-                let code = errno
-                if code == EINTR { continue }
-                if code == EAGAIN || code == EWOULDBLOCK { return }
-                finish(.failure(DNSExchangeError(
-                    servers: [tcp.server], reason: "TCP to \(tcp.server): \(String(cString: strerror(code)))")))
+            let count: Int
+            switch retryingInterrupts({ tcpOutput.withUnsafeBytes { send(tcp.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }) {
+            case .success(let sent): count = sent
+            case .failure(let error) where error.wouldBlock: return
+            case .failure(let error):
+                finish(.failure(DNSExchangeError(servers: [tcp.server], reason: "TCP to \(tcp.server): \(error)")))
                 return
             }
             tcpOutput.removeFirst(count)
@@ -272,13 +272,12 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
         guard let tcp, !finished else { return }
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
-            let count = buffer.withUnsafeMutableBytes { recv(tcp.fd, $0.baseAddress, $0.count, 0) }
-            if count < 0 {
-                let code = errno
-                if code == EINTR { continue }
-                if code == EAGAIN || code == EWOULDBLOCK { return }
-                finish(.failure(DNSExchangeError(
-                    servers: [tcp.server], reason: "TCP from \(tcp.server): \(String(cString: strerror(code)))")))
+            let count: Int
+            switch retryingInterrupts({ buffer.withUnsafeMutableBytes { recv(tcp.fd, $0.baseAddress, $0.count, 0) } }) {
+            case .success(let received): count = received
+            case .failure(let error) where error.wouldBlock: return
+            case .failure(let error):
+                finish(.failure(DNSExchangeError(servers: [tcp.server], reason: "TCP from \(tcp.server): \(error)")))
                 return
             }
             if count == 0 {

@@ -1,5 +1,6 @@
 import Crypto
 import MDNSCore
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
@@ -316,11 +317,8 @@ func readTextFile(_ path: String) -> String? {
     var bytes: [UInt8] = []
     var buffer = [UInt8](repeating: 0, count: 4096)
     while bytes.count < 1 << 20 {
-        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if count < 0 {
-            if errno == EINTR { continue }
-            return nil
-        }
+        guard case .success(let count) = retryingInterrupts({ buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } })
+        else { return nil }
         if count == 0 { break }
         bytes += buffer[0..<count]
     }

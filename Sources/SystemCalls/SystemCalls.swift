@@ -1,0 +1,35 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// An `errno` from a failed system call: the package's one errno type. Transport, Discovery and
+/// PreviewKit keep it in their own errors, with the call's name and what to do.
+package struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
+    package let code: Int32
+
+    package init(_ code: Int32) { self.code = code }
+
+    /// The current thread's `errno`.
+    package static var current: Errno { Errno(errno) }
+
+    /// EAGAIN or EWOULDBLOCK: a nonblocking call found nothing to do.
+    package var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
+
+    /// `"Connection refused (errno 111)"`.
+    package var description: String { "\(String(cString: strerror(code))) (errno \(code))" }
+}
+
+/// The package's one system-call loop: runs `body` (a C call returning -1 and setting `errno` on
+/// failure) again while it is interrupted by a signal (EINTR), and returns its result or its errno.
+@inline(__always)
+package func retryingInterrupts<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
+    while true {
+        let result = body()
+        if result >= 0 { return .success(result) }
+        let code = errno
+        if code == EINTR { continue }
+        return .failure(Errno(code))
+    }
+}
