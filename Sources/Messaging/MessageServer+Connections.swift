@@ -26,7 +26,7 @@ extension MessageServer {
         let source = HandshakeAdmission.Source(remote)
         enum Admission { case admitted(ServerWork), full, busy(String, Int, block: Listener?) }
         let admission = state.withLock { state -> Admission in
-            guard case .running(let listener, _) = state.phase, let work = state.work,
+            guard let (listener, work) = state.lifecycle.running,
                 state.connections.count + state.pendingHellos < limit
             else {
                 return .full
@@ -49,11 +49,12 @@ extension MessageServer {
             refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
             refused(remote, .busy, reason)
             if let listener = blockAt, let threshold = configuration.floodBlockThreshold {
-                let duration = blockDuration(source)
+                let (duration, again) = block(source)
                 listener.block(source, for: duration)
                 metrics?.sourcesBlocked.increment()
+                let count = again ? max(1, threshold / HandshakeAdmission.probationDivisor) : threshold
                 logger.warning(
-                    "\(source) made \(threshold) connection attempts in one second that were refused busy: blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
+                    "\(source) made \(count) connection attempts in one second that were refused busy\(again ? ", soon after its last block" : ""): blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
                 )
             }
         case .admitted(let work):
@@ -112,20 +113,14 @@ extension MessageServer {
     /// How long to block a flooding source: ``ServerConfiguration/floodBlockDuration``, doubled
     /// (up to 32 times) each time it floods again within twice its last block after the block
     /// ended — a flood that never stops then reaches the server for a fraction of a second in
-    /// minutes, not every 10 s.
-    private func blockDuration(_ source: HandshakeAdmission.Source) -> Duration {
-        let base = configuration.floodBlockDuration
+    /// minutes, not every 10 s (``HandshakeAdmission/block(_:now:base:)``).
+    /// `again`: it was on probation, blocked not long ago.
+    private func block(_ source: HandshakeAdmission.Source) -> (duration: Duration, again: Bool) {
+        let base = configuration.floodBlockDuration.nanoseconds
         let now = uptimeNanoseconds()
         return state.withLock { state in
-            var duration = base
-            if let last = state.blocks[source], now < last.until &+ 2 &* last.duration.nanoseconds {
-                duration = min(last.duration * 2, base * 32)
-            }
-            state.blocks[source] = (duration, now &+ duration.nanoseconds)
-            if state.blocks.count > 256 {  // forget the sources that have been quiet long enough
-                state.blocks = state.blocks.filter { now < $0.value.until &+ 2 &* $0.value.duration.nanoseconds }
-            }
-            return duration
+            let again = state.admission.isOnProbation(source, now: now)
+            return (.nanoseconds(Int64(clamping: state.admission.block(source, now: now, base: base))), again)
         }
     }
 
@@ -163,7 +158,7 @@ extension MessageServer {
         let owner = channel.peerIdentity?.fingerprint
         let decision = state.withLock { state -> Decision in
             state.pendingHellos -= 1
-            guard case .running = state.phase else { return .stopping }
+            guard state.lifecycle.isRunning else { return .stopping }
             if let hello, let existing = state.sessions[hello.id], let session = existing.session {
                 guard session.state.withLock({ $0.owner }) == owner else {
                     return .refuse("session \(hello.id.prefix(8))… belongs to another identity key")
@@ -252,7 +247,7 @@ extension MessageServer {
         }
     }
 
-    private var isStopping: Bool { state.withLock { if case .stopping = $0.phase { true } else { false } } }
+    private var isStopping: Bool { state.withLock { $0.lifecycle.isStopping } }
 
     /// Hands `channel`'s messages and transfers to the events from its loop (the previous channel
     /// of a resumed session was closed before, so order is kept), and reports its end. While the
@@ -277,7 +272,7 @@ extension MessageServer {
             return connectionClosed(connection, reason: reason)
         }
         guard connection.channel === channel else { return }  // replaced by a resume
-        let running = state.withLock { if case .running = $0.phase { true } else { false } }
+        let running = state.withLock { $0.lifecycle.isRunning }
         let ended = session.state.withLock { $0.ended != nil }
         switch reason {
         case .goodbye, .protocolError, .frameTooLarge:

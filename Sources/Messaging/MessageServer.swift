@@ -23,18 +23,10 @@ import Transport
 ///
 /// Also a swift-service-lifecycle `Service`: `run()` starts it and stops it gracefully on shutdown.
 public final class MessageServer: Service, Sendable {
-    /// Where the server is in its life; each state holds what exists in it. Every step that awaits
-    /// checks the state again afterwards (a `stop()` may have come in between).
-    enum Phase {
-        case idle
-        case starting(Listener?)
-        case running(Listener, (any ServicePublication)?)
-        case stopping
-        case stopped
-    }
-
     struct State {
-        var phase = Phase.idle
+        /// Where the server is in its life, and what exists in each phase (its listener, its
+        /// publication, its one root task).
+        var lifecycle = ServerLifecycle<Listener, any ServicePublication, ServerWork>()
         var connections: [UInt64: ServerConnection] = [:]
         /// Connections whose `.closed` event was not pushed yet.
         var unreported: Set<UInt64> = []
@@ -46,13 +38,9 @@ public final class MessageServer: Service, Sendable {
         var refusedEvents = PerSecondCount()
         /// Refused connections since the start (tests).
         var refusals = 0
-        /// Sources blocked for flooding: how long their last block was and when it ends (uptime ns).
-        var blocks: [HandshakeAdmission.Source: (duration: Duration, until: UInt64)] = [:]
         var nextID: UInt64 = 0
         /// Connections with a message session, by session id (kept through the grace period).
         var sessions: [String: ServerConnection] = [:]
-        /// The running server's background work (made when it starts running, finished by stop()).
-        var work: ServerWork?
 
         init(admission: HandshakeAdmission) { self.admission = admission }
     }
@@ -111,27 +99,14 @@ public final class MessageServer: Service, Sendable {
         acceptedChannel = channel
     }
 
-    var listener: Listener? {
-        state.withLock { state in
-            switch state.phase {
-            case .starting(let listener): listener
-            case .running(let listener, _): listener
-            case .idle, .stopping, .stopped: nil
-            }
-        }
-    }
+    var listener: Listener? { state.withLock { $0.lifecycle.listener } }
 
     /// The listening port (nil before `start()` and after `stop()`).
     public var port: UInt16? { listener?.port }
     /// The addresses the listener is bound to.
     public var boundAddresses: [SocketAddress] { listener?.boundAddresses ?? [] }
     /// The current published name (nil when not published).
-    public var publishedName: String? {
-        state.withLock { state in
-            if case .running(_, let publication?) = state.phase { return publication.name }
-            return nil
-        }
-    }
+    public var publishedName: String? { state.withLock { $0.lifecycle.publication?.name } }
     /// The open connections (hello completed), oldest first.
     public var connections: [ServerConnection] {
         state.withLock { $0.connections.values.sorted { $0.id < $1.id } }
@@ -142,18 +117,13 @@ public final class MessageServer: Service, Sendable {
     /// - Throws: ``MessagingError`` `.alreadyStarted`, `.listenFailed`, `.publishFailed`, or
     ///   `.stopped` when ``stop()`` was called while starting (nothing is left running then).
     public func start() async throws(MessagingError) {
-        let proceed = state.withLock { state -> Bool in
-            guard case .idle = state.phase else { return false }
-            state.phase = .starting(nil)
-            return true
-        }
-        guard proceed else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
+        guard state.withLock({ $0.lifecycle.startRequested() }) else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
         // The identity first: a server that cannot prove its key must not publish a service every
         // handshake with would fail.
         do {
             _ = try configuration.channel.security.resolved(server: true)
         } catch {
-            state.withLock { state in if case .starting = state.phase { state.phase = .stopped } }
+            state.withLock { $0.lifecycle.startFailed() }
             throw MessagingError(.unusableIdentity, "cannot start the server: \(error.message)", underlying: error)
         }
         let listener: Listener
@@ -162,15 +132,10 @@ public final class MessageServer: Service, Sendable {
                 self?.accepted(socket)
             }
         } catch {
-            state.withLock { state in if case .starting = state.phase { state.phase = .stopped } }
+            state.withLock { $0.lifecycle.startFailed() }
             throw MessagingError(.listenFailed, "cannot listen: \(error.message)", underlying: error)
         }
-        let stillStarting = state.withLock { state -> Bool in
-            guard case .starting = state.phase else { return false }
-            state.phase = .starting(listener)
-            return true
-        }
-        guard stillStarting else {
+        guard state.withLock({ $0.lifecycle.listening(listener) }) else {
             listener.stop()
             throw Self.stoppedWhileStarting
         }
@@ -182,19 +147,13 @@ public final class MessageServer: Service, Sendable {
                     name: configuration.serviceName, type: configuration.serviceType, port: listener.port, txt: txt)
             } catch {
                 listener.stop()
-                state.withLock { state in if case .starting = state.phase { state.phase = .stopped } }
+                state.withLock { $0.lifecycle.startFailed() }
                 throw MessagingError(.publishFailed, "cannot publish the server: \(error.message)", underlying: error)
             }
         }
         // Re-check after the await: a stop() meanwhile must not leave a live publication behind.
         let work = ServerWork()
-        let running = state.withLock { state -> Bool in
-            guard case .starting = state.phase else { return false }
-            state.phase = .running(listener, publication)
-            state.work = work
-            return true
-        }
-        guard running else {
+        guard state.withLock({ $0.lifecycle.started(listener, publication, work) }) else {
             work.finish()
             await publication?.unpublish()
             listener.stop()
@@ -226,11 +185,7 @@ public final class MessageServer: Service, Sendable {
     /// Replaces the published TXT record (the server keeps `proto`).
     /// - Throws: ``MessagingError`` `.notStarted`, or `.publishFailed` wrapping the discovery error.
     public func updateTXT(_ txt: TXTRecord) async throws(MessagingError) {
-        let publication = state.withLock { state -> (any ServicePublication)? in
-            if case .running(_, let publication) = state.phase { return publication }
-            return nil
-        }
-        guard let publication else {
+        guard let publication = state.withLock({ $0.lifecycle.publication }) else {
             throw MessagingError(.notStarted, "the server is not published; start it with a ServiceDiscovery first")
         }
         let record = configuration.channel.security.stampTXT(txt)
@@ -288,27 +243,22 @@ extension MessageServer {
     /// messages) within the grace period, aborts what is left, reports every connection's `.closed`,
     /// and ends ``events``. Idempotent; a `stop()` during ``start()`` makes `start()` undo what it did.
     public func stop() async {
-        let stopping = state.withLock { state -> (Listener?, (any ServicePublication)?, [ServerConnection])? in
-            switch state.phase {
-            case .idle:
-                state.phase = .stopped
-                return nil
-            case .stopping, .stopped:
-                return nil
-            case .starting(let listener):
-                state.phase = .stopping
-                return (listener, nil, [])
-            case .running(let listener, let publication):
-                state.phase = .stopping
-                // No new background work; what runs ends by itself (a handshake within the
-                // hello timeout, then its registration sees the server stopping).
-                state.work?.finish()
-                return (listener, publication, Array(state.connections.values))
-            }
+        let (action, connections) = state.withLock { state in
+            let action = state.lifecycle.stopRequested()
+            if case .stop = action { return (action, Array(state.connections.values)) }
+            return (action, [])
         }
-        guard let (listener, publication, connections) = stopping else {
-            if state.withLock({ if case .stopped = $0.phase { true } else { false } }) { queue.finish() }
+        let listener: Listener?, publication: (any ServicePublication)?
+        switch action {
+        case .none: return
+        case .finishEvents:
+            queue.finish()
             return
+        case .stop(let open, let published, let work):
+            (listener, publication) = (open, published)
+            // No new background work; what runs ends by itself (a handshake within the hello
+            // timeout, then its registration sees the server stopping).
+            work?.finish()
         }
         await publication?.unpublish()
         listener?.stop()
@@ -338,7 +288,7 @@ extension MessageServer {
         for (connection, reason) in zip(connections, reasons) {
             endSession(connection, reason: reason ?? .localClose)
         }
-        state.withLock { $0.phase = .stopped }
+        state.withLock { $0.lifecycle.stopped() }
         queue.finish()
         refusals.flush()
         logger.info("server stopped")

@@ -55,7 +55,9 @@ public struct ServerConfiguration: Sendable {
     /// server: for ``floodBlockDuration`` its connection attempts are dropped by the kernel (a
     /// socket filter on the listener, Linux) before they become connections, so the flood costs
     /// this server next to nothing; its connects time out meanwhile. A client that honours the
-    /// retry hint makes about ten attempts a second. nil: never block.
+    /// retry hint makes about ten attempts a second. A source blocked before is on probation until
+    /// it has been quiet for twice its last block after it ended: blocked again at a sixteenth of
+    /// this, and given no burst of handshakes when its block ends. nil: never block.
     public var floodBlockThreshold: Int? = 1_024
     /// How long a flooding source stays blocked (``floodBlockThreshold``) the first time. A source
     /// that floods again soon after (within twice its last block) is blocked twice as long, up to

@@ -13,6 +13,13 @@
 /// that a source can receive at its address before the server sees the connection, so a source
 /// cannot be spoofed here: the role that cookies play for WireGuard's UDP.
 ///
+/// A source refused ``Limits/blockAfterRefusals`` times within a second is flooding: the verdict says
+/// so, and the caller blocks it (``block(_:now:base:)``: the kernel drops its attempts). A source
+/// blocked before is *on probation* until it has been quiet for twice its last block after that
+/// ended: no burst when its block ends (its bucket starts empty) and blocked again at a sixteenth of
+/// the threshold, so that a flood that outlasts its block reaches the server for milliseconds, not
+/// for the quarter of a second the first detection takes.
+///
 /// Memory stays bounded under a flood from many sources: a source's entry lives while it has
 /// handshakes in flight or its bucket is not full again, and past ``maxTrackedSources`` new
 /// sources are refused.
@@ -94,6 +101,11 @@ package struct HandshakeAdmission: Sendable {
             updated = now
         }
 
+        init(tokens: Double, updated: UInt64) {
+            self.tokens = tokens
+            self.updated = updated
+        }
+
         mutating func refill(rate: Int, now: UInt64) {
             guard now > updated else { return }
             tokens = min(Double(rate), tokens + Double(now - updated) * Double(rate) / 1e9)
@@ -102,6 +114,14 @@ package struct HandshakeAdmission: Sendable {
 
         /// Milliseconds until one token is there.
         func wait(rate: Int) -> Int { Int(((1 - tokens) * 1000 / Double(rate)).rounded(.up)) }
+    }
+
+    /// A source's last block: how long it was and when it ends (uptime nanoseconds).
+    private struct Block: Sendable {
+        var duration: UInt64
+        var until: UInt64
+        /// Still remembered: the source floods again within twice its block after it ended.
+        func onProbation(now: UInt64) -> Bool { now < until &+ 2 &* duration }
     }
 
     private struct Entry: Sendable {
@@ -117,6 +137,11 @@ package struct HandshakeAdmission: Sendable {
     /// The shortest retry hint: a handshake takes a few milliseconds on a LAN, a retry sooner
     /// would most likely meet the same bound.
     package static let minimumRetryMilliseconds = 100
+    /// A source on probation (blocked before, see above) is blocked again at this fraction of
+    /// ``Limits/blockAfterRefusals``.
+    package static let probationDivisor = 16
+    /// A block is at most this many times the first (it doubles while the flood comes back).
+    package static let longestBlockFactor: UInt64 = 32
 
     package let limits: Limits
     private var total: Bucket?
@@ -125,6 +150,8 @@ package struct HandshakeAdmission: Sendable {
     private var pruneAt = 1_024
     /// With the table full: no pruning before then (uptime nanoseconds).
     private var noPruneBefore: UInt64 = 0
+    /// Sources blocked for flooding, remembered while on probation.
+    private var blocks: [Source: Block] = [:]
     /// Connections in their handshake now, and the most there ever were at once.
     package private(set) var inFlight = 0
     package private(set) var highWater = 0
@@ -196,13 +223,41 @@ package struct HandshakeAdmission: Sendable {
     ) -> Verdict {
         var block = false
         if var entry = entry ?? (limits.blockAfterRefusals != nil ? Entry() : nil) {
-            if let threshold = limits.blockAfterRefusals {
+            if var threshold = limits.blockAfterRefusals {
+                if blocks[source]?.onProbation(now: now) == true { threshold = max(1, threshold / Self.probationDivisor) }
                 block = entry.refused.add(now: now) == threshold
             }
             sources[source] = entry
         }
         return .busy(
             reason: reason, retryAfterMilliseconds: max(milliseconds, Self.minimumRetryMilliseconds), block: block)
+    }
+
+    /// `source` was found flooding (a verdict's `block`): how long to block it, in nanoseconds.
+    /// `base` the first time; doubled (up to ``longestBlockFactor`` times `base`) when it was on
+    /// probation, so a flood that never stops reaches the server for moments in minutes. Its bucket
+    /// is emptied as of the block's end: no burst of handshakes when the block ends.
+    package mutating func block(_ source: Source, now: UInt64, base: UInt64) -> UInt64 {
+        var duration = base
+        if let last = blocks[source], last.onProbation(now: now) {
+            duration = min(last.duration &* 2, base &* Self.longestBlockFactor)
+        }
+        let until = now &+ duration
+        blocks[source] = Block(duration: duration, until: until)
+        if blocks.count > 256 {  // forget the sources that have been quiet long enough
+            blocks = blocks.filter { $0.value.onProbation(now: now) }
+        }
+        if limits.perSecondPerSource != nil {
+            var entry = sources[source] ?? Entry()
+            entry.bucket = Bucket(tokens: 0, updated: until)
+            sources[source] = entry
+        }
+        return duration
+    }
+
+    /// Whether `source` was blocked for flooding and is on probation now (tests, metrics).
+    package func isOnProbation(_ source: Source, now: UInt64) -> Bool {
+        blocks[source]?.onProbation(now: now) ?? false
     }
 
     /// A handshake admitted from `source` ended (done or failed): its slot is free.

@@ -129,10 +129,12 @@ final class Flooder: Sendable {
         try await waitUntil("the block lifted", timeout: .seconds(10)) { server.blockedSources.isEmpty }
         let atLift = flooder.current
         try await waitUntil("attempts answered again", timeout: .seconds(10)) { flooder.current.busy > atLift.busy }
-        // Flooding again soon after: blocked again, twice as long.
+        // Flooding again soon after: blocked again, twice as long, after a sixteenth of the
+        // refusals (on probation).
         try await waitUntil("blocked again", timeout: .seconds(20)) {
             log.lines.contains { $0.message.contains("blocking its attempts for 4.0 seconds") }
         }
+        #expect(log.lines.contains { $0.message.contains("127.0.0.2 made 12 connection attempts in one second that were refused busy, soon after its last block") })
         let counts = await flooder.stop()
         established.close()
         harness.pump.cancel()

@@ -104,7 +104,7 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
     @Test func stopEndsTheServersBackgroundWork() async throws {
         let publisher = GatedPublisher()
         let server = try await publisher.startedServer(name: "Work")
-        let work = try #require(server.state.withLock { $0.work })
+        let work = try #require(server.state.withLock { $0.lifecycle.running?.work })
 
         // The forwarding job: a publication event reaches the server's events.
         let publication = try #require(publisher.published.withLock { $0 })

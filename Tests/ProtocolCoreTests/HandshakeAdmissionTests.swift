@@ -151,6 +151,54 @@ import Testing
     }
 }
 
+extension HandshakeAdmissionTests {
+    /// A source blocked for flooding: its blocks double while it comes back within twice its last
+    /// block (up to 32 times the first), and in that time it is on probation — no burst when the
+    /// block ends (its bucket starts empty then) and named again at a sixteenth of the threshold.
+    /// Quiet long enough, it starts afresh.
+    @Test func aSourceBlockedBeforeIsOnProbation() {
+        let s = Self.second
+        var admission = HandshakeAdmission(
+            limits: .init(inFlight: 1_000, inFlightPerSource: 1_000, perSecond: nil, perSecondPerSource: 256, blockAfterRefusals: 1_024),
+            now: 0)
+        func named(_ verdict: HandshakeAdmission.Verdict) -> Bool {
+            if case .busy(_, _, let block) = verdict { return block }
+            return false
+        }
+        // First detection: 256 admitted at once (the bucket's burst), named at the 1,024th refusal.
+        var verdicts = (0..<1_400).map { _ in admission.admit(Self.a, now: 0) }
+        #expect(verdicts.filter { $0 == .admitted }.count == 256)
+        #expect(verdicts.firstIndex(where: named) == 256 + 1_023)
+        #expect(!admission.isOnProbation(Self.a, now: 0))
+        #expect(admission.block(Self.a, now: 0, base: 10 * s) == 10 * s)
+        #expect(admission.isOnProbation(Self.a, now: 29 * s) && !admission.isOnProbation(Self.a, now: 30 * s))
+        // The block ends at 10 s: no burst (one token in 1/256 s), named at the 64th refusal.
+        verdicts = (0..<100).map { _ in admission.admit(Self.a, now: 10 * s) }
+        #expect(verdicts.filter { $0 == .admitted }.isEmpty)
+        #expect(verdicts.firstIndex(where: named) == 63)
+        #expect(admission.admit(Self.a, now: 10 * s + s / 128) == .admitted)  // the bucket refills at its rate
+        // Blocked again while on probation: twice as long, doubling up to 32 times the first.
+        #expect(admission.block(Self.a, now: 10 * s, base: 10 * s) == 20 * s)
+        var now = 30 * s
+        var durations: [UInt64] = []
+        for _ in 0..<6 {
+            let duration = admission.block(Self.a, now: now, base: 10 * s)
+            durations.append(duration / s)
+            now += duration
+        }
+        #expect(durations == [40, 80, 160, 320, 320, 320])
+        // Quiet for twice its last block after it ended: a first block again, a full burst, the full threshold.
+        now += 2 * 320 * s
+        #expect(!admission.isOnProbation(Self.a, now: now))
+        verdicts = (0..<1_400).map { _ in admission.admit(Self.a, now: now) }
+        #expect(verdicts.filter { $0 == .admitted }.count == 256)
+        #expect(verdicts.firstIndex(where: named) == 256 + 1_023)
+        #expect(admission.block(Self.a, now: now, base: 10 * s) == 10 * s)
+        // Another source is not on probation for it.
+        #expect(!admission.isOnProbation(Self.b, now: now))
+    }
+}
+
 @Suite struct PerSecondCountTests {
     @Test func countsWithinTheSecondAndStartsAgainInTheNext() {
         var count = PerSecondCount()
