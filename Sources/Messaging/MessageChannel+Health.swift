@@ -12,11 +12,7 @@ extension MessageChannel {
     /// The connection's health: round-trip time from the heartbeat and when the peer was last
     /// heard from. Any context (it asks the loop).
     public var health: ConnectionHealth {
-        get async {
-            await withCheckedContinuation { continuation in
-                queue.async { continuation.resume(returning: self.healthOnLoop()) }
-            }
-        }
+        get async { await onLoop { self.healthOnLoop() } }
     }
 
     /// The connection's health after every round-trip sample (each heartbeat, by default every 5 s),

@@ -122,21 +122,16 @@ extension MessageChannel {
 
     /// Server: attaches `session` to this connection, answers and resends (on the loop).
     func attachSession(_ session: MessageSession, hello: SessionHello, isNew: Bool) async throws -> Int {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int, any Error>) in
-            queue.async {
-                guard self.driver.acceptsFrames else {
-                    continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
-                    return
-                }
-                let link = self.sessionLink ?? SessionLink()
-                self.sessionLink = link
-                link.session = session
-                switch session.serverOpen(hello, isNew: isNew, on: self) {
-                case .success(let resent): continuation.resume(returning: resent)
-                case .failure(let error):
-                    self.violation(error.message)
-                    continuation.resume(throwing: error)
-                }
+        try await onLoop { () throws(TransportError) -> Int in
+            guard self.driver.acceptsFrames else { throw TransportError(.connectionClosed, "the connection closed") }
+            let link = self.sessionLink ?? SessionLink()
+            self.sessionLink = link
+            link.session = session
+            switch session.serverOpen(hello, isNew: isNew, on: self) {
+            case .success(let resent): return resent
+            case .failure(let error):
+                self.violation(error.message)
+                throw error
             }
         }
     }

@@ -210,6 +210,16 @@ public final class MessageChannel: @unchecked Sendable {
     @inline(__always)
     func assertOnLoop(_ function: StaticString = #function) { driver.assertOnLoop("MessageChannel", function) }
 
+    /// Runs `body` on the channel's loop, where its state lives, and returns what it returns or
+    /// throws: the one way an async caller asks the loop (``health``, ``isOpen``, attaching a
+    /// session).
+    func onLoop<T: Sendable, Failure: Error>(_ body: @escaping @Sendable () throws(Failure) -> T) async throws(Failure) -> T {
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, Failure>, Never>) in
+            queue.async { continuation.resume(returning: Result(catching: body)) }
+        }
+        return try result.get()
+    }
+
     /// Takes over the connection from the hello exchange. On the loop.
     func activate() {
         assertOnLoop()
@@ -285,7 +295,7 @@ public final class MessageChannel: @unchecked Sendable {
     /// Whether the connection is still open (neither side closed it, as far as this side knows);
     /// asked on the loop, where its state lives.
     var isOpen: Bool {
-        get async { await withCheckedContinuation { continuation in queue.async { continuation.resume(returning: self.driver.isOpen) } } }
+        get async { await onLoop { self.driver.isOpen } }
     }
 
     /// Closes immediately, dropping queued frames. Idempotent. Sends fail from the moment it returns.
