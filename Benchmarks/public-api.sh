@@ -15,7 +15,7 @@ reexported=$(sed -n 's/^@_exported import \([A-Za-z]*\).*/\1/p' "$ROOT"/Sources/
 modules="Messaging $reexported"
 for module in $modules; do
   swift-symbolgraph-extract -module-name "$module" -target "$(uname -m)-unknown-linux-gnu" -I "$MODULES" \
-    -I "$ROOT/Sources/CAvahiClient" -Xcc -fmodule-map-file="$MODULES/../CLanmsgAEAD.build/module.modulemap" -output-dir "$OUT" -minimum-access-level public -skip-synthesized-members \
+    -I "$ROOT/Sources/CAvahiClient" -I "$ROOT/Sources/CEpoll" -Xcc -fmodule-map-file="$MODULES/../CLanmsgAEAD.build/module.modulemap" -output-dir "$OUT" -minimum-access-level public -skip-synthesized-members \
     2>&1 | grep -v "prohibited flag" || true
 done
 python3 - "$OUT" $modules <<'PY'
