@@ -146,18 +146,20 @@ struct DoctorChecks {
 
     func checkInterfaces() {
         let interfaces = readInterfaces().filter { !$0.isLoopback }
-        let usable = interfaces.filter { $0.isUp && $0.hasMulticast && (!$0.ipv4.isEmpty || !$0.ipv6LinkLocal.isEmpty) }
-        if interfaces.filter(\.isUp).isEmpty {
+        let usable = interfaces.filter {
+            $0.isAdministrativelyUp && $0.canMulticast && (!$0.ipv4.isEmpty || !$0.ipv6LinkLocal.isEmpty)
+        }
+        if interfaces.filter(\.isAdministrativelyUp).isEmpty {
             report(Finding(
                 level: .fail, check: "interfaces", text: "no network interface is up besides loopback",
                 advice: "bring one up (`ip link set <name> up`) and give it an address; mDNS never uses loopback"))
             return
         }
-        for interface in interfaces where interface.isUp {
+        for interface in interfaces where interface.isAdministrativelyUp {
             var addresses = interface.ipv4Text + interface.ipv6LinkLocal + interface.ipv6Other
             if addresses.isEmpty { addresses = ["no address"] }
-            let summary = "\(interface.name): up\(interface.isRunning ? "" : " (no carrier)"), \(addresses.joined(separator: ", "))"
-            guard interface.hasMulticast else {
+            let summary = "\(interface.name): up\(interface.hasCarrier ? "" : " (no carrier)"), \(addresses.joined(separator: ", "))"
+            guard interface.canMulticast else {
                 report(Finding(
                     level: .fail, check: "multicast", text: "\(interface.name): multicast is off, so mDNS cannot work on it",
                     advice: "turn it on: `ip link set \(interface.name) multicast on`"))

@@ -1,3 +1,4 @@
+import Discovery
 import Glibc
 import MDNSCore
 import ProtocolCore
@@ -7,56 +8,22 @@ import Transport
 // port 5353, and whether an mDNS packet sent on an interface comes back. Each returns what it saw;
 // Doctor.swift turns that into findings with advice.
 
-/// A network interface as the kernel reports it (getifaddrs).
-struct InterfaceInfo {
-    var name: String
-    var index: UInt32
-    var flags: UInt32 = 0
-    var ipv4: [in_addr] = []
-    var ipv4Text: [String] = []
-    var ipv6LinkLocal: [String] = []
-    var ipv6Other: [String] = []
+/// Every interface with its flags and addresses, in index order: the embedded mDNS stack's own
+/// scan (`InterfaceInfo.scan()`), so that the doctor checks the interfaces as the stack sees them.
+func readInterfaces() -> [InterfaceInfo] { InterfaceInfo.scan() }
 
-    var isUp: Bool { flags & UInt32(IFF_UP) != 0 }
-    var isRunning: Bool { flags & UInt32(IFF_RUNNING) != 0 }
-    var isLoopback: Bool { flags & UInt32(IFF_LOOPBACK) != 0 }
-    var hasMulticast: Bool { flags & UInt32(IFF_MULTICAST) != 0 }
-}
-
-/// Every interface with its flags and addresses, in index order.
-func readInterfaces() -> [InterfaceInfo] {
-    var list: UnsafeMutablePointer<ifaddrs>?
-    guard getifaddrs(&list) == 0, let first = list else { return [] }
-    defer { freeifaddrs(list) }
-    var byName: [String: InterfaceInfo] = [:]
-    var cursor: UnsafeMutablePointer<ifaddrs>? = first
-    while let entry = cursor {
-        defer { cursor = entry.pointee.ifa_next }
-        let name = String(cString: entry.pointee.ifa_name)
-        var info = byName[name] ?? InterfaceInfo(name: name, index: if_nametoindex(entry.pointee.ifa_name))
-        info.flags = entry.pointee.ifa_flags
-        if let address = entry.pointee.ifa_addr {
-            switch Int32(address.pointee.sa_family) {
-            case AF_INET:
-                let v4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
-                info.ipv4.append(v4)
-                info.ipv4Text.append(ntop(AF_INET, v4))
-            case AF_INET6:
-                let v6 = address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_addr }
-                let text = ntop(AF_INET6, v6)
-                let bytes = withUnsafeBytes(of: v6) { Array($0) }
-                if bytes[0] == 0xfe && bytes[1] & 0xc0 == 0x80 {
-                    info.ipv6LinkLocal.append("\(text)%\(name)")
-                } else {
-                    info.ipv6Other.append(text)
-                }
-            default:
-                break
-            }
-        }
-        byName[name] = info
+/// What the doctor prints of an interface's addresses.
+extension InterfaceInfo {
+    var ipv4Text: [String] { ipv4.map { bytes in ntop(AF_INET, bytes.withUnsafeBytes { $0.loadUnaligned(as: in_addr.self) }) } }
+    /// IPv6 link-local addresses with their zone (`fe80::1%eth0`).
+    var ipv6LinkLocal: [String] {
+        ipv6.filter(Self.isLinkLocal).map { "\(ntop(AF_INET6, $0.withUnsafeBytes { $0.loadUnaligned(as: in6_addr.self) }))%\(name)" }
     }
-    return byName.values.sorted { $0.index < $1.index }
+    var ipv6Other: [String] {
+        ipv6.filter { !Self.isLinkLocal($0) }.map { ntop(AF_INET6, $0.withUnsafeBytes { $0.loadUnaligned(as: in6_addr.self) }) }
+    }
+
+    private static func isLinkLocal(_ bytes: [UInt8]) -> Bool { bytes[0] == 0xfe && bytes[1] & 0xc0 == 0x80 }
 }
 
 private func ntop(_ family: Int32, _ address: in_addr) -> String {
@@ -194,14 +161,14 @@ func multicastRoundTrip(_ interface: InterfaceInfo, ipv6: Bool, timeoutMilliseco
     func option<T>(_ level: Int32, _ name: Int32, _ value: T) -> Bool {
         withUnsafeBytes(of: value) { setsockopt(fd, level, name, $0.baseAddress, socklen_t($0.count)) == 0 }
     }
-    let index = Int32(interface.index)
+    let index = interface.index
     _ = option(SOL_SOCKET, SO_REUSEADDR, Int32(1))
     _ = option(SOL_SOCKET, SO_REUSEPORT, Int32(1))
     let any: SocketAddress
     let group: SocketAddress
     do {
         any = try SocketAddress(ipAddress: ipv6 ? "::" : "0.0.0.0", port: 5353)
-        group = try SocketAddress(ipAddress: ipv6 ? "ff02::fb" : "224.0.0.251", port: 5353, scopeID: ipv6 ? interface.index : nil)
+        group = try SocketAddress(ipAddress: ipv6 ? "ff02::fb" : "224.0.0.251", port: 5353, scopeID: ipv6 ? UInt32(interface.index) : nil)
     } catch {
         return .failed(step: "address", errno: EINVAL)
     }
