@@ -11,13 +11,7 @@ import Transport
 extension MessageChannel: ConnectionHandler {
     package func connection(_ connection: ConnectionDriver, received frame: Frame) {
         assertOnLoop()
-        if let link = sessionLink, link.awaitingClientSession,
-            ![.session, .ping, .pong, .goodbye].contains(frame.kind)
-        {
-            return violation(
-                "the client offered a message session in its hello but sent \(frame.kind) before its SESSION frame; "
-                    + "a client that offers sessions sends SESSION first (docs/PROTOCOL.md, \"Sessions\")")
-        }
+        if let link = sessionLink, let text = link.machine.violation(receiving: frame.kind) { return violation(text) }
         switch frame.kind {
         case .message:
             handleMessage(frame)
@@ -80,10 +74,9 @@ extension MessageChannel: ConnectionHandler {
             for watcher in link.healthWatchers { watcher.finish() }
             link.healthWatchers = []
             link.session?.detach(self)
-            link.helloWaiter?.resume(throwing: error)
-            link.openedWaiter?.resume(throwing: error)
-            link.helloWaiter = nil
-            link.openedWaiter = nil
+            let (hello, answer) = link.machine.closed()
+            hello?.resume(throwing: error)
+            answer?.resume(throwing: error)
         }
         messageBuffer.finish()
         transferBuffer.finish()
@@ -104,11 +97,10 @@ extension MessageChannel: ConnectionHandler {
         if let session = sessionLink?.session, frame.isSessionMessage {
             let (deliver, ackNow) = session.received(on: self)
             guard deliver else { return }  // this connection was replaced: the new one resends it
-            if ackNow {
-                sendAck()
-            } else if let link = sessionLink, !link.ackArmed {
-                link.ackArmed = true
-                driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
+            switch sessionLink?.machine.sessionMessageReceived(ackNow: ackNow) {
+            case .sendNow?: sendAck()
+            case .armDeadline?: driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
+            case .nothing?, nil: break
             }
         }
         let message = IncomingMessage(frame: frame, codecs: configuration.codecs)

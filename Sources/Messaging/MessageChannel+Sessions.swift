@@ -13,7 +13,7 @@ extension MessageChannel {
     func sendAck() {
         assertOnLoop()
         guard let link = sessionLink, let session = link.session else { return }
-        link.ackArmed = false
+        link.machine.ackSent()
         driver.setDeadline(.ack, at: nil)
         if let count = session.takeAck(on: self) {
             driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in }
@@ -31,30 +31,32 @@ extension MessageChannel {
             return violation("malformed SESSION payload (it needs \"id\": 32 hex digits and \"received\")")
         }
         // SESSION is the client's first frame when it offered sessions, or the server's answer to it.
-        guard let link = sessionLink, link.awaitingClientSession || link.openedWaiter != nil else {
-            return violation(
-                peer.sessions
-                    ? "an unexpected SESSION frame (a session is already open, or none was offered)"
-                    : "a SESSION frame, but \(peer.name.isEmpty ? "the peer" : "'\(peer.name)'") did not offer message sessions in its hello")
+        guard let link = sessionLink else {
+            var nobody = ChannelStateMachine<Never, Never>()
+            if case .violation(let text) = nobody.sessionFrame(hello, peerOfferedSessions: peer.sessions, peerName: peer.name) {
+                violation(text)
+            }
+            return
         }
-        link.awaitingClientSession = false
-        if let waiter = link.openedWaiter, let session = link.session {
+        switch link.machine.sessionFrame(hello, peerOfferedSessions: peer.sessions, peerName: peer.name) {
+        case .answer(let waiter):
             // Client: the server's answer. Attached here, on the loop, before the next frame is read.
-            link.openedWaiter = nil
+            guard let session = link.session else {
+                waiter.resume(throwing: TransportError(.helloFailed, "the session ended before the server answered"))
+                return violation("a SESSION answer for a session that ended")
+            }
             switch session.clientOpened(hello, on: self) {
             case .success(let opened): waiter.resume(returning: opened)
             case .failure(let error):
                 waiter.resume(throwing: error)
                 violation(error.message)
             }
-            return
-        }
-        guard link.session == nil, link.pendingHello == nil else { return violation("a second SESSION frame") }
-        if let waiter = link.helloWaiter {
-            link.helloWaiter = nil
+        case .hello(let waiter):
             waiter.resume(returning: hello)
-        } else {
-            link.pendingHello = hello
+        case .kept:
+            break
+        case .violation(let text):
+            violation(text)
         }
     }
 
@@ -63,14 +65,13 @@ extension MessageChannel {
         try await awaitSessionFrame(
             within: timeout, "the server did not answer the SESSION frame within \(timeout)",
             register: { link, continuation in
+                guard link.machine.waitForAnswer(continuation) else {
+                    return continuation.resume(throwing: TransportError(.helloFailed, "a session is being opened on this connection already"))
+                }
                 link.session = session
-                link.openedWaiter = continuation
                 self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
             },
-            expire: { link in
-                defer { link.openedWaiter = nil }
-                return link.openedWaiter
-            })
+            expire: { link in link.machine.answerTimedOut() })
     }
 
     /// Server: waits for the client's SESSION frame (it offered a session in its hello).
@@ -78,17 +79,14 @@ extension MessageChannel {
         try await awaitSessionFrame(
             within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)",
             register: { link, continuation in
-                if let hello = link.pendingHello {
-                    link.pendingHello = nil
-                    continuation.resume(returning: hello)
-                } else {
-                    link.helloWaiter = continuation
+                switch link.machine.waitForHello(continuation) {
+                case .arrived(let hello): continuation.resume(returning: hello)
+                case .waiting: break
+                case .notExpected:
+                    continuation.resume(throwing: TransportError(.helloFailed, "no SESSION frame is expected on this connection"))
                 }
             },
-            expire: { link in
-                defer { link.helloWaiter = nil }
-                return link.helloWaiter
-            })
+            expire: { link in link.machine.helloTimedOut() })
     }
 
     /// Runs `register` on the loop with this channel's session box and a continuation that the
@@ -105,7 +103,7 @@ extension MessageChannel {
             queue.async {
                 let link = self.sessionLink ?? SessionLink()
                 self.sessionLink = link
-                if link.pendingHello == nil, !self.driver.acceptsFrames {
+                if !link.machine.helloArrived, !self.driver.acceptsFrames {
                     continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
                     return
                 }

@@ -96,15 +96,12 @@ public final class MessageChannel: @unchecked Sendable {
         /// table) holds the session, and a server's session holds the channel it serves — a strong
         /// reference here would keep both alive after the session ended.
         weak var session: MessageSession?
-        /// Server: a SESSION frame that arrived before anyone asked for it.
-        var pendingHello: SessionHello?
-        /// Server: waits for the client's SESSION; client: waits for the server's answer.
-        var helloWaiter: CheckedContinuation<SessionHello, any Error>?
-        var openedWaiter: CheckedContinuation<MessageSession.Opened, any Error>?
-        var ackArmed = false
-        /// Server: the client offered a session in its hello, and its SESSION has not come yet —
-        /// the only frames allowed before it are SESSION, PING, PONG and GOODBYE.
-        var awaitingClientSession = false
+        /// The session gate, the SESSION exchange and the acknowledgement deadline.
+        var machine: ChannelStateMachine<
+            CheckedContinuation<SessionHello, any Error>, CheckedContinuation<MessageSession.Opened, any Error>
+        >
+
+        init(awaitsClientSession: Bool = false) { machine = ChannelStateMachine(awaitsClientSession: awaitsClientSession) }
         /// Consumers of ``healthUpdates``.
         var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation] = []
     }
@@ -125,11 +122,7 @@ public final class MessageChannel: @unchecked Sendable {
         self.peer = established.peer
         self.storedPeerMaxFrameSize = UInt32(clamping: established.peerMaxFrameSize)
         self.configuration = configuration
-        if awaitsSession {
-            let link = SessionLink()
-            link.awaitingClientSession = true
-            sessionLink = link
-        }
+        if awaitsSession { sessionLink = SessionLink(awaitsClientSession: true) }
     }
 
     /// A buffer of inbound elements that pauses reading `driver` while it holds `limit` or more.
