@@ -48,11 +48,10 @@ extension MessageServer {
             let reason = "busy: \(why); try again in \(retry) ms"
             refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
             refused(remote, .busy, reason)
-            if let listener = blockAt, let threshold = configuration.floodBlockThreshold {
-                let (duration, again) = block(source)
+            if let listener = blockAt {
+                let (duration, count, again) = block(source)
                 listener.block(source, for: duration)
                 metrics?.sourcesBlocked.increment()
-                let count = again ? max(1, threshold / HandshakeAdmission.probationDivisor) : threshold
                 logger.warning(
                     "\(source) made \(count) connection attempts in one second that were refused busy\(again ? ", soon after its last block" : ""): blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
                 )
@@ -114,13 +113,15 @@ extension MessageServer {
     /// (up to 32 times) each time it floods again within twice its last block after the block
     /// ended — a flood that never stops then reaches the server for a fraction of a second in
     /// minutes, not every 10 s (``HandshakeAdmission/block(_:now:base:)``).
-    /// `again`: it was on probation, blocked not long ago.
-    private func block(_ source: HandshakeAdmission.Source) -> (duration: Duration, again: Bool) {
+    /// `count`: the refusals in one second that made it a flooder (the threshold it met); `again`:
+    /// it was on probation, blocked not long ago.
+    private func block(_ source: HandshakeAdmission.Source) -> (duration: Duration, count: Int, again: Bool) {
         let base = configuration.floodBlockDuration.nanoseconds
         let now = uptimeNanoseconds()
         return state.withLock { state in
             let again = state.admission.isOnProbation(source, now: now)
-            return (.nanoseconds(Int64(clamping: state.admission.block(source, now: now, base: base))), again)
+            let count = state.admission.blockThreshold(for: source, now: now) ?? 0
+            return (.nanoseconds(Int64(clamping: state.admission.block(source, now: now, base: base))), count, again)
         }
     }
 

@@ -223,8 +223,7 @@ package struct HandshakeAdmission: Sendable {
     ) -> Verdict {
         var block = false
         if var entry = entry ?? (limits.blockAfterRefusals != nil ? Entry() : nil) {
-            if var threshold = limits.blockAfterRefusals {
-                if blocks[source]?.onProbation(now: now) == true { threshold = max(1, threshold / Self.probationDivisor) }
+            if let threshold = blockThreshold(for: source, now: now) {
                 block = entry.refused.add(now: now) == threshold
             }
             sources[source] = entry
@@ -253,6 +252,13 @@ package struct HandshakeAdmission: Sendable {
             sources[source] = entry
         }
         return duration
+    }
+
+    /// The refusals within one second that make `source` a flooder now: ``Limits/blockAfterRefusals``,
+    /// or a sixteenth of it while the source is on probation; nil: never blocked.
+    package func blockThreshold(for source: Source, now: UInt64) -> Int? {
+        guard let threshold = limits.blockAfterRefusals else { return nil }
+        return isOnProbation(source, now: now) ? max(1, threshold / Self.probationDivisor) : threshold
     }
 
     /// Whether `source` was blocked for flooding and is on probation now (tests, metrics).
