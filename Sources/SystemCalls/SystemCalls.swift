@@ -6,24 +6,26 @@
 
 /// An `errno` from a failed system call: the package's one errno type. Transport, Discovery and
 /// PreviewKit keep it in their own errors, with the call's name and what to do.
-package struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
-    package let code: Int32
+@usableFromInline package struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
+    @usableFromInline package let code: Int32
 
-    package init(_ code: Int32) { self.code = code }
+    @inlinable package init(_ code: Int32) { self.code = code }
 
     /// The current thread's `errno`.
     package static var current: Errno { Errno(errno) }
 
     /// EAGAIN or EWOULDBLOCK: a nonblocking call found nothing to do.
-    package var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
+    @inlinable package var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
 
     /// `"Connection refused (errno 111)"`.
-    package var description: String { "\(String(cString: strerror(code))) (errno \(code))" }
+    @usableFromInline package var description: String { "\(String(cString: strerror(code))) (errno \(code))" }
 }
 
 /// The package's one system-call loop: runs `body` (a C call returning -1 and setting `errno` on
 /// failure) again while it is interrupted by a signal (EINTR), and returns its result or its errno.
-@inline(__always)
+/// Inlinable: every socket read and write goes through it, and a generic call across the module
+/// boundary, unspecialized, cost each W2 round trip 3 µs (4 %).
+@inlinable @inline(__always)
 package func retryingInterrupts<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
     while true {
         let result = body()
