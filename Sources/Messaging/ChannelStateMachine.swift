@@ -75,11 +75,16 @@ struct ChannelStateMachine<HelloWaiter, AnswerWaiter> {
         case .helloArrived:
             return .violation("a second SESSION frame")
         case .none:
-            return .violation(
-                peerOfferedSessions
-                    ? "an unexpected SESSION frame (a session is already open, or none was offered)"
-                    : "a SESSION frame, but \(peerName.isEmpty ? "the peer" : "'\(peerName)'") did not offer message sessions in its hello")
+            return .violation(Self.unexpectedSession(peerOfferedSessions: peerOfferedSessions, peerName: peerName))
         }
+    }
+
+    /// The protocol error for a SESSION frame nobody expects (also said by a channel that has no
+    /// session box at all).
+    static func unexpectedSession(peerOfferedSessions: Bool, peerName: String) -> String {
+        peerOfferedSessions
+            ? "an unexpected SESSION frame (a session is already open, or none was offered)"
+            : "a SESSION frame, but \(peerName.isEmpty ? "the peer" : "'\(peerName)'") did not offer message sessions in its hello"
     }
 
     enum HelloWait {

@@ -32,11 +32,7 @@ extension MessageChannel {
         }
         // SESSION is the client's first frame when it offered sessions, or the server's answer to it.
         guard let link = sessionLink else {
-            var nobody = ChannelStateMachine<Never, Never>()
-            if case .violation(let text) = nobody.sessionFrame(hello, peerOfferedSessions: peer.sessions, peerName: peer.name) {
-                violation(text)
-            }
-            return
+            return violation(SessionLink.Machine.unexpectedSession(peerOfferedSessions: peer.sessions, peerName: peer.name))
         }
         switch link.machine.sessionFrame(hello, peerOfferedSessions: peer.sessions, peerName: peer.name) {
         case .answer(let waiter):

@@ -11,9 +11,6 @@
 
     @inlinable package init(_ code: Int32) { self.code = code }
 
-    /// The current thread's `errno`.
-    package static var current: Errno { Errno(errno) }
-
     /// EAGAIN or EWOULDBLOCK: a nonblocking call found nothing to do.
     @inlinable package var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
 
