@@ -118,7 +118,8 @@ let package = Package(
             path: "Demo/lanmsg-echo",
             swiftSettings: strict
         ),
-        // bonjour-chat: room logic in ChatKit (unit-tested), terminal UI in the executable.
+        // bonjour-chat: the room and the host's and member's decisions in ChatKit (controllers returning effects,
+        // unit-tested), terminal, sockets and timers in the executable.
         .target(
             name: "ChatKit",
             dependencies: ["Messaging", .product(name: "Logging", package: "swift-log")],

@@ -67,4 +67,13 @@ public enum ChatCommand: Sendable, Equatable {
         "  /quit [MSG]     leave (Ctrl-C too)",
         "  //text          send a line that starts with /",
     ]
+
+    /// What to tell the user about a command the chat does not know or that misses its argument.
+    public var complaint: String? {
+        switch self {
+        case .usage(let usage): "usage: \(usage)"
+        case .unknown(let name): "unknown command /\(name); /help lists the commands (//text sends a line starting with /)"
+        default: nil
+        }
+    }
 }

@@ -128,17 +128,6 @@ final class ChatSession {
         }
     }
 
-    /// Reports a command the chat does not know or that misses its argument; true if it did.
-    func reportBadCommand(_ command: ChatCommand) -> Bool {
-        switch command {
-        case .usage(let usage): problem("usage: \(usage)")
-        case .unknown(let name):
-            problem("unknown command /\(name); /help lists the commands (//text sends a line starting with /)")
-        default: return false
-        }
-        return true
-    }
-
     func channelConfiguration(_ channel: inout ChannelConfiguration) {
         channel.preSharedKey = key
         channel.pingInterval = .seconds(2)
@@ -148,11 +137,9 @@ final class ChatSession {
     // MARK: host
 
     func host(room name: String, topic: String, port: UInt16) async -> ChatExit {
-        var room = Room(name: name, topic: topic)
-        var me = Participant(nick: nick, room: name, formatter: formatter)
-        let firstLines = room.handle(.join(nick: nick), from: Room.localID, at: now)
+        var controller = HostController(room: name, topic: topic, nick: nick, formatter: formatter, interactive: interactive, at: now)
         var configuration = ServerConfiguration(serviceType: chatServiceType, serviceName: name, peerName: name)
-        configuration.txt = TXTRecord(room.txt)
+        configuration.txt = TXTRecord(controller.txt)
         configuration.listener.port = port
         configuration.stopGracePeriod = .seconds(2)
         channelConfiguration(&configuration.channel)
@@ -168,7 +155,7 @@ final class ChatSession {
         Task {
             for await event in server.events { continuation.yield(.server(event)) }
         }
-        startInput(prompt: me.prompt)
+        startInput(prompt: controller.me.prompt)
         notice(
             "hosting \(name) on port \(server.port ?? port); others join with: bonjour-chat join \(shellQuoted(name))")
         if let identity = configuration.channel.security.identity {
@@ -191,154 +178,104 @@ final class ChatSession {
                 ]))
         }
         var connections: [MemberID: ServerConnection] = [:]
-        var publishedTXT = room.txt
 
-        func deliver(_ deliveries: [Room.Delivery]) async {
-            for delivery in deliveries {
-                let targets: [MemberID]
-                let message: HostMessage
-                switch delivery {
-                case .to(let id, let value): (targets, message) = ([id], value)
-                case .everyone(let value): (targets, message) = (room.members.map(\.id), value)
-                case .everyoneBut(let id, let value):
-                    (targets, message) = (room.members.map(\.id).filter { $0 != id }, value)
+        /// Carries out the controller's effects in order; false once the room is closed.
+        /// `message`: the request being handled (replies go to it).
+        func perform(_ effects: [HostController.Effect], replyingTo message: IncomingMessage? = nil, of connection: ServerConnection? = nil) async -> Bool {
+            for effect in effects {
+                switch effect {
+                case .show(let lines): console.show(lines)
+                case .prompt(let prompt): console.setPrompt(prompt)
+                case .send(let message, let targets): await send(message, to: targets.compactMap { connections[$0] })
+                case .replyMembers(let info):
+                    if let message, let connection { try? await connection.reply(to: message, with: info, type: ChatType.members) }
+                case .replyError(let code, let text):
+                    if let message, let connection { try? await connection.reply(to: message, error: RemoteError(code: code, message: text)) }
+                case .disconnect(let id, let reason): connections.removeValue(forKey: id)?.close(reason: reason)
+                case .updateTXT(let txt):
+                    do {
+                        try await server.updateTXT(TXTRecord(txt))
+                    } catch {
+                        logger.warning("TXT update failed", metadata: ["error": "\(error.message)"])
+                    }
+                case .showHealth:
+                    for connection in connections.values.sorted(by: { $0.id < $1.id }) {
+                        let nick = controller.room.nick(of: connection.id) ?? connection.peer.name
+                        notice("  \(nick): \(await connection.health)")
+                    }
+                case .listRooms: listRoomsInBackground()
+                case .showHelp: showHelp()
+                case .showFingerprints:
+                    showFingerprints(of: connections.values.sorted { $0.id < $1.id }.compactMap(\.channel.peerIdentity), as: "member")
+                case .showTrust(let room): showTrust(forget: room)
+                case .exit: return false
                 }
-                if targets.contains(Room.localID) { console.show(me.receive(message, at: now)) }
-                await send(message, to: targets.compactMap { connections[$0] })
             }
-            console.setPrompt(me.prompt)
+            return true
         }
 
-        await deliver(firstLines)
-        var status = ExitStatus.ok
+        _ = await perform(controller.opening)
+        // The loop takes what happens, lets the controller decide, and carries out its effects.
         loop: for await input in stream {
             switch input {
             case .server(let event):
+                let happened: HostController.Input
                 switch event {
-                case .published(let published):
-                    notice("the room is published on the network as \(published)")
-                case .renamed(let from, let to):
-                    room.name = to
-                    notice("a room named \(from) exists already; this one is published as \(to)")
+                case .published(let published): happened = .published("\(published)")
+                case .renamed(let from, let to): happened = .renamed(from: from, to: to)
                 case .accepted(let connection):
                     connections[connection.id] = connection
                     if let identity = connection.channel.peerIdentity { notice(describe(identity, as: "member")) }
+                    continue loop
                 case .received(let connection, let message):
-                    let request: ParticipantRequest
                     do {
-                        guard let decoded = try ParticipantRequest.decode(message) else {
-                            // A type this version does not know: a request is answered, a one-way
-                            // message logged (a newer member may send things this host ignores).
+                        if let request = try ParticipantRequest.decode(message) {
+                            happened = .request(request, from: connection.id, expectsReply: message.expectsReply)
+                        } else {
                             logger.notice("unknown message", metadata: ["type": "\(message.typeID)", "from": "\(connection)"])
-                            if message.expectsReply {
-                                try? await connection.reply(
-                                    to: message,
-                                    error: RemoteError(code: ChatErrorCode.unknownType, message: "this host does not know '\(message.typeID)'"))
-                            }
-                            continue loop
+                            happened = .unknownMessage(type: message.typeID, from: connection.id, expectsReply: message.expectsReply)
                         }
-                        request = decoded
                     } catch {
-                        // Malformed: said to the sender (error reply to a request, a notice otherwise) and logged.
-                        let text = "your \(message.typeID) could not be read by the host: \(error)"
                         logger.notice("malformed message", metadata: ["type": "\(message.typeID)", "from": "\(connection)", "error": "\(error)"])
-                        if message.expectsReply {
-                            try? await connection.reply(to: message, error: RemoteError(code: ChatErrorCode.badRequest, message: text))
-                        } else {
-                            try? await connection.send(HostMessage.event(RoomEvent(.notice, time: now, text: text)))
-                        }
-                        continue loop
+                        happened = .malformed(type: message.typeID, error: "\(error)", from: connection.id, expectsReply: message.expectsReply)
                     }
-                    if case .members = request, message.expectsReply {
-                        // `chat.members` is a request: the reply carries who is here.
-                        if room.nick(of: connection.id) != nil {
-                            try? await connection.reply(to: message, with: room.membersInfo, type: ChatType.members)
-                        } else {
-                            try? await connection.reply(
-                                to: message, error: RemoteError(code: ChatErrorCode.notJoined, message: "join the room first (chat.join)"))
-                        }
-                        continue loop
-                    }
-                    await deliver(room.handle(request, from: connection.id, at: now))
-                    if case .leave = request {
-                        // chat.bye is sent: the member is gone, and so is its connection.
-                        connections[connection.id] = nil
-                        connection.close(reason: "left the room")
-                    }
+                    guard await perform(controller.handle(happened, at: now), replyingTo: message, of: connection) else { break loop }
+                    continue loop
                 case .closed(let connection, _):
                     connections[connection.id] = nil
-                    await deliver(room.disconnected(connection.id, at: now))
-                case .interrupted(let connection, let reason):
-                    if let nick = room.nick(of: connection.id) {
-                        notice("\(nick)'s connection dropped (\(reason)); keeping their place while they come back")
-                    }
-                case .resumed(let connection, _):
-                    if let nick = room.nick(of: connection.id) { notice("\(nick) is back") }
+                    happened = .closed(connection.id)
+                case .interrupted(let connection, let reason): happened = .interrupted(connection.id, reason: "\(reason)")
+                case .resumed(let connection, _): happened = .resumed(connection.id)
                 case .undelivered(let connection, let lost):
                     logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
+                    continue loop
                 case .transfer(_, let transfer):
                     transfer.discard()
+                    continue loop
                 case .refused(let remote, let reason):
                     // The server's log already has these, as a summary per interval.
                     logger.debug(
                         "refused", metadata: ["remote": "\(remote.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
-                case .registered(let name, let domain):
-                    notice("the room is also registered in \(domain) as \(name) (found from other subnets)")
-                case .registrationFailed(let domain, let error):
-                    problem("registering the room in \(domain) failed: \(error.message)")
+                    continue loop
+                case .registered(let name, let domain): happened = .registered(name: name, domain: domain)
+                case .registrationFailed(let domain, let error): happened = .registrationFailed(domain: domain, error: error.message)
                 }
+                guard await perform(controller.handle(happened, at: now)) else { break loop }
             case .line(let line):
-                let command = ChatCommand.parse(line)
-                switch command {
-                case .say(let text): await deliver(room.handle(.say(text), from: Room.localID, at: now))
-                case .me(let text): await deliver(room.handle(.me(text), from: Room.localID, at: now))
-                case .nick(let new): await deliver(room.handle(.nick(new), from: Room.localID, at: now))
-                case .topic(nil):
-                    notice(room.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(room.topic)")
-                case .topic(let text?): await deliver(room.handle(.topic(text), from: Room.localID, at: now))
-                case .who:
-                    await deliver(room.handle(.members, from: Room.localID, at: now))
-                    for connection in connections.values.sorted(by: { $0.id < $1.id }) {
-                        let nick = room.nick(of: connection.id) ?? connection.peer.name
-                        notice("  \(nick): \(await connection.health)")
-                    }
-                case .rooms: listRoomsInBackground()
-                case .help: showHelp()
-                case .fingerprint:
-                    showFingerprints(of: connections.values.sorted { $0.id < $1.id }.compactMap(\.channel.peerIdentity), as: "member")
-                case .trust(let room): showTrust(forget: room)
-                case .quit: break loop
-                case .empty, .usage, .unknown: _ = reportBadCommand(command)
-                }
+                guard await perform(controller.handle(.line(line), at: now)) else { break loop }
             case .endOfInput:
-                if interactive { break loop }  // Ctrl-D; in scripted mode the room stays open
+                guard await perform(controller.handle(.endOfInput, at: now)) else { break loop }
             case .interrupt:
-                break loop
+                guard await perform(controller.handle(.interrupt, at: now)) else { break loop }
             case .output(let lines):
                 console.show(lines)
             case .client, .rejoinDeadline, .byeTimeout:
                 break
             }
-            if room.txt != publishedTXT {
-                publishedTXT = room.txt
-                do {
-                    try await server.updateTXT(TXTRecord(room.txt))
-                } catch {
-                    logger.warning("TXT update failed", metadata: ["error": "\(error.message)"])
-                }
-            }
         }
-        let closing = RoomEvent(.notice, time: now, text: "\(me.nick) closed the room \(room.name)")
-        console.show(me.receive(.event(closing), at: now))
-        let members = room.members.compactMap { connections[$0.id] }
-        await send(.event(closing), to: members)
-        // chat.closed: members leave instead of looking for the room to rejoin.
-        await send(.closed("the host closed the room \(room.name)"), to: members)
         await server.stop()
         await finish()
-        _ = status
-        status = ExitStatus.ok
-        return ChatExit(status)
+        return ChatExit(ExitStatus.ok)
     }
 
     /// Sends to several connections at once, in order per connection. A connection that does not take
@@ -433,229 +370,96 @@ final class ChatSession {
         Task {
             for await event in client.events { continuation.yield(.client(event)) }
         }
-        var me = Participant(nick: nick, room: label, formatter: formatter)
-        startInput(prompt: me.prompt)
+        var controller = JoinController(
+            nick: nick, room: label, formatter: formatter, rejoinTimeout: rejoinTimeout, interactive: interactive)
+        startInput(prompt: controller.me.prompt)
 
-        var everConnected = false
-        var leaving = false
-        var inputDone = false
-        var pending: [ParticipantRequest] = []
-        var generation = 0
-
-        func leave(_ reason: String) async -> ChatExit? {
-            guard me.joined else {
-                await client.close()
-                await finish()
-                return ChatExit(ExitStatus.ok)
-            }
-            leaving = true
-            do {
-                try await client.send(.leave(reason))
-            } catch {
-                await client.close()
-                await finish()
-                return ChatExit(ExitStatus.ok)
-            }
-            Task {
-                try? await Task.sleep(for: .seconds(3))
-                continuation.yield(.byeTimeout)
-            }
-            return nil
-        }
-
-        func submit(_ request: ParticipantRequest) async {
-            guard me.joined, pending.isEmpty else {
-                guard pending.count < 500 else {
-                    problem("not connected and too much waiting to be sent; dropped")
-                    return
-                }
-                pending.append(request)
-                return
-            }
-            do {
-                try await client.send(request)
-            } catch {
-                pending.append(request)  // sent again after the rejoin
-            }
-        }
-
-        /// Says which typed lines never reached the host (the room is gone, or the host restarted).
-        func reportNotSent(_ requests: [ParticipantRequest]) {
-            let lines = requests.compactMap { request -> String? in
-                switch request {
-                case .say(let text): text
-                case .me(let text): "/me \(text)"
-                case .nick(let nick): "/nick \(nick)"
-                case .topic(let topic): "/topic \(topic)"
-                default: nil
-                }
-            }
-            guard !lines.isEmpty else { return }
-            problem(
-                "\(lines.count) line\(lines.count == 1 ? " was" : "s were") not delivered to \(me.room) "
-                    + "(the host never confirmed them): " + lines.map { "\"\($0)\"" }.joined(separator: ", "))
-        }
-
-        func flushPending() async {
-            while me.joined, let request = pending.first {
-                do {
-                    try await client.send(request)
-                    pending.removeFirst()
-                } catch {
-                    return
-                }
-            }
-        }
-
+        // The loop takes what happens, lets the controller decide, and carries out its effects.
         for await input in stream {
+            let happened: JoinController.Input
             switch input {
             case .client(let event):
                 switch event {
-                case .connected(_, let via):
-                    if everConnected && client.resumedSession {
-                        // The message session continued: still a member, and whatever was sent or
-                        // received meanwhile arrives once, in order.
-                        me.sessionResumed()
-                        notice("back in \(me.room)\(via.map { " via \($0)" } ?? ""); nothing was lost")
-                        generation += 1
-                        await flushPending()
-                        continue
-                    }
-                    if everConnected { notice("found the room again\(via.map { " at \($0)" } ?? ""); rejoining") }
-                    everConnected = true
-                    if let identity = client.channel?.peerIdentity { notice(describe(identity, as: "host")) }
-                    try? await client.send(ParticipantRequest.join(nick: me.nick))
+                case .connected(_, let via): happened = .connected(resumed: client.resumedSession, via: via.map { "\($0)" })
                 case .received(let message):
-                    let decoded: HostMessage
                     do {
                         guard let known = try HostMessage.decode(message) else {
                             logger.debug("unknown message from the host", metadata: ["type": "\(message.typeID)"])
                             continue
                         }
-                        decoded = known
+                        happened = .received(known)
                     } catch {
                         problem("the host sent a \(message.typeID) this chat cannot read (\(error)); it was skipped")
                         continue
                     }
-                    console.show(me.receive(decoded, at: now))
-                    console.setPrompt(me.prompt)
-                    switch decoded {
-                    case .closed:
-                        // The room is gone for good: nothing to rejoin.
-                        reportNotSent(pending)
-                        await client.close()
-                        await finish()
-                        return ChatExit(ExitStatus.ok)
-                    case .welcome:
-                        generation += 1
-                        await flushPending()
-                        if inputDone && pending.isEmpty && !leaving, let exit = await leave("") { return exit }
-                    case .bye:
-                        await client.close()
-                        await finish()
-                        return ChatExit(ExitStatus.ok)
-                    default:
-                        break
-                    }
-                case .disconnected(let reason):
-                    me.connectionLost()
-                    if leaving {
-                        await client.close()
-                        await finish()
-                        return ChatExit(ExitStatus.ok)
-                    }
-                    guard rejoinTimeout > 0 else {
-                        problem("lost the connection to the host of \(me.room) (\(reason))")
-                        await client.close()
-                        await finish()
-                        return ChatExit(ExitStatus.connectionLost)
-                    }
-                    problem(
-                        "lost the connection to the host of \(me.room) (\(reason)); "
-                            + "looking for the room to rejoin for \(formatSeconds(rejoinTimeout))"
-                    )
-                    generation += 1
-                    let current = generation
-                    let delay = seconds(rejoinTimeout)
-                    Task {
-                        try? await Task.sleep(for: delay)
-                        continuation.yield(.rejoinDeadline(current))
-                    }
-                case .reconnecting, .waiting, .resumed:
-                    break
-                case .undelivered(let lost):
-                    reportNotSent(lost.compactMap { try? ParticipantRequest.decode($0) })
-                case .gaveUp(let error):
-                    problem("gave up rejoining: \(error.message)")
-                    reportNotSent(pending)
-                    await finish()
-                    return ChatExit(ExitStatus.connectionLost)
+                case .disconnected(let reason): happened = .disconnected(reason: "\(reason)")
+                case .reconnecting, .waiting, .resumed: continue
+                case .undelivered(let lost): happened = .undelivered(lost.compactMap { try? ParticipantRequest.decode($0) })
+                case .gaveUp(let error): happened = .gaveUp(error.message)
                 case .transfer(let transfer):
                     transfer.discard()
+                    continue
                 }
             case .rejoinDeadline(let which):
-                guard which == generation, !me.joined else { continue }
-                problem("could not rejoin \(me.room) within \(formatSeconds(rejoinTimeout)); giving up")
-                reportNotSent(
-                    client.unacknowledgedMessages.compactMap {
-                        try? ParticipantRequest.decode($0)
-                    } + pending)
-                await client.close()
-                await finish()
-                return ChatExit(ExitStatus.connectionLost)
-            case .line(let typed):
-                guard !leaving else { continue }
-                // A pasted block is several lines (CR, LF, CRLF): each is its own message or command.
-                for line in Room.lines(of: typed) {
-                let command = ChatCommand.parse(line)
-                switch command {
-                case .say(let text): await submit(.say(text))
-                case .me(let text): await submit(.me(text))
-                case .nick(let new): await submit(.nick(new))
-                case .topic(nil): notice(me.topic.isEmpty ? "no topic; set one with /topic TEXT" : "topic: \(me.topic)")
-                case .topic(let text?): await submit(.topic(text))
-                case .who:
-                    guard me.joined else {
-                        notice("not in the room right now (\(me.room)); /who works once rejoined")
-                        continue
+                happened = .rejoinDeadline(
+                    which, unacknowledged: client.unacknowledgedMessages.compactMap { try? ParticipantRequest.decode($0) })
+            case .line(let typed): happened = .line(typed)
+            case .endOfInput: happened = .endOfInput
+            case .interrupt: happened = .interrupt
+            case .byeTimeout: happened = .byeTimeout
+            case .output(let lines):
+                console.show(lines)
+                continue
+            case .server:
+                continue
+            }
+            var effects = controller.handle(happened, at: now)
+            while !effects.isEmpty {
+                switch effects.removeFirst() {
+                case .show(let lines): console.show(lines)
+                case .prompt(let prompt): console.setPrompt(prompt)
+                case .send(let requests):
+                    var sent = 0
+                    for request in requests {
+                        do { try await client.send(request) } catch { break }
+                        sent += 1
                     }
+                    effects.insert(contentsOf: controller.sent(sent, at: now), at: 0)
+                case .join(let nick): try? await client.send(ParticipantRequest.join(nick: nick))
+                case .leave(let reason):
+                    let ok = (try? await client.send(ParticipantRequest.leave(reason))) != nil
+                    effects.insert(contentsOf: controller.leaveSent(ok, at: now), at: 0)
+                case .describeHost:
+                    if let identity = client.channel?.peerIdentity { notice(describe(identity, as: "host")) }
+                case .askWho:
                     // chat.members is a request: the host answers with who is here.
                     do {
                         let info = try await client.request(
                             TextPayload(), type: ChatType.members, expecting: MembersInfo.self, timeout: .seconds(5))
-                        console.show(me.receive(.members(info), at: now))
+                        effects.insert(contentsOf: controller.handle(.received(.members(info)), at: now), at: 0)
                     } catch {
                         problem("the host did not say who is here: \(error)")
                     }
                     if let health = await client.health { notice("link to the host: \(health)") }
-                case .rooms: listRoomsInBackground()
-                case .help: showHelp()
-                case .fingerprint: showFingerprints(of: client.channel?.peerIdentity.map { [$0] } ?? [], as: "host")
-                case .trust(let room): showTrust(forget: room)
-                case .quit(let reason):
-                    if let exit = await leave(reason) { return exit }
-                case .empty, .usage, .unknown: _ = reportBadCommand(command)
-                }
-                }
-            case .endOfInput:
-                inputDone = true
-                if !leaving && (interactive || (me.joined && pending.isEmpty)), let exit = await leave("") {
-                    return exit
-                }
-            case .interrupt:
-                if leaving {
+                case .listRooms: listRoomsInBackground()
+                case .showHelp: showHelp()
+                case .showFingerprints: showFingerprints(of: client.channel?.peerIdentity.map { [$0] } ?? [], as: "host")
+                case .showTrust(let room): showTrust(forget: room)
+                case .startRejoinTimer(let which, let after):
+                    Task {
+                        try? await Task.sleep(for: seconds(after))
+                        continuation.yield(.rejoinDeadline(which))
+                    }
+                case .startByeTimer:
+                    Task {
+                        try? await Task.sleep(for: seconds(JoinController.byeTimeout))
+                        continuation.yield(.byeTimeout)
+                    }
+                case .close: await client.close()
+                case .exit(let outcome):
                     await finish()
-                    return ChatExit(ExitStatus.ok)
+                    return ChatExit(outcome == .left ? ExitStatus.ok : ExitStatus.connectionLost)
                 }
-                if let exit = await leave("") { return exit }
-            case .byeTimeout:
-                await client.close()
-                await finish()
-                return ChatExit(ExitStatus.ok)
-            case .output(let lines):
-                console.show(lines)
-            case .server:
-                break
             }
         }
         await finish()

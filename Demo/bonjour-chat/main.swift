@@ -243,10 +243,6 @@ func defaultNick() -> String {
     return "guest"
 }
 
-func formatSeconds(_ seconds: Double) -> String {
-    seconds == seconds.rounded() ? "\(Int(seconds)) s" : "\(seconds) s"
-}
-
 // Entry point: ArgumentParser's usage errors exit with 2 (not 64), our own errors with their status.
 ServiceDiscovery.onBackendChosen { kind, reason in FileHandle.standardError.write(Data("bonjour-chat: discovery backend: \(kind) (\(reason))\n".utf8)) }
 do {
