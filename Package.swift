@@ -129,7 +129,7 @@ let package = Package(
         .executableTarget(
             name: "bonjour-chat",
             dependencies: [
-                "ChatKit", "Messaging",
+                "ChatKit", "Messaging", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
@@ -150,7 +150,7 @@ let package = Package(
         .executableTarget(
             name: "preview-server",
             dependencies: [
-                "PreviewKit", "Messaging", "ProtocolCore",
+                "PreviewKit", "Messaging", "ProtocolCore", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -174,7 +174,7 @@ let package = Package(
         .executableTarget(
             name: "lanmsg",
             dependencies: [
-                "Messaging", "Discovery", "Transport", "ProtocolCore", "MDNSCore",
+                "Messaging", "Discovery", "Transport", "ProtocolCore", "MDNSCore", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],

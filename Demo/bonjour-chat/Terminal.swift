@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import Messaging
 import Synchronization
+import SystemCalls
 
 /// Raw mode for the line editor. The original settings are restored on every way out: normal exit,
 /// errors (``ChatExit``), signals we handle, and `atexit` as the last resort.
@@ -49,12 +50,11 @@ func writeAll(_ fd: Int32, _ text: String) {
     var bytes = Array(text.utf8)
     var offset = 0
     while offset < bytes.count {
-        let written = bytes.withUnsafeMutableBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
-        if written < 0 {
-            if errno == EINTR || errno == EAGAIN { continue }
-            return
+        switch retryingInterrupts({ bytes.withUnsafeMutableBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) } }) {
+        case .success(let written): offset += written
+        case .failure(let error) where error.wouldBlock: continue
+        case .failure: return
         }
-        offset += written
     }
     bytes.removeAll()
 }
@@ -162,8 +162,7 @@ enum InputReader {
             var buffer = [UInt8](repeating: 0, count: 4096)
             var partial: [UInt8] = []
             while true {
-                let count = buffer.withUnsafeMutableBytes { read(STDIN_FILENO, $0.baseAddress!, $0.count) }
-                if count < 0 && errno == EINTR { continue }
+                let count = (try? retryingInterrupts({ buffer.withUnsafeMutableBytes { read(STDIN_FILENO, $0.baseAddress!, $0.count) } }).get()) ?? -1
                 if count <= 0 {
                     if !partial.isEmpty { continuation.yield(.line(String(decoding: partial, as: UTF8.self))) }
                     continuation.yield(.endOfInput)

@@ -3,6 +3,7 @@ import Glibc
 import MDNSCore
 import ProtocolCore
 import Transport
+import SystemCalls
 
 // Low-level probes of the host for `lanmsg doctor`: interfaces, the D-Bus socket, who holds UDP
 // port 5353, and whether an mDNS packet sent on an interface comes back. Each returns what it saw;
@@ -210,9 +211,7 @@ func multicastRoundTrip(_ interface: InterfaceInfo, ipv6: Bool, timeoutMilliseco
         guard deadline > now + 1_000_000 else { return .silent }
         let left = (deadline - now) / 1_000_000
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let ready = poll(&poller, 1, Int32(left))
-        if ready < 0 && errno == EINTR { continue }
-        guard ready > 0 else { return .silent }
+        guard case .success(let ready) = retryingInterrupts({ poll(&poller, 1, Int32(left)) }), ready > 0 else { return .silent }
         let count = recv(fd, &buffer, buffer.count, 0)
         if count == packet.count, Array(buffer[0..<count]) == packet {
             return .cameBack(micros: Int((uptimeNanoseconds() - started) / 1_000))

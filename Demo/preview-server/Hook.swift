@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
+import SystemCalls
 
 /// Runs the `--on-receive` command for a stored file: `/bin/sh -c '<command> "$1"' preview-on-receive <path>`
 /// (posix_spawn; the path is passed as an argument, never interpolated into the command). Its exit
@@ -25,7 +26,7 @@ enum Hook {
         // Reap it off the cooperative pool (waitpid blocks).
         DispatchQueue.global().async {
             var status: Int32 = 0
-            while waitpid(child, &status, 0) == -1 && errno == EINTR {}
+            _ = retryingInterrupts { waitpid(child, &status, 0) }
             let exited = status & 0x7f == 0
             let code = exited ? (status >> 8) & 0xff : 128 + (status & 0x7f)
             if code == 0 {

@@ -4,6 +4,7 @@ import Logging
 import Prometheus
 import ProtocolCore
 import ServiceLifecycle
+import SystemCalls
 
 /// `--metrics-port`: the swift-metrics figures (the library's and the daemon's) in Prometheus' text
 /// format at `GET /metrics`, on a local address only (127.0.0.1 by default): a scrape endpoint,
@@ -99,15 +100,12 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
         // Writes what the socket takes; true when all of the response is out (or the peer is gone).
         let writeSome = { [logger] () -> Bool in
             while offset < response.count {
-                let written = response.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-                if written > 0 {
-                    offset += written
-                } else if written < 0 && errno == EINTR {
-                    continue
-                } else if written < 0 && errno == EAGAIN {
-                    return false
-                } else {
-                    logger.debug("metrics client went away: \(errnoString(errno))")
+                switch retryingInterrupts({ response.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) } }) {
+                case .success(let written) where written > 0: offset += written
+                case .failure(let error) where error.wouldBlock: return false
+                case .success: return true  // nothing taken: the peer is gone
+                case .failure(let error):
+                    logger.debug("metrics client went away: \(error)")
                     return true
                 }
             }
@@ -119,8 +117,12 @@ final class MetricsEndpoint: Service, @unchecked Sendable {
         reader.setEventHandler { [weak self] in
             guard response.isEmpty else { return }
             var buffer = [UInt8](repeating: 0, count: 4096)
-            let count = read(fd, &buffer, buffer.count)
-            if count < 0 && (errno == EAGAIN || errno == EINTR) { return }
+            let count: Int
+            switch retryingInterrupts({ read(fd, &buffer, buffer.count) }) {
+            case .success(let read): count = read
+            case .failure(let error) where error.wouldBlock: return
+            case .failure: count = 0
+            }
             guard count > 0 else { return finish() }
             request += buffer[0..<count]
             guard let self, let head = Self.head(of: request) else {
