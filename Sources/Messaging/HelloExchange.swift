@@ -6,16 +6,13 @@ import Transport
 /// Carries out the hello exchange (``HandshakeStateMachine``) on a fresh connection, then hands the
 /// connection to a new ``MessageChannel``.
 ///
-/// `@unchecked Sendable`: `machine` and `continuation` are confined to the connection's loop.
+/// `@unchecked Sendable`: `machine` is confined to the connection's loop.
 final class HelloExchange: ConnectionHandler, @unchecked Sendable {
     private let driver: ConnectionDriver
     private let configuration: ChannelConfiguration
     private var machine: HandshakeStateMachine
-    private var continuation: CheckedContinuation<MessageChannel, any Error>?
-    /// Released by the loop after the channel is built, taken by `run` after the hand-off: makes the
-    /// hand-off visible to ThreadSanitizer (a continuation resumed before its task suspended
-    /// synchronizes through the runtime's atomics, which it does not see).
-    private let handoff = Lock()
+    /// The channel, or why there is none: completed on the loop, awaited by ``run(adopting:)``.
+    private let result = Promise<MessageChannel>()
 
     private let role: HandshakeStateMachine.Role
 
@@ -29,23 +26,19 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
     /// Runs the exchange. `adopting`: the driver was started by the version-2 exchange, which
     /// found a version-1 peer; these are the bytes it read so far.
     func run(adopting leftover: [UInt8]? = nil) async throws -> MessageChannel {
-        let channel = try await withCheckedThrowingContinuation { continuation in
-            driver.queue.async {
-                self.continuation = continuation
-                if let leftover {
-                    self.driver.setHandler(self)
-                    self.driver.beginFrames(leftover: leftover)
-                    self.driver.deliverBufferedFrames()
-                } else {
-                    self.driver.start(handler: self)
-                }
-                self.driver.setDeadline(
-                    .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
-                self.perform(self.machine.start())
+        driver.queue.async {
+            if let leftover {
+                self.driver.setHandler(self)
+                self.driver.beginFrames(leftover: leftover)
+                self.driver.deliverBufferedFrames()
+            } else {
+                self.driver.start(handler: self)
             }
+            self.driver.setDeadline(
+                .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
+            self.perform(self.machine.start())
         }
-        handoff.withLock {}
-        return channel
+        return try await result.value()
     }
 
     func connection(_ connection: ConnectionDriver, received frame: Frame) {
@@ -77,22 +70,18 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
         case .success(let established):
             driver.logger.debug("hello complete with '\(established.peer.name)' (version \(established.peer.version))")
             driver.setPeerMaxFrameSize(established.peerMaxFrameSize)
-            let channel = handoff.withLock {
-                let channel = MessageChannel(
-                    driver: driver, established: established, configuration: configuration,
-                    awaitsSession: role == .server && configuration.offersSessions && established.peer.sessions)
-                channel.activate()
-                return channel
-            }
-            continuation?.resume(returning: channel)
+            let channel = MessageChannel(
+                driver: driver, established: established, configuration: configuration,
+                awaitsSession: role == .server && configuration.offersSessions && established.peer.sessions)
+            channel.activate()
+            result.succeed(channel)
         case .failure(let error):
             if closeAtOnce {
                 driver.tearDown(error.closeReason ?? .localClose)
             } else if !driver.isClosed {
                 driver.closeGracefully(reason: error.closeReason)
             }
-            continuation?.resume(throwing: error)
+            result.fail(error)
         }
-        continuation = nil
     }
 }

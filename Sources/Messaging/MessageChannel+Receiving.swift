@@ -75,8 +75,8 @@ extension MessageChannel: ConnectionHandler {
             link.healthWatchers = []
             link.session?.detach(self)
             let (hello, answer) = link.machine.closed()
-            hello?.resume(throwing: error)
-            answer?.resume(throwing: error)
+            hello?.fail(error)
+            answer?.fail(error)
         }
         messageBuffer.finish()
         transferBuffer.finish()

@@ -38,17 +38,17 @@ extension MessageChannel {
         case .answer(let waiter):
             // Client: the server's answer. Attached here, on the loop, before the next frame is read.
             guard let session = link.session else {
-                waiter.resume(throwing: TransportError(.helloFailed, "the session ended before the server answered"))
+                waiter.fail(TransportError(.helloFailed, "the session ended before the server answered"))
                 return violation("a SESSION answer for a session that ended")
             }
             switch session.clientOpened(hello, on: self) {
-            case .success(let opened): waiter.resume(returning: opened)
+            case .success(let opened): waiter.succeed(opened)
             case .failure(let error):
-                waiter.resume(throwing: error)
+                waiter.fail(error)
                 violation(error.message)
             }
         case .hello(let waiter):
-            waiter.resume(returning: hello)
+            waiter.succeed(hello)
         case .kept:
             break
         case .violation(let text):
@@ -60,9 +60,10 @@ extension MessageChannel {
     func openSession(_ session: MessageSession, timeout: Duration) async throws -> MessageSession.Opened {
         try await awaitSessionFrame(
             within: timeout, "the server did not answer the SESSION frame within \(timeout)",
-            register: { link, continuation in
-                guard link.machine.waitForAnswer(continuation) else {
-                    return continuation.resume(throwing: TransportError(.helloFailed, "a session is being opened on this connection already"))
+            register: { link, promise in
+                guard link.machine.waitForAnswer(promise) else {
+                    promise.fail(TransportError(.helloFailed, "a session is being opened on this connection already"))
+                    return
                 }
                 link.session = session
                 self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
@@ -74,44 +75,43 @@ extension MessageChannel {
     func sessionHello(timeout: Duration) async throws -> SessionHello {
         try await awaitSessionFrame(
             within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)",
-            register: { link, continuation in
-                switch link.machine.waitForHello(continuation) {
-                case .arrived(let hello): continuation.resume(returning: hello)
+            register: { link, promise in
+                switch link.machine.waitForHello(promise) {
+                case .arrived(let hello): promise.succeed(hello)
                 case .waiting: break
-                case .notExpected:
-                    continuation.resume(throwing: TransportError(.helloFailed, "no SESSION frame is expected on this connection"))
+                case .notExpected: promise.fail(TransportError(.helloFailed, "no SESSION frame is expected on this connection"))
                 }
             },
             expire: { link in link.machine.helloTimedOut() })
     }
 
-    /// Runs `register` on the loop with this channel's session box and a continuation that the
-    /// SESSION frame's handler (or the close) resumes. A timer on the loop ends the wait after
-    /// `timeout` when `expire` still finds the continuation waiting (and takes it): the connection
+    /// Runs `register` on the loop with this channel's session box and a promise that the SESSION
+    /// frame's handler (or the close) completes. A timer on the loop ends the wait after `timeout`
+    /// when `expire` still finds the promise waiting in the machine (and takes it): the connection
     /// is told why and closed. No task waits beside it (a task and a timeout race per session
     /// opened, before).
     private func awaitSessionFrame<T: Sendable>(
         within timeout: Duration, _ timeoutText: String,
-        register: @escaping @Sendable (SessionLink, CheckedContinuation<T, any Error>) -> Void,
-        expire: @escaping @Sendable (SessionLink) -> CheckedContinuation<T, any Error>?
+        register: @escaping @Sendable (SessionLink, Promise<T>) -> Void,
+        expire: @escaping @Sendable (SessionLink) -> Promise<T>?
     ) async throws -> T {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            queue.async {
-                let link = self.sessionLink ?? SessionLink()
-                self.sessionLink = link
-                if !link.machine.helloArrived, !self.driver.acceptsFrames {
-                    continuation.resume(throwing: TransportError(.connectionClosed, "the connection closed"))
-                    return
-                }
-                register(link, continuation)
-                self.queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) { [weak self] in
-                    // (the link stays the channel's once made)
-                    guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
-                    waiter.resume(throwing: TransportError(.helloFailed, timeoutText))
-                    self.violation(timeoutText)  // said to the peer, then closed (not a silent drop)
-                }
+        let promise = Promise<T>()
+        queue.async {
+            let link = self.sessionLink ?? SessionLink()
+            self.sessionLink = link
+            if !link.machine.helloArrived, !self.driver.acceptsFrames {
+                promise.fail(TransportError(.connectionClosed, "the connection closed"))
+                return
+            }
+            register(link, promise)
+            self.queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) { [weak self] in
+                // (the link stays the channel's once made)
+                guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
+                waiter.fail(TransportError(.helloFailed, timeoutText))
+                self.violation(timeoutText)  // said to the peer, then closed (not a silent drop)
             }
         }
+        return try await promise.value()
     }
 
     /// Server: attaches `session` to this connection, answers and resends (on the loop).

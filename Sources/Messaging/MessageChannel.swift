@@ -97,9 +97,7 @@ public final class MessageChannel: @unchecked Sendable {
         /// reference here would keep both alive after the session ended.
         weak var session: MessageSession?
         /// The session gate, the SESSION exchange and the acknowledgement deadline.
-        typealias Machine = ChannelStateMachine<
-            CheckedContinuation<SessionHello, any Error>, CheckedContinuation<MessageSession.Opened, any Error>
-        >
+        typealias Machine = ChannelStateMachine<Promise<SessionHello>, Promise<MessageSession.Opened>>
         var machine: Machine
 
         init(awaitsClientSession: Bool = false) { machine = ChannelStateMachine(awaitsClientSession: awaitsClientSession) }

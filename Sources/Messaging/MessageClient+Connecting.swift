@@ -28,7 +28,7 @@ extension MessageClient {
             queue.push(.undelivered(lost))
         default: break
         }
-        for waiter in waiters { waiter.resume(returning: channel) }
+        for waiter in waiters { waiter.succeed(channel) }
         // The channel hands its messages, transfers and close to the events from its loop: no
         // buffer of its own and no task in between (one inbound queue per connection, like a
         // server's).
@@ -145,7 +145,7 @@ extension MessageClient {
         if let lost = session?.end(error), !lost.isEmpty { queue.push(.undelivered(lost)) }
         queue.push(.gaveUp(error))
         let waiters = lifecycle { $0.giveUp(error) }
-        for waiter in waiters { waiter.resume(throwing: error) }
+        for waiter in waiters { waiter.fail(error) }
         queue.finish()
     }
 

@@ -23,7 +23,7 @@ public final class MessageClient: Sendable {
     /// The lifecycle (``ClientLifecycle``: connecting, connected, reconnecting, closed; waiters;
     /// back-off) and what the client keeps beside it, under one lock.
     struct State {
-        var lifecycle: ClientLifecycle<MessageChannel, CheckedContinuation<MessageChannel, any Error>>
+        var lifecycle: ClientLifecycle<MessageChannel, Promise<MessageChannel>>
         /// The background connect loop (waiting for the server, or reconnecting): cancelled by close().
         var connecting: Task<Void, Never>?
         var dropped = 0
@@ -172,7 +172,7 @@ public final class MessageClient: Sendable {
     }
 
     /// Runs `body` on the lifecycle under the lock (see ``withState(_:)``).
-    func lifecycle<R>(_ body: (inout ClientLifecycle<MessageChannel, CheckedContinuation<MessageChannel, any Error>>) -> R) -> R {
+    func lifecycle<R>(_ body: (inout ClientLifecycle<MessageChannel, Promise<MessageChannel>>) -> R) -> R {
         withState { body(&$0.lifecycle) }
     }
 
@@ -225,7 +225,7 @@ public final class MessageClient: Sendable {
             return (state.lifecycle.close(), state.connecting)
         }
         connecting?.cancel()
-        for waiter in waiters { waiter.resume(throwing: MessagingError(.stopped, "the client was closed")) }
+        for waiter in waiters { waiter.fail(MessagingError(.stopped, "the client was closed")) }
         if let session {
             // Let the server acknowledge what it was sent, then end the session (GOODBYE ends it there).
             if !(await session.drained(within: .seconds(5))) {
@@ -255,24 +255,22 @@ public final class MessageClient: Sendable {
         case .failure(let error): throw error
         case .wait: break
         }
-        // The timer is armed once the caller is registered (so it cannot fire before), and
-        // disarmed when a channel, the close or the timer resumed it.
-        let timer = Locked<DispatchWorkItem?>(nil)
-        defer { timer.withLock { $0?.cancel() } }
-        return try await withCheckedThrowingContinuation { continuation in
-            let (id, now) = lifecycle { $0.addWaiter(continuation) }
-            switch now {
-            case .channel(let channel): continuation.resume(returning: channel)
-            case .failure(let error): continuation.resume(throwing: error)
-            case .wait:
-                let item = DispatchWorkItem { [weak self] in
-                    guard let self else { return }
-                    let (waiter, error) = state.withLock { ($0.lifecycle.waiterTimedOut(id), $0.lifecycle.timedOut(wait)) }
-                    waiter?.resume(throwing: error)
-                }
-                timer.withLock { $0 = item }
-                DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: wait), execute: item)
-            }
+        // Registered first, then the timer armed (so it cannot fire before); a channel, the close
+        // or the timer completes the promise, whichever comes first.
+        let promise = Promise<MessageChannel>()
+        let (id, now) = lifecycle { $0.addWaiter(promise) }
+        switch now {
+        case .channel(let channel): return channel
+        case .failure(let error): throw error
+        case .wait: break
         }
+        let timer = DispatchWorkItem { [weak self] in
+            guard let self else { return }
+            let (waiter, error) = state.withLock { ($0.lifecycle.waiterTimedOut(id), $0.lifecycle.timedOut(wait)) }
+            waiter?.fail(error)
+        }
+        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: wait), execute: timer)
+        defer { timer.cancel() }
+        return try await promise.value()
     }
 }

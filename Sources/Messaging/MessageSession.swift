@@ -87,8 +87,9 @@ final class MessageSession: Sendable {
     let configuration: SessionConfiguration
     let logger: Logger
 
-    /// Resumes a ``drained(within:)`` caller (once: it and the caller's deadline race).
-    typealias DrainWaiter = @Sendable () -> Void
+    /// A ``drained(within:)`` caller: completed by the drain, the close or its deadline, whichever
+    /// comes first.
+    typealias DrainWaiter = Promise<Void>
 
     struct State: Sendable {
         var outbox: SessionOutbox<Frame>
@@ -239,7 +240,7 @@ final class MessageSession: Sendable {
             return (nil, released > 0 ? Self.wake(&state) : [], Self.drainWaitersDue(&state))
         }
         for waiter in waiters { waiter.resume() }
-        for waiter in drains { waiter() }
+        for waiter in drains { waiter.succeed(()) }
         return error
     }
 
@@ -250,7 +251,7 @@ final class MessageSession: Sendable {
             state.channel = nil
             return Self.drainWaitersDue(&state)
         }
-        for waiter in drains { waiter() }
+        for waiter in drains { waiter.succeed(()) }
     }
 
     // MARK: Opening on a connection
@@ -357,27 +358,23 @@ final class MessageSession: Sendable {
             return (state.outbox.removeAll(), Self.wake(&state), drains)
         }
         for waiter in waiters { waiter.resume(throwing: reason) }
-        for waiter in drains { waiter() }
+        for waiter in drains { waiter.succeed(()) }
         return lost.map(Self.undelivered)
     }
 
     /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.
     /// Returns whether everything was acknowledged. The deadline is a Dispatch timer; whichever of
-    /// it and the drain comes first resumes the caller (``RaceOutcome``).
+    /// it and the drain comes first completes the wait (a ``Promise``).
     func drained(within timeout: Duration) async -> Bool {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let outcome = RaceOutcome()
-            let waiter: DrainWaiter = { if outcome.finish() { continuation.resume() } }
-            let now = state.withLock { state -> Bool in
-                if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return true }
-                state.drainWaiters.append(waiter)
-                return false
-            }
-            if now { return waiter() }
-            DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: timeout)) {
-                if outcome.expire() { continuation.resume() }
-            }
+        let waiter = DrainWaiter()
+        let (now, drained) = state.withLock { state -> (Bool, Bool) in
+            if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return (true, state.outbox.count == 0) }
+            state.drainWaiters.append(waiter)
+            return (false, false)
         }
+        if now { return drained }
+        waiter.fail(after: timeout, on: .global(), with: { CancellationError() })
+        _ = try? await waiter.value()
         return state.withLock { $0.outbox.count == 0 }
     }
 

@@ -23,7 +23,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         case done
     }
 
-    private enum Outcome {
+    private enum Outcome: Sendable {
         case channel(MessageChannel)
         case plaintextPeer([UInt8])
     }
@@ -34,10 +34,11 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     private let policy: TrustPolicy
     private var machine: SecureHandshake
     private var phase: Phase
-    private var continuation: CheckedContinuation<Outcome, any Error>?
+    /// The channel (or a version-1 peer), or why there is none: completed on the loop, awaited by
+    /// ``run()``.
+    private let result = Promise<Outcome>()
     /// The trust decision, made inside the handshake (``SecureHandshake/Settings/verify``).
     private let decision = Locked<PeerIdentity?>(nil)
-    private let handoff = Lock()
 
     init(driver: ConnectionDriver, role: SecureHandshake.Role, configuration: ChannelConfiguration) throws {
         let resolved: (Identity, TrustPolicy)?
@@ -93,17 +94,12 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     }
 
     func run() async throws -> MessageChannel {
-        let outcome = try await withCheckedThrowingContinuation { continuation in
-            driver.queue.async {
-                self.continuation = continuation
-                self.driver.startRaw(handler: self)
-                self.driver.setDeadline(
-                    .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
-                if self.role == .client { self.driver.sendRaw(self.machine.start().bytes) }
-            }
+        driver.queue.async {
+            self.driver.startRaw(handler: self)
+            self.driver.setDeadline(.handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
+            if self.role == .client { self.driver.sendRaw(self.machine.start().bytes) }
         }
-        handoff.withLock {}
-        switch outcome {
+        switch try await result.value() {
         case .channel(let channel):
             // Trust on first use writes the new key here, in the caller's task: a file write and
             // fsync do not belong on the connection's loop.
@@ -173,7 +169,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
 
     func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
         connection.assertOnLoop("SecureExchange")
-        guard continuation != nil else { return }
+        if case .done = phase { return }
         let text: String
         switch (role, phase) {
         case (.client, .handshaking):
@@ -247,8 +243,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         if configuration.security.acceptsPlaintextPeers {
             driver.setDeadline(.handshake, at: nil)
             phase = .done
-            continuation?.resume(returning: .plaintextPeer(buffered))
-            continuation = nil
+            result.succeed(.plaintextPeer(buffered))
             return
         }
         let text =
@@ -272,15 +267,11 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         }
         driver.setPeerMaxFrameSize(peer.maxFrameSize)
         let established = HandshakeStateMachine.Established(peer: peer.info, peerMaxFrameSize: peer.maxFrameSize)
-        let channel = handoff.withLock {
-            let channel = MessageChannel(
-                driver: driver, established: established, configuration: configuration, identity: identity,
-                awaitsSession: role == .server && configuration.offersSessions && peer.info.sessions)
-            channel.activate()
-            return channel
-        }
-        continuation?.resume(returning: .channel(channel))
-        continuation = nil
+        let channel = MessageChannel(
+            driver: driver, established: established, configuration: configuration, identity: identity,
+            awaitsSession: role == .server && configuration.offersSessions && peer.info.sessions)
+        channel.activate()
+        result.succeed(.channel(channel))
     }
 
     private func fail(_ error: TransportError, atOnce: Bool = false) {
@@ -291,7 +282,6 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
         } else if !driver.isClosed {
             driver.closeGracefully(reason: error.closeReason)
         }
-        continuation?.resume(throwing: error)
-        continuation = nil
+        result.fail(error)
     }
 }
