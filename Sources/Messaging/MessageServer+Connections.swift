@@ -26,9 +26,7 @@ extension MessageServer {
         let source = HandshakeAdmission.Source(remote)
         enum Admission { case admitted(ServerWork), full, busy(String, Int, block: Listener?) }
         let admission = state.withLock { state -> Admission in
-            guard let (listener, work) = state.lifecycle.running,
-                state.connections.count + state.pendingHellos < limit
-            else {
+            guard let (listener, work) = state.lifecycle.running, state.registry.hasRoom(under: limit) else {
                 return .full
             }
             // Before any handshake work: a handshake costs the server key agreements, so only so
@@ -37,7 +35,7 @@ extension MessageServer {
             case .busy(let why, let retry, let block): return .busy(why, retry, block: block ? listener : nil)
             case .admitted: break
             }
-            state.pendingHellos += 1
+            state.registry.reserve()
             return .admitted(work)
         }
         switch admission {
@@ -65,7 +63,7 @@ extension MessageServer {
                 } catch {
                     state.withLock {
                         $0.admission.ended(source)
-                        $0.pendingHellos -= 1
+                        $0.registry.released()
                     }
                     let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
                     refused(remote, .handshake, "\(error)", logAs: "handshake: \(code)")
@@ -78,7 +76,7 @@ extension MessageServer {
                 socket.close()
                 state.withLock {
                     $0.admission.ended(source)
-                    $0.pendingHellos -= 1
+                    $0.registry.released()
                 }
             }
         }
@@ -145,7 +143,7 @@ extension MessageServer {
             do {
                 hello = try await channel.sessionHello(timeout: configuration.channel.helloTimeout)
             } catch {
-                state.withLock { $0.pendingHellos -= 1 }
+                state.withLock { $0.registry.released() }
                 refused(channel.remoteAddress, .session, "session exchange failed: \(error)")
                 return
             }
@@ -158,28 +156,24 @@ extension MessageServer {
         }
         let owner = channel.peerIdentity?.fingerprint
         let decision = state.withLock { state -> Decision in
-            state.pendingHellos -= 1
-            guard state.lifecycle.isRunning else { return .stopping }
-            if let hello, let existing = state.sessions[hello.id], let session = existing.session {
-                guard session.state.withLock({ $0.owner }) == owner else {
-                    return .refuse("session \(hello.id.prefix(8))… belongs to another identity key")
+            guard state.lifecycle.isRunning else {
+                state.registry.released()
+                return .stopping
+            }
+            // A session is made when the client named one (it offered sessions, this server keeps them).
+            let registration = state.registry.register(session: hello?.id, owner: owner) { id in
+                let session = hello.flatMap { hello in
+                    configuration.session.map { MessageSession(id: hello.id, configuration: $0, logger: logger) }
                 }
-                return .resume(existing, old: existing.replace(with: channel))
+                return ServerConnection(id: id, channel: channel, session: session, events: queue, server: self)
             }
-            state.nextID += 1
-            var session: MessageSession?
-            if let hello, let options = configuration.session {
-                session = MessageSession(id: hello.id, configuration: options, logger: logger)
-                session?.state.withLock { $0.owner = owner }
+            switch registration {
+            case .refused(let reason): return .refuse(reason)
+            case .resumed(let existing): return .resume(existing, old: existing.replace(with: channel))
+            case .new(let connection):
+                paced(connections: state.registry.count)
+                return .new(connection)
             }
-            let connection = ServerConnection(id: state.nextID, channel: channel, session: session, events: queue, server: self)
-            state.connections[connection.id] = connection
-            // From here its end is reported once (by its channel's close or by a stop() that
-            // lists it meanwhile), though `.accepted` comes after the session exchange.
-            state.unreported.insert(connection.id)
-            paced(connections: state.connections.count)
-            if let hello, session != nil { state.sessions[hello.id] = connection }
-            return .new(connection)
         }
         switch decision {
         case .stopping:
@@ -192,7 +186,7 @@ extension MessageServer {
                 do {
                     _ = try await channel.attachSession(session, hello: hello, isNew: true)
                 } catch {
-                    state.withLock { _ = $0.unreported.remove(connection.id) }  // never accepted: no `.closed`
+                    state.withLock { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
                     endSession(connection, reason: await channel.closed())
                     return
                 }
@@ -242,7 +236,7 @@ extension MessageServer {
     /// (a stop() that listed it while its session was being attached): atomically with that report.
     private func reportOpened(_ connection: ServerConnection, _ event: ServerEvent) -> Bool {
         state.withLock { state in
-            guard state.unreported.contains(connection.id) else { return false }
+            guard state.registry.mayReportOpened(connection.id) else { return false }
             queue.push(event)
             return true
         }
@@ -296,9 +290,7 @@ extension MessageServer {
     /// Ends a connection's session (reporting what was never acknowledged) and the connection.
     func endSession(_ connection: ServerConnection, reason: CloseReason) {
         if let session = connection.session {
-            state.withLock { state in
-                if state.sessions[session.id] === connection { state.sessions.removeValue(forKey: session.id) }
-            }
+            state.withLock { $0.registry.sessionEnded(session.id, of: connection) }
             let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"))
             if !lost.isEmpty {
                 logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
@@ -311,9 +303,8 @@ extension MessageServer {
     /// Reports a connection's end exactly once (its channel's close, or `stop()`).
     private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
         let first = state.withLock { state -> Bool in
-            state.connections.removeValue(forKey: connection.id)
-            paced(connections: state.connections.count)
-            return state.unreported.remove(connection.id) != nil
+            defer { paced(connections: state.registry.count) }
+            return state.registry.closed(connection.id)
         }
         guard first else { return }
         logger.debug("closed", metadata: ["connection": "\(connection)", "reason": "\(reason)"])

@@ -27,10 +27,8 @@ public final class MessageServer: Service, Sendable {
         /// Where the server is in its life, and what exists in each phase (its listener, its
         /// publication, its one root task).
         var lifecycle = ServerLifecycle<Listener, any ServicePublication, ServerWork>()
-        var connections: [UInt64: ServerConnection] = [:]
-        /// Connections whose `.closed` event was not pushed yet.
-        var unreported: Set<UInt64> = []
-        var pendingHellos = 0
+        /// Its connections: places held in handshakes, open ones, sessions, ends to report.
+        var registry = ServerRegistry<ServerConnection, Fingerprint>()
         /// Which connections may start their handshake (``ServerConfiguration/maxPendingHandshakes``
         /// and the rates).
         var admission: HandshakeAdmission
@@ -38,9 +36,6 @@ public final class MessageServer: Service, Sendable {
         var refusedEvents = PerSecondCount()
         /// Refused connections since the start (tests).
         var refusals = 0
-        var nextID: UInt64 = 0
-        /// Connections with a message session, by session id (kept through the grace period).
-        var sessions: [String: ServerConnection] = [:]
 
         init(admission: HandshakeAdmission) { self.admission = admission }
     }
@@ -109,7 +104,7 @@ public final class MessageServer: Service, Sendable {
     public var publishedName: String? { state.withLock { $0.lifecycle.publication?.name } }
     /// The open connections (hello completed), oldest first.
     public var connections: [ServerConnection] {
-        state.withLock { $0.connections.values.sorted { $0.id < $1.id } }
+        state.withLock { $0.registry.all }
     }
 
     /// Listens (IPv4 + IPv6 on one port) and publishes the service with `proto=<version>` in its TXT
@@ -245,7 +240,7 @@ extension MessageServer {
     public func stop() async {
         let (action, connections) = state.withLock { state in
             let action = state.lifecycle.stopRequested()
-            if case .stop = action { return (action, Array(state.connections.values)) }
+            if case .stop = action { return (action, state.registry.all) }
             return (action, [])
         }
         let listener: Listener?, publication: (any ServicePublication)?

@@ -110,8 +110,6 @@ final class MessageSession: Sendable {
         var ended: MessagingError?
         var reconnects = 0
         var resumes = 0
-        /// Server: the key that opened the session (encrypted connections only).
-        var owner: Fingerprint?
     }
     let state: Locked<State>
 

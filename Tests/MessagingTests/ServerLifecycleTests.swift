@@ -121,9 +121,9 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
         // without a word; its job ends with the failed handshake.
         let port = try #require(server.port)
         let fd = try TCPProbe.open(port: port)
-        try await waitUntil("the connection's handshake job started") { server.state.withLock { $0.pendingHellos } == 1 }
+        try await waitUntil("the connection's handshake job started") { server.state.withLock { $0.registry.pending } == 1 }
         close(fd)
-        try await waitUntil("the handshake job ended") { server.state.withLock { $0.pendingHellos } == 0 }
+        try await waitUntil("the handshake job ended") { server.state.withLock { $0.registry.pending } == 0 }
 
         await server.stop()
         #expect(!work.run {}, "the stopped server's work takes no more jobs")
