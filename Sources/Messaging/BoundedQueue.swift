@@ -34,6 +34,10 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         var failure: (any Error)?
         /// A consumer asked for an element at least once.
         var consumed = false
+        /// ``taken`` when the consumer was last found not reading (``markStalled(at:)``).
+        var stalledAt: UInt64?
+        /// Elements removed by ``push(_:from:evictingOldestWhere:)`` to make room.
+        var evicted = 0
         var count: Int { items.count - head }
     }
 
@@ -109,25 +113,52 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         return handedOver.added
     }
 
-    /// Adds an element without waiting; when the queue is at its limit, first removes the oldest
-    /// element that `evictable` accepts. Returns whether one was removed (the element itself is
-    /// always added, unless the queue is finished).
-    @discardableResult
-    func push(_ element: Element, evictingOldestWhere evictable: (Element) -> Bool) -> Bool {
-        var evicted = false
-        let handedOver = state.withLock { state -> CheckedContinuation<Element?, any Error>? in
-            guard !state.finished else { return nil }
-            if !state.consumers.isEmpty { return state.consumers.removeFirst().continuation }
+    /// What ``push(_:from:evictingOldestWhere:)`` did.
+    enum Pushed: Equatable {
+        /// Added; the producer goes on.
+        case added
+        /// Added, and the queue holds its limit: the producer stops until resumed (as with
+        /// ``push(_:from:)``); `taken` is what consumers had taken by then.
+        case stop(taken: UInt64)
+        /// Added after removing the oldest evictable element (the `evicted`-th so far).
+        case evicted(Int)
+    }
+
+    /// Adds an element of a producer that can stop, for consumers that may stop reading, in one
+    /// critical section: while the queue is read (a consumer asked for an element, and took one
+    /// since ``markStalled(at:)``), like ``push(_:from:)``; otherwise at the limit the oldest element
+    /// `evictable` accepts makes room, and the producer never stops (a client's replies travel on
+    /// the connection its unsolicited messages would stop).
+    func push(_ element: Element, from producer: any QueueProducer, evictingOldestWhere evictable: (Element) -> Bool) -> Pushed {
+        let (pushed, consumer) = state.withLock { state -> (Pushed, CheckedContinuation<Element?, any Error>?) in
+            guard !state.finished else { return (.added, nil) }
+            if !state.consumers.isEmpty { return (.added, state.consumers.removeFirst().continuation) }
+            if state.consumed && state.stalledAt != state.taken {
+                state.items.append(element)
+                guard state.count >= limit else { return (.added, nil) }
+                state.stopped[ObjectIdentifier(producer)] = producer
+                return (.stop(taken: state.taken), nil)
+            }
+            var pushed = Pushed.added
             if state.count >= limit, let index = state.items[state.head...].firstIndex(where: evictable) {
                 state.items.remove(at: index)
-                evicted = true
+                state.evicted += 1
+                pushed = .evicted(state.evicted)
             }
             state.items.append(element)
-            return nil
+            return (pushed, nil)
         }
-        handedOver?.resume(returning: element)
-        return evicted
+        consumer?.resume(returning: element)
+        return pushed
     }
+
+    /// Consumers took `taken` elements and no more for a while: they stopped reading, and
+    /// ``push(_:from:evictingOldestWhere:)`` evicts instead of stopping its producer until they take
+    /// one again.
+    func markStalled(at taken: UInt64) { state.withLock { $0.stalledAt = taken } }
+
+    /// Elements evicted to make room so far.
+    var evictedCount: Int { state.withLock { $0.evicted } }
 
     /// Forgets `producer` if it is stopped (it closed: nothing to resume, nothing to keep).
     func forget(_ producer: any QueueProducer) {

@@ -55,25 +55,24 @@ extension MessageClient {
     /// oldest unsolicited message is dropped instead, so that the connection keeps being read and
     /// replies to requests keep arriving. Returns false when the channel must stop reading.
     private func deliver(_ message: IncomingMessage, from channel: MessageChannel) -> Bool {
-        if queue.hasConsumer, state.withLock({ $0.stalledAtTaken }) != queue.taken {
-            if queue.push(.received(message), from: channel) { return true }
-            watchForStall(channel, taken: queue.taken)
-            return false
-        }
-        let evicted = queue.push(.received(message)) { event in
+        // One critical section of the queue's decides (it was four, counting the client's own).
+        let pushed = queue.push(.received(message), from: channel) { event in
             if case .received = event { return true }
             return false
         }
-        guard evicted else { return true }
-        let dropped = state.withLock { state -> Int in
-            state.dropped += 1
-            return state.dropped
+        switch pushed {
+        case .added:
+            return true
+        case .stop(let taken):
+            watchForStall(channel, taken: taken)
+            return false
+        case .evicted(let dropped):
+            if dropped & (dropped - 1) == 0 {  // 1, 2, 4, 8, …: say so without flooding the log
+                logger.notice(
+                    "nothing reads client.events: dropped \(dropped) unsolicited messages so far (the oldest first; the newest \(queue.limit) events are kept); replies to requests are not affected")
+            }
+            return true
         }
-        if dropped & (dropped - 1) == 0 {  // 1, 2, 4, 8, …: say so without flooding the log
-            logger.notice(
-                "nothing reads client.events: dropped \(dropped) unsolicited messages so far (the oldest first; the newest \(queue.limit) events are kept); replies to requests are not affected")
-        }
-        return true
     }
 
     /// The events are full and `channel` stopped reading. An app that takes nothing for a second
@@ -90,7 +89,7 @@ extension MessageClient {
             guard let self, channel.routeStopped else { return }  // reading again
             let now = queue.taken
             guard now == taken else { return watchForStall(channel, taken: now) }  // reading, slowly
-            state.withLock { $0.stalledAtTaken = now }
+            queue.markStalled(at: now)
             logger.notice(
                 "the app stopped reading client.events (full for a second): dropping the oldest unsolicited messages so that replies keep arriving")
             channel.resumeProducing()

@@ -26,11 +26,8 @@ public final class MessageClient: Sendable {
         var lifecycle: ClientLifecycle<MessageChannel, Promise<MessageChannel>>
         /// The background connect loop (waiting for the server, or reconnecting): cancelled by close().
         var connecting: Task<Void, Never>?
-        var dropped = 0
         /// A server without message sessions was met: sends go straight to the connection.
         var serverLacksSessions = false
-        /// ``BoundedQueue/taken`` when the app was last found not reading its full events queue.
-        var stalledAtTaken: UInt64?
         /// Consumers of ``connectionStates``, and the state version they were last told.
         var stateWatchers: [UInt64: AsyncStream<ConnectionState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
@@ -92,7 +89,7 @@ public final class MessageClient: Sendable {
     /// The server's hello, when connected.
     public var peer: PeerInfo? { channel?.peer }
     /// Unsolicited messages dropped because nothing read ``events`` while they arrived.
-    public var droppedMessages: Int { state.withLock { $0.dropped } }
+    public var droppedMessages: Int { queue.evictedCount }
 
     /// Sends a one-way message.
     ///
