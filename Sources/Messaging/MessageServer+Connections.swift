@@ -160,10 +160,11 @@ extension MessageServer {
                 state.registry.released()
                 return .stopping
             }
-            // A session is made when the client named one (it offered sessions, this server keeps them).
-            let registration = state.registry.register(session: hello?.id, owner: owner) { id in
-                let session = hello.flatMap { hello in
-                    configuration.session.map { MessageSession(id: hello.id, configuration: $0, logger: logger) }
+            // A session when the client named one and this server keeps them (then a resume finds it).
+            let sessionID = configuration.session != nil ? hello?.id : nil
+            let registration = state.registry.register(session: sessionID, owner: owner) { id in
+                let session = sessionID.flatMap { sessionID in
+                    configuration.session.map { MessageSession(id: sessionID, configuration: $0, logger: logger) }
                 }
                 return ServerConnection(id: id, channel: channel, session: session, events: queue, server: self)
             }
