@@ -150,7 +150,7 @@ let package = Package(
         .executableTarget(
             name: "preview-server",
             dependencies: [
-                "PreviewKit", "Messaging", "ProtocolCore", "SystemCalls",
+                "PreviewKit", "Messaging", "ProtocolCore", "SystemCalls", "Transport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

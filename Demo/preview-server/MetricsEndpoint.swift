@@ -5,77 +5,65 @@ import Prometheus
 import ProtocolCore
 import ServiceLifecycle
 import SystemCalls
+import Transport
 
 /// `--metrics-port`: the swift-metrics figures (the library's and the daemon's) in Prometheus' text
 /// format at `GET /metrics`, on a local address only (127.0.0.1 by default): a scrape endpoint,
-/// not a web server. Dispatch sources on nonblocking sockets; a client gets 5 seconds and 8 KiB
+/// not a web server. Transport's ``Listener`` accepts (one address, nonblocking sockets, the
+/// back-off on EMFILE); Dispatch sources serve each connection: a client gets 5 seconds and 8 KiB
 /// for its request, then the answer, then the connection is closed.
-final class MetricsEndpoint: Service, @unchecked Sendable {
-    private let registry: PrometheusCollectorRegistry
-    private let logger: Logger
-    private let queue = DispatchQueue(label: "preview-server.metrics")
-    private let listenFD: Int32
-    private var acceptSource: (any DispatchSourceRead)?
-    /// The bound port (the one asked for, or the kernel's choice for 0).
-    let port: UInt16
+final class MetricsEndpoint: Service, Sendable {
+    private let listener: Listener
+    /// The bound address and port (the port asked for, or the kernel's choice for 0).
+    let address: SocketAddress
 
     init(registry: PrometheusCollectorRegistry, address: String, port: UInt16, logger: Logger) throws {
-        self.registry = registry
-        self.logger = logger
-        var socketAddress = sockaddr_in()
-        socketAddress.sin_family = sa_family_t(AF_INET)
-        socketAddress.sin_port = port.bigEndian
-        guard inet_pton(AF_INET, address, &socketAddress.sin_addr) == 1 else {
-            throw EndpointError("--metrics-address must be an IPv4 address, e.g. 127.0.0.1 (got '\(address)')")
+        let socketAddress: SocketAddress
+        do {
+            socketAddress = try SocketAddress(ipAddress: address, port: port)
+        } catch {
+            throw EndpointError("--metrics-address must be an IP address, e.g. 127.0.0.1 or ::1 (got '\(address)')")
         }
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw EndpointError("metrics endpoint: socket failed: \(errnoString(errno))") }
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &socketAddress) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, $0, &length) == 0
+        var configuration = Listener.Configuration()
+        configuration.address = socketAddress
+        configuration.backlog = 16
+        let responder = MetricsResponder(registry: registry, logger: logger)
+        do {
+            listener = try Listener(configuration: configuration, logger: logger) { socket in
+                guard let fd = socket.take() else { return }
+                responder.serve(fd.rawValue)
             }
+        } catch {
+            throw EndpointError("metrics endpoint: cannot listen on \(socketAddress): \(error.message); choose another --metrics-port")
         }
-        guard bound else {
-            let reason = errnoString(errno)
-            close(fd)
-            throw EndpointError("metrics endpoint: cannot listen on \(address):\(port): \(reason); choose another --metrics-port")
-        }
-        listenFD = fd
-        self.port = UInt16(bigEndian: socketAddress.sin_port)
+        self.address = listener.boundAddresses.first ?? socketAddress
     }
 
     func run() async throws {
-        queue.sync {
-            let source = DispatchSource.makeReadSource(fileDescriptor: listenFD, queue: queue)
-            source.setEventHandler { [weak self] in self?.acceptAll() }
-            source.setCancelHandler { [listenFD] in close(listenFD) }
-            acceptSource = source
-            source.resume()
-        }
         // Until shutdown (SIGTERM/SIGINT through the service group), then stop listening.
         try? await gracefulShutdown()
-        queue.sync {
-            acceptSource?.cancel()
-            acceptSource = nil
-        }
+        listener.stop()
+    }
+}
+
+/// Answers scrapes, one connection at a time per call, on its own queue.
+/// `@unchecked Sendable`: the connections' state lives in the handlers of sources on `queue`.
+private final class MetricsResponder: @unchecked Sendable {
+    private let registry: PrometheusCollectorRegistry
+    private let logger: Logger
+    private let queue = DispatchQueue(label: "preview-server.metrics")
+
+    init(registry: PrometheusCollectorRegistry, logger: Logger) {
+        self.registry = registry
+        self.logger = logger
     }
 
-    private func acceptAll() {
-        for _ in 0..<64 {
-            let fd = accept(listenFD, nil, nil)
-            guard fd >= 0 else { return }
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            serve(fd)
-        }
-    }
+    /// Serves one accepted connection (its descriptor is this responder's from now on).
+    func serve(_ fd: Int32) { queue.async { self.start(fd) } }
 
     /// Reads the request head, writes the answer (a write source waits for room when the socket
     /// is full: nothing here blocks the queue), closes. 5 seconds for all of it.
-    private func serve(_ fd: Int32) {
+    private func start(_ fd: Int32) {
         var request: [UInt8] = []
         var response: [UInt8] = []
         var offset = 0

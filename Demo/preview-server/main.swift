@@ -73,7 +73,7 @@ struct PreviewServerCommand: AsyncParsableCommand {
                 + "kernel-assigned, printed at start).", valueName: "port"))
     var metricsPort: UInt16?
 
-    @Option(help: "The address the metrics endpoint listens on (an IPv4 address; default: loopback only).")
+    @Option(help: "The address the metrics endpoint listens on (an IPv4 or IPv6 address; default: loopback only).")
     var metricsAddress: String = "127.0.0.1"
 
     @Option(
@@ -162,7 +162,7 @@ struct PreviewServerCommand: AsyncParsableCommand {
                 throw ValidationError("\(error)")
             }
             FileHandle.standardError.write(
-                Data("preview-server: metrics at http://\(metricsAddress):\(endpoint!.port)/metrics\n".utf8))
+                Data("preview-server: metrics at http://\(endpoint!.address)/metrics\n".utf8))
         }
         let (discoveryConfiguration, problems) = try discoveryConfiguration()
         for problem in problems { logger.warning("ignored discovery setting: \(problem)") }

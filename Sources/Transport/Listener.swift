@@ -57,6 +57,10 @@ public final class Listener: @unchecked Sendable {
         public var port: UInt16 = 0
         /// Listen on the loopback addresses (127.0.0.1, ::1) only instead of all interfaces.
         public var loopbackOnly: Bool = false
+        /// Listen on this one address only (one socket, of its family, on its port; port 0 lets the
+        /// kernel choose), instead of ``port``, ``loopbackOnly`` and ``families``: for example a
+        /// metrics endpoint on one interface's address.
+        public var address: SocketAddress?
         /// Which families to try. IPv6 is skipped silently-with-a-log when unavailable.
         public var families: Set<SocketAddress.Family> = [.ipv4, .ipv6]
         /// The `listen` backlog: connections the kernel completes before they are accepted. Past
@@ -165,6 +169,7 @@ public final class Listener: @unchecked Sendable {
     // MARK: Binding
 
     private static func bindSockets(configuration: Configuration, logger: Logger) throws(TransportError) -> [Socket] {
+        if let address = configuration.address { return [try listeningSocket(on: address, backlog: configuration.backlog)] }
         let wantV4 = configuration.families.contains(.ipv4)
         let wantV6 = configuration.families.contains(.ipv6)
         guard wantV4 || wantV6 else {
@@ -213,6 +218,12 @@ public final class Listener: @unchecked Sendable {
         case (.ipv6, false):
             address = SocketAddress(storage: .v6(address: [UInt8](repeating: 0, count: 16), port: port, scopeID: 0))
         }
+        return try listeningSocket(on: address, backlog: configuration.backlog)
+    }
+
+    /// A listening socket bound to `address`.
+    private static func listeningSocket(on address: SocketAddress, backlog: Int32) throws(TransportError) -> Socket {
+        let family = address.family
         let fd = try SocketOps.makeSocket(domain: address.domain)
         do throws(TransportError) {
             try SocketOps.setOption(fd, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR")
@@ -222,7 +233,7 @@ public final class Listener: @unchecked Sendable {
             _ = try address.withSockAddr { (sa, len) throws(TransportError) in
                 try syscallValue("bind(\(address))") { bind(fd.rawValue, sa, len) }
             }
-            try syscallValue("listen") { listen(fd.rawValue, configuration.backlog) }
+            try syscallValue("listen") { listen(fd.rawValue, backlog) }
             guard let local = SocketOps.localAddress(fd) else {
                 throw TransportError.syscall("getsockname", errno: errno)
             }
