@@ -5,7 +5,7 @@
 /// It keeps what the member typed while not in the room (``pending``, sent in order once the host
 /// welcomes it again or the session resumes), whether it is leaving, and which rejoin deadline is
 /// the current one. The program sends, closes, shows and starts timers; the results of sends come
-/// back through ``sent(_:at:)`` and ``leaveSent(_:at:)``.
+/// back through ``sent(_:)`` and ``leaveSent(_:)``.
 public struct JoinController: Sendable {
     /// What happened.
     public enum Input: Sendable, Equatable {
@@ -39,11 +39,11 @@ public struct JoinController: Sendable {
         /// The prompt changed (nick or room).
         case prompt(String)
         /// Sends these in order, stops at the first that fails, and reports how many went
-        /// through ``sent(_:at:)``.
+        /// through ``sent(_:)``.
         case send([ParticipantRequest])
         /// Sends `chat.join` with this nick; a failure needs no report (the next connection joins).
         case join(nick: String)
-        /// Sends `chat.leave` with this reason and reports whether it went through ``leaveSent(_:at:)``.
+        /// Sends `chat.leave` with this reason and reports whether it went through ``leaveSent(_:)``.
         case leave(String)
         /// Says which key the host proved (first connection, or a new host).
         case describeHost
@@ -184,7 +184,7 @@ public struct JoinController: Sendable {
 
     /// `count` of the requests of the last ``Effect/send(_:)`` went out (the rest failed: they stay
     /// for the next welcome).
-    public mutating func sent(_ count: Int, at now: Double) -> [Effect] {
+    public mutating func sent(_ count: Int) -> [Effect] {
         let allWent = count == sending
         pending.removeFirst(min(count, pending.count))
         sending = 0
@@ -194,7 +194,7 @@ public struct JoinController: Sendable {
     }
 
     /// Whether the `chat.leave` of ``Effect/leave(_:)`` went out.
-    public mutating func leaveSent(_ ok: Bool, at now: Double) -> [Effect] {
+    public mutating func leaveSent(_ ok: Bool) -> [Effect] {
         ok ? [.startByeTimer] : [.close, .exit(.left)]
     }
 

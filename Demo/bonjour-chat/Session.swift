@@ -424,11 +424,11 @@ final class ChatSession {
                         do { try await client.send(request) } catch { break }
                         sent += 1
                     }
-                    effects.insert(contentsOf: controller.sent(sent, at: now), at: 0)
+                    effects.insert(contentsOf: controller.sent(sent), at: 0)
                 case .join(let nick): try? await client.send(ParticipantRequest.join(nick: nick))
                 case .leave(let reason):
                     let ok = (try? await client.send(ParticipantRequest.leave(reason))) != nil
-                    effects.insert(contentsOf: controller.leaveSent(ok, at: now), at: 0)
+                    effects.insert(contentsOf: controller.leaveSent(ok), at: 0)
                 case .describeHost:
                     if let identity = client.channel?.peerIdentity { notice(describe(identity, as: "host")) }
                 case .askWho:

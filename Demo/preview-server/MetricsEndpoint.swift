@@ -47,8 +47,8 @@ final class MetricsEndpoint: Service, Sendable {
 }
 
 /// Answers scrapes, one connection at a time per call, on its own queue.
-/// `@unchecked Sendable`: the connections' state lives in the handlers of sources on `queue`.
-private final class MetricsResponder: @unchecked Sendable {
+/// Sendable: only constants; each connection's state lives in the handlers of its sources on `queue`.
+private final class MetricsResponder: Sendable {
     private let registry: PrometheusCollectorRegistry
     private let logger: Logger
     private let queue = DispatchQueue(label: "preview-server.metrics")

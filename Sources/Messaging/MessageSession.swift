@@ -371,7 +371,7 @@ final class MessageSession: Sendable {
             return (false, false)
         }
         if now { return drained }
-        waiter.fail(after: timeout, on: .global(), with: { CancellationError() })
+        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: timeout)) { waiter.succeed(()) }
         _ = try? await waiter.value()
         return state.withLock { $0.outbox.count == 0 }
     }

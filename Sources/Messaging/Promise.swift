@@ -1,13 +1,11 @@
-import Dispatch
 import Locks
-import Transport
 
 /// A value (or an error) that arrives once, for one task that awaits it: what Messaging awaits
 /// from a connection's loop or a timer (the hello and secure exchanges, a SESSION frame, a client's
 /// next connection, a session's drain). Like NIO's `EventLoopPromise`, the first completion wins
 /// and the later ones are ignored, so a reply racing its deadline or a close needs no claim of its
-/// own; and the waiting task is resumed exactly once, whichever comes first — the completion or
-/// the wait.
+/// own (a deadline is a timer that completes it too); and the waiting task is resumed exactly
+/// once, whichever comes first — the completion or the wait.
 ///
 /// The task reads the result under the promise's lock after it resumes: whatever the completing
 /// thread wrote before completing (a channel built on its loop) is visible to it, and to
@@ -50,22 +48,6 @@ final class Promise<Value: Sendable>: Sendable {
 
     @discardableResult
     func fail(_ error: any Error) -> Bool { complete(.failure(error)) }
-
-    /// Whether it was completed (on any thread; a hint for the completing side's own bookkeeping).
-    var isCompleted: Bool {
-        state.withLock { if case .pending = $0 { false } else if case .waiting = $0 { false } else { true } }
-    }
-
-    /// Fails it with `error()` after `timeout` on `queue`, unless it was completed before; then
-    /// runs `expired` (on `queue`), for what the deadline's side does besides (close the connection).
-    func fail(
-        after timeout: Duration, on queue: DispatchQueue, with error: @escaping @Sendable () -> any Error,
-        expired: @escaping @Sendable () -> Void = {}
-    ) {
-        queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) {
-            if self.fail(error()) { expired() }
-        }
-    }
 
     /// Waits for the result. Awaited once (a second wait is a programming error).
     func value() async throws -> Value {
