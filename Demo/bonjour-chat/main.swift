@@ -86,7 +86,7 @@ struct CommonOptions: ParsableArguments {
     }
 
     /// The pre-shared key, when --key-file was given (validated before the command runs).
-    func preSharedKey() throws(TransportError) -> PreSharedKey? {
+    func preSharedKey() throws(FileError) -> PreSharedKey? {
         guard let keyFile else { return nil }
         return try PreSharedKey(contentsOfFile: keyFile)
     }

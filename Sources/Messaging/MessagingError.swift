@@ -35,7 +35,7 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         public static let untrustedServer = Code(kind: .untrustedServer)
         /// This side's identity (its private key file) or trust store cannot be used: the server
         /// does not start (nothing listens, nothing is published), the client does not connect.
-        /// The message names the file and what to do.
+        /// The message names the file and what to do; `underlying` is the ``FileError``.
         public static let unusableIdentity = Code(kind: .unusableIdentity)
 
         public var description: String { "\(kind)" }
@@ -45,7 +45,7 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
     public let code: Code
     /// What happened and what to do.
     public let message: String
-    /// The underlying error (a `TransportError` or `DiscoveryError`), if any.
+    /// The underlying error (a `TransportError`, `DiscoveryError` or ``FileError``), if any.
     public let underlying: (any Error)?
 
     init(_ code: Code, _ message: String, underlying: (any Error)? = nil) {

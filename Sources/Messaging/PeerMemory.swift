@@ -31,9 +31,10 @@ public final class PeerMemory: Sendable {
     private let lock = Lock()
 
     /// The most addresses kept per service.
-    public static let maxAddresses = 8
+    static let maxAddresses = 8
 
-    public init(path: String) { self.path = path }
+    /// Tests only: apps take ``shared(path:)``, so that two clients of one file share its lock.
+    init(path: String) { self.path = path }
 
     /// Where an app's memory lives by default: `$XDG_DATA_HOME/lanmsg/<app>/known_addresses`.
     public static func defaultPath(app: String) -> String { Identity.dataDirectory(app: app) + "/known_addresses" }
@@ -44,7 +45,9 @@ public final class PeerMemory: Sendable {
 
     private static let instances = Locked<[String: PeerMemory]>([:])
 
-    /// The one object of this process for `path`.
+    /// The one object of this process for `path`: clients that remember into one file share its
+    /// lock (two objects of one file could each read it, add their entry and write, and one entry
+    /// would be lost).
     public static func shared(path: String) -> PeerMemory {
         instances.withLock { instances in
             if let existing = instances[path] { return existing }
@@ -64,13 +67,13 @@ public final class PeerMemory: Sendable {
 
     /// Remembers (or replaces) a service's key and addresses; `used` first.
     public func remember(type: String, name: String, fingerprint: Fingerprint, used: SocketAddress?, others: [SocketAddress])
-        throws(TransportError)
+        throws(FileError)
     {
         var addresses: [SocketAddress] = used.map { [$0] } ?? []
         for address in others where !addresses.contains(address) { addresses.append(address) }
         let entry = Entry(type: type, name: name, fingerprint: fingerprint, addresses: Array(addresses.prefix(Self.maxAddresses)))
         guard !entry.addresses.isEmpty, !type.contains(" "), !type.contains("\n"), !name.contains("\n") else { return }
-        try lock.withLock { () throws(TransportError) in
+        try lock.withLock { () throws(FileError) in
             var list = read()
             if list.contains(entry) { return }  // nothing new: no write
             list.removeAll { $0.type == type && $0.name == name }
@@ -81,8 +84,8 @@ public final class PeerMemory: Sendable {
 
     /// Forgets a service; returns whether it was remembered.
     @discardableResult
-    public func forget(type: String, name: String) throws(TransportError) -> Bool {
-        try lock.withLock { () throws(TransportError) -> Bool in
+    public func forget(type: String, name: String) throws(FileError) -> Bool {
+        try lock.withLock { () throws(FileError) -> Bool in
             let list = read()
             let kept = list.filter { !($0.type == type && $0.name == name) }
             guard kept.count != list.count else { return false }
@@ -113,30 +116,11 @@ public final class PeerMemory: Sendable {
         return try? SocketAddress(ipAddress: host, port: port)
     }
 
-    private func write(_ list: [Entry]) throws(TransportError) {
+    private func write(_ list: [Entry]) throws(FileError) {
         var text = "# lanmsg known addresses: <service type> <fingerprint> <address>,… <service name>\n"
         for entry in list {
             text += "\(entry.type) \(entry.fingerprint.full) \(entry.addresses.map(\.description).joined(separator: ",")) \(entry.name)\n"
         }
         try writeFileAtomically(path, text, what: "the peer memory")
-    }
-}
-
-/// Writes `text` to `path` through a temporary file renamed into place (mode 0600, fsynced).
-func writeFileAtomically(_ path: String, _ text: String, what: String) throws(TransportError) {
-    try Identity.createDirectories(for: path)
-    // A name of its own per write: two writers of one file (threads or processes) never share it.
-    let temporary = path + ".tmp.\(getpid()).\(UInt64.random(in: 0...UInt64.max))"
-    let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-    guard fd >= 0 else {
-        throw TransportError(.invalidArgument, "cannot write \(what) '\(path)': \(String(cString: strerror(errno)))")
-    }
-    let bytes = Array(text.utf8)
-    let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-    let synced = fsync(fd) == 0
-    close(fd)
-    guard written == bytes.count, synced, rename(temporary, path) == 0 else {
-        unlink(temporary)
-        throw TransportError(.invalidArgument, "cannot write \(what) '\(path)': \(String(cString: strerror(errno)))")
     }
 }

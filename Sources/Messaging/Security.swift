@@ -77,9 +77,9 @@ public struct Identity: @unchecked Sendable {
 
     /// Loads the identity stored at `path`, or creates one there (directories mode 0700, the file
     /// mode 0600) when the file does not exist.
-    /// - Throws: `TransportError.Code.invalidArgument` when the file cannot be read or written,
-    ///   is malformed, or can be read by other users (like ssh, a key file open to others is refused).
-    public static func loadOrCreate(at path: String) throws(TransportError) -> Identity {
+    /// - Throws: ``FileError`` when the file cannot be read or written, is malformed, or can be
+    ///   read by other users (like ssh, a key file open to others is refused).
+    public static func loadOrCreate(at path: String) throws(FileError) -> Identity {
         if FileManager.default.fileExists(atPath: path) { return try load(path) }
         let identity = Identity.ephemeral()
         let text = "lanmsg-identity-1 " + Data(identity.privateKey.rawRepresentation).base64EncodedString() + "\n"
@@ -87,43 +87,43 @@ public struct Identity: @unchecked Sendable {
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
             if errno == EEXIST { return try load(path) }  // another process created it meanwhile
-            throw TransportError(
-                .invalidArgument,
-                "cannot create the identity file '\(path)': \(String(cString: strerror(errno))); "
-                    + "check that its directory is writable or give another path")
+            throw FileError.system(
+                path, "cannot create the identity file '\(path)'", errno: errno,
+                advice: "check that its directory is writable or give another path")
         }
         defer { close(fd) }
         let bytes = Array(text.utf8)
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         guard written == bytes.count, fsync(fd) == 0 else {
+            let code = written < 0 || written == bytes.count ? errno : ENOSPC
             unlink(path)
-            throw TransportError(.invalidArgument, "cannot write the identity file '\(path)': \(String(cString: strerror(errno)))")
+            throw FileError.system(path, "cannot write the identity file '\(path)'", errno: code)
         }
         return identity
     }
 
-    private static func load(_ path: String) throws(TransportError) -> Identity {
+    private static func load(_ path: String) throws(FileError) -> Identity {
         var info = stat()
         guard stat(path, &info) == 0 else {
-            throw TransportError(.invalidArgument, "cannot read the identity file '\(path)': \(String(cString: strerror(errno)))")
+            throw FileError.system(path, "cannot read the identity file '\(path)'", errno: errno)
         }
         if info.st_mode & 0o077 != 0 {
-            throw TransportError(
-                .invalidArgument,
+            throw FileError(
+                path,
                 "the identity file '\(path)' can be read by other users (mode \(String(info.st_mode & 0o777, radix: 8))); "
                     + "its private key must be private: run `chmod 600 '\(path)'`")
         }
         guard let data = FileManager.default.contents(atPath: path),
             let text = String(data: data, encoding: .utf8)
         else {
-            throw TransportError(.invalidArgument, "cannot read the identity file '\(path)'; check its permissions")
+            throw FileError(path, "cannot read the identity file '\(path)'; check its permissions")
         }
         let parts = text.split(whereSeparator: \.isWhitespace)
         guard parts.count == 2, parts[0] == "lanmsg-identity-1", let raw = Data(base64Encoded: String(parts[1])),
             let key = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: raw)
         else {
-            throw TransportError(
-                .invalidArgument,
+            throw FileError(
+                path,
                 "the identity file '\(path)' is not a lanmsg identity (expected `lanmsg-identity-1 <base64 key>`); "
                     + "move it away to create a new identity (peers that trusted the old one will refuse the new one)")
         }
@@ -136,17 +136,6 @@ public struct Identity: @unchecked Sendable {
             environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
             ?? ((environment["HOME"] ?? NSHomeDirectory()) + "/.local/share")
         return base + "/lanmsg/" + app
-    }
-
-    static func createDirectories(for path: String) throws(TransportError) {
-        let directory = (path as NSString).deletingLastPathComponent
-        guard !directory.isEmpty else { return }
-        do {
-            try FileManager.default.createDirectory(
-                atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        } catch {
-            throw TransportError(.invalidArgument, "cannot create the directory '\(directory)': \(error.localizedDescription)")
-        }
     }
 }
 
@@ -205,9 +194,9 @@ public final class TrustStore: Sendable {
     }
 
     /// Remembers `fingerprint` for `name`, replacing what was remembered for it.
-    /// - Throws: `TransportError.Code.invalidArgument` when the file cannot be written.
-    public func trust(_ fingerprint: Fingerprint, name: String) throws(TransportError) {
-        try lock.withLock { () throws(TransportError) in
+    /// - Throws: ``FileError`` when the file cannot be written.
+    public func trust(_ fingerprint: Fingerprint, name: String) throws(FileError) {
+        try lock.withLock { () throws(FileError) in
             var list = read().filter { $0.name != name }
             list.append((name, fingerprint))
             try write(list)
@@ -216,8 +205,8 @@ public final class TrustStore: Sendable {
 
     /// Forgets `name`; returns whether it was known.
     @discardableResult
-    public func forget(name: String) throws(TransportError) -> Bool {
-        try lock.withLock { () throws(TransportError) -> Bool in
+    public func forget(name: String) throws(FileError) -> Bool {
+        try lock.withLock { () throws(FileError) -> Bool in
             let list = read()
             let kept = list.filter { $0.name != name }
             guard kept.count != list.count else { return false }
@@ -237,7 +226,7 @@ public final class TrustStore: Sendable {
         }
     }
 
-    private func write(_ list: [(name: String, fingerprint: Fingerprint)]) throws(TransportError) {
+    private func write(_ list: [(name: String, fingerprint: Fingerprint)]) throws(FileError) {
         var text = "# lanmsg known peers: <fingerprint> <name>\n"
         for (name, fingerprint) in list { text += "\(fingerprint.full) \(name)\n" }
         try writeFileAtomically(path, text, what: "the trust store")
@@ -336,7 +325,7 @@ public struct TrustPolicy: Sendable {
     /// After a successful connection: trust on first use remembers a new peer's key now (not when
     /// the key was proven: a connection the other side then refused teaches nothing, and the user
     /// sees the comparison code on the first connection that works).
-    func remember(_ identity: PeerIdentity) throws(TransportError) {
+    func remember(_ identity: PeerIdentity) throws(FileError) {
         guard case .firstUse(let store) = rule, identity.isFirstContact else { return }
         try store.trust(identity.fingerprint, name: identity.name)
     }
@@ -395,7 +384,7 @@ public struct ChannelSecurity: Sendable {
     }
 
     /// The identity and trust policy to use now (loads or creates the standard identity).
-    func resolved(server: Bool = false) throws(TransportError) -> (Identity, TrustPolicy)? {
+    func resolved(server: Bool = false) throws(FileError) -> (Identity, TrustPolicy)? {
         switch mode {
         case .plaintext: return nil
         case .encrypted(let identity, let policy): return (identity, policy)
@@ -407,8 +396,8 @@ public struct ChannelSecurity: Sendable {
 
     private static let standardCache = Locked<(Identity, TrustPolicy)?>(nil)
 
-    static func standardParts() throws(TransportError) -> (Identity, TrustPolicy) {
-        try standardCache.withLock { cache throws(TransportError) in
+    static func standardParts() throws(FileError) -> (Identity, TrustPolicy) {
+        try standardCache.withLock { cache throws(FileError) in
             if let cache { return cache }
             let app = ProcessInfo.processInfo.processName
             let identity = try Identity.loadOrCreate(at: Identity.defaultPath(app: app))
@@ -418,8 +407,9 @@ public struct ChannelSecurity: Sendable {
         }
     }
 
-    /// The protocol version this side speaks: 2 when encrypted, 1 in plaintext.
-    public var protocolVersion: Int { isEncrypted ? 2 : WireProtocol.version }
+    /// The protocol version this side speaks: 2 when encrypted, 1 in plaintext (published as
+    /// `proto` by ``stampTXT(_:)``).
+    var protocolVersion: Int { isEncrypted ? 2 : WireProtocol.version }
 
     /// This side's identity (nil in plaintext; for ``standard``, the program's identity — created
     /// now if needed; nil if it cannot be).

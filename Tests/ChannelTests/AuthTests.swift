@@ -138,7 +138,7 @@ import Testing
         let fromFile = try PreSharedKey(contentsOfFile: path)
         #expect(fromFile.keyBytes == Array("0123456789abcdef0123".utf8))
         #expect(throws: TransportError.self) { try PreSharedKey(bytes: Array("short".utf8)) }
-        #expect(throws: TransportError.self) { try PreSharedKey(contentsOfFile: "/nonexistent/key") }
+        #expect(throws: FileError.self) { try PreSharedKey(contentsOfFile: "/nonexistent/key") }
     }
 
     /// RFC 4231 test case 2 style check that the HMAC is HMAC-SHA256 over label || a || b.

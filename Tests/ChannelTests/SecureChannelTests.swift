@@ -358,10 +358,12 @@ struct SecureChannelTests {
         #expect(Fingerprint(created.fingerprint.full) == created.fingerprint)
 
         chmod(path, 0o644)
-        #expect(throws: TransportError.self) { try Identity.loadOrCreate(at: path) }
+        let open = #expect(throws: FileError.self) { try Identity.loadOrCreate(at: path) }
+        #expect(open?.path == path && open?.errno == nil && open?.message.contains("chmod 600") == true)
         chmod(path, 0o600)
         try "not a key\n".write(toFile: path, atomically: false, encoding: .utf8)
-        #expect(throws: TransportError.self) { try Identity.loadOrCreate(at: path) }
+        let malformed = #expect(throws: FileError.self) { try Identity.loadOrCreate(at: path) }
+        #expect(malformed?.path == path && malformed?.errno == nil && malformed?.message.contains("not a lanmsg identity") == true)
     }
 }
 

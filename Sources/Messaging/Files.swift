@@ -1,0 +1,75 @@
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A file the library keeps or reads for the app could not be used: an identity's private key
+/// (``Identity/loadOrCreate(at:)``), the trust store (``TrustStore``), the remembered peers
+/// (``PeerMemory``) or a pre-shared key file (``PreSharedKey/init(contentsOfFile:)``).
+///
+/// ``message`` names the file, says what went wrong and what to do; ``errno`` keeps the system's
+/// reason when a system call on the file failed.
+public struct FileError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The file (or, when its directory could not be made, that directory).
+    public let path: String
+    /// What happened and what to do.
+    public let message: String
+    /// The system's error number (`EACCES`, `ENOSPC`, …) when a system call on the file failed;
+    /// nil when the file was read but its content or its permissions are wrong.
+    public let errno: Int32?
+
+    init(_ path: String, _ message: String, errno: Int32? = nil) {
+        self.path = path
+        self.message = message
+        self.errno = errno
+    }
+
+    /// A system call on `path` failed with `code`: `what` (`"cannot write the trust store '…'"`),
+    /// the system's reason, and `advice` when there is something to do.
+    static func system(_ path: String, _ what: String, errno code: Int32, advice: String? = nil) -> FileError {
+        let reason = String(cString: strerror(code))
+        return FileError(path, "\(what): \(reason)" + (advice.map { "; " + $0 } ?? ""), errno: code)
+    }
+
+    public var description: String { message }
+}
+
+/// Creates the directories above `path` (mode 0700) when they do not exist.
+func createDirectories(for path: String) throws(FileError) {
+    let directory = (path as NSString).deletingLastPathComponent
+    guard !directory.isEmpty else { return }
+    do {
+        try FileManager.default.createDirectory(
+            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    } catch {
+        let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) }
+        throw FileError(directory, "cannot create the directory '\(directory)': \(error.localizedDescription)", errno: code)
+    }
+}
+
+/// The package's one atomic file writer: writes `text` to `path` through a temporary file of its
+/// own, fsynced and renamed into place (mode 0600), so a reader sees the old file or the new one,
+/// never a part. `what` names the file in errors (`"the trust store"`).
+func writeFileAtomically(_ path: String, _ text: String, what: String) throws(FileError) {
+    try createDirectories(for: path)
+    // A name of its own per write: two writers of one file (threads or processes) never share it.
+    let temporary = path + ".tmp.\(getpid()).\(UInt64.random(in: 0...UInt64.max))"
+    let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard fd >= 0 else {
+        throw FileError.system(path, "cannot write \(what) '\(path)'", errno: errno, advice: "check that its directory is writable")
+    }
+    let bytes = Array(text.utf8)
+    let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    let failure = written < 0 ? errno : 0
+    let synced = fsync(fd) == 0
+    let syncFailure = synced ? 0 : errno
+    close(fd)
+    guard written == bytes.count, synced, rename(temporary, path) == 0 else {
+        let code = failure != 0 ? failure : syncFailure != 0 ? syncFailure : written != bytes.count ? ENOSPC : errno
+        unlink(temporary)
+        throw FileError.system(path, "cannot write \(what) '\(path)'", errno: code)
+    }
+}
