@@ -22,8 +22,7 @@ extension MessageChannel {
             of: ConnectionHealth.self, bufferingPolicy: .bufferingNewest(1))
         queue.async {
             guard self.driver.isOpen else { return continuation.finish() }
-            let link = self.sessionLink ?? SessionLink()
-            self.sessionLink = link
+            let link = self.machine.makeLink()
             link.healthWatchers.append(continuation)
         }
         return stream

@@ -11,10 +11,24 @@ import Transport
 extension MessageChannel: ConnectionHandler {
     package func connection(_ connection: ConnectionDriver, received frame: Frame) {
         assertOnLoop()
-        if let link = sessionLink, let text = link.machine.violation(receiving: frame.kind) { return violation(text) }
-        switch frame.kind {
+        switch machine.received(frame, from: peer) {
         case .message:
-            handleMessage(frame)
+            deliverMessage(frame)
+        case .reply(let request):
+            configuration.metrics?.requestAnswered(type: request.typeID, nanoseconds: uptimeNanoseconds() &- request.sentAt)
+            request.token.resume(returning: IncomingMessage(frame: frame, codecs: configuration.codecs))
+        case .lateReply(let replyTo):
+            logger.notice("dropping late reply '\(frame.typeID)' to request #\(replyTo), which timed out")
+        case .sessionMessage:
+            guard let session = sessionLink?.session else { return deliverMessage(frame) }
+            let (deliver, ackNow) = session.received(on: self)
+            guard deliver else { return }  // this connection was replaced: the new one resends it
+            switch machine.sessionMessageAccepted(ackNow: ackNow) {
+            case .sendNow: sendAck()
+            case .armDeadline: driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
+            case .nothing: break
+            }
+            deliverMessage(frame)
         case .ping:
             let pace = configuration.heartbeatPacer?.pace ?? 0
             driver.enqueue(Frame.pong(reference: frame.sequence, pace: pace), bypassLimit: true) { _ in }
@@ -27,22 +41,38 @@ extension MessageChannel: ConnectionHandler {
                 let health = healthOnLoop()
                 for watcher in watchers { watcher.yield(health) }
             }
-        case .session:
-            handleSessionHello(frame)
-        case .ack:
-            handleAck(frame)
-        case .goodbye:
-            let reason = String(decoding: frame.payload, as: UTF8.self)
+        case .sessionAnswer(let waiter, let hello):
+            sessionAnswered(hello, waiter)
+        case .sessionHello(let waiter, let hello):
+            waiter.succeed(hello)
+        case .sessionKept:
+            break
+        case .ack(let count):
+            if let text = sessionLink?.session?.acknowledged(count, on: self) { violation(text) }
+        case .goodbye(let reason):
             logger.debug("peer said goodbye: \(reason)")
             driver.closeGracefully(reason: .goodbye(reason))
-        case .streamStart:
-            handleStreamStart(frame)
-        case .streamChunk:
-            handleChunk(frame)
-        case .streamEnd:
-            handleStreamEnd(frame)
-        case .hello, .helloAck, .refuse, .auth, .authOK:
-            violation("unexpected \(frame.kind) frame after the hello exchange")
+        case .startTransfer(let header):
+            startTransfer(frame, header)
+        case .chunk(let stream, let bytes):
+            stream.sink.buffer.push(bytes)
+            stream.sink.progressContinuation.yield(
+                TransferProgress(
+                    streamID: stream.streamID, typeID: stream.typeID, completedBytes: stream.received,
+                    totalBytes: stream.totalSize, isFinished: false))
+        case .transferCompleted(let stream):
+            stream.sink.progressContinuation.yield(
+                TransferProgress(
+                    streamID: stream.streamID, typeID: stream.typeID, completedBytes: stream.received,
+                    totalBytes: stream.totalSize, isFinished: true))
+            stream.sink.buffer.finish()
+            stream.sink.progressContinuation.finish()
+        case .transferFailed(let stream, let text):
+            logger.info("transfer '\(stream.typeID)' #\(stream.streamID) failed: \(text)")
+            stream.sink.buffer.finish(throwing: TransportError(.transferFailed, text))
+            stream.sink.progressContinuation.finish()
+        case .violation(let text):
+            violation(text)
         }
     }
 
@@ -60,10 +90,9 @@ extension MessageChannel: ConnectionHandler {
         assertOnLoop()
         configuration.metrics?.closed(reason)
         let error = TransportError.closed(reason)
-        if let requests {
-            for entry in requests.tracker.removeAll() { entry.token.resume(throwing: error) }
-        }
-        for stream in incoming.removeAll() {
+        let waiting = machine.closed()
+        for request in waiting.requests { request.token.resume(throwing: error) }
+        for stream in waiting.transfers {
             stream.sink.buffer.finish(
                 throwing: TransportError(.transferFailed, "the connection closed during the transfer (\(reason))"))
             stream.sink.progressContinuation.finish()
@@ -74,10 +103,9 @@ extension MessageChannel: ConnectionHandler {
             for watcher in link.healthWatchers { watcher.finish() }
             link.healthWatchers = []
             link.session?.detach(self)
-            let (hello, answer) = link.machine.closed()
-            hello?.fail(error)
-            answer?.fail(error)
         }
+        waiting.hello?.fail(error)
+        waiting.answer?.fail(error)
         messageBuffer.finish()
         transferBuffer.finish()
         if let route {
@@ -93,28 +121,9 @@ extension MessageChannel: ConnectionHandler {
         driver.closeGracefully(reason: .protocolError(text))
     }
 
-    private func handleMessage(_ frame: Frame) {
-        if let session = sessionLink?.session, frame.isSessionMessage {
-            let (deliver, ackNow) = session.received(on: self)
-            guard deliver else { return }  // this connection was replaced: the new one resends it
-            switch sessionLink?.machine.sessionMessageReceived(ackNow: ackNow) {
-            case .sendNow?: sendAck()
-            case .armDeadline?: driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
-            case .nothing?, nil: break
-            }
-        }
+    /// A message for the app: to its handler, else the route or ``messages``.
+    private func deliverMessage(_ frame: Frame) {
         let message = IncomingMessage(frame: frame, codecs: configuration.codecs)
-        if let replyTo = frame.reference, let requests {
-            if let entry = requests.tracker.reply(to: replyTo) {
-                configuration.metrics?.requestAnswered(type: entry.typeID, nanoseconds: uptimeNanoseconds() &- entry.sentAt)
-                entry.token.resume(returning: message)
-                return
-            }
-            if requests.tracker.isAbandoned(replyTo) {
-                logger.notice("dropping late reply '\(frame.typeID)' to request #\(replyTo), which timed out")
-                return
-            }
-        }
         mergeInstalls()
         if let handler = handlers[frame.typeID] {
             handler(message)
@@ -159,15 +168,10 @@ extension MessageChannel: ConnectionHandler {
         }
     }
 
-    private func handleStreamStart(_ frame: Frame) {
-        let header: TransferHeader
-        switch TransferReceiver<IncomingTransfer>.header(of: frame) {
-        case .success(let decoded): header = decoded
-        case .failure(let violation): return self.violation(violation.text)
-        }
+    private func startTransfer(_ frame: Frame, _ header: TransferHeader) {
         let buffer: BoundedQueue<[UInt8]> = Self.inboundBuffer(driver, limit: configuration.transferChunkBufferLimit)
         let transfer = IncomingTransfer(streamID: frame.sequence, typeID: frame.typeID, header: header, buffer: buffer)
-        if let violation = incoming.start(frame, header: header, sink: transfer) { return self.violation(violation.text) }
+        machine.transferStarted(frame, header: header, sink: transfer)
         transfer.progressContinuation.yield(
             TransferProgress(
                 streamID: frame.sequence, typeID: frame.typeID, completedBytes: 0, totalBytes: header.size,
@@ -176,37 +180,6 @@ extension MessageChannel: ConnectionHandler {
             if !route.transfer(transfer, from: self) { stopReadingForRoute() }
         } else {
             transferBuffer.push(transfer)
-        }
-    }
-
-    private func handleChunk(_ frame: Frame) {
-        switch incoming.chunk(frame) {
-        case .violation(let text):
-            violation(text)
-        case .deliver(let stream, let bytes):
-            stream.sink.buffer.push(bytes)
-            stream.sink.progressContinuation.yield(
-                TransferProgress(
-                    streamID: stream.streamID, typeID: stream.typeID, completedBytes: stream.received,
-                    totalBytes: stream.totalSize, isFinished: false))
-        }
-    }
-
-    private func handleStreamEnd(_ frame: Frame) {
-        switch incoming.end(frame) {
-        case .violation(let text):
-            violation(text)
-        case .failed(let stream, let text):
-            logger.info("transfer '\(stream.typeID)' #\(stream.streamID) failed: \(text)")
-            stream.sink.buffer.finish(throwing: TransportError(.transferFailed, text))
-            stream.sink.progressContinuation.finish()
-        case .completed(let stream):
-            stream.sink.progressContinuation.yield(
-                TransferProgress(
-                    streamID: stream.streamID, typeID: stream.typeID, completedBytes: stream.received,
-                    totalBytes: stream.totalSize, isFinished: true))
-            stream.sink.buffer.finish()
-            stream.sink.progressContinuation.finish()
         }
     }
 }

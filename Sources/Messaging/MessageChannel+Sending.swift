@@ -235,7 +235,7 @@ extension MessageChannel {
                             continuation.resume(throwing: error)
                         case .success(let sequence):
                             guard !handle.cancelled else {
-                                self.trackedRequests.tracker.abandon(sequence)
+                                self.machine.requestAbandoned(sequence)
                                 continuation.resume(throwing: CancellationError())
                                 return
                             }
@@ -248,7 +248,7 @@ extension MessageChannel {
         } onCancel: {
             queue.async {
                 handle.cancelled = true
-                if let sequence = handle.sequence, let entry = self.requests?.tracker.cancel(sequence) {
+                if let sequence = handle.sequence, let entry = self.machine.requestCancelled(sequence) {
                     entry.token.resume(throwing: CancellationError())
                 }
             }
@@ -265,37 +265,31 @@ extension MessageChannel {
         if driver.loop.isCurrent { body() } else { queue.async(execute: body) }
     }
 
-    private var trackedRequests: Requests {
-        assertOnLoop()
-        if let requests { return requests }
-        let made = Requests()
-        requests = made
-        return made
-    }
-
     private func track(
         _ sequence: UInt64, typeID: String, timeout: Duration, _ continuation: CheckedContinuation<IncomingMessage, any Error>
     ) {
-        let tracked = trackedRequests
-        let earliest = tracked.tracker.add(
-            sequence: sequence, typeID: typeID, now: uptimeNanoseconds(), timeout: timeout.nanoseconds, token: continuation)
-        if earliest { driver.setDeadline(.request, at: tracked.tracker.nextDeadline) }
+        assertOnLoop()
+        if let deadline = machine.requestSent(
+            sequence, typeID: typeID, now: uptimeNanoseconds(), timeout: timeout.nanoseconds, token: continuation)
+        {
+            driver.setDeadline(.request, at: deadline)
+        }
     }
 
     /// The request deadline passed: fail the requests that timed out, re-arm for the next one.
     func requestsTimedOut() {
-        guard let requests else { return }
         let now = uptimeNanoseconds()
-        for entry in requests.tracker.expire(now: now) {
+        let (expired, next) = machine.requestsExpired(now: now)
+        for entry in expired {
             configuration.metrics?.requestTimeouts.increment()
             entry.token.resume(throwing: TransportError(.requestTimedOut, timeoutMessage(entry, now: now)))
         }
-        driver.setDeadline(.request, at: requests.tracker.nextDeadline)
+        driver.setDeadline(.request, at: next)
     }
 
     /// Says whose fault a timeout probably is: this side not reading (its buffers full because the
     /// app does not consume messages), a silent peer, or a peer that is alive but did not answer.
-    private func timeoutMessage(_ entry: RequestTracker<CheckedContinuation<IncomingMessage, any Error>>.Entry, now: UInt64) -> String {
+    private func timeoutMessage(_ entry: Machine.Request, now: UInt64) -> String {
         let waited = Duration.nanoseconds(Int64(clamping: now &- entry.sentAt))
         let head = "no reply to request '\(entry.typeID)' #\(entry.sequence) within \(waited)"
         if driver.isReadPaused {

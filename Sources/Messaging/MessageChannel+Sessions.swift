@@ -12,47 +12,26 @@ extension MessageChannel {
     /// Acknowledges the session messages received since the last ACK.
     func sendAck() {
         assertOnLoop()
-        guard let link = sessionLink, let session = link.session else { return }
-        link.machine.ackSent()
+        guard let session = sessionLink?.session else { return }
+        machine.ackSent()
         driver.setDeadline(.ack, at: nil)
         if let count = session.takeAck(on: self) {
             driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in }
         }
     }
 
-    func handleAck(_ frame: Frame) {
-        guard let session = sessionLink?.session else { return violation("ACK without a session") }
-        guard let count = frame.acknowledgedCount else { return violation("an ACK must carry an 8-byte count") }
-        if let text = session.acknowledged(count, on: self) { violation(text) }
-    }
-
-    func handleSessionHello(_ frame: Frame) {
-        guard let hello = try? FastJSONDecoder().decode(SessionHello.self, from: frame.payload), hello.isWellFormed else {
-            return violation("malformed SESSION payload (it needs \"id\": 32 hex digits and \"received\")")
+    /// Client: the server answered its SESSION. Attached here, on the loop, before the next frame
+    /// is read.
+    func sessionAnswered(_ hello: SessionHello, _ waiter: Promise<MessageSession.Opened>) {
+        guard let session = sessionLink?.session else {
+            waiter.fail(TransportError(.helloFailed, "the session ended before the server answered"))
+            return violation("a SESSION answer for a session that ended")
         }
-        // SESSION is the client's first frame when it offered sessions, or the server's answer to it.
-        guard let link = sessionLink else {
-            return violation(SessionLink.Machine.unexpectedSession(peerOfferedSessions: peer.sessions, peerName: peer.name))
-        }
-        switch link.machine.sessionFrame(hello, peerOfferedSessions: peer.sessions, peerName: peer.name) {
-        case .answer(let waiter):
-            // Client: the server's answer. Attached here, on the loop, before the next frame is read.
-            guard let session = link.session else {
-                waiter.fail(TransportError(.helloFailed, "the session ended before the server answered"))
-                return violation("a SESSION answer for a session that ended")
-            }
-            switch session.clientOpened(hello, on: self) {
-            case .success(let opened): waiter.succeed(opened)
-            case .failure(let error):
-                waiter.fail(error)
-                violation(error.message)
-            }
-        case .hello(let waiter):
-            waiter.succeed(hello)
-        case .kept:
-            break
-        case .violation(let text):
-            violation(text)
+        switch session.clientOpened(hello, on: self) {
+        case .success(let opened): waiter.succeed(opened)
+        case .failure(let error):
+            waiter.fail(error)
+            violation(error.message)
         }
     }
 
@@ -61,14 +40,14 @@ extension MessageChannel {
         try await awaitSessionFrame(
             within: timeout, "the server did not answer the SESSION frame within \(timeout)",
             register: { link, promise in
-                guard link.machine.waitForAnswer(promise) else {
+                guard link.gate.waitForAnswer(promise) else {
                     promise.fail(TransportError(.helloFailed, "a session is being opened on this connection already"))
                     return
                 }
                 link.session = session
                 self.driver.enqueue(HandshakeStateMachine.jsonFrame(.session, session.clientHello()), bypassLimit: true) { _ in }
             },
-            expire: { link in link.machine.answerTimedOut() })
+            expire: { link in link.gate.answerTimedOut() })
     }
 
     /// Server: waits for the client's SESSION frame (it offered a session in its hello).
@@ -76,13 +55,13 @@ extension MessageChannel {
         try await awaitSessionFrame(
             within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)",
             register: { link, promise in
-                switch link.machine.waitForHello(promise) {
+                switch link.gate.waitForHello(promise) {
                 case .arrived(let hello): promise.succeed(hello)
                 case .waiting: break
                 case .notExpected: promise.fail(TransportError(.helloFailed, "no SESSION frame is expected on this connection"))
                 }
             },
-            expire: { link in link.machine.helloTimedOut() })
+            expire: { link in link.gate.helloTimedOut() })
     }
 
     /// Runs `register` on the loop with this channel's session box and a promise that the SESSION
@@ -97,9 +76,8 @@ extension MessageChannel {
     ) async throws -> T {
         let promise = Promise<T>()
         queue.async {
-            let link = self.sessionLink ?? SessionLink()
-            self.sessionLink = link
-            if !link.machine.helloArrived, !self.driver.acceptsFrames {
+            let link = self.machine.makeLink()
+            if !link.gate.helloArrived, !self.driver.acceptsFrames {
                 promise.fail(TransportError(.connectionClosed, "the connection closed"))
                 return
             }
@@ -118,8 +96,7 @@ extension MessageChannel {
     func attachSession(_ session: MessageSession, hello: SessionHello, isNew: Bool) async throws -> Int {
         try await onLoop { () throws(TransportError) -> Int in
             guard self.driver.acceptsFrames else { throw TransportError(.connectionClosed, "the connection closed") }
-            let link = self.sessionLink ?? SessionLink()
-            self.sessionLink = link
+            let link = self.machine.makeLink()
             link.session = session
             switch session.serverOpen(hello, isNew: isNew, on: self) {
             case .success(let resent): return resent

@@ -55,12 +55,10 @@ public final class MessageChannel: @unchecked Sendable {
         return lazyTransferBuffer.storeIfNil(Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
     }
 
-    // Loop-confined state. The request tracker is boxed: most channels never send a request, and an
-    // idle channel should hold one pointer, not its empty tables.
-    final class Requests {
-        var tracker = RequestTracker<CheckedContinuation<IncomingMessage, any Error>>()
-    }
-    var requests: Requests?
+    /// What each frame means, the requests waiting for replies, the transfers being received and
+    /// the session link (loop-confined).
+    var machine: Machine
+    typealias Machine = ChannelStateMachine<SessionLink, CheckedContinuation<IncomingMessage, any Error>, IncomingTransfer>
     /// The ``on(type:as:_:)`` handlers, read on the loop for every message without a lock. A handler
     /// installed from another thread goes to `installs` (made on first use) and `hasInstalls` is
     /// raised; the loop merges them before it dispatches the next message. So `on` never waits for
@@ -85,24 +83,23 @@ public final class MessageChannel: @unchecked Sendable {
     final class PendingInstalls: Sendable {
         let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
-    var incoming = TransferReceiver<IncomingTransfer>()
     /// Round-trip times from the heartbeat (loop-confined; read through ``health``).
     var rtt = RTTEstimator()
     /// The message session running on this connection, its SESSION exchange and the consumers of
-    /// ``healthUpdates``; nil for most channels (loop-confined; one pointer for an idle connection).
-    var sessionLink: SessionLink?
-    final class SessionLink {
+    /// ``healthUpdates`` (``ChannelStateMachine/link``; nil for most channels).
+    var sessionLink: SessionLink? { machine.link }
+    final class SessionLink: SessionLinking {
         /// Weak: its owner (the ``MessageClient``, or the server's ``ServerConnection`` and session
         /// table) holds the session, and a server's session holds the channel it serves — a strong
         /// reference here would keep both alive after the session ended.
         weak var session: MessageSession?
         /// The session gate, the SESSION exchange and the acknowledgement deadline.
-        typealias Machine = ChannelStateMachine<Promise<SessionHello>, Promise<MessageSession.Opened>>
-        var machine: Machine
-
-        init(awaitsClientSession: Bool = false) { machine = ChannelStateMachine(awaitsClientSession: awaitsClientSession) }
+        var gate: SessionGate<Promise<SessionHello>, Promise<MessageSession.Opened>>
         /// Consumers of ``healthUpdates``.
         var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation] = []
+
+        init(gate: SessionGate<Promise<SessionHello>, Promise<MessageSession.Opened>>) { self.gate = gate }
+        var hasSession: Bool { session != nil }
     }
 
     /// The peer's proven identity when the connection is encrypted (protocol version 2); nil in
@@ -121,7 +118,7 @@ public final class MessageChannel: @unchecked Sendable {
         self.peer = established.peer
         self.storedPeerMaxFrameSize = UInt32(clamping: established.peerMaxFrameSize)
         self.configuration = configuration
-        if awaitsSession { sessionLink = SessionLink(awaitsClientSession: true) }
+        machine = Machine(awaitsClientSession: awaitsSession)
     }
 
     /// A buffer of inbound elements that pauses reading `driver` while it holds `limit` or more.

@@ -38,6 +38,9 @@ package struct TransferReceiver<Sink> {
     /// Streams in progress.
     package var count: Int { streams.count }
 
+    /// Whether stream `id` is open (a STREAM_START with its id would reuse it).
+    package func isOpen(_ id: UInt64) -> Bool { streams[id] != nil }
+
     /// Parses a STREAM_START's JSON header `{"size":…, "metadata":{…}}`.
     package static func header(of frame: Frame) -> Result<TransferHeader, ProtocolViolation> {
         do {
