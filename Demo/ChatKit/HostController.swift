@@ -9,7 +9,7 @@ public struct HostController: Sendable {
         /// A request of a member; `expectsReply`: it was sent as a request (only `chat.members` is).
         case request(ParticipantRequest, from: MemberID, expectsReply: Bool)
         /// A message whose type this version does not know.
-        case unknownMessage(type: String, from: MemberID, expectsReply: Bool)
+        case unknownMessage(type: String, expectsReply: Bool)
         /// A message of a known type that could not be decoded.
         case malformed(type: String, error: String, from: MemberID, expectsReply: Bool)
         /// A member's connection ended for good.
@@ -97,7 +97,7 @@ public struct HostController: Sendable {
                 // chat.bye is sent: the member is gone, and so is its connection.
                 effects.append(.disconnect(id, reason: "left the room"))
             }
-        case .unknownMessage(let type, _, let expectsReply):
+        case .unknownMessage(let type, let expectsReply):
             // A newer member may send things this host ignores: a request is answered, a one-way
             // message only logged (by the program).
             return expectsReply

@@ -233,7 +233,7 @@ final class ChatSession {
                             happened = .request(request, from: connection.id, expectsReply: message.expectsReply)
                         } else {
                             logger.notice("unknown message", metadata: ["type": "\(message.typeID)", "from": "\(connection)"])
-                            happened = .unknownMessage(type: message.typeID, from: connection.id, expectsReply: message.expectsReply)
+                            happened = .unknownMessage(type: message.typeID, expectsReply: message.expectsReply)
                         }
                     } catch {
                         logger.notice("malformed message", metadata: ["type": "\(message.typeID)", "from": "\(connection)", "error": "\(error)"])
