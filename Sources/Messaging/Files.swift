@@ -8,7 +8,7 @@ import Foundation
 
 /// A file the library keeps or reads for the app could not be used: an identity's private key
 /// (``Identity/loadOrCreate(at:)``), the trust store (``TrustStore``), the remembered peers
-/// (``PeerMemory``) or a pre-shared key file (``PreSharedKey/init(contentsOfFile:)``).
+/// (``PeerMemory``) or a pre-shared key file (`PreSharedKey(contentsOfFile:)`).
 ///
 /// ``message`` names the file, says what went wrong and what to do; ``errno`` keeps the system's
 /// reason when a system call on the file failed.

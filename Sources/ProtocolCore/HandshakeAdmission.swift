@@ -217,13 +217,16 @@ package struct HandshakeAdmission: Sendable {
     }
 
     /// A refusal of `source`: counted toward its block threshold when there is one (its entry
-    /// kept for that, and for a bucket the check above refilled).
+    /// kept for that, and for a bucket the check above refilled) and its block is not in force.
+    /// While it is, what still arrives was accepted before the kernel began dropping its attempts
+    /// (a backlog a slow server may take more than a second to drain): counting it would block
+    /// the source again, twice as long, for attempts it made before its block.
     private mutating func refuse(
         _ source: Source, _ entry: Entry?, _ now: UInt64, _ reason: String, after milliseconds: Int = 0
     ) -> Verdict {
         var block = false
         if var entry = entry ?? (limits.blockAfterRefusals != nil ? Entry() : nil) {
-            if let threshold = blockThreshold(for: source, now: now) {
+            if let threshold = blockThreshold(for: source, now: now), !isBlocked(source, now: now) {
                 block = entry.refused.add(now: now) == threshold
             }
             sources[source] = entry
@@ -260,6 +263,9 @@ package struct HandshakeAdmission: Sendable {
         guard let threshold = limits.blockAfterRefusals else { return nil }
         return isOnProbation(source, now: now) ? max(1, threshold / Self.probationDivisor) : threshold
     }
+
+    /// Whether `source`'s block is in force at `now` (the listener drops its attempts).
+    package func isBlocked(_ source: Source, now: UInt64) -> Bool { blocks[source].map { now < $0.until } ?? false }
 
     /// Whether `source` was blocked for flooding and is on probation now (tests, metrics).
     package func isOnProbation(_ source: Source, now: UInt64) -> Bool {

@@ -156,6 +156,31 @@ extension HandshakeAdmissionTests {
     /// block (up to 32 times the first), and in that time it is on probation — no burst when the
     /// block ends (its bucket starts empty then) and named again at a sixteenth of the threshold.
     /// Quiet long enough, it starts afresh.
+    /// What a blocked source's attempts leave behind (connections accepted before the kernel began
+    /// dropping them, drained later) is refused but does not count: it neither blocks the source
+    /// again, twice as long, nor counts toward its next detection once the block ended.
+    @Test func leftoversOfABlockedSourceDoNotBlockItAgain() {
+        let s = Self.second
+        var admission = HandshakeAdmission(
+            limits: .init(inFlight: 1_000, inFlightPerSource: 1_000, perSecond: nil, perSecondPerSource: 256, blockAfterRefusals: 1_024),
+            now: 0)
+        func named(_ verdict: HandshakeAdmission.Verdict) -> Bool {
+            if case .busy(_, _, let block) = verdict { return block }
+            return false
+        }
+        #expect((0..<1_400).map { _ in admission.admit(Self.a, now: 0) }.contains(where: named))
+        #expect(admission.block(Self.a, now: 0, base: 10 * s) == 10 * s)
+        #expect(admission.isBlocked(Self.a, now: 10 * s - 1) && !admission.isBlocked(Self.a, now: 10 * s))
+        // Each second of the block, more than the probation threshold (64) of leftovers: refused, never named.
+        for second in 1..<10 {
+            let verdicts = (0..<100).map { _ in admission.admit(Self.a, now: UInt64(second) * s) }
+            #expect(!verdicts.contains(where: named) && !verdicts.contains(.admitted), "second \(second)")
+        }
+        // After the block, a flood again is named at its 64th refusal, counted from the block's end.
+        let after = (0..<100).map { _ in admission.admit(Self.a, now: 10 * s) }
+        #expect(after.firstIndex(where: named) == 63)
+    }
+
     @Test func aSourceBlockedBeforeIsOnProbation() {
         let s = Self.second
         var admission = HandshakeAdmission(
