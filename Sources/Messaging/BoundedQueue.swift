@@ -1,4 +1,5 @@
 import Locks
+import Synchronization
 
 /// The package's one bounded async queue: a channel's incoming messages, transfers and chunks, and
 /// the server's and client's events.
@@ -30,7 +31,6 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         var stopped: [ObjectIdentifier: any QueueProducer] = [:]
         /// Elements taken by consumers so far.
         var taken: UInt64 = 0
-        var nextWaiterID: UInt64 = 0
         var failure: (any Error)?
         /// A consumer asked for an element at least once.
         var consumed = false
@@ -42,6 +42,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     private let state = Locked(State())
+    /// The last id given to a waiting consumer (what its cancellation looks for).
+    private let lastWaiterID = Atomic<UInt64>(0)
     let limit: Int
     private let onFull: (@Sendable () -> Void)?
     private let onDrained: (@Sendable () -> Void)?
@@ -267,10 +269,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         case .empty:
             break
         }
-        let id = state.withLock { state -> UInt64 in
-            state.nextWaiterID += 1
-            return state.nextWaiterID
-        }
+        let id = lastWaiterID.add(1, ordering: .relaxed).newValue
         let value = try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Element?, any Error>) in
                 let polled = state.withLock { state -> Poll? in

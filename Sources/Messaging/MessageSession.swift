@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import Logging
 import ProtocolCore
+import Synchronization
 import Transport
 
 /// A one-way message that was sent in a message session but never acknowledged by the peer: the
@@ -105,13 +106,14 @@ final class MessageSession: Sendable {
         var waiters: [(UInt64, CheckedContinuation<Void, any Error>)] = []
         /// ``drained(within:)`` callers.
         var drainWaiters: [DrainWaiter] = []
-        var nextWaiter: UInt64 = 0
         /// Set when the session ended: sends fail with it.
         var ended: MessagingError?
         var reconnects = 0
         var resumes = 0
     }
     let state: Locked<State>
+    /// The last id given to a sender waiting for room (what its cancellation looks for).
+    private let lastWaiterID = Atomic<UInt64>(0)
 
     init(id: String, configuration: SessionConfiguration, logger: Logger) {
         self.id = id
@@ -172,10 +174,7 @@ final class MessageSession: Sendable {
     /// Waits until a message of `size` bytes may be kept (acknowledgements made room), the session
     /// ends, or the task is cancelled.
     private func waitForRoom(_ size: Int) async throws {
-        let id = state.withLock { state -> UInt64 in
-            state.nextWaiter += 1
-            return state.nextWaiter
-        }
+        let id = lastWaiterID.add(1, ordering: .relaxed).newValue
         enum Now {
             case wait, go
             case fail(any Error)
