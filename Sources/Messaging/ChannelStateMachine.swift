@@ -170,8 +170,7 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
     /// A request went out and waits for its reply until `now + timeout`. Returns the deadline to
     /// arm when it is the new earliest, else nil.
     mutating func requestSent(_ sequence: UInt64, typeID: String, now: UInt64, timeout: UInt64, token: Token) -> UInt64? {
-        let requests = self.requests ?? Requests()
-        self.requests = requests
+        let requests = requestTables()
         guard requests.tracker.add(sequence: sequence, typeID: typeID, now: now, timeout: timeout, token: token) else { return nil }
         return requests.tracker.nextDeadline
     }
@@ -181,10 +180,14 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
     mutating func requestCancelled(_ sequence: UInt64) -> Request? { requests?.tracker.cancel(sequence) }
 
     /// A request cancelled before it was tracked (while it was being sent): its reply is dropped.
-    mutating func requestAbandoned(_ sequence: UInt64) {
-        let requests = self.requests ?? Requests()
-        self.requests = requests
-        requests.tracker.abandon(sequence)
+    mutating func requestAbandoned(_ sequence: UInt64) { requestTables().tracker.abandon(sequence) }
+
+    /// The request tables, made on the first request.
+    private mutating func requestTables() -> Requests {
+        if let requests { return requests }
+        let made = Requests()
+        requests = made
+        return made
     }
 
     /// The request deadline passed at `now`: the requests that timed out (they stop waiting), and

@@ -1,4 +1,5 @@
 import Foundation
+import SystemCalls
 
 #if canImport(Glibc)
     import Glibc
@@ -61,15 +62,29 @@ func writeFileAtomically(_ path: String, _ text: String, what: String) throws(Fi
     guard fd >= 0 else {
         throw FileError.system(path, "cannot write \(what) '\(path)'", errno: errno, advice: "check that its directory is writable")
     }
-    let bytes = Array(text.utf8)
-    let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-    let failure = written < 0 ? errno : 0
-    let synced = fsync(fd) == 0
-    let syncFailure = synced ? 0 : errno
+    var failure = writeAllAndSync(fd, Array(text.utf8))
     close(fd)
-    guard written == bytes.count, synced, rename(temporary, path) == 0 else {
-        let code = failure != 0 ? failure : syncFailure != 0 ? syncFailure : written != bytes.count ? ENOSPC : errno
+    if failure == nil, rename(temporary, path) != 0 { failure = errno }
+    if let failure {
         unlink(temporary)
-        throw FileError.system(path, "cannot write \(what) '\(path)'", errno: code)
+        throw FileError.system(path, "cannot write \(what) '\(path)'", errno: failure)
     }
+}
+
+/// Writes all of `bytes` to `fd` (again after a short write or a signal) and fsyncs it: nil, or
+/// the errno of the call that failed (ENOSPC when `write` wrote nothing).
+func writeAllAndSync(_ fd: Int32, _ bytes: [UInt8]) -> Int32? {
+    var offset = 0
+    while offset < bytes.count {
+        let result = bytes.withUnsafeBytes { raw in
+            retryingInterrupts { write(fd, raw.baseAddress! + offset, raw.count - offset) }
+        }
+        switch result {
+        case .success(0): return ENOSPC
+        case .success(let count): offset += count
+        case .failure(let error): return error.code
+        }
+    }
+    if case .failure(let error) = retryingInterrupts({ fsync(fd) }) { return error.code }
+    return nil
 }

@@ -91,13 +91,11 @@ public struct Identity: @unchecked Sendable {
                 path, "cannot create the identity file '\(path)'", errno: errno,
                 advice: "check that its directory is writable or give another path")
         }
-        defer { close(fd) }
-        let bytes = Array(text.utf8)
-        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        guard written == bytes.count, fsync(fd) == 0 else {
-            let code = written < 0 || written == bytes.count ? errno : ENOSPC
+        let failure = writeAllAndSync(fd, Array(text.utf8))
+        close(fd)
+        if let failure {
             unlink(path)
-            throw FileError.system(path, "cannot write the identity file '\(path)'", errno: code)
+            throw FileError.system(path, "cannot write the identity file '\(path)'", errno: failure)
         }
         return identity
     }

@@ -9,6 +9,19 @@ import Testing
     static let a = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.1", port: 1)!)
     static let b = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.2", port: 1)!)
 
+    /// 256 handshakes a second from one source, blocked after 1,024 refusals in a second.
+    static func blockingAdmission() -> HandshakeAdmission {
+        HandshakeAdmission(
+            limits: .init(inFlight: 1_000, inFlightPerSource: 1_000, perSecond: nil, perSecondPerSource: 256, blockAfterRefusals: 1_024),
+            now: 0)
+    }
+
+    /// Whether a verdict names its source a flooder (block it).
+    static func named(_ verdict: HandshakeAdmission.Verdict) -> Bool {
+        if case .busy(_, _, let block) = verdict { return block }
+        return false
+    }
+
     func admission(
         inFlight: Int = 1_000, perSource: Int = 1_000, perSecond: Int? = nil, perSecondPerSource: Int? = nil
     ) -> HandshakeAdmission {
@@ -161,13 +174,8 @@ extension HandshakeAdmissionTests {
     /// again, twice as long, nor counts toward its next detection once the block ended.
     @Test func leftoversOfABlockedSourceDoNotBlockItAgain() {
         let s = Self.second
-        var admission = HandshakeAdmission(
-            limits: .init(inFlight: 1_000, inFlightPerSource: 1_000, perSecond: nil, perSecondPerSource: 256, blockAfterRefusals: 1_024),
-            now: 0)
-        func named(_ verdict: HandshakeAdmission.Verdict) -> Bool {
-            if case .busy(_, _, let block) = verdict { return block }
-            return false
-        }
+        var admission = Self.blockingAdmission()
+        let named = Self.named
         #expect((0..<1_400).map { _ in admission.admit(Self.a, now: 0) }.contains(where: named))
         #expect(admission.block(Self.a, now: 0, base: 10 * s) == 10 * s)
         #expect(admission.isBlocked(Self.a, now: 10 * s - 1) && !admission.isBlocked(Self.a, now: 10 * s))
@@ -183,13 +191,8 @@ extension HandshakeAdmissionTests {
 
     @Test func aSourceBlockedBeforeIsOnProbation() {
         let s = Self.second
-        var admission = HandshakeAdmission(
-            limits: .init(inFlight: 1_000, inFlightPerSource: 1_000, perSecond: nil, perSecondPerSource: 256, blockAfterRefusals: 1_024),
-            now: 0)
-        func named(_ verdict: HandshakeAdmission.Verdict) -> Bool {
-            if case .busy(_, _, let block) = verdict { return block }
-            return false
-        }
+        var admission = Self.blockingAdmission()
+        let named = Self.named
         // First detection: 256 admitted at once (the bucket's burst), named at the 1,024th refusal.
         var verdicts = (0..<1_400).map { _ in admission.admit(Self.a, now: 0) }
         #expect(verdicts.filter { $0 == .admitted }.count == 256)
