@@ -157,6 +157,19 @@ func bytes(hex: String) -> [UInt8] {
         }
     }
 
+    @Test func typeIDsRoundTripAsciiOrNot() throws {
+        for typeID in ["", "chat.say", "grüße.ü", "日本語", "emoji.🎉", "x\u{7F}y"] {
+            var decoder = FrameDecoder(checkSequence: false)
+            decoder.append(contentsOf: try Frame(kind: .message, typeID: typeID, payload: [1]).encoded())
+            #expect(try decoder.next()?.typeID == typeID)
+        }
+        // Valid UTF-8 after an ASCII prefix is decoded; a broken sequence after one is refused.
+        #expect(FrameDecoder.typeID(UnsafeRawBufferPointer(start: nil, count: 0)) == "")
+        #expect(([0x61, 0xC3, 0xA9] as [UInt8]).withUnsafeBytes { FrameDecoder.typeID($0) } == "aé")
+        #expect(([0x61, 0xC3, 0x28] as [UInt8]).withUnsafeBytes { FrameDecoder.typeID($0) } == nil)
+        #expect(([0x61, 0xFF] as [UInt8]).withUnsafeBytes { FrameDecoder.typeID($0) } == nil)
+    }
+
     @Test func typeIDLongerThan255BytesIsRejected() {
         #expect(throws: TransportError.self) {
             _ = try Frame(kind: .message, typeID: String(repeating: "x", count: 256)).encoded()
