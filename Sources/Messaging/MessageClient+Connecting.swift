@@ -166,7 +166,7 @@ extension MessageClient {
             guard channel.peer.sessions else {
                 logger.notice(
                     "the server '\(channel.peer.name)' does not offer message sessions: messages sent while disconnected will fail")
-                state.withLock { $0.serverLacksSessions = true }
+                serverLacksSessions.store(true, ordering: .releasing)
                 return (channel, nil)
             }
             do {

@@ -3,6 +3,7 @@ import Discovery
 import Locks
 import Logging
 import ProtocolCore
+import Synchronization
 import Transport
 
 /// A messaging client: connects to a server by address or by discovered service name (resolve,
@@ -26,8 +27,6 @@ public final class MessageClient: Sendable {
         var lifecycle: ClientLifecycle<MessageChannel, Promise<MessageChannel>>
         /// The background connect loop (waiting for the server, or reconnecting): cancelled by close().
         var connecting: Task<Void, Never>?
-        /// A server without message sessions was met: sends go straight to the connection.
-        var serverLacksSessions = false
         /// Consumers of ``connectionStates``, and the state version they were last told.
         var stateWatchers: [UInt64: AsyncStream<ConnectionState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
@@ -40,6 +39,9 @@ public final class MessageClient: Sendable {
     public let configuration: ClientConfiguration
     let logger: Logger
     let state: Locked<State>
+    /// A server without message sessions was met: sends go straight to the connection from now on.
+    /// A flag every send reads, set once: no lock.
+    let serverLacksSessions = Atomic(false)
     let queue: BoundedQueue<ClientEvent>
     /// What happens on the client, in order; see ``ClientEvent``.
     public let events: ClientEvents
@@ -108,7 +110,7 @@ public final class MessageClient: Sendable {
     }
 
     /// Whether sends go through the session (false once a server without sessions was met).
-    var sessionInUse: Bool { !state.withLock { $0.serverLacksSessions } }
+    var sessionInUse: Bool { !serverLacksSessions.load(ordering: .acquiring) }
 
     private func sessionFrame<T: Encodable>(_ value: T, type: String) throws -> Frame {
         let codec = configuration.channel.codecs.sendCodec

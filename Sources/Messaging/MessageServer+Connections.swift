@@ -24,15 +24,28 @@ extension MessageServer {
         let limit = configuration.maxConnections
         let remote = socket.remoteAddress
         let source = HandshakeAdmission.Source(remote)
-        enum Admission { case admitted(ServerWork), full, busy(String, Int, block: Listener?) }
+        /// A flooding source's block: where, for how long, and why (its refusals in one second,
+        /// and whether it was on probation, blocked not long ago).
+        struct Block { let listener: Listener, duration: Duration, count: Int, again: Bool }
+        enum Admission { case admitted(ServerWork), full, busy(String, Int, Block?) }
+        let now = uptimeNanoseconds()
         let admission = state.withLock { state -> Admission in
             guard let (listener, work) = state.lifecycle.running, state.registry.hasRoom(under: limit) else {
                 return .full
             }
             // Before any handshake work: a handshake costs the server key agreements, so only so
             // many run at once and start per second, in all and from one source.
-            switch state.admission.admit(source, now: uptimeNanoseconds()) {
-            case .busy(let why, let retry, let block): return .busy(why, retry, block: block ? listener : nil)
+            switch state.admission.admit(source, now: now) {
+            case .busy(let why, let retry, false): return .busy(why, retry, nil)
+            case .busy(let why, let retry, true):
+                // Blocked in the same step that found it flooding: ``ServerConfiguration/floodBlockDuration``,
+                // doubled (up to 32 times) each time it floods again within twice its last block
+                // after the block ended, so a flood that never stops reaches the server for a
+                // fraction of a second in minutes, not every 10 s (``HandshakeAdmission/block(_:now:base:)``).
+                let again = state.admission.isOnProbation(source, now: now)
+                let count = state.admission.blockThreshold(for: source, now: now) ?? 0
+                let nanoseconds = state.admission.block(source, now: now, base: configuration.floodBlockDuration.nanoseconds)
+                return .busy(why, retry, Block(listener: listener, duration: .nanoseconds(Int64(clamping: nanoseconds)), count: count, again: again))
             case .admitted: break
             }
             state.registry.reserve()
@@ -42,16 +55,15 @@ extension MessageServer {
         case .full:
             socket.close()
             refused(remote, .connectionLimit, "connection limit of \(limit) reached (or server stopping)")
-        case .busy(let why, let retry, let blockAt):
+        case .busy(let why, let retry, let block):
             let reason = "busy: \(why); try again in \(retry) ms"
             refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
             refused(remote, .busy, reason)
-            if let listener = blockAt {
-                let (duration, count, again) = block(source)
-                listener.block(source, for: duration)
+            if let block {
+                block.listener.block(source, for: block.duration)
                 metrics?.sourcesBlocked.increment()
                 logger.warning(
-                    "\(source) made \(count) connection attempts in one second that were refused busy\(again ? ", soon after its last block" : ""): blocking its attempts for \(duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
+                    "\(source) made \(block.count) connection attempts in one second that were refused busy\(block.again ? ", soon after its last block" : ""): blocking its attempts for \(block.duration) (the kernel drops them; ServerConfiguration.floodBlockThreshold)"
                 )
             }
         case .admitted(let work):
@@ -61,10 +73,7 @@ extension MessageServer {
                 do {
                     channel = try await MessageChannel.accept(socket, configuration: acceptedChannel, logger: logger)
                 } catch {
-                    state.withLock {
-                        $0.admission.ended(source)
-                        $0.registry.released()
-                    }
+                    handshakeAbandoned(source)
                     let code = (error as? TransportError).map { "\($0.code)" } ?? "\(type(of: error))"
                     refused(remote, .handshake, "\(error)", logAs: "handshake: \(code)")
                     return
@@ -74,11 +83,17 @@ extension MessageServer {
             }
             if !started {  // stopped meanwhile
                 socket.close()
-                state.withLock {
-                    $0.admission.ended(source)
-                    $0.registry.released()
-                }
+                handshakeAbandoned(source)
             }
+        }
+    }
+
+    /// A connection admitted from `source` ends before its handshake completed (it failed, or the
+    /// server stopped before it began): its handshake's and its connection's places are free.
+    private func handshakeAbandoned(_ source: HandshakeAdmission.Source) {
+        state.withLock {
+            $0.admission.ended(source)
+            $0.registry.released()
         }
     }
 
@@ -107,32 +122,25 @@ extension MessageServer {
         if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
     }
 
-    /// How long to block a flooding source: ``ServerConfiguration/floodBlockDuration``, doubled
-    /// (up to 32 times) each time it floods again within twice its last block after the block
-    /// ended — a flood that never stops then reaches the server for a fraction of a second in
-    /// minutes, not every 10 s (``HandshakeAdmission/block(_:now:base:)``).
-    /// `count`: the refusals in one second that made it a flooder (the threshold it met); `again`:
-    /// it was on probation, blocked not long ago.
-    private func block(_ source: HandshakeAdmission.Source) -> (duration: Duration, count: Int, again: Bool) {
-        let base = configuration.floodBlockDuration.nanoseconds
-        let now = uptimeNanoseconds()
-        return state.withLock { state in
-            let again = state.admission.isOnProbation(source, now: now)
-            let count = state.admission.blockThreshold(for: source, now: now) ?? 0
-            return (.nanoseconds(Int64(clamping: state.admission.block(source, now: now, base: base))), count, again)
-        }
-    }
-
     /// ``ServerEvent/refused(remote:reason:)`` events reported per second at most.
     static let refusedEventsPerSecond = 100
 
 
-    /// Connections in their handshake now, and the most there were at once
-    /// (``ServerConfiguration/maxPendingHandshakes`` bounds them).
-    package var handshakesInProgress: Int { state.withLock { $0.admission.inFlight } }
-    package var handshakesHighWater: Int { state.withLock { $0.admission.highWater } }
-    /// Connections refused so far, for any reason (the events report up to 100 a second).
-    package var refusalCount: Int { state.withLock { $0.refusals } }
+    /// What the server's admission counted (tests and the siege benchmark).
+    package struct AdmissionCounts: Sendable {
+        /// Connections in their handshake now, and the most there were at once
+        /// (``ServerConfiguration/maxPendingHandshakes`` bounds them).
+        package let handshakesInProgress: Int, handshakesHighWater: Int
+        /// Connections refused so far, for any reason (the events report up to 100 a second).
+        package let refusals: Int
+    }
+    package var admissionCounts: AdmissionCounts {
+        state.withLock {
+            AdmissionCounts(
+                handshakesInProgress: $0.admission.inFlight, handshakesHighWater: $0.admission.highWater,
+                refusals: $0.refusals)
+        }
+    }
     /// Sources whose connection attempts the kernel drops now (``ServerConfiguration/floodBlockThreshold``).
     package var blockedSources: [HandshakeAdmission.Source] { listener?.blockedSources ?? [] }
 
@@ -164,7 +172,7 @@ extension MessageServer {
             let sessionID = configuration.session != nil ? hello?.id : nil
             let registration = state.registry.register(session: sessionID, owner: owner) { id in
                 let session = sessionID.flatMap { sessionID in
-                    configuration.session.map { MessageSession(id: sessionID, configuration: $0, logger: logger) }
+                    configuration.session.map { MessageSession(id: sessionID, configuration: $0, logger: logger, serving: channel) }
                 }
                 return ServerConnection(id: id, channel: channel, session: session, events: queue, server: self)
             }

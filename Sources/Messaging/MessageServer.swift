@@ -113,12 +113,15 @@ public final class MessageServer: Service, Sendable {
     ///   `.stopped` when ``stop()`` was called while starting (nothing is left running then).
     public func start() async throws(MessagingError) {
         guard state.withLock({ $0.lifecycle.startRequested() }) else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
+        // Every way out before the server runs passes here: it is stopped then (unless a stop()
+        // came in meanwhile and took over).
+        var running = false
+        defer { if !running { state.withLock { $0.lifecycle.startFailed() } } }
         // The identity first: a server that cannot prove its key must not publish a service every
         // handshake with would fail.
         do {
             _ = try configuration.channel.security.resolved(server: true)
         } catch {
-            state.withLock { $0.lifecycle.startFailed() }
             throw MessagingError(.unusableIdentity, "cannot start the server: \(error.message)", underlying: error)
         }
         let listener: Listener
@@ -127,7 +130,6 @@ public final class MessageServer: Service, Sendable {
                 self?.accepted(socket)
             }
         } catch {
-            state.withLock { $0.lifecycle.startFailed() }
             throw MessagingError(.listenFailed, "cannot listen: \(error.message)", underlying: error)
         }
         guard state.withLock({ $0.lifecycle.listening(listener) }) else {
@@ -142,7 +144,6 @@ public final class MessageServer: Service, Sendable {
                     name: configuration.serviceName, type: configuration.serviceType, port: listener.port, txt: txt)
             } catch {
                 listener.stop()
-                state.withLock { $0.lifecycle.startFailed() }
                 throw MessagingError(.publishFailed, "cannot publish the server: \(error.message)", underlying: error)
             }
         }
@@ -154,6 +155,7 @@ public final class MessageServer: Service, Sendable {
             listener.stop()
             throw Self.stoppedWhileStarting
         }
+        running = true
         if let publication { forwardEvents(of: publication, in: work) }
         logger.info("server running", metadata: ["port": "\(listener.port)", "type": "\(configuration.serviceType)"])
     }

@@ -115,14 +115,16 @@ final class MessageSession: Sendable {
     /// The last id given to a sender waiting for room (what its cancellation looks for).
     private let lastWaiterID = Atomic<UInt64>(0)
 
-    init(id: String, configuration: SessionConfiguration, logger: Logger) {
+    /// - Parameter serving: A server's session: the channel its ``ServerConnection`` serves first.
+    init(id: String, configuration: SessionConfiguration, logger: Logger, serving: MessageChannel? = nil) {
         self.id = id
         self.configuration = configuration
         self.logger = logger
-        state = Locked(
-            State(
-                outbox: SessionOutbox(
-                    maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes)))
+        var state = State(
+            outbox: SessionOutbox(
+                maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes))
+        state.serving = serving
+        self.state = Locked(state)
     }
 
     /// A fresh random id.
@@ -131,7 +133,6 @@ final class MessageSession: Sendable {
         return Hex.encode((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
     }
 
-    var currentChannel: MessageChannel? { state.withLock { $0.channel } }
     var counts: (reconnects: Int, resumes: Int) { state.withLock { ($0.reconnects, $0.resumes) } }
     var unacknowledgedCount: Int { state.withLock { $0.outbox.count } }
     var keptMessages: [UndeliveredMessage] { state.withLock { $0.outbox.kept.map(Self.undelivered) } }

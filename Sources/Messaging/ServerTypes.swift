@@ -165,18 +165,14 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// (a `weak var` because `weak let` needs Swift 6.2; the package supports 6.0).
     nonisolated(unsafe) private weak var server: MessageServer?
 
+    /// - Parameter session: Made serving `channel` (``MessageSession/init(id:configuration:logger:serving:)``).
     init(
         id: UInt64, channel: MessageChannel, session: MessageSession? = nil, events: BoundedQueue<ServerEvent>,
         server: MessageServer?
     ) {
         self.id = id
         self.session = session
-        if let session {
-            fixed = nil
-            session.state.withLock { $0.serving = channel }
-        } else {
-            fixed = channel
-        }
+        fixed = session == nil ? channel : nil
         self.events = events
         self.server = server
     }

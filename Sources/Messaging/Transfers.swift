@@ -12,10 +12,17 @@ extension MessageChannel {
     public func startTransfer(type: String, totalSize: UInt64, metadata: [String: String] = [:]) async throws
         -> OutgoingTransfer
     {
+        try await startTransfer(type: type, totalSize: totalSize, metadata: metadata, progress: nil)
+    }
+
+    /// Starts a transfer whose chunks are reported to `progress` as they go.
+    private func startTransfer(
+        type: String, totalSize: UInt64, metadata: [String: String], progress: (@Sendable (TransferProgress) -> Void)?
+    ) async throws -> OutgoingTransfer {
         var frame = HandshakeStateMachine.jsonFrame(.streamStart, TransferHeader(size: totalSize, metadata: metadata))
         frame.typeID = type
         let streamID = try await driver.send(frame)
-        return OutgoingTransfer(channel: self, streamID: streamID, typeID: type, totalSize: totalSize)
+        return OutgoingTransfer(channel: self, streamID: streamID, typeID: type, totalSize: totalSize, progress: progress)
     }
 
     /// Streams a file to the peer in chunks, never holding more than a chunk (plus the bounded send
@@ -48,9 +55,8 @@ extension MessageChannel {
             throw TransportError(.invalidArgument, "offset \(offset) is beyond the end of \(path) (\(size) bytes)")
         }
         if offset > 0 { try syscallValue("lseek(\(path))") { lseek(fd.rawValue, off_t(offset), SEEK_SET) } }
-        let transfer = try await startTransfer(type: type, totalSize: size - offset, metadata: metadata)
-        transfer.progressHandler = progress
-        progress?(transfer.currentProgress(finished: false))
+        let transfer = try await startTransfer(type: type, totalSize: size - offset, metadata: metadata, progress: progress)
+        progress?(transfer.status(0, finished: false))
         var buffer = [UInt8](repeating: 0, count: chunkSize)
         do {
             while true {
@@ -82,25 +88,25 @@ public final class OutgoingTransfer: Sendable {
     private struct State {
         var sent: UInt64 = 0
         var ended = false
-        var progressHandler: (@Sendable (TransferProgress) -> Void)?
     }
     private let state = Locked(State())
-    var progressHandler: (@Sendable (TransferProgress) -> Void)? {
-        get { state.withLock { $0.progressHandler } }
-        set { state.withLock { $0.progressHandler = newValue } }
-    }
+    /// Told after every chunk and once finished (``MessageChannel/sendFile(at:type:metadata:startingAt:chunkSize:progress:)``).
+    private let progress: (@Sendable (TransferProgress) -> Void)?
 
-    init(channel: MessageChannel, streamID: UInt64, typeID: String, totalSize: UInt64) {
+    init(
+        channel: MessageChannel, streamID: UInt64, typeID: String, totalSize: UInt64,
+        progress: (@Sendable (TransferProgress) -> Void)? = nil
+    ) {
         self.channel = channel
         self.streamID = streamID
         self.typeID = typeID
         self.totalSize = totalSize
+        self.progress = progress
     }
 
-    func currentProgress(finished: Bool) -> TransferProgress {
-        TransferProgress(
-            streamID: streamID, typeID: typeID, completedBytes: state.withLock { $0.sent }, totalBytes: totalSize,
-            isFinished: finished)
+    /// The progress after `sent` bytes.
+    func status(_ sent: UInt64, finished: Bool) -> TransferProgress {
+        TransferProgress(streamID: streamID, typeID: typeID, completedBytes: sent, totalBytes: totalSize, isFinished: finished)
     }
 
     /// Sends one chunk; suspends while the channel's send queue is full (this is what bounds memory).
@@ -110,23 +116,19 @@ public final class OutgoingTransfer: Sendable {
             state.sent += UInt64(chunk.count)
             return state.sent
         }
-        guard total != nil else {
+        guard let total else {
             throw TransportError(
                 .invalidArgument,
                 "chunk exceeds the announced size \(totalSize) of transfer #\(streamID), or it has ended")
         }
         _ = try await channel.driver.send(Frame(kind: .streamChunk, reference: streamID, payload: chunk))
-        progressHandler?(currentProgress(finished: false))
+        progress?(status(total, finished: false))
     }
 
     /// Ends the transfer. Throws `TransportError.Code.transferFailed` (and aborts it) when fewer bytes
     /// than announced were sent.
     public func finish() async throws {
-        let (done, alreadyEnded) = state.withLock { state -> (UInt64, Bool) in
-            defer { state.ended = true }
-            return (state.sent, state.ended)
-        }
-        guard !alreadyEnded else { return }
+        guard let done = end() else { return }
         guard done == totalSize else {
             let reason = "sent \(done) of \(totalSize) announced bytes"
             _ = try? await channel.driver.send(
@@ -134,16 +136,20 @@ public final class OutgoingTransfer: Sendable {
             throw TransportError(.transferFailed, "transfer #\(streamID) \(reason); the receiver saw it as aborted")
         }
         _ = try await channel.driver.send(Frame(kind: .streamEnd, reference: streamID))
-        progressHandler?(currentProgress(finished: true))
+        progress?(status(done, finished: true))
+    }
+
+    /// Ends the transfer (finished or aborted): the bytes sent, or nil when it had ended already.
+    private func end() -> UInt64? {
+        state.withLock { state in
+            defer { state.ended = true }
+            return state.ended ? nil : state.sent
+        }
     }
 
     /// Aborts the transfer; the receiver's chunk sequence throws with `reason`.
     public func abort(reason: String) async {
-        let alreadyEnded = state.withLock { state -> Bool in
-            defer { state.ended = true }
-            return state.ended
-        }
-        guard !alreadyEnded else { return }
+        guard end() != nil else { return }
         _ = try? await channel.driver.send(
             Frame(kind: .streamEnd, reference: streamID, payload: Array(reason.isEmpty ? "aborted".utf8 : reason.utf8)),
             bypassLimit: true)

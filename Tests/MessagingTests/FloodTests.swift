@@ -143,12 +143,12 @@ final class Flooder: Sendable {
         #expect(atBlock.busy >= 200, "\(atBlock)")
         #expect(counts.answered <= counts.attempts / 4, "the flood got handshake work done: \(counts)")
         // The bounds held: never more handshakes at once than configured.
-        #expect(server.handshakesHighWater <= 16)
+        #expect(server.admissionCounts.handshakesHighWater <= 16)
         // The log: the first refusal of each reason, the block, the summary — not a line per attempt.
         let loud = log.lines.filter { $0.level >= .notice }
         #expect(loud.count <= 9, "\(loud.count) lines at notice or above: \(loud.prefix(10).map(\.message))")
         #expect(loud.contains { $0.message.contains("127.0.0.2 made 200 connection attempts in one second") })
         #expect(metrics.counterTotal(label: MetricNames.sourcesBlocked, dimensions: [("role", "server")]) == 2)
-        print("MEASURED flood (debug build, 3 threads): \(counts); refused \(server.refusalCount)")
+        print("MEASURED flood (debug build, 3 threads): \(counts); refused \(server.admissionCounts.refusals)")
     }
 }

@@ -58,7 +58,7 @@ final class CapturedLog: Sendable {
                 _ = peer.serverClosed()  // (closed when `peer` goes)
             }
         }
-        try await waitUntil("all \(attempts) refused") { server.refusalCount >= attempts }
+        try await waitUntil("all \(attempts) refused") { server.admissionCounts.refusals >= attempts }
         // Events: every one, or 100 a second at most (a flood must not cost the app a wake-up each).
         try await waitUntil("their events") {
             events.count { if case .refused = $0 { true } else { false } } >= min(attempts, MessageServer.refusedEventsPerSecond)
@@ -141,7 +141,7 @@ final class CapturedLog: Sendable {
 
     /// Waits until the server holds `count` connections in their handshake.
     func handshakes(_ harness: LoopbackServer, _ count: Int) async throws {
-        try await waitUntil("\(count) handshakes in progress") { harness.server.handshakesInProgress == count }
+        try await waitUntil("\(count) handshakes in progress") { harness.server.admissionCounts.handshakesInProgress == count }
     }
 
     /// Peers that connect and say nothing hold handshake slots; the next client, version 2, is
