@@ -16,9 +16,13 @@
 ///
 /// `@unchecked Sendable`: the value is only touched with the mutex held.
 ///
-/// `withLock` is `@inlinable`: the modules that use it (Transport's send path, once per frame) get it
-/// specialized and inlined, as if the lock were their own.
-package struct Locked<Value>: @unchecked Sendable {
+/// Public and `@inlinable`, so that the modules using it (Transport's send path, once per frame;
+/// Messaging's queues) get it specialized and inlined, as if the lock were their own. `package` did
+/// not do that: Swift 6.3 inlines no `package` declaration into another module, `@inlinable` or not,
+/// so every critical section called a generic `withLock` that looked up `Locked<Value>.Storage`'s
+/// metadata at run time (464 such calls in the benchmark binary). Locks is no product: apps cannot
+/// name it.
+public struct Locked<Value>: @unchecked Sendable {
     @usableFromInline
     final class Storage: ManagedBuffer<Value, pthread_mutex_t> {
         deinit {
@@ -29,7 +33,8 @@ package struct Locked<Value>: @unchecked Sendable {
     @usableFromInline
     let storage: Storage
 
-    package init(_ value: Value) {
+    @inlinable
+    public init(_ value: Value) {
         let buffer = Storage.create(minimumCapacity: 1) { _ in value }
         storage = unsafeDowncast(buffer, to: Storage.self)
         storage.withUnsafeMutablePointerToElements { mutex in
@@ -40,7 +45,7 @@ package struct Locked<Value>: @unchecked Sendable {
 
     /// Runs `body` with the mutex held, on the guarded value.
     @inlinable @inline(__always)
-    package func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
+    public func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
         try storage.withUnsafeMutablePointerToElements { (mutex) throws(E) -> T in
             _ = pthread_mutex_lock(mutex)
             defer { _ = pthread_mutex_unlock(mutex) }
@@ -61,14 +66,15 @@ package struct Locked<Value>: @unchecked Sendable {
 }
 
 /// A mutex guarding a critical section rather than a value.
-package typealias Lock = Locked<Void>
+public typealias Lock = Locked<Void>
 
 extension Locked where Value == Void {
-    package init() { self.init(()) }
+    @inlinable
+    public init() { self.init(()) }
 
     /// Runs `body` with the mutex held.
     @inlinable @inline(__always)
-    package func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+    public func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
         try withMutexHeld(body)
     }
 }
