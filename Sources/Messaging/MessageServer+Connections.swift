@@ -126,7 +126,7 @@ extension MessageServer {
     static let refusedEventsPerSecond = 100
 
 
-    /// What the server's admission counted (tests and the siege benchmark).
+    /// What the server's admission counted, read at once (tests).
     package struct AdmissionCounts: Sendable {
         /// Connections in their handshake now, and the most there were at once
         /// (``ServerConfiguration/maxPendingHandshakes`` bounds them).
