@@ -267,12 +267,6 @@ package struct FrameDecoder: Sendable {
     /// byte by byte and decoded without the standard library's generic validator, which looks up
     /// type metadata on every call (about 2 % of a small message's receive path in W4).
     static func typeID(_ bytes: UnsafeRawBufferPointer) -> String? {
-        var ascii = true
-        for byte in bytes where byte >= 0x80 {
-            ascii = false
-            break
-        }
-        if ascii { return String(decoding: bytes, as: UTF8.self) }
-        return String(validating: bytes, as: UTF8.self)
+        bytes.allSatisfy({ $0 < 0x80 }) ? String(decoding: bytes, as: UTF8.self) : String(validating: bytes, as: UTF8.self)
     }
 }
