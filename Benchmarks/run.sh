@@ -5,7 +5,9 @@
 # ratio ours/peer, then a table.
 #
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
-#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 D1)
+#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 W7 D1)
+#                                     (W7: MessageServer/MessageClient, one-way messages in a session;
+#                                      the NIO peer has no session, so its W7 anchor is its W1)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
@@ -23,7 +25,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
 
 WORKLOADS=("$@")
-[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 W6 D1)
+[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 W6 W7 D1)
 read -r -a IMPLS <<< "${IMPLS:-ours ours+noise ours+foundation nio}"
 PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 
@@ -97,6 +99,9 @@ stop() {
 run_one() {
     local w=$1 impl=$2 cmd tag="$WORK/$1-$2" port spid cpid
     cmd=$(impl_cmd "$impl")
+    if [ "$w" = W7 ] && [[ "$impl" == nio* ]]; then
+        echo "(W7 $impl: the NIO peer has no message session; W7's ratio uses its W1)"; return 0
+    fi
     local sargs=(server "$w") cargs=(client "$w")
     [ "$w" = W5 ] && sargs+=(--w5-warmup "${W5_WARMUP:-1}")
     if [ "$impl" = c ]; then sargs=(server); cargs=(client); fi
@@ -135,7 +140,7 @@ run_one() {
 # The headline metric of a workload and whether lower is better.
 metric() {
     case "$1" in
-        W1|W4) echo "msgs_per_s higher" ;;
+        W1|W4|W7) echo "msgs_per_s higher" ;;
         W2) echo "p50_us lower" ;;
         W3) echo "mib_per_s higher" ;;
         W5) echo "bytes_per_conn lower" ;;
@@ -194,6 +199,10 @@ for w in "${WORKLOADS[@]}"; do
     read -r key _ <<< "$(metric "$w")"
     for impl in "${IMPLS[@]}"; do
         [ "$impl" = nio ] && continue
+        if [ "$w" = W7 ]; then  # against the NIO peer's W1, and against our own W1 (the session's cost)
+            echo "RATIO W7 $impl/nio-W1 $key=$(ratio "$(value W7 "$impl" "$key")" "$(value W1 nio "$key")") $impl/$impl-W1=$(ratio "$(value W7 "$impl" "$key")" "$(value W1 "$impl" "$key")")"
+            continue
+        fi
         echo "RATIO $w $impl/nio $key=$(ratio "$(value "$w" "$impl" "$key")" "$(value "$w" nio "$key")")"
         [ "$w" = W2 ] && echo "RATIO W2 $impl/nio p99_us=$(ratio "$(value W2 "$impl" p99_us)" "$(value W2 nio p99_us)")"
         [ "$w" = W6 ] && echo "RATIO W6 $impl/nio p50_us=$(ratio "$(value W6 "$impl" p50_us)" "$(value W6 nio p50_us)") p99_us=$(ratio "$(value W6 "$impl" p99_us)" "$(value W6 nio p99_us)")"
@@ -234,6 +243,8 @@ for w in "${WORKLOADS[@]}"; do
             printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "W3" "C baseline" "${c:--}" "" "" "$(ratio "$(value W3 ours mib_per_s)" "$c")" "(ours/C)" ;;
         W5) row W5 bytes_per_conn ;;
         W6) row W6 requests_per_s; row W6 p50_us; row W6 p99_us; row W6 rss_100k; row W6 rss_end ;;
+        W7) o=$(value W7 ours msgs_per_s); f=$(value W7 ours+foundation msgs_per_s); n=$(value W1 nio msgs_per_s)
+            printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "W7" "msgs_per_s" "${o:--}" "${f:--}" "${n:+$n (W1)}" "$(ratio "$o" "$n")" "$(ratio "$f" "$n")" ;;
         D1) for k in connect_ms_p50 connect_ms_max removed_ms_p50 removed_ms_max; do
                 v=$(value D1 ours "$k"); printf '%-4s %-16s %14s\n' "D1" "$k" "${v:--}"
             done ;;
@@ -255,7 +266,7 @@ if [[ " ${IMPLS[*]} " == *" ours+noise "* ]]; then
     }
     for w in "${WORKLOADS[@]}"; do
         case "$w" in
-            W1|W4) erow "$w" msgs_per_s ;;
+            W1|W4|W7) erow "$w" msgs_per_s ;;
             W2) erow W2 p50_us; erow W2 p99_us ;;
             W3) p=$(value W3 ours mib_per_s)
                 limit=$(awk -v p="$p" -v c="$cipher" 'BEGIN { if (p == "" || c == "" || p + 0 == 0 || c + 0 == 0) print ""; else printf "%.0f", 1 / (1 / p + 1 / c) }')

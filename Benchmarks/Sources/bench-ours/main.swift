@@ -1,7 +1,8 @@
-// W1-W5 with our library: Transport's Listener + MessageChannel.accept / MessageChannel.connect.
+// W1-W6 with our library: Transport's Listener + MessageChannel.accept / MessageChannel.connect;
+// W7 with Messaging's top floor: MessageServer and MessageClient, one-way messages in a session.
 //
-//   bench-ours server W1|W2|W3|W4|W5 [--codec fast|foundation]     prints "READY <port>", then a RESULT line
-//   bench-ours client W1|W2|W3|W4|W5 --port P [--codec ...]        prints a RESULT line
+//   bench-ours server W1..W7 [--codec fast|foundation]     prints "READY <port>", then a RESULT line
+//   bench-ours client W1..W7 --port P [--codec ...]        prints a RESULT line
 //   bench-ours cipher                                               the transport's AEAD alone (RESULT CIPHER)
 //   (W1 client: --w1-batch N sends N samples per send(contentsOf:) call; default 1, one send each;
 //    --w1-client loop|pool: the sending task prefers the channel's loop executor (default) or not)
@@ -30,7 +31,7 @@ final class Counter: @unchecked Sendable {
 
 let options = Options()
 guard options.words.count >= 2 || options.words.first == "cipher" else {
-    fail("usage: bench-ours server|client W1..W6 [--port P] [--codec foundation|fast] | bench-ours cipher")
+    fail("usage: bench-ours server|client W1..W7 [--port P] [--codec foundation|fast] | bench-ours cipher")
 }
 let role = options.words[0]
 let workload = options.words.count > 1 ? options.words[1] : "CIPHER"
@@ -173,6 +174,31 @@ func runServer() async throws {
             }
             done.continuation.finish()
         }
+    case "W7":
+        // Messaging's top floor: a MessageServer (not a bare channel) whose client sends one-way
+        // messages in its message session (each numbered, kept until the server acknowledges it,
+        // delivered through the server's events). The NIO peer has no session: its anchor is W1,
+        // the same messages on a bare connection.
+        var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
+        sc.publish = false
+        sc.listener.loopbackOnly = true
+        sc.listener.families = [.ipv4]
+        sc.channel = configuration("server")
+        let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
+        try await server.start()
+        guard let port = server.port else { fail("W7: no port") }
+        emit("READY \(port)")
+        var count = 0
+        for await event in server.events {
+            guard case .received(let connection, let message) = event else { continue }
+            if message.typeID == "s" {
+                guard (try? message.decode(Sample.self)) != nil else { fail("W7: undecodable") }
+                count += 1
+            } else if message.typeID == "end" {
+                try await connection.send(count, type: "count")
+            }
+        }
+        return
     case "W4":
         let clients = options.int("clients", Workload.w4Clients)
         let joined = AsyncStream<MessageChannel>.makeStream()
@@ -297,6 +323,27 @@ func runClient() async throws {
         let elapsed = seconds(since: start)
         result("W1", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
         channel.close()
+    case "W7":
+        let n = options.int("messages", Workload.w1Messages)
+        var cc = ClientConfiguration(peerName: "bench", reconnect: ReconnectPolicy())  // a session needs one
+        cc.channel = configuration("client")
+        cc.peerMemory = nil
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: port), configuration: cc, logger: logger)
+        let start = ContinuousClock.now
+        for i in 0..<n { try await client.send(Sample.make(i), type: "s") }
+        try await client.send(0, type: "end")
+        var counted: Int?
+        for await event in client.events {
+            if case .received(let message) = event, message.typeID == "count" {
+                counted = try? message.decode(Int.self)
+                break
+            }
+        }
+        guard counted == n else { fail("W7: the server counted \(counted.map(String.init) ?? "nothing"), not \(n) messages") }
+        let elapsed = seconds(since: start)
+        result("W7", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        await client.close()
     case "W2" where options.string("w2-client", "handler") == "handler":
         // Default, like the NIO peer's client (next request sent from channelRead): the reply is
         // handled by an on(type:) handler on the channel's queue, which sends the next request
