@@ -156,8 +156,8 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
         link?.gate.sessionMessageReceived(ackNow: ackNow) ?? .nothing
     }
 
-    /// The ACK went (or was due): the acknowledgement deadline is free again.
-    mutating func ackSent() { link?.gate.ackSent() }
+    /// The acknowledgement deadline passed: the next session message arms it again.
+    mutating func ackDeadlinePassed() { link?.gate.ackDeadlinePassed() }
 
     /// The sink for the transfer ``Received/startTransfer(_:)`` announced: its chunks go to it.
     mutating func transferStarted(_ frame: Frame, header: TransferHeader, sink: Sink) {

@@ -81,7 +81,9 @@ extension MessageChannel: ConnectionHandler {
         switch kind {
         case .heartbeat: heartbeatTick()
         case .request: requestsTimedOut()
-        case .ack: sendAck()
+        case .ack:
+            machine.ackDeadlinePassed()
+            sendAck()
         case .handshake, .idleCheck, .linger: break
         }
     }

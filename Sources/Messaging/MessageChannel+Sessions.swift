@@ -9,12 +9,11 @@ import Transport
 extension MessageChannel {
     // MARK: Sessions (on the loop)
 
-    /// Acknowledges the session messages received since the last ACK.
+    /// Acknowledges the session messages received since the last ACK (an armed acknowledgement
+    /// deadline stays armed; see ``SessionGate/sessionMessageReceived(ackNow:)``).
     func sendAck() {
         assertOnLoop()
         guard let session = sessionLink?.session else { return }
-        machine.ackSent()
-        driver.setDeadline(.ack, at: nil)
         if let count = session.takeAck(on: self) {
             driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in }
         }

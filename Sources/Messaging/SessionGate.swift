@@ -160,6 +160,11 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
 
     /// A session message was received; `ackNow`: the session wants it acknowledged at once
     /// (enough unacknowledged messages).
+    ///
+    /// An ACK sent by count leaves the deadline armed: it passes within the ack delay and
+    /// acknowledges what arrived since, or finds nothing to do. Clearing it with every ACK and
+    /// arming it with the next message made and cancelled a timer every 32 messages of a stream
+    /// (the driver drops its timer when no deadline is left).
     mutating func sessionMessageReceived(ackNow: Bool) -> AckStep {
         if ackNow { return .sendNow }
         if ackArmed { return .nothing }
@@ -167,6 +172,6 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
         return .armDeadline
     }
 
-    /// The ACK went (or was due): the deadline is free again.
-    mutating func ackSent() { ackArmed = false }
+    /// The acknowledgement deadline passed (the driver cleared it): the next message arms it again.
+    mutating func ackDeadlinePassed() { ackArmed = false }
 }

@@ -88,7 +88,8 @@ import ProtocolCore
         #expect(machine.sessionMessageAccepted(ackNow: false) == .armDeadline)
         #expect(machine.sessionMessageAccepted(ackNow: false) == .nothing)
         #expect(machine.sessionMessageAccepted(ackNow: true) == .sendNow)
-        machine.ackSent()
+        #expect(machine.sessionMessageAccepted(ackNow: false) == .nothing)  // still armed
+        machine.ackDeadlinePassed()
         #expect(machine.sessionMessageAccepted(ackNow: false) == .armDeadline)
 
         #expect(receive(&machine, Frame.ack(3)) == "ack(3)")

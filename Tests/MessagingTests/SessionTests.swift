@@ -78,6 +78,18 @@ import Locks
         await harness.server.stop()
     }
 
+    /// An ACK sent by count (every 32 messages) leaves the acknowledgement deadline armed: the
+    /// messages after it are acknowledged when that deadline passes, though none arrives to arm
+    /// it again.
+    @Test func messagesAfterAnAckByCountAreAcknowledgedByTheDeadline() async throws {
+        let harness = try await LoopbackServer(configure: { $0.session?.ackDelay = .milliseconds(50) })
+        let client = try await harness.client("counter", configure: Self.fastReconnect)
+        for n in 0..<40 { try await client.send(Numbered(n: n), type: "n") }  // 32 by count, 8 by the deadline
+        try await waitUntil("all 40 acknowledged") { client.unacknowledgedCount == 0 }
+        await client.close()
+        await harness.server.stop()
+    }
+
     /// A server that restarts forgets the session: the client reports exactly the messages the old
     /// server never acknowledged, and sends the ones typed while it was away to the new server.
     @Test func aRestartedServerMeansExactlyTheUnacknowledgedAreReported() async throws {
