@@ -12,63 +12,77 @@
 /// connection drops fails, and may be retried by the app).
 
 /// The sending half of a session: numbers, keeps and releases one-way messages.
-package struct SessionOutbox<Item>: Sendable where Item: Sendable {
-    package struct Entry: Sendable {
+///
+/// Public and inlinable, like ``RequestTracker``, so that Messaging specializes it for its frames:
+/// as a `package` generic it ran unspecialized (Swift 6.3 inlines no `package` declaration into
+/// another module), and every session send looked up its generic metadata (about 5 % of W7's
+/// client in perf). ProtocolCore is no product: apps cannot name it.
+public struct SessionOutbox<Item>: Sendable where Item: Sendable {
+    public struct Entry: Sendable {
         /// The message's number in the session (1, 2, …).
-        package let number: UInt64
-        package let item: Item
-        package let size: Int
+        public let number: UInt64
+        public let item: Item
+        public let size: Int
         /// Whether it went on some connection (a message never transmitted cannot have arrived).
-        package var transmitted: Bool
+        public var transmitted: Bool
+
+        @inlinable init(number: UInt64, item: Item, size: Int, transmitted: Bool) {
+            self.number = number
+            self.item = item
+            self.size = size
+            self.transmitted = transmitted
+        }
     }
 
     /// Most messages kept unacknowledged; a sender waits beyond it.
-    package let maxCount: Int
+    public let maxCount: Int
     /// Most bytes kept unacknowledged (one message larger than this is admitted when nothing else is kept).
-    package let maxBytes: Int
+    public let maxBytes: Int
 
-    private var entries: [Entry] = []
-    private var head = 0
+    @usableFromInline var entries: [Entry] = []
+    @usableFromInline var head = 0
     /// The number the next message gets.
-    package private(set) var nextNumber: UInt64 = 1
+    @inlinable public var nextNumber: UInt64 { _nextNumber }
+    @usableFromInline var _nextNumber: UInt64 = 1
     /// Bytes of the kept messages.
-    package private(set) var bytes = 0
+    @inlinable public var bytes: Int { _bytes }
+    @usableFromInline var _bytes = 0
 
-    package init(maxCount: Int, maxBytes: Int) {
+    @inlinable public init(maxCount: Int, maxBytes: Int) {
         self.maxCount = max(1, maxCount)
         self.maxBytes = max(1, maxBytes)
     }
 
     /// Messages kept (sent or waiting, not yet acknowledged).
-    package var count: Int { entries.count - head }
+    @inlinable public var count: Int { entries.count - head }
     /// The highest number the peer acknowledged.
-    package var acknowledged: UInt64 { nextNumber - 1 - UInt64(count) }
+    @inlinable public var acknowledged: UInt64 { nextNumber - 1 - UInt64(count) }
     /// Whether a new message of `size` bytes may be kept now.
-    package func hasRoom(for size: Int) -> Bool {
+    @inlinable public func hasRoom(for size: Int) -> Bool {
         count == 0 || (count < maxCount && bytes + size <= maxBytes)
     }
     /// The kept messages, oldest first.
-    package var kept: ArraySlice<Entry> { entries[head...] }
+    @inlinable public var kept: ArraySlice<Entry> { entries[head...] }
 
     /// Keeps a new message and returns its number. The caller checked ``hasRoom(for:)`` (or
     /// overrides the bound on purpose).
     @discardableResult
-    package mutating func append(_ item: Item, size: Int, transmitted: Bool) -> UInt64 {
+    @inlinable public mutating func append(_ item: Item, size: Int, transmitted: Bool) -> UInt64 {
         let number = nextNumber
-        nextNumber += 1
+        _nextNumber += 1
         entries.append(Entry(number: number, item: item, size: size, transmitted: transmitted))
-        bytes += size
+        _bytes += size
         return number
     }
 
     /// The peer's cumulative acknowledgement: it received every message up to `number`.
     /// - Returns: How many messages were released; nil when `number` is beyond what was sent
     ///   (a protocol violation). An older acknowledgement releases nothing.
-    package mutating func acknowledge(through number: UInt64) -> Int? {
+    @inlinable public mutating func acknowledge(through number: UInt64) -> Int? {
         guard number < nextNumber else { return nil }
         var released = 0
         while head < entries.count, entries[head].number <= number {
-            bytes -= entries[head].size
+            _bytes -= entries[head].size
             head += 1
             released += 1
         }
@@ -83,7 +97,7 @@ package struct SessionOutbox<Item>: Sendable where Item: Sendable {
     /// - Returns: The messages to send again, in order (now marked transmitted); nil when the peer
     ///   claims more than was sent, or less than it already acknowledged (it lost its state: the
     ///   session cannot resume).
-    package mutating func resume(peerReceived: UInt64) -> [Entry]? {
+    @inlinable public mutating func resume(peerReceived: UInt64) -> [Entry]? {
         guard peerReceived >= acknowledged, acknowledge(through: peerReceived) != nil else { return nil }
         for index in head..<entries.count { entries[index].transmitted = true }
         return Array(entries[head...])
@@ -93,12 +107,12 @@ package struct SessionOutbox<Item>: Sendable where Item: Sendable {
     /// session. Messages that were transmitted may or may not have arrived; they are returned as
     /// `unacknowledged` and not sent again (no duplicates). Messages never transmitted stay, renumbered
     /// from 1, to go in the new session.
-    package mutating func restart() -> (unacknowledged: [Entry], kept: [Entry]) {
+    @inlinable public mutating func restart() -> (unacknowledged: [Entry], kept: [Entry]) {
         let old = Array(entries[head...])
         entries = []
         head = 0
-        bytes = 0
-        nextNumber = 1
+        _bytes = 0
+        _nextNumber = 1
         var lost: [Entry] = []
         var kept: [Entry] = []
         for entry in old {
@@ -113,11 +127,11 @@ package struct SessionOutbox<Item>: Sendable where Item: Sendable {
     }
 
     /// Removes every kept message (the session ends) and returns them.
-    package mutating func removeAll() -> [Entry] {
+    @inlinable public mutating func removeAll() -> [Entry] {
         defer {
             entries = []
             head = 0
-            bytes = 0
+            _bytes = 0
         }
         return Array(entries[head...])
     }
