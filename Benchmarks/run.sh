@@ -13,6 +13,7 @@
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
 #                                       nio+tls: the NIO peer over TLS 1.3, the anchor of ours+noise;
 #                                       ours+batch, ours+foundation+batch: W1 with send(contentsOf:) 64 at a time;
+#                                       ours+loop: W6's and W7's tasks on the connection's loop executor;
 #                                       ours+metrics, ours+noise+metrics: counting into swift-prometheus)
 #                                       "ours" runs plaintext protocol version 1; "ours+noise" version 2 (encrypted)
 #
@@ -65,7 +66,7 @@ impl_cmd() {
         ours+foundation) echo "$BIN/bench-ours --codec foundation" ;;
         ours+batch) echo "$BIN/bench-ours --w1-batch 64" ;;                  # W1: send(contentsOf:) 64 at a time
         ours+foundation+batch) echo "$BIN/bench-ours --codec foundation --w1-batch 64" ;;
-        ours+loop) echo "$BIN/bench-ours --w6-client loop" ;;                  # W6: request tasks on the channel's loop executor
+        ours+loop) echo "$BIN/bench-ours --w6-client loop --w7-client loop" ;;  # W6, W7: the requesting/sending tasks on the connection's loop executor
         ours+noise) echo "$BIN/bench-ours --security encrypted" ;;             # protocol version 2: Noise handshake, sealed frames
         ours+metrics) echo "$BIN/bench-ours --metrics on" ;;                   # every channel counted into a Prometheus registry
         ours+noise+metrics) echo "$BIN/bench-ours --security encrypted --metrics on" ;;

@@ -20,6 +20,18 @@ import Transport
 ///
 /// Replies to ``request(_:type:expecting:timeout:)`` reach their caller whatever the app does with
 /// ``events``; see ``ClientConfiguration/eventBufferLimit`` for what happens to other messages.
+///
+/// Every connection of a client runs on one loop of ``ChannelConfiguration/loopGroup``, reconnects
+/// included. A task that streams through the client can prefer that loop's executor, so that its
+/// sends need no hand-off to another thread (W7 in docs/PERFORMANCE.md: about 1.5 times the messages
+/// per second); while it runs, the other connections of that loop wait, as for a handler:
+/// ```swift
+/// if let executor = client.channel?.taskExecutor {
+///     try await withTaskExecutorPreference(executor) {
+///         for reading in readings { try await client.send(reading, type: "reading") }
+///     }
+/// }
+/// ```
 public final class MessageClient: Sendable {
     /// The lifecycle (``ClientLifecycle``: connecting, connected, reconnecting, closed; waiters;
     /// back-off) and what the client keeps beside it, under one lock.
@@ -49,11 +61,16 @@ public final class MessageClient: Sendable {
     let session: MessageSession?
     /// Its connections' metrics (nil when no metrics back end is bootstrapped).
     let metrics = MessagingMetrics.make(role: "client")
+    /// The one loop of ``ClientConfiguration/channel``'s group that every connection of this client
+    /// runs on, reconnects included: a task that prefers its executor (``MessageChannel/taskExecutor``)
+    /// keeps sending without a thread hand-off after a reconnect.
+    let loops: LoopGroup
 
     private init(target: ServiceTarget, configuration: ClientConfiguration, logger: Logger) {
         self.target = target
         self.configuration = configuration
         self.logger = logger
+        loops = LoopGroup(loops: [configuration.channel.loopGroup.next()])
         if let options = configuration.session, configuration.reconnect != nil {
             session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger)
         } else {

@@ -32,6 +32,13 @@ public final class LoopGroup: Sendable {
         loops = (0..<count).map { Loop(index: $0, label: "\(label).\($0)") }
     }
 
+    /// A group of the given loops (a client pins its connections to one loop of a group: every
+    /// reconnect runs where the last connection ran).
+    package init(loops: [Loop]) {
+        precondition(!loops.isEmpty, "a loop group needs a loop")
+        self.loops = loops
+    }
+
     /// The number of loops.
     public var count: Int { loops.count }
 

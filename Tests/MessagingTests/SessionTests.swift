@@ -90,6 +90,28 @@ import Locks
         await harness.server.stop()
     }
 
+    /// Every connection of a client runs on the same loop, reconnects included (a task that
+    /// prefers that loop's executor stays beside its connection), though its group has four.
+    @Test func aClientsConnectionsShareOneLoopAcrossReconnects() async throws {
+        let group = LoopGroup(loopCount: 4, label: "test.client-loops")
+        let harness = try await LoopbackServer()
+        let client = try await harness.client("pinned") {
+            Self.fastReconnect(&$0)
+            $0.channel.loopGroup = group
+        }
+        let first = try #require(client.channel)
+        var loops = [ObjectIdentifier(first.driver.loop)]
+        for _ in 0..<3 {
+            let old = try #require(client.channel)
+            old.abort()
+            try await waitUntil("a new connection") { client.channel.map { $0 !== old } ?? false }
+            loops.append(ObjectIdentifier(try #require(client.channel).driver.loop))
+        }
+        #expect(Set(loops).count == 1)
+        await client.close()
+        await harness.server.stop()
+    }
+
     /// A server that restarts forgets the session: the client reports exactly the messages the old
     /// server never acknowledged, and sends the ones typed while it was away to the new server.
     @Test func aRestartedServerMeansExactlyTheUnacknowledgedAreReported() async throws {
