@@ -1,4 +1,5 @@
 import Foundation
+import Locks
 import SystemCalls
 
 #if canImport(Glibc)
@@ -48,6 +49,59 @@ func createDirectories(for path: String) throws(FileError) {
     } catch {
         let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) }
         throw FileError(directory, "cannot create the directory '\(directory)': \(error.localizedDescription)", errno: code)
+    }
+}
+
+/// A file of one entry per line that the library keeps for the app (``TrustStore``, ``PeerMemory``).
+///
+/// Read whole on every lookup, so several processes can share it; written whole through
+/// `writeFileAtomically`. Reading takes no lock: a rename replaces the file at once, so a reader
+/// sees the old list or the new one. A change reads, edits and writes the list under the file's
+/// lock in this process (two changes at once would each read the old list, and one would be lost);
+/// share one value per file.
+struct LineFile<Entry>: Sendable {
+    let path: String
+    /// The first line: a comment saying what each line holds.
+    private let header: String
+    /// What the file is, in errors ("the trust store").
+    private let what: String
+    private let parse: @Sendable (Substring) -> Entry?
+    private let format: @Sendable (Entry) -> String
+    private let lock = Lock()
+
+    init(
+        path: String, header: String, what: String, parse: @escaping @Sendable (Substring) -> Entry?,
+        format: @escaping @Sendable (Entry) -> String
+    ) {
+        self.path = path
+        self.header = header
+        self.what = what
+        self.parse = parse
+        self.format = format
+    }
+
+    /// Every entry, in file order (comment lines and lines that do not parse are skipped; a file
+    /// that does not exist or is not UTF-8 has none).
+    var entries: [Entry] {
+        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
+            return []
+        }
+        return text.split(separator: "\n").compactMap { $0.hasPrefix("#") ? nil : parse($0) }
+    }
+
+    /// Changes the list in one step: `change` edits the entries read now and returns whether to
+    /// write them (false: nothing changed, nothing is written). Returns what `change` returned.
+    /// - Throws: ``FileError`` when the file cannot be written.
+    @discardableResult
+    func update(_ change: (inout [Entry]) -> Bool) throws(FileError) -> Bool {
+        try lock.withLock { () throws(FileError) -> Bool in
+            var list = entries
+            guard change(&list) else { return false }
+            var text = header + "\n"
+            for entry in list { text += format(entry) + "\n" }
+            try writeFileAtomically(path, text, what: what)
+            return true
+        }
     }
 }
 

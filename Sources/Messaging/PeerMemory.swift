@@ -27,14 +27,19 @@ public final class PeerMemory: Sendable {
     }
 
     /// The file.
-    public let path: String
-    private let lock = Lock()
+    public var path: String { file.path }
+    private let file: LineFile<Entry>
 
     /// The most addresses kept per service.
     static let maxAddresses = 8
 
     /// Tests only: apps take ``shared(path:)``, so that two clients of one file share its lock.
-    init(path: String) { self.path = path }
+    init(path: String) {
+        file = LineFile(
+            path: path, header: "# lanmsg known addresses: <service type> <fingerprint> <address>,… <service name>",
+            what: "the peer memory", parse: Self.parse,
+            format: { "\($0.type) \($0.fingerprint.full) \($0.addresses.map(\.description).joined(separator: ",")) \($0.name)" })
+    }
 
     /// Where an app's memory lives by default: `$XDG_DATA_HOME/lanmsg/<app>/known_addresses`.
     public static func defaultPath(app: String) -> String { Identity.dataDirectory(app: app) + "/known_addresses" }
@@ -58,11 +63,11 @@ public final class PeerMemory: Sendable {
     }
 
     /// Every remembered service, in file order.
-    public var entries: [Entry] { lock.withLock { read() } }
+    public var entries: [Entry] { file.entries }
 
     /// The entry for a service, if any.
     public func entry(type: String, name: String) -> Entry? {
-        lock.withLock { read().first { $0.type == type && $0.name == name } }
+        file.entries.first { $0.type == type && $0.name == name }
     }
 
     /// Remembers (or replaces) a service's key and addresses; `used` first.
@@ -73,39 +78,31 @@ public final class PeerMemory: Sendable {
         for address in others where !addresses.contains(address) { addresses.append(address) }
         let entry = Entry(type: type, name: name, fingerprint: fingerprint, addresses: Array(addresses.prefix(Self.maxAddresses)))
         guard !entry.addresses.isEmpty, !type.contains(" "), !type.contains("\n"), !name.contains("\n") else { return }
-        try lock.withLock { () throws(FileError) in
-            var list = read()
-            if list.contains(entry) { return }  // nothing new: no write
+        try file.update { list in
+            if list.contains(entry) { return false }  // nothing new: no write
             list.removeAll { $0.type == type && $0.name == name }
             list.append(entry)
-            try write(list)
+            return true
         }
     }
 
     /// Forgets a service; returns whether it was remembered.
     @discardableResult
     public func forget(type: String, name: String) throws(FileError) -> Bool {
-        try lock.withLock { () throws(FileError) -> Bool in
-            let list = read()
-            let kept = list.filter { !($0.type == type && $0.name == name) }
-            guard kept.count != list.count else { return false }
-            try write(kept)
-            return true
+        try file.update { list in
+            let count = list.count
+            list.removeAll { $0.type == type && $0.name == name }
+            return list.count != count
         }
     }
 
-    private func read() -> [Entry] {
-        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
-            return []
-        }
-        return text.split(separator: "\n").compactMap { line -> Entry? in
-            guard !line.hasPrefix("#") else { return nil }
-            let parts = line.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
-            guard parts.count == 4, let fingerprint = Fingerprint(String(parts[1])) else { return nil }
-            let addresses = parts[2].split(separator: ",").compactMap { Self.parseAddress(String($0)) }
-            guard !addresses.isEmpty, !parts[3].isEmpty else { return nil }
-            return Entry(type: String(parts[0]), name: String(parts[3]), fingerprint: fingerprint, addresses: addresses)
-        }
+    /// One line: `<type> <fingerprint> <address>,<address>… <name>`.
+    private static func parse(_ line: Substring) -> Entry? {
+        let parts = line.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
+        guard parts.count == 4, let fingerprint = Fingerprint(String(parts[1])) else { return nil }
+        let addresses = parts[2].split(separator: ",").compactMap { parseAddress(String($0)) }
+        guard !addresses.isEmpty, !parts[3].isEmpty else { return nil }
+        return Entry(type: String(parts[0]), name: String(parts[3]), fingerprint: fingerprint, addresses: addresses)
     }
 
     /// `10.0.0.1:4000` or `[fd00::1]:4000` (`[fe80::1%3]:4000`).
@@ -114,13 +111,5 @@ public final class PeerMemory: Sendable {
         var host = String(text[..<colon])
         if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
         return try? SocketAddress(ipAddress: host, port: port)
-    }
-
-    private func write(_ list: [Entry]) throws(FileError) {
-        var text = "# lanmsg known addresses: <service type> <fingerprint> <address>,… <service name>\n"
-        for entry in list {
-            text += "\(entry.type) \(entry.fingerprint.full) \(entry.addresses.map(\.description).joined(separator: ",")) \(entry.name)\n"
-        }
-        try writeFileAtomically(path, text, what: "the peer memory")
     }
 }

@@ -172,62 +172,49 @@ public struct PeerIdentity: Sendable, Equatable {
 /// temporary file and renamed into place (mode 0600).
 public final class TrustStore: Sendable {
     /// The file.
-    public let path: String
-    private let lock = Lock()
+    public var path: String { file.path }
+    private let file: LineFile<(name: String, fingerprint: Fingerprint)>
 
     /// A store in `path` (created on the first ``trust(_:name:)``).
-    public init(path: String) { self.path = path }
+    public init(path: String) {
+        file = LineFile(
+            path: path, header: "# lanmsg known peers: <fingerprint> <name>", what: "the trust store",
+            parse: { line in
+                guard let space = line.firstIndex(of: " "), let fingerprint = Fingerprint(String(line[..<space])) else { return nil }
+                return (String(line[line.index(after: space)...]), fingerprint)
+            },
+            format: { "\($0.fingerprint.full) \($0.name)" })
+    }
 
     /// Where an app's trust store lives by default: `$XDG_DATA_HOME/lanmsg/<app>/known_peers`.
     public static func defaultPath(app: String) -> String { Identity.dataDirectory(app: app) + "/known_peers" }
 
     /// Every known peer: name and fingerprint, in file order.
-    public var entries: [(name: String, fingerprint: Fingerprint)] {
-        lock.withLock { read() }
-    }
+    public var entries: [(name: String, fingerprint: Fingerprint)] { file.entries }
 
     /// The fingerprint remembered for `name`, if any.
     public func fingerprint(for name: String) -> Fingerprint? {
-        lock.withLock { read().first { $0.name == name }?.fingerprint }
+        file.entries.first { $0.name == name }?.fingerprint
     }
 
     /// Remembers `fingerprint` for `name`, replacing what was remembered for it.
     /// - Throws: ``FileError`` when the file cannot be written.
     public func trust(_ fingerprint: Fingerprint, name: String) throws(FileError) {
-        try lock.withLock { () throws(FileError) in
-            var list = read().filter { $0.name != name }
+        try file.update { list in
+            list.removeAll { $0.name == name }
             list.append((name, fingerprint))
-            try write(list)
+            return true
         }
     }
 
     /// Forgets `name`; returns whether it was known.
     @discardableResult
     public func forget(name: String) throws(FileError) -> Bool {
-        try lock.withLock { () throws(FileError) -> Bool in
-            let list = read()
-            let kept = list.filter { $0.name != name }
-            guard kept.count != list.count else { return false }
-            try write(kept)
-            return true
+        try file.update { list in
+            let count = list.count
+            list.removeAll { $0.name == name }
+            return list.count != count
         }
-    }
-
-    private func read() -> [(name: String, fingerprint: Fingerprint)] {
-        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
-            return []
-        }
-        return text.split(separator: "\n").compactMap { line in
-            guard !line.hasPrefix("#"), let space = line.firstIndex(of: " ") else { return nil }
-            guard let fingerprint = Fingerprint(String(line[..<space])) else { return nil }
-            return (String(line[line.index(after: space)...]), fingerprint)
-        }
-    }
-
-    private func write(_ list: [(name: String, fingerprint: Fingerprint)]) throws(FileError) {
-        var text = "# lanmsg known peers: <fingerprint> <name>\n"
-        for (name, fingerprint) in list { text += "\(fingerprint.full) \(name)\n" }
-        try writeFileAtomically(path, text, what: "the trust store")
     }
 }
 
