@@ -65,54 +65,27 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     /// reached. Returns false when the element was dropped.
     @discardableResult
     func push(_ element: Element) -> Bool {
-        var consumer: CheckedContinuation<Element?, any Error>?
-        var full = false
-        let accepted = state.withLock { state -> Bool in
-            guard !state.finished else { return false }
-            if !state.consumers.isEmpty {
-                consumer = state.consumers.removeFirst().continuation
-                return true
-            }
-            state.items.append(element)
-            if state.count >= limit && !state.overLimit {
-                state.overLimit = true
-                full = true
-            }
-            return true
+        switch push(element, atLimit: .signal) {
+        case .finished, .dropped: false
+        default: true
         }
-        consumer?.resume(returning: element)
-        if full { onFull?() }
-        return accepted
     }
 
     /// Adds an element without waiting (dropped after `finish`). Returns false when the queue now
     /// holds its limit or more: `producer` must stop until its ``QueueProducer/resumeProducing()``.
     func push(_ element: Element, from producer: any QueueProducer) -> Bool {
-        let handedOver = state.withLock { state -> (room: Bool, consumer: CheckedContinuation<Element?, any Error>?) in
-            guard !state.finished else { return (true, nil) }
-            if !state.consumers.isEmpty { return (true, state.consumers.removeFirst().continuation) }
-            state.items.append(element)
-            guard state.count >= limit else { return (true, nil) }
-            state.stopped[ObjectIdentifier(producer)] = producer
-            return (false, nil)
-        }
-        handedOver.consumer?.resume(returning: element)
-        return handedOver.room
+        if case .stop = push(element, atLimit: .stop(producer)) { return false }
+        return true
     }
 
     /// Adds an element unless the queue is at its limit (or finished): for what may be dropped
     /// when the consumer does not keep up. Returns whether it was added.
     @discardableResult
     func pushBelowLimit(_ element: Element) -> Bool {
-        let handedOver = state.withLock { state -> (added: Bool, consumer: CheckedContinuation<Element?, any Error>?) in
-            guard !state.finished else { return (false, nil) }
-            if !state.consumers.isEmpty { return (true, state.consumers.removeFirst().continuation) }
-            guard state.count < limit else { return (false, nil) }
-            state.items.append(element)
-            return (true, nil)
+        switch push(element, atLimit: .drop) {
+        case .finished, .dropped: false
+        default: true
         }
-        handedOver.consumer?.resume(returning: element)
-        return handedOver.added
     }
 
     /// What ``push(_:from:evictingOldestWhere:)`` did.
@@ -126,32 +99,74 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         case evicted(Int)
     }
 
-    /// Adds an element of a producer that can stop, for consumers that may stop reading, in one
-    /// critical section: while the queue is read (a consumer asked for an element, and took one
-    /// since ``markStalled(at:)``), like ``push(_:from:)``; otherwise at the limit the oldest element
-    /// `evictable` accepts makes room, and the producer never stops (a client's replies travel on
-    /// the connection its unsolicited messages would stop).
+    /// Adds an element of a producer that can stop, for consumers that may stop reading: while the
+    /// queue is read (a consumer asked for an element, and took one since ``markStalled(at:)``),
+    /// like ``push(_:from:)``; otherwise at the limit the oldest element `evictable` accepts makes
+    /// room, and the producer never stops (a client's replies travel on the connection its
+    /// unsolicited messages would stop).
     func push(_ element: Element, from producer: any QueueProducer, evictingOldestWhere evictable: (Element) -> Bool) -> Pushed {
-        let (pushed, consumer) = state.withLock { state -> (Pushed, CheckedContinuation<Element?, any Error>?) in
-            guard !state.finished else { return (.added, nil) }
+        switch push(element, atLimit: .evict(producer), evictable: evictable) {
+        case .stop(let taken): .stop(taken: taken)
+        case .evicted(let count): .evicted(count)
+        default: .added
+        }
+    }
+
+    /// What a push does when the queue holds its limit: the four ways to add, above.
+    private enum AtLimit {
+        /// Adds anyway; `onFull` is called once (``push(_:)``).
+        case signal
+        /// Adds, and the producer stops until resumed (``push(_:from:)``).
+        case stop(any QueueProducer)
+        /// Drops the element (``pushBelowLimit(_:)``).
+        case drop
+        /// While the queue is read, `.stop`; otherwise the oldest evictable element makes room.
+        case evict(any QueueProducer)
+    }
+
+    private enum Outcome {
+        case added, finished, dropped, full
+        case stop(taken: UInt64)
+        case evicted(Int)
+    }
+
+    /// Every push, in one critical section: after `finish` the element is dropped; a waiting
+    /// consumer gets it at once; otherwise it is added, and `atLimit` says what the limit does.
+    private func push(_ element: Element, atLimit: AtLimit, evictable: (Element) -> Bool = { _ in false }) -> Outcome {
+        let (outcome, consumer) = state.withLock { state -> (Outcome, CheckedContinuation<Element?, any Error>?) in
+            guard !state.finished else { return (.finished, nil) }
             if !state.consumers.isEmpty { return (.added, state.consumers.removeFirst().continuation) }
-            if state.consumed && state.stalledAt != state.taken {
+            var policy = atLimit
+            if case .evict(let producer) = policy, state.consumed && state.stalledAt != state.taken { policy = .stop(producer) }
+            switch policy {
+            case .drop:
+                guard state.count < limit else { return (.dropped, nil) }
+                state.items.append(element)
+                return (.added, nil)
+            case .signal:
+                state.items.append(element)
+                guard state.count >= limit && !state.overLimit else { return (.added, nil) }
+                state.overLimit = true
+                return (.full, nil)
+            case .stop(let producer):
                 state.items.append(element)
                 guard state.count >= limit else { return (.added, nil) }
                 state.stopped[ObjectIdentifier(producer)] = producer
                 return (.stop(taken: state.taken), nil)
+            case .evict:
+                var outcome = Outcome.added
+                if state.count >= limit, let index = state.items[state.head...].firstIndex(where: evictable) {
+                    state.items.remove(at: index)
+                    state.evicted += 1
+                    outcome = .evicted(state.evicted)
+                }
+                state.items.append(element)
+                return (outcome, nil)
             }
-            var pushed = Pushed.added
-            if state.count >= limit, let index = state.items[state.head...].firstIndex(where: evictable) {
-                state.items.remove(at: index)
-                state.evicted += 1
-                pushed = .evicted(state.evicted)
-            }
-            state.items.append(element)
-            return (pushed, nil)
         }
         consumer?.resume(returning: element)
-        return pushed
+        if case .full = outcome { onFull?() }
+        return outcome
     }
 
     /// Consumers took `taken` elements and no more for a while: they stopped reading, and
