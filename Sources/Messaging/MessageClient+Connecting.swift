@@ -195,7 +195,7 @@ extension MessageClient {
     private func connect(_ found: (addresses: [SocketAddress], remembered: Fingerprint?)) async throws -> MessageChannel {
         var channelConfiguration = configuration.channel
         channelConfiguration.metrics = metrics
-        channelConfiguration.loopGroup = loops
+        channelConfiguration.loopGroup = connectionLoop
         if case .service(let name?, _, _) = target { channelConfiguration.expectedPeerName = name }
         channelConfiguration.offersSessions = session != nil && sessionInUse
         if let remembered = found.remembered, let (identity, policy) = try configuration.channel.security.resolved() {

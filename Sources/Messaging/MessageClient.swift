@@ -61,16 +61,16 @@ public final class MessageClient: Sendable {
     let session: MessageSession?
     /// Its connections' metrics (nil when no metrics back end is bootstrapped).
     let metrics = MessagingMetrics.make(role: "client")
-    /// The one loop of ``ClientConfiguration/channel``'s group that every connection of this client
-    /// runs on, reconnects included: a task that prefers its executor (``MessageChannel/taskExecutor``)
-    /// keeps sending without a thread hand-off after a reconnect.
-    let loops: LoopGroup
+    /// A group of one loop, taken from ``ClientConfiguration/channel``'s group: every connection of
+    /// this client runs on it, reconnects included, so a task that prefers its executor
+    /// (``MessageChannel/taskExecutor``) keeps sending without a thread hand-off after a reconnect.
+    let connectionLoop: LoopGroup
 
     private init(target: ServiceTarget, configuration: ClientConfiguration, logger: Logger) {
         self.target = target
         self.configuration = configuration
         self.logger = logger
-        loops = LoopGroup(loops: [configuration.channel.loopGroup.next()])
+        connectionLoop = LoopGroup(loops: [configuration.channel.loopGroup.next()])
         if let options = configuration.session, configuration.reconnect != nil {
             session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger)
         } else {
