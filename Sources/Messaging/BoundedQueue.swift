@@ -67,14 +67,14 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     func push(_ element: Element) -> Bool {
         switch push(element, atLimit: .signal) {
         case .finished, .dropped: false
-        default: true
+        case .pushed, .full: true
         }
     }
 
     /// Adds an element without waiting (dropped after `finish`). Returns false when the queue now
     /// holds its limit or more: `producer` must stop until its ``QueueProducer/resumeProducing()``.
     func push(_ element: Element, from producer: any QueueProducer) -> Bool {
-        if case .stop = push(element, atLimit: .stop(producer)) { return false }
+        if case .pushed(.stop) = push(element, atLimit: .stop(producer)) { return false }
         return true
     }
 
@@ -84,7 +84,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     func pushBelowLimit(_ element: Element) -> Bool {
         switch push(element, atLimit: .drop) {
         case .finished, .dropped: false
-        default: true
+        case .pushed, .full: true
         }
     }
 
@@ -105,11 +105,8 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     /// room, and the producer never stops (a client's replies travel on the connection its
     /// unsolicited messages would stop).
     func push(_ element: Element, from producer: any QueueProducer, evictingOldestWhere evictable: (Element) -> Bool) -> Pushed {
-        switch push(element, atLimit: .evict(producer), evictable: evictable) {
-        case .stop(let taken): .stop(taken: taken)
-        case .evicted(let count): .evicted(count)
-        default: .added
-        }
+        if case .pushed(let pushed) = push(element, atLimit: .evict(producer), evictable: evictable) { return pushed }
+        return .added  // finished: dropped, and the producer goes on (nothing will resume it)
     }
 
     /// What a push does when the queue holds its limit: the four ways to add, above.
@@ -124,10 +121,11 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         case evict(any QueueProducer)
     }
 
+    /// What a push did: ``Pushed`` when the element went in (to a consumer or the queue), else
+    /// why not; `full` when it went in and the queue just reached its limit (`.signal`).
     private enum Outcome {
-        case added, finished, dropped, full
-        case stop(taken: UInt64)
-        case evicted(Int)
+        case pushed(Pushed)
+        case full, finished, dropped
     }
 
     /// Every push, in one critical section: after `finish` the element is dropped; a waiting
@@ -135,33 +133,33 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     private func push(_ element: Element, atLimit: AtLimit, evictable: (Element) -> Bool = { _ in false }) -> Outcome {
         let (outcome, consumer) = state.withLock { state -> (Outcome, CheckedContinuation<Element?, any Error>?) in
             guard !state.finished else { return (.finished, nil) }
-            if !state.consumers.isEmpty { return (.added, state.consumers.removeFirst().continuation) }
+            if !state.consumers.isEmpty { return (.pushed(.added), state.consumers.removeFirst().continuation) }
             var policy = atLimit
             if case .evict(let producer) = policy, state.consumed && state.stalledAt != state.taken { policy = .stop(producer) }
             switch policy {
             case .drop:
                 guard state.count < limit else { return (.dropped, nil) }
                 state.items.append(element)
-                return (.added, nil)
+                return (.pushed(.added), nil)
             case .signal:
                 state.items.append(element)
-                guard state.count >= limit && !state.overLimit else { return (.added, nil) }
+                guard state.count >= limit && !state.overLimit else { return (.pushed(.added), nil) }
                 state.overLimit = true
                 return (.full, nil)
             case .stop(let producer):
                 state.items.append(element)
-                guard state.count >= limit else { return (.added, nil) }
+                guard state.count >= limit else { return (.pushed(.added), nil) }
                 state.stopped[ObjectIdentifier(producer)] = producer
-                return (.stop(taken: state.taken), nil)
+                return (.pushed(.stop(taken: state.taken)), nil)
             case .evict:
-                var outcome = Outcome.added
+                var pushed = Pushed.added
                 if state.count >= limit, let index = state.items[state.head...].firstIndex(where: evictable) {
                     state.items.remove(at: index)
                     state.evicted += 1
-                    outcome = .evicted(state.evicted)
+                    pushed = .evicted(state.evicted)
                 }
                 state.items.append(element)
-                return (outcome, nil)
+                return (.pushed(pushed), nil)
             }
         }
         consumer?.resume(returning: element)
