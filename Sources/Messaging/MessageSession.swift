@@ -82,6 +82,10 @@ public struct ConnectionHealth: Sendable, CustomStringConvertible {
 
 /// One side of a message session (see `ProtocolCore/Session.swift`): numbers, keeps and resends
 /// one-way messages, counts and acknowledges the peer's, and outlives the connections it runs on.
+///
+/// A thin facade over ``State``, the session's machine: every input, from a sender or from the
+/// channel's loop, is one call of ``apply(_:)``, which runs it on the state under the lock and then
+/// does what it left to do (``Wakes``: senders and drain callers to resume) with the lock released.
 final class MessageSession: Sendable {
     /// 32 hex digits.
     let id: String
@@ -91,7 +95,23 @@ final class MessageSession: Sendable {
     /// A ``drained(within:)`` caller: completed by the drain, the close or its deadline, whichever
     /// comes first.
     typealias DrainWaiter = Promise<Void>
+    typealias Sender = CheckedContinuation<Void, any Error>
 
+    /// What an input leaves to do once the lock is released.
+    struct Wakes {
+        /// Senders to resume, each with the error it gets (nil: room was made, look again).
+        var senders: [(Sender, (any Error)?)] = []
+        var drains: [DrainWaiter] = []
+
+        fileprivate func run() {
+            for (sender, error) in senders {
+                if let error { sender.resume(throwing: error) } else { sender.resume() }
+            }
+            for drain in drains { drain.succeed(()) }
+        }
+    }
+
+    /// The session's machine: what it keeps and counts, and how each input changes it.
     struct State: Sendable {
         var outbox: SessionOutbox<Frame>
         var inbox = SessionInbox()
@@ -103,13 +123,26 @@ final class MessageSession: Sendable {
         /// Whether a connection ever carried the session (a client's first SESSION is no resume).
         var everConnected = false
         /// Senders waiting for room, FIFO.
-        var waiters: [(UInt64, CheckedContinuation<Void, any Error>)] = []
+        var waiters: [(UInt64, Sender)] = []
         /// ``drained(within:)`` callers.
         var drainWaiters: [DrainWaiter] = []
         /// Set when the session ended: sends fail with it.
         var ended: MessagingError?
         var reconnects = 0
         var resumes = 0
+
+        /// Wakes the waiting senders (they re-check for room, oldest first).
+        mutating func wakeSenders(_ wakes: inout Wakes, with error: (any Error)? = nil) {
+            wakes.senders += waiters.map { ($0.1, error) }
+            waiters = []
+        }
+
+        /// Resumes the drain waiters when nothing is kept or the connection is gone.
+        mutating func wakeDrainsIfDue(_ wakes: inout Wakes) {
+            guard outbox.count == 0 || channel == nil || ended != nil else { return }
+            wakes.drains += drainWaiters
+            drainWaiters = []
+        }
     }
     let state: Locked<State>
     /// The last id given to a sender waiting for room (what its cancellation looks for).
@@ -127,15 +160,24 @@ final class MessageSession: Sendable {
         self.state = Locked(state)
     }
 
+    /// Runs one input on the state under the lock; then, with the lock released, wakes what it says
+    /// (also when it throws). The one place the session's state is touched.
+    private func apply<R, E: Error>(_ input: (inout State, inout Wakes) throws(E) -> R) throws(E) -> R {
+        var wakes = Wakes()
+        defer { wakes.run() }
+        return try state.withLock { (state) throws(E) -> R in try input(&state, &wakes) }
+    }
+
     /// A fresh random id.
     static func makeID() -> String {
         var generator = SystemRandomNumberGenerator()
         return Hex.encode((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
     }
 
-    var counts: (reconnects: Int, resumes: Int) { state.withLock { ($0.reconnects, $0.resumes) } }
-    var unacknowledgedCount: Int { state.withLock { $0.outbox.count } }
-    var keptMessages: [UndeliveredMessage] { state.withLock { $0.outbox.kept.map(Self.undelivered) } }
+    var counts: (reconnects: Int, resumes: Int) { apply { state, _ in (state.reconnects, state.resumes) } }
+    var unacknowledgedCount: Int { apply { state, _ in state.outbox.count } }
+    var keptMessages: [UndeliveredMessage] { apply { state, _ in state.outbox.kept.map(Self.undelivered) } }
+    var isEnded: Bool { apply { state, _ in state.ended != nil } }
 
     // MARK: Sending (any context)
 
@@ -145,7 +187,7 @@ final class MessageSession: Sendable {
     func send(_ frame: Frame) async throws {
         let size = try Frame.validatedSize(frame)
         while true {
-            let admitted = try state.withLock { state throws -> Bool in
+            let admitted = try apply { (state, _) throws -> Bool in
                 if let ended = state.ended { throw ended }
                 guard state.waiters.isEmpty, state.outbox.hasRoom(for: size) else { return false }
                 if let channel = state.channel, size > channel.peerMaxFrameSize {
@@ -176,39 +218,22 @@ final class MessageSession: Sendable {
     /// ends, or the task is cancelled.
     private func waitForRoom(_ size: Int) async throws {
         let id = lastWaiterID.add(1, ordering: .relaxed).newValue
-        enum Now {
-            case wait, go
-            case fail(any Error)
-        }
         try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let now = state.withLock { state -> Now in
-                    if let ended = state.ended { return .fail(ended) }
-                    if Task.isCancelled { return .fail(CancellationError()) }
+            try await withCheckedThrowingContinuation { (continuation: Sender) in
+                apply { state, wakes in
+                    if let ended = state.ended { return wakes.senders.append((continuation, ended)) }
+                    if Task.isCancelled { return wakes.senders.append((continuation, CancellationError())) }
                     // Room made between the caller's check and now: no acknowledgement would wake us.
-                    if state.outbox.hasRoom(for: size) { return .go }
+                    if state.outbox.hasRoom(for: size) { return wakes.senders.append((continuation, nil)) }
                     state.waiters.append((id, continuation))
-                    return .wait
-                }
-                switch now {
-                case .wait: break
-                case .go: continuation.resume()
-                case .fail(let error): continuation.resume(throwing: error)
                 }
             }
         } onCancel: {
-            let waiter = state.withLock { state -> CheckedContinuation<Void, any Error>? in
-                guard let index = state.waiters.firstIndex(where: { $0.0 == id }) else { return nil }
-                return state.waiters.remove(at: index).1
+            apply { state, wakes in
+                guard let index = state.waiters.firstIndex(where: { $0.0 == id }) else { return }
+                wakes.senders.append((state.waiters.remove(at: index).1, CancellationError()))
             }
-            waiter?.resume(throwing: CancellationError())
         }
-    }
-
-    /// Wakes the waiting senders (they re-check for room, oldest first).
-    private static func wake(_ state: inout State) -> [CheckedContinuation<Void, any Error>] {
-        defer { state.waiters = [] }
-        return state.waiters.map(\.1)
     }
 
     // MARK: On the channel's loop
@@ -216,7 +241,7 @@ final class MessageSession: Sendable {
     /// A one-way message arrived on `channel`. Returns whether to deliver it (false: the channel was
     /// replaced, the new one resends it) and whether to acknowledge at once.
     func received(on channel: MessageChannel) -> (deliver: Bool, ackNow: Bool) {
-        state.withLock { state in
+        apply { state, _ in
             guard state.channel === channel else { return (false, false) }
             return (true, state.inbox.receive())
         }
@@ -224,39 +249,36 @@ final class MessageSession: Sendable {
 
     /// The ACK to send now, if messages wait for one.
     func takeAck(on channel: MessageChannel) -> UInt64? {
-        state.withLock { state in state.channel === channel ? state.inbox.takeAck() : nil }
+        apply { state, _ in state.channel === channel ? state.inbox.takeAck() : nil }
     }
 
     /// The peer acknowledged `count` messages. Returns an error text for a violation.
     func acknowledged(_ count: UInt64, on channel: MessageChannel) -> String? {
-        let (error, waiters, drains) = state.withLock {
-            state -> (String?, [CheckedContinuation<Void, any Error>], [DrainWaiter]) in
-            guard state.channel === channel else { return (nil, [], []) }
+        apply { state, wakes in
+            guard state.channel === channel else { return nil }
             guard let released = state.outbox.acknowledge(through: count) else {
-                return ("ACK of \(count) messages, but only \(state.outbox.nextNumber - 1) were sent", [], [])
+                return "ACK of \(count) messages, but only \(state.outbox.nextNumber - 1) were sent"
             }
-            return (nil, released > 0 ? Self.wake(&state) : [], Self.drainWaitersDue(&state))
+            if released > 0 { state.wakeSenders(&wakes) }
+            state.wakeDrainsIfDue(&wakes)
+            return nil
         }
-        for waiter in waiters { waiter.resume() }
-        for waiter in drains { waiter.succeed(()) }
-        return error
     }
 
     /// The connection closed: keep everything for the next one.
     func detach(_ channel: MessageChannel) {
-        let drains = state.withLock { state -> [DrainWaiter] in
-            guard state.channel === channel else { return [] }
+        apply { state, wakes in
+            guard state.channel === channel else { return }
             state.channel = nil
-            return Self.drainWaitersDue(&state)
+            state.wakeDrainsIfDue(&wakes)
         }
-        for waiter in drains { waiter.succeed(()) }
     }
 
     // MARK: Opening on a connection
 
     /// Client, on the loop: the hello for a new connection (its SESSION frame), before it is sent.
     func clientHello() -> SessionHello {
-        state.withLock { state in
+        apply { state, _ in
             state.inbox.reconnected()
             return SessionHello(id: id, received: state.inbox.received)
         }
@@ -279,12 +301,10 @@ final class MessageSession: Sendable {
         }
         // The answer acknowledges (or forgets) kept messages: senders waiting for room may go on
         // (no ACK would wake them when everything was acknowledged this way).
-        let (result, waiters) = state.withLock { state -> (Result<Opened, TransportError>, [CheckedContinuation<Void, any Error>]) in
-            let result = Self.clientOpen(reply, on: channel, &state, logger: logger)
-            return (result, Self.wake(&state))
+        return apply { state, wakes in
+            defer { state.wakeSenders(&wakes) }
+            return Self.clientOpen(reply, on: channel, &state, logger: logger)
         }
-        for waiter in waiters { waiter.resume() }
-        return result
     }
 
     private static func clientOpen(
@@ -313,11 +333,10 @@ final class MessageSession: Sendable {
     /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
     /// was just made, `isNew`, or found). Attaches, answers and resends.
     func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Int, TransportError> {
-        let (result, waiters) = state.withLock { state -> (Result<Int, TransportError>, [CheckedContinuation<Void, any Error>]) in
-            (Self.serverOpen(hello, isNew: isNew, on: channel, id: id, &state), Self.wake(&state))
+        apply { state, wakes in
+            defer { state.wakeSenders(&wakes) }
+            return Self.serverOpen(hello, isNew: isNew, on: channel, id: id, &state)
         }
-        for waiter in waiters { waiter.resume() }
-        return result
     }
 
     private static func serverOpen(
@@ -347,17 +366,14 @@ final class MessageSession: Sendable {
 
     /// Ends the session: sends fail from now on; returns the messages never acknowledged.
     func end(_ reason: MessagingError) -> [UndeliveredMessage] {
-        let (lost, waiters, drains) = state.withLock {
-            state -> ([SessionOutbox<Frame>.Entry], [CheckedContinuation<Void, any Error>], [DrainWaiter]) in
-            guard state.ended == nil else { return ([], [], []) }
+        apply { state, wakes in
+            guard state.ended == nil else { return [] }
             state.ended = reason
             state.channel = nil
-            let drains = Self.drainWaitersDue(&state)
-            return (state.outbox.removeAll(), Self.wake(&state), drains)
+            state.wakeDrainsIfDue(&wakes)
+            state.wakeSenders(&wakes, with: reason)
+            return state.outbox.removeAll().map(Self.undelivered)
         }
-        for waiter in waiters { waiter.resume(throwing: reason) }
-        for waiter in drains { waiter.succeed(()) }
-        return lost.map(Self.undelivered)
     }
 
     /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.
@@ -365,7 +381,7 @@ final class MessageSession: Sendable {
     /// it and the drain comes first completes the wait (a ``Promise``).
     func drained(within timeout: Duration) async -> Bool {
         let waiter = DrainWaiter()
-        let (now, drained) = state.withLock { state -> (Bool, Bool) in
+        let (now, drained) = apply { state, _ -> (Bool, Bool) in
             if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return (true, state.outbox.count == 0) }
             state.drainWaiters.append(waiter)
             return (false, false)
@@ -373,14 +389,7 @@ final class MessageSession: Sendable {
         if now { return drained }
         DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: timeout)) { waiter.succeed(()) }
         _ = try? await waiter.value()
-        return state.withLock { $0.outbox.count == 0 }
-    }
-
-    /// Resumes the drain waiters when nothing is kept or the connection is gone.
-    private static func drainWaitersDue(_ state: inout State) -> [DrainWaiter] {
-        guard state.outbox.count == 0 || state.channel == nil || state.ended != nil else { return [] }
-        defer { state.drainWaiters = [] }
-        return state.drainWaiters
+        return unacknowledgedCount == 0
     }
 
     private static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage {
