@@ -24,32 +24,8 @@ extension MessageServer {
         let limit = configuration.maxConnections
         let remote = socket.remoteAddress
         let source = HandshakeAdmission.Source(remote)
-        /// A flooding source's block: where, for how long, and why (its refusals in one second,
-        /// and whether it was on probation, blocked not long ago).
-        struct Block { let listener: Listener, duration: Duration, count: Int, again: Bool }
-        enum Admission { case admitted(ServerWork), full, busy(String, Int, Block?) }
-        let now = uptimeNanoseconds()
-        let admission = state.withLock { state -> Admission in
-            guard let (listener, work) = state.lifecycle.running, state.registry.hasRoom(under: limit) else {
-                return .full
-            }
-            // Before any handshake work: a handshake costs the server key agreements, so only so
-            // many run at once and start per second, in all and from one source.
-            switch state.admission.admit(source, now: now) {
-            case .busy(let why, let retry, false): return .busy(why, retry, nil)
-            case .busy(let why, let retry, true):
-                // Blocked in the same step that found it flooding: ``ServerConfiguration/floodBlockDuration``,
-                // doubled (up to 32 times) each time it floods again within twice its last block
-                // after the block ended, so a flood that never stops reaches the server for a
-                // fraction of a second in minutes, not every 10 s (``HandshakeAdmission/block(_:now:base:)``).
-                let again = state.admission.isOnProbation(source, now: now)
-                let count = state.admission.blockThreshold(for: source, now: now) ?? 0
-                let nanoseconds = state.admission.block(source, now: now, base: configuration.floodBlockDuration.nanoseconds)
-                return .busy(why, retry, Block(listener: listener, duration: .nanoseconds(Int64(clamping: nanoseconds)), count: count, again: again))
-            case .admitted: break
-            }
-            state.registry.reserve()
-            return .admitted(work)
+        let admission = withState {
+            $0.admit(source, limit: limit, now: uptimeNanoseconds(), blockBase: configuration.floodBlockDuration.nanoseconds)
         }
         switch admission {
         case .full:
@@ -78,7 +54,7 @@ extension MessageServer {
                     refused(remote, .handshake, "\(error)", logAs: "handshake: \(code)")
                     return
                 }
-                state.withLock { $0.admission.ended(source) }
+                withState { $0.handshakeSucceeded(source) }
                 await register(channel)
             }
             if !started {  // stopped meanwhile
@@ -91,10 +67,7 @@ extension MessageServer {
     /// A connection admitted from `source` ends before its handshake completed (it failed, or the
     /// server stopped before it began): its handshake's and its connection's places are free.
     private func handshakeAbandoned(_ source: HandshakeAdmission.Source) {
-        state.withLock {
-            $0.admission.ended(source)
-            $0.registry.released()
-        }
+        withState { $0.handshakeAbandoned(source) }
     }
 
     /// The server now holds `connections`: its heartbeat pace follows (and its metric).
@@ -115,10 +88,7 @@ extension MessageServer {
         // the queue when it does not keep up: past ``refusedEventsPerSecond``, or past the event
         // queue's limit, refusals are only counted (metrics) and summarised (log).
         let now = uptimeNanoseconds()
-        let thisSecond = state.withLock { state -> Int in
-            state.refusals += 1
-            return state.refusedEvents.add(now: now)
-        }
+        let thisSecond = withState { $0.refused(now: now) }
         if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
     }
 
@@ -135,7 +105,7 @@ extension MessageServer {
         package let refusals: Int
     }
     package var admissionCounts: AdmissionCounts {
-        state.withLock {
+        withState {
             AdmissionCounts(
                 handshakesInProgress: $0.admission.inFlight, handshakesHighWater: $0.admission.highWater,
                 refusals: $0.refusals)
@@ -151,7 +121,7 @@ extension MessageServer {
             do {
                 hello = try await channel.sessionHello(timeout: configuration.channel.helloTimeout)
             } catch {
-                state.withLock { $0.registry.released() }
+                withState { $0.registry.released() }
                 refused(channel.remoteAddress, .session, "session exchange failed: \(error)")
                 return
             }
@@ -163,20 +133,17 @@ extension MessageServer {
             case resume(ServerConnection, old: MessageChannel)
         }
         let owner = channel.peerIdentity?.fingerprint
-        let decision = state.withLock { state -> Decision in
-            guard state.lifecycle.isRunning else {
-                state.registry.released()
-                return .stopping
-            }
+        let decision = withState { state -> Decision in
             // A session when the client named one and this server keeps them (then a resume finds it).
             let sessionID = configuration.session != nil ? hello?.id : nil
-            let registration = state.registry.register(session: sessionID, owner: owner) { id in
+            let registration = state.register(session: sessionID, owner: owner) { id in
                 let session = sessionID.flatMap { sessionID in
                     configuration.session.map { MessageSession(id: sessionID, configuration: $0, logger: logger, serving: channel) }
                 }
                 return ServerConnection(id: id, channel: channel, session: session, events: queue, server: self)
             }
             switch registration {
+            case nil: return .stopping
             case .refused(let reason): return .refuse(reason)
             case .resumed(let existing): return .resume(existing, old: existing.replace(with: channel))
             case .new(let connection):
@@ -195,7 +162,7 @@ extension MessageServer {
                 do {
                     _ = try await channel.attachSession(session, hello: hello, isNew: true)
                 } catch {
-                    state.withLock { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
+                    withState { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
                     endSession(connection, reason: await channel.closed())
                     return
                 }
@@ -244,14 +211,14 @@ extension MessageServer {
     /// Pushes `event` (`.accepted`, `.resumed`) unless the connection's end was already reported
     /// (a stop() that listed it while its session was being attached): atomically with that report.
     private func reportOpened(_ connection: ServerConnection, _ event: ServerEvent) -> Bool {
-        state.withLock { state in
+        withState { state in
             guard state.registry.mayReportOpened(connection.id) else { return false }
             queue.push(event)
             return true
         }
     }
 
-    private var isStopping: Bool { state.withLock { $0.lifecycle.isStopping } }
+    private var isStopping: Bool { withState { $0.lifecycle.isStopping } }
 
     /// Hands `channel`'s messages and transfers to the events from its loop (the previous channel
     /// of a resumed session was closed before, so order is kept), and reports its end. While the
@@ -276,8 +243,8 @@ extension MessageServer {
             return connectionClosed(connection, reason: reason)
         }
         guard connection.channel === channel else { return }  // replaced by a resume
-        let running = state.withLock { $0.lifecycle.isRunning }
-        let ended = session.state.withLock { $0.ended != nil }
+        let running = withState { $0.lifecycle.isRunning }
+        let ended = session.isEnded
         switch reason {
         case .goodbye, .protocolError, .frameTooLarge:
             // The client ended it or misbehaved: not a lost network. (`ServerConnection.close` ends
@@ -299,7 +266,7 @@ extension MessageServer {
     /// Ends a connection's session (reporting what was never acknowledged) and the connection.
     func endSession(_ connection: ServerConnection, reason: CloseReason) {
         if let session = connection.session {
-            state.withLock { $0.registry.sessionEnded(session.id, of: connection) }
+            withState { $0.registry.sessionEnded(session.id, of: connection) }
             let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"))
             if !lost.isEmpty {
                 logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
@@ -311,7 +278,7 @@ extension MessageServer {
 
     /// Reports a connection's end exactly once (its channel's close, or `stop()`).
     private func connectionClosed(_ connection: ServerConnection, reason: CloseReason) {
-        let first = state.withLock { state -> Bool in
+        let first = withState { state -> Bool in
             defer { paced(connections: state.registry.count) }
             return state.registry.closed(connection.id)
         }

@@ -23,22 +23,8 @@ import Transport
 ///
 /// Also a swift-service-lifecycle `Service`: `run()` starts it and stops it gracefully on shutdown.
 public final class MessageServer: Service, Sendable {
-    struct State {
-        /// Where the server is in its life, and what exists in each phase (its listener, its
-        /// publication, its one root task).
-        var lifecycle = ServerLifecycle<Listener, any ServicePublication, ServerWork>()
-        /// Its connections: places held in handshakes, open ones, sessions, ends to report.
-        var registry = ServerRegistry<ServerConnection, Fingerprint>()
-        /// Which connections may start their handshake (``ServerConfiguration/maxPendingHandshakes``
-        /// and the rates).
-        var admission: HandshakeAdmission
-        /// This second (uptime) and the refused events reported in it.
-        var refusedEvents = PerSecondCount()
-        /// Refused connections since the start (tests).
-        var refusals = 0
-
-        init(admission: HandshakeAdmission) { self.admission = admission }
-    }
+    /// The server's state (see ``ServerState``), held under ``state``'s lock.
+    typealias State = ServerState<Listener, any ServicePublication, ServerWork, ServerConnection, Fingerprint>
 
     /// The configuration the server was created with.
     public let configuration: ServerConfiguration
@@ -48,7 +34,8 @@ public final class MessageServer: Service, Sendable {
     let refusals: RefusalLog
     /// Writes the REFUSE `busy` of connections over an admission bound.
     let refuser: Refuser
-    let state: Locked<State>
+    /// Touched only through ``withState(_:)``.
+    private let state: Locked<State>
     let queue: BoundedQueue<ServerEvent>
     /// Events waiting for the app (tests).
     var bufferedEvents: Int { queue.count }
@@ -94,17 +81,23 @@ public final class MessageServer: Service, Sendable {
         acceptedChannel = channel
     }
 
-    var listener: Listener? { state.withLock { $0.lifecycle.listener } }
+    /// Runs `body` on the server's state under its lock: the one place the state is touched (each
+    /// input is one call; the I/O it decides happens after, outside the lock).
+    func withState<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+        try state.withLock(body)
+    }
+
+    var listener: Listener? { withState { $0.lifecycle.listener } }
 
     /// The listening port (nil before `start()` and after `stop()`).
     public var port: UInt16? { listener?.port }
     /// The addresses the listener is bound to.
     public var boundAddresses: [SocketAddress] { listener?.boundAddresses ?? [] }
     /// The current published name (nil when not published).
-    public var publishedName: String? { state.withLock { $0.lifecycle.publication?.name } }
+    public var publishedName: String? { withState { $0.lifecycle.publication?.name } }
     /// The open connections (hello completed), oldest first.
     public var connections: [ServerConnection] {
-        state.withLock { $0.registry.all }
+        withState { $0.registry.all }
     }
 
     /// Listens (IPv4 + IPv6 on one port) and publishes the service with `proto=<version>` in its TXT
@@ -112,11 +105,11 @@ public final class MessageServer: Service, Sendable {
     /// - Throws: ``MessagingError`` `.alreadyStarted`, `.listenFailed`, `.publishFailed`, or
     ///   `.stopped` when ``stop()`` was called while starting (nothing is left running then).
     public func start() async throws(MessagingError) {
-        guard state.withLock({ $0.lifecycle.startRequested() }) else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
+        guard withState({ $0.lifecycle.startRequested() }) else { throw MessagingError(.alreadyStarted, "the server was already started; create a new one") }
         // Every way out before the server runs passes here: it is stopped then (unless a stop()
         // came in meanwhile and took over).
         var running = false
-        defer { if !running { state.withLock { $0.lifecycle.startFailed() } } }
+        defer { if !running { withState { $0.lifecycle.startFailed() } } }
         // The identity first: a server that cannot prove its key must not publish a service every
         // handshake with would fail.
         do {
@@ -132,7 +125,7 @@ public final class MessageServer: Service, Sendable {
         } catch {
             throw MessagingError(.listenFailed, "cannot listen: \(error.message)", underlying: error)
         }
-        guard state.withLock({ $0.lifecycle.listening(listener) }) else {
+        guard withState({ $0.lifecycle.listening(listener) }) else {
             listener.stop()
             throw Self.stoppedWhileStarting
         }
@@ -149,7 +142,7 @@ public final class MessageServer: Service, Sendable {
         }
         // Re-check after the await: a stop() meanwhile must not leave a live publication behind.
         let work = ServerWork()
-        guard state.withLock({ $0.lifecycle.started(listener, publication, work) }) else {
+        guard withState({ $0.lifecycle.started(listener, publication, work) }) else {
             work.finish()
             await publication?.unpublish()
             listener.stop()
@@ -182,7 +175,7 @@ public final class MessageServer: Service, Sendable {
     /// Replaces the published TXT record (the server keeps `proto`).
     /// - Throws: ``MessagingError`` `.notStarted`, or `.publishFailed` wrapping the discovery error.
     public func updateTXT(_ txt: TXTRecord) async throws(MessagingError) {
-        guard let publication = state.withLock({ $0.lifecycle.publication }) else {
+        guard let publication = withState({ $0.lifecycle.publication }) else {
             throw MessagingError(.notStarted, "the server is not published; start it with a ServiceDiscovery first")
         }
         let record = configuration.channel.security.stampTXT(txt)
@@ -240,7 +233,7 @@ extension MessageServer {
     /// messages) within the grace period, aborts what is left, reports every connection's `.closed`,
     /// and ends ``events``. Idempotent; a `stop()` during ``start()`` makes `start()` undo what it did.
     public func stop() async {
-        let (action, connections) = state.withLock { state in
+        let (action, connections) = withState { state in
             let action = state.lifecycle.stopRequested()
             if case .stop = action { return (action, state.registry.all) }
             return (action, [])
@@ -285,7 +278,7 @@ extension MessageServer {
         for (connection, reason) in zip(connections, reasons) {
             endSession(connection, reason: reason ?? .localClose)
         }
-        state.withLock { $0.lifecycle.stopped() }
+        withState { $0.lifecycle.stopped() }
         queue.finish()
         refusals.flush()
         logger.info("server stopped")

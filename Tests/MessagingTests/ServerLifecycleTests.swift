@@ -104,7 +104,7 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
     @Test func stopEndsTheServersBackgroundWork() async throws {
         let publisher = GatedPublisher()
         let server = try await publisher.startedServer(name: "Work")
-        let work = try #require(server.state.withLock { $0.lifecycle.running?.work })
+        let work = try #require(server.withState { $0.lifecycle.running?.work })
 
         // The forwarding job: a publication event reaches the server's events.
         let publication = try #require(publisher.published.withLock { $0 })
@@ -121,9 +121,9 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
         // without a word; its job ends with the failed handshake.
         let port = try #require(server.port)
         let fd = try TCPProbe.open(port: port)
-        try await waitUntil("the connection's handshake job started") { server.state.withLock { $0.registry.pending } == 1 }
+        try await waitUntil("the connection's handshake job started") { server.withState { $0.registry.pending } == 1 }
         close(fd)
-        try await waitUntil("the handshake job ended") { server.state.withLock { $0.registry.pending } == 0 }
+        try await waitUntil("the handshake job ended") { server.withState { $0.registry.pending } == 0 }
 
         await server.stop()
         #expect(!work.run {}, "the stopped server's work takes no more jobs")
