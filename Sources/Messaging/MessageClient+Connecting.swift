@@ -100,7 +100,7 @@ extension MessageClient {
     func startConnecting() {
         guard lifecycle({ $0.startLoop() }) else { return }
         let task = Task { await self.connectLoop() }
-        let started = state.withLock { state -> Bool in
+        let started = withState { state -> Bool in
             guard !state.lifecycle.isClosed else { return false }
             state.connecting = task
             return true

@@ -50,7 +50,8 @@ public final class MessageClient: Sendable {
     /// The configuration it was created with.
     public let configuration: ClientConfiguration
     let logger: Logger
-    let state: Locked<State>
+    /// Touched only through ``withState(_:)``.
+    private let state: Locked<State>
     /// A server without message sessions was met: sends go straight to the connection from now on.
     /// A flag every send reads, set once: no lock.
     let serverLacksSessions = Atomic(false)
@@ -104,7 +105,7 @@ public final class MessageClient: Sendable {
     }
 
     /// The current channel (nil while disconnected).
-    public var channel: MessageChannel? { state.withLock { $0.lifecycle.channel } }
+    public var channel: MessageChannel? { lifecycle { $0.channel } }
     /// The server's hello, when connected.
     public var peer: PeerInfo? { channel?.peer }
     /// Unsolicited messages dropped because nothing read ``events`` while they arrived.
@@ -158,17 +159,17 @@ public final class MessageClient: Sendable {
 
     /// Whether the current connection resumed the message session of an earlier one (set before
     /// ``ClientEvent/connected(_:via:)`` is reported).
-    public var resumedSession: Bool { state.withLock { $0.lifecycle.resumed } }
+    public var resumedSession: Bool { lifecycle { $0.resumed } }
 
     /// Where the connection stands now, with the reason for the last transition.
-    public var connectionState: ConnectionState { state.withLock { $0.lifecycle.state } }
+    public var connectionState: ConnectionState { lifecycle { $0.state } }
 
     /// Every change of ``connectionState``, starting with the current one (the newest kept for a
     /// slow reader); ends once the client is closed or, without reconnecting, disconnected. Apart
     /// from ``events``: reading one owes nothing to the other. Each access is a new stream.
     public var connectionStates: AsyncStream<ConnectionState> {
         let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self, bufferingPolicy: .bufferingNewest(1))
-        let id = state.withLock { state -> UInt64? in
+        let id = withState { state -> UInt64? in
             continuation.yield(state.lifecycle.state)
             guard !state.lifecycle.state.isFinal else { return nil }
             state.nextWatcher += 1
@@ -182,7 +183,7 @@ public final class MessageClient: Sendable {
         // A reader that goes away (its task cancelled) is forgotten. (Called outside the lock:
         // the client finishes its watchers after releasing it.)
         continuation.onTermination = { [weak self] _ in
-            _ = self?.state.withLock { $0.stateWatchers.removeValue(forKey: id) }
+            _ = self?.withState { $0.stateWatchers.removeValue(forKey: id) }
         }
         return stream
     }
@@ -266,7 +267,7 @@ public final class MessageClient: Sendable {
     }
 
     private func readyChannel(within wait: Duration) async throws -> MessageChannel {
-        switch state.withLock({ $0.lifecycle.ready(waiting: wait) }) {
+        switch lifecycle({ $0.ready(waiting: wait) }) {
         case .channel(let channel): return channel
         case .failure(let error): throw error
         case .wait: break
@@ -282,7 +283,7 @@ public final class MessageClient: Sendable {
         }
         let timer = DispatchWorkItem { [weak self] in
             guard let self else { return }
-            let (waiter, error) = state.withLock { ($0.lifecycle.waiterTimedOut(id), $0.lifecycle.timedOut(wait)) }
+            let (waiter, error) = lifecycle { ($0.waiterTimedOut(id), $0.timedOut(wait)) }
             waiter?.fail(error)
         }
         DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: wait), execute: timer)
