@@ -24,8 +24,9 @@ extension MessageServer {
         let limit = configuration.maxConnections
         let remote = socket.remoteAddress
         let source = HandshakeAdmission.Source(remote)
+        let now = uptimeNanoseconds()  // read before the lock, not inside it
         let admission = withState {
-            $0.admit(source, limit: limit, now: uptimeNanoseconds(), blockBase: configuration.floodBlockDuration.nanoseconds)
+            $0.admit(source, limit: limit, now: now, blockBase: configuration.floodBlockDuration.nanoseconds)
         }
         switch admission {
         case .full:
