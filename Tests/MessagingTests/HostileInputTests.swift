@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 import Locks
+import Synchronization
 @testable import Messaging
 import ProtocolCore
 @testable import Transport
@@ -48,6 +49,10 @@ func loopbackSocket(port: UInt16, from source: String? = nil, nonblocking: Bool 
 final class HostilePeer: @unchecked Sendable {
     let fd: Int32
     private var sequence: UInt64 = 0
+    /// Set by the first close (``reset()`` or deinit). Closing a descriptor twice closes whatever
+    /// reused its number meanwhile: a reset peer's deinit closed a live socket of the process (2 of
+    /// 12 loaded runs of AdmissionTests), and a later test's client failed with EBADF.
+    private let closed = Atomic(false)
 
     init(port: UInt16) throws {
         fd = loopbackSocket(port: port)
@@ -102,10 +107,14 @@ final class HostilePeer: @unchecked Sendable {
     func reset() {
         var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
-        close(fd)
+        closeOnce()
     }
 
-    deinit { close(fd) }
+    private func closeOnce() {
+        if !closed.exchange(true, ordering: .relaxed) { close(fd) }
+    }
+
+    deinit { closeOnce() }
 }
 
 /// Every hostile peer is dropped (or its message rejected) while a well-behaved client keeps being
