@@ -137,9 +137,12 @@ final class MessageSession: Sendable {
             waiters = []
         }
 
-        /// Resumes the drain waiters when nothing is kept or the connection is gone.
+        /// Whether a drain wait is over: nothing is kept, or the connection or the session is gone.
+        var drainIsDue: Bool { outbox.count == 0 || channel == nil || ended != nil }
+
+        /// Resumes the drain waiters when their wait is over (``drainIsDue``).
         mutating func wakeDrainsIfDue(_ wakes: inout Wakes) {
-            guard outbox.count == 0 || channel == nil || ended != nil else { return }
+            guard drainIsDue else { return }
             wakes.drains += drainWaiters
             drainWaiters = []
         }
@@ -205,7 +208,7 @@ final class MessageSession: Sendable {
     }
 
     /// Sends `frame` on `channel` (under the session lock, so the wire order is the numbering order).
-    private static func transmit(_ frame: Frame, on channel: MessageChannel?) -> Bool {
+    fileprivate static func transmit(_ frame: Frame, on channel: MessageChannel?) -> Bool {
         guard let channel else { return false }
         do {
             return try channel.driver.sendNow(frame, bypassLimit: true) != nil
@@ -221,11 +224,13 @@ final class MessageSession: Sendable {
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: Sender) in
                 apply { state, wakes in
-                    if let ended = state.ended { return wakes.senders.append((continuation, ended)) }
-                    if Task.isCancelled { return wakes.senders.append((continuation, CancellationError())) }
+                    let error: (any Error)? = state.ended ?? (Task.isCancelled ? CancellationError() : nil)
                     // Room made between the caller's check and now: no acknowledgement would wake us.
-                    if state.outbox.hasRoom(for: size) { return wakes.senders.append((continuation, nil)) }
-                    state.waiters.append((id, continuation))
+                    if error != nil || state.outbox.hasRoom(for: size) {
+                        wakes.senders.append((continuation, error))
+                    } else {
+                        state.waiters.append((id, continuation))
+                    }
                 }
             }
         } onCancel: {
@@ -303,31 +308,8 @@ final class MessageSession: Sendable {
         // (no ACK would wake them when everything was acknowledged this way).
         return apply { state, wakes in
             defer { state.wakeSenders(&wakes) }
-            return Self.clientOpen(reply, on: channel, &state, logger: logger)
+            return state.clientOpen(reply, on: channel, logger: logger)
         }
-    }
-
-    private static func clientOpen(
-        _ reply: SessionHello, on channel: MessageChannel, _ state: inout State, logger: Logger
-    ) -> Result<Opened, TransportError> {
-        let opened: Opened
-        if reply.resumed == true, state.everConnected, let resend = state.outbox.resume(peerReceived: reply.received) {
-            for entry in resend { _ = Self.transmit(entry.item, on: channel) }
-            state.resumes += 1
-            opened = .resumed(resent: resend.count)
-        } else {
-            if reply.resumed == true && state.everConnected {
-                logger.warning("the server's session state does not match this side's; starting a new session")
-            }
-            let (lost, kept) = state.outbox.restart()
-            state.inbox.reset()
-            for entry in kept { _ = Self.transmit(entry.item, on: channel) }
-            opened = .new(undelivered: lost.map(Self.undelivered))
-        }
-        if state.everConnected { state.reconnects += 1 }
-        state.everConnected = true
-        state.channel = channel
-        return .success(opened)
     }
 
     /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
@@ -335,33 +317,8 @@ final class MessageSession: Sendable {
     func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Int, TransportError> {
         apply { state, wakes in
             defer { state.wakeSenders(&wakes) }
-            return Self.serverOpen(hello, isNew: isNew, on: channel, id: id, &state)
+            return state.serverOpen(hello, isNew: isNew, on: channel, id: id)
         }
-    }
-
-    private static func serverOpen(
-        _ hello: SessionHello, isNew: Bool, on channel: MessageChannel, id: String, _ state: inout State
-    ) -> Result<Int, TransportError> {
-        var resent: [SessionOutbox<Frame>.Entry] = []
-        if !isNew {
-            guard let entries = state.outbox.resume(peerReceived: hello.received) else {
-                return .failure(
-                    TransportError(
-                        .protocolViolation,
-                        "the client says it received \(hello.received) session messages; "
-                            + "\(state.outbox.acknowledged)…\(state.outbox.nextNumber - 1) is possible"))
-            }
-            resent = entries
-            state.reconnects += 1
-            state.resumes += 1
-        }
-        state.inbox.reconnected()
-        let answer = SessionHello(id: id, received: state.inbox.received, resumed: !isNew)
-        _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
-        for entry in resent { _ = Self.transmit(entry.item, on: channel) }
-        state.everConnected = true
-        state.channel = channel
-        return .success(resent.count)
     }
 
     /// Ends the session: sends fail from now on; returns the messages never acknowledged.
@@ -382,7 +339,7 @@ final class MessageSession: Sendable {
     func drained(within timeout: Duration) async -> Bool {
         let waiter = DrainWaiter()
         let (now, drained) = apply { state, _ -> (Bool, Bool) in
-            if state.outbox.count == 0 || state.channel == nil || state.ended != nil { return (true, state.outbox.count == 0) }
+            if state.drainIsDue { return (true, state.outbox.count == 0) }
             state.drainWaiters.append(waiter)
             return (false, false)
         }
@@ -392,9 +349,59 @@ final class MessageSession: Sendable {
         return unacknowledgedCount == 0
     }
 
-    private static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage {
+    fileprivate static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage {
         UndeliveredMessage(
             number: entry.number, typeID: entry.item.typeID, codecID: entry.item.codecID, payload: entry.item.payload,
             wasTransmitted: entry.transmitted)
+    }
+}
+
+extension MessageSession.State {
+    /// Client: attaches to `channel` on the server's SESSION answer, resuming (resending what the
+    /// server lacks) or starting anew (what was sent before is undelivered, what was not goes now).
+    mutating func clientOpen(_ reply: SessionHello, on channel: MessageChannel, logger: Logger) -> Result<MessageSession.Opened, TransportError> {
+        let opened: MessageSession.Opened
+        if reply.resumed == true, everConnected, let resend = outbox.resume(peerReceived: reply.received) {
+            for entry in resend { _ = MessageSession.transmit(entry.item, on: channel) }
+            resumes += 1
+            opened = .resumed(resent: resend.count)
+        } else {
+            if reply.resumed == true && everConnected {
+                logger.warning("the server's session state does not match this side's; starting a new session")
+            }
+            let (lost, kept) = outbox.restart()
+            inbox.reset()
+            for entry in kept { _ = MessageSession.transmit(entry.item, on: channel) }
+            opened = .new(undelivered: lost.map(MessageSession.undelivered))
+        }
+        if everConnected { reconnects += 1 }
+        everConnected = true
+        self.channel = channel
+        return .success(opened)
+    }
+
+    /// Server: attaches to `channel` on the client's SESSION, answers it and resends what the
+    /// client lacks (nothing for a new session). Returns how many messages went again.
+    mutating func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel, id: String) -> Result<Int, TransportError> {
+        var resent: [SessionOutbox<Frame>.Entry] = []
+        if !isNew {
+            guard let entries = outbox.resume(peerReceived: hello.received) else {
+                return .failure(
+                    TransportError(
+                        .protocolViolation,
+                        "the client says it received \(hello.received) session messages; "
+                            + "\(outbox.acknowledged)…\(outbox.nextNumber - 1) is possible"))
+            }
+            resent = entries
+            reconnects += 1
+            resumes += 1
+        }
+        inbox.reconnected()
+        let answer = SessionHello(id: id, received: inbox.received, resumed: !isNew)
+        _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
+        for entry in resent { _ = MessageSession.transmit(entry.item, on: channel) }
+        everConnected = true
+        self.channel = channel
+        return .success(resent.count)
     }
 }

@@ -13,13 +13,19 @@ import Transport
     static let source = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.1", port: 1)!)
     static let other = HandshakeAdmission.Source(SocketAddress(numeric: "192.0.2.2", port: 1)!)
 
-    func running(inFlight: Int = 100, perSource: Int = 100, blockAfter: Int? = nil) -> State {
-        var state = State(
+    /// A server's state before `start()`.
+    func idle(inFlight: Int = 100, perSource: Int = 100, blockAfter: Int? = nil) -> State {
+        State(
             admission: HandshakeAdmission(
                 limits: .init(
                     inFlight: inFlight, inFlightPerSource: perSource, perSecond: nil, perSecondPerSource: nil,
                     blockAfterRefusals: blockAfter),
                 now: 0))
+    }
+
+    /// A running server's state.
+    func running(inFlight: Int = 100, perSource: Int = 100, blockAfter: Int? = nil) -> State {
+        var state = idle(inFlight: inFlight, perSource: perSource, blockAfter: blockAfter)
         _ = state.lifecycle.startRequested()
         _ = state.lifecycle.listening("listener")
         _ = state.lifecycle.started("listener", nil, "work")
@@ -32,7 +38,7 @@ import Transport
     }
 
     @Test func nothingIsAdmittedUnlessRunning() {
-        var state = State(admission: HandshakeAdmission(limits: .init(inFlight: 9, inFlightPerSource: 9, perSecond: nil, perSecondPerSource: nil), now: 0))
+        var state = idle()
         guard case .full = state.admit(Self.source, limit: 10, now: 0, blockBase: 1) else {
             Issue.record("admitted before start")
             return
