@@ -89,14 +89,14 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     /// What ``push(_:from:evictingOldestWhere:)`` did.
-    enum Pushed: Equatable {
+    enum Pushed {
         /// Added; the producer goes on.
         case added
         /// Added, and the queue holds its limit: the producer stops until resumed (as with
         /// ``push(_:from:)``); `taken` is what consumers had taken by then.
         case stop(taken: UInt64)
-        /// Added after removing the oldest evictable element (the `evicted`-th so far).
-        case evicted(Int)
+        /// Added after removing the oldest evictable element (the `evicted`-th so far), returned.
+        case evicted(Int, Element)
     }
 
     /// Adds an element of a producer that can stop, for consumers that may stop reading: while the
@@ -154,9 +154,9 @@ final class BoundedQueue<Element: Sendable>: Sendable {
             case .evict:
                 var pushed = Pushed.added
                 if state.count >= limit, let index = state.items[state.head...].firstIndex(where: evictable) {
-                    state.items.remove(at: index)
+                    let removed = state.items.remove(at: index)
                     state.evicted += 1
-                    pushed = .evicted(state.evicted)
+                    pushed = .evicted(state.evicted, removed)
                 }
                 state.items.append(element)
                 return (.pushed(pushed), nil)
@@ -318,3 +318,5 @@ protocol QueueProducer: AnyObject, Sendable {
     /// The queue has room again (drained to half its limit, or finished): produce again.
     func resumeProducing()
 }
+
+extension BoundedQueue.Pushed: Equatable where Element: Equatable {}

@@ -7,8 +7,8 @@ import ProtocolCore
 /// One machine decides, for each frame:
 /// - whether its kind is legal now (the hello's kinds never are; before a client's SESSION only
 ///   PING, PONG and GOODBYE are, through the ``SessionGate``);
-/// - for a message: whether it is a session message (the session decides whether to deliver it,
-///   then the acknowledgement deadline is armed once), a reply to a waiting request (request
+/// - for a message: whether it is a session message (the session decides whether to deliver it
+///   and, once the app handled it, when to acknowledge it), a reply to a waiting request (request
 ///   correlation, ``RequestTracker``), a late reply to one that timed out (dropped), or unsolicited;
 /// - for a SESSION, ACK or GOODBYE frame: whether its payload is well formed and expected;
 /// - for a transfer's frames: which stream, how far, and whether it completed (``TransferReceiver``).
@@ -64,7 +64,8 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
         /// A reply to a request that timed out or was cancelled: drop it.
         case lateReply(UInt64)
         /// A message of the session on this connection: ask the session whether to deliver it (a
-        /// replaced connection's is resent on the new one), then ``sessionMessageAccepted(ackNow:)``.
+        /// replaced connection's is resent on the new one; a duplicate is dropped) and when to
+        /// acknowledge it.
         case sessionMessage
         /// Answer the PING with a PONG.
         case ping
@@ -149,15 +150,6 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
         case .violation(let text): return .violation(text)
         }
     }
-
-    /// The session took its message (`ackNow`: it wants it acknowledged at once): send the ACK now,
-    /// arm the acknowledgement deadline, or nothing (armed already).
-    mutating func sessionMessageAccepted(ackNow: Bool) -> Gate.AckStep {
-        link?.gate.sessionMessageReceived(ackNow: ackNow) ?? .nothing
-    }
-
-    /// The acknowledgement deadline passed: the next session message arms it again.
-    mutating func ackDeadlinePassed() { link?.gate.ackDeadlinePassed() }
 
     /// The sink for the transfer ``Received/startTransfer(_:)`` announced: its chunks go to it.
     mutating func transferStarted(_ frame: Frame, header: TransferHeader, sink: Sink) {

@@ -118,9 +118,17 @@ public struct ClientEvents: AsyncSequence, Sendable {
     public typealias Element = ClientEvent
     let queue: BoundedQueue<ClientEvent>
 
+    /// Asking it for the next event (or leaving the loop) counts as having handled the message of
+    /// the ``ClientEvent/received(_:)`` before (``SessionAcknowledgement/automatic``).
     public struct AsyncIterator: AsyncIteratorProtocol {
         let queue: BoundedQueue<ClientEvent>
-        public mutating func next() async -> ClientEvent? { try? await queue.next() }
+        let handling = HandledOnNext()
+        public mutating func next() async -> ClientEvent? {
+            handling.done()
+            let event = try? await queue.next()
+            if case .received(let message)? = event { handling.handling(message) }
+            return event
+        }
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }

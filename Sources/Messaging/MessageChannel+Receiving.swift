@@ -21,14 +21,11 @@ extension MessageChannel: ConnectionHandler {
             logger.notice("dropping late reply '\(frame.typeID)' to request #\(replyTo), which timed out")
         case .sessionMessage:
             guard let session = sessionLink?.session else { return deliverMessage(frame) }
-            let (deliver, ackNow) = session.received(on: self)
-            guard deliver else { return }  // this connection was replaced: the new one resends it
-            switch machine.sessionMessageAccepted(ackNow: ackNow) {
-            case .sendNow: sendAck()
-            case .armDeadline: driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
-            case .nothing: break
-            }
-            deliverMessage(frame)
+            // Not delivered: this connection was replaced (the new one resends it), or the app has
+            // it already (resent after a reconnect before the app handled it).
+            guard case .deliver(let token, let step) = session.received(on: self) else { return }
+            performAck(step)
+            deliverMessage(frame, session: token)
         case .ping:
             let pace = configuration.heartbeatPacer?.pace ?? 0
             driver.enqueue(Frame.pong(reference: frame.sequence, pace: pace), bypassLimit: true) { _ in }
@@ -82,7 +79,7 @@ extension MessageChannel: ConnectionHandler {
         case .heartbeat: heartbeatTick()
         case .request: requestsTimedOut()
         case .ack:
-            machine.ackDeadlinePassed()
+            sessionLink?.session?.ackDeadlinePassed(on: self)
             sendAck()
         case .handshake, .idleCheck, .linger: break
         }
@@ -124,8 +121,8 @@ extension MessageChannel: ConnectionHandler {
     }
 
     /// A message for the app: to its handler, else the route or ``messages``.
-    private func deliverMessage(_ frame: Frame) {
-        let message = IncomingMessage(frame: frame, codecs: configuration.codecs)
+    private func deliverMessage(_ frame: Frame, session: SessionMessageToken? = nil) {
+        let message = IncomingMessage(frame: frame, codecs: configuration.codecs, session: session)
         mergeInstalls()
         if let handler = handlers[frame.typeID] {
             handler(message)

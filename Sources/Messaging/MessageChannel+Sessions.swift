@@ -9,8 +9,26 @@ import Transport
 extension MessageChannel {
     // MARK: Sessions (on the loop)
 
-    /// Acknowledges the session messages received since the last ACK (an armed acknowledgement
-    /// deadline stays armed; see ``SessionGate/sessionMessageReceived(ackNow:)``).
+    /// Does what the session asked for the acknowledgement of handled messages, on the loop (from
+    /// elsewhere: hops there).
+    func performAck(_ step: SessionInbox.AckStep) {
+        guard driver.loop.isCurrent else {
+            if step != .nothing { queue.async { self.performAck(step) } }
+            return
+        }
+        switch step {
+        case .sendNow: sendAck()
+        case .armDeadline:
+            guard let session = sessionLink?.session else { return }
+            driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
+        case .nothing: break
+        }
+    }
+
+    /// Acknowledges the session messages handled since the last ACK. An armed acknowledgement
+    /// deadline stays armed (``SessionInbox/ackStep()``): it passes within the ack delay and
+    /// acknowledges what was handled since, or finds nothing to do; clearing it with every ACK and
+    /// arming it again made and cancelled a timer every 32 messages of a stream.
     func sendAck() {
         assertOnLoop()
         guard let session = sessionLink?.session else { return }

@@ -224,7 +224,8 @@ public final class MessageChannel: @unchecked Sendable {
     /// The handler runs on the channel's loop, which is shared with other connections (one loop
     /// per core, like event loops), so a slow handler also delays them: keep it short and start a
     /// task for slow work. It may call ``trySend(_:type:replyTo:)`` on any channel. A payload that
-    /// does not decode as `T` is logged and delivered to ``messages`` with its raw bytes.
+    /// does not decode as `T` is logged and delivered to ``messages`` with its raw bytes. A session
+    /// message counts as handled when the handler returns (``SessionAcknowledgement/automatic``).
     ///
     /// Installed before it returns (from any context, without waiting for the loop): a message that
     /// arrives afterwards reaches the handler. Installing a handler for a type again replaces it.
@@ -235,6 +236,7 @@ public final class MessageChannel: @unchecked Sendable {
         let dispatch: (IncomingMessage) -> Void = { [weak self] message in
             do throws(TransportError) {
                 handler(try message.decode(T.self), message)
+                message.handledAutomatically()
             } catch {
                 logger.warning("undecodable '\(type)' message from peer: \(error.message)")
                 self?.deliverUnhandled(message)

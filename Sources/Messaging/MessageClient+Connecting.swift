@@ -66,7 +66,11 @@ extension MessageClient {
         case .stop(let taken):
             watchForStall(channel, taken: taken)
             return false
-        case .evicted(let dropped):
+        case .evicted(let dropped, let event):
+            // Nobody reads the events: a dropped session message counts as handled (acknowledged,
+            // as in 1.0), in any acknowledgement mode — nobody can acknowledge it any more, and the
+            // session would wait for it forever. (Counted in `droppedMessages`.)
+            if case .received(let evicted) = event { evicted.acknowledge() }
             if dropped & (dropped - 1) == 0 {  // 1, 2, 4, 8, …: say so without flooding the log
                 logger.notice(
                     "nothing reads client.events: dropped \(dropped) unsolicited messages so far (the oldest first; the newest \(queue.limit) events are kept); replies to requests are not affected")

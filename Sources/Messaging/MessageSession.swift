@@ -43,11 +43,76 @@ public struct SessionConfiguration: Sendable {
     public var maxUnacknowledgedBytes = 8 << 20
     /// Server: how long a session whose connection was lost is kept for the client to resume it.
     public var gracePeriod: Duration = .seconds(60)
-    /// How long after a message arrives the receiver acknowledges it at the latest (it also
-    /// acknowledges every 32 messages at once).
+    /// How long after a message is handled the receiver acknowledges it at the latest (it also
+    /// acknowledges every 32 handled messages at once).
     public var ackDelay: Duration = .milliseconds(20)
+    /// When a received session message counts as handled, and so may be acknowledged to its
+    /// sender (who then forgets it): ``SessionAcknowledgement/automatic`` by default — when the
+    /// loop iteration over the events, or the handler, that got it is done.
+    public var acknowledgement: SessionAcknowledgement = .automatic
 
     public init() {}
+}
+
+/// When the receiver of a session message tells its sender that the message is handled (the
+/// sender then forgets it). Until then the sender keeps it, and resends it after a reconnect.
+///
+/// Only what the app has handled is acknowledged, so a message that sat in the events queue when
+/// the process died was never acknowledged: the sender still has it. Whether it then reaches the
+/// app again depends on the side that died keeping its session (``SessionStore``); see
+/// <doc:MessageSessions>.
+public struct SessionAcknowledgement: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: Sendable, Hashable { case automatic, manual, onArrival }
+    private let kind: Kind
+
+    /// A message is handled when the code that got it is done with it: the next call of the events
+    /// iterator's `next()` (the `for await` loop's next iteration) — or the end of that loop —
+    /// after ``ServerEvent/received(_:_:)`` or ``ClientEvent/received(_:)``; the return of an
+    /// ``MessageChannel/on(type:as:_:)`` handler. ``IncomingMessage/acknowledge()`` says so earlier.
+    public static let automatic = SessionAcknowledgement(kind: .automatic)
+    /// Only ``IncomingMessage/acknowledge()`` says a message is handled (in any order; what is
+    /// acknowledged is everything up to the first one not yet acknowledged). For an app that
+    /// hands messages on to other tasks, or stores their effect before it acknowledges.
+    public static let manual = SessionAcknowledgement(kind: .manual)
+    /// A message counts as handled when it arrives in the library, before the app has seen it (the
+    /// behaviour of 1.0): a message still queued for the app when the process dies is lost.
+    public static let onArrival = SessionAcknowledgement(kind: .onArrival)
+
+    public var description: String { "\(kind)" }
+}
+
+/// Where a received session message stands in its session: store it with the message's effect,
+/// and skip a message whose position you already have, to see each message exactly once across
+/// crashes (<doc:MessageSessions>, "Exactly once").
+public struct SessionPosition: Sendable, Hashable, Codable, CustomStringConvertible {
+    /// The session, as this side knows it: 32 hex digits, random, never used for another session.
+    /// It stays the same across reconnects (and across restarts with a ``SessionStore``); when a
+    /// session starts over (the peer did not know it any more), a new one begins.
+    public let session: String
+    /// The message's number in the session: 1, 2, 3, … in order, without gaps.
+    public let number: UInt64
+
+    public init(session: String, number: UInt64) {
+        self.session = session
+        self.number = number
+    }
+
+    public var description: String { "\(session.prefix(8))…#\(number)" }
+}
+
+/// What a delivered session message carries to acknowledge it (``IncomingMessage/acknowledge()``).
+struct SessionMessageToken: Sendable {
+    let session: MessageSession
+    let epoch: UInt64
+    let position: SessionPosition
+
+    /// The app handled the message (`automatic`: its loop iteration or handler is done, which
+    /// counts only with ``SessionAcknowledgement/automatic``).
+    func handled(automatic: Bool) {
+        if automatic && session.configuration.acknowledgement != .automatic { return }
+        guard let (channel, step) = session.handled(position.number, epoch: epoch) else { return }
+        channel.performAck(step)
+    }
 }
 
 /// Connection health, from the heartbeat: round-trip time, when the peer was last heard from, and
@@ -114,7 +179,7 @@ final class MessageSession: Sendable {
     /// The session's machine: what it keeps and counts, and how each input changes it.
     struct State: Sendable {
         var outbox: SessionOutbox<Frame>
-        var inbox = SessionInbox()
+        var inbox: SessionInbox
         /// The connection the session runs on now (after its SESSION exchange).
         var channel: MessageChannel?
         /// A server's session: the channel its ``ServerConnection`` serves now (kept after the
@@ -130,6 +195,27 @@ final class MessageSession: Sendable {
         var ended: MessagingError?
         var reconnects = 0
         var resumes = 0
+        /// Counts the times the session started anew on this side (its numbers start over): a
+        /// token of an older epoch acknowledges nothing.
+        var epoch: UInt64 = 0
+        /// ``SessionPosition/session`` of the messages received in this epoch: random, never reused.
+        var positionID = MessageSession.makeID()
+
+        /// The session starts anew (the peer did not know it): numbers start over, under a new
+        /// position id.
+        mutating func startEpoch() {
+            inbox.reset()
+            epoch += 1
+            positionID = MessageSession.makeID()
+        }
+
+        /// The app handled message `number`: what to do for the acknowledgement, or nil when the
+        /// handled count did not advance.
+        mutating func handle(_ number: UInt64) -> SessionInbox.AckStep? {
+            guard inbox.handle(number) else { return nil }
+            inbox.store(through: inbox.handled)
+            return channel == nil ? SessionInbox.AckStep.nothing : inbox.ackStep()
+        }
 
         /// Wakes the waiting senders (they re-check for room, oldest first).
         mutating func wakeSenders(_ wakes: inout Wakes, with error: (any Error)? = nil) {
@@ -158,7 +244,8 @@ final class MessageSession: Sendable {
         self.logger = logger
         var state = State(
             outbox: SessionOutbox(
-                maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes))
+                maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes),
+            inbox: SessionInbox())
         state.serving = serving
         self.state = Locked(state)
     }
@@ -243,18 +330,47 @@ final class MessageSession: Sendable {
 
     // MARK: On the channel's loop
 
-    /// A one-way message arrived on `channel`. Returns whether to deliver it (false: the channel was
-    /// replaced, the new one resends it) and whether to acknowledge at once.
-    func received(on channel: MessageChannel) -> (deliver: Bool, ackNow: Bool) {
+    /// What became of a session message that arrived.
+    enum Arrival {
+        /// Not for the app: the channel was replaced (the new one resends it), or it is a
+        /// duplicate of one delivered before and not yet handled (resent after a reconnect).
+        case ignore
+        /// Deliver it with this token; `step` is what the channel does for the acknowledgement
+        /// now (``SessionAcknowledgement/onArrival`` only; otherwise the app's handling decides).
+        case deliver(SessionMessageToken, SessionInbox.AckStep)
+    }
+
+    /// A one-way message arrived on `channel`: number it, and with
+    /// ``SessionAcknowledgement/onArrival`` take it as handled at once.
+    func received(on channel: MessageChannel) -> Arrival {
         apply { state, _ in
-            guard state.channel === channel else { return (false, false) }
-            return (true, state.inbox.receive())
+            guard state.channel === channel, let number = state.inbox.receive() else { return .ignore }
+            let token = SessionMessageToken(
+                session: self, epoch: state.epoch, position: SessionPosition(session: state.positionID, number: number))
+            guard configuration.acknowledgement == .onArrival else { return .deliver(token, .nothing) }
+            return .deliver(token, state.handle(number) ?? .nothing)
+        }
+    }
+
+    /// The app handled message `number` of epoch `epoch` (an older epoch's: nothing). Returns the
+    /// channel and what it does for the acknowledgement, when it does something.
+    func handled(_ number: UInt64, epoch: UInt64) -> (MessageChannel, SessionInbox.AckStep)? {
+        apply { state, _ in
+            // Counted also while disconnected (the next SESSION frame tells it).
+            guard state.epoch == epoch, let step = state.handle(number), step != .nothing, let channel = state.channel
+            else { return nil }
+            return (channel, step)
         }
     }
 
     /// The ACK to send now, if messages wait for one.
     func takeAck(on channel: MessageChannel) -> UInt64? {
         apply { state, _ in state.channel === channel ? state.inbox.takeAck() : nil }
+    }
+
+    /// The acknowledgement deadline of `channel` passed: the next acknowledgement arms it again.
+    func ackDeadlinePassed(on channel: MessageChannel) {
+        apply { state, _ in if state.channel === channel { state.inbox.deadlinePassed() } }
     }
 
     /// The peer acknowledged `count` messages. Returns an error text for a violation.
@@ -284,8 +400,7 @@ final class MessageSession: Sendable {
     /// Client, on the loop: the hello for a new connection (its SESSION frame), before it is sent.
     func clientHello() -> SessionHello {
         apply { state, _ in
-            state.inbox.reconnected()
-            return SessionHello(id: id, received: state.inbox.received)
+            SessionHello(id: id, received: state.inbox.reconnected())
         }
     }
 
@@ -370,7 +485,7 @@ extension MessageSession.State {
                 logger.warning("the server's session state does not match this side's; starting a new session")
             }
             let (lost, kept) = outbox.restart()
-            inbox.reset()
+            startEpoch()
             for entry in kept { _ = MessageSession.transmit(entry.item, on: channel) }
             opened = .new(undelivered: lost.map(MessageSession.undelivered))
         }
@@ -396,8 +511,7 @@ extension MessageSession.State {
             reconnects += 1
             resumes += 1
         }
-        inbox.reconnected()
-        let answer = SessionHello(id: id, received: inbox.received, resumed: !isNew)
+        let answer = SessionHello(id: id, received: inbox.reconnected(), resumed: !isNew)
         _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
         for entry in resent { _ = MessageSession.transmit(entry.item, on: channel) }
         everConnected = true

@@ -21,8 +21,11 @@ public struct IncomingMessage: Sendable {
     /// Whether this is an error reply (``RemoteError``); `request(...)` throws those.
     let isErrorReply: Bool
     let codecs: CodecRegistry
+    /// A session message's way back to its session (nil for any other message).
+    let sessionToken: SessionMessageToken?
 
-    init(frame: Frame, codecs: CodecRegistry) {
+    init(frame: Frame, codecs: CodecRegistry, session: SessionMessageToken? = nil) {
+        sessionToken = session
         typeID = frame.typeID
         sequence = frame.sequence
         replyTo = frame.reference
@@ -32,6 +35,28 @@ public struct IncomingMessage: Sendable {
         isErrorReply = frame.isError
         self.codecs = codecs
     }
+
+    /// Where this message stands in its message session (session and number), when it is a
+    /// session message: a one-way message on a connection with a session. nil otherwise.
+    ///
+    /// Store it with the message's effect, and skip a message whose position you already have:
+    /// each message then takes effect exactly once, also when a crash makes it arrive again.
+    public var sessionPosition: SessionPosition? { sessionToken?.position }
+
+    /// Says that the app has handled this session message: the sender may forget it. (Nothing for
+    /// other messages, or when said before.)
+    ///
+    /// With ``SessionAcknowledgement/automatic`` (the default) the message counts as handled anyway
+    /// when the loop iteration or handler that got it is done; call this to say so sooner. With
+    /// ``SessionAcknowledgement/manual`` only this says so — call it for every session message, in
+    /// any order, from any task: the sender hears of everything up to the first message not
+    /// acknowledged yet. Acknowledgements are sent together (every 32 messages, or
+    /// ``SessionConfiguration/ackDelay`` after the first).
+    public func acknowledge() { sessionToken?.handled(automatic: false) }
+
+    /// The code that got this message is done with it (its loop iteration, its handler): handled,
+    /// with ``SessionAcknowledgement/automatic``.
+    func handledAutomatically() { sessionToken?.handled(automatic: true) }
 
     /// Decodes the payload with the codec named by ``codecID``.
     ///
@@ -68,17 +93,43 @@ public struct IncomingMessages: AsyncSequence, Sendable {
     public typealias Element = IncomingMessage
     let buffer: BoundedQueue<IncomingMessage>
 
-    /// The iterator.
+    /// The iterator. Asking it for the next message (or leaving the loop) counts as having handled
+    /// the one before (``SessionAcknowledgement/automatic``).
     public struct AsyncIterator: AsyncIteratorProtocol {
         let buffer: BoundedQueue<IncomingMessage>
+        let handling = HandledOnNext()
         /// The next message, or nil once the channel is closed (or the task is cancelled).
         public mutating func next() async -> IncomingMessage? {
-            try? await buffer.next()
+            handling.done()
+            let message = try? await buffer.next()
+            handling.handling(message)
+            return message
         }
     }
 
     /// Makes an iterator.
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(buffer: buffer) }
+}
+
+/// The message an events iterator handed out last: handled when the iterator is asked for the next
+/// element, or when it goes away (the loop ended: `break`, `return`, a throw).
+/// (``SessionAcknowledgement/automatic``.) A class for its `deinit`; one per iterator.
+final class HandledOnNext {
+    private var current: IncomingMessage?
+
+    /// The app is handling `message` now (nil: nothing to handle).
+    func handling(_ message: IncomingMessage?) {
+        current = message?.sessionToken == nil ? nil : message
+    }
+
+    /// The app is done with what it was handling.
+    func done() {
+        guard let message = current else { return }
+        current = nil
+        message.handledAutomatically()
+    }
+
+    deinit { current?.handledAutomatically() }
 }
 
 /// Progress of a streamed transfer (bytes done of total), reported on both sides.

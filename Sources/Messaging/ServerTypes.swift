@@ -268,9 +268,17 @@ public struct ServerEvents: AsyncSequence, Sendable {
     public typealias Element = ServerEvent
     let queue: BoundedQueue<ServerEvent>
 
+    /// Asking it for the next event (or leaving the loop) counts as having handled the message of
+    /// the ``ServerEvent/received(_:_:)`` before (``SessionAcknowledgement/automatic``).
     public struct AsyncIterator: AsyncIteratorProtocol {
         let queue: BoundedQueue<ServerEvent>
-        public mutating func next() async -> ServerEvent? { try? await queue.next() }
+        let handling = HandledOnNext()
+        public mutating func next() async -> ServerEvent? {
+            handling.done()
+            let event = try? await queue.next()
+            if case .received(_, let message)? = event { handling.handling(message) }
+            return event
+        }
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }

@@ -6,11 +6,12 @@ import ProtocolCore
 ///   a session sends SESSION first; only PING, PONG and GOODBYE may come before it);
 /// - the SESSION exchange: who waits for which SESSION frame, and what a SESSION frame that
 ///   arrives means (the client's, kept until the server asks for it; the server's answer; one
-///   that nobody expects, a protocol error);
-/// - the acknowledgement deadline of received session messages (armed once, until the ACK goes).
+///   that nobody expects, a protocol error).
+/// (When to acknowledge is the session's own decision, ``SessionInbox``, under the session's lock:
+/// the app says what it handled from any thread.)
 ///
 /// ``ChannelStateMachine`` consults it for every frame and the channel does what it returns:
-/// resumes a waiter, arms the deadline, closes with a protocol error. Generic over the two waiters
+/// resumes a waiter, closes with a protocol error. Generic over the two waiters
 /// so that its tests need neither continuations nor sockets. Not thread-safe: it lives on the
 /// channel's loop.
 struct SessionGate<HelloWaiter, AnswerWaiter> {
@@ -27,8 +28,6 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
     }
 
     private(set) var exchange: Exchange
-    /// An acknowledgement of received session messages is due at a deadline already armed.
-    private(set) var ackArmed = false
 
     /// - Parameter awaitsClientSession: Server side: the client offered a message session and
     ///   this server accepts them, so the client's next frame must be its SESSION.
@@ -146,32 +145,4 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
         case .none, .helloArrived: return (nil, nil)
         }
     }
-
-    // MARK: Acknowledgements
-
-    enum AckStep: Equatable {
-        /// Send the ACK now.
-        case sendNow
-        /// Arm the acknowledgement deadline.
-        case armDeadline
-        /// The deadline is armed already.
-        case nothing
-    }
-
-    /// A session message was received; `ackNow`: the session wants it acknowledged at once
-    /// (enough unacknowledged messages).
-    ///
-    /// An ACK sent by count leaves the deadline armed: it passes within the ack delay and
-    /// acknowledges what arrived since, or finds nothing to do. Clearing it with every ACK and
-    /// arming it with the next message made and cancelled a timer every 32 messages of a stream
-    /// (the driver drops its timer when no deadline is left).
-    mutating func sessionMessageReceived(ackNow: Bool) -> AckStep {
-        if ackNow { return .sendNow }
-        if ackArmed { return .nothing }
-        ackArmed = true
-        return .armDeadline
-    }
-
-    /// The acknowledgement deadline passed (the driver cleared it): the next message arms it again.
-    mutating func ackDeadlinePassed() { ackArmed = false }
 }

@@ -137,42 +137,130 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
     }
 }
 
-/// The receiving half of a session: counts one-way messages and decides when to acknowledge.
+/// The receiving half of a session: counts one-way messages as they arrive, learns which ones the
+/// app has handled, and decides when to acknowledge — only what was handled (and, with a session
+/// store, kept there): an acknowledged message is one the sender may forget.
+///
+/// Three counts, each never above the one before it:
+/// - ``delivered``: the highest number handed to the app (each number once);
+/// - ``handled``: the app handled every message up to it (it may handle out of order; the count
+///   advances over what is contiguous);
+/// - ``stored``: what may be told to the peer — ``handled``, once it is in the session store at the
+///   configured level (at once without a store).
+///
+/// The peer hears ``stored`` in ACK frames and in the SESSION frame of a new connection, so after a
+/// reconnect it resends everything above it: the messages still waiting in this process (delivered,
+/// not handled) come again and are recognised by their number (``receive()`` says "duplicate").
 package struct SessionInbox: Sendable, Equatable {
-    /// Messages received in the session (the number of the last one).
-    package private(set) var received: UInt64 = 0
-    /// The count last acknowledged to the peer.
+    /// Session messages counted on the current connection: the next one is number `counted + 1`.
+    package private(set) var counted: UInt64 = 0
+    /// The highest number handed to the app.
+    package private(set) var delivered: UInt64 = 0
+    /// The app handled every message up to this number.
+    package private(set) var handled: UInt64 = 0
+    /// Handled out of order, above ``handled``.
+    private var handledAhead: Set<UInt64> = []
+    /// What may be acknowledged: handled and kept in the store (``handled`` without one).
+    package private(set) var stored: UInt64 = 0
+    /// The count last told to the peer (ACK or SESSION).
     package private(set) var acknowledged: UInt64 = 0
     /// Acknowledge at once after this many unacknowledged messages.
     package let ackEvery: UInt64
+    /// The acknowledgement deadline is armed on the connection.
+    package private(set) var deadlineArmed = false
+    /// An ACK was asked of the connection at once and has not been taken yet.
+    package private(set) var ackQueued = false
 
     package init(ackEvery: UInt64 = 32) { self.ackEvery = max(1, ackEvery) }
 
-    /// A session message arrived. Returns whether to acknowledge now (else within the ack delay).
-    package mutating func receive() -> Bool {
-        received += 1
-        return received - acknowledged >= ackEvery
+    /// Starts from a session store: everything up to `handled` was handled and stored.
+    package init(restoredThrough handled: UInt64, ackEvery: UInt64 = 32) {
+        self.init(ackEvery: ackEvery)
+        counted = handled
+        delivered = handled
+        self.handled = handled
+        stored = handled
+        acknowledged = handled
     }
 
-    /// Whether received messages wait for an acknowledgement.
-    package var ackPending: Bool { received > acknowledged }
+    /// Messages received in the session so far (the last number counted).
+    package var received: UInt64 { delivered }
+
+    /// A session message arrived: its number, or nil when it is a duplicate of one delivered
+    /// before (resent after a reconnect because it was not handled yet).
+    package mutating func receive() -> UInt64? {
+        counted += 1
+        guard counted > delivered else { return nil }
+        delivered = counted
+        return counted
+    }
+
+    /// The app handled message `number` (again: nothing). Returns whether ``handled`` advanced.
+    package mutating func handle(_ number: UInt64) -> Bool {
+        guard number > handled, number <= delivered else { return false }
+        guard number == handled + 1 else {
+            handledAhead.insert(number)
+            return false
+        }
+        handled = number
+        while handledAhead.remove(handled + 1) != nil { handled += 1 }
+        return true
+    }
+
+    /// Everything handled up to `number` is kept in the store (or no store keeps anything).
+    package mutating func store(through number: UInt64) {
+        stored = max(stored, min(number, handled))
+    }
+
+    /// What the connection does for the acknowledgement after ``stored`` advanced.
+    package enum AckStep: Equatable, Sendable {
+        /// Send the ACK now (``takeAck()``).
+        case sendNow
+        /// Arm the acknowledgement deadline (the ACK goes when it passes).
+        case armDeadline
+        /// Nothing: nothing new, or an ACK or the deadline is on its way.
+        case nothing
+    }
+
+    /// Whether to acknowledge now (``ackEvery`` waiting), arm the deadline, or nothing.
+    package mutating func ackStep() -> AckStep {
+        guard stored > acknowledged else { return .nothing }
+        if stored - acknowledged >= ackEvery {
+            if ackQueued { return .nothing }
+            ackQueued = true
+            return .sendNow
+        }
+        if deadlineArmed { return .nothing }
+        deadlineArmed = true
+        return .armDeadline
+    }
+
+    /// Whether stored messages wait for an acknowledgement.
+    package var ackPending: Bool { stored > acknowledged }
 
     /// The count to acknowledge now, or nil when everything is acknowledged.
     package mutating func takeAck() -> UInt64? {
-        guard received > acknowledged else { return nil }
-        acknowledged = received
-        return received
+        ackQueued = false
+        guard stored > acknowledged else { return nil }
+        acknowledged = stored
+        return stored
     }
+
+    /// The acknowledgement deadline passed (the connection cleared it): the next step arms it again.
+    package mutating func deadlinePassed() { deadlineArmed = false }
 
     /// Starts over (a new session).
-    package mutating func reset() {
-        received = 0
-        acknowledged = 0
-    }
+    package mutating func reset() { self = SessionInbox(ackEvery: ackEvery) }
 
-    /// A new connection: what the peer will hear about is what was received (the SESSION frame
-    /// carries it), so nothing is pending.
-    package mutating func reconnected() { acknowledged = received }
+    /// A new connection: the SESSION frame tells the peer ``stored``, which is what it resends
+    /// from; nothing is pending on the new connection. Returns that count.
+    package mutating func reconnected() -> UInt64 {
+        counted = stored
+        acknowledged = stored
+        deadlineArmed = false
+        ackQueued = false
+        return stored
+    }
 }
 
 /// The SESSION frame's payload (JSON). The client sends `id` and `received`; the server answers

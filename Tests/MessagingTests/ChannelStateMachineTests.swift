@@ -74,8 +74,8 @@ import ProtocolCore
         #expect(machine.requestsExpired(now: 1_000).expired.isEmpty)
     }
 
-    /// A session message goes to the session only while one runs on the connection; the
-    /// acknowledgement deadline is armed once, or the ACK goes now when the session asks.
+    /// A session message goes to the session only while one runs on the connection (when to
+    /// acknowledge it is the session's: SessionCoreTests).
     @Test func sessionMessagesAndTheirAcknowledgement() {
         var machine = Machine()
         #expect(receive(&machine, Self.message(1)) == "message")  // no link
@@ -85,12 +85,6 @@ import ProtocolCore
         link.hasSession = true
         #expect(receive(&machine, Self.message(3)) == "sessionMessage")
         #expect(receive(&machine, Self.message(4, expectsReply: true)) == "message")  // a request is not a session message
-        #expect(machine.sessionMessageAccepted(ackNow: false) == .armDeadline)
-        #expect(machine.sessionMessageAccepted(ackNow: false) == .nothing)
-        #expect(machine.sessionMessageAccepted(ackNow: true) == .sendNow)
-        #expect(machine.sessionMessageAccepted(ackNow: false) == .nothing)  // still armed
-        machine.ackDeadlinePassed()
-        #expect(machine.sessionMessageAccepted(ackNow: false) == .armDeadline)
 
         #expect(receive(&machine, Frame.ack(3)) == "ack(3)")
         #expect(receive(&machine, Frame(kind: .ack, payload: [1, 2])).hasPrefix("violation: an ACK must carry"))

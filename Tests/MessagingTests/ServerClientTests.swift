@@ -329,14 +329,14 @@ struct TestFailure: Error, CustomStringConvertible {
         let odd = { (value: Int) in value % 2 == 1 }
         #expect(queue.push(1, from: producer, evictingOldestWhere: odd) == .added)
         #expect(queue.push(2, from: producer, evictingOldestWhere: odd) == .added)
-        #expect(queue.push(4, from: producer, evictingOldestWhere: odd) == .evicted(1), "nobody read: 1 makes room")
+        #expect(queue.push(4, from: producer, evictingOldestWhere: odd) == .evicted(1, 1), "nobody read: 1 makes room")
         #expect(queue.push(6, from: producer, evictingOldestWhere: odd) == .added, "nothing evictable: kept anyway")
         #expect(queue.evictedCount == 1)
         #expect(try await queue.next() == 2)  // now someone reads
         #expect(queue.push(8, from: producer, evictingOldestWhere: odd) == .stop(taken: 1), "read: the producer stops")
         queue.markStalled(at: 1)  // and took nothing more
         #expect(queue.push(9, from: producer, evictingOldestWhere: odd) == .added, "stalled: no stop")
-        #expect(queue.push(11, from: producer, evictingOldestWhere: odd) == .evicted(2), "9 makes room")
+        #expect(queue.push(11, from: producer, evictingOldestWhere: odd) == .evicted(2, 9), "9 makes room")
         #expect(try await queue.next() == 4)  // reading again
         #expect(queue.push(13, from: producer, evictingOldestWhere: odd) == .stop(taken: 2))
     }

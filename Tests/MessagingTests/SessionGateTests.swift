@@ -96,17 +96,4 @@ import ProtocolCore
         let result10 = machine.closed()
         #expect(result10.answer == "closing")
     }
-
-    /// The acknowledgement deadline is armed once until it passes; "now" always sends, and an ACK
-    /// sent by count leaves the deadline armed (no timer made and cancelled every 32 messages).
-    @Test func theAckDeadlineIsArmedOnceUntilItPasses() {
-        var machine = Machine()
-        var steps = [false, false, true, false].map { machine.sessionMessageReceived(ackNow: $0) }
-        #expect(steps == [.armDeadline, .nothing, .sendNow, .nothing])
-        #expect(machine.ackArmed)
-        machine.ackDeadlinePassed()
-        #expect(!machine.ackArmed)
-        steps = [machine.sessionMessageReceived(ackNow: false)]
-        #expect(steps == [.armDeadline])
-    }
 }

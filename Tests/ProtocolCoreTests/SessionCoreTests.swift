@@ -63,27 +63,88 @@ import Testing
         #expect(outbox.nextNumber == 2 && outbox.count == 1)
     }
 
-    @Test func inboxAcknowledgesEveryNOrOnTheTimer() {
+    /// Only what the app handled is acknowledged: every `ackEvery` at once, otherwise by the
+    /// deadline (armed once); an ACK sent by count leaves the deadline armed.
+    @Test func inboxAcknowledgesOnlyWhatWasHandledEveryNOrByTheDeadline() {
         var inbox = SessionInbox(ackEvery: 4)
-        let r9 = inbox.receive()
-        #expect(r9 == false)
-        let r10 = inbox.receive()
-        #expect(r10 == false)
-        let r11 = inbox.receive()
-        #expect(r11 == false)
-        let r12 = inbox.receive()
-        #expect(r12 == true)
-        let r13 = inbox.takeAck()
-        #expect(r13 == 4)
-        let r14 = inbox.takeAck()
-        #expect(r14 == nil)
-        _ = inbox.receive()
-        #expect(inbox.ackPending)
-        inbox.reconnected()  // the SESSION frame tells the count
+        let numbers = (0..<5).map { _ in inbox.receive() }
+        #expect(numbers == [1, 2, 3, 4, 5])
+        let r1 = inbox.ackStep()
+        #expect(r1 == .nothing, "arrived is not handled")
+        let r2 = inbox.takeAck()
+        #expect(r2 == nil)
+        var steps: [SessionInbox.AckStep] = []
+        for number in UInt64(1)...4 {
+            let r3 = inbox.handle(number)
+            #expect(r3)
+            inbox.store(through: number)
+            steps.append(inbox.ackStep())
+        }
+        #expect(steps == [.armDeadline, .nothing, .nothing, .sendNow])
+        let r4 = inbox.ackStep()
+        #expect(r4 == .nothing, "an ACK is queued already")
+        let r5 = inbox.takeAck()
+        #expect(r5 == 4)
+        let r6 = inbox.takeAck()
+        #expect(r6 == nil)
+        let r7 = inbox.handle(5)
+        #expect(r7)
+        inbox.store(through: 5)
+        let r8 = inbox.ackStep()
+        #expect(r8 == .nothing, "the deadline is still armed")
+        inbox.deadlinePassed()
+        let r9 = inbox.takeAck()
+        #expect(r9 == 5)
+        let r10 = inbox.handle(5)
+        #expect(!r10, "handled twice: nothing")
+        let r11 = inbox.handle(6)
+        #expect(!r11, "never delivered: nothing")
+    }
+
+    /// Handled out of order: the count advances over what is contiguous; the store holds back what
+    /// the peer may hear.
+    @Test func inboxHandledOutOfOrderAndStoredAdvanceContiguously() {
+        var inbox = SessionInbox(ackEvery: 32)
+        for _ in 0..<5 { _ = inbox.receive() }
+        let r12 = inbox.handle(3)
+        #expect(!r12)
+        let r13 = inbox.handle(2)
+        #expect(!r13)
+        #expect(inbox.handled == 0)
+        let r14 = inbox.handle(1)
+        #expect(r14)
+        #expect(inbox.handled == 3)
+        inbox.store(through: 2)  // only 2 are in the store so far
+        #expect(inbox.stored == 2)
+        inbox.store(through: 9)  // never beyond what was handled
+        #expect(inbox.stored == 3)
+        let r15 = inbox.takeAck()
+        #expect(r15 == 3)
+    }
+
+    /// After a reconnect the peer hears what was stored and resends from there: the messages that
+    /// waited in the app (delivered, not handled) come again and are recognised, new ones delivered.
+    @Test func inboxRecognisesResentMessagesTheAppHasAlready() {
+        var inbox = SessionInbox(ackEvery: 32)
+        for _ in 0..<6 { _ = inbox.receive() }
+        _ = inbox.handle(1)
+        _ = inbox.handle(2)
+        inbox.store(through: 2)
+        let r16 = inbox.reconnected()
+        #expect(r16 == 2, "the SESSION frame says 2")
         #expect(!inbox.ackPending)
-        #expect(inbox.received == 5)
+        let again = (0..<4).map { _ in inbox.receive() }  // the peer resends 3…6
+        #expect(again == [nil, nil, nil, nil])
+        let r17 = inbox.receive()
+        #expect(r17 == 7)
+        for number in UInt64(3)...7 { _ = inbox.handle(number) }
+        inbox.store(through: 7)
+        let r18 = inbox.takeAck()
+        #expect(r18 == 7)
+        let restored = SessionInbox(restoredThrough: 7)
+        #expect(restored.stored == 7 && restored.delivered == 7 && !restored.ackPending)
         inbox.reset()
-        #expect(inbox.received == 0)
+        #expect(inbox.delivered == 0 && inbox.stored == 0)
     }
 
     @Test func ackFramesRoundTripAndSessionMessagesAreOneWay() {

@@ -1,0 +1,133 @@
+import Foundation
+import Logging
+import Testing
+
+import Locks
+@testable import Messaging
+
+/// A session message is acknowledged to its sender once the receiving app has handled it — not
+/// when it arrives in the library: what sits in the events queue is still the sender's to keep.
+@Suite struct AcknowledgementTests {
+    typealias Numbered = SessionTests.Numbered
+
+    /// A gate the server's event loop waits at while it handles one message.
+    final class Gate: Sendable {
+        private let opened = Locked(false)
+        func open() { opened.withLock { $0 = true } }
+        func pass() async throws { try await waitUntil("the gate opens", timeout: .seconds(30)) { self.opened.withLock { $0 } } }
+    }
+
+    /// The server's app is busy with message 5 of 10 (its loop iteration has not ended): the client
+    /// hears that 4 are handled and keeps the other 6; once the app goes on, all 10.
+    @Test func aMessageIsAcknowledgedOnlyOnceTheAppHasHandledIt() async throws {
+        let gate = Gate()
+        let harness = try await LoopbackServer(configure: { $0.session?.ackDelay = .milliseconds(10) }, handle: { _, event in
+            if case .received(_, let message) = event, (try? message.decode(Numbered.self))?.n == 5 { try? await gate.pass() }
+        })
+        let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
+        for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("4 acknowledged") { client.unacknowledgedCount == 6 }
+        let connection = try #require(harness.server.connections.first)
+        let inbox = try #require(connection.session).state.withLock { $0.inbox }
+        #expect(inbox.delivered == 10 && inbox.handled == 4 && inbox.acknowledged == 4)
+        gate.open()
+        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        await client.close()
+        await harness.server.stop()
+    }
+
+    /// With manual acknowledgement only `acknowledge()` counts, in any order: the sender hears of
+    /// everything up to the first message not acknowledged. Each message carries its position.
+    @Test func manualAcknowledgementInAnyOrderAdvancesOverWhatIsContiguous() async throws {
+        let received = Locked<[IncomingMessage]>([])
+        let harness = try await LoopbackServer(
+            configure: {
+                $0.session?.acknowledgement = .manual
+                $0.session?.ackDelay = .milliseconds(10)
+            },
+            handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message) } } })
+        let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
+        for n in 1...5 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("5 received") { received.withLock { $0.count } == 5 }
+        let messages = received.withLock { $0 }
+        let positions = messages.compactMap(\.sessionPosition)
+        #expect(positions.map(\.number) == [1, 2, 3, 4, 5])
+        #expect(Set(positions.map(\.session)).count == 1 && positions[0].session.count == 32)
+        let session = try #require(harness.server.connections.first?.session)
+        messages[2].acknowledge()
+        messages[1].acknowledge()
+        #expect(session.state.withLock { $0.inbox.handled } == 0, "1 is not acknowledged yet")
+        #expect(client.unacknowledgedCount == 5)
+        messages[0].acknowledge()
+        #expect(session.state.withLock { $0.inbox.handled } == 3)
+        try await waitUntil("3 acknowledged") { client.unacknowledgedCount == 2 }
+        messages[4].acknowledge()
+        messages[3].acknowledge()
+        messages[3].acknowledge()  // twice: nothing more
+        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        await client.close()
+        await harness.server.stop()
+    }
+
+    /// The connection drops while messages 3…10 wait in the server's app: the resume tells the
+    /// client 2 were handled, it resends 8, and the server recognises them — the app sees each
+    /// message once, and the client's messages are all acknowledged once it handled them.
+    @Test func messagesWaitingInTheAppAreNotDeliveredTwiceAfterAResume() async throws {
+        let gate = Gate()
+        let seen = Locked<[Int]>([])
+        let positions = Locked<[SessionPosition]>([])
+        let harness = try await LoopbackServer(handle: { _, event in
+            guard case .received(_, let message) = event, let value = try? message.decode(Numbered.self) else { return }
+            seen.withLock { $0.append(value.n) }
+            positions.withLock { $0.append(message.sessionPosition!) }
+            if value.n == 3 { try? await gate.pass() }
+        })
+        let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
+        let events = EventLog<ClientEvent>()
+        let reader = Task { for await event in client.events { events.append(event) } }
+        for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
+        let session = try #require(harness.server.connections.first?.session)
+        try await waitUntil("10 delivered, 2 handled") {
+            session.state.withLock { $0.inbox.delivered == 10 && $0.inbox.stored == 2 }
+        }
+        let old = try #require(client.channel)
+        old.abort()
+        let resumed = try await events.wait("resumed") { if case .resumed = $0 { true } else { false } }
+        guard case .resumed(let resent) = resumed else { return }
+        #expect(resent == 8, "the server had handled 2 of 10")
+        gate.open()
+        for n in 11...12 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        #expect(seen.withLock { $0 } == Array(1...12))
+        #expect(positions.withLock { $0.map(\.number) } == Array(1...12))
+        #expect(Set(positions.withLock { $0.map(\.session) }).count == 1, "one session across the reconnect")
+        await client.close()
+        reader.cancel()
+        await harness.server.stop()
+    }
+
+    /// A client whose app never reads its events drops the oldest messages past the buffer (as in
+    /// 1.0); a dropped session message counts as handled, so the session does not wait for it.
+    @Test func messagesDroppedBecauseNobodyReadsAreAcknowledged() async throws {
+        let harness = try await LoopbackServer(configure: { $0.session?.ackDelay = .milliseconds(10) })
+        let client = try await harness.client("deaf") {
+            SessionTests.fastReconnect(&$0)
+            $0.eventBufferLimit = 8
+        }
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        for n in 1...20 { try await connection.send(Numbered(n: n), type: "n") }
+        // 1 event (connected) + 20 messages in a buffer of 8: the 13 oldest messages are dropped.
+        try await waitUntil("the dropped ones acknowledged") { connection.unacknowledgedCount == 7 }
+        #expect(client.droppedMessages == 13)
+        do {
+            var iterator = client.events.makeAsyncIterator()
+            for _ in 0..<8 { _ = await iterator.next() }  // connected and 7 messages
+            // The app is still handling the last one it took.
+            try await waitUntil("6 of them acknowledged") { connection.unacknowledgedCount == 1 }
+        }  // the iterator is gone (the loop ended): the last one is handled too
+        try await waitUntil("the read ones acknowledged") { connection.unacknowledgedCount == 0 }
+        await client.close()
+        await harness.server.stop()
+    }
+}
