@@ -196,6 +196,14 @@ let package = Package(
             path: "Tests/ReadmeBoard",
             swiftSettings: strict
         ),
+        // One side of the chaos test of durable sessions (killed and restarted by
+        // SessionChaosIntegrationTests and Tests/chaos/session-chaos.sh).
+        .executableTarget(
+            name: "session-chaos",
+            dependencies: ["Messaging", "Locks", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/SessionChaos",
+            swiftSettings: strict
+        ),
         // A scriptable DNS-SD peer (either backend) for the integration tests.
         .executableTarget(
             name: "discovery-peer",

@@ -2,6 +2,7 @@
     import Glibc
 #endif
 import Logging
+import ProtocolCore
 import SystemCalls
 import Transport
 
@@ -51,5 +52,19 @@ extension Result where Failure == any Error {
     /// The result of an async throwing body.
     fileprivate init(_ body: () async throws -> Success) async {
         do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+}
+
+extension MessageChannel {
+    /// A channel that is closed from the start, on no socket: what a ``ServerConnection`` shows
+    /// that was made only to report a session restored from the store whose client never came back.
+    static func closedPlaceholder(peerName: String, configuration: ChannelConfiguration, logger: Logger) -> MessageChannel {
+        let driver = ConnectionDriver(
+            fd: FileDescriptor(open("/dev/null", O_RDWR | O_CLOEXEC)), loop: configuration.loopGroup.next(),
+            configuration: configuration.connection, logger: logger)
+        let channel = MessageChannel(
+            driver: driver, established: .init(peer: PeerInfo(name: peerName), peerMaxFrameSize: 0), configuration: configuration)
+        driver.abort(.localClose)
+        return channel
     }
 }

@@ -283,6 +283,16 @@ public final class MessageChannel: @unchecked Sendable {
         }
     }
 
+    /// Closes gracefully without a GOODBYE (queued frames are flushed first): to the peer, a lost
+    /// connection. A message session on it continues when the peer reconnects (a server or client
+    /// with a session store that stops, or closes with messages in flight).
+    func closeWithoutGoodbye() {
+        queue.async {
+            guard self.driver.isOpen else { return }
+            self.driver.closeGracefully()
+        }
+    }
+
     /// Whether the connection is still open (neither side closed it, as far as this side knows);
     /// asked on the loop, where its state lives.
     var isOpen: Bool {

@@ -146,6 +146,7 @@ extension MessageClient {
     /// gets ``ClientEvent/gaveUp(_:)``, every caller waiting for a connection gets `error`.
     private func giveUp(_ error: MessagingError) {
         if let lost = session?.end(error), !lost.isEmpty { queue.push(.undelivered(lost)) }
+        session?.store?.close()
         queue.push(.gaveUp(error))
         let waiters = lifecycle { $0.giveUp(error) }
         for waiter in waiters { waiter.fail(error) }

@@ -67,16 +67,12 @@ public final class MessageClient: Sendable {
     /// (``MessageChannel/taskExecutor``) keeps sending without a thread hand-off after a reconnect.
     let connectionLoop: LoopGroup
 
-    private init(target: ServiceTarget, configuration: ClientConfiguration, logger: Logger) {
+    private init(target: ServiceTarget, configuration: ClientConfiguration, logger: Logger, session: MessageSession?) {
         self.target = target
         self.configuration = configuration
         self.logger = logger
         connectionLoop = LoopGroup(loops: [configuration.channel.loopGroup.next()])
-        if let options = configuration.session, configuration.reconnect != nil {
-            session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger)
-        } else {
-            session = nil
-        }
+        self.session = session
         state = Locked(State(lifecycle: ClientLifecycle(policy: configuration.reconnect, target: "\(target)")))
         let queue = BoundedQueue<ClientEvent>(limit: configuration.eventBufferLimit)
         self.queue = queue
@@ -95,13 +91,48 @@ public final class MessageClient: Sendable {
         } catch {
             throw MessagingError(.unusableIdentity, "cannot connect: \(error.message)", underlying: error)
         }
-        let client = MessageClient(target: target, configuration: configuration, logger: logger)
+        let client = MessageClient(
+            target: target, configuration: configuration, logger: logger, session: try makeSession(configuration, logger: logger))
         if configuration.waitsForServer {
             client.startConnecting()
         } else {
             client.attach(try await client.establish(waiting: false))
         }
         return client
+    }
+
+    /// The client's message session (with a reconnect policy and ``ClientConfiguration/session``):
+    /// the one its session store kept from an earlier process, or a new one.
+    /// - Throws: ``MessagingError`` `.sessionStoreUnusable` (the file and what to do).
+    private static func makeSession(_ configuration: ClientConfiguration, logger: Logger) throws(MessagingError) -> MessageSession? {
+        guard let options = configuration.session, configuration.reconnect != nil else { return nil }
+        guard let storeConfiguration = options.store else {
+            return MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger)
+        }
+        let journal: SessionJournal
+        do {
+            journal = try SessionJournal(
+                storeConfiguration, role: .client,
+                identity: try MessageServer.storeIdentity(configuration.channel.security, server: false), logger: logger)
+        } catch {
+            throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)
+        }
+        // A client keeps one session; the newest record of several (none is left behind normally)
+        // is the one that continues.
+        if let restored = journal.restored.values.max(by: { $0.snapshot.nextNumber < $1.snapshot.nextNumber }) {
+            logger.info(
+                "session store: continuing session \(restored.snapshot.key) (\(restored.messages.count) messages not acknowledged yet)",
+                metadata: ["store": "\(journal.path)"])
+            return MessageSession(restoring: restored, configuration: options, logger: logger, store: journal)
+        }
+        let session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger, store: journal)
+        do {
+            try session.begin()
+        } catch {
+            journal.close()
+            throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)
+        }
+        return session
     }
 
     /// The current channel (nil while disconnected).
@@ -243,18 +274,28 @@ public final class MessageClient: Sendable {
         }
         connecting?.cancel()
         for waiter in waiters { waiter.fail(MessagingError(.stopped, "the client was closed")) }
+        var keptInStore = false
         if let session {
             // Let the server acknowledge what it was sent, then end the session (GOODBYE ends it there).
-            if !(await session.drained(within: .seconds(5))) {
+            let drained = await session.drained(within: .seconds(5))
+            if !drained {
                 logger.notice("closing with \(session.unacknowledgedCount) messages the server has not acknowledged")
             }
-            let lost = session.end(MessagingError(.stopped, "the client was closed"))
+            // With a store, what the server has not acknowledged stays there for the next process
+            // to send: the session is not ended (no GOODBYE), the server keeps it for its grace
+            // period, and nothing is reported undelivered.
+            keptInStore = !drained && session.store != nil
+            let lost = session.end(MessagingError(.stopped, "the client was closed"), keepStored: keptInStore)
             if !lost.isEmpty { queue.push(.undelivered(lost)) }
+            if keptInStore {
+                logger.notice("the session store keeps them: the next client on '\(session.store!.directory)' sends them")
+            }
         }
         if let channel {
-            channel.close(reason: reason)
+            if keptInStore { channel.closeWithoutGoodbye() } else { channel.close(reason: reason) }
             _ = await channel.closed(within: .seconds(5))
         }
+        session?.store?.close()
         queue.finish()
     }
 

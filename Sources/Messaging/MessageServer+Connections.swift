@@ -134,12 +134,34 @@ extension MessageServer {
             case resume(ServerConnection, old: MessageChannel)
         }
         let owner = channel.peerIdentity?.fingerprint
+        // A session when the client named one and this server keeps them (then a resume finds it).
+        let sessionID = configuration.session != nil ? hello?.id : nil
+        let journal = store.withLock { $0.journal }
+        // One the store kept from before a restart continues (the registry does not know it yet).
+        var restored: Journal.Restored?
+        if let sessionID, journal != nil {
+            switch restoredSession(sessionID, owner: owner) {
+            case .none: break
+            case .restored(let found): restored = found
+            case .refused(let reason):
+                withState { $0.registry.released() }
+                channel.close(reason: reason)
+                refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
+                return
+            }
+        }
         let decision = withState { state -> Decision in
-            // A session when the client named one and this server keeps them (then a resume finds it).
-            let sessionID = configuration.session != nil ? hello?.id : nil
             let registration = state.register(session: sessionID, owner: owner) { id in
                 let session = sessionID.flatMap { sessionID in
-                    configuration.session.map { MessageSession(id: sessionID, configuration: $0, logger: logger, serving: channel) }
+                    configuration.session.map { options in
+                        if let restored, let journal {
+                            return MessageSession(
+                                restoring: restored, configuration: options, logger: logger, serving: channel, store: journal)
+                        }
+                        return MessageSession(
+                            id: sessionID, configuration: options, logger: logger, serving: channel, store: journal,
+                            owner: owner?.full)
+                    }
                 }
                 return ServerConnection(id: id, channel: channel, session: session, events: queue, server: self)
             }
@@ -159,11 +181,20 @@ extension MessageServer {
             channel.close(reason: reason)
             refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
         case .new(let connection):
+            var resent: Int?
             if let session = connection.session, let hello {
                 do {
-                    _ = try await channel.attachSession(session, hello: hello, isNew: true)
+                    // A new session's first record (a restored one's are in the store already).
+                    if restored == nil { try session.begin(everConnected: true) }
+                    let count = try await channel.attachSession(session, hello: hello, isNew: restored == nil)
+                    if restored != nil { resent = count }
                 } catch {
                     withState { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
+                    if let error = error as? FileError {
+                        // The store cannot keep it: the client is told and tries again later.
+                        logger.error("cannot keep a new session: \(error.message)")
+                        channel.close(reason: "the server cannot keep sessions now (its session store failed); try again later")
+                    }
                     endSession(connection, reason: await channel.closed())
                     return
                 }
@@ -171,7 +202,14 @@ extension MessageServer {
             }
             // Unless a stop() meanwhile reported its end: then it is neither accepted nor routed.
             guard reportOpened(connection, .accepted(connection)) else { return channel.close(reason: "server stopping") }
-            logger.debug("accepted", metadata: ["connection": "\(connection)"])
+            if let resent {
+                // A session from before the restart: the app learns the connection, then that it
+                // continues.
+                logger.info("session continued from the store", metadata: ["connection": "\(connection)", "resent": "\(resent)"])
+                _ = reportOpened(connection, .resumed(connection, resent: resent))
+            } else {
+                logger.debug("accepted", metadata: ["connection": "\(connection)"])
+            }
             metrics?.accepted.increment()
             routeMessages(connection, channel)
         case .resume(let connection, let old):
@@ -265,10 +303,12 @@ extension MessageServer {
     }
 
     /// Ends a connection's session (reporting what was never acknowledged) and the connection.
-    func endSession(_ connection: ServerConnection, reason: CloseReason) {
+    /// - Parameter keepStored: The server stops with a session store: the session stays there for
+    ///   a restarted server to continue (nothing is reported undelivered).
+    func endSession(_ connection: ServerConnection, reason: CloseReason, keepStored: Bool = false) {
         if let session = connection.session {
             withState { $0.registry.sessionEnded(session.id, of: connection) }
-            let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"))
+            let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"), keepStored: keepStored)
             if !lost.isEmpty {
                 logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
                 queue.push(.undelivered(connection, lost))

@@ -48,6 +48,9 @@ public final class MessageServer: Service, Sendable {
     let pacer: HeartbeatPacer?
     /// The configuration of every accepted channel, made once: all of them share its storage.
     let acceptedChannel: ChannelConfiguration
+    /// The session store while the server runs (``SessionConfiguration/store``), and the sessions
+    /// it held at the start that no client has resumed yet (by session id).
+    let store = Locked<(journal: SessionJournal?, restored: [String: Journal.Restored])>((nil, [:]))
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
@@ -117,6 +120,10 @@ public final class MessageServer: Service, Sendable {
         } catch {
             throw MessagingError(.unusableIdentity, "cannot start the server: \(error.message)", underlying: error)
         }
+        // The session store next: a server that cannot continue its sessions does not start
+        // (its clients would find them forgotten).
+        let journal = try openStore()
+        defer { if !running { closeStore() } }
         let listener: Listener
         do {
             listener = try Listener(configuration: configuration.listener, logger: logger) { [weak self] socket in
@@ -149,6 +156,9 @@ public final class MessageServer: Service, Sendable {
             throw Self.stoppedWhileStarting
         }
         running = true
+        if let journal, let grace = configuration.session?.gracePeriod, !journal.restored.isEmpty {
+            DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: grace)) { [weak self] in self?.expireRestored() }
+        }
         if let publication { forwardEvents(of: publication, in: work) }
         logger.info("server running", metadata: ["port": "\(listener.port)", "type": "\(configuration.serviceType)"])
     }
@@ -252,7 +262,17 @@ extension MessageServer {
         }
         await publication?.unpublish()
         listener?.stop()
-        for connection in connections { connection.channel.close(reason: "server stopping") }
+        // With a session store the sessions outlive the server: their connections close without
+        // GOODBYE (a GOODBYE would end them), so their clients reconnect and a restarted server
+        // continues them from the store.
+        let keepSessions = store.withLock { $0.journal != nil }
+        for connection in connections {
+            if keepSessions && connection.session != nil {
+                connection.channel.closeWithoutGoodbye()
+            } else {
+                connection.channel.close(reason: "server stopping")
+            }
+        }
         let grace = configuration.stopGracePeriod
         // One child task per connection waiting for its close, and one Dispatch timer for all of
         // them that aborts those still open after the grace period (19,000 connections: a timer
@@ -276,8 +296,13 @@ extension MessageServer {
         // pushed its last message before its `closed()` returned; while stopping, the loops do
         // not report ends themselves).
         for (connection, reason) in zip(connections, reasons) {
-            endSession(connection, reason: reason ?? .localClose)
+            endSession(connection, reason: reason ?? .localClose, keepStored: keepSessions)
         }
+        if keepSessions {
+            let kept = connections.filter { $0.session != nil }.count
+            logger.info("session store: \(kept) sessions kept for their clients to continue after a restart")
+        }
+        closeStore()
         withState { $0.lifecycle.stopped() }
         queue.finish()
         refusals.flush()

@@ -46,6 +46,9 @@ public struct SessionConfiguration: Sendable {
     /// How long after a message is handled the receiver acknowledges it at the latest (it also
     /// acknowledges every 32 handled messages at once).
     public var ackDelay: Duration = .milliseconds(20)
+    /// Keep the sessions on disk, so that a restarted server or client continues them
+    /// (``SessionStore``; nil: in memory only, the default).
+    public var store: SessionStore?
     /// When a received session message counts as handled, and so may be acknowledged to its
     /// sender (who then forgets it): ``SessionAcknowledgement/automatic`` by default — when the
     /// loop iteration over the events, or the handler, that got it is done.
@@ -146,16 +149,28 @@ public struct ConnectionHealth: Sendable, CustomStringConvertible {
 }
 
 /// One side of a message session (see `ProtocolCore/Session.swift`): numbers, keeps and resends
-/// one-way messages, counts and acknowledges the peer's, and outlives the connections it runs on.
+/// one-way messages, counts and acknowledges the peer's, and outlives the connections it runs on —
+/// with a ``SessionStore``, the process too.
 ///
 /// A thin facade over ``State``, the session's machine: every input, from a sender or from the
 /// channel's loop, is one call of ``apply(_:)``, which runs it on the state under the lock and then
-/// does what it left to do (``Wakes``: senders and drain callers to resume) with the lock released.
+/// does what it left to do (``Wakes``: senders and drain callers to resume, store syncs to wait
+/// for) with the lock released.
+///
+/// With a store (``SessionJournal``), each input writes its record in the same step, before
+/// anything it implies leaves the process: a message's record before it goes on the wire, a handled
+/// count before the ACK that tells it. With power-loss durability a message goes on the wire, and a
+/// handled count into an ACK, only once a sync covers its record (``State/durableThrough``,
+/// ``SessionInbox/stored``).
 final class MessageSession: Sendable {
     /// 32 hex digits.
     let id: String
     let configuration: SessionConfiguration
     let logger: Logger
+    /// Where the session is kept (nil: in memory only).
+    let store: SessionJournal?
+    /// ``id`` as the store's key.
+    let key: Journal.Key
 
     /// A ``drained(within:)`` caller: completed by the drain, the close or its deadline, whichever
     /// comes first.
@@ -167,12 +182,15 @@ final class MessageSession: Sendable {
         /// Senders to resume, each with the error it gets (nil: room was made, look again).
         var senders: [(Sender, (any Error)?)] = []
         var drains: [DrainWaiter] = []
+        /// Store positions to wait for, each with what to do once synced (power-loss durability).
+        var syncs: [(UInt64, @Sendable (FileError?) -> Void)] = []
 
-        fileprivate func run() {
+        fileprivate func run(_ store: SessionJournal?) {
             for (sender, error) in senders {
                 if let error { sender.resume(throwing: error) } else { sender.resume() }
             }
             for drain in drains { drain.succeed(()) }
+            if let store { for (position, done) in syncs { store.whenSynced(position, done) } }
         }
     }
 
@@ -187,6 +205,9 @@ final class MessageSession: Sendable {
         var serving: MessageChannel?
         /// Whether a connection ever carried the session (a client's first SESSION is no resume).
         var everConnected = false
+        /// Messages up to this number may go on the wire: all of them, but with power-loss
+        /// durability only those a sync covers.
+        var durableThrough: UInt64 = 0
         /// Senders waiting for room, FIFO.
         var waiters: [(UInt64, Sender)] = []
         /// ``drained(within:)`` callers.
@@ -209,12 +230,18 @@ final class MessageSession: Sendable {
             positionID = MessageSession.makeID()
         }
 
-        /// The app handled message `number`: what to do for the acknowledgement, or nil when the
-        /// handled count did not advance.
-        mutating func handle(_ number: UInt64) -> SessionInbox.AckStep? {
-            guard inbox.handle(number) else { return nil }
-            inbox.store(through: inbox.handled)
-            return channel == nil ? SessionInbox.AckStep.nothing : inbox.ackStep()
+        /// What the channel does for the acknowledgement now, if anything.
+        mutating func ackAction() -> (MessageChannel, SessionInbox.AckStep)? {
+            guard let channel else { return nil }
+            let step = inbox.ackStep()
+            return step == .nothing ? nil : (channel, step)
+        }
+
+        /// What the store knows of the session now (its kept messages are records of their own).
+        func snapshot(key: Journal.Key, owner: String?) -> Journal.Snapshot {
+            Journal.Snapshot(
+                key: key, positionID: Journal.Key(hex: positionID)!, owner: owner, everConnected: everConnected,
+                nextNumber: outbox.nextNumber, acknowledged: outbox.acknowledged, handled: inbox.stored)
         }
 
         /// Wakes the waiting senders (they re-check for room, oldest first).
@@ -236,12 +263,23 @@ final class MessageSession: Sendable {
     let state: Locked<State>
     /// The last id given to a sender waiting for room (what its cancellation looks for).
     private let lastWaiterID = Atomic<UInt64>(0)
+    /// The owner's key kept in the store's snapshots (a server's session: the client's).
+    private let owner: String?
 
-    /// - Parameter serving: A server's session: the channel its ``ServerConnection`` serves first.
-    init(id: String, configuration: SessionConfiguration, logger: Logger, serving: MessageChannel? = nil) {
+    /// - Parameters:
+    ///   - serving: A server's session: the channel its ``ServerConnection`` serves first.
+    ///   - store: Where it is kept; ``begin()`` writes its first record there.
+    ///   - owner: The key that opened it (a server's session), kept in the store.
+    init(
+        id: String, configuration: SessionConfiguration, logger: Logger, serving: MessageChannel? = nil,
+        store: SessionJournal? = nil, owner: String? = nil
+    ) {
         self.id = id
+        key = Journal.Key(hex: id) ?? Journal.Key(high: 0, low: 0)
         self.configuration = configuration
         self.logger = logger
+        self.store = store
+        self.owner = owner
         var state = State(
             outbox: SessionOutbox(
                 maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes),
@@ -250,11 +288,55 @@ final class MessageSession: Sendable {
         self.state = Locked(state)
     }
 
+    /// A session kept in `store` by an earlier process: it continues where the store left it. Its
+    /// kept messages count as transmitted when a connection ever carried it (they may have
+    /// arrived): a peer that resumes gets what it lacks, a peer that forgot the session gets none
+    /// of them again (they are reported undelivered).
+    init(
+        restoring restored: Journal.Restored, configuration: SessionConfiguration, logger: Logger,
+        serving: MessageChannel? = nil, store: SessionJournal
+    ) {
+        let snapshot = restored.snapshot
+        id = snapshot.key.hex
+        key = snapshot.key
+        self.configuration = configuration
+        self.logger = logger
+        self.store = store
+        owner = snapshot.owner
+        var outbox = SessionOutbox<Frame>(
+            maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes)
+        let items = restored.messages.map { message in
+            let frame = Frame(kind: .message, codecID: message.codecID, typeID: message.typeID, payload: message.payload)
+            return (item: frame, size: (try? Frame.validatedSize(frame)) ?? message.payload.count)
+        }
+        outbox.restore(
+            items, firstNumber: restored.messages.first?.number ?? snapshot.nextNumber, nextNumber: snapshot.nextNumber,
+            transmitted: snapshot.everConnected)
+        var state = State(outbox: outbox, inbox: SessionInbox(restoredThrough: snapshot.handled))
+        state.everConnected = snapshot.everConnected
+        state.durableThrough = snapshot.nextNumber - 1
+        state.positionID = snapshot.positionID.hex
+        state.serving = serving
+        self.state = Locked(state)
+    }
+
+    /// Writes the session's first record to its store (nothing without one).
+    /// - Parameter everConnected: A server's session exists only on a connection: true.
+    /// - Throws: ``FileError`` when the store cannot write it.
+    func begin(everConnected: Bool = false) throws(FileError) {
+        guard let store else { return }
+        let snapshot = apply { state, _ in
+            state.everConnected = state.everConnected || everConnected
+            return state.snapshot(key: key, owner: owner)
+        }
+        try store.append(.session(snapshot))
+    }
+
     /// Runs one input on the state under the lock; then, with the lock released, wakes what it says
     /// (also when it throws). The one place the session's state is touched.
     private func apply<R, E: Error>(_ input: (inout State, inout Wakes) throws(E) -> R) throws(E) -> R {
         var wakes = Wakes()
-        defer { wakes.run() }
+        defer { wakes.run(store) }
         return try state.withLock { (state) throws(E) -> R in try input(&state, &wakes) }
     }
 
@@ -269,28 +351,87 @@ final class MessageSession: Sendable {
     var keptMessages: [UndeliveredMessage] { apply { state, _ in state.outbox.kept.map(Self.undelivered) } }
     var isEnded: Bool { apply { state, _ in state.ended != nil } }
 
+    /// Whether a sync must cover a record before what it implies leaves the process.
+    private var syncs: Bool { store?.configuration.durability.syncs ?? false }
+
     // MARK: Sending (any context)
 
     /// Keeps `frame` (a one-way MESSAGE) until the peer acknowledges it and sends it on the current
-    /// connection, if any. Waits while the session keeps its maximum. Order is the order of the
-    /// calls' admission.
+    /// connection, if any. Waits while the session keeps its maximum (or the store its maximum of
+    /// bytes). Order is the order of the calls' admission. With a store it returns once the
+    /// message's record is stored at the configured durability.
+    /// - Throws: what ended the session; `TransportError.Code.frameTooLarge`; ``MessagingError``
+    ///   `.sessionStoreFailed` when the store cannot take the message (nothing was kept or sent).
     func send(_ frame: Frame) async throws {
         let size = try Frame.validatedSize(frame)
+        enum Admission {
+            case kept
+            /// Kept; the message goes out once the store has synced up to this position.
+            case syncing(UInt64, number: UInt64, epoch: UInt64)
+            case waitForRoom
+            case waitForStore
+        }
         while true {
-            let admitted = try apply { (state, _) throws -> Bool in
+            let admission = try apply { (state, _) throws -> Admission in
                 if let ended = state.ended { throw ended }
-                guard state.waiters.isEmpty, state.outbox.hasRoom(for: size) else { return false }
+                guard state.waiters.isEmpty, state.outbox.hasRoom(for: size) else { return .waitForRoom }
                 if let channel = state.channel, size > channel.peerMaxFrameSize {
                     throw TransportError(
                         .frameTooLarge,
                         "a message of \(size) bytes exceeds the peer's limit of \(channel.peerMaxFrameSize) bytes; "
                             + "nothing was sent — send large data as a transfer")
                 }
-                state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
-                return true
+                let number = state.outbox.nextNumber
+                guard let store else {
+                    state.durableThrough = number
+                    state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
+                    return .kept
+                }
+                guard store.hasRoom(for: size) else { return .waitForStore }
+                let position: UInt64
+                do throws(FileError) {
+                    position = try store.append(
+                        .message(key, number: number, codecID: frame.codecID, typeID: frame.typeID, payload: frame.payload))
+                } catch {
+                    throw MessagingError(
+                        .sessionStoreFailed, "message '\(frame.typeID)' was not sent: \(error.message)", underlying: error)
+                }
+                guard syncs else {
+                    state.durableThrough = number
+                    state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
+                    return .kept
+                }
+                state.outbox.append(frame, size: size, transmitted: false)
+                return .syncing(position, number: number, epoch: state.epoch)
             }
-            if admitted { return }
-            try await waitForRoom(size)
+            switch admission {
+            case .kept:
+                return
+            case .syncing(let position, let number, let epoch):
+                // Returns once the record is on the disk; the message goes on the wire then.
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    store!.whenSynced(position) { [self] error in
+                        if let error { logger.error("a session message's record may not survive a power loss: \(error.message)") }
+                        madeDurable(through: number, epoch: epoch)
+                        continuation.resume()
+                    }
+                }
+                return
+            case .waitForRoom:
+                try await waitForRoom(size)
+            case .waitForStore:
+                await store!.waitForRoom(size)
+            }
+        }
+    }
+
+    /// A sync covers the messages up to `number` (of `epoch`): they may go on the wire now.
+    private func madeDurable(through number: UInt64, epoch: UInt64) {
+        apply { state, _ in
+            guard state.epoch == epoch, number > state.durableThrough else { return }
+            state.durableThrough = number
+            let channel = state.channel
+            state.outbox.transmit(through: number) { Self.transmit($0, on: channel) }
         }
     }
 
@@ -328,39 +469,74 @@ final class MessageSession: Sendable {
         }
     }
 
-    // MARK: On the channel's loop
+    // MARK: Receiving
 
     /// What became of a session message that arrived.
     enum Arrival {
         /// Not for the app: the channel was replaced (the new one resends it), or it is a
         /// duplicate of one delivered before and not yet handled (resent after a reconnect).
         case ignore
-        /// Deliver it with this token; `step` is what the channel does for the acknowledgement
-        /// now (``SessionAcknowledgement/onArrival`` only; otherwise the app's handling decides).
-        case deliver(SessionMessageToken, SessionInbox.AckStep)
+        /// Deliver it with this token; `ack` is what the channel does for the acknowledgement now
+        /// (``SessionAcknowledgement/onArrival`` only; otherwise the app's handling decides).
+        case deliver(SessionMessageToken, ack: SessionInbox.AckStep)
     }
 
-    /// A one-way message arrived on `channel`: number it, and with
+    /// A one-way message arrived on `channel` (on its loop): number it, and with
     /// ``SessionAcknowledgement/onArrival`` take it as handled at once.
     func received(on channel: MessageChannel) -> Arrival {
-        apply { state, _ in
+        apply { state, wakes in
             guard state.channel === channel, let number = state.inbox.receive() else { return .ignore }
             let token = SessionMessageToken(
                 session: self, epoch: state.epoch, position: SessionPosition(session: state.positionID, number: number))
-            guard configuration.acknowledgement == .onArrival else { return .deliver(token, .nothing) }
-            return .deliver(token, state.handle(number) ?? .nothing)
+            guard configuration.acknowledgement == .onArrival, state.inbox.handle(number) else {
+                return .deliver(token, ack: .nothing)
+            }
+            return .deliver(token, ack: handledAdvanced(&state, &wakes)?.1 ?? .nothing)
         }
     }
 
     /// The app handled message `number` of epoch `epoch` (an older epoch's: nothing). Returns the
     /// channel and what it does for the acknowledgement, when it does something.
     func handled(_ number: UInt64, epoch: UInt64) -> (MessageChannel, SessionInbox.AckStep)? {
-        apply { state, _ in
+        apply { state, wakes in
             // Counted also while disconnected (the next SESSION frame tells it).
-            guard state.epoch == epoch, let step = state.handle(number), step != .nothing, let channel = state.channel
-            else { return nil }
-            return (channel, step)
+            guard state.epoch == epoch, state.inbox.handle(number) else { return nil }
+            return handledAdvanced(&state, &wakes)
         }
+    }
+
+    /// The handled count advanced (under the lock): keeps it in the store, and says what the
+    /// channel does for the acknowledgement — at once, or (power-loss durability) once a sync
+    /// covers the record (``handledStored(through:epoch:)``). A record the store cannot write is
+    /// not acknowledged: the sender keeps the messages, and a later count covers them.
+    private func handledAdvanced(_ state: inout State, _ wakes: inout Wakes) -> (MessageChannel, SessionInbox.AckStep)? {
+        let through = state.inbox.handled
+        if let store {
+            let position: UInt64
+            do throws(FileError) {
+                position = try store.append(.handled(key, through: through))
+            } catch {
+                logger.warning("handled session messages are not acknowledged while the store cannot keep them: \(error.message)")
+                return nil
+            }
+            if syncs {
+                let epoch = state.epoch
+                wakes.syncs.append((position, { [weak self] _ in self?.handledStored(through: through, epoch: epoch) }))
+                return nil
+            }
+        }
+        state.inbox.store(through: through)
+        return state.ackAction()
+    }
+
+    /// A sync covers the handled count `through` (of `epoch`): it may be acknowledged.
+    private func handledStored(through: UInt64, epoch: UInt64) {
+        let action = apply { state, _ -> (MessageChannel, SessionInbox.AckStep)? in
+            guard state.epoch == epoch else { return nil }
+            state.inbox.store(through: through)
+            return state.ackAction()
+        }
+        if let (channel, step) = action { channel.performAck(step) }
     }
 
     /// The ACK to send now, if messages wait for one.
@@ -380,7 +556,14 @@ final class MessageSession: Sendable {
             guard let released = state.outbox.acknowledge(through: count) else {
                 return "ACK of \(count) messages, but only \(state.outbox.nextNumber - 1) were sent"
             }
-            if released > 0 { state.wakeSenders(&wakes) }
+            if released > 0 {
+                state.wakeSenders(&wakes)
+                // Not synced: a released record lost in a crash only makes the restarted side
+                // resend what the peer says it has (it drops them).
+                if let store, (try? store.append(.released(key, through: count))) == nil {
+                    logger.debug("session store: could not record acknowledgement \(count)")
+                }
+            }
             state.wakeDrainsIfDue(&wakes)
             return nil
         }
@@ -423,8 +606,65 @@ final class MessageSession: Sendable {
         // (no ACK would wake them when everything was acknowledged this way).
         return apply { state, wakes in
             defer { state.wakeSenders(&wakes) }
-            return state.clientOpen(reply, on: channel, logger: logger)
+            return clientOpen(reply, on: channel, &state, &wakes)
         }
+    }
+
+    /// Client: attaches to `channel` on the server's SESSION answer, resuming (resending what the
+    /// server lacks) or starting anew (what was sent before is undelivered, what was not goes now).
+    private func clientOpen(
+        _ reply: SessionHello, on channel: MessageChannel, _ state: inout State, _ wakes: inout Wakes
+    ) -> Result<Opened, TransportError> {
+        let opened: Opened
+        let wasConnected = state.everConnected
+        if reply.resumed == true, state.everConnected,
+            let resend = state.outbox.resume(peerReceived: reply.received, transmittable: state.durableThrough)
+        {
+            for entry in resend { _ = Self.transmit(entry.item, on: channel) }
+            state.resumes += 1
+            opened = .resumed(resent: resend.count)
+        } else {
+            if reply.resumed == true && state.everConnected {
+                logger.warning("the server's session state does not match this side's; starting a new session")
+            }
+            let (lost, kept) = state.outbox.restart()
+            state.startEpoch()
+            state.everConnected = true
+            // The store starts the session over too: its snapshot, then the kept messages under
+            // their new numbers (written before any of them goes out).
+            var transmittable = kept.last?.number ?? 0
+            if let store {
+                // (The snapshot counts from the first kept message: their records follow it.)
+                var snapshot = state.snapshot(key: key, owner: owner)
+                snapshot.nextNumber = kept.first?.number ?? snapshot.nextNumber
+                snapshot.acknowledged = snapshot.nextNumber - 1
+                var records: [Journal.Record] = [.session(snapshot)]
+                for entry in kept {
+                    records.append(
+                        .message(key, number: entry.number, codecID: entry.item.codecID, typeID: entry.item.typeID, payload: entry.item.payload))
+                }
+                do throws(FileError) {
+                    let position = try store.append(records)
+                    if syncs {
+                        transmittable = 0
+                        let (epoch, last) = (state.epoch, kept.last?.number ?? 0)
+                        wakes.syncs.append((position, { [weak self] _ in self?.madeDurable(through: last, epoch: epoch) }))
+                    }
+                } catch {
+                    // The store cannot follow: what it holds is stale. Go on in memory; a restart
+                    // would resume the old session, which the server no longer knows (reported then).
+                    logger.error("the session store cannot record the new session: \(error.message)")
+                }
+            }
+            state.durableThrough = transmittable
+            state.channel = channel
+            state.outbox.transmit(through: transmittable) { Self.transmit($0, on: channel) }
+            opened = .new(undelivered: lost.map(Self.undelivered))
+        }
+        if wasConnected { state.reconnects += 1 }
+        state.everConnected = true
+        state.channel = channel
+        return .success(opened)
     }
 
     /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
@@ -432,19 +672,43 @@ final class MessageSession: Sendable {
     func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Int, TransportError> {
         apply { state, wakes in
             defer { state.wakeSenders(&wakes) }
-            return state.serverOpen(hello, isNew: isNew, on: channel, id: id)
+            var resent: [SessionOutbox<Frame>.Entry] = []
+            if !isNew {
+                guard let entries = state.outbox.resume(peerReceived: hello.received, transmittable: state.durableThrough) else {
+                    return .failure(
+                        TransportError(
+                            .protocolViolation,
+                            "the client says it received \(hello.received) session messages; "
+                                + "\(state.outbox.acknowledged)…\(state.outbox.nextNumber - 1) is possible"))
+                }
+                resent = entries
+                state.reconnects += 1
+                state.resumes += 1
+            }
+            let answer = SessionHello(id: id, received: state.inbox.reconnected(), resumed: !isNew)
+            _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
+            for entry in resent { _ = Self.transmit(entry.item, on: channel) }
+            state.everConnected = true
+            state.channel = channel
+            return .success(resent.count)
         }
     }
 
     /// Ends the session: sends fail from now on; returns the messages never acknowledged.
-    func end(_ reason: MessagingError) -> [UndeliveredMessage] {
+    /// - Parameter keepStored: Leave it in the store for a later process to continue (a server
+    ///   that stops, a client closed with messages in flight): nothing is reported undelivered.
+    func end(_ reason: MessagingError, keepStored: Bool = false) -> [UndeliveredMessage] {
         apply { state, wakes in
             guard state.ended == nil else { return [] }
             state.ended = reason
             state.channel = nil
             state.wakeDrainsIfDue(&wakes)
             state.wakeSenders(&wakes, with: reason)
-            return state.outbox.removeAll().map(Self.undelivered)
+            if let store, !keepStored, (try? store.append(.ended(key))) == nil {
+                logger.warning("session store: could not record the end of session \(key); a restart would resume it")
+            }
+            let kept = state.outbox.removeAll()
+            return keepStored && store != nil ? [] : kept.map(Self.undelivered)
         }
     }
 
@@ -468,54 +732,5 @@ final class MessageSession: Sendable {
         UndeliveredMessage(
             number: entry.number, typeID: entry.item.typeID, codecID: entry.item.codecID, payload: entry.item.payload,
             wasTransmitted: entry.transmitted)
-    }
-}
-
-extension MessageSession.State {
-    /// Client: attaches to `channel` on the server's SESSION answer, resuming (resending what the
-    /// server lacks) or starting anew (what was sent before is undelivered, what was not goes now).
-    mutating func clientOpen(_ reply: SessionHello, on channel: MessageChannel, logger: Logger) -> Result<MessageSession.Opened, TransportError> {
-        let opened: MessageSession.Opened
-        if reply.resumed == true, everConnected, let resend = outbox.resume(peerReceived: reply.received) {
-            for entry in resend { _ = MessageSession.transmit(entry.item, on: channel) }
-            resumes += 1
-            opened = .resumed(resent: resend.count)
-        } else {
-            if reply.resumed == true && everConnected {
-                logger.warning("the server's session state does not match this side's; starting a new session")
-            }
-            let (lost, kept) = outbox.restart()
-            startEpoch()
-            for entry in kept { _ = MessageSession.transmit(entry.item, on: channel) }
-            opened = .new(undelivered: lost.map(MessageSession.undelivered))
-        }
-        if everConnected { reconnects += 1 }
-        everConnected = true
-        self.channel = channel
-        return .success(opened)
-    }
-
-    /// Server: attaches to `channel` on the client's SESSION, answers it and resends what the
-    /// client lacks (nothing for a new session). Returns how many messages went again.
-    mutating func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel, id: String) -> Result<Int, TransportError> {
-        var resent: [SessionOutbox<Frame>.Entry] = []
-        if !isNew {
-            guard let entries = outbox.resume(peerReceived: hello.received) else {
-                return .failure(
-                    TransportError(
-                        .protocolViolation,
-                        "the client says it received \(hello.received) session messages; "
-                            + "\(outbox.acknowledged)…\(outbox.nextNumber - 1) is possible"))
-            }
-            resent = entries
-            reconnects += 1
-            resumes += 1
-        }
-        let answer = SessionHello(id: id, received: inbox.reconnected(), resumed: !isNew)
-        _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
-        for entry in resent { _ = MessageSession.transmit(entry.item, on: channel) }
-        everConnected = true
-        self.channel = channel
-        return .success(resent.count)
     }
 }

@@ -5,6 +5,7 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         fileprivate enum Kind: Sendable, Hashable {
             case notStarted, alreadyStarted, listenFailed, publishFailed, serviceNotFound, ambiguousService
             case connectFailed, stopped, peerTooSlow, notConnected, untrustedServer, unusableIdentity
+            case sessionStoreUnusable, sessionStoreFailed
         }
         fileprivate let kind: Kind
         /// The server is not running.
@@ -37,6 +38,15 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         /// does not start (nothing listens, nothing is published), the client does not connect.
         /// The message names the file and what to do; `underlying` is the ``FileError``.
         public static let unusableIdentity = Code(kind: .unusableIdentity)
+        /// The session store (``SessionConfiguration/store``) cannot be used: the server does not
+        /// start, the client does not connect. Another process holds it, or its file is damaged,
+        /// of another format version, or holds another identity's sessions; the message names the
+        /// file and what to do (the library never resets a store by itself); `underlying` is the
+        /// ``FileError``.
+        public static let sessionStoreUnusable = Code(kind: .sessionStoreUnusable)
+        /// The session store could not keep a message (the disk is full, an I/O error): `send`
+        /// failed and nothing of the message was kept or sent. `underlying` is the ``FileError``.
+        public static let sessionStoreFailed = Code(kind: .sessionStoreFailed)
 
         public var description: String { "\(kind)" }
     }

@@ -51,14 +51,20 @@ struct ServerRegistry<Connection: AnyObject, Owner: Equatable> {
             }
             return .resumed(existing.connection)
         }
-        lastID += 1
-        let connection = make(lastID)
-        connections[lastID] = connection
+        let id = makeID()
+        let connection = make(id)
+        connections[id] = connection
         // From here its end is reported once (by its channel's close, or by a stop() that lists it
         // meanwhile), though `.accepted` comes after the session is attached.
-        unreported.insert(lastID)
+        unreported.insert(id)
         if let session { sessions[session] = (connection, owner) }
         return .new(connection)
+    }
+
+    /// A new connection id (for a connection registered here, or one made only for a report).
+    mutating func makeID() -> UInt64 {
+        lastID += 1
+        return lastID
     }
 
     /// Whether the server may report connection `id` opened (accepted or resumed): not when a

@@ -202,6 +202,9 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     public var hasSession: Bool { session != nil }
     /// One-way messages sent to this connection's session and not yet acknowledged.
     public var unacknowledgedCount: Int { session?.unacknowledgedCount ?? 0 }
+    /// Those messages themselves, oldest first (empty without a session): what would be lost if the
+    /// session could not be resumed — with a ``SessionStore``, also those kept from before a restart.
+    public var unacknowledgedMessages: [UndeliveredMessage] { session?.keptMessages ?? [] }
 
     /// The connection's health: round-trip time, when the client was last heard from, resumes.
     public var health: ConnectionHealth {

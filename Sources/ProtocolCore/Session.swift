@@ -94,13 +94,43 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
     }
 
     /// A new connection of a resumed session: the peer received up to `peerReceived`.
+    /// - Parameter transmittable: Only messages up to this number may go on the wire now (the
+    ///   others wait until a session store has synced them: ``transmit(through:_:)``).
     /// - Returns: The messages to send again, in order (now marked transmitted); nil when the peer
     ///   claims more than was sent, or less than it already acknowledged (it lost its state: the
     ///   session cannot resume).
-    @inlinable public mutating func resume(peerReceived: UInt64) -> [Entry]? {
+    @inlinable public mutating func resume(peerReceived: UInt64, transmittable: UInt64 = .max) -> [Entry]? {
         guard peerReceived >= acknowledged, acknowledge(through: peerReceived) != nil else { return nil }
-        for index in head..<entries.count { entries[index].transmitted = true }
-        return Array(entries[head...])
+        var resend: [Entry] = []
+        for index in head..<entries.count where entries[index].number <= transmittable {
+            entries[index].transmitted = true
+            resend.append(entries[index])
+        }
+        return resend
+    }
+
+    /// Messages up to `number` may go on the wire now: `send` is called for each one kept and not
+    /// transmitted yet, in order, and says whether it went.
+    @inlinable public mutating func transmit(through number: UInt64, _ send: (Item) -> Bool) {
+        guard head < entries.count else { return }
+        // Numbers are contiguous: entry i holds number entries[head].number + (i - head).
+        let first = entries[head].number
+        guard number >= first else { return }
+        let last = min(entries.count - 1, head + Int(number - first))
+        for index in head...last where !entries[index].transmitted {
+            entries[index].transmitted = send(entries[index].item)
+        }
+    }
+
+    /// Starts from a session store: `items` are the kept messages numbered from `firstNumber`;
+    /// the next message gets `nextNumber`.
+    @inlinable public mutating func restore(_ items: [(item: Item, size: Int)], firstNumber: UInt64, nextNumber: UInt64, transmitted: Bool) {
+        entries = []
+        head = 0
+        _bytes = 0
+        _nextNumber = firstNumber
+        for (item, size) in items { append(item, size: size, transmitted: transmitted) }
+        _nextNumber = max(_nextNumber, nextNumber)
     }
 
     /// The peer does not know the session (it restarted, or its grace period expired): starts a new

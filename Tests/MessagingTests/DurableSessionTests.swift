@@ -1,0 +1,187 @@
+import Foundation
+import Logging
+import Testing
+
+import Locks
+@testable import Messaging
+
+/// Sessions kept in a ``SessionStore`` outlive the process, on loopback in this process: a server
+/// stopped and started again on the same store and port, a client closed with messages in flight
+/// and made again on its store. (A `kill -9` of real processes: SessionChaosTests.)
+@Suite struct DurableSessionTests {
+    typealias Numbered = SessionTests.Numbered
+    typealias Gate = AcknowledgementTests.Gate
+
+    static func store(_ name: String, _ durability: SessionStore.Durability = .processCrash) -> SessionStore {
+        SessionStore(directory: SessionStoreTests.directory(name), durability: durability)
+    }
+
+    /// The server's app has handled 5 of 10 when the server stops; a new server on the store
+    /// continues the session: the client resends exactly the 5 unhandled, the new server's app gets
+    /// them once (`.accepted`, then `.resumed(resent: 0)`), and the client reports nothing lost.
+    /// The server's own unacknowledged messages to the client come from the store too.
+    @Test(arguments: [SessionStore.Durability.processCrash, .powerLoss])
+    func aRestartedServerContinuesItsSessionsFromTheStore(_ durability: SessionStore.Durability) async throws {
+        let store = Self.store("server", durability)
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        let gate = Gate()
+        let seen = Locked<[Int]>([])
+        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.store = store
+            $0.session?.ackDelay = .milliseconds(5)
+        }
+        let first = try await LoopbackServer(configure: configure, handle: { _, event in
+            guard case .received(_, let message) = event, let value = try? message.decode(Numbered.self) else { return }
+            seen.withLock { $0.append(value.n) }
+            if value.n == 6 { try? await gate.pass() }  // never opened: 6…10 stay unhandled
+        })
+        let client = try await first.client("sensor", configure: SessionTests.fastReconnect)
+        let events = EventLog<ClientEvent>()
+        let down = Locked<[Int]>([])
+        let reader = Task {
+            for await event in client.events {
+                if case .received(let message) = event, let value = try? message.decode(Numbered.self) {
+                    down.withLock { $0.append(value.n) }
+                } else {
+                    events.append(event)
+                }
+            }
+        }
+        for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("5 acknowledged") { client.unacknowledgedCount == 5 }
+        // The server's messages to the client, kept while it is away: one goes before the stop...
+        let connection = try #require(first.server.connections.first)
+        try await connection.send(Numbered(n: 100), type: "n")
+        try await waitUntil("the first down") { down.withLock { $0 } == [100] }
+        await first.server.stop()
+        try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
+
+        seen.withLock { $0 = [] }
+        let second = try await LoopbackServer(configure: configure, handle: { _, event in
+            if case .received(_, let message) = event, let value = try? message.decode(Numbered.self) {
+                seen.withLock { $0.append(value.n) }
+            }
+        })
+        try await waitUntil("all acknowledged by the new server") { client.unacknowledgedCount == 0 }
+        #expect(seen.withLock { $0 } == [6, 7, 8, 9, 10])
+        let accepted = try await second.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        let resumed = try await second.events.wait("resumed") { if case .resumed = $0 { true } else { false } }
+        guard case .accepted(let again) = accepted, case .resumed(let same, let resent) = resumed else { return }
+        #expect(again == same && resent == 0 && again.hasSession)
+        try await again.send(Numbered(n: 101), type: "n")
+        try await waitUntil("the second down") { down.withLock { $0 } == [100, 101] }
+        let clientResumed = try await events.wait("client resumed") { if case .resumed = $0 { true } else { false } }
+        if case .resumed(let clientResent) = clientResumed { #expect(clientResent == 5) }
+        #expect(events.count { if case .undelivered = $0 { true } else { false } } == 0)
+        await client.close()
+        reader.cancel()
+        await second.server.stop()
+    }
+
+    /// A client closed while its server is away keeps what it could not send in its store; a new
+    /// client on that store sends it once the server is there.
+    @Test func aClientMadeAgainOnItsStoreSendsWhatTheLastOneKept() async throws {
+        let store = Self.store("client")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        var configuration = ClientConfiguration(peerName: "sensor", reconnect: ReconnectPolicy(initialDelay: .milliseconds(10), maxDelay: .milliseconds(50)))
+        configuration.channel.security = .plaintext
+        configuration.waitsForServer = true
+        configuration.session?.store = store
+        configuration.peerMemory = nil
+        let first = try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+        for n in 1...5 { try await first.send(Numbered(n: n), type: "n") }
+        await first.close()  // no server: nothing drained, all 5 kept in the store
+        let firstEvents = EventLog<ClientEvent>()
+        for await event in first.events { firstEvents.append(event) }
+        #expect(firstEvents.count { if case .undelivered = $0 { true } else { false } } == 0)
+
+        let second = try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+        #expect(second.unacknowledgedCount == 5)
+        for n in 6...7 { try await second.send(Numbered(n: n), type: "n") }
+        let seen = Locked<[Int]>([])
+        let server = try await LoopbackServer(
+            security: .plaintext,
+            configure: {
+                $0.listener.port = port
+                $0.listener.families = [.ipv4]
+            },
+            handle: { _, event in
+                if case .received(_, let message) = event, let value = try? message.decode(Numbered.self) {
+                    seen.withLock { $0.append(value.n) }
+                }
+            })
+        try await waitUntil("all acknowledged") { second.unacknowledgedCount == 0 }
+        #expect(seen.withLock { $0 } == Array(1...7))
+        await second.close()
+        // What the first connection wrote (the session begun again, its kept messages renumbered)
+        // reads back: a third client on the store opens it, with nothing left to send.
+        let third = try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+        #expect(third.unacknowledgedCount == 0)
+        await third.close()
+        await server.server.stop()
+    }
+
+    /// A session from before the restart whose client never comes back ends after the grace
+    /// period: the messages it kept are reported as never acknowledged, on a connection made for
+    /// the report (closed, `sessionExpired`), and the store forgets it.
+    @Test func aRestoredSessionWhoseClientNeverComesBackIsReported() async throws {
+        let store = Self.store("expiry")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.store = store
+            $0.session?.gracePeriod = .milliseconds(300)
+        }
+        let first = try await LoopbackServer(configure: configure)
+        // A client that opens a session, reads nothing (acknowledges nothing) and is gone.
+        var options = ChannelConfiguration(name: "leaver")
+        options.offersSessions = true
+        let channel = try await MessageChannel.connect(
+            to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)], configuration: options, logger: testLogger())
+        _ = try await channel.openSession(
+            MessageSession(id: MessageSession.makeID(), configuration: SessionConfiguration(), logger: testLogger()),
+            timeout: .seconds(5))
+        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        await first.server.stop()
+        channel.abort()
+
+        let second = try await LoopbackServer(configure: configure)
+        let report = try await second.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
+        guard case .undelivered(let gone, let lost) = report else { return }
+        #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3] && lost.allSatisfy(\.wasTransmitted))
+        try await second.events.wait("closed") { if case .closed(let closed, .sessionExpired) = $0 { closed == gone } else { false } }
+        await second.server.stop()
+        let third = try await LoopbackServer(configure: configure)
+        #expect(third.server.store.withLock { $0.restored.isEmpty }, "the store forgot it")
+        await third.server.stop()
+    }
+
+    /// The store is refused with the file named when another server holds it.
+    @Test func aSecondServerOnTheSameStoreIsRefused() async throws {
+        let store = Self.store("two-servers")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let first = try await LoopbackServer(configure: { $0.session?.store = store })
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Second")
+        configuration.publish = false
+        configuration.listener.loopbackOnly = true
+        configuration.session?.store = store
+        let second = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+        do {
+            try await second.start()
+            Issue.record("a second server opened the store")
+        } catch {
+            #expect(error.code == .sessionStoreUnusable)
+            #expect(error.message.contains("is in use by another process") && error.message.contains(store.directory))
+        }
+        #expect(second.port == nil, "nothing listens")
+        await first.server.stop()
+    }
+}

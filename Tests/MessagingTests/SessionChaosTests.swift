@@ -1,0 +1,198 @@
+import Foundation
+import Testing
+
+/// Durable sessions against `kill -9`, with real processes and real files (issue 42): a sensor
+/// (client) streams numbered values to a collector (server); each keeps its sessions in a store,
+/// the collector writes each value to its file and then lets the library acknowledge it (the
+/// program is Tests/SessionChaos). Killed at random points — the receiver, then the sender (every
+/// other time while the receiver is away), then either or both while values flow both ways, then
+/// the same with power-loss durability — the
+/// files must hold every value exactly once, in order, and the senders must report nothing
+/// undelivered.
+///
+/// Short in the test run (`LANMSG_CHAOS_CYCLES`, default 8 per phase); the long form is
+/// `Tests/chaos/session-chaos.sh --cycles 100`. Loopback only; every process is one this test
+/// started, stopped by its PID.
+@Suite(.serialized) struct SessionChaosTests {
+    static var cycles: Int { Int(ProcessInfo.processInfo.environment["LANMSG_CHAOS_CYCLES"] ?? "") ?? 8 }
+
+    enum Victim: String { case receiver, sender, both }
+
+    struct Phase {
+        let name: String
+        /// Who is killed in each cycle (`both`: the server, the client or both, at random).
+        let victim: Victim
+        /// The collector streams values to the sensor too.
+        let bothWays: Bool
+        let durability: String
+    }
+
+    static let phases = [
+        Phase(name: "receiver killed", victim: .receiver, bothWays: false, durability: "crash"),
+        Phase(name: "sender killed", victim: .sender, bothWays: false, durability: "crash"),
+        Phase(name: "both ways, either or both killed", victim: .both, bothWays: true, durability: "crash"),
+        Phase(name: "both ways, power-loss durability", victim: .both, bothWays: true, durability: "power"),
+    ]
+
+    @Test(arguments: 0..<phases.count)
+    func killedProcessesLoseNothingAndDuplicateNothing(_ index: Int) async throws {
+        let phase = Self.phases[index]
+        let root = NSTemporaryDirectory() + "session-chaos-\(index)-\(UInt64.random(in: 0...UInt64.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let port = try freePort()
+        let server = Side(
+            name: "server", arguments: ["server", "--port", "\(port)", "--dir", root + "/server", "--durability", phase.durability]
+                + (phase.bothWays ? ["--send"] : []))
+        let client = Side(
+            name: "client", arguments: ["client", "--port", "\(port)", "--dir", root + "/client", "--send", "--durability", phase.durability])
+        defer {
+            server.kill()
+            client.kill()
+        }
+        try await server.start()
+        try await client.start()
+        var kills = (server: 0, client: 0)
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<Self.cycles {
+            try await Task.sleep(for: .milliseconds(Int.random(in: 100...600, using: &generator)))
+            let victims: [Side]
+            switch phase.victim {
+            case .receiver: victims = [server]
+            case .sender: victims = [client]
+            case .both: victims = [[server], [client], [server, client]].randomElement(using: &generator)!
+            }
+            // Every other time the sender dies, the receiver is away (stopped, its sessions kept):
+            // what the sender sent meanwhile is in its memory and its store only.
+            let away = phase.victim == .sender && kills.client % 2 == 1
+            if away {
+                server.signal(SIGTERM)
+                server.waitForExit()
+                try await Task.sleep(for: .milliseconds(Int.random(in: 50...300, using: &generator)))
+            }
+            for side in victims { side.kill() }
+            if away { try await server.start() }
+            for side in victims {
+                if side === server { kills.server += 1 } else { kills.client += 1 }
+                try await side.start()
+            }
+        }
+        // Calm: the senders stop, everything they sent is acknowledged, then both end.
+        try await Task.sleep(for: .milliseconds(300))
+        let senders = phase.bothWays ? [client, server] : [client]
+        for side in senders { side.signal(SIGUSR1) }
+        for side in senders { try await side.waitFor("DRAINED", timeout: .seconds(60)) }
+        for side in [client, server] { side.signal(SIGTERM) }
+        for side in [client, server] { side.waitForExit() }
+
+        var counts = Self.check(receiver: root + "/server", sender: root + "/client", direction: "sensor → collector")
+        var report = "\(phase.name): \(Self.cycles) cycles (\(kills.server) collector kills, \(kills.client) sensor kills), "
+            + "\(counts.arrived) values up"
+        if phase.bothWays {
+            let down = Self.check(receiver: root + "/client", sender: root + "/server", direction: "collector → sensor")
+            report += ", \(down.arrived) down"
+            counts.lost += down.lost
+            counts.duplicated += down.duplicated
+            counts.undelivered += down.undelivered
+        }
+        print("MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), undelivered \(counts.undelivered)")
+    }
+
+    /// Checks one direction: the receiver's file holds each session's numbers 1…n once, in order,
+    /// and the values in increasing order (none twice); every value whose `send` returned is there;
+    /// the sender reported nothing undelivered. Returns what it counted.
+    static func check(receiver: String, sender: String, direction: String) -> (arrived: Int, lost: Int, duplicated: Int, undelivered: Int) {
+        func lines(_ path: String) -> [Substring] {
+            ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n")
+        }
+        var next: [Substring: UInt64] = [:]
+        var values: [Int] = []
+        for line in lines(receiver + "/received.log") {
+            let fields = line.split(separator: " ")
+            guard fields.count == 3, let number = UInt64(fields[1]), let value = Int(fields[2]) else {
+                Issue.record("\(direction): a line that is no message: \(line)")
+                continue
+            }
+            let expected = next[fields[0], default: 1]
+            #expect(number == expected, "\(direction): session \(fields[0].prefix(8)) number \(number) where \(expected) was next")
+            next[fields[0]] = number + 1
+            values.append(value)
+        }
+        let duplicated = values.count - Set(values).count
+        #expect(duplicated == 0, "\(direction): \(duplicated) values twice")
+        #expect(values == values.sorted(), "\(direction): values out of order")
+        let received = Set(values)
+        let sent = lines(sender + "/sent.log").compactMap { Int($0) }
+        let lost = sent.filter { !received.contains($0) }
+        #expect(lost.isEmpty, "\(direction): \(lost.count) sent values never arrived, the first \(lost.prefix(10))")
+        #expect(!sent.isEmpty, "\(direction): nothing was sent")
+        let undelivered = lines(sender + "/undelivered.log")
+        #expect(undelivered.isEmpty, "\(direction): reported undelivered: \(undelivered.prefix(10))")
+        return (values.count, lost.count, duplicated, undelivered.count)
+    }
+
+    /// One program: started, killed with SIGKILL, started again on the same directory.
+    final class Side: @unchecked Sendable {  // touched by the test's task only
+        let name: String
+        let arguments: [String]
+        private var process: Process?
+        private var output = ""
+
+        init(name: String, arguments: [String]) {
+            self.name = name
+            self.arguments = arguments
+        }
+
+        static var binary: String {
+            var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+            if directory.lastPathComponent.hasSuffix(".xctest") { directory.deleteLastPathComponent() }
+            return directory.appendingPathComponent("session-chaos").path
+        }
+
+        /// Starts it and waits until it says READY.
+        func start() async throws {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: Self.binary)
+            process.arguments = arguments
+            output = NSTemporaryDirectory() + "session-chaos-\(name)-\(UInt64.random(in: 0...UInt64.max)).out"
+            _ = FileManager.default.createFile(atPath: output, contents: nil)
+            process.standardOutput = FileHandle(forWritingAtPath: output)
+            process.standardError = process.standardOutput
+            try process.run()
+            self.process = process
+            try await waitFor("READY", timeout: .seconds(20))
+        }
+
+        var text: String { (try? String(contentsOfFile: output, encoding: .utf8)) ?? "" }
+
+        func waitFor(_ needle: String, timeout: Duration) async throws {
+            let deadline = ContinuousClock.now + timeout
+            while !text.contains(needle) {
+                guard ContinuousClock.now < deadline, process?.isRunning == true else {
+                    throw TestFailure("\(name): no \(needle) within \(timeout); it said: \(text.suffix(2000))")
+                }
+                try await Task.sleep(for: .milliseconds(10))
+            }
+        }
+
+        func signal(_ number: Int32) {
+            if let process, process.isRunning { Foundation.kill(process.processIdentifier, number) }
+        }
+
+        /// SIGKILL, and waits until it is gone (its store's lock with it).
+        func kill() {
+            guard let process, process.isRunning else { return }
+            Foundation.kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            try? FileManager.default.removeItem(atPath: output)
+        }
+
+        /// Waits (up to 30 s) for it to end after SIGTERM; then SIGKILL.
+        func waitForExit() {
+            guard let process else { return }
+            let deadline = ContinuousClock.now + .seconds(30)
+            while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+            if process.isRunning { kill() }
+            try? FileManager.default.removeItem(atPath: output)
+        }
+    }
+}

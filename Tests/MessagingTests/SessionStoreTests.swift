@@ -1,0 +1,267 @@
+import Foundation
+import Logging
+import Testing
+
+import Locks
+@testable import Messaging
+import ProtocolCore
+
+/// The session store alone: its format (records, checksums, what a torn tail and a flipped byte
+/// are), its file (lock, identity, version, compaction) — real files in a temporary directory.
+@Suite struct SessionStoreTests {
+    static func directory(_ name: String) -> String {
+        NSTemporaryDirectory() + "session-store-\(name)-\(UInt64.random(in: 0...UInt64.max))"
+    }
+
+    static let key = Journal.Key(hex: "00112233445566778899aabbccddeeff")!
+    static let position = Journal.Key(hex: "ffeeddccbbaa99887766554433221100")!
+
+    /// A file's bytes: a header, a session and `count` messages, some released.
+    static func file(messages count: Int) -> [UInt8] {
+        var bytes = Journal.Header(role: .server, identity: "plaintext").encoded
+        Journal.Record.session(Journal.Snapshot(key: key, positionID: position, owner: "owner")).encode(into: &bytes)
+        for number in 1...UInt64(count) {
+            Journal.Record.message(key, number: number, codecID: 1, typeID: "reading", payload: Array("{\"n\":\(number)}".utf8))
+                .encode(into: &bytes)
+            if number == 2 { Journal.Record.released(key, through: 1).encode(into: &bytes) }
+        }
+        Journal.Record.handled(key, through: 7).encode(into: &bytes)
+        return bytes
+    }
+
+    static func scan(_ bytes: [UInt8]) -> Result<Journal.Scan, Journal.Damage> { bytes.withUnsafeBytes { Journal.scan($0) } }
+
+    @Test func crc32cMatchesItsCheckValue() {
+        #expect(CRC32C.checksum(Array("123456789".utf8)) == 0xE306_9283)
+        #expect(CRC32C.checksum([UInt8]()) == 0)
+        let long = (0..<1000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let bytewise = long.withUnsafeBytes { raw in
+            (0..<raw.count).reduce(UInt32(0)) { crc, index in CRC32C.checksum(UnsafeRawBufferPointer(rebasing: raw[index..<index + 1]), continuing: crc) }
+        }
+        #expect(CRC32C.checksum(long) == bytewise, "slicing by 8 agrees with a byte at a time")
+    }
+
+    @Test func recordsRoundTripAndReplay() throws {
+        let bytes = Self.file(messages: 5)
+        let scan = try Self.scan(bytes).get()
+        #expect(scan.header == Journal.Header(role: .server, identity: "plaintext"))
+        #expect(scan.records.count == 1 + 5 + 1 + 1 && scan.torn == 0 && scan.end == bytes.count)
+        let sessions = try Journal.replay(scan.records).get()
+        let session = try #require(sessions[Self.key])
+        #expect(session.messages.map(\.number) == [2, 3, 4, 5])
+        #expect(session.snapshot.nextNumber == 6 && session.snapshot.acknowledged == 1 && session.snapshot.handled == 7)
+        #expect(session.snapshot.owner == "owner" && session.snapshot.positionID == Self.position)
+        #expect(String(decoding: session.messages.first!.payload, as: UTF8.self) == "{\"n\":2}")
+    }
+
+    /// A crash interrupts the last write at any byte: every complete record before it is read back,
+    /// the rest reported as torn (to be cut), never as damage.
+    @Test func aTornLastRecordIsCutAtEveryOffset() throws {
+        let bytes = Self.file(messages: 3)
+        let full = try Self.scan(bytes).get()
+        let last = try #require(full.records.last)
+        for cut in last.offset..<bytes.count {
+            let scan = try Self.scan(Array(bytes[..<cut])).get()
+            #expect(scan.records.count == full.records.count - 1, "cut at \(cut)")
+            #expect(scan.end == last.offset && scan.torn == cut - last.offset)
+        }
+        // And inside every record, not only the last: what precedes the cut is kept.
+        for cut in full.headerSize..<bytes.count {
+            let scan = try Self.scan(Array(bytes[..<cut])).get()
+            #expect(scan.records.count == full.records.filter { $0.offset + $0.length <= cut }.count)
+        }
+    }
+
+    /// One byte changed anywhere — header or record, length, checksum or body — is damage, never
+    /// a silent reset or a shorter file.
+    @Test func aFlippedByteAnywhereIsDetected() {
+        let bytes = Self.file(messages: 3)
+        var undetected: [Int] = []
+        for index in bytes.indices {
+            for mask: UInt8 in [0x01, 0x80, 0xFF] {
+                var damaged = bytes
+                damaged[index] ^= mask
+                if case .success = Self.scan(damaged) { undetected.append(index) }
+            }
+        }
+        #expect(undetected.isEmpty, "undetected flips at \(undetected)")
+    }
+
+    @Test func anotherVersionAndAnotherFileAreNamed() {
+        var bytes = Self.file(messages: 1)
+        bytes[9] = 2  // version 2
+        #expect(Self.scan(bytes).failure == .otherVersion(2))
+        #expect(Self.scan(Array("hello, world, not a journal".utf8)).failure == .notAJournal)
+        if case .damagedHeader = Self.scan(Array(bytes[0..<10])).failure {} else { Issue.record("a cut header passed") }
+    }
+
+    // MARK: The file
+
+    static func open(_ directory: String, identity: String = "plaintext", role: Journal.Role = .server) throws(FileError) -> SessionJournal {
+        try SessionJournal(SessionStore(directory: directory), role: role, identity: identity, logger: testLogger())
+    }
+
+    @Test func whatWasAppendedIsRestoredAndTheFileIsPrivate() throws {
+        let directory = Self.directory("restore")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        do {
+            let journal = try Self.open(directory)
+            try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+            for number in UInt64(1)...10 {
+                try journal.append(.message(Self.key, number: number, codecID: 1, typeID: "t", payload: [UInt8(number)]))
+            }
+            try journal.append(.released(Self.key, through: 4), .handled(Self.key, through: 3), .connected(Self.key))
+            journal.close()
+        }
+        let journal = try Self.open(directory)
+        let session = try #require(journal.restored[Self.key])
+        #expect(session.messages.map(\.number) == Array(5...10))
+        #expect(session.snapshot.everConnected && session.snapshot.handled == 3)
+        let attributes = try FileManager.default.attributesOfItem(atPath: journal.path)
+        #expect((attributes[.posixPermissions] as? Int) == 0o600)
+        let directoryMode = try FileManager.default.attributesOfItem(atPath: directory)[.posixPermissions] as? Int
+        #expect(directoryMode == 0o700)
+        journal.close()
+    }
+
+    /// One process per store: a second opener (here the same process, a second descriptor) is
+    /// refused with a message saying so; after the first closes, it may.
+    @Test func aSecondOpenerIsRefused() throws {
+        let directory = Self.directory("lock")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try Self.open(directory)
+        #expect(throws: FileError.self) { try Self.open(directory) }
+        do {
+            _ = try Self.open(directory)
+        } catch {
+            #expect(error.message.contains("in use by another process (pid \(getpid()))"), "\(error.message)")
+        }
+        first.close()
+        try Self.open(directory).close()
+    }
+
+    @Test func anotherIdentityOrRoleIsRefusedAndNothingIsReset() throws {
+        let directory = Self.directory("identity")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try Self.open(directory, identity: "aaaa")
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        journal.close()
+        let before = try Data(contentsOf: URL(fileURLWithPath: journal.path))
+        do {
+            _ = try Self.open(directory, identity: "bbbb")
+            Issue.record("another identity opened it")
+        } catch {
+            #expect(error.message.contains("holds the sessions of identity aaaa") && error.path == journal.path)
+        }
+        do {
+            _ = try Self.open(directory, identity: "aaaa", role: .client)
+            Issue.record("a client opened a server's store")
+        } catch {
+            #expect(error.message.contains("holds a server's sessions"))
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: journal.path)) == before, "refusing changes nothing")
+    }
+
+    /// A damaged file is refused with its name, the byte and what to do — and left as it is.
+    @Test func aDamagedFileIsRefusedWithWhatToDo() throws {
+        let directory = Self.directory("damaged")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try Self.open(directory)
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        try journal.append(.message(Self.key, number: 1, codecID: 1, typeID: "t", payload: Array(repeating: 7, count: 40)))
+        journal.close()
+        var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: journal.path)))
+        bytes[bytes.count - 10] ^= 0x20
+        try Data(bytes).write(to: URL(fileURLWithPath: journal.path))
+        do {
+            _ = try Self.open(directory)
+            Issue.record("a damaged store opened")
+        } catch {
+            #expect(error.message.contains("is damaged at byte"))
+            #expect(error.message.contains("move it away") && error.message.contains("never resets it"))
+        }
+        #expect(try [UInt8](Data(contentsOf: URL(fileURLWithPath: journal.path))) == bytes)
+    }
+
+    /// A torn tail on disk is cut when the store opens, and the store goes on after it.
+    @Test func aTornTailOnDiskIsCutAndTheStoreGoesOn() throws {
+        let directory = Self.directory("torn")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try Self.open(directory)
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        try journal.append(.message(Self.key, number: 1, codecID: 1, typeID: "t", payload: [1]))
+        try journal.append(.message(Self.key, number: 2, codecID: 1, typeID: "t", payload: [2, 2, 2, 2]))
+        journal.close()
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: journal.path)[.size] as? Int)
+        #expect(truncate(journal.path, off_t(size - 3)) == 0)
+        let reopened = try Self.open(directory)
+        #expect(reopened.restored[Self.key]?.messages.map(\.number) == [1])
+        try reopened.append(.message(Self.key, number: 2, codecID: 1, typeID: "t", payload: [9]))
+        reopened.close()
+        let again = try Self.open(directory)
+        #expect(again.restored[Self.key]?.messages.map(\.payload) == [[1], [9]])
+        again.close()
+    }
+
+    /// Compaction under load: 40,000 messages written while most are released, the file rewritten
+    /// several times; what is still unacknowledged is exactly what comes back.
+    @Test func compactionUnderLoadKeepsWhatIsUnacknowledged() throws {
+        let directory = Self.directory("compact")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try Self.open(directory)
+        let keys = (0..<4).map { Journal.Key(high: UInt64($0), low: 42) }
+        for key in keys { try journal.append(.session(Journal.Snapshot(key: key, positionID: Self.position))) }
+        let payload = [UInt8](repeating: 0x5A, count: 300)
+        var largestFile = 0
+        for number in UInt64(1)...10_000 {
+            for (index, key) in keys.enumerated() {
+                try journal.append(.message(key, number: number, codecID: 0, typeID: "m\(index)", payload: payload + [UInt8(number & 0xFF)]))
+                // Session 0 keeps its last 50, session 3 keeps everything after 9,000, the others all.
+                if index == 0 && number > 50 { try journal.append(.released(key, through: number - 50)) }
+                if (index == 1 || index == 2) && number % 10 == 0 { try journal.append(.released(key, through: number)) }
+                if index == 3 && number == 9_000 { try journal.append(.released(key, through: 9_000)) }
+            }
+            largestFile = max(largestFile, journal.sizes.file)
+        }
+        let sizes = journal.sizes
+        journal.close()
+        #expect(largestFile < 4 * 10_000 * 330, "the file was compacted (largest \(largestFile) bytes)")
+        let restored = try Self.open(directory)
+        #expect(restored.restored[keys[0]]?.messages.map(\.number) == Array(9_951...10_000))
+        #expect(restored.restored[keys[1]]?.messages.isEmpty == true)
+        #expect(restored.restored[keys[3]]?.messages.map(\.number) == Array(9_001...10_000))
+        #expect(restored.restored[keys[3]]?.messages.last?.payload == payload + [UInt8(10_000 & 0xFF)])
+        #expect(restored.restored[keys[3]]?.snapshot.nextNumber == 10_001)
+        #expect(sizes.live == 1_050 * (payload.count + 1 + 12 + 1 + 16 + 8 + 1 + 2 + 2))
+        restored.close()
+    }
+
+    /// Power-loss durability: a sync covers what was appended; waiters share syncs.
+    @Test func syncWaitersAreServedTogether() async throws {
+        let directory = Self.directory("sync")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try SessionJournal(
+            SessionStore(directory: directory, durability: .powerLoss), role: .client, identity: "plaintext", logger: testLogger())
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        let done = Locked(0)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for number in UInt64(1)...64 {
+                let position = try journal.append(.message(Self.key, number: number, codecID: 0, typeID: "t", payload: [1]))
+                group.addTask {
+                    try await journal.synced(position)
+                    done.withLock { $0 += 1 }
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(done.withLock { $0 } == 64)
+        journal.close()
+    }
+}
+
+extension Result {
+    var failure: Failure? {
+        if case .failure(let error) = self { return error }
+        return nil
+    }
+}

@@ -1,0 +1,252 @@
+// session-chaos: one side of the chaos test of durable sessions (SessionChaosIntegrationTests,
+// Tests/chaos/session-chaos.sh). A collector (server) and a sensor (client), each with a session
+// store, each optionally streaming numbered values to the other; each receiving side writes what it
+// gets to its file, then lets the library acknowledge it — the app of the issue, without the 250
+// lines it had to write itself. The test kills them with SIGKILL at random points and checks the
+// files.
+//
+//   session-chaos server|client --port P --dir DIR [--send] [--durability crash|power]
+//
+// DIR holds the store (DIR/store), the identity (DIR/identity) and three logs:
+//   received.log     "<session> <number> <value>" per message taken, in order (the app's effect)
+//   sent.log         one value per line, written once `send` returned (the message is in the store)
+//   undelivered.log  what the library reported as never acknowledged (must stay empty)
+// Exactly once to the app (the recipe of MessageSessions.md): a message whose position (session,
+// number) the file has already is skipped — it came again because the process died between
+// writing it and acknowledging it.
+//
+// Signals: SIGUSR1 stops sending; once everything sent is acknowledged the program prints DRAINED.
+// SIGTERM ends it. It prints READY once it listens (server) or has started (client).
+import Dispatch
+import Foundation
+import Locks
+import Logging
+import Messaging
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+struct Options {
+    var role = ""
+    var port: UInt16 = 0
+    var directory = ""
+    var send = false
+    var durability = SessionStore.Durability.processCrash
+
+    init(_ arguments: [String]) {
+        var rest = arguments.dropFirst()
+        role = rest.popFirst() ?? ""
+        while let argument = rest.popFirst() {
+            switch argument {
+            case "--port": port = UInt16(rest.popFirst() ?? "") ?? 0
+            case "--dir": directory = rest.popFirst() ?? ""
+            case "--send": send = true
+            case "--durability": durability = rest.popFirst() == "power" ? .powerLoss : .processCrash
+            default: fail("unknown argument \(argument)")
+            }
+        }
+        guard role == "server" || role == "client", port != 0, !directory.isEmpty else {
+            fail("usage: session-chaos server|client --port P --dir DIR [--send] [--durability crash|power]")
+        }
+    }
+}
+
+/// A line on standard output, at once (the test waits for it).
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+func fail(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("session-chaos: \(message)\n".utf8))
+    exit(2)
+}
+
+/// An append-only log file written with `write(2)`: in the operating system when it returns.
+final class LogFile: Sendable {
+    let path: String
+    private let fd: Int32
+
+    init(_ path: String) {
+        self.path = path
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+        if fd < 0 { fail("cannot open \(path)") }
+    }
+
+    func append(_ line: String) {
+        let bytes = Array((line + "\n").utf8)
+        if write(fd, bytes, bytes.count) != bytes.count { fail("cannot write \(path)") }
+    }
+
+    var lines: [Substring] {
+        ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n")
+    }
+}
+
+struct Value: Codable, Sendable { var v: Int }
+
+let options = Options(CommandLine.arguments)
+let logger = {
+    var logger = Logger(label: "session-chaos-\(options.role)") { StreamLogHandler.standardError(label: $0) }
+    logger.logLevel = ProcessInfo.processInfo.environment["CHAOS_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+    return logger
+}()
+try? FileManager.default.createDirectory(atPath: options.directory, withIntermediateDirectories: true)
+let received = LogFile(options.directory + "/received.log")
+let sent = LogFile(options.directory + "/sent.log")
+let undelivered = LogFile(options.directory + "/undelivered.log")
+
+// The recipe: the last position taken per session, from the file (the app's own durable state).
+let lastTaken = Locked<[String: UInt64]>([:])
+for line in received.lines {
+    let fields = line.split(separator: " ")
+    guard fields.count == 3, let number = UInt64(fields[1]) else { continue }
+    lastTaken.withLock { $0[String(fields[0])] = number }
+}
+let stopSending = Locked(false)
+
+/// Takes a received message: its effect (a line in the file) unless its position is taken already.
+func take(_ message: IncomingMessage) {
+    guard let position = message.sessionPosition, let value = try? message.decode(Value.self) else {
+        return received.append("NOT-A-SESSION-MESSAGE")
+    }
+    let done = lastTaken.withLock { taken -> Bool in
+        if let last = taken[position.session], position.number <= last { return true }
+        taken[position.session] = position.number
+        return false
+    }
+    if done { return }  // came again after a crash between its effect and its acknowledgement
+    received.append("\(position.session) \(position.number) \(value.v)")
+}
+
+/// Like a real app, it is sometimes busy: every 100th value costs it 30 ms, while more wait in the
+/// events queue (a kill then finds some arrived and not handled).
+func work(_ message: IncomingMessage) async {
+    if let value = try? message.decode(Value.self), value.v % 100 == 0 { try? await Task.sleep(for: .milliseconds(30)) }
+}
+
+/// The next value to send: after the last one `send` returned, and after any still kept in the
+/// store (sent, then the process died before it wrote it down).
+func firstValue(kept: [UndeliveredMessage]) -> Int {
+    let logged = sent.lines.last.flatMap { Int($0) } ?? 0
+    let inStore = kept.compactMap { try? $0.decode(Value.self).v }.max() ?? 0
+    return max(logged, inStore) + 1
+}
+
+/// Sends values until SIGUSR1, a few hundred a second.
+func stream(_ send: @escaping @Sendable (Value) async throws -> Void, kept: @escaping @Sendable () -> [UndeliveredMessage]) async {
+    var value = firstValue(kept: kept())
+    while !stopSending.withLock({ $0 }) {
+        do {
+            try await send(Value(v: value))
+        } catch {
+            logger.warning("send \(value) failed: \(error)")
+            try? await Task.sleep(for: .milliseconds(20))
+            continue
+        }
+        sent.append("\(value)")
+        value += 1
+        if value % 20 == 0 { try? await Task.sleep(for: .milliseconds(10)) }
+    }
+}
+
+let identity: Identity
+do {
+    identity = try Identity.loadOrCreate(at: options.directory + "/identity")
+} catch {
+    fail("identity: \(error)")
+}
+var session = SessionConfiguration()
+session.store = SessionStore(directory: options.directory + "/store", durability: options.durability)
+session.gracePeriod = .seconds(120)
+
+let usr1 = DispatchSource.makeSignalSource(signal: SIGUSR1, queue: .global())
+signal(SIGUSR1, SIG_IGN)
+// (@Sendable: a handler made in top-level code would be the main actor's, and Dispatch runs it elsewhere.)
+let stopOnUSR1: @Sendable () -> Void = { stopSending.withLock { $0 = true } }
+usr1.setEventHandler(handler: stopOnUSR1)
+usr1.resume()
+let term = DispatchSource.makeSignalSource(signal: SIGTERM, queue: .global())
+signal(SIGTERM, SIG_IGN)
+
+if options.role == "server" {
+    var configuration = ServerConfiguration(serviceType: "_chaos._tcp", serviceName: "collector")
+    configuration.publish = false
+    configuration.listener.port = options.port
+    configuration.listener.loopbackOnly = true
+    configuration.listener.families = [.ipv4]
+    configuration.channel.security = .encrypted(identity: identity, trust: .anyKey)
+    configuration.session = session
+    let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+    do {
+        try await server.start()
+    } catch {
+        fail("start: \(error)")
+    }
+    let stopOnTERM: @Sendable () -> Void = { Task { await server.stop() } }
+    term.setEventHandler(handler: stopOnTERM)
+    term.resume()
+    say("READY \(options.port)")
+    let current = Locked<ServerConnection?>(nil)
+    let streaming = Locked(false)
+    for await event in server.events {
+        switch event {
+        case .received(_, let message):
+            take(message)
+            await work(message)
+        case .accepted(let connection):
+            current.withLock { $0 = connection }
+            let first = streaming.withLock { started -> Bool in
+                defer { started = true }
+                return !started
+            }
+            guard options.send, first else { continue }
+            Task {
+                await stream({ value in
+                    guard let connection = current.withLock({ $0 }) else { throw CancellationError() }
+                    try await connection.send(value, type: "value")
+                }, kept: { current.withLock { $0 }?.unacknowledgedMessages ?? [] })
+                while current.withLock({ $0 })?.unacknowledgedCount ?? 1 > 0 { try? await Task.sleep(for: .milliseconds(20)) }
+                say("DRAINED")
+            }
+        case .undelivered(_, let lost):
+            for message in lost { undelivered.append("\(message.number) \((try? message.decode(Value.self).v) ?? -1)") }
+        default:
+            break
+        }
+    }
+} else {
+    var configuration = ClientConfiguration(
+        peerName: "sensor", reconnect: ReconnectPolicy(initialDelay: .milliseconds(20), maxDelay: .milliseconds(100)))
+    configuration.channel.security = .encrypted(identity: identity, trust: .anyKey)
+    configuration.waitsForServer = true
+    configuration.peerMemory = nil
+    configuration.session = session
+    let client: MessageClient
+    do {
+        client = try await MessageClient.connect(to: .host("127.0.0.1", port: options.port), configuration: configuration, logger: logger)
+    } catch {
+        fail("connect: \(error)")
+    }
+    let closeOnTERM: @Sendable () -> Void = { Task { await client.close() } }
+    term.setEventHandler(handler: closeOnTERM)
+    term.resume()
+    say("READY")
+    if options.send {
+        Task {
+            await stream({ try await client.send($0, type: "value") }, kept: { client.unacknowledgedMessages })
+            while client.unacknowledgedCount > 0 { try? await Task.sleep(for: .milliseconds(20)) }
+            say("DRAINED")
+        }
+    }
+    for await event in client.events {
+        switch event {
+        case .received(let message):
+            take(message)
+            await work(message)
+        case .undelivered(let lost):
+            for message in lost { undelivered.append("\(message.number) \((try? message.decode(Value.self).v) ?? -1)") }
+        default: break
+        }
+    }
+}
