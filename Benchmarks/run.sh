@@ -5,9 +5,13 @@
 # ratio ours/peer, then a table.
 #
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
-#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 W7 D1)
+#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 W7 W8 D1)
 #                                     (W7: MessageServer/MessageClient, one-way messages in a session;
-#                                      the NIO peer has no session, so its W7 anchor is its W1)
+#                                      the NIO peer has no session, so its W7 anchor is its W1;
+#                                      W8: W7's sessions kept in a session store, ours only: 100-byte
+#                                      messages in memory / crash-durable / power-durable, msgs/s and
+#                                      send p50/p99, beside this disk's fsync; and W8R, a server
+#                                      restarted with 100,000 unacknowledged messages in its store)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
@@ -26,7 +30,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
 
 WORKLOADS=("$@")
-[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 W6 W7 D1)
+[ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W1 W2 W3 W4 W5 W6 W7 W8 D1)
 read -r -a IMPLS <<< "${IMPLS:-ours ours+noise ours+foundation nio}"
 PROC_TIMEOUT=${PROC_TIMEOUT:-90}
 
@@ -192,8 +196,69 @@ if [[ " ${IMPLS[*]} " == *" ours+noise "* ]]; then
     fi
 fi
 
+# W8 (issue 42): durable sessions, ours only (the NIO peer keeps nothing), plaintext. Each variant
+# is a server and a client with session stores (one directory each) under $WORK:
+#   memory, crash, power: 64 tasks each sending its share of 200,000 100-byte messages with `send`;
+#   crash with one sequential sender (W7's shape); power with 4 tasks sending batches of 64 with
+#   `send(contentsOf:)` (one sync per batch). Beside them this disk's fsync (300 4 KiB appends).
+run_w8() {
+    local store="$WORK/w8-store" variant mode args tag spid port
+    "$BIN/bench-ours" fsync --dir "$WORK" | tee -a "$RESULTS"
+    for variant in "memory|--w8-senders 64" "crash|--w8-senders 64" "power|--w8-senders 64" "crash|--w8-senders 1" \
+        "power|--w8-senders 4 --w8-batch 64"; do
+        mode=${variant%%|*}; args=${variant#*|}; tag="$WORK/W8-$mode"
+        rm -rf "$store"
+        timeout -k 5 "$PROC_TIMEOUT" "$BIN/bench-ours" server W8 --w8-mode "$mode" --store "$store" > "$tag.server" 2> "$tag.server.err" &
+        spid=$!; STARTED+=("$spid")
+        if ! port=$(wait_ready "$tag.server" "$spid"); then echo "FAILED W8 $mode: server did not start"; stop "$spid"; continue; fi
+        # shellcheck disable=SC2086
+        timeout -k 5 "$PROC_TIMEOUT" "$BIN/bench-ours" client W8 --port "$port" --w8-mode "$mode" --store "$store" $args \
+            > "$tag.client" 2> "$tag.client.err" || echo "FAILED W8 $mode: client exit $? $(tail -n 2 "$tag.client.err" | tr '\n' ' ')"
+        stop "$spid"
+        grep -h '^RESULT ' "$tag.client" | tee -a "$RESULTS" || true
+    done
+    rm -rf "$store"
+    run_w8r
+}
+
+# W8R: a server whose store holds 100,000 messages its client has not acknowledged is killed
+# (SIGKILL) and started again on the same store and port; from its start to the client's
+# `.resumed` event (the client reconnects every 5-20 ms), and the server's own start (store read,
+# listening).
+run_w8r() {
+    local store="$WORK/w8r-store" port spid cpid t0 t1 i open
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    rm -rf "$store"
+    timeout -k 5 "$PROC_TIMEOUT" "$BIN/bench-ours" server W8R --w8r-phase fill --fixed-port "$port" --store "$store" \
+        > "$WORK/w8r.fill" 2>&1 &
+    spid=$!; STARTED+=("$spid")
+    wait_ready "$WORK/w8r.fill" "$spid" > /dev/null || { echo "FAILED W8R: server did not start"; return 0; }
+    timeout -k 5 "$PROC_TIMEOUT" "$BIN/bench-ours" client W8R --port "$port" > "$WORK/w8r.client" 2>&1 &
+    cpid=$!; STARTED+=("$cpid")
+    for i in $(seq 1 600); do
+        grep -q '^RECEIVED' "$WORK/w8r.client" && grep -q '^FILLED' "$WORK/w8r.fill" && break
+        sleep 0.1
+    done
+    grep -q '^FILLED' "$WORK/w8r.fill" || { echo "FAILED W8R: not filled"; stop "$spid"; stop "$cpid"; return 0; }
+    kill -9 "$spid"; wait "$spid" 2>/dev/null || true
+    t0=$(date +%s%N)
+    timeout -k 5 "$PROC_TIMEOUT" "$BIN/bench-ours" server W8R --w8r-phase resume --fixed-port "$port" --store "$store" \
+        > "$WORK/w8r.resume" 2>&1 &
+    spid=$!; STARTED+=("$spid")
+    for i in $(seq 1 300); do grep -q '^RESUMED' "$WORK/w8r.client" && break; sleep 0.02; done
+    t1=$(sed -n 's/^RESUMED \([0-9]*\).*/\1/p' "$WORK/w8r.client")
+    open=$(sed -n 's/^READY .* open_ms=\([0-9.]*\).*/\1/p' "$WORK/w8r.resume")
+    if [ -n "$t1" ]; then
+        echo "RESULT W8R ours unacknowledged=$(sed -n 's/^FILLED \([0-9]*\).*/\1/p' "$WORK/w8r.fill") restart_to_resumed_ms=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", (b - a) / 1e6 }') server_start_ms=${open:--} store_bytes=$(stat -c %s "$store/server/sessions.journal" 2>/dev/null || echo -)" | tee -a "$RESULTS"
+    else
+        echo "FAILED W8R: the client did not resume: $(tail -n 3 "$WORK/w8r.client" | tr '\n' ' ')"
+    fi
+    stop "$spid"; stop "$cpid"; rm -rf "$store"
+}
+
 for w in "${WORKLOADS[@]}"; do
     [ "$w" = D1 ] && continue
+    if [ "$w" = W8 ]; then echo "== W8"; run_w8; continue; fi
     echo "== $w"
     if [ "$w" = W3 ]; then
         run_w3
@@ -249,6 +314,14 @@ for w in "${WORKLOADS[@]}"; do
         W6) row W6 requests_per_s; row W6 p50_us; row W6 p99_us; row W6 rss_100k; row W6 rss_end ;;
         W7) o=$(value W7 ours msgs_per_s); f=$(value W7 ours+foundation msgs_per_s); n=$(value W1 nio msgs_per_s)
             printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "W7" "msgs_per_s" "${o:--}" "${f:--}" "${n:+$n (W1)}" "$(ratio "$o" "$n")" "$(ratio "$f" "$n")" ;;
+        W8) echo
+            echo "W8 durable sessions (100-byte messages; fsync p50 $(value FSYNC disk p50_us) us, p99 $(value FSYNC disk p99_us) us; W7 in memory: $(value W7 ours msgs_per_s) msgs/s)"
+            printf '  %-26s %12s %12s %12s %8s\n' "variant" "msgs_per_s" "send_p50_us" "send_p99_us" "/W7"
+            for v in ours+memory+s64 ours+crash+s64 ours+power+s64 ours+crash+s1 ours+power+s4+batch64; do
+                printf '  %-26s %12s %12s %12s %8s\n' "$v" "$(value W8 "$v" msgs_per_s)" "$(value W8 "$v" send_p50_us)" \
+                    "$(value W8 "$v" send_p99_us)" "$(ratio "$(value W8 "$v" msgs_per_s)" "$(value W7 ours msgs_per_s)")"
+            done
+            echo "  W8R: $(value W8R ours unacknowledged) unacknowledged; restart to resumed $(value W8R ours restart_to_resumed_ms) ms (server start $(value W8R ours server_start_ms) ms)" ;;
         D1) for k in connect_ms_p50 connect_ms_max removed_ms_p50 removed_ms_max; do
                 v=$(value D1 ours "$k"); printf '%-4s %-16s %14s\n' "D1" "$k" "${v:--}"
             done ;;

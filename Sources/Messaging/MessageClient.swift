@@ -243,10 +243,12 @@ public final class MessageClient: Sendable {
 
     /// Sends several messages of one type in order with one hand-off to the connection (see
     /// `MessageChannel.send(contentsOf:type:)`): cheaper than one `send` each for a stream of
-    /// small messages.
+    /// small messages. In a message session all are encoded before the first is kept; with a
+    /// ``SessionStore`` of ``SessionStore/Durability/powerLoss`` it returns once one sync covers
+    /// the whole batch (a batch of 64 costs about one `fdatasync`, not 64).
     public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
         if let session, sessionInUse {
-            for value in values { try await session.send(try sessionFrame(value, type: type)) }
+            try await session.send(contentsOf: values.map { try sessionFrame($0, type: type) })
             return
         }
         try await readyChannel(within: configuration.connectionWait).send(contentsOf: values, type: type)

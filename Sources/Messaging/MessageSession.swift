@@ -184,13 +184,19 @@ final class MessageSession: Sendable {
         var drains: [DrainWaiter] = []
         /// Store positions to wait for, each with what to do once synced (power-loss durability).
         var syncs: [(UInt64, @Sendable (FileError?) -> Void)] = []
+        /// The peer acknowledged messages up to this number: the store releases them.
+        var released: UInt64?
 
-        fileprivate func run(_ store: SessionJournal?) {
+        fileprivate func run(_ session: MessageSession) {
             for (sender, error) in senders {
                 if let error { sender.resume(throwing: error) } else { sender.resume() }
             }
             for drain in drains { drain.succeed(()) }
-            if let store { for (position, done) in syncs { store.whenSynced(position, done) } }
+            guard let store = session.store else { return }
+            for (position, done) in syncs { store.whenSynced(position, done) }
+            if let released, (try? store.append(.released(session.key, through: released))) == nil {
+                session.logger.debug("session store: could not record acknowledgement \(released)")
+            }
         }
     }
 
@@ -336,7 +342,7 @@ final class MessageSession: Sendable {
     /// (also when it throws). The one place the session's state is touched.
     private func apply<R, E: Error>(_ input: (inout State, inout Wakes) throws(E) -> R) throws(E) -> R {
         var wakes = Wakes()
-        defer { wakes.run(store) }
+        defer { wakes.run(self) }
         return try state.withLock { (state) throws(E) -> R in try input(&state, &wakes) }
     }
 
@@ -363,14 +369,40 @@ final class MessageSession: Sendable {
     /// - Throws: what ended the session; `TransportError.Code.frameTooLarge`; ``MessagingError``
     ///   `.sessionStoreFailed` when the store cannot take the message (nothing was kept or sent).
     func send(_ frame: Frame) async throws {
+        if let ticket = try await admit(frame) { await durable(ticket) }
+    }
+
+    /// Sends `frames` in order, like ``send(_:)`` each, but with power-loss durability waits for
+    /// the disk once, after the last (one sync for the batch, not one wait per message).
+    func send(contentsOf frames: [Frame]) async throws {
+        var last: SyncTicket?
+        for frame in frames {
+            if let ticket = try await admit(frame, before: last) { last = ticket }
+        }
+        if let last { await durable(last) }
+    }
+
+    /// A message kept, waiting for a sync to cover its record (power-loss durability).
+    struct SyncTicket {
+        let position: UInt64
+        let number: UInt64
+        let epoch: UInt64
+    }
+
+    /// Keeps `frame` (numbered, in the store, sent when it may be): returns the ticket to wait
+    /// for when a sync must cover it first. Waits while the session or the store is full — after
+    /// asking for the sync of `pending` (a batch's messages kept so far: the room they hold is
+    /// freed only once they are on the disk, sent and acknowledged).
+    private func admit(_ frame: Frame, before pending: SyncTicket? = nil) async throws -> SyncTicket? {
         let size = try Frame.validatedSize(frame)
         enum Admission {
             case kept
             /// Kept; the message goes out once the store has synced up to this position.
-            case syncing(UInt64, number: UInt64, epoch: UInt64)
+            case syncing(SyncTicket)
             case waitForRoom
             case waitForStore
         }
+        var pending = pending
         while true {
             let admission = try apply { (state, _) throws -> Admission in
                 if let ended = state.ended { throw ended }
@@ -402,25 +434,33 @@ final class MessageSession: Sendable {
                     return .kept
                 }
                 state.outbox.append(frame, size: size, transmitted: false)
-                return .syncing(position, number: number, epoch: state.epoch)
+                return .syncing(SyncTicket(position: position, number: number, epoch: state.epoch))
             }
             switch admission {
             case .kept:
-                return
-            case .syncing(let position, let number, let epoch):
-                // Returns once the record is on the disk; the message goes on the wire then.
-                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                    store!.whenSynced(position) { [self] error in
-                        if let error { logger.error("a session message's record may not survive a power loss: \(error.message)") }
-                        madeDurable(through: number, epoch: epoch)
-                        continuation.resume()
+                return nil
+            case .syncing(let ticket):
+                return ticket
+            case .waitForRoom, .waitForStore:
+                if let ticket = pending {
+                    pending = nil
+                    store?.whenSynced(ticket.position) { [weak self] _ in
+                        self?.madeDurable(through: ticket.number, epoch: ticket.epoch)
                     }
                 }
-                return
-            case .waitForRoom:
-                try await waitForRoom(size)
-            case .waitForStore:
-                await store!.waitForRoom(size)
+                if case .waitForStore = admission { await store!.waitForRoom(size) } else { try await waitForRoom(size) }
+            }
+        }
+    }
+
+    /// Waits until a sync covers the ticket's record; the messages up to it go on the wire then.
+    /// (A failed sync is logged once by the store, which takes no more records: the next send
+    /// fails. The message is kept in memory and goes out.)
+    private func durable(_ ticket: SyncTicket) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            store!.whenSynced(ticket.position) { [self] _ in
+                madeDurable(through: ticket.number, epoch: ticket.epoch)
+                continuation.resume()
             }
         }
     }
@@ -429,9 +469,16 @@ final class MessageSession: Sendable {
     private func madeDurable(through number: UInt64, epoch: UInt64) {
         apply { state, _ in
             guard state.epoch == epoch, number > state.durableThrough else { return }
+            // Those before went when their sync came (or go with the next resume).
+            let from = state.durableThrough + 1
             state.durableThrough = number
-            let channel = state.channel
-            state.outbox.transmit(through: number) { Self.transmit($0, on: channel) }
+            guard let channel = state.channel else { return }
+            // Queued for the loop's next flush, not written here: a sync releases a batch, and
+            // writing each at once cost a `sendmsg` per message (49k for 50k in strace).
+            state.outbox.transmit(from: from, through: number) { frame in
+                channel.driver.enqueue(frame, bypassLimit: true) { _ in }
+                return true  // (if the connection is closing, the next resume sends it again)
+            }
         }
     }
 
@@ -484,34 +531,59 @@ final class MessageSession: Sendable {
     /// A one-way message arrived on `channel` (on its loop): number it, and with
     /// ``SessionAcknowledgement/onArrival`` take it as handled at once.
     func received(on channel: MessageChannel) -> Arrival {
-        apply { state, wakes in
-            guard state.channel === channel, let number = state.inbox.receive() else { return .ignore }
+        let (arrival, handled) = apply { state, _ -> (Arrival, Handled) in
+            guard state.channel === channel, let number = state.inbox.receive() else { return (.ignore, .nothing) }
             let token = SessionMessageToken(
                 session: self, epoch: state.epoch, position: SessionPosition(session: state.positionID, number: number))
             guard configuration.acknowledgement == .onArrival, state.inbox.handle(number) else {
-                return .deliver(token, ack: .nothing)
+                return (.deliver(token, ack: .nothing), .nothing)
             }
-            return .deliver(token, ack: handledAdvanced(&state, &wakes)?.1 ?? .nothing)
+            return (.deliver(token, ack: .nothing), handledAdvanced(&state))
         }
+        guard case .deliver(let token, _) = arrival, let (_, step) = finish(handled) else { return arrival }
+        return .deliver(token, ack: step)
     }
 
     /// The app handled message `number` of epoch `epoch` (an older epoch's: nothing). Returns the
     /// channel and what it does for the acknowledgement, when it does something.
     func handled(_ number: UInt64, epoch: UInt64) -> (MessageChannel, SessionInbox.AckStep)? {
-        apply { state, wakes in
+        let handled = apply { state, _ -> Handled in
             // Counted also while disconnected (the next SESSION frame tells it).
-            guard state.epoch == epoch, state.inbox.handle(number) else { return nil }
-            return handledAdvanced(&state, &wakes)
+            guard state.epoch == epoch, state.inbox.handle(number) else { return .nothing }
+            return handledAdvanced(&state)
         }
+        return finish(handled)
     }
 
-    /// The handled count advanced (under the lock): keeps it in the store, and says what the
-    /// channel does for the acknowledgement — at once, or (power-loss durability) once a sync
-    /// covers the record (``handledStored(through:epoch:)``). A record the store cannot write is
-    /// not acknowledged: the sender keeps the messages, and a later count covers them.
-    private func handledAdvanced(_ state: inout State, _ wakes: inout Wakes) -> (MessageChannel, SessionInbox.AckStep)? {
-        let through = state.inbox.handled
-        if let store {
+    /// What an advanced handled count leaves to do once the session's lock is released.
+    private enum Handled {
+        case nothing
+        /// Acknowledge: the channel does this.
+        case ack(MessageChannel, SessionInbox.AckStep)
+        /// Keep the count in the store first (outside the lock: a record's system call under it
+        /// made the loop and the app's thread wait for each other), then acknowledge it.
+        case store(through: UInt64, epoch: UInt64)
+    }
+
+    /// The handled count advanced (under the lock): without a store it may be acknowledged at
+    /// once; with one it is written first (``finish(_:)``).
+    private func handledAdvanced(_ state: inout State) -> Handled {
+        guard store == nil else { return .store(through: state.inbox.handled, epoch: state.epoch) }
+        state.inbox.store(through: state.inbox.handled)
+        return state.ackAction().map { .ack($0.0, $0.1) } ?? .nothing
+    }
+
+    /// Does what ``handledAdvanced(_:)`` left, with the lock released: writes the handled count
+    /// and — at once, or (power-loss durability) once a sync covers it — lets it be acknowledged.
+    /// Records written out of order (two tasks handling at once) are harmless: the store and the
+    /// inbox keep the largest count. A count the store cannot write is not acknowledged: the
+    /// sender keeps the messages, and a later count covers them.
+    private func finish(_ handled: Handled) -> (MessageChannel, SessionInbox.AckStep)? {
+        switch handled {
+        case .nothing: return nil
+        case .ack(let channel, let step): return (channel, step)
+        case .store(let through, let epoch):
+            guard let store else { return nil }
             let position: UInt64
             do throws(FileError) {
                 position = try store.append(.handled(key, through: through))
@@ -520,23 +592,23 @@ final class MessageSession: Sendable {
                 return nil
             }
             if syncs {
-                let epoch = state.epoch
-                wakes.syncs.append((position, { [weak self] _ in self?.handledStored(through: through, epoch: epoch) }))
+                store.whenSynced(position) { [weak self] _ in
+                    guard let (channel, step) = self?.handledStored(through: through, epoch: epoch) else { return }
+                    channel.performAck(step)
+                }
                 return nil
             }
+            return handledStored(through: through, epoch: epoch)
         }
-        state.inbox.store(through: through)
-        return state.ackAction()
     }
 
-    /// A sync covers the handled count `through` (of `epoch`): it may be acknowledged.
-    private func handledStored(through: UInt64, epoch: UInt64) {
-        let action = apply { state, _ -> (MessageChannel, SessionInbox.AckStep)? in
+    /// The store keeps the handled count `through` (of `epoch`): it may be acknowledged.
+    private func handledStored(through: UInt64, epoch: UInt64) -> (MessageChannel, SessionInbox.AckStep)? {
+        apply { state, _ in
             guard state.epoch == epoch else { return nil }
             state.inbox.store(through: through)
             return state.ackAction()
         }
-        if let (channel, step) = action { channel.performAck(step) }
     }
 
     /// The ACK to send now, if messages wait for one.
@@ -558,11 +630,10 @@ final class MessageSession: Sendable {
             }
             if released > 0 {
                 state.wakeSenders(&wakes)
-                // Not synced: a released record lost in a crash only makes the restarted side
-                // resend what the peer says it has (it drops them).
-                if let store, (try? store.append(.released(key, through: count))) == nil {
-                    logger.debug("session store: could not record acknowledgement \(count)")
-                }
+                // Written after the lock (the store keeps the largest), never synced: a released
+                // record lost in a crash only makes the restarted side resend what the peer says
+                // it has (it drops them).
+                if store != nil { wakes.released = count }
             }
             state.wakeDrainsIfDue(&wakes)
             return nil

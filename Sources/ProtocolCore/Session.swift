@@ -109,15 +109,18 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
         return resend
     }
 
-    /// Messages up to `number` may go on the wire now: `send` is called for each one kept and not
-    /// transmitted yet, in order, and says whether it went.
-    @inlinable public mutating func transmit(through number: UInt64, _ send: (Item) -> Bool) {
+    /// Messages numbered `from` through `number` may go on the wire now: `send` is called for each
+    /// one kept and not transmitted yet, in order, and says whether it went. (Only that range is
+    /// looked at: a sync that lets a few go must not walk thousands kept before them.)
+    @inlinable public mutating func transmit(from lowest: UInt64 = 0, through number: UInt64, _ send: (Item) -> Bool) {
         guard head < entries.count else { return }
         // Numbers are contiguous: entry i holds number entries[head].number + (i - head).
         let first = entries[head].number
-        guard number >= first else { return }
+        guard number >= first, number >= lowest else { return }
+        let start = head + Int(max(lowest, first) - first)
         let last = min(entries.count - 1, head + Int(number - first))
-        for index in head...last where !entries[index].transmitted {
+        guard start <= last else { return }
+        for index in start...last where !entries[index].transmitted {
             entries[index].transmitted = send(entries[index].item)
         }
     }

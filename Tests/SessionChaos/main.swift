@@ -9,6 +9,7 @@
 //
 // DIR holds the store (DIR/store), the identity (DIR/identity) and three logs:
 //   received.log     "<session> <number> <value>" per message taken, in order (the app's effect)
+//   intents.log      one value per line, written before its `send` (where a restarted sender goes on)
 //   sent.log         one value per line, written once `send` returned (the message is in the store)
 //   undelivered.log  what the library reported as never acknowledged (must stay empty)
 // Exactly once to the app (the recipe of MessageSessions.md): a message whose position (session,
@@ -95,6 +96,7 @@ try? FileManager.default.createDirectory(atPath: options.directory, withIntermed
 let received = LogFile(options.directory + "/received.log")
 let sent = LogFile(options.directory + "/sent.log")
 let undelivered = LogFile(options.directory + "/undelivered.log")
+let intents = LogFile(options.directory + "/intents.log")
 
 // The recipe: the last position taken per session, from the file (the app's own durable state).
 let lastTaken = Locked<[String: UInt64]>([:])
@@ -125,18 +127,22 @@ func work(_ message: IncomingMessage) async {
     if let value = try? message.decode(Value.self), value.v % 100 == 0 { try? await Task.sleep(for: .milliseconds(30)) }
 }
 
-/// The next value to send: after the last one `send` returned, and after any still kept in the
-/// store (sent, then the process died before it wrote it down).
+/// The next value to send: after the last one the app began to send (written down before `send`),
+/// and after any still kept in the store. The value a kill interrupted is not sent again: its
+/// `send` never returned, so it may or may not have gone — sent again, it could arrive twice
+/// (under a new number) if it had been delivered and acknowledged before the app wrote down that
+/// `send` returned. (Only values whose `send` returned are owed to the receiver.)
 func firstValue(kept: [UndeliveredMessage]) -> Int {
-    let logged = sent.lines.last.flatMap { Int($0) } ?? 0
+    let begun = intents.lines.last.flatMap { Int($0) } ?? 0
     let inStore = kept.compactMap { try? $0.decode(Value.self).v }.max() ?? 0
-    return max(logged, inStore) + 1
+    return max(begun, inStore) + 1
 }
 
 /// Sends values until SIGUSR1, a few hundred a second.
 func stream(_ send: @escaping @Sendable (Value) async throws -> Void, kept: @escaping @Sendable () -> [UndeliveredMessage]) async {
     var value = firstValue(kept: kept())
     while !stopSending.withLock({ $0 }) {
+        intents.append("\(value)")
         do {
             try await send(Value(v: value))
         } catch {

@@ -1,5 +1,9 @@
 // W1-W6 with our library: Transport's Listener + MessageChannel.accept / MessageChannel.connect;
-// W7 with Messaging's top floor: MessageServer and MessageClient, one-way messages in a session.
+// W7 with Messaging's top floor: MessageServer and MessageClient, one-way messages in a session;
+// W8 the same with session stores: --w8-mode memory|crash|power, --w8-senders K concurrent senders
+// of 100-byte messages (both sides keep their sessions in a store under --store DIR); W8R a server
+// restarted with 100,000 unacknowledged messages in its store (Benchmarks/run.sh drives the phases).
+//   bench-ours fsync --dir D                                        this disk's fsync (RESULT FSYNC)
 //
 //   bench-ours server W1..W7 [--codec fast|foundation]     prints "READY <port>", then a RESULT line
 //   bench-ours client W1..W7 --port P [--codec ...]        prints a RESULT line
@@ -30,7 +34,7 @@ final class Counter: @unchecked Sendable {
 }
 
 let options = Options()
-guard options.words.count >= 2 || options.words.first == "cipher" else {
+guard options.words.count >= 2 || options.words.first == "cipher" || options.words.first == "fsync" else {
     fail("usage: bench-ours server|client W1..W7 [--port P] [--codec foundation|fast] | bench-ours cipher")
 }
 let role = options.words[0]
@@ -199,6 +203,54 @@ func runServer() async throws {
             }
         }
         return
+    case "W8":
+        // W7 with durable sessions: the server keeps its sessions in a store (crash or power), or
+        // not (memory); its app counts 100-byte readings.
+        var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
+        sc.publish = false
+        sc.listener.loopbackOnly = true
+        sc.listener.families = [.ipv4]
+        sc.channel = configuration("server")
+        sc.session?.store = w8Store("server")
+        let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
+        try await server.start()
+        guard let port = server.port else { fail("W8: no port") }
+        emit("READY \(port)")
+        var count = 0
+        for await event in server.events {
+            guard case .received(let connection, let message) = event else { continue }
+            if message.typeID == "r" {
+                count += 1
+            } else if message.typeID == "end" {
+                try await connection.send(count, type: "count")
+            }
+        }
+        return
+    case "W8R":
+        // --w8r-phase fill: sends 100,000 readings to the first client, whose app acknowledges none,
+        // prints FILLED, and waits to be killed. --w8r-phase resume: the server restarted on the
+        // same store and port; prints READY once it listens (its store read).
+        let started = ContinuousClock.now
+        var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
+        sc.publish = false
+        sc.listener.loopbackOnly = true
+        sc.listener.families = [.ipv4]
+        sc.listener.port = UInt16(options.int("fixed-port", 0))
+        sc.channel = configuration("server")
+        sc.session?.maxUnacknowledgedMessages = 200_000
+        sc.session?.maxUnacknowledgedBytes = 256 << 20
+        sc.session?.store = w8Store("server")
+        let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
+        try await server.start()
+        emit("READY \(server.port ?? 0) open_ms=\(fmt(seconds(since: started) * 1000, 1))")
+        let fill = options.string("w8r-phase", "fill") == "fill"
+        for await event in server.events {
+            guard fill, case .accepted(let connection) = event else { continue }
+            let n = options.int("messages", 100_000)
+            for i in 0..<n { try await connection.send(Reading(i), type: "r") }
+            emit("FILLED \(n) unacknowledged=\(connection.unacknowledgedCount)")
+        }
+        return
     case "W4":
         let clients = options.int("clients", Workload.w4Clients)
         let joined = AsyncStream<MessageChannel>.makeStream()
@@ -353,6 +405,81 @@ func runClient() async throws {
         let elapsed = seconds(since: start)
         result("W7", impl + (onLoop ? "+loop" : ""), ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
         await client.close()
+    case "W8":
+        let n = options.int("messages", 200_000)
+        let senders = options.int("w8-senders", 64)
+        let batch = options.int("w8-batch", 1)
+        var cc = ClientConfiguration(peerName: "bench", reconnect: ReconnectPolicy())
+        cc.channel = configuration("client")
+        cc.peerMemory = nil
+        cc.session?.store = w8Store("client")
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: port), configuration: cc, logger: logger)
+        let latency = LatencyHistogram()
+        let start = ContinuousClock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for sender in 0..<senders {
+                group.addTask {
+                    var i = sender
+                    while i < n {
+                        let sent = DispatchTime.now().uptimeNanoseconds
+                        if batch > 1 {
+                            // --w8-batch B: send(contentsOf:) B readings at a time (one sync each batch).
+                            let readings = stride(from: i, to: min(n, i + batch * senders), by: senders).map { Reading($0) }
+                            try await client.send(contentsOf: readings, type: "r")
+                            i += batch * senders
+                        } else {
+                            try await client.send(Reading(i), type: "r")
+                            i += senders
+                        }
+                        latency.record(nanoseconds: DispatchTime.now().uptimeNanoseconds - sent)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        try await client.send(0, type: "end")
+        var counted: Int?
+        for await event in client.events {
+            if case .received(let message) = event, message.typeID == "count" {
+                counted = try? message.decode(Int.self)
+                break
+            }
+        }
+        guard counted == n else { fail("W8: the server counted \(counted.map(String.init) ?? "nothing"), not \(n) messages") }
+        let elapsed = seconds(since: start)
+        let (p50, p99, _) = latency.summary()
+        result(
+            "W8", impl + "+" + options.string("w8-mode", "memory") + "+s\(senders)" + (batch > 1 ? "+batch\(batch)" : ""),
+            [
+                "msgs_per_s": fmt(Double(n) / elapsed, 0), "send_p50_us": fmt(p50, 1), "send_p99_us": fmt(p99, 1),
+                "senders": "\(senders)", "seconds": fmt(elapsed, 3), "per": batch > 1 ? "batch" : "message",
+            ])
+        await client.close()
+    case "W8R":
+        // Takes the server's 100,000 readings without acknowledging one (manual), then waits for
+        // the restarted server to resume the session: prints RESUMED with the wall clock.
+        let n = options.int("messages", 100_000)
+        var cc = ClientConfiguration(
+            peerName: "bench", reconnect: ReconnectPolicy(initialDelay: .milliseconds(5), maxDelay: .milliseconds(20)))
+        cc.channel = configuration("client")
+        cc.peerMemory = nil
+        cc.session?.acknowledgement = .manual
+        let client = try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: cc, logger: logger)
+        var received = 0
+        for await event in client.events {
+            switch event {
+            case .received: 
+                received += 1
+                if received == n { emit("RECEIVED \(n)") }
+            case .resumed(let resent):
+                var now = timespec()
+                clock_gettime(CLOCK_REALTIME, &now)
+                emit("RESUMED \(Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)) resent=\(resent)")
+                exit(0)
+            default: break
+            }
+        }
     case "W2" where options.string("w2-client", "handler") == "handler":
         // Default, like the NIO peer's client (next request sent from channelRead): the reply is
         // handled by an on(type:) handler on the channel's queue, which sends the next request
@@ -511,6 +638,50 @@ func runClient() async throws {
     }
 }
 
+/// A reading of W8: 100 bytes of JSON (`{"id":…,"pad":"…"}`).
+struct Reading: Codable, Sendable {
+    var id: Int
+    var pad: String
+    init(_ id: Int) {
+        self.id = id
+        pad = Reading.pads[min(Reading.pads.count - 1, String(id).count)]
+    }
+
+    /// The padding for each width of the id, made once (not per message: that cost the client
+    /// 12 % of its time in perf).
+    static let pads = (0...20).map { String(repeating: "x", count: max(0, 100 - 16 - $0)) }
+}
+
+/// W8's session store for `role` (nil for --w8-mode memory): --store DIR/role.
+func w8Store(_ role: String) -> SessionStore? {
+    let mode = options.string("w8-mode", "memory")
+    guard mode != "memory" || workload == "W8R" else { return nil }
+    let directory = options.string("store", NSTemporaryDirectory() + "bench-w8-\(getpid())") + "/" + role
+    return SessionStore(directory: directory, durability: mode == "power" ? .powerLoss : .processCrash)
+}
+
+/// `bench-ours fsync --dir D`: this disk's sync, as the store meets it: 300 appends of 4 KiB, each
+/// followed by `fdatasync` (RESULT FSYNC, microseconds).
+func runFsync() {
+    let path = options.string("dir", NSTemporaryDirectory()) + "/fsync-probe-\(getpid())"
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0o600)
+    guard fd >= 0 else { fail("fsync: cannot open \(path)") }
+    defer {
+        close(fd)
+        unlink(path)
+    }
+    let block = [UInt8](repeating: 0x5A, count: 4096)
+    var samples: [UInt64] = []
+    for _ in 0..<300 {
+        guard write(fd, block, block.count) == block.count else { fail("fsync: write failed") }
+        let start = DispatchTime.now().uptimeNanoseconds
+        guard fdatasync(fd) == 0 else { fail("fsync: fdatasync failed") }
+        samples.append(DispatchTime.now().uptimeNanoseconds - start)
+    }
+    let (p50, p99, max) = latencySummary(samples)
+    result("FSYNC", "disk", ["p50_us": fmt(p50, 0), "p99_us": fmt(p99, 0), "max_us": fmt(max, 0)])
+}
+
 /// `bench-ours cipher CIPHER`: the transport's AEAD alone, one core (the cipher-limit row): 64 KiB
 /// messages (the bulk path's size) and 100-byte ones (a small message's), sealed, then opened.
 func runCipher() {
@@ -532,6 +703,7 @@ func runCipher() {
 
 do {
     if role == "cipher" { runCipher(); exit(0) }
+    if role == "fsync" { runFsync(); exit(0) }
     if role == "server" { try await runServer() } else { try await runClient() }
 } catch {
     fail("\(role) \(workload): \(error)")

@@ -385,20 +385,20 @@ final class SessionJournal: Sendable {
     func whenSynced(_ position: UInt64, _ done: @escaping @Sendable (FileError?) -> Void) {
         enum Now {
             case ready(FileError?)
-            case waiting(start: (Int32, UInt64)?)
+            case waiting(startSync: Bool)
         }
         let now = state.withLock { state -> Now in
             if let failure = state.failure { return .ready(failure) }
             if state.synced >= position || state.closed { return .ready(state.closed ? FileError(path, "the session store '\(path)' is closed") : nil) }
             state.syncWaiters.append((position, done))
-            guard !state.syncing else { return .waiting(start: nil) }
+            guard !state.syncing else { return .waiting(startSync: false) }
             state.syncing = true
-            return .waiting(start: (state.fd, state.written))
+            return .waiting(startSync: true)
         }
         switch now {
         case .ready(let error): done(error)
-        case .waiting(let start?): startSync(fd: start.0, through: start.1)
-        case .waiting(nil): break
+        case .waiting(true): startSync()
+        case .waiting(false): break
         }
     }
 
@@ -410,8 +410,13 @@ final class SessionJournal: Sendable {
         if let error { throw error }
     }
 
-    private func startSync(fd: Int32, through position: UInt64) {
+    /// Syncs on the store's queue. The file and the position it covers are read there, in the
+    /// block: a compaction that replaced the file closes the old one in a later block of the same
+    /// queue, so the descriptor synced here is open (a descriptor read before the block was queued
+    /// could be closed, or even reused, by then).
+    private func startSync() {
         syncQueue.async { [self] in
+            let (fd, position) = state.withLock { ($0.fd, $0.written) }
             let result = retryingInterrupts { fdatasync(fd) }
             var error: FileError?
             if case .failure(let failure) = result {
@@ -424,13 +429,13 @@ final class SessionJournal: Sendable {
     }
 
     private func syncFinished(through position: UInt64, error: FileError?) {
-        let (ready, next) = state.withLock { state -> ([(UInt64, @Sendable (FileError?) -> Void)], (Int32, UInt64)?) in
+        let (ready, next) = state.withLock { state -> ([(UInt64, @Sendable (FileError?) -> Void)], Bool) in
             if let error {
                 // A failed fsync cannot be retried (the kernel may have dropped the pages): stop.
                 if state.failure == nil { state.failure = error }
                 defer { state.syncWaiters = [] }
                 state.syncing = false
-                return (state.syncWaiters, nil)
+                return (state.syncWaiters, false)
             }
             state.synced = max(state.synced, position)
             let synced = state.synced
@@ -438,13 +443,14 @@ final class SessionJournal: Sendable {
             state.syncWaiters.removeAll { $0.position <= synced }
             guard !state.syncWaiters.isEmpty, !state.closed else {
                 state.syncing = false
-                return (ready, nil)
+                return (ready, false)
             }
-            return (ready, (state.fd, state.written))
+            return (ready, true)
         }
         if let error { logger.error("\(error.message)") }
-        for (_, done) in ready { done(error ?? state.withLock { $0.failure }) }
-        if let next { startSync(fd: next.0, through: next.1) }
+        // The next sync starts before the callbacks run (they wake senders, which write more).
+        if next { startSync() }
+        for (_, done) in ready { done(error) }
     }
 
     // MARK: Room
