@@ -240,7 +240,9 @@ run_w8r() {
         sleep 0.1
     done
     grep -q '^FILLED' "$WORK/w8r.fill" || { echo "FAILED W8R: not filled"; stop "$spid"; stop "$cpid"; return 0; }
-    kill -9 "$spid"; wait "$spid" 2>/dev/null || true
+    # SIGKILL to the server itself (the child of its `timeout`), then to the `timeout`.
+    pkill -KILL -P "$spid" 2>/dev/null || true
+    kill -9 "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
     t0=$(date +%s%N)
     timeout -k 5 "$PROC_TIMEOUT" "$BIN/bench-ours" server W8R --w8r-phase resume --fixed-port "$port" --store "$store" \
         > "$WORK/w8r.resume" 2>&1 &

@@ -102,6 +102,7 @@ extension MessageChannel: ConnectionHandler {
             for watcher in link.healthWatchers { watcher.finish() }
             link.healthWatchers = []
             link.session?.detach(self)
+            link.session = nil  // (the session may hold this channel: no cycle after the close)
         }
         waiting.hello?.fail(error)
         waiting.answer?.fail(error)

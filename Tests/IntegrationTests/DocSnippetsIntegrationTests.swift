@@ -15,6 +15,7 @@ struct DocSnippetsIntegrationTests {
         ("WireProtocol", "wire: ok"),
         ("Performance", "performance: ok 10000 messages"),
         ("MessageSessions", "sessions: ok"),
+        ("DurableSessions", "durable: ok"),
     ]
 
     /// A snippet gets this long (each bounds its own waits and gives up by itself after 10 s).
