@@ -21,6 +21,8 @@ struct EchoServer: AsyncParsableCommand {
     var identity: String?
     @Option(help: "Which client keys to accept: any, or pinned:<fingerprint>[,<fingerprint>…].") var trust = "any"
     @Option(help: "Pre-shared key file (its trimmed bytes are the key).") var keyFile: String?
+    @Option(help: "Keep the message sessions in this directory (a session store), so that a restarted echo continues them.")
+    var sessionStore: String?
 
     func run() async throws {
         var logger = Logger(label: "lanmsg-echo") { StreamLogHandler.standardError(label: $0) }
@@ -28,6 +30,7 @@ struct EchoServer: AsyncParsableCommand {
         let discovery = ServiceDiscovery(logger: logger, programName: "lanmsg-echo")
         var configuration = ServerConfiguration(serviceType: type, serviceName: name)
         configuration.listener.port = port
+        if let sessionStore { configuration.session?.store = SessionStore(directory: sessionStore) }
         if let keyFile { configuration.channel.preSharedKey = try PreSharedKey(contentsOfFile: keyFile) }
         switch security {
         case "plaintext":

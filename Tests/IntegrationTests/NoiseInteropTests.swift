@@ -70,6 +70,34 @@ struct NoiseInteropTests {
         #expect(result.output.contains("ok tamper"), "\(result.output)")
     }
 
+    /// A session across a restart: the independent client opens one with lanmsg-echo (which keeps
+    /// its sessions in a store), the echo is killed with SIGKILL and started again on its store,
+    /// identity and port, and the client resumes: `resumed: true`, the `received` the store held,
+    /// exactly the unacknowledged messages resent (docs/PROTOCOL.md, "When the other side restarts").
+    @Test func pythonClientResumesASessionAfterTheServerWasKilled() async throws {
+        let directory = NSTemporaryDirectory() + "noise-restart-\(UUID().uuidString)"
+        let extra = ["--identity", directory + "/identity", "--session-store", directory + "/sessions"]
+        let state = directory + "/client-state.json"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let first = try Harness.spawn(
+            onB: true,
+            [Harness.binary("lanmsg-echo"), "--name", "Restart", "--type", "_itest-noise._tcp"] + extra)
+        try await first.waitForOutput("published as")
+        let port = try #require(
+            first.text.split(separator: "\n").first { $0.hasPrefix("listening on port ") }.flatMap { UInt16($0.dropFirst(18)) })
+        let before = try runClient(["--host", "10.77.0.2", "--port", String(port), "--session-phase", "before", "--session-state", state])
+        #expect(before.status == 0 && before.output.contains("ok session-before"), "\(before.output)")
+        kill(first.pid, SIGKILL)
+        _ = first.wait(timeout: .seconds(10))
+        let second = try Harness.spawn(
+            onB: true,
+            [Harness.binary("lanmsg-echo"), "--name", "Restart", "--type", "_itest-noise._tcp", "--port", String(port)] + extra)
+        defer { second.stop() }
+        try await second.waitForOutput("listening on port")
+        let after = try runClient(["--host", "10.77.0.2", "--port", String(port), "--session-phase", "after", "--session-state", state])
+        #expect(after.status == 0 && after.output.contains("ok session-after"), "\(after.output)")
+    }
+
     /// Message sessions from the independent client, written from docs/PROTOCOL.md: a new session,
     /// 100 messages up ACKed, 20 down, a drop without GOODBYE, a resume on a new connection where the
     /// server resends exactly the 10 the client said it missed, 50 more up counted exactly once.

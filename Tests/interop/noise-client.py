@@ -627,12 +627,78 @@ def run_session(args, psk, expect, deadline):
     log("ok session")
 
 
+def run_session_restart(args, psk, expect, deadline):
+    """A session across a restart of the server (docs/PROTOCOL.md, "When the other side restarts"),
+    against lanmsg-echo with a session store, in two runs of this program around a kill of the
+    server. Phase "before": a new session, 100 messages up (ACKed), 20 down (not acknowledged),
+    then the connection is dropped; the session id and this side's key go to the state file.
+    Phase "after" (the server was killed and started again on its store): the same key resumes the
+    session claiming 10 of the 20; the restarted server must answer resumed true with received 101
+    and resend exactly 10..19; 50 more go up and arrive once each."""
+    if args.session_phase == "before":
+        session_id = os.urandom(16).hex()
+        args.static_key = os.urandom(32)
+        first = Session(args, deadline)
+        first.connect_and_handshake(psk, expect)
+        first.await_verdict()
+        answer = open_session(first, session_id, 0)
+        if answer.get("resumed") is not False or answer.get("received") != 0:
+            raise Failure("a new session must be answered with resumed false and received 0: %r" % answer)
+        send_numbered(first, 0, 100)
+        ack_of = lambda frame: struct.unpack(">Q", frame[6])[0] if frame[0] == ACK and len(frame[6]) == 8 else -1
+        wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
+        _, down = first.frame(MESSAGE, codec=1, type_id="seq.down", payload=json_bytes({"n": 20}))
+        first.send_frames(down)
+        got = [json.loads(f[6])["n"] for f in wait_for(
+            first, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
+            "20 messages down") if f[0] == MESSAGE and f[3] == "seq"]
+        if got != list(range(20)):
+            raise Failure("the first connection brought %r, not 0..19" % got)
+        # The ACK of the 101st (seq.down) may come after a moment: wait for it, so that the
+        # server's store is known to hold 101 handled.
+        wait_for(first, lambda frame: ack_of(frame) == 101, "the ACK of 101 messages")
+        first.sock.close()
+        with open(args.session_state, "w") as state:
+            json.dump({"id": session_id, "key": args.static_key.hex()}, state)
+        log("ok session-before")
+        return
+    with open(args.session_state) as state:
+        saved = json.load(state)
+    session_id = saved["id"]
+    args.static_key = bytes.fromhex(saved["key"])
+    second = Session(args, deadline)
+    second.connect_and_handshake(psk, expect)
+    second.await_verdict()
+    answer = open_session(second, session_id, 10)
+    if answer.get("resumed") is not True or answer.get("received") != 101:
+        raise Failure("the restarted server must resume with received 101 from its store: %r" % answer)
+    resent = [json.loads(f[6])["n"] for f in wait_for(
+        second, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
+        "the 10 resent messages") if f[0] == MESSAGE and f[3] == "seq"]
+    if resent != list(range(10, 20)):
+        raise Failure("the restarted server resent %r, not exactly 10..19" % resent)
+    send_numbered(second, 100, 50)
+    _, stats = second.frame(MESSAGE, codec=1, type_id="seq.stats", payload=b"{}", flags=EXPECTS_REPLY)
+    second.send_frames(stats)
+    reply = wait_for(second, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
+    figures = json.loads(reply[6])
+    # (The echo's own counts started over with its process: 50 since the restart, none twice.)
+    if figures.get("received") != 50 or figures.get("duplicates") != 0:
+        raise Failure("the restarted server counted %r, not the 50 new ones once each" % figures)
+    second.goodbye_and_wait_close()
+    log("session: resumed across the server's restart; it resent exactly 10..19 and counted %r" % figures)
+    log("ok session-after")
+
+
 def run(args):
     deadline = time.monotonic() + args.timeout
     psk = read_psk(args.psk_file) if args.psk_file else None
     expect = normalized_fingerprint(args.expect_fingerprint) if args.expect_fingerprint else None
     if args.messages is None:
         args.messages = 1 if args.tamper else 70000
+    if args.session_phase:
+        run_session_restart(args, psk, expect, deadline)
+        return
     if args.session:
         run_session(args, psk, expect, deadline)
         return
@@ -691,6 +757,11 @@ def main():
     parser.add_argument("--tamper", action="store_true", help="send a tampered transport message, expect a close")
     parser.add_argument("--session", action="store_true",
                         help="message sessions: drop a connection, resume on a new one (against lanmsg-echo)")
+    parser.add_argument("--session-phase", choices=["before", "after"],
+                        help="a session across a restart of the server (lanmsg-echo --session-store): "
+                             "'before' the kill, then 'after' the restart, sharing --session-state")
+    parser.add_argument("--session-state", default="/tmp/noise-client-session.json",
+                        help="where --session-phase keeps the session id and the client's key")
     args = parser.parse_args()
     args.static_key = None
     if args.window < 1 or (args.messages is not None and args.messages < 0):
