@@ -81,12 +81,12 @@ struct NoiseInteropTests {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let first = try Harness.spawn(
             onB: true,
-            [Harness.binary("lanmsg-echo"), "--name", "Restart", "--type", "_itest-noise._tcp"] + extra)
+            [Harness.binary("lanmsg-echo"), "--name", "Restart", "--type", "_itest-noise._tcp", "--log-level", "info"] + extra)
         try await first.waitForOutput("published as")
         let port = try #require(
             first.text.split(separator: "\n").first { $0.hasPrefix("listening on port ") }.flatMap { UInt16($0.dropFirst(18)) })
         let before = try runClient(["--host", "10.77.0.2", "--port", String(port), "--session-phase", "before", "--session-state", state])
-        #expect(before.status == 0 && before.output.contains("ok session-before"), "\(before.output)")
+        #expect(before.status == 0 && before.output.contains("ok session-before"), "\(before.output)\n-- echo:\n\(first.text)")
         kill(first.pid, SIGKILL)
         _ = first.wait(timeout: .seconds(10))
         let second = try Harness.spawn(
@@ -95,7 +95,7 @@ struct NoiseInteropTests {
         defer { second.stop() }
         try await second.waitForOutput("listening on port")
         let after = try runClient(["--host", "10.77.0.2", "--port", String(port), "--session-phase", "after", "--session-state", state])
-        #expect(after.status == 0 && after.output.contains("ok session-after"), "\(after.output)")
+        #expect(after.status == 0 && after.output.contains("ok session-after"), "\(after.output)\n-- echo:\n\(second.text)")
     }
 
     /// Message sessions from the independent client, written from docs/PROTOCOL.md: a new session,

@@ -282,7 +282,7 @@ class Session:
         # Message 3 (-> s, se [, psk]) with our hello; then Split().
         hello = {"max_frame": OUR_MAX_FRAME, "metadata": {"client": "noise-client.py"}, "name": args.name,
                  "version": 2}
-        if args.session:
+        if args.session or args.session_phase:
             hello["sessions"] = True  # we will open a message session (docs/PROTOCOL.md, "Sessions")
         message3 = bytes(noise.write_message(json_bytes(hello)))
         if not noise.handshake_finished:
@@ -550,6 +550,8 @@ def open_session(session, session_id, received):
     session.send_frames(data)
     session.phase = "waiting for the SESSION answer"
     kind, _, _, _, _, _, payload = session.next_frame()
+    if kind == GOODBYE:
+        raise Failure("the server answered SESSION with GOODBYE: %s" % payload.decode("utf-8", "replace"))
     if kind != SESSION:
         raise Failure("the server's answer to SESSION is kind 0x%02x" % kind)
     answer = json.loads(payload.decode("utf-8"))
