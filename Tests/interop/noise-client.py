@@ -581,12 +581,9 @@ def wait_for(session, predicate, what):
             return seen
 
 
-def run_session(args, psk, expect, deadline):
-    """Message sessions across two connections (docs/PROTOCOL.md, "Sessions"), against lanmsg-echo:
-    100 messages up and 20 down on the first; it drops without GOODBYE after reading the 20 but
-    claiming only 10; the second resumes: the server resends exactly the last 10, and 50 more go up."""
-    session_id = os.urandom(16).hex()
-    args.static_key = os.urandom(32)  # a session belongs to its key: the same one on both connections
+def first_connection(args, psk, expect, deadline, session_id):
+    """A new session on a new connection: 100 messages up (waits for their ACK), then `seq.down`
+    asks for 20 down, which are read (not acknowledged). Returns the connection, still open."""
     first = Session(args, deadline)
     first.connect_and_handshake(psk, expect)
     first.await_verdict()
@@ -594,7 +591,6 @@ def run_session(args, psk, expect, deadline):
     if answer.get("resumed") is not False or answer.get("received") != 0:
         raise Failure("a new session must be answered with resumed false and received 0: %r" % answer)
     send_numbered(first, 0, 100)
-    ack_of = lambda frame: struct.unpack(">Q", frame[6])[0] if frame[0] == ACK and len(frame[6]) == 8 else -1
     wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
     _, down = first.frame(MESSAGE, codec=1, type_id="seq.down", payload=json_bytes({"n": 20}))
     first.send_frames(down)  # the 101st session message: the server sends 20 numbered messages down
@@ -603,25 +599,46 @@ def run_session(args, psk, expect, deadline):
         "20 messages down") if f[0] == MESSAGE and f[3] == "seq"]
     if got != list(range(20)):
         raise Failure("the first connection brought %r, not 0..19" % got)
-    first.sock.close()  # lost, no GOODBYE: the server keeps the session
-    log("session: first connection dropped after 101 up (ACKed 100) and 20 down (none acknowledged)")
+    return first
 
+
+def resume_connection(args, psk, expect, deadline, session_id, what):
+    """Resumes the session on a new connection claiming 10 of the 20 down: the server must answer
+    resumed true, received 101 (100 seq + seq.down), resend exactly 10..19; then 50 more go up and
+    the server's seq.stats is returned with the open connection."""
     second = Session(args, deadline)
     second.connect_and_handshake(psk, expect)
     second.await_verdict()
     answer = open_session(second, session_id, 10)  # we claim 10 of the 20: the server must resend 10
     if answer.get("resumed") is not True or answer.get("received") != 101:
-        raise Failure("the resume must say resumed true and received 101 (100 seq + seq.down): %r" % answer)
+        raise Failure("%s must resume with resumed true and received 101 (100 seq + seq.down): %r" % (what, answer))
     resent = [json.loads(f[6])["n"] for f in wait_for(
         second, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
         "the 10 resent messages") if f[0] == MESSAGE and f[3] == "seq"]
     if resent != list(range(10, 20)):
-        raise Failure("the server resent %r, not exactly 10..19" % resent)
+        raise Failure("%s resent %r, not exactly 10..19" % (what, resent))
     send_numbered(second, 100, 50)
     _, stats = second.frame(MESSAGE, codec=1, type_id="seq.stats", payload=b"{}", flags=EXPECTS_REPLY)
     second.send_frames(stats)
     reply = wait_for(second, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
-    figures = json.loads(reply[6])
+    return second, json.loads(reply[6])
+
+
+def ack_of(frame):
+    """The count an ACK frame acknowledges (-1 for any other frame)."""
+    return struct.unpack(">Q", frame[6])[0] if frame[0] == ACK and len(frame[6]) == 8 else -1
+
+
+def run_session(args, psk, expect, deadline):
+    """Message sessions across two connections (docs/PROTOCOL.md, "Sessions"), against lanmsg-echo:
+    100 messages up and 20 down on the first; it drops without GOODBYE after reading the 20 but
+    claiming only 10; the second resumes: the server resends exactly the last 10, and 50 more go up."""
+    session_id = os.urandom(16).hex()
+    args.static_key = os.urandom(32)  # a session belongs to its key: the same one on both connections
+    first = first_connection(args, psk, expect, deadline, session_id)
+    first.sock.close()  # lost, no GOODBYE: the server keeps the session
+    log("session: first connection dropped after 101 up (ACKed 100) and 20 down (none acknowledged)")
+    second, figures = resume_connection(args, psk, expect, deadline, session_id, "the server")
     if figures.get("received") != 150 or figures.get("duplicates") != 0 or figures.get("outOfOrder") != 0:
         raise Failure("the server's count is %r, not 150 received exactly once in order" % figures)
     second.goodbye_and_wait_close()
@@ -640,22 +657,7 @@ def run_session_restart(args, psk, expect, deadline):
     if args.session_phase == "before":
         session_id = os.urandom(16).hex()
         args.static_key = os.urandom(32)
-        first = Session(args, deadline)
-        first.connect_and_handshake(psk, expect)
-        first.await_verdict()
-        answer = open_session(first, session_id, 0)
-        if answer.get("resumed") is not False or answer.get("received") != 0:
-            raise Failure("a new session must be answered with resumed false and received 0: %r" % answer)
-        send_numbered(first, 0, 100)
-        ack_of = lambda frame: struct.unpack(">Q", frame[6])[0] if frame[0] == ACK and len(frame[6]) == 8 else -1
-        wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
-        _, down = first.frame(MESSAGE, codec=1, type_id="seq.down", payload=json_bytes({"n": 20}))
-        first.send_frames(down)
-        got = [json.loads(f[6])["n"] for f in wait_for(
-            first, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
-            "20 messages down") if f[0] == MESSAGE and f[3] == "seq"]
-        if got != list(range(20)):
-            raise Failure("the first connection brought %r, not 0..19" % got)
+        first = first_connection(args, psk, expect, deadline, session_id)
         # The ACK of the 101st (seq.down) may come after a moment: wait for it, so that the
         # server's store is known to hold 101 handled.
         wait_for(first, lambda frame: ack_of(frame) == 101, "the ACK of 101 messages")
@@ -666,24 +668,8 @@ def run_session_restart(args, psk, expect, deadline):
         return
     with open(args.session_state) as state:
         saved = json.load(state)
-    session_id = saved["id"]
     args.static_key = bytes.fromhex(saved["key"])
-    second = Session(args, deadline)
-    second.connect_and_handshake(psk, expect)
-    second.await_verdict()
-    answer = open_session(second, session_id, 10)
-    if answer.get("resumed") is not True or answer.get("received") != 101:
-        raise Failure("the restarted server must resume with received 101 from its store: %r" % answer)
-    resent = [json.loads(f[6])["n"] for f in wait_for(
-        second, lambda frame: frame[0] == MESSAGE and frame[3] == "seq" and json.loads(frame[6])["n"] == 19,
-        "the 10 resent messages") if f[0] == MESSAGE and f[3] == "seq"]
-    if resent != list(range(10, 20)):
-        raise Failure("the restarted server resent %r, not exactly 10..19" % resent)
-    send_numbered(second, 100, 50)
-    _, stats = second.frame(MESSAGE, codec=1, type_id="seq.stats", payload=b"{}", flags=EXPECTS_REPLY)
-    second.send_frames(stats)
-    reply = wait_for(second, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
-    figures = json.loads(reply[6])
+    second, figures = resume_connection(args, psk, expect, deadline, saved["id"], "the restarted server")
     # (The echo's own counts started over with its process: 50 since the restart, none twice.)
     if figures.get("received") != 50 or figures.get("duplicates") != 0:
         raise Failure("the restarted server counted %r, not the 50 new ones once each" % figures)

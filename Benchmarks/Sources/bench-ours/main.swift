@@ -178,19 +178,14 @@ func runServer() async throws {
             }
             done.continuation.finish()
         }
-    case "W7":
+    case "W7", "W8":
         // Messaging's top floor: a MessageServer (not a bare channel) whose client sends one-way
         // messages in its message session (each numbered, kept until the server acknowledges it,
         // delivered through the server's events). The NIO peer has no session: its anchor is W1,
-        // the same messages on a bare connection.
-        var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
-        sc.publish = false
-        sc.listener.loopbackOnly = true
-        sc.listener.families = [.ipv4]
-        sc.channel = configuration("server")
-        let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
-        try await server.start()
-        guard let port = server.port else { fail("W7: no port") }
+        // the same messages on a bare connection. W8: the same with 100-byte readings ("r"), the
+        // sessions kept in a store (--w8-mode crash or power) or not (memory).
+        let server = try await topFloorServer { $0.session?.store = w8Store("server") }
+        guard let port = server.port else { fail("\(workload): no port") }
         emit("READY \(port)")
         var count = 0
         for await event in server.events {
@@ -198,28 +193,7 @@ func runServer() async throws {
             if message.typeID == "s" {
                 guard (try? message.decode(Sample.self)) != nil else { fail("W7: undecodable") }
                 count += 1
-            } else if message.typeID == "end" {
-                try await connection.send(count, type: "count")
-            }
-        }
-        return
-    case "W8":
-        // W7 with durable sessions: the server keeps its sessions in a store (crash or power), or
-        // not (memory); its app counts 100-byte readings.
-        var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
-        sc.publish = false
-        sc.listener.loopbackOnly = true
-        sc.listener.families = [.ipv4]
-        sc.channel = configuration("server")
-        sc.session?.store = w8Store("server")
-        let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
-        try await server.start()
-        guard let port = server.port else { fail("W8: no port") }
-        emit("READY \(port)")
-        var count = 0
-        for await event in server.events {
-            guard case .received(let connection, let message) = event else { continue }
-            if message.typeID == "r" {
+            } else if message.typeID == "r" {
                 count += 1
             } else if message.typeID == "end" {
                 try await connection.send(count, type: "count")
@@ -231,17 +205,12 @@ func runServer() async throws {
         // prints FILLED, and waits to be killed. --w8r-phase resume: the server restarted on the
         // same store and port; prints READY once it listens (its store read).
         let started = ContinuousClock.now
-        var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
-        sc.publish = false
-        sc.listener.loopbackOnly = true
-        sc.listener.families = [.ipv4]
-        sc.listener.port = UInt16(options.int("fixed-port", 0))
-        sc.channel = configuration("server")
-        sc.session?.maxUnacknowledgedMessages = 200_000
-        sc.session?.maxUnacknowledgedBytes = 256 << 20
-        sc.session?.store = w8Store("server")
-        let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
-        try await server.start()
+        let server = try await topFloorServer {
+            $0.listener.port = UInt16(options.int("fixed-port", 0))
+            $0.session?.maxUnacknowledgedMessages = 200_000
+            $0.session?.maxUnacknowledgedBytes = 256 << 20
+            $0.session?.store = w8Store("server")
+        }
         emit("READY \(server.port ?? 0) open_ms=\(fmt(seconds(since: started) * 1000, 1))")
         let fill = options.string("w8r-phase", "fill") == "fill"
         for await event in server.events {
@@ -393,14 +362,7 @@ func runClient() async throws {
         } else {
             for i in 0..<n { try await client.send(Sample.make(i), type: "s") }
         }
-        try await client.send(0, type: "end")
-        var counted: Int?
-        for await event in client.events {
-            if case .received(let message) = event, message.typeID == "count" {
-                counted = try? message.decode(Int.self)
-                break
-            }
-        }
+        let counted = await serverCount(client)
         guard counted == n else { fail("W7: the server counted \(counted.map(String.init) ?? "nothing"), not \(n) messages") }
         let elapsed = seconds(since: start)
         result("W7", impl + (onLoop ? "+loop" : ""), ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
@@ -438,14 +400,7 @@ func runClient() async throws {
             }
             try await group.waitForAll()
         }
-        try await client.send(0, type: "end")
-        var counted: Int?
-        for await event in client.events {
-            if case .received(let message) = event, message.typeID == "count" {
-                counted = try? message.decode(Int.self)
-                break
-            }
-        }
+        let counted = await serverCount(client)
         guard counted == n else { fail("W8: the server counted \(counted.map(String.init) ?? "nothing"), not \(n) messages") }
         let elapsed = seconds(since: start)
         let (p50, p99, _) = latency.summary()
@@ -636,6 +591,29 @@ func runClient() async throws {
     default:
         fail("unknown workload \(workload)")
     }
+}
+
+/// W7, W8, W8R: a started MessageServer on IPv4 loopback, unpublished, with the benchmark's
+/// channel settings and what `configure` adds.
+func topFloorServer(_ configure: (inout ServerConfiguration) -> Void) async throws -> MessageServer {
+    var sc = ServerConfiguration(serviceType: "_bench._tcp", serviceName: "bench")
+    sc.publish = false
+    sc.listener.loopbackOnly = true
+    sc.listener.families = [.ipv4]
+    sc.channel = configuration("server")
+    configure(&sc)
+    let server = MessageServer(configuration: sc, discovery: nil, logger: logger)
+    try await server.start()
+    return server
+}
+
+/// W7, W8: sends the end marker and returns the count the server answers with.
+func serverCount(_ client: MessageClient) async -> Int? {
+    guard (try? await client.send(0, type: "end")) != nil else { return nil }
+    for await event in client.events {
+        if case .received(let message) = event, message.typeID == "count" { return try? message.decode(Int.self) }
+    }
+    return nil
 }
 
 /// A reading of W8: 100 bytes of JSON (`{"id":…,"pad":"…"}`).
