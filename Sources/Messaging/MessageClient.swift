@@ -113,7 +113,7 @@ public final class MessageClient: Sendable {
         do {
             journal = try SessionJournal(
                 storeConfiguration, role: .client,
-                identity: try MessageServer.storeIdentity(configuration.channel.security, server: false), logger: logger)
+                identity: try configuration.channel.security.storeIdentity(server: false), logger: logger)
         } catch {
             throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)
         }

@@ -130,27 +130,26 @@ extension MessageServer {
         enum Decision {
             case stopping
             case refuse(String)
-            case new(ServerConnection)
+            /// A new connection; `restored`: its session is one the store kept from before a restart.
+            case new(ServerConnection, restored: Bool)
             case resume(ServerConnection, old: MessageChannel)
         }
         let owner = channel.peerIdentity?.fingerprint
         // A session when the client named one and this server keeps them (then a resume finds it).
         let sessionID = configuration.session != nil ? hello?.id : nil
-        let journal = store.withLock { $0.journal }
-        // One the store kept from before a restart continues (the registry does not know it yet).
-        var restored: Journal.Restored?
-        if let sessionID, journal != nil {
-            switch restoredSession(sessionID, owner: owner) {
-            case .none: break
-            case .restored(let found): restored = found
-            case .refused(let reason):
-                withState { $0.registry.released() }
-                channel.close(reason: reason)
-                refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
-                return
-            }
-        }
         let decision = withState { state -> Decision in
+            // One the store kept from before a restart continues (the registry does not know it).
+            var restored: Journal.Restored?
+            if let sessionID, state.store != nil {
+                switch state.takeRestored(sessionID, owner: owner?.full) {
+                case .none: break
+                case .restored(let found): restored = found
+                case .refused(let reason):
+                    state.registry.released()
+                    return .refuse(reason)
+                }
+            }
+            let journal = state.store
             let registration = state.register(session: sessionID, owner: owner) { id in
                 let session = sessionID.flatMap { sessionID in
                     configuration.session.map { options in
@@ -171,7 +170,7 @@ extension MessageServer {
             case .resumed(let existing): return .resume(existing, old: existing.replace(with: channel))
             case .new(let connection):
                 paced(connections: state.registry.count)
-                return .new(connection)
+                return .new(connection, restored: restored != nil)
             }
         }
         switch decision {
@@ -180,14 +179,14 @@ extension MessageServer {
         case .refuse(let reason):
             channel.close(reason: reason)
             refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
-        case .new(let connection):
+        case .new(let connection, let restored):
             var resent: Int?
             if let session = connection.session, let hello {
                 do {
                     // A new session's first record (a restored one's are in the store already).
-                    if restored == nil { try session.begin(everConnected: true) }
-                    let count = try await channel.attachSession(session, hello: hello, isNew: restored == nil)
-                    if restored != nil { resent = count }
+                    if !restored { try session.begin(everConnected: true) }
+                    let count = try await channel.attachSession(session, hello: hello, isNew: !restored)
+                    if restored { resent = count }
                 } catch {
                     withState { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
                     if let error = error as? FileError {

@@ -7,73 +7,39 @@ import Transport
 extension MessageServer {
     // MARK: The session store
 
-    /// Opens the session store when one is configured, and takes the sessions it holds: a client
-    /// that resumes one continues it (``restoredSession(_:owner:)``).
+    /// Opens the session store when one is configured; the server's state takes the sessions it
+    /// holds (a client that resumes one continues it: ``ServerState/takeRestored(_:owner:)``).
     /// - Throws: ``MessagingError`` `.sessionStoreUnusable`, naming the file and what to do.
     func openStore() throws(MessagingError) -> SessionJournal? {
         guard let options = configuration.session, let storeConfiguration = options.store else { return nil }
         let journal: SessionJournal
         do {
             journal = try SessionJournal(
-                storeConfiguration, role: .server, identity: try Self.storeIdentity(configuration.channel.security, server: true),
+                storeConfiguration, role: .server, identity: try configuration.channel.security.storeIdentity(server: true),
                 logger: logger)
         } catch {
             throw MessagingError(.sessionStoreUnusable, "cannot start the server: \(error.message)", underlying: error)
         }
-        let restored = Dictionary(uniqueKeysWithValues: journal.restored.map { ($0.key.hex, $0.value) })
-        store.withLock { $0 = (journal, restored) }
-        if !restored.isEmpty {
-            let messages = restored.values.reduce(0) { $0 + $1.messages.count }
+        withState { $0.opened(journal) }
+        if !journal.restored.isEmpty {
+            let messages = journal.restored.values.reduce(0) { $0 + $1.messages.count }
             logger.info(
-                "session store: \(restored.count) sessions to continue (\(messages) messages not acknowledged yet); their clients have \(options.gracePeriod) to come back",
+                "session store: \(journal.restored.count) sessions to continue (\(messages) messages not acknowledged yet); their clients have \(options.gracePeriod) to come back",
                 metadata: ["store": "\(journal.path)"])
         }
         return journal
     }
 
-    /// What names this process in its store: its key's full fingerprint, or `plaintext`.
-    static func storeIdentity(_ security: ChannelSecurity, server: Bool) throws(FileError) -> String {
-        try security.resolved(server: server).map { $0.0.fingerprint.full } ?? "plaintext"
-    }
-
     /// Closes the store (its lock is released: a new server may open it).
     func closeStore() {
-        let journal = store.withLock { store in
-            defer { store = (nil, [:]) }
-            return store.journal
-        }
-        journal?.close()
-    }
-
-    /// What the store kept under a session id from before a restart.
-    enum RestoredSession {
-        case none
-        /// Another key opened it: refused, with the reason.
-        case refused(String)
-        case restored(Journal.Restored)
-    }
-
-    /// The session the store kept under `id` from before a restart, taken for the connection that
-    /// resumes it. A session that `owner`'s key did not open is refused (and stays for its own).
-    func restoredSession(_ id: String, owner: Fingerprint?) -> RestoredSession {
-        store.withLock { store in
-            guard let restored = store.restored[id] else { return .none }
-            guard restored.snapshot.owner == owner?.full else {
-                return .refused("session \(id.prefix(8))… belongs to another identity key")
-            }
-            store.restored[id] = nil
-            return .restored(restored)
-        }
+        withState { $0.closedStore() }?.close()
     }
 
     /// The grace period since the start passed: the sessions from before the restart that no
     /// client resumed end. What they kept is reported as never acknowledged (``ServerEvent/undelivered(_:_:)``
     /// of a connection made for the report, closed).
     func expireRestored() {
-        let (journal, expired) = store.withLock { store in
-            defer { store.restored = [:] }
-            return (store.journal, Array(store.restored.values))
-        }
+        let (journal, expired) = withState { $0.takeUnclaimed() }
         guard let journal, !expired.isEmpty else { return }
         logger.notice("session store: \(expired.count) sessions from before the restart were not resumed within the grace period; they end")
         for restored in expired {
@@ -93,5 +59,12 @@ extension MessageServer {
             queue.push(.undelivered(connection, lost))
             queue.push(.closed(connection, .sessionExpired))
         }
+    }
+}
+
+extension ChannelSecurity {
+    /// What names this process in a session store: its key's full fingerprint, or `plaintext`.
+    func storeIdentity(server: Bool) throws(FileError) -> String {
+        try resolved(server: server).map { $0.0.fingerprint.full } ?? "plaintext"
     }
 }

@@ -48,9 +48,6 @@ public final class MessageServer: Service, Sendable {
     let pacer: HeartbeatPacer?
     /// The configuration of every accepted channel, made once: all of them share its storage.
     let acceptedChannel: ChannelConfiguration
-    /// The session store while the server runs (``SessionConfiguration/store``), and the sessions
-    /// it held at the start that no client has resumed yet (by session id).
-    let store = Locked<(journal: SessionJournal?, restored: [String: Journal.Restored])>((nil, [:]))
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
@@ -265,7 +262,7 @@ extension MessageServer {
         // With a session store the sessions outlive the server: their connections close without
         // GOODBYE (a GOODBYE would end them), so their clients reconnect and a restarted server
         // continues them from the store.
-        let keepSessions = store.withLock { $0.journal != nil }
+        let keepSessions = withState { $0.store != nil }
         for connection in connections {
             if keepSessions && connection.session != nil {
                 connection.channel.closeWithoutGoodbye()

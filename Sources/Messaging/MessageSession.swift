@@ -423,27 +423,25 @@ final class MessageSession: Sendable {
                             + "nothing was sent — send large data as a transfer")
                 }
                 let number = state.outbox.nextNumber
-                guard let store else {
-                    state.durableThrough = number
-                    state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
-                    return .kept
+                // In the store first (when there is one): a message leaves only once it is kept.
+                var position: UInt64?
+                if let store {
+                    guard store.hasRoom(for: size) else { return .waitForStore }
+                    do throws(FileError) {
+                        position = try store.append(
+                            .message(key, number: number, codecID: frame.codecID, typeID: frame.typeID, payload: frame.payload))
+                    } catch {
+                        throw MessagingError(
+                            .sessionStoreFailed, "message '\(frame.typeID)' was not sent: \(error.message)", underlying: error)
+                    }
                 }
-                guard store.hasRoom(for: size) else { return .waitForStore }
-                let position: UInt64
-                do throws(FileError) {
-                    position = try store.append(
-                        .message(key, number: number, codecID: frame.codecID, typeID: frame.typeID, payload: frame.payload))
-                } catch {
-                    throw MessagingError(
-                        .sessionStoreFailed, "message '\(frame.typeID)' was not sent: \(error.message)", underlying: error)
+                if let position, syncs {
+                    state.outbox.append(frame, size: size, transmitted: false)
+                    return .syncing(SyncTicket(position: position, number: number, epoch: state.epoch))
                 }
-                guard syncs else {
-                    state.durableThrough = number
-                    state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
-                    return .kept
-                }
-                state.outbox.append(frame, size: size, transmitted: false)
-                return .syncing(SyncTicket(position: position, number: number, epoch: state.epoch))
+                state.durableThrough = number
+                state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
+                return .kept
             }
             switch admission {
             case .kept:
@@ -709,7 +707,7 @@ final class MessageSession: Sendable {
             }
             let (lost, kept) = state.outbox.restart()
             state.startEpoch()
-            state.everConnected = true
+            state.everConnected = true  // (before the snapshot: its messages go out on this connection)
             // The store starts the session over too: its snapshot, then the kept messages under
             // their new numbers (written before any of them goes out).
             var transmittable = kept.last?.number ?? 0
@@ -737,12 +735,10 @@ final class MessageSession: Sendable {
                 }
             }
             state.durableThrough = transmittable
-            state.channel = channel
             state.outbox.transmit(through: transmittable) { Self.transmit($0, on: channel) }
             opened = .new(undelivered: lost.map(Self.undelivered))
         }
         if wasConnected { state.reconnects += 1 }
-        state.everConnected = true
         state.channel = channel
         return .success(opened)
     }

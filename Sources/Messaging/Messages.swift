@@ -115,21 +115,20 @@ public struct IncomingMessages: AsyncSequence, Sendable {
 /// element, or when it goes away (the loop ended: `break`, `return`, a throw).
 /// (``SessionAcknowledgement/automatic``.) A class for its `deinit`; one per iterator.
 final class HandledOnNext {
-    private var current: IncomingMessage?
+    /// Only the message's way back to its session: its payload is not kept here.
+    private var current: SessionMessageToken?
 
     /// The app is handling `message` now (nil: nothing to handle).
-    func handling(_ message: IncomingMessage?) {
-        current = message?.sessionToken == nil ? nil : message
-    }
+    func handling(_ message: IncomingMessage?) { current = message?.sessionToken }
 
     /// The app is done with what it was handling.
     func done() {
-        guard let message = current else { return }
+        guard let token = current else { return }
         current = nil
-        message.handledAutomatically()
+        token.handled(automatic: true)
     }
 
-    deinit { current?.handledAutomatically() }
+    deinit { current?.handled(automatic: true) }
 }
 
 /// Progress of a streamed transfer (bytes done of total), reported on both sides.

@@ -16,6 +16,10 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
     /// Which connections may start their handshake (``ServerConfiguration/maxPendingHandshakes``
     /// and the rates).
     var admission: HandshakeAdmission
+    /// The session store while the server runs (``SessionConfiguration/store``).
+    var store: SessionJournal?
+    /// The sessions the store held at the start that no client has resumed yet, by session id.
+    private(set) var restored: [String: Journal.Restored] = [:]
     /// This second (uptime) and the refused events reported in it.
     private var refusedEvents = PerSecondCount()
     /// Refused connections since the start (tests).
@@ -92,6 +96,48 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
             return nil
         }
         return registry.register(session: session, owner: owner, make: make)
+    }
+
+    // MARK: The session store
+
+    /// The store opened at the start, with the sessions it holds (by session id).
+    mutating func opened(_ journal: SessionJournal) {
+        store = journal
+        restored = Dictionary(uniqueKeysWithValues: journal.restored.map { ($0.key.hex, $0.value) })
+    }
+
+    /// The store, taken for closing (the server stopped, or did not start).
+    mutating func closedStore() -> SessionJournal? {
+        defer {
+            store = nil
+            restored = [:]
+        }
+        return store
+    }
+
+    /// What the store kept under a session id from before a restart.
+    enum RestoredSession {
+        case none
+        /// Another key opened it: refused, with the reason.
+        case refused(String)
+        case restored(Journal.Restored)
+    }
+
+    /// The session the store kept under `id` from before a restart, taken for the connection that
+    /// resumes it, opened by the key whose full fingerprint is `owner`. A session another key (or
+    /// none) opened is refused, and stays for its own.
+    mutating func takeRestored(_ id: String, owner: String?) -> RestoredSession {
+        guard let found = restored[id] else { return .none }
+        guard found.snapshot.owner == owner else { return .refused("session \(id.prefix(8))… belongs to another identity key") }
+        restored[id] = nil
+        return .restored(found)
+    }
+
+    /// The grace period since the start passed: the sessions from before the restart that no client
+    /// resumed, taken to end.
+    mutating func takeUnclaimed() -> (SessionJournal?, [Journal.Restored]) {
+        defer { restored = [:] }
+        return (store, Array(restored.values))
     }
 
     /// A connection was refused at `now`: counted; returns how many this second had, this one

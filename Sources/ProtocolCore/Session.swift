@@ -94,12 +94,16 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
     }
 
     /// A new connection of a resumed session: the peer received up to `peerReceived`.
-    /// - Parameter transmittable: Only messages up to this number may go on the wire now (the
-    ///   others wait until a session store has synced them: ``transmit(through:_:)``).
     /// - Returns: The messages to send again, in order (now marked transmitted); nil when the peer
     ///   claims more than was sent, or less than it already acknowledged (it lost its state: the
     ///   session cannot resume).
-    @inlinable public mutating func resume(peerReceived: UInt64, transmittable: UInt64 = .max) -> [Entry]? {
+    @inlinable public mutating func resume(peerReceived: UInt64) -> [Entry]? {
+        resume(peerReceived: peerReceived, transmittable: .max)
+    }
+
+    /// ``resume(peerReceived:)`` when only messages up to `transmittable` may go on the wire now
+    /// (the others wait until a session store has synced them: ``transmit(from:through:_:)``).
+    @inlinable public mutating func resume(peerReceived: UInt64, transmittable: UInt64) -> [Entry]? {
         guard peerReceived >= acknowledged, acknowledge(through: peerReceived) != nil else { return nil }
         var resend: [Entry] = []
         for index in head..<entries.count where entries[index].number <= transmittable {
@@ -215,9 +219,6 @@ package struct SessionInbox: Sendable, Equatable {
         stored = handled
         acknowledged = handled
     }
-
-    /// Messages received in the session so far (the last number counted).
-    package var received: UInt64 { delivered }
 
     /// A session message arrived: its number, or nil when it is a duplicate of one delivered
     /// before (resent after a reconnect because it was not handled yet).

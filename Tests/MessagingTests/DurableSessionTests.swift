@@ -79,6 +79,7 @@ import Locks
         await client.close()
         reader.cancel()
         await second.server.stop()
+        gate.open()  // the first server's loop, still at message 6, ends
     }
 
     /// A client closed while its server is away keeps what it could not send in its store; a new
@@ -160,7 +161,7 @@ import Locks
         try await second.events.wait("closed") { if case .closed(let closed, .sessionExpired) = $0 { closed == gone } else { false } }
         await second.server.stop()
         let third = try await LoopbackServer(configure: configure)
-        #expect(third.server.store.withLock { $0.restored.isEmpty }, "the store forgot it")
+        #expect(third.server.withState { $0.restored.isEmpty }, "the store forgot it")
         await third.server.stop()
     }
 

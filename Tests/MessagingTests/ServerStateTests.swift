@@ -1,3 +1,4 @@
+import Foundation
 import ProtocolCore
 import Testing
 import Transport
@@ -111,5 +112,28 @@ import Transport
         #expect(state.refused(now: 1_500_000_000) == 2)
         #expect(state.refused(now: 2_000_000_000) == 1)
         #expect(state.refusals == 3)
+    }
+
+    /// A session the store kept from before a restart is taken once, by the key that opened it;
+    /// another key (or none) is refused and leaves it in place.
+    @Test func aRestoredSessionIsTakenOnceByItsOwnKey() throws {
+        let directory = SessionStoreTests.directory("decision")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let written = try SessionStoreTests.open(directory)
+        try written.append(
+            .session(Journal.Snapshot(key: SessionStoreTests.key, positionID: SessionStoreTests.position, owner: "aaaa")))
+        written.close()
+        let journal = try SessionStoreTests.open(directory)
+        var state = idle()
+        state.opened(journal)
+        let id = SessionStoreTests.key.hex
+        guard case .refused(let reason) = state.takeRestored(id, owner: "bbbb") else { Issue.record("another key took it"); return }
+        #expect(reason.contains("belongs to another identity key"))
+        guard case .refused = state.takeRestored(id, owner: nil) else { Issue.record("a key-less client took it"); return }
+        guard case .restored(let found) = state.takeRestored(id, owner: "aaaa") else { Issue.record("its own key could not"); return }
+        #expect(found.snapshot.key == SessionStoreTests.key)
+        guard case .none = state.takeRestored(id, owner: "aaaa") else { Issue.record("taken twice"); return }
+        #expect(state.closedStore() === journal && state.store == nil)
+        journal.close()
     }
 }

@@ -74,6 +74,8 @@ final class SessionJournal: Sendable {
         /// Of those, the ones known to be on the disk.
         var synced: UInt64 = 0
         var syncing = false
+        /// Syncs done (what ``syncCount`` reports).
+        var syncs = 0
         var syncWaiters: [(position: UInt64, done: @Sendable (FileError?) -> Void)] = []
         var sessions: [Journal.Key: Live] = [:]
         /// Bytes of kept messages (what ``SessionStore/maxBytes`` bounds).
@@ -366,7 +368,11 @@ final class SessionJournal: Sendable {
             state.liveBytes -= freed
             return freed > 0
         case .handled(_, let through):
-            state.sessions[key]?.snapshot.handled = through
+            // The largest: handled counts are written after the session's lock, so two tasks
+            // handling at once may write them out of order (a compaction must not go back).
+            if let handled = state.sessions[key]?.snapshot.handled, through > handled {
+                state.sessions[key]?.snapshot.handled = through
+            }
             return false
         case .connected:
             state.sessions[key]?.snapshot.everConnected = true
@@ -438,6 +444,7 @@ final class SessionJournal: Sendable {
                 return (state.syncWaiters, false)
             }
             state.synced = max(state.synced, position)
+            state.syncs += 1
             let synced = state.synced
             let ready = state.syncWaiters.filter { $0.position <= synced }
             state.syncWaiters.removeAll { $0.position <= synced }
@@ -480,6 +487,9 @@ final class SessionJournal: Sendable {
         }
         for waiter in waiters { waiter.resume() }
     }
+
+    /// Syncs done so far (the group commit's measure: senders waiting together share one).
+    var syncCount: Int { state.withLock { $0.syncs } }
 
     /// Bytes of kept messages, and the file's length.
     var sizes: (live: Int, file: Int) { state.withLock { ($0.liveBytes, $0.size) } }
