@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Messaging
+import Synchronization
 
 /// A tiny published echo server: replies to every request with the same payload (or, when that
 /// would exceed the client's frame limit, with the error `too_large`), and to "echo.stats" with how
@@ -68,6 +69,8 @@ struct EchoServer: AsyncParsableCommand {
             }
         }
         defer { stopping.cancel() }
+        let refusals = RefusalSummary(interval: .seconds(1)) { say($0) }
+        defer { refusals.cancel() }
         var count = 0
         // Numbered one-way messages ("seq", {"n":…}) per connection: how many, how many twice, out of order.
         var sequences: [UInt64: SequenceStats] = [:]
@@ -109,17 +112,22 @@ struct EchoServer: AsyncParsableCommand {
                 do {
                     try await connection.channel.replyRaw(to: message, bytes: message.payload, type: message.typeID)
                 } catch let error as TransportError where error.code == .frameTooLarge {
-                    // The echo would not fit the client's frame limit (a reply carries 8 more bytes).
-                    try? await connection.reply(to: message, error: RemoteError(code: "too_large", message: error.message))
+                    // The echo would not fit the client's frame limit (a reply carries 8 more bytes):
+                    // the library has already answered `too_large` in its place — one reply, never two.
+                    continue
                 } catch {
                     say("reply to \(connection) failed: \(error)")
                 }
             case .transfer(_, let transfer):
                 transfer.discard()
+            case .refused(let remote, let reason):
+                // A flood refuses thousands a second: the first of each second in full, then a count.
+                if refusals.record() { say("refused \(remote.map { "\($0)" } ?? "?"): \(reason)") }
             default:
                 say("\(event)")
             }
         }
+        refusals.flush()
         // The events end when the server stopped (on a signal): leave discovery cleanly too.
         await discovery.shutdown()
         say("stopped")
@@ -158,6 +166,53 @@ struct EchoServer: AsyncParsableCommand {
     func say(_ line: String) {
         FileHandle.standardOutput.write(Data((line + "\n").utf8))
     }
+}
+
+/// Refused connections on stdout as a summary (issue 43: a handshake flood printed 1,000+ lines a
+/// second): the first refusal of an interval is printed in full by the caller, the others are
+/// counted and said in one line when the interval ends (a Dispatch timer; any context).
+final class RefusalSummary: @unchecked Sendable {
+    // @unchecked: `timer` is set once in init; a Dispatch source is thread-safe. The rest is a Mutex.
+    private struct State {
+        var open = false
+        var more = 0
+    }
+    private let state = Mutex(State())
+    private let timer: any DispatchSourceTimer
+    private let seconds: Int64
+    private let say: @Sendable (String) -> Void
+
+    init(interval: Duration, say: @escaping @Sendable (String) -> Void) {
+        seconds = max(1, interval.components.seconds)
+        self.say = say
+        timer = DispatchSource.makeTimerSource(queue: .global())
+        timer.schedule(deadline: .now() + .seconds(Int(seconds)), repeating: .seconds(Int(seconds)))
+        timer.setEventHandler { [weak self] in self?.flush() }
+        timer.resume()
+    }
+
+    /// One more refusal: true when it is the first of its interval (print it in full).
+    func record() -> Bool {
+        state.withLock { current in
+            if current.open {
+                current.more += 1
+                return false
+            }
+            current.open = true
+            return true
+        }
+    }
+
+    /// Ends the interval: says how many were counted, if any (every interval, and at the end).
+    func flush() {
+        let more = state.withLock { current -> Int in
+            defer { current = State() }
+            return current.more
+        }
+        if more > 0 { say("refused \(more) more connections in the last \(seconds) s") }
+    }
+
+    func cancel() { timer.cancel() }
 }
 
 /// Dispatch signal sources, cancelled together (immutable after creation; cancel is thread-safe).

@@ -57,8 +57,8 @@ func createDirectories(for path: String) throws(FileError) {
 /// Read whole on every lookup, so several processes can share it; written whole through
 /// `writeFileAtomically`. Reading takes no lock: a rename replaces the file at once, so a reader
 /// sees the old list or the new one. A change reads, edits and writes the list under the file's
-/// lock in this process (two changes at once would each read the old list, and one would be lost);
-/// share one value per file.
+/// lock in this process and an flock on `<path>.lock` across processes (two changes at once would
+/// each read the old list, and one would be lost).
 struct LineFile<Entry>: Sendable {
     let path: String
     /// The first line: a comment saying what each line holds.
@@ -95,6 +95,18 @@ struct LineFile<Entry>: Sendable {
     @discardableResult
     func update(_ change: (inout [Entry]) -> Bool) throws(FileError) -> Bool {
         try lock.withLock { () throws(FileError) -> Bool in
+            // And across processes: two programs sharing the file (two clients of one user) would
+            // each read the old list and one change would be lost (issue 43, 5). `<path>.lock`,
+            // flock'd for the read-change-write; readers need no lock (the rename is atomic).
+            try createDirectories(for: path)
+            let lockFD = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+            guard lockFD >= 0 else {
+                throw FileError.system(
+                    path, "cannot lock \(what) '\(path)' (its lock file '\(path).lock')", errno: errno,
+                    advice: "check that its directory is writable")
+            }
+            defer { close(lockFD) }  // releases the flock
+            while flock(lockFD, LOCK_EX) != 0 && errno == EINTR {}
             var list = entries
             guard change(&list) else { return false }
             var text = header + "\n"
@@ -123,6 +135,15 @@ func writeFileAtomically(_ path: String, _ text: String, what: String) throws(Fi
         unlink(temporary)
         throw FileError.system(path, "cannot write \(what) '\(path)'", errno: failure)
     }
+}
+
+/// Syncs the directory holding `path` (a new, linked or renamed file's name is on the disk then).
+func syncDirectory(of path: String) {
+    let directory = (path as NSString).deletingLastPathComponent
+    let fd = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard fd >= 0 else { return }
+    _ = fsync(fd)
+    close(fd)
 }
 
 /// Writes all of `bytes` to `fd` (again after a short write or a signal) and fsyncs it: nil, or

@@ -130,7 +130,7 @@ extension MessageClient {
                 return
             case .giveUp(let final):
                 // Said once (the event and every waiting caller carry it), then closed.
-                logger.warning("\(final.message)")
+                logger.warning("\(final.logLine)")
                 giveUp(final)
                 return
             case .retry(let wait, let reconnecting, let attempt):

@@ -29,9 +29,16 @@ extension MessageServer {
             $0.admit(source, limit: limit, now: now, blockBase: configuration.floodBlockDuration.nanoseconds)
         }
         switch admission {
-        case .full:
+        case .notRunning:
             socket.close()
-            refused(remote, .connectionLimit, "connection limit of \(limit) reached (or server stopping)")
+            refused(remote, .connectionLimit, "the server is stopping")
+        case .full:
+            // Said, not a bare close: REFUSE busy before the handshake, as for too many handshakes
+            // (docs/PROTOCOL.md, "Busy"), so the client knows why and when to try again.
+            let retry = Self.connectionLimitRetryMilliseconds
+            let reason = "busy: this server holds its limit of \(limit) connections; try again in \(retry) ms"
+            refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
+            refused(remote, .connectionLimit, "connection limit of \(limit) reached")
         case .busy(let why, let retry, let block):
             let reason = "busy: \(why); try again in \(retry) ms"
             refuser.refuse(socket, with: Refusal(code: "busy", message: reason, retryMilliseconds: retry))
@@ -92,6 +99,10 @@ extension MessageServer {
         let thisSecond = withState { $0.refused(now: now) }
         if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
     }
+
+    /// The `retry_ms` of a REFUSE `busy` for the connection limit: a place frees when a client
+    /// leaves, which no bound predicts; a second keeps a waiting client from hammering.
+    static let connectionLimitRetryMilliseconds = 1_000
 
     /// ``ServerEvent/refused(remote:reason:)`` events reported per second at most.
     static let refusedEventsPerSecond = 100

@@ -1,3 +1,5 @@
+import ProtocolCore
+
 /// An error of the messaging layer (server or client): what happened and what to do.
 public struct MessagingError: Error, Sendable, CustomStringConvertible {
     /// The kind of failure.
@@ -65,4 +67,13 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
     }
 
     public var description: String { message }
+}
+
+extension MessagingError {
+    /// The error in one log line: a multi-line message (the key-change warning) is the app's to
+    /// show — the error carries it whole — and the library's log says only its first line and
+    /// where the rest is (issue 43, 7: the banner was shown twice, logged and printed).
+    var logLine: String {
+        firstLine(of: message, more: "\(code): the error reported to the app says what happened and what to do")
+    }
 }

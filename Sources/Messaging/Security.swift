@@ -84,19 +84,30 @@ public struct Identity: @unchecked Sendable {
         let identity = Identity.ephemeral()
         let text = "lanmsg-identity-1 " + Data(identity.privateKey.rawRepresentation).base64EncodedString() + "\n"
         try createDirectories(for: path)
-        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        // Created whole, then linked into place exclusively (issue 43: two processes creating it at
+        // once, one read the other's half-written file): the file at `path` is always complete, and
+        // of two creators the second finds the first's key and uses it.
+        let temporary = path + ".tmp.\(getpid()).\(UInt64.random(in: 0...UInt64.max))"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
-            if errno == EEXIST { return try load(path) }  // another process created it meanwhile
             throw FileError.system(
                 path, "cannot create the identity file '\(path)'", errno: errno,
                 advice: "check that its directory is writable or give another path")
         }
         let failure = writeAllAndSync(fd, Array(text.utf8))
         close(fd)
+        defer { unlink(temporary) }
         if let failure {
-            unlink(path)
             throw FileError.system(path, "cannot write the identity file '\(path)'", errno: failure)
         }
+        guard link(temporary, path) == 0 else {
+            let code = errno
+            if code == EEXIST { return try load(path) }  // another process created it meanwhile: its key
+            throw FileError.system(
+                path, "cannot create the identity file '\(path)'", errno: code,
+                advice: "check that its directory is writable or give another path")
+        }
+        syncDirectory(of: path)
         return identity
     }
 
@@ -120,10 +131,14 @@ public struct Identity: @unchecked Sendable {
         guard parts.count == 2, parts[0] == "lanmsg-identity-1", let raw = Data(base64Encoded: String(parts[1])),
             let key = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: raw)
         else {
+            // The library writes identity files whole (a temporary file linked into place), so this
+            // is not one another process is still writing.
             throw FileError(
                 path,
-                "the identity file '\(path)' is not a lanmsg identity (expected `lanmsg-identity-1 <base64 key>`); "
-                    + "move it away to create a new identity (peers that trusted the old one will refuse the new one)")
+                "the identity file '\(path)' is not a lanmsg identity (expected `lanmsg-identity-1 <base64 key>`, found "
+                    + (data.isEmpty ? "an empty file" : "\(data.count) bytes of something else")
+                    + "); it was not written by this library. Restore it from a backup, or move it away to create a "
+                    + "new identity (peers that trusted the old one will refuse the new one)")
         }
         return Identity(privateKey: key)
     }

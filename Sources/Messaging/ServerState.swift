@@ -41,8 +41,10 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
         /// Its handshake may start, as a child of `work`; it holds a place (``ServerRegistry/reserve()``)
         /// and a handshake slot until ``handshakeSucceeded(_:)`` or ``handshakeAbandoned(_:)``.
         case admitted(Work)
-        /// Not running, or `limit` connections: close it.
+        /// `limit` connections: refuse it busy (issue 43, 8: it was a bare close).
         case full
+        /// Not running (stopping, or not started): close it.
+        case notRunning
         /// Over a handshake bound: refuse it busy (the reason, the retry in milliseconds), and block
         /// its source when it floods.
         case busy(String, Int, Block?)
@@ -55,7 +57,8 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
     mutating func admit(
         _ source: HandshakeAdmission.Source, limit: Int, now: UInt64, blockBase: UInt64
     ) -> Admission {
-        guard let (listener, work) = lifecycle.running, registry.hasRoom(under: limit) else { return .full }
+        guard let (listener, work) = lifecycle.running else { return .notRunning }
+        guard registry.hasRoom(under: limit) else { return .full }
         switch admission.admit(source, now: now) {
         case .busy(let why, let retry, false): return .busy(why, retry, nil)
         case .busy(let why, let retry, true):

@@ -176,3 +176,17 @@ public enum CloseReason: Hashable, Sendable, CustomStringConvertible {
         }
     }
 }
+
+/// `text` as one log line: a multi-line message (the key-change warning, a banner of `@` lines)
+/// becomes its first line of words, and `more` says where the rest is. A single line is kept.
+package func firstLine(of text: String, more: String) -> String {
+    var lines = text.split(separator: "\n").map { line -> Substring in
+        var line = line[...]
+        while let first = line.first, first == "@" || first == " " { line = line.dropFirst() }
+        while let last = line.last, last == "@" || last == " " { line = line.dropLast() }
+        return line
+    }
+    lines.removeAll { $0.isEmpty }
+    guard lines.count > 1, let first = lines.first else { return text }
+    return "\(first) (\(more))"
+}

@@ -231,6 +231,14 @@ package struct HandshakeStateMachine: Sendable {
         if let refusal = settings.validator?(info) {
             return refuse(code: "refused", .helloRefused, "refused peer '\(info.name)': \(refusal)")
         }
+        // A nonce that is there but not 32 bytes of hex breaks the spec (the client sent a key,
+        // badly): bad_hello naming the field, not auth_required (docs/PROTOCOL.md, "Pre-shared key").
+        if let nonceText = hello.nonce, Hex.decode(nonceText)?.count != AuthNonce.size {
+            return refuse(
+                code: "bad_hello", .helloFailed,
+                "malformed HELLO: \"nonce\" must be \(AuthNonce.size * 2) hex digits (\(AuthNonce.size) random bytes), "
+                    + "got \(nonceText.utf8.count) characters\(Hex.decode(nonceText) == nil ? " that are not hex" : "")")
+        }
         let established = Established(peer: info, peerMaxFrameSize: hello.maxFrame ?? WireProtocol.defaultMaxFrameSize)
         guard let key = settings.preSharedKey else {
             state = .done
@@ -256,7 +264,11 @@ package struct HandshakeStateMachine: Sendable {
     ) -> Output {
         guard let key = settings.preSharedKey else { return violation("AUTH without a challenge") }
         guard let message = try? FastJSONDecoder().decode(AuthProof.self, from: frame.payload) else {
-            return violation("malformed AUTH payload")
+            // Answered like a wrong proof (the client gets a REFUSE saying why), not a bare close.
+            return refuse(
+                code: "auth_failed", .authenticationFailed,
+                "malformed AUTH: its payload must be a JSON object {\"proof\": <64 hex digits>}",
+                notice: "refusing client '\(established.peer.name)': malformed AUTH payload")
         }
         guard let proof = Hex.decode(message.proof),
             constantTimeEqual(proof, key.clientProof(clientNonce: clientNonce, serverNonce: serverNonce))
@@ -328,8 +340,8 @@ package struct HandshakeStateMachine: Sendable {
 }
 
 /// The one key checked before the rest of a HELLO.
-private struct HelloVersion: Decodable {
-    var version: Int
+package struct HelloVersion: Decodable {
+    package var version: Int
 }
 
 extension Refusal {

@@ -271,7 +271,9 @@ package final class ConnectionDriver: @unchecked Sendable {
 
     private func closeNow(_ reason: CloseReason) {
         switch reason {
-        case .localClose, .goodbye, .closedByPeer: logger.debug("connection closed: \(reason)")
+        // A failed hello is its caller's to say (the client's error, the server's refusal summary):
+        // said here too, a key-change warning was logged twice (issue 43, 7).
+        case .localClose, .goodbye, .closedByPeer, .helloFailed: logger.debug("connection closed: \(reason)")
         default: logger.info("connection closed: \(reason)")
         }
         let waiters = send.withLock { state -> [Waiter] in

@@ -70,6 +70,47 @@ struct NoiseInteropTests {
         #expect(result.output.contains("ok tamper"), "\(result.output)")
     }
 
+    /// An oversized reply is answered once (issue 43, 1): with `max_frame` 1024 the echo of a
+    /// 1,111-byte request would not fit; the client gets the library's `too_large` error reply and
+    /// no second one (lanmsg-echo used to send its own as well), and what it sent behind it (a PING
+    /// and two requests) is answered as usual.
+    @Test func anOversizedEchoIsAnsweredOnceWithTooLarge() async throws {
+        let (server, port, _) = try await startEcho("Noise Oversized Echo")
+        defer { server.stop() }
+        let result = try runClient(["--host", "10.77.0.2", "--port", String(port), "--oversized", "--timeout", "30"])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("ok oversized"), "\(result.output)")
+    }
+
+    /// A handshake flood is summarised on lanmsg-echo's stdout (issue 43, 6): 400 connections that
+    /// speak another protocol give the first refusal of each second in full and a count line for
+    /// the others, not 400 lines.
+    @Test func aFloodOfRefusalsIsSummarisedOnTheEchosOutput() async throws {
+        let (server, port, _) = try await startEcho("Noise Flood Echo")
+        defer { server.stop() }
+        let attempts = 400
+        for _ in 0..<attempts {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = port.bigEndian
+            inet_pton(AF_INET, "10.77.0.2", &address.sin_addr)
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            if connected == 0 { _ = Array("GET / HTTP/1.1\r\n\r\n".utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } }
+            close(fd)
+        }
+        try await server.waitForOutput("more connections in the last 1 s")
+        let lines = server.text.split(separator: "\n").filter { $0.hasPrefix("refused") }
+        let counted = lines.compactMap { line -> Int? in
+            guard line.hasPrefix("refused "), line.hasSuffix(" more connections in the last 1 s") else { return nil }
+            return Int(line.dropFirst(8).prefix { $0.isNumber })
+        }
+        #expect(lines.count <= 20, "\(lines.count) refusal lines for \(attempts) connections:\n\(lines.prefix(30).joined(separator: "\n"))")
+        #expect(counted.reduce(0, +) > 0, "\(lines)")
+    }
+
     /// A session across a restart: the independent client opens one with lanmsg-echo (which keeps
     /// its sessions in a store), the echo is killed with SIGKILL and started again on its store,
     /// identity and port, and the client resumes: `resumed: true`, the `received` the store held,

@@ -222,9 +222,16 @@ struct TestFailure: Error, CustomStringConvertible {
         try await waitUntil("both accepted") {
             harness.events.count { if case .accepted = $0 { true } else { false } } == 2
         }
-        await #expect(throws: MessagingError.self) {
+        // Told, not a bare close (issue 43, 8): REFUSE busy naming the limit, with when to retry.
+        let started = ContinuousClock.now
+        await #expect {
             _ = try await harness.client("three") { $0.channel.helloTimeout = .seconds(3) }
+        } throws: { error in
+            let transport = (error as? MessagingError)?.underlying as? TransportError
+            return transport?.code == .serverBusy && transport?.retryAfter == .seconds(1)
+                && "\(error)".contains("limit of 2 connections")
         }
+        #expect(ContinuousClock.now - started < .seconds(3), "answered at once, not at the hello timeout")
         try await harness.events.wait("refused") { if case .refused(_, let reason) = $0 { reason.contains("limit of 2") } else { false } }
         #expect(harness.server.connections.count == 2)
         await first.close()

@@ -40,7 +40,7 @@ import Transport
 
     @Test func nothingIsAdmittedUnlessRunning() {
         var state = idle()
-        guard case .full = state.admit(Self.source, limit: 10, now: 0, blockBase: 1) else {
+        guard case .notRunning = state.admit(Self.source, limit: 10, now: 0, blockBase: 1) else {
             Issue.record("admitted before start")
             return
         }
@@ -55,7 +55,7 @@ import Transport
         state.handshakeSucceeded(Self.source)
         #expect(state.registry.pending == 1 && state.admission.inFlight == 0)
         #expect(admitted(state.admit(Self.other, limit: 2, now: 0, blockBase: 1)) == "work")
-        // The connection limit counts places in handshakes: the third is closed, not refused busy.
+        // The connection limit counts places in handshakes: the third is over the limit (refused busy).
         guard case .full = state.admit(Self.source, limit: 2, now: 0, blockBase: 1) else {
             Issue.record("a third connection was admitted under a limit of 2")
             return

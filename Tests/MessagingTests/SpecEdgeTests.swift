@@ -62,6 +62,60 @@ extension HostilePeer {
         await harness.server.stop()
     }
 
+    /// A keyed server (issue 43, 2 and 11): a `nonce` that is there but not 64 hex digits is a
+    /// `bad_hello` naming the field (it was `auth_required`, "this server requires a pre-shared
+    /// key", although the client sent one); no nonce at all stays `auth_required`.
+    @Test(arguments: [
+        (#","nonce":"zz""#, "bad_hello"), (#","nonce":"00112233""#, "bad_hello"),
+        (#","nonce":"\#(String(repeating: "g", count: 64))""#, "bad_hello"), ("", "auth_required"),
+    ])
+    func aMalformedNonceIsABadHelloNamingIt(nonce: String, code: String) async throws {
+        let harness = try await server(configure: { $0.channel.preSharedKey = try? PreSharedKey(bytes: Array("sixteen bytes or more".utf8)) })
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"name":"keyed"\#(nonce),"version":1}"#)
+        let (frames, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .refuse } } }
+        let refusal = try #require(Self.refusal(frames), "expected REFUSE, got \(frames.map(\.kind))")
+        #expect(refusal.code == code, "\(refusal)")
+        if code == "bad_hello" { #expect(refusal.message.contains("\"nonce\""), "\(refusal.message)") }
+        await harness.server.stop()
+    }
+
+    /// An AUTH whose `proof` is not a string is refused `auth_failed` with a reason (it was closed
+    /// without a REFUSE).
+    @Test(arguments: [#"{"proof":5}"#, #"{}"#, "not json"])
+    func aMalformedAuthIsRefusedWithAReason(auth: String) async throws {
+        let harness = try await server(configure: { $0.channel.preSharedKey = try? PreSharedKey(bytes: Array("sixteen bytes or more".utf8)) })
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"name":"keyed","nonce":"\#(String(repeating: "ab", count: 32))","version":1}"#)
+        let (acks, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .helloAck } } }
+        #expect(acks.contains { $0.kind == .helloAck })
+        peer.write(peer.frame(.auth, codec: 1, payload: Array(auth.utf8)))
+        let (frames, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .refuse } } }
+        let refusal = try #require(Self.refusal(frames), "expected REFUSE, got \(frames.map(\.kind))")
+        #expect(refusal.code == "auth_failed")
+        #expect(refusal.message.contains("malformed AUTH"), "\(refusal.message)")
+        await harness.server.stop()
+    }
+
+    /// What an integer is (issue 43, 10): a JSON number with a whole value, however written —
+    /// `1.0` and `2048.0` are integers, `2048.5` and `1.5` are not (`bad_hello`).
+    @Test(arguments: [
+        (#""version":1.0"#, nil), (#""max_frame":2048.0,"version":1"#, nil), (#""max_frame":2048.5,"version":1"#, "bad_hello"),
+        (#""version":1.5"#, "bad_hello"), (#""version":3"#, "version_mismatch"),
+    ])
+    func anIntegerIsAWholeNumber(keys: String, code: String?) async throws {
+        let harness = try await server()
+        let peer = try HostilePeer(port: harness.port)
+        hello(peer, #"{"name":"n",\#(keys)}"#)
+        let (frames, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .refuse || $0.kind == .helloAck } } }
+        if let code {
+            #expect(Self.refusal(frames)?.code == code, "\(keys): \(frames.map(\.kind))")
+        } else {
+            #expect(frames.contains { $0.kind == .helloAck }, "\(keys): \(String(describing: Self.refusal(frames)))")
+        }
+        await harness.server.stop()
+    }
+
     /// Through `reply` (suspending) and `tryReply` (not): both answer `too_large` in place of the reply.
     @Test(arguments: [false, true])
     func theSmallestAllowedMaxFrameIsServedAndAnOversizedReplyBecomesAnErrorReply(withoutSuspending: Bool) async throws {
@@ -219,15 +273,22 @@ func waitUntilAsync(_ what: String, seconds: Double = 10, _ condition: () -> Boo
         configuration.waitsForServer = true
         configuration.connectionWait = .seconds(20)
         let started = ContinuousClock.now
+        let log = CapturedLog()
         let client = try await MessageClient.connect(
-            to: .host("127.0.0.1", port: harness.port), configuration: configuration, logger: testLogger())
+            to: .host("127.0.0.1", port: harness.port), configuration: configuration, logger: log.logger())
         do {
             _ = try await client.request("hi", type: "x", expecting: String.self, timeout: .seconds(20))
             Issue.record("a request to a server with a changed key succeeded")
         } catch let error as MessagingError {
             #expect(error.code == .untrustedServer, "\(error.code): \(error.message)")
             #expect(error.message.contains("HAS CHANGED"), "\(error.message)")
+            #expect(error.message.contains("Presented fingerprint"), "the error carries the whole warning")
         }
+        // Said once (issue 43, 7): the app shows the error's warning; the library's log has one
+        // line about it, not the banner again.
+        let shown = log.lines.filter { $0.level >= .info }
+        #expect(shown.filter { $0.message.contains("HAS CHANGED") }.count == 1, "\(shown.map { "\($0.level) \($0.message)" })")
+        #expect(!shown.contains { $0.message.contains("\n") || $0.message.contains("@@@@") }, "\(shown.map(\.message))")
         #expect(ContinuousClock.now - started < .seconds(3), "the refusal must be final at once")
         var gaveUp: MessagingError?
         var reconnects = 0

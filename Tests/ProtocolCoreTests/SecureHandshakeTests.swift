@@ -120,6 +120,26 @@ import Testing
         #expect((try? run.clientOutcome?.get()) != nil)  // the client finished its part; the server then refuses
     }
 
+    /// One rule in both versions (issue 43, 9): the version first, then the other keys, so a hello
+    /// of another version is `version_mismatch` however its other keys look (version 2 checked
+    /// well-formedness first: `{"version":3}` was `bad_hello` here and `version_mismatch` in v1).
+    @Test(arguments: [
+        (#"{"version":3}"#, TransportError.Code.versionMismatch), (#"{"version":1,"name":7}"#, .versionMismatch),
+        (#"{"version":2}"#, .helloFailed), (#"{"name":"x"}"#, .helloFailed), (#"{"version":"2","name":"x"}"#, .helloFailed),
+        (#"{"version":2.0,"name":"x"}"#, nil), (#"{"version":2,"name":"x","max_frame":2048.0}"#, nil),
+        (#"{"version":2,"name":"x","max_frame":2048.5}"#, .helloFailed), (#"{"version":2.5,"name":"x"}"#, .helloFailed),
+    ])
+    func theVersionIsCheckedFirstAndAnIntegerIsAWholeNumber(hello: String, expected: TransportError.Code?) throws {
+        var client = Self.settings("alice")
+        client.rawHello = Array(hello.utf8)
+        let run = try Self.run(client: client, server: Self.settings("server"))
+        switch (run.serverOutcome, expected) {
+        case (.failure(let error)?, let code?): #expect(error.code == code, "\(hello): \(error.message)")
+        case (.success?, nil): break
+        default: Issue.record("\(hello): \(String(describing: run.serverOutcome)), expected \(String(describing: expected))")
+        }
+    }
+
     @Test func aSharedKeySelectsXXpsk3AndAMismatchFails() throws {
         let psk = [UInt8](repeating: 7, count: 32)
         let good = try Self.run(client: Self.settings("a", psk: psk), server: Self.settings("s", psk: psk))

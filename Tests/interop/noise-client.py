@@ -280,7 +280,7 @@ class Session:
                           % (server_fp, expect))
 
         # Message 3 (-> s, se [, psk]) with our hello; then Split().
-        hello = {"max_frame": OUR_MAX_FRAME, "metadata": {"client": "noise-client.py"}, "name": args.name,
+        hello = {"max_frame": self.args.max_frame, "metadata": {"client": "noise-client.py"}, "name": args.name,
                  "version": 2}
         if args.session or args.session_phase:
             hello["sessions"] = True  # we will open a message session (docs/PROTOCOL.md, "Sessions")
@@ -378,8 +378,8 @@ class Session:
         if len(plain) < 4:
             return None
         (length,) = struct.unpack_from(">I", plain, 0)
-        if length > OUR_MAX_FRAME:
-            raise Failure("the server sent a frame of %d bytes, more than our max_frame %d" % (length, OUR_MAX_FRAME))
+        if length > self.args.max_frame:
+            raise Failure("the server sent a frame of %d bytes, more than our max_frame %d" % (length, self.args.max_frame))
         if length < 12:
             raise Failure("the server sent a frame body of %d bytes (at least 12)" % length)
         if len(plain) < 4 + length:
@@ -478,7 +478,7 @@ class Session:
         payload = {"i": index, "text": "noise-client request %d" % index}
         if index % 10000 == 4999:
             # A frame larger than one transport message: it spans three.
-            room = min(self.peer_max_frame, OUR_MAX_FRAME) - 12 - len(ECHO_TYPE) - 8 - 64
+            room = min(self.peer_max_frame, self.args.max_frame) - 12 - len(ECHO_TYPE) - 8 - 64
             payload["pad"] = "x" * max(0, min(150_000, room))
         return json_bytes(payload)
 
@@ -678,6 +678,61 @@ def run_session_restart(args, psk, expect, deadline):
     log("ok session-after")
 
 
+def run_oversized(args, psk, expect, deadline):
+    """--oversized: with max_frame 1024, a request whose echo would not fit gets exactly one reply,
+    the error `too_large` (docs/PROTOCOL.md, "Requests": the error reply is sent *instead*); a PING
+    and two more requests sent behind it are answered as usual, and no second reply to the large
+    request comes before the last of them."""
+    session = Session(args, deadline)
+    session.connect_and_handshake(psk, expect)
+    session.await_verdict()
+    big_payload = json_bytes({"pad": "x" * 1100})  # its echo: 12 + 9 + 8 + 1,111 bytes > 1,024
+    big, big_frame = session.frame(MESSAGE, codec=1, type_id=ECHO_TYPE, payload=big_payload, flags=EXPECTS_REPLY)
+    ping, ping_frame = session.frame(PING)
+    small_payload = json_bytes({"small": True})
+    small, small_frame = session.frame(MESSAGE, codec=1, type_id=ECHO_TYPE, payload=small_payload, flags=EXPECTS_REPLY)
+    stats, stats_frame = session.frame(MESSAGE, codec=1, type_id="echo.stats", payload=b"{}", flags=EXPECTS_REPLY)
+    session.send_frames(big_frame + ping_frame + small_frame + stats_frame)
+    replies = {}
+    pong = False
+    session.phase = "waiting for the replies to the oversized request, a PING and two requests"
+    while stats not in replies:
+        frame = session.parse_frame()
+        if frame is None:
+            before = len(session.plain)
+            session.open_available()
+            if len(session.plain) == before:
+                session.inbound += session.recv()
+            continue
+        kind, codec, flags, type_id, seq, ref, payload = frame
+        if kind == PING:
+            _, answer = session.frame(PONG, ref=seq)
+            session.send_frames(answer)
+        elif kind == PONG:
+            pong = pong or ref == ping
+        elif kind == MESSAGE and ref is not None:
+            replies.setdefault(ref, []).append((flags, type_id, payload))
+        elif kind == GOODBYE:
+            raise Failure("the server said GOODBYE: %s" % payload.decode("utf-8", "replace"))
+    answers = replies.get(big, [])
+    if len(answers) != 1:
+        raise Failure("the oversized request got %d replies (%s); the spec says one, the error `too_large` instead of "
+                      "the reply" % (len(answers), "; ".join(p[:200].decode("utf-8", "replace") for _, _, p in answers)))
+    flags, _, payload = answers[0]
+    error = json.loads(payload.decode("utf-8"))
+    if not flags & IS_ERROR or error.get("code") != "too_large":
+        raise Failure("the oversized request's reply is not the error too_large: flags 0x%02x %r" % (flags, error))
+    if "1024" not in error.get("message", ""):
+        raise Failure("the too_large message does not name our limit 1024: %r" % error.get("message"))
+    if replies.get(small) != [(HAS_REF, ECHO_TYPE, small_payload)]:
+        raise Failure("the small request behind it was not echoed once: %r" % replies.get(small))
+    if not pong:
+        raise Failure("the PING behind the oversized request was not answered before the last reply")
+    log("oversized: one reply, %s: %s" % (error["code"], error["message"]))
+    session.goodbye_and_wait_close()
+    log("ok oversized")
+
+
 def run(args):
     deadline = time.monotonic() + args.timeout
     psk = read_psk(args.psk_file) if args.psk_file else None
@@ -689,6 +744,9 @@ def run(args):
         return
     if args.session:
         run_session(args, psk, expect, deadline)
+        return
+    if args.oversized:
+        run_oversized(args, psk, expect, deadline)
         return
 
     session = Session(args, deadline)
@@ -750,8 +808,14 @@ def main():
                              "'before' the kill, then 'after' the restart, sharing --session-state")
     parser.add_argument("--session-state", default="/tmp/noise-client-session.json",
                         help="where --session-phase keeps the session id and the client's key")
+    parser.add_argument("--oversized", action="store_true",
+                        help="announce max_frame 1024 and check that a request whose echo would not fit gets "
+                             "one reply, the error too_large (against lanmsg-echo)")
+    parser.add_argument("--max-frame", type=int, default=OUR_MAX_FRAME, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.static_key = None
+    if args.oversized:
+        args.max_frame = 1024
     if args.window < 1 or (args.messages is not None and args.messages < 0):
         parser.error("--window must be >= 1 and --messages >= 0")
     try:

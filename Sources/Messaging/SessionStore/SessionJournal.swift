@@ -280,14 +280,6 @@ final class SessionJournal: Sendable {
         }
     }
 
-    /// Syncs the directory holding `path` (a new or renamed file's name is on the disk then).
-    private static func syncDirectory(of path: String) {
-        let fd = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return }
-        _ = fsync(fd)
-        closeDescriptor(fd)
-    }
-
     // MARK: Writing
 
     /// Writes `records` at the end of the file, in order, with one system call. Returns the
@@ -549,7 +541,7 @@ final class SessionJournal: Sendable {
             compactionFailed(&state, errno: failure)
             return
         }
-        if configuration.durability.syncs { Self.syncDirectory(of: path) }
+        if configuration.durability.syncs { syncDirectory(of: path) }
         let old = state.fd
         syncQueue.async { closeDescriptor(old) }  // after a sync that may run on it
         state.fd = fd

@@ -69,6 +69,9 @@ package struct SecureHandshake: Sendable {
         /// Whether this side accepts the peer (its proven key and hello); a refusal text ends the
         /// handshake. Called once, when the peer's key is known.
         package var verify: @Sendable (ProvenPeer) -> String?
+        /// Tests: these bytes are sent as this side's hello instead of the one `info` makes (a
+        /// peer that writes a hello the spec does not allow).
+        package var rawHello: [UInt8]?
 
         package init(
             info: PeerInfo, maxFrameSize: Int, staticKey: Curve25519.KeyAgreement.PrivateKey,
@@ -258,6 +261,18 @@ package struct SecureHandshake: Sendable {
             done = true
             return .failure(TransportError(.helloFailed, "the peer sent no static key"))
         }
+        // The version first, then the other keys (as version 1: a later version may change them),
+        // so `{"version":3}` is version_mismatch in both versions (docs/PROTOCOL.md, "Hello").
+        guard let versionOnly = try? FastJSONDecoder().decode(HelloVersion.self, from: payload) else {
+            done = true
+            let text = "malformed hello in the encrypted handshake: it must be a JSON object with an integer \"version\" and a string \"name\""
+            return .failure(TransportError(.helloFailed, text, closeReason: .protocolError(text)))
+        }
+        guard versionOnly.version == 2 else {
+            done = true
+            let text = "the peer's hello says version \(versionOnly.version) inside a version-2 handshake"
+            return .failure(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)))
+        }
         let hello: HelloPayload
         do {
             hello = try FastJSONDecoder().decode(HelloPayload.self, from: payload)
@@ -265,11 +280,6 @@ package struct SecureHandshake: Sendable {
             done = true
             let text = "malformed hello in the encrypted handshake: \(error)"
             return .failure(TransportError(.helloFailed, text, closeReason: .protocolError(text)))
-        }
-        guard hello.version == 2 else {
-            done = true
-            let text = "the peer's hello says version \(hello.version) inside a version-2 handshake"
-            return .failure(TransportError(.versionMismatch, text, closeReason: .helloFailed(text)))
         }
         if let problem = hello.problem {
             done = true
@@ -281,12 +291,16 @@ package struct SecureHandshake: Sendable {
             handshakeHash: messageTwoHash)
         if let refusal = settings.verify(proven) {
             done = true
-            return .failure(TransportError(.untrustedKey, refusal, closeReason: .helloFailed(refusal)))
+            // The error carries the policy's whole text (the app shows it); the close reason,
+            // which the connection logs, its first line.
+            let reason = firstLine(of: refusal, more: "refused by this side's trust policy")
+            return .failure(TransportError(.untrustedKey, refusal, closeReason: .helloFailed(reason)))
         }
         return .success(proven)
     }
 
     private func hello() -> [UInt8] {
+        if let rawHello = settings.rawHello { return rawHello }
         var hello = HelloPayload(settings.info)
         hello.version = 2
         hello.maxFrame = settings.maxFrameSize
