@@ -4,9 +4,10 @@ import Logging
 import Messaging
 import Synchronization
 
-/// A tiny published echo server: replies to every request with the same payload (or, when that
-/// would exceed the client's frame limit, with the error `too_large`), and to "echo.stats" with how
-/// many messages it saw. Used by the integration tests and the demo.
+/// A tiny published echo server: replies to every request with the same type id and payload bytes,
+/// as codec 0 whatever the request's (or, when that would exceed the client's frame limit, once,
+/// with the library's error `too_large`), and to "echo.stats" with how many messages it saw
+/// (docs/PROTOCOL.md, "lanmsg-echo"). Used by the integration tests, the interop clients and the demo.
 @main
 struct EchoServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -45,7 +46,15 @@ struct EchoServer: AsyncParsableCommand {
                 let list = trust.dropFirst("pinned:".count).split(separator: ",").map(String.init)
                 let fingerprints = list.compactMap(Fingerprint.init)
                 guard fingerprints.count == list.count else {
-                    throw ValidationError("--trust pinned: needs full fingerprints (64 hex digits), comma-separated")
+                    // The short form (16 hex digits) is for people to compare by eye; a pin is the
+                    // whole key's hash (docs/SECURITY.md, "Identities and trust").
+                    let short = list.first { $0.filter(\.isHexDigit).count == 16 }
+                    throw ValidationError(
+                        "--trust pinned: needs full fingerprints (64 hex digits), comma-separated"
+                            + (short.map {
+                                "; '\($0)' is a short fingerprint, which people compare by eye but which is too short to pin "
+                                    + "a key: use the full one (the peer prints it at start as `fingerprint <64 hex digits>`)"
+                            } ?? ""))
                 }
                 policy = .pinned(fingerprints)
             } else {

@@ -111,6 +111,19 @@ struct NoiseInteropTests {
         #expect(counted.reduce(0, +) > 0, "\(lines)")
     }
 
+    /// `--trust pinned:` with a short fingerprint (issue 43, 21) is refused with a reason that says
+    /// what the short form is for and where the full one is — the spec's short form is for people
+    /// comparing by eye, too short to pin a key.
+    @Test func aPinNeedsTheFullFingerprintAndSaysSo() throws {
+        let result = try Harness.run(
+            [Harness.binary("lanmsg-echo"), "--trust", "pinned:1a2b-3c4d-5e6f-7a8b",
+                "--identity", NSTemporaryDirectory() + "noise-pin-\(UUID().uuidString)/identity"],
+            timeout: .seconds(30))
+        #expect(result.status != 0, "\(result.output)")
+        #expect(result.output.contains("'1a2b-3c4d-5e6f-7a8b' is a short fingerprint"), "\(result.output)")
+        #expect(result.output.contains("64 hex digits"), "\(result.output)")
+    }
+
     /// A session across a restart: the independent client opens one with lanmsg-echo (which keeps
     /// its sessions in a store), the echo is killed with SIGKILL and started again on its store,
     /// identity and port, and the client resumes: `resumed: true`, the `received` the store held,

@@ -156,6 +156,22 @@ import Testing
         #expect((try? oneSided.clientOutcome?.get()) == nil)
     }
 
+    /// A key on one side only (issue 43, 3: the spec said a keyed client fails to decrypt message
+    /// 2): either way the server closes after message 1 without answering — a keyless server reads
+    /// a keyed client's 48-byte message 1 as one with a 16-byte payload, a keyed server finds a
+    /// keyless client's 32-byte message 1 too short for its tag. No message 2 is sent.
+    @Test(arguments: [true, false])
+    func aKeyOnOneSideOnlyEndsAfterMessageOneWithoutAnAnswer(keyedClient: Bool) throws {
+        let psk = [UInt8](repeating: 7, count: 32)
+        let run = try Self.run(
+            client: Self.settings("a", psk: keyedClient ? psk : nil), server: Self.settings("s", psk: keyedClient ? nil : psk))
+        #expect(run.clientBytes.count == SecureProtocol.preamble.count + 2 + (keyedClient ? 48 : 32))
+        #expect(run.serverBytes.isEmpty, "the server answered with \(run.serverBytes.count) bytes")
+        guard case .failure(let error)? = run.serverOutcome else { Issue.record("\(String(describing: run.serverOutcome))"); return }
+        if keyedClient { #expect(error.message.contains("message 1 carried a 16-byte payload"), "\(error.message)") }
+        #expect(run.clientOutcome == nil)  // the client waits for message 2 until the connection closes
+    }
+
     @Test func aVersionOneHelloIsNotAPreamble() throws {
         var server = try SecureHandshake(role: .server, settings: Self.settings("s"))
         let output = server.receive([0, 0, 0, 20, 0x01, 0x00] + Array("{\"version\":1}".utf8))
