@@ -393,6 +393,11 @@ final class ChatSession {
                         continue
                     }
                 case .disconnected(let reason): happened = .disconnected(reason: "\(reason)")
+                case .waiting(let error) where error.code == .untrustedServer:
+                    // An impostor under the room's name (or a changed key): refused, and the room
+                    // is looked for by its key (issue 43, 22). Said, not only logged.
+                    problem(error.message)
+                    continue
                 case .reconnecting, .waiting, .resumed: continue
                 case .undelivered(let lost): happened = .undelivered(lost.compactMap { try? ParticipantRequest.decode($0) })
                 case .gaveUp(let error): happened = .gaveUp(error.message)

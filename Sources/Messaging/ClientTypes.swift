@@ -41,6 +41,16 @@ public struct ClientConfiguration: Sendable {
     /// accepting only the remembered key (encrypted channels only). nil: remember nothing.
     /// Default: ``PeerMemory/standard`` (beside the program's trust store).
     public var peerMemory: PeerMemory? = .standard
+    /// A client asking for a service by name whose key it knows (its trust store's entry for the
+    /// name, its pinned keys, or ``peerMemory``) looks for that key among every instance of the
+    /// type, whatever it is called now: an impostor that took the name first pushes the real
+    /// server to "name #2", and the client finds it there by its TXT `fp` and proves it in the
+    /// handshake. An instance that presents another key is refused and reported
+    /// (``ClientEvent/waiting(_:)`` with code ``MessagingError/Code-swift.struct/untrustedServer``),
+    /// and the search goes on — for ``browseTimeout`` after the first refusal (then the refusal is
+    /// final: ``ClientEvent/gaveUp(_:)``), or, when this is true, for as long as the client runs
+    /// (unattended clients).
+    public var keepsLookingForKnownKey = false
 
     /// - Parameters:
     ///   - peerName: This side's name in the hello (shown to the server), not the service's name.

@@ -154,11 +154,23 @@ extension MessageClient {
     }
 
     func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
-        var found = try await addresses(waiting: waiting)
+        // A server asked for by name whose key this client knows is looked for by its key
+        // (issue 43, 22): whatever it is called now, impostors refused and reported.
+        let wanted = knownKeys()
+        var found: (addresses: [SocketAddress], remembered: Fingerprint?) = ([], nil)
+        var byKey: MessageChannel?
+        if !wanted.isEmpty, case .service(let name?, let type, let discovery) = target {
+            switch try await findByKey(wanted, name: name, type: type, discovery: discovery, waiting: waiting) {
+            case .connected(let channel, let addresses): (byKey, found) = (channel, (addresses, nil))
+            case .notFound: found = try await addresses(waiting: false, browse: false)
+            }
+        } else {
+            found = try await addresses(waiting: waiting)
+        }
         do {
             let channel: MessageChannel
             do {
-                channel = try await connect(found)
+                if let byKey { channel = byKey } else { channel = try await connect(found) }
             } catch where found.remembered != nil && waiting {
                 // A waiting client goes back to waiting for discovery when the remembered addresses
                 // do not answer (it does not spend a reconnect attempt on them).
@@ -196,8 +208,11 @@ extension MessageClient {
     }
 
     /// Connects to what `addresses(waiting:)` found; at remembered addresses only the remembered
-    /// key, which the configured trust policy must accept as well.
-    private func connect(_ found: (addresses: [SocketAddress], remembered: Fingerprint?)) async throws -> MessageChannel {
+    /// key, which the configured trust policy must accept as well; with `requiring`, only one of
+    /// those keys (a server found by its key).
+    private func connect(
+        _ found: (addresses: [SocketAddress], remembered: Fingerprint?), requiring keys: Set<Fingerprint>? = nil
+    ) async throws -> MessageChannel {
         var channelConfiguration = configuration.channel
         channelConfiguration.metrics = metrics
         channelConfiguration.loopGroup = connectionLoop
@@ -206,8 +221,176 @@ extension MessageClient {
         if let remembered = found.remembered, let (identity, policy) = try configuration.channel.security.resolved() {
             // Found by memory, not discovery: only the key that was proven there before will do.
             channelConfiguration.security = .encrypted(identity: identity, trust: .remembered(remembered, within: policy))
+        } else if let keys, case .service(let name?, _, _) = target,
+            let (identity, policy) = try configuration.channel.security.resolved()
+        {
+            channelConfiguration.security = .encrypted(identity: identity, trust: .knownKey(keys, for: name, within: policy))
         }
         return try await MessageChannel.connect(to: found.addresses, configuration: channelConfiguration, logger: logger)
+    }
+
+    /// The keys this client knows for the server it asks for by name: its trust policy's (the trust
+    /// store's entry for the name, or its pins) and the peer memory's. Empty for a plaintext
+    /// channel, a server asked for by type only or by address, or a name seen for the first time.
+    private func knownKeys() -> Set<Fingerprint> {
+        guard case .service(let name?, let type, _) = target,
+            let (_, policy) = try? configuration.channel.security.resolved()
+        else { return [] }
+        var keys = policy.knownKeys(forName: name)
+        if let remembered = configuration.peerMemory?.entry(type: type, name: name) { keys.insert(remembered.fingerprint) }
+        return keys
+    }
+
+    enum FoundByKey {
+        case connected(MessageChannel, [SocketAddress])
+        /// Nothing named so or announcing the key answered, and no instance was refused: fall back
+        /// to the remembered addresses (when there are any).
+        case notFound
+    }
+
+    /// Looks for the server called `name` by the key this client knows for it (issue 43, 22: an
+    /// impostor that claims the name first pushes the real server to "name #2"). Browses every
+    /// instance of `type`; resolves each new one; tries the one named `name`, then those that announce
+    /// a known key in TXT `fp` (whatever their name); proves the key in the handshake. One
+    /// that presents another key is refused and reported (a `waiting` event, code
+    /// `untrustedServer`), and the search goes on: for ``ClientConfiguration/browseTimeout`` (from
+    /// the first refusal when waiting for the server), or for good with
+    /// ``ClientConfiguration/keepsLookingForKnownKey``. Then the refusal is final.
+    private func findByKey(
+        _ keys: Set<Fingerprint>, name: String, type: String, discovery: ServiceDiscovery, waiting: Bool
+    ) async throws(MessagingError) -> FoundByKey {
+        let hints = Set(keys.map(\.short))
+        let wantedText = keys.map(\.short).sorted().joined(separator: ", ")
+        let started = ContinuousClock.now
+        var firstRefusal: ContinuousClock.Instant?
+        var lastRefusal: MessagingError?
+        var refusalCount = 0
+        var lastFailure: MessagingError?
+        /// Instances seen, by name: examined once while they stay (again if they leave and return).
+        var examined: Set<String> = []
+        let reportedWaiting = Locked(false)
+        let queue = self.queue
+        func deadline() -> ContinuousClock.Instant? {
+            if configuration.keepsLookingForKnownKey { return nil }
+            if let firstRefusal, waiting { return firstRefusal + configuration.browseTimeout }
+            return waiting ? nil : started + configuration.browseTimeout
+        }
+        var refusedNames: Set<String> = []
+        while !Task.isCancelled {
+            let remaining = deadline().map { ContinuousClock.now.duration(to: $0) } ?? .seconds(86_400)
+            guard remaining > .zero else { break }
+            let seen: [DiscoveredService]
+            let known = examined
+            // Within one browse an instance may leave and another come back under its name (an
+            // impostor gone, the real server back): a name seen in this browse that left ends it,
+            // so that the name is examined again.
+            let seenHere = Locked<Set<String>>([])
+            let networkAnswered = Locked(false)
+            do {
+                // One browse timeout at a time: after each, every instance is examined again (an
+                // instance can change behind a name that stayed).
+                seen = try await discovery.services(ofType: type, timeout: min(remaining, configuration.browseTimeout)) {
+                    [weak self] seen, allForNow in
+                    let names = Set(seen.map(\.name))
+                    let left = seenHere.withLock { here in
+                        here.formUnion(names)
+                        return !here.isSubset(of: names)
+                    }
+                    if left { return true }
+                    // Waiting for the server: said once, when the network answered without it.
+                    if waiting, allForNow, !seen.contains(where: { $0.name == name }),
+                        reportedWaiting.withLock({ reported in defer { reported = true }; return !reported })
+                    {
+                        let error = MessagingError(.serviceNotFound, "waiting for a \(type) service named '\(name)' (or with its key \(wantedText)) to appear")
+                        self?.lifecycle { $0.waiting(error) }
+                        queue.push(.waiting(error))
+                    }
+                    // The name asked for goes at once; others once the network has answered (about
+                    // a second), so that all are ordered together.
+                    if seen.contains(where: { $0.name == name && !known.contains($0.name) }) { return true }
+                    let answered = networkAnswered.withLock { answered in
+                        answered = answered || allForNow
+                        return answered
+                    }
+                    return answered && seen.contains { !known.contains($0.name) }
+                }
+            } catch {
+                throw MessagingError(.serviceNotFound, "cannot browse for \(type): \(error.message)", underlying: error)
+            }
+            examined.formIntersection(seen.map(\.name))
+            if !seen.contains(where: { !known.contains($0.name) }) && seenHere.withLock({ $0.isSubset(of: Set(seen.map(\.name))) }) {
+                examined = []  // a whole browse timeout without news: look at everything again
+                continue
+            }
+            let fresh = seen.filter { !examined.contains($0.name) }
+            examined.formUnion(fresh.map(\.name))
+            // The candidates: named as asked, or announcing a known key (the TXT `fp` is a hint; the
+            // handshake proves the key). Resolved together: one slow instance does not hold up the
+            // others.
+            let resolveTimeout = configuration.resolveTimeout
+            let resolved = await withTaskGroup(of: (DiscoveredService, ResolvedService?).self) { group in
+                for service in fresh {
+                    group.addTask { (service, try? await discovery.resolve(service, timeout: resolveTimeout)) }
+                }
+                var all: [(DiscoveredService, ResolvedService?)] = []
+                for await pair in group { all.append(pair) }
+                return all
+            }
+            var candidates: [(service: DiscoveredService, addresses: [SocketAddress], hinted: Bool)] = []
+            for case (let service, let found?) in resolved {
+                let hinted = found.txt["fp"].map { hints.contains($0) } ?? false
+                guard hinted || service.name == name else { continue }
+                let addresses = found.addresses.compactMap { SocketAddress(bytes: $0.ip.bytes, port: $0.port, scopeID: $0.scopeID) }
+                if !addresses.isEmpty { candidates.append((service, addresses, hinted)) }
+            }
+            // The name asked for first: the usual case (it is the server), and an impostor holding it
+            // is proven one in the handshake — refused before this client's key is sent (message
+            // 3) — and reported; then those announcing a known key.
+            candidates.sort { ($0.service.name == name ? 0 : 1, $0.hinted ? 0 : 1) < ($1.service.name == name ? 0 : 1, $1.hinted ? 0 : 1) }
+            for candidate in candidates {
+                do {
+                    let channel = try await connect((candidate.addresses, nil), requiring: keys)
+                    if candidate.service.name != name {
+                        logger.notice(
+                            "found '\(name)' by its key as '\(candidate.service.name)' (another instance has the name\(refusalCount == 0 ? "" : ": refused"))",
+                            metadata: ["key": "\(channel.peerIdentity?.fingerprint.short ?? "?")"])
+                    }
+                    return .connected(channel, candidate.addresses)
+                } catch let error as TransportError where error.code == .untrustedKey {
+                    // An impostor (or a server whose key changed): refused loudly, and the search goes on.
+                    let refusal = MessagingError(
+                        .untrustedServer,
+                        "refused '\(candidate.service.name)' (\(type)) at \(candidate.addresses.first.map { "\($0)" } ?? "?"): "
+                            + firstLine(of: error.message, more: "the key this client knows for '\(name)' is \(wantedText)")
+                            + "; still looking for that key among the \(type) services",
+                        underlying: error)
+                    lastRefusal = refusal
+                    refusalCount += 1
+                    firstRefusal = firstRefusal ?? .now
+                    // Loud the first time per name; a client that keeps looking meets it again.
+                    if refusedNames.insert(candidate.service.name).inserted {
+                        logger.warning("\(refusal.message)")
+                    } else {
+                        logger.info("\(refusal.message)")
+                    }
+                    if waiting { lifecycle { $0.waiting(refusal) } }
+                    queue.push(.waiting(refusal))
+                } catch {
+                    lastFailure = MessagingError(
+                        .connectFailed, "cannot connect to \(candidate.service.identity): \(error)", underlying: error)
+                }
+            }
+        }
+        if let underlying = lastRefusal?.underlying as? TransportError {
+            // Final, as a refusal always was: the whole warning, and what was looked for.
+            throw MessagingError(
+                .untrustedServer,
+                underlying.message + "\nNo \(type) service presented the key this client knows for '\(name)' (\(wantedText)) "
+                    + "within \(configuration.browseTimeout) (refused: \(refusalCount)).",
+                underlying: underlying)
+        }
+        if let lastFailure { throw lastFailure }
+        return .notFound
     }
 
     /// A server remembered from an earlier connection (``ClientConfiguration/peerMemory``), when
@@ -232,7 +415,9 @@ extension MessageClient {
         }
     }
 
-    private func addresses(waiting: Bool, useMemory: Bool = true) async throws(MessagingError) -> (addresses: [SocketAddress], remembered: Fingerprint?) {
+    /// - Parameter browse: false after ``findByKey(_:name:type:discovery:waiting:)`` found nothing:
+    ///   only the remembered addresses, or the error saying nothing was found.
+    private func addresses(waiting: Bool, useMemory: Bool = true, browse: Bool = true) async throws(MessagingError) -> (addresses: [SocketAddress], remembered: Fingerprint?) {
         switch target {
         case .host(let host, let port):
             do {
@@ -250,6 +435,20 @@ extension MessageClient {
                 }
             }
             let remembered = useMemory ? rememberedEntry() : nil
+            if !browse {
+                guard let remembered else {
+                    throw MessagingError(
+                        .serviceNotFound,
+                        "no \(type) service named '\(name ?? "")' or announcing its known key found within \(configuration.browseTimeout); check that it runs on this network")
+                }
+                logger.notice(
+                    "discovery found no \(type) service named '\(remembered.name)' or with its key within \(configuration.browseTimeout); trying the addresses it had last time, accepting only its remembered key",
+                    metadata: [
+                        "addresses": "\(remembered.addresses.map(\.description).joined(separator: ", "))",
+                        "key": "\(remembered.fingerprint.short)",
+                    ])
+                return (remembered.addresses, remembered.fingerprint)
+            }
             let service: DiscoveredService
             do {
                 // With a remembered server, a waiting client browses one browse timeout at a time,

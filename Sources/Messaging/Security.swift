@@ -243,6 +243,22 @@ public struct TrustPolicy: Sendable {
     }
     let rule: Rule
 
+    /// Keys the peer must have besides what ``rule`` says (a server looked for by its key, or at an
+    /// address remembered for a key). The rule's own verdict — and so whether this is a first
+    /// contact, which a wrapping `.custom` rule could not tell — is kept.
+    struct Required: Sendable {
+        let keys: Set<Fingerprint>
+        /// Checked before the rule (its refusal is the more precise one), or after it.
+        let beforeRule: Bool
+        let refusal: @Sendable (PeerIdentity) -> String
+    }
+    var required: Required?
+
+    init(rule: Rule, required: Required? = nil) {
+        self.rule = rule
+        self.required = required
+    }
+
     /// Trust on first use: a name seen for the first time is remembered with its key once the
     /// connection is established (show the comparison code); a known name presenting another key is
     /// refused loudly, never accepted.
@@ -266,19 +282,34 @@ public struct TrustPolicy: Sendable {
     /// and only if `base` accepts it too (a key the user removed from the trust store, or that a
     /// custom policy refuses, stays refused). Reads the trust store now, off the connection's loop.
     static func remembered(_ fingerprint: Fingerprint, within base: TrustPolicy) -> TrustPolicy {
-        let known = base.knownPeers()
-        return .custom { peer in
-            guard peer.fingerprint == fingerprint else {
-                return "'\(peer.name)' presented the key \(peer.fingerprint.full) at an address remembered for the key "
+        TrustPolicy(
+            rule: base.rule,
+            required: Required(keys: [fingerprint], beforeRule: true) { peer in
+                "'\(peer.name)' presented the key \(peer.fingerprint.full) at an address remembered for the key "
                     + "\(fingerprint.full); refused (another machine may use the address now). Find the server by "
                     + "discovery, or forget it in the peer memory (known_addresses) if its key really changed."
-            }
-            if case .failure(let error) = base.evaluate(
-                name: peer.name, fingerprint: peer.fingerprint, code: peer.comparisonCode, known: known)
-            {
-                return error.message
-            }
-            return nil
+            })
+    }
+
+    /// Only a key in `keys`, and only if `base` accepts it too (the base's refusal first: for a
+    /// trust store, the key-change warning). For a client looking for a server by the key it knows
+    /// among instances of any name (``ClientConfiguration/keepsLookingForKnownKey``).
+    static func knownKey(_ keys: Set<Fingerprint>, for name: String, within base: TrustPolicy) -> TrustPolicy {
+        TrustPolicy(
+            rule: base.rule,
+            required: Required(keys: keys, beforeRule: false) { peer in
+                "the server found for '\(name)' presented the key \(peer.fingerprint.full), not the key this client "
+                    + "knows for '\(name)' (\(keys.map(\.short).sorted().joined(separator: ", "))); refused"
+            })
+    }
+
+    /// The keys this policy expects of the peer called `name`: its trust store's entry for the
+    /// name, or the pinned keys; none for the other rules (read now: a file read for a store).
+    func knownKeys(forName name: String) -> Set<Fingerprint> {
+        switch rule {
+        case .firstUse(let store): store.fingerprint(for: name).map { [$0] } ?? []
+        case .pinned(let keys): keys
+        case .anyKey, .custom: []
         }
     }
 
@@ -293,6 +324,20 @@ public struct TrustPolicy: Sendable {
     /// the connection's loop during the handshake: no file I/O here (`known` is ``knownPeers()``,
     /// read before); ``remember(_:)`` writes after the hand-off.
     func evaluate(
+        name: String, fingerprint: Fingerprint, code: String, known: [String: Fingerprint]
+    ) -> Result<PeerIdentity, TransportError> {
+        guard let required else { return evaluateRule(name: name, fingerprint: fingerprint, code: code, known: known) }
+        let refusal = { () -> Result<PeerIdentity, TransportError> in
+            let peer = PeerIdentity(name: name, fingerprint: fingerprint, comparisonCode: code, isFirstContact: false)
+            return .failure(TransportError(.untrustedKey, required.refusal(peer)))
+        }
+        if required.beforeRule, !required.keys.contains(fingerprint) { return refusal() }
+        let verdict = evaluateRule(name: name, fingerprint: fingerprint, code: code, known: known)
+        if case .success = verdict, !required.keys.contains(fingerprint) { return refusal() }
+        return verdict
+    }
+
+    private func evaluateRule(
         name: String, fingerprint: Fingerprint, code: String, known: [String: Fingerprint]
     ) -> Result<PeerIdentity, TransportError> {
         switch rule {

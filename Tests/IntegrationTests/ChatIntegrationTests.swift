@@ -74,6 +74,45 @@ struct ChatIntegrationTests {
         _ = try await alice.waitForOutput("trusted: \(room)")
     }
 
+    /// Trust follows the key, not the name (issue 43, 22): a member that met a room once, when an
+    /// impostor has since taken the room's name (the real host came back as "<room> #2"), joins the
+    /// real room by its key and says that it refused the impostor — on Avahi here, on the embedded
+    /// stack in the chat-preview-embedded stage.
+    @Test func aMemberFindsTheRoomByItsKeyWhenAnImpostorTookTheName() async throws {
+        let room = roomName("Keyed")
+        let data = NSTemporaryDirectory() + "chat-key-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: data) }
+        func host(_ who: String) async throws -> (ChatProcess, key: String) {
+            let process = try ChatProcess(onB: true, ["env", "XDG_DATA_HOME=\(data)/\(who)", chat, "host", room, "--nick", who])
+            let line = try await process.waitForOutput("this room's key is")
+            _ = try await process.waitForOutput("published")  // "… on the network as R", or "… as R #2" after a rename
+            let key = try #require(line.range(of: "key is ").map { String(line[$0.upperBound...].prefix(19)) })
+            return (process, key)
+        }
+        func member() throws -> ChatProcess {
+            try ChatProcess(onB: false, ["XDG_DATA_HOME=\(data)/member", chat, "join", room, "--nick", "alice", "--timeout", "8"])
+        }
+        var (real, realKey) = try await host("real")
+        let first = try member()
+        try await first.waitForOutput("has key \(realKey)")
+        first.stop()
+        real.stop()
+        let (impostor, impostorKey) = try await host("impostor")
+        defer { impostor.stop() }
+        (real, _) = try await host("real")
+        defer { real.stop() }
+        #expect(real.text.contains("published as \(room) #2"), "\(real.text)")
+
+        let second = try member()
+        defer { second.stop() }
+        let seen = try await second.waitForOutput("has key")
+        #expect(seen.contains("has key \(realKey)"), "\(seen) (the impostor's key is \(impostorKey))")
+        #expect(second.text.contains("refused '\(room)'"), "\(second.text)")
+        #expect(second.text.contains("HAS CHANGED"), "\(second.text)")
+        try await real.waitForOutput("alice joined")
+        #expect(!impostor.text.contains("alice joined"), "\(impostor.text)")
+    }
+
     @Test func roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent() async throws {
         let room = roomName("Lobby")
         let host = try await hostOnB(room, ["--topic", "Friday plans"])

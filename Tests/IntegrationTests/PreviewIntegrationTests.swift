@@ -277,6 +277,48 @@ struct PreviewIntegrationTests {
         #expect(entries(directory).count == 2)  // the paired and the later push; nothing from the refused ones
     }
 
+    /// Trust follows the key, not the name (issue 43, 22): preview-push, having pushed to a
+    /// previewer once, finds it by its key when an impostor has taken its name (the real one came
+    /// back as "<name> #2"): the file lands at the real previewer, the impostor is refused loudly
+    /// and gets nothing. On Avahi here, on the embedded stack in the chat-preview-embedded stage.
+    @Test func aPusherFindsThePreviewerByItsKeyWhenAnImpostorTookTheName() async throws {
+        let (realDirectory, impostorDirectory, source, data) = (
+            try makeDirectory(), try makeDirectory(), try makeDirectory(), try makeDirectory()
+        )
+        defer { remove(realDirectory, impostorDirectory, source, data) }
+        let name = "Preview ITest Keyed \(UUID().uuidString.prefix(4))"
+        try makeFile(source + "/first.txt", size: 1000)
+        try makeFile(source + "/second.txt", size: 1000, seed: 2)
+        func server(_ directory: String, identity: String) async throws -> Background {
+            let server = try Harness.spawn(
+                onB: true,
+                [Harness.binary("preview-server"), "--directory", directory, "--name", name, "--identity", data + "/" + identity,
+                    "--log-level", "info"])
+            try await server.waitForOutput("published as", timeout: .seconds(15))
+            return server
+        }
+        func push(_ file: String) throws -> (status: Int32, output: String) {
+            try Harness.run(
+                ["env", "XDG_DATA_HOME=\(data)/pusher", Harness.binary("preview-push"), source + "/" + file, "--to", name,
+                    "--timeout", "10"], timeout: .seconds(60))
+        }
+        var real = try await server(realDirectory, identity: "real")
+        let first = try push("first.txt")
+        #expect(first.status == 0, "\(first.output)")
+        real.stop()
+        let impostor = try await server(impostorDirectory, identity: "impostor")
+        defer { impostor.stop() }
+        real = try await server(realDirectory, identity: "real")
+        defer { real.stop() }
+        #expect(real.text.contains("published as '\(name) #2'"), "\(real.text)")
+
+        let second = try push("second.txt")
+        #expect(second.status == 0, "\(second.output)")
+        #expect(second.output.contains("refused '\(name)'"), "\(second.output)")
+        #expect(entries(realDirectory).sorted() == ["first.txt", "second.txt"])
+        #expect(entries(impostorDirectory).isEmpty)
+    }
+
     static func code(in text: String, after marker: String) -> String? {
         guard let range = text.range(of: marker) else { return nil }
         let code = text[range.upperBound...].prefix(7)
