@@ -80,6 +80,16 @@ import Transport
         #expect(!spec.contains("2,000 connections"))
     }
 
+    /// How early a ping may leave (issue 43, 19: a ping paced at 6.667 s came after 5.99 s): an
+    /// eighth of the interval, at most a second — the coarse timers of many connections share one
+    /// wakeup — as docs/PROTOCOL.md ("Heartbeat pacing") now says.
+    @Test func aPingMayLeaveAnEighthOfItsIntervalEarlyAtMostASecond() {
+        let millisecond: UInt64 = 1_000_000
+        #expect(Heartbeat(interval: 6_667 * millisecond, timeout: 20_000 * millisecond).slack == 833_375_000)
+        #expect(Heartbeat(interval: 5_000 * millisecond, timeout: 15_000 * millisecond).slack == 625 * millisecond)
+        #expect(Heartbeat(interval: 126_700 * millisecond, timeout: 380_100 * millisecond).slack == 1_000 * millisecond)
+    }
+
     @Test func thePaceIsTheConnectionsOverTheBudgetAndTimeoutsGrowInProportion() {
         let second: UInt64 = 1_000_000_000
         #expect(Heartbeat.pace(connections: 2_000, perSecond: 400, interval: 5 * second) == 0)
