@@ -42,6 +42,8 @@ public final class PreviewService: Sendable {
         var completedOrder: [String] = []
         var draining = false
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        /// The pushers' keys shown in this run (each once: its first contact with this server).
+        var shownKeys: Set<Fingerprint> = []
     }
 
     /// Where files go.
@@ -90,6 +92,12 @@ public final class PreviewService: Sendable {
             dropPending(of: connection.id)
         case .accepted(let connection):
             logger.info("client connected", metadata: ["connection": "\(connection)"])
+            // The code preview-push tells its user to compare (issue 45, 4): shown at a pusher's
+            // first contact in this run, as bonjour-chat shows its members'.
+            if let identity = connection.channel.peerIdentity, state.withLock({ $0.shownKeys.insert(identity.fingerprint).inserted }) {
+                logger.notice(
+                    "pusher '\(FileName.printable(identity.name))' has key \(identity.fingerprint.full), comparison code \(identity.comparisonCode) — preview-push shows the same code on its first contact")
+            }
         case .refused(let remote, let reason):
             // The server's log already has these, as a summary per interval.
             logger.debug(

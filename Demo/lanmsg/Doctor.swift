@@ -219,6 +219,23 @@ struct DoctorChecks {
 
     // MARK: A named service
 
+    /// Where a service was found, for people: "on eth0 IPv4, eth0 IPv6" (the link), "in DNS
+    /// (lab.home.arpa)" (wide-area: no interface sighting), or both (issue 45, 3: a service found
+    /// only in DNS was "found 'Echo' on " — an empty place).
+    static func whereFound(_ service: DiscoveredService, interfaceName: (Int32) -> String) -> String {
+        let link = Set(service.seenOn.map { interfaceName(Int32($0.interfaceIndex)) + " " + "\($0.ipVersion)" }).sorted()
+        var domains: [String] = []
+        for location in service.locations {
+            var domain = location.domain.lowercased()
+            while domain.hasSuffix(".") { domain.removeLast() }
+            if domain != "local", !domain.isEmpty, !domains.contains(domain) { domains.append(domain) }
+        }
+        var parts: [String] = []
+        if !link.isEmpty { parts.append("on " + link.joined(separator: ", ")) }
+        if !domains.isEmpty { parts.append("in DNS (" + domains.joined(separator: ", ") + ")") }
+        return parts.isEmpty ? "(no place reported by discovery)" : parts.joined(separator: " and ")
+    }
+
     func checkService(name: String, type: String) async {
         let discovery = ServiceDiscovery(logger: logger)
         defer { Task { await discovery.shutdown() } }
@@ -231,8 +248,7 @@ struct DoctorChecks {
                 advice: "is it running, on this link, and published with this type? `avahi-browse -r \(type)` lists what is seen"))
             return
         }
-        let places = Set(service.seenOn.map { interfaceName(Int32($0.interfaceIndex)) + " " + "\($0.ipVersion)" })
-        report(Finding(level: .ok, check: "service", text: "found '\(name)' on \(places.sorted().joined(separator: ", "))"))
+        report(Finding(level: .ok, check: "service", text: "found '\(name)' \(Self.whereFound(service, interfaceName: interfaceName))"))
         let resolved: ResolvedService
         do {
             resolved = try await discovery.resolve(service, timeout: timeout)

@@ -7,16 +7,20 @@ extension DoctorChecks {
     /// signed no-op, the clocks; and whether the server takes unsigned updates (it should not).
     func checkWideArea(keyFile: String?, domain: String?) async {
         var configuration: DiscoveryConfiguration
+        // The key is the doctor's to read (issue 45, 2): a problem with it is a finding, and every
+        // other check runs all the same (a readable key is a warning, and still tested).
+        var environment = ProcessInfo.processInfo.environment
+        let keyPath = keyFile ?? environment["LANMSG_WIDE_AREA_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+        environment["LANMSG_WIDE_AREA_KEY"] = nil
         do {
-            (configuration, _) = try DiscoveryConfiguration.forProgram(wideAreaDomain: domain, wideAreaKeyFile: keyFile)
+            (configuration, _) = try DiscoveryConfiguration.forProgram(wideAreaDomain: domain, environment: environment)
             configuration.wideArea.queryTimeout = timeout  // --timeout bounds these checks too
             configuration.wideArea.updateTimeout = timeout
         } catch {
-            report(Finding(level: .fail, check: "wide-area-key", text: error.message,
-                advice: "make a key with `tsig-keygen -a hmac-sha256 HOST.DOMAIN > FILE` and add it to the DNS server (docs/DISCOVERY.md)"))
+            report(Finding(level: .fail, check: "wide-area", text: error.message, advice: "give a domain name such as lab.example.org"))
             return
         }
-        let keyPath = keyFile ?? ProcessInfo.processInfo.environment["LANMSG_WIDE_AREA_KEY"]
+        if let keyPath { configuration.wideArea.key = readKey(keyPath) }
         let administration = WideAreaAdministration(configuration: configuration, logger: logger)
         let resolvers = administration.resolvers
         if resolvers.isEmpty {
@@ -59,11 +63,6 @@ extension DoctorChecks {
                 continue
             }
             if let key = configuration.wideArea.key {
-                if let keyPath, TSIGKey.isReadableByOthers(path: keyPath) {
-                    report(Finding(
-                        level: .warn, check: "wide-area-key", text: "the key file \(keyPath) can be read by other users",
-                        advice: "whoever reads it can change the zone's services: `chmod 600 \(keyPath)`"))
-                }
                 do {
                     let check = try await administration.checkKey(key, domain: domain)
                     report(Finding(
@@ -94,6 +93,49 @@ extension DoctorChecks {
             }
         }
     }
+
+    /// Reads the TSIG key at `path` for the checks, saying what is wrong with it and the hint that
+    /// fits: no file (make one), a file others can read (a warning: chmod 600; the programs refuse
+    /// it, the doctor still tests it), not a key (what tsig-keygen writes). Nil when unusable.
+    func readKey(_ path: String) -> TSIGKey? {
+        guard FileManager.default.fileExists(atPath: path) else {
+            report(Finding(
+                level: .fail, check: "wide-area-key", text: "there is no key file at \(path)",
+                advice: "make one with `tsig-keygen -a hmac-sha256 HOST.DOMAIN > \(path) && chmod 600 \(path)` and add "
+                    + "it to the DNS server's update policy (docs/DISCOVERY.md, \"Keys\"), or correct the path"))
+            return nil
+        }
+        var text: String?
+        if TSIGKey.isReadableByOthers(path: path) {
+            report(Finding(
+                level: .warn, check: "wide-area-key", text: "the key file \(path) can be read by other users (the programs refuse to use it)",
+                advice: "whoever reads it can change the zone's services: `chmod 600 \(path)`"))
+            text = try? String(contentsOfFile: path, encoding: .utf8)
+        } else {
+            do {
+                return try TSIGKey(contentsOfFile: path)
+            } catch {
+                report(Finding(
+                    level: .fail, check: "wide-area-key", text: error.message,
+                    advice: error.systemErrno != nil
+                        ? "check the file's permissions (it must be readable by this user)"
+                        : "a key file is what `tsig-keygen -a hmac-sha256 HOST.DOMAIN` prints: `key \"HOST.DOMAIN\" { algorithm …; secret \"…\"; };`"))
+                return nil
+            }
+        }
+        guard let text else {
+            report(Finding(level: .fail, check: "wide-area-key", text: "cannot read the key file \(path)", advice: "check its permissions"))
+            return nil
+        }
+        do {
+            return try TSIGKey.parse(text)
+        } catch {
+            report(Finding(
+                level: .fail, check: "wide-area-key", text: "the key file \(path) is not usable: \(error.message)",
+                advice: "a key file is what `tsig-keygen -a hmac-sha256 HOST.DOMAIN` prints"))
+            return nil
+        }
+    }
 }
 
 extension Duration {
@@ -102,4 +144,5 @@ extension Duration {
         let ms = Double(components.seconds) * 1000 + Double(components.attoseconds) / 1e15
         return String(format: "%.1f ms", ms)
     }
+
 }

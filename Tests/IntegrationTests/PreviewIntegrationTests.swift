@@ -277,6 +277,26 @@ struct PreviewIntegrationTests {
         #expect(entries(directory).count == 2)  // the paired and the later push; nothing from the refused ones
     }
 
+    /// The code preview-push asks its user to compare is on the server too (issue 45, 4): with the
+    /// default `--accept any` the server shows the pusher's key and the same comparison code at its
+    /// first contact (it logged only "client connected").
+    @Test func theServerShowsThePushersKeyAndCodeAtFirstContact() async throws {
+        let (directory, source, data) = (try makeDirectory(), try makeDirectory(), try makeDirectory())
+        defer { remove(directory, source, data) }
+        try makeFile(source + "/hello.txt", size: 100)
+        let (server, port) = try await startServer(directory: directory, name: "Preview ITest Code")
+        defer { server.stop() }
+        let pushed = try Harness.run(
+            ["env", "XDG_DATA_HOME=\(data)", Harness.binary("preview-push"), source + "/hello.txt", "--host", Self.hostB,
+                "--port", String(port)], timeout: .seconds(60))
+        #expect(pushed.status == 0, "\(pushed.output)")
+        let pushCode = try #require(Self.code(in: pushed.output, after: "comparison code "), "\(pushed.output)")
+        try await server.waitForOutput("comparison code", timeout: .seconds(10))
+        let serverCode = try #require(Self.code(in: server.text, after: "comparison code "), "\(server.text)")
+        #expect(pushCode == serverCode)
+        #expect(server.text.contains("pusher 'preview-push' has key"), "\(server.text)")
+    }
+
     /// Trust follows the key, not the name (issue 43, 22): preview-push, having pushed to a
     /// previewer once, finds it by its key when an impostor has taken its name (the real one came
     /// back as "<name> #2"): the file lands at the real previewer, the impostor is refused loudly

@@ -351,6 +351,39 @@ struct WideAreaIntegrationTests {
         let guest = try Harness.run(environment + [lanmsg, "doctor", "--wide-area-key", Lab.keyFile("guest"), "--timeout", "2"], timeout: .seconds(60))
         #expect(guest.status == 1, "\(guest.output)")
         #expect(guest.output.contains("FAIL  wide-area-key") && guest.output.contains("REFUSED"), "\(guest.output)")
+
+        // A key file others can read (what `tsig-keygen > FILE` makes under umask 022): a warning
+        // with chmod, and every check still runs, the key tested too (issue 45, 2: it was a FAIL
+        // that skipped every other wide-area check).
+        let readable = Lab.temporaryDirectory("doctor-key") + "/hosta.key"
+        try FileManager.default.copyItem(atPath: Lab.keyFile("hosta"), toPath: readable)
+        chmod(readable, 0o644)
+        let open = try Harness.run(environment + [lanmsg, "doctor", "--wide-area-key", readable, "--timeout", "2"], timeout: .seconds(60))
+        for line in [
+            "warn  wide-area-key: the key file \(readable) can be read by other users", "chmod 600 \(readable)",
+            "allowed to register services", "ok    unsigned-updates: \(Self.zone)", "ok    update-server: \(Self.zone)",
+        ] {
+            #expect(open.output.contains(line), "missing '\(line)' in:\n\(open.output)")
+        }
+        // No file there: the hint is to make one (not the same as for a bad file); the rest runs.
+        let missing = try Harness.run(
+            environment + [lanmsg, "doctor", "--wide-area-key", "/nonexistent/hosta.key", "--timeout", "2"], timeout: .seconds(60))
+        #expect(missing.output.contains("FAIL  wide-area-key: there is no key file at /nonexistent/hosta.key"), "\(missing.output)")
+        #expect(missing.output.contains("tsig-keygen") && missing.output.contains("ok    unsigned-updates"), "\(missing.output)")
+
+        // A service found only in DNS (host b is on the other subnet) is said to be there (issue
+        // 45, 3: "found 'X' on " with an empty place).
+        let target = try ChatProcess(
+            prefix: Lab.prefix(.b),
+            Lab.programEnvironment(data: Lab.temporaryDirectory("doctor-target"))
+                + [Harness.binary("preview-server"), "--directory", Lab.temporaryDirectory("doctor-store"), "--name", "Doctor Target",
+                    "--wide-area-key", Lab.keyFile("hostb"), "--log-level", "info"])
+        defer { target.stop() }
+        try await target.waitForOutput("registered as 'Doctor Target' in \(Self.zone)")
+        let service = try Harness.run(
+            environment + [lanmsg, "doctor", "--service", "Doctor Target", "--type", "_preview._tcp", "--timeout", "5"],
+            timeout: .seconds(60))
+        #expect(service.output.contains("ok    service: found 'Doctor Target' in DNS (\(Self.zone))"), "\(service.output)")
     }
 
     // MARK: TSIG with an implementation we did not write
