@@ -280,7 +280,9 @@ public final class PreviewStore: Sendable {
                     fsync(dir)
                     close(dir)
                 }
-                logger.info("stored", metadata: ["name": "\(candidate)", "bytes": "\(offer.size)", "resumed": "true"])
+                // Every push with partials kept comes here, resumed or not (issue 45, 7: this said
+                // resumed=true for a fresh push); the push's own log line says whether it resumed.
+                logger.info("stored", metadata: ["name": "\(candidate)", "bytes": "\(offer.size)"])
                 return StoredFile(name: candidate, path: target, sha256: offer.sha256, size: offer.size)
             }
             let code = errno

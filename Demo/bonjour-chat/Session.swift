@@ -191,7 +191,11 @@ final class ChatSession {
                     if let message, let connection { try? await connection.reply(to: message, with: info, type: ChatType.members) }
                 case .replyError(let code, let text):
                     if let message, let connection { try? await connection.reply(to: message, error: RemoteError(code: code, message: text)) }
-                case .disconnect(let id, let reason): connections.removeValue(forKey: id)?.close(reason: reason)
+                case .disconnect(let id, let reason):
+                    // The request that ends it (chat.bye) is handled: acknowledged before the close,
+                    // so the member does not report it as never acknowledged (issue 45, 7).
+                    message?.acknowledge()
+                    connections.removeValue(forKey: id)?.close(reason: reason)
                 case .updateTXT(let txt):
                     do {
                         try await server.updateTXT(TXTRecord(txt))

@@ -277,6 +277,12 @@ struct DoctorChecks {
             let advice: String
             switch error.code {
             case .connectFailed, .connectTimedOut:
+                if let stale = await staleRegistration(of: service) {
+                    // Found in DNS and nobody answers: a publisher that crashed left its records
+                    // (issue 45, 1) — the likeliest cause, so it is named first.
+                    advice = stale
+                    break
+                }
                 advice = "the service's host is reachable by mDNS but not on TCP port \(resolved.port): a firewall there, "
                     + "or the program publishes an address it does not listen on"
             case .versionMismatch: advice = "the two sides speak different protocol versions: update the older one"
@@ -311,6 +317,33 @@ struct DoctorChecks {
         }
         channel.close(reason: "lanmsg doctor done")
         _ = await channel.closed()
+    }
+
+    /// For a service registered in a unicast DNS domain that does not answer: what its registration
+    /// says (valid until when), as the likely cause — a publisher that crashed (kill -9, power loss)
+    /// leaves its records until its lease runs out — and how to remove it now. Nil when the service
+    /// was not found in DNS or its registration cannot be read.
+    func staleRegistration(of service: DiscoveredService) async -> String? {
+        let domains = service.locations.map(\.domain).filter { $0.lowercased() != "local" && !$0.isEmpty }
+        guard let domain = domains.first,
+            let (configuration, _) = try? DiscoveryConfiguration.forProgram()
+        else { return nil }
+        let administration = WideAreaAdministration(configuration: configuration, logger: logger)
+        guard let instances = try? await administration.instances(type: service.identity.type, domain: domain),
+            let instance = instances.first(where: { $0.name == service.identity.name })
+        else { return nil }
+        let now = UInt64(time(nil))
+        let validity: String
+        if let expires = instance.expires {
+            validity = expires > now
+                ? "its registration runs out in \(expires - now) s (a crashed publisher's records disappear then)"
+                : "its registration ran out \(now - expires) s ago"
+        } else {
+            validity = "its registration carries no expiry (another publisher's, which never expires)"
+        }
+        return "'\(service.identity.name)' is registered in \(domain) but nothing answers there: most likely a stale registration "
+            + "left by a publisher that crashed; \(validity). Restart the service (it replaces its own stale records), or "
+            + "once it has run out remove it with `lanmsg wide-area cleanup --key KEY --type \(service.identity.type)`"
     }
 
     // MARK: Helpers

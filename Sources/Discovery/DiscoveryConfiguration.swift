@@ -97,7 +97,7 @@ public struct DiscoveryConfiguration: Sendable, Hashable {
     /// - `LANMSG_WIDE_AREA_DOMAIN=lab.example.org`: a unicast domain to browse and publish in
     /// - `LANMSG_WIDE_AREA_KEY=/etc/lanmsg/host.key`: the TSIG key file to publish with
     /// - `LANMSG_WIDE_AREA_SERVER=10.0.0.53`: the server taking updates (else found from the zone)
-    /// - `LANMSG_WIDE_AREA_POLL=10`, `LANMSG_WIDE_AREA_LEASE=3600`: seconds (see ``WideAreaConfiguration``)
+    /// - `LANMSG_WIDE_AREA_POLL=10`, `LANMSG_WIDE_AREA_LEASE=100`: seconds (see ``WideAreaConfiguration``)
     /// Malformed values are ignored (and reported by ``ServiceDiscovery``'s log).
     public static func fromEnvironment(_ environment: [String: String]? = nil) -> (
         DiscoveryConfiguration, problems: [String]

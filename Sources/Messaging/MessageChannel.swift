@@ -279,6 +279,10 @@ public final class MessageChannel: @unchecked Sendable {
     public func close(reason: String = "closing") {
         queue.async {
             guard self.driver.isOpen else { return }
+            // What the app handled is acknowledged before the GOODBYE ends the session (issue 45,
+            // 7: the ACK waited for its 20 ms delay, and the peer reported those messages as never
+            // acknowledged after a clean close).
+            self.sendAck()
             self.driver.enqueue(Frame(kind: .goodbye, payload: Array(reason.utf8)), bypassLimit: true) { _ in }
             self.driver.closeGracefully()
         }

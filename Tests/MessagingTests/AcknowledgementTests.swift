@@ -36,6 +36,49 @@ import Locks
         await harness.server.stop()
     }
 
+    /// A clean close acknowledges what the app handled before its GOODBYE (issue 45, 7: "2
+    /// messages … were never acknowledged" after a clean close and after a successful push — the
+    /// ACK waited for its delay and the GOODBYE went first). Both ways: the client closing after
+    /// handling the server's messages, and the server closing right after handling the client's.
+    @Test(arguments: [false, true])
+    func aCleanCloseAcknowledgesWhatWasHandledBeforeItsGoodbye(serverCloses: Bool) async throws {
+        let harness = try await LoopbackServer(
+            configure: { $0.session?.ackDelay = .seconds(2) },  // the ACK would come long after the close
+            handle: { _, event in
+                // The server's app closes the connection in the same step that handles "bye".
+                guard serverCloses, case .received(let connection, let message) = event, message.typeID == "bye" else { return }
+                message.acknowledge()
+                connection.close(reason: "left")
+            })
+        let log = CapturedLog()
+        var configuration = ClientConfiguration(peerName: "closer", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50)))
+        configuration.channel.security = harness.security
+        configuration.session?.ackDelay = .seconds(2)
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: harness.port), configuration: configuration, logger: log.logger())
+        let clientEvents = EventLog<ClientEvent>()
+        let reader = Task { for await event in client.events { clientEvents.append(event) } }
+        try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        let connection = try #require(harness.server.connections.first)
+        if serverCloses {
+            try await client.send(Numbered(n: 1), type: "bye")
+            try await clientEvents.wait("closed by the server") { if case .disconnected = $0 { true } else { false } }
+            #expect(client.unacknowledgedCount == 0, "the server's ACK came before its GOODBYE")
+            #expect(!clientEvents.all.contains { if case .undelivered = $0 { true } else { false } }, "\(clientEvents.all)")
+        } else {
+            for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+            // The reader asks for the next event after the third: all three are handled.
+            try await waitUntil("3 received") { clientEvents.count { if case .received = $0 { true } else { false } } == 3 }
+            await client.close()
+            try await harness.events.wait("closed") { if case .closed = $0 { true } else { false } }
+        }
+        #expect(!harness.events.all.contains { if case .undelivered = $0 { true } else { false } }, "\(harness.events.all)")
+        #expect(!log.lines.contains { $0.message.contains("not acknowledged") }, "\(log.lines.map(\.message))")
+        reader.cancel()
+        await client.close()
+        await harness.server.stop()
+    }
+
     /// With manual acknowledgement only `acknowledge()` counts, in any order: the sender hears of
     /// everything up to the first message not acknowledged. Each message carries its position.
     @Test func manualAcknowledgementInAnyOrderAdvancesOverWhatIsContiguous() async throws {

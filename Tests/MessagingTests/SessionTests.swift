@@ -120,7 +120,10 @@ import Locks
         let configure: (inout ServerConfiguration) -> Void = {
             $0.listener.port = port
             $0.listener.families = [.ipv4]
-            $0.session?.ackDelay = .seconds(120)  // the first server never acknowledges 5 messages
+            // The first server's app never acknowledges its 5 messages (manual, and no acknowledge()):
+            // a stop acknowledges only what the app handled before its GOODBYE.
+            $0.session?.acknowledgement = .manual
+            $0.session?.ackDelay = .seconds(120)
         }
         let record: @Sendable (MessageServer, ServerEvent) async -> Void = { _, event in
             if case .received(_, let message) = event, let value = try? message.decode(Numbered.self) {

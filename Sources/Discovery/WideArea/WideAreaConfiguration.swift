@@ -29,7 +29,9 @@ public struct WideAreaConfiguration: Sendable, Hashable {
     public var pollInterval: Duration
     /// How long a registration is valid without a refresh: published in TXT (`expires=`) so that
     /// browsers hide the records a crashed publisher left; refreshed at half of it. BIND ignores
-    /// the Update Lease it is also sent (RFC 9664). (`LANMSG_WIDE_AREA_LEASE`, seconds)
+    /// the Update Lease it is also sent (RFC 9664). Default 100 s: a crashed service is gone from
+    /// browsers within 2 minutes (the lease and one poll), for 72 refreshes an hour per service
+    /// (issue 45; it was 3,600 s: ghosts for up to an hour). (`LANMSG_WIDE_AREA_LEASE`, seconds)
     public var lease: Duration
     /// The TTL of the records published.
     public var recordTTL: UInt32
@@ -42,7 +44,7 @@ public struct WideAreaConfiguration: Sendable, Hashable {
         isEnabled: Bool = true, enumeratesDomains: Bool = true, domains: [String] = [], key: TSIGKey? = nil,
         updateServer: DNSServerAddress? = nil, servers: [DNSServerAddress] = [],
         resolverConfigurationPath: String = "/etc/resolv.conf", pollInterval: Duration = .seconds(10),
-        lease: Duration = .seconds(3600), recordTTL: UInt32 = 60, queryTimeout: Duration = .seconds(3),
+        lease: Duration = .seconds(100), recordTTL: UInt32 = 60, queryTimeout: Duration = .seconds(3),
         updateTimeout: Duration = .seconds(5)
     ) {
         self.isEnabled = isEnabled
