@@ -45,7 +45,9 @@ struct BonjourChat: ParsableCommand {
               machine 2:  bonjour-chat join            (joins the only room, or: join Lobby)
 
             On a terminal you get a prompt; /help lists the commands:
-            /who /nick /me /topic /rooms /help /quit.
+            /who /nick /me /topic /rooms /fingerprint /trust /help /quit
+            (/fingerprint: your key, and the host's with the comparison code;
+            /trust: the rooms you trust, /trust forget ROOM to forget one).
             With stdin not a terminal (scripted use) each input line is a message
             (lines starting with / are commands), output is one event per line,
             and end of input leaves after everything typed was delivered.
@@ -81,7 +83,9 @@ struct CommonOptions: ParsableArguments {
     func discoveryConfiguration(wideAreaKey: String? = nil) throws(DiscoveryError) -> DiscoveryConfiguration {
         let (configuration, problems) = try DiscoveryConfiguration.forProgram(
             wideAreaDomain: wideAreaDomain, wideAreaKeyFile: wideAreaKey)
-        for problem in problems { logger().warning("ignored discovery setting: \(problem)") }
+        // Said at the default level (issue 45, 5: bonjour-chat logs errors only by default, and an
+        // ignored LANMSG_WIDE_AREA_DOMAIN went unsaid).
+        for problem in problems { FileHandle.standardError.write(Data("bonjour-chat: ignored discovery setting: \(problem)\n".utf8)) }
         return configuration
     }
 
@@ -98,7 +102,8 @@ struct CommonOptions: ParsableArguments {
             throw ValidationError(error.message)
         }
         do {
-            _ = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain)
+            // The flag only (a usage error): the environment's settings are the run's to say.
+            _ = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain, environment: [:])
         } catch {
             throw ValidationError(error.message)
         }
@@ -178,7 +183,9 @@ struct Host: ChatCommandRunner {
         guard !room.isEmpty, room.utf8.count <= 63 else { throw ValidationError("ROOM must be 1 to 63 bytes") }
         if let nick, Room.sanitizeNick(nick) == nil { throw ValidationError("--nick must not be empty") }
         do {
-            _ = try common.discoveryConfiguration(wideAreaKey: wideAreaKey)
+            // The flags only (usage errors); the environment's settings are the run's to say, once.
+            _ = try DiscoveryConfiguration.forProgram(
+                wideAreaDomain: common.wideAreaDomain, wideAreaKeyFile: wideAreaKey, environment: [:])
         } catch {
             throw ValidationError(error.message)
         }

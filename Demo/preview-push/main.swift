@@ -12,7 +12,11 @@ struct PreviewPushCommand: AsyncParsableCommand {
         discussion: """
             Without --to, the only previewer found is used; when several are found they are listed and \
             nothing is sent. --host/--port skip discovery (an IPv6 link-local address needs its \
-            interface: fe80::1%eth0). Exits non-zero if any file failed.
+            interface: fe80::1%eth0).
+
+            Exit status: 0 every file stored (or --list found previewers); 1 a file failed (each has \
+            its result line), or --list found none; 2 nothing was sent: no previewer found or \
+            connected to, its key refused, or another push protocol version; 64 a usage error.
             """)
 
     @Argument(help: "Files to push.")
@@ -81,7 +85,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
             do { _ = try PreSharedKey(contentsOfFile: keyFile) } catch { throw ValidationError(error.message) }
         }
         do {
-            _ = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain)
+            // The flag only (a usage error): the environment's settings are the run's to say.
+            _ = try DiscoveryConfiguration.forProgram(wideAreaDomain: wideAreaDomain, environment: [:])
         } catch {
             throw ValidationError(error.message)
         }

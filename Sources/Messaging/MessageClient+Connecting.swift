@@ -198,6 +198,16 @@ extension MessageClient {
             // Not a connection problem: retrying meets the same key. The message is the trust
             // policy's (for a changed key: what happened and what to do).
             throw MessagingError(.untrustedServer, error.message, underlying: error)
+        } catch let error as TransportError where found.remembered != nil {
+            // Said in the error, which the app shows, not only in a notice (issue 45, 6): what was
+            // tried, why, and what makes this fallback work.
+            let tried = found.addresses.map(\.description).joined(separator: ", ")
+            throw MessagingError(
+                .connectFailed,
+                "cannot connect to \(target): discovery did not find it, and the addresses remembered from its last connection "
+                    + "(\(tried)) did not answer: \(error.message). A server on a kernel-assigned port listens on another port "
+                    + "after a restart: give it a fixed port (--port) for this fallback to find it",
+                underlying: error)
         } catch let error as TransportError {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error.message)", underlying: error)
         } catch let error as MessagingError {

@@ -113,6 +113,22 @@ struct ChatIntegrationTests {
         #expect(!impostor.text.contains("alice joined"), "\(impostor.text)")
     }
 
+    /// The environment's settings as the docs say (issue 45, 5): a malformed LANMSG_WIDE_AREA_DOMAIN
+    /// is ignored and said at the default level; a LANMSG_WIDE_AREA_KEY that cannot be used stops
+    /// the program with the reason, not with its usage text.
+    @Test func environmentSettingsAreSaidOrStopTheProgramAsDocumented() async throws {
+        let ignored = try Harness.run(
+            ["env", "LANMSG_WIDE_AREA_DOMAIN=bad..name", chat, "rooms", "--timeout", "1"], timeout: .seconds(20))
+        #expect(ignored.status == 0, "\(ignored.output)")
+        #expect(ignored.output.contains("ignored discovery setting: LANMSG_WIDE_AREA_DOMAIN: 'bad..name' is not a domain name"), "\(ignored.output)")
+        let room = roomName("Keyless")
+        let stopped = try Harness.run(
+            ["env", "LANMSG_WIDE_AREA_KEY=/nonexistent/host.key", chat, "host", room, "--nick", "hal"], timeout: .seconds(20))
+        #expect(stopped.status != 0, "\(stopped.output)")
+        #expect(stopped.output.contains("/nonexistent/host.key"), "\(stopped.output)")
+        #expect(!stopped.output.contains("USAGE:") && !stopped.output.contains("Usage:"), "\(stopped.output)")
+    }
+
     @Test func roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent() async throws {
         let room = roomName("Lobby")
         let host = try await hostOnB(room, ["--topic", "Friday plans"])

@@ -39,6 +39,21 @@ struct EmbeddedBehaviourTests {
         await forced.shutdown()
     }
 
+    /// Without a system bus at all, the automatic choice takes the embedded stack and says so once;
+    /// it does not warn "is the system D-Bus running? retrying in 0.25 seconds" (issue 45, 7: it did,
+    /// on every run, though nothing retried).
+    @Test func withoutABusTheAutomaticChoiceDoesNotWarnOfARetry() async throws {
+        let echo = try Harness.spawn(
+            onB: true,
+            ["env", "DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus", Harness.binary("lanmsg-echo"), "--name", "No Bus Echo",
+                "--type", "_nobus._tcp", "--log-level", "notice",
+                "--identity", NSTemporaryDirectory() + "nobus-\(UUID().uuidString)/identity"])
+        defer { echo.stop() }
+        try await echo.waitForOutput("published as")
+        #expect(echo.text.contains("discovery backend: embedded mDNS"), "\(echo.text)")
+        #expect(!echo.text.contains("retrying in") && !echo.text.contains("is the system D-Bus running"), "\(echo.text)")
+    }
+
     /// Each stack here claims a host name of its own (distinct from b's), so that what b resolves
     /// for a service is exactly what that stack advertises.
     func configuration(_ hostName: String, _ change: (inout DiscoveryConfiguration) -> Void = { _ in })

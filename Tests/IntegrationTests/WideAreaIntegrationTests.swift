@@ -255,6 +255,12 @@ struct WideAreaIntegrationTests {
             try peer.send("publish Refused \(type) 4300 fp=refused")
             let failed = try await peer.wait("REGISTER-FAILED \(Self.zone)", timeout: .seconds(10))
             #expect(failed.text.contains(code) && failed.text.contains(words), "\(failed.text)")
+            // It says that it tries again, and when (issue 45, 7).
+            #expect(failed.text.contains("trying again in"), "\(failed.text)")
+            if words == "REFUSED" {
+                // A key named outside the zone: the fix is its name, not a grant (issue 45, 7).
+                #expect(failed.text.contains("not a host name in the zone \(Self.zone)") && failed.text.contains("HOST.\(Self.zone)"), "\(failed.text)")
+            }
             #expect(!peer.lines.contains { $0.text.hasPrefix("REGISTERED") })
             try await peer.wait("PUBLISHED Refused")  // the link publication goes on
             peer.stop()

@@ -27,6 +27,10 @@ final class AvahiBackend: @unchecked Sendable {
     let published: Locked<PublishedState>
     /// Told every state change (queue-confined); the automatic backend choice listens here.
     var stateHook: ((DaemonState) -> Void)?
+    /// The automatic choice is probing whether a daemon answers: a failure to reach it is the
+    /// choice's to say ("discovery backend: embedded mDNS"), not a warning that it retries — it
+    /// does not, the embedded stack takes over (issue 45, 7).
+    var probing = false
 
     // queue-confined
     private(set) var client: OpaquePointer?
@@ -92,7 +96,11 @@ final class AvahiBackend: @unchecked Sendable {
                 .daemonUnavailable,
                 "cannot reach the Avahi daemon: \(avahiMessage(error)); is the system D-Bus running? retrying in \(retryDelay)",
                 avahiErrorCode: error)
-            logger.warning("avahi client creation failed", metadata: ["error": "\(failure.message)"])
+            if probing {
+                logger.debug("avahi client creation failed", metadata: ["error": "\(failure.message)"])
+            } else {
+                logger.warning("avahi client creation failed", metadata: ["error": "\(failure.message)"])
+            }
             setState(.failed(failure))
             scheduleRetry()
             return
@@ -455,6 +463,7 @@ final class AutomaticChoice: @unchecked Sendable {  // every field is touched on
         let choice = AutomaticChoice(core: core, selector: selector)
         core.queue.async {
             core.stateHook = { [choice] state in choice.observe(state) }
+            core.probing = true
             let timer = DispatchSource.makeTimerSource(queue: core.queue)
             timer.schedule(deadline: .now() + configuration.avahiTimeout.dispatchInterval)
             timer.setEventHandler { [choice] in
@@ -471,6 +480,7 @@ final class AutomaticChoice: @unchecked Sendable {  // every field is touched on
         switch state {
         case .running, .registering:
             finish()
+            core.probing = false  // chosen: from now on a lost daemon is a warning again
             let waited = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
             core.logger.info(
                 "discovery backend: avahi (daemon reachable)", metadata: ["after_ms": "\(Int(waited))"])

@@ -257,6 +257,14 @@ final class UnicastDNS: Sendable {
         case DNSRcode.yxDomain: return (.nameExists, reply)
         case DNSRcode.nxDomain, DNSRcode.nxRRSet, DNSRcode.yxRRSet: return (.prerequisiteFailed(reply.rcode), reply)
         case DNSRcode.refused:
+            if let zone = update.questions.first?.name, !key.dnsName.hasSuffix(zone) || key.dnsName == zone {
+                // The usual cause (issue 45, 7): policies grant keys named after their host in the
+                // zone (`*.ZONE.`, `self`), and this one is not — granting it more is not the fix.
+                throw DiscoveryError(
+                    .updateRefused,
+                    "\(server) refused the update of \(what) (REFUSED): the key is named '\(key.name)', which is not a host name in the zone \(zone): update policies grant keys named HOST.\(zone) (and `self` lets a key change only its own name). Make the key with `tsig-keygen -a hmac-sha256 HOST.\(zone)` (docs/DISCOVERY.md, \"Keys\").",
+                    dnsRcode: reply.rcode)
+            }
             throw DiscoveryError(
                 .updateRefused,
                 "\(server) refused the update of \(what) (REFUSED): its update-policy does not allow \(key) to change these names. Ask the administrator to grant the key the service type and its own host name (docs/DISCOVERY.md, \"Update policy\").",

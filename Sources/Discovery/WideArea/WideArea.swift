@@ -91,7 +91,9 @@ final class WideArea: Sendable {
             return all.sorted { ($0.0, $0.1) < ($1.0, $1.1) }
         }
         var result = AnnouncedDomains()
-        result.unanswered = answers.compactMap { $0.3 }.first
+        // Named after a registration query (dr, r) when one went unanswered: the registration
+        // reports it, and naming `db` there sent administrators to the wrong record (issue 45, 7).
+        result.unanswered = answers.first { $0.1 >= 3 && $0.3 != nil }?.3 ?? answers.compactMap { $0.3 }.first
         for (_, prefixIndex, domains, _) in answers {
             for domain in domains where domain != "local" {
                 if prefixIndex < 3 {

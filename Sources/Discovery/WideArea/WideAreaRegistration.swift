@@ -198,7 +198,6 @@ final class WideAreaRegistration: Sendable {
                 wait = configuration.wideArea.lease / 2
             } catch {
                 if Task.isCancelled || isStopping { return }
-                report(error)
                 switch error.code {
                 case .dnsUnreachable, .dnsFailure, .collision:
                     wait = backoff
@@ -208,6 +207,7 @@ final class WideAreaRegistration: Sendable {
                     // in case the administrator fixes it.
                     wait = .seconds(300)
                 }
+                report(error, retryingIn: wait)
             }
             // Sleep until the next refresh, or until nudged (TXT or address change).
             _ = await wakeup.wait(wait)
@@ -215,16 +215,21 @@ final class WideAreaRegistration: Sendable {
         }
     }
 
-    private func report(_ error: DiscoveryError) {
+    /// Says a failure once (until another comes or it succeeds), and that it is tried again: the
+    /// line says when (issue 45, 7: it did not say that it retries, and it does).
+    private func report(_ error: DiscoveryError, retryingIn wait: Duration) {
         let isNew = state.withLock { state -> Bool in
             defer { state.lastFailure = error }
             return state.lastFailure != error
         }
         guard isNew else { return }
+        let said = DiscoveryError(
+            error.code, error.message + "; trying again in \(wait.components.seconds) s", avahiErrorCode: error.avahiErrorCode,
+            systemErrno: error.systemErrno, dnsRcode: error.dnsRcode)
         logger.warning(
             "wide-area registration failed",
-            metadata: ["name": "\(name)", "type": "\(type)", "domain": "\(domain)", "error": "\(error.message)"])
-        handle.record(.registrationFailed(domain: domain, error))
+            metadata: ["name": "\(name)", "type": "\(type)", "domain": "\(domain)", "error": "\(said.message)"])
+        handle.record(.registrationFailed(domain: domain, said))
     }
 
     // MARK: Records
@@ -248,7 +253,7 @@ final class WideAreaRegistration: Sendable {
             }
             if chosen == nil, let unanswered = announced.unanswered {
                 throw DiscoveryError(
-                    .dnsUnreachable, "cannot learn the domain to register in (dr._dns-sd._udp): \(unanswered)")
+                    .dnsUnreachable, "cannot learn the domain to register in: \(unanswered)")
             }
             guard let found = chosen else {
                 throw DiscoveryError(
