@@ -37,6 +37,15 @@ extension MessageChannel {
         }
     }
 
+    /// Sends an ACK of `count` (taken from the session by the caller) on the loop, if the
+    /// connection is still open. Any context; it goes ahead of what is queued after this call.
+    func sendAck(_ count: UInt64) {
+        queue.async {
+            guard self.driver.isOpen else { return }
+            self.driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in }
+        }
+    }
+
     /// Client: the server answered its SESSION. Attached here, on the loop, before the next frame
     /// is read.
     func sessionAnswered(_ hello: SessionHello, _ waiter: Promise<MessageSession.Opened>) {

@@ -277,12 +277,6 @@ public final class MessageClient: Sendable {
         connecting?.cancel()
         for waiter in waiters { waiter.fail(MessagingError(.stopped, "the client was closed")) }
         var keptInStore = false
-        if let session, let channel, let count = session.takeAck(on: channel) {
-            // The handled messages' ACK goes before anything else, ahead of the GOODBYE (the session
-            // ends below, and with it the channel's own flush): the server must not report them
-            // as never acknowledged (issue 45, 7).
-            channel.queue.async { channel.driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in } }
-        }
         if let session {
             // Let the server acknowledge what it was sent, then end the session (GOODBYE ends it there).
             let drained = await session.drained(within: .seconds(5))

@@ -774,8 +774,12 @@ final class MessageSession: Sendable {
     /// - Parameter keepStored: Leave it in the store for a later process to continue (a server
     ///   that stops, a client closed with messages in flight): nothing is reported undelivered.
     func end(_ reason: MessagingError, keepStored: Bool = false) -> [UndeliveredMessage] {
-        apply { state, wakes in
-            guard state.ended == nil else { return [] }
+        let (lost, ack) = apply { state, wakes -> ([UndeliveredMessage], (MessageChannel, UInt64)?) in
+            guard state.ended == nil else { return ([], nil) }
+            // What the app handled is acknowledged before the session ends, ahead of the GOODBYE
+            // that usually follows: the peer must not report those messages as never
+            // acknowledged after a clean close (issue 45, 7).
+            let ack = state.channel.flatMap { channel in state.inbox.takeAck().map { (channel, $0) } }
             state.ended = reason
             state.channel = nil
             state.wakeDrainsIfDue(&wakes)
@@ -784,8 +788,10 @@ final class MessageSession: Sendable {
                 logger.warning("session store: could not record the end of session \(key); a restart would resume it")
             }
             let kept = state.outbox.removeAll()
-            return keepStored && store != nil ? [] : kept.map(Self.undelivered)
+            return (keepStored && store != nil ? [] : kept.map(Self.undelivered), ack)
         }
+        if let (channel, count) = ack { channel.sendAck(count) }
+        return lost
     }
 
     /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.

@@ -244,15 +244,7 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
 
     /// Closes gracefully (queued messages are flushed first); ends its message session.
     public func close(reason: String = "closed by server") {
-        if let session {
-            // What the app handled is acknowledged ahead of the GOODBYE (the session ends here,
-            // and with it the channel's own flush; issue 45, 7).
-            if let count = session.takeAck(on: channel) {
-                let channel = channel
-                channel.queue.async { channel.driver.enqueue(Frame.ack(count), bypassLimit: true) { _ in } }
-            }
-            _ = session.end(MessagingError(.stopped, "the server closed the connection: \(reason)"))
-        }
+        if let session { _ = session.end(MessagingError(.stopped, "the server closed the connection: \(reason)")) }
         channel.close(reason: reason)
     }
 

@@ -97,13 +97,9 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
     /// - Returns: The messages to send again, in order (now marked transmitted); nil when the peer
     ///   claims more than was sent, or less than it already acknowledged (it lost its state: the
     ///   session cannot resume).
-    @inlinable public mutating func resume(peerReceived: UInt64) -> [Entry]? {
-        resume(peerReceived: peerReceived, transmittable: .max)
-    }
-
-    /// ``resume(peerReceived:)`` when only messages up to `transmittable` may go on the wire now
-    /// (the others wait until a session store has synced them: ``transmit(from:through:_:)``).
-    @inlinable public mutating func resume(peerReceived: UInt64, transmittable: UInt64) -> [Entry]? {
+    /// - Parameter transmittable: Only messages up to this number go on the wire now (the others
+    ///   wait until a session store has synced them: ``transmit(from:through:_:)``).
+    @inlinable public mutating func resume(peerReceived: UInt64, transmittable: UInt64 = .max) -> [Entry]? {
         guard peerReceived >= acknowledged, acknowledge(through: peerReceived) != nil else { return nil }
         var resend: [Entry] = []
         for index in head..<entries.count where entries[index].number <= transmittable {
