@@ -343,7 +343,7 @@ struct DoctorChecks {
         }
         return "'\(service.identity.name)' is registered in \(domain) but nothing answers there: most likely a stale registration "
             + "left by a publisher that crashed; \(validity). Restart the service (it replaces its own stale records), or "
-            + "once it has run out remove it with `lanmsg wide-area cleanup --key KEY --type \(service.identity.type)`"
+            + "remove it now with `lanmsg wide-area cleanup --not-answering --key KEY --type \(service.identity.type)`"
     }
 
     // MARK: Helpers

@@ -129,6 +129,33 @@ struct ChatIntegrationTests {
         #expect(!stopped.output.contains("USAGE:") && !stopped.output.contains("Usage:"), "\(stopped.output)")
     }
 
+    /// `--help` names every command the running program's `/help` lists (issue 45, 8: it lacked
+    /// `/fingerprint` and `/trust`), and preview-push's `--help` gives each exit status it uses.
+    @Test func theHelpTextsNameEveryCommandAndExitStatus() async throws {
+        let room = roomName("Helpful")
+        let host = try await hostOnB(room)
+        defer { host.stop() }
+        try host.send("/help")
+        try await host.waitForOutput("the end of /help") { $0.contains("//text") }
+        let listed = host.text
+        // Lines "[time] -!-   /who   who is in the room": the first word starting with /.
+        let commands = listed.split(separator: "\n").compactMap { line -> String? in
+            guard line.contains("-!-   /"), let word = line.split(separator: " ").first(where: { $0.hasPrefix("/") }), !word.hasPrefix("//")
+            else { return nil }
+            return String(word)
+        }
+        #expect(Set(commands).isSuperset(of: ["/who", "/fingerprint", "/trust", "/quit"]), "\(listed)")
+        let help = try Harness.run([chat, "--help"], timeout: .seconds(10)).output
+        for command in Set(commands) {
+            #expect(help.contains(command + " ") || help.contains(command + "\n") || help.contains(command + ":"), "--help lacks \(command): \(help)")
+        }
+        let push = try Harness.run([Harness.binary("preview-push"), "--help"], timeout: .seconds(10)).output
+        let status = push.replacingOccurrences(of: "\n", with: " ").replacingOccurrences(of: "  ", with: " ")
+        for code in ["0 every file stored", "1 a file failed", "2 nothing was sent", "64 a usage error"] {
+            #expect(status.contains(code), "preview-push --help lacks exit status '\(code)': \(push)")
+        }
+    }
+
     @Test func roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent() async throws {
         let room = roomName("Lobby")
         let host = try await hostOnB(room, ["--topic", "Friday plans"])

@@ -233,6 +233,55 @@ struct WideAreaIntegrationTests {
         #expect(gone <= .seconds(120), "a crashed room was listed for \(gone)")
     }
 
+    /// `lanmsg wide-area cleanup` and a publisher that crashed within its lease (issue 45, 1): the
+    /// command names it as registered but not answering (and why) and removes nothing; with
+    /// `--not-answering` it removes it and says so; a live room of the same type is never touched;
+    /// `bonjour-chat rooms` on the other subnet then lists the live room only.
+    @Test func theCleanupCommandOffersToRemoveARegisteredRoomThatDoesNotAnswerAndRemovesItWhenAsked() async throws {
+        let chat = Harness.binary("bonjour-chat")
+        let lanmsg = Harness.binary("lanmsg")
+        let type = "_bonjour-chat._tcp"
+        func environment(_ data: String, _ extra: [String] = []) -> [String] {
+            ["/usr/bin/env", "LANMSG_DISCOVERY_BACKEND=embedded", "XDG_DATA_HOME=\(Lab.temporaryDirectory(data))"] + extra
+        }
+        let live = try ChatProcess(
+            prefix: Lab.prefix(.a), environment("alive-host") + [chat, "host", "Alive", "--nick", "ann", "--wide-area-key", Lab.keyFile("hosta")])
+        defer { live.stop() }
+        // An hour's lease: without the cleanup its records would be listed for an hour.
+        let crashed = try ChatProcess(
+            prefix: Lab.prefix(.b),
+            environment("wreck-host", ["LANMSG_WIDE_AREA_LEASE=3600"]) + [chat, "host", "Wreck", "--nick", "bob", "--wide-area-key", Lab.keyFile("hostb")])
+        defer { crashed.stop() }
+        try await live.waitForOutput("registered in \(Self.zone) as Alive")
+        try await crashed.waitForOutput("registered in \(Self.zone) as Wreck")
+        kill(crashed.pid, SIGKILL)
+        _ = await crashed.waitForExit(timeout: .seconds(5))
+
+        let offer = try Harness.run([lanmsg, "wide-area", "cleanup", "--key", Lab.keyFile("hosta"), "--type", type], timeout: .seconds(60))
+        #expect(offer.status == 0, "\(offer.output)")
+        let offered = offer.output.split(separator: "\n").filter { $0.hasPrefix("not answering ") }
+        #expect(offered.count == 1, "\(offer.output)")
+        #expect(offered.first.map { $0.contains("Wreck") && $0.lowercased().contains("refused") && $0.contains("registered for") } == true, "\(offer.output)")
+        #expect(offer.output.contains("1 registered but not answering (add --not-answering to remove it)"), "\(offer.output)")
+        #expect(!offer.output.contains("Alive"), "\(offer.output)")
+        #expect(try Lab.dig("Wreck.\(type).\(Self.zone)", "SRV").count == 1, "without --not-answering nothing is removed")
+
+        let removal = try Harness.run(
+            [lanmsg, "wide-area", "cleanup", "--not-answering", "--key", Lab.keyFile("hosta"), "--type", type], timeout: .seconds(60))
+        #expect(removal.status == 0, "\(removal.output)")
+        #expect(removal.output.contains("removed Wreck\t\(type)\t\(Self.zone)\tnot answering: "), "\(removal.output)")
+        #expect(removal.output.contains("1 registered but not answering removed"), "\(removal.output)")
+        #expect(!removal.output.contains("Alive"), "\(removal.output)")
+        #expect(try Lab.dig("Wreck.\(type).\(Self.zone)", "SRV").isEmpty)
+        #expect(try Lab.dig("Wreck.\(type).\(Self.zone)", "TXT").isEmpty)
+        let pointers = try Lab.dig("\(type).\(Self.zone)", "PTR")
+        #expect(pointers.contains("Alive.\(type).\(Self.zone).") && !pointers.contains("Wreck.\(type).\(Self.zone)."), "\(pointers)")
+        // What a user on the other subnet sees.
+        let rooms = try Lab.run(.b, environment("cleanup-member") + [chat, "rooms", "--timeout", "2"], timeout: .seconds(20)).output
+        let names = rooms.split(separator: "\n")
+        #expect(names.contains { $0.hasPrefix("Alive ") } && !names.contains { $0.hasPrefix("Wreck ") }, "\(rooms)")
+    }
+
     @Test func refusalsSayWhyAndLeaveTheZoneUnchanged() async throws {
         let type = "_wa-refused._tcp"
         let keys = Lab.temporaryDirectory("bad-keys")
@@ -337,6 +386,10 @@ struct WideAreaIntegrationTests {
         try await linkBrowser.wait("ADDED Outage", timeout: .seconds(10))  // the link does not care
         let failed = try await publisher.wait("REGISTER-FAILED", timeout: .seconds(15))
         #expect(failed.text.contains("DNS server unreachable"), "\(failed.text)")
+        // It says that it tries again, and names no browse-domain query (db) for a registration
+        // (issue 45, 7).
+        #expect(failed.text.contains("trying again in"), "\(failed.text)")
+        #expect(!failed.text.contains("db._dns-sd"), "\(failed.text)")
         try Lab.control("named-start")
         restarted = true
         try await publisher.wait("REGISTERED Outage in \(Self.zone)", timeout: .seconds(20))
@@ -354,16 +407,16 @@ struct WideAreaIntegrationTests {
                     + [Harness.binary("preview-push"), "--to", "Remembered", "--timeout", timeout, "--retry-for", "0", file],
                 timeout: .seconds(60))
         }
-        let startServer = { (identity: String) throws -> ChatProcess in
+        let startServer = { (identity: String, port: String) throws -> ChatProcess in
             try ChatProcess(
                 prefix: Lab.prefix(.b),
                 Lab.programEnvironment(data: Lab.temporaryDirectory("remembered-server"))
                     + [Harness.binary("preview-server"), "--directory", Lab.temporaryDirectory("remembered-store"),
-                        "--name", "Remembered", "--port", "47123", "--identity", identity,
+                        "--name", "Remembered", "--port", port, "--identity", identity,
                         "--wide-area-key", Lab.keyFile("hostb"), "--log-level", "info"])
         }
         let identity = Lab.temporaryDirectory("remembered-identity") + "/identity"
-        var server = try startServer(identity)
+        var server = try startServer(identity, "47123")
         try await server.waitForOutput("registered as 'Remembered' in \(Self.zone)")
         let first = try push("10")
         #expect(first.status == 0, "\(first.output)")
@@ -374,9 +427,18 @@ struct WideAreaIntegrationTests {
         defer { try? Lab.control("named-start") }
         let again = try push("3")
         #expect(again.status == 0, "the remembered address should have worked: \(again.output)")
+        // The same server restarted on another port: the remembered address no longer answers, and
+        // the error says what was tried and that the fallback wants a fixed port (issue 45, 6).
+        server.stop()
+        server = try startServer(identity, "47124")
+        try await server.waitForOutput("listening on port 47124")
+        let moved = try push("3")
+        #expect(moved.status != 0, "\(moved.output)")
+        #expect(moved.output.contains("remembered") && moved.output.contains("10.81.2.20:47123"), "\(moved.output)")
+        #expect(moved.output.contains("fixed port (--port)"), "\(moved.output)")
         // Another server (another key) at the remembered address: refused, whatever its name.
         server.stop()
-        server = try startServer(Lab.temporaryDirectory("impostor-identity") + "/identity")
+        server = try startServer(Lab.temporaryDirectory("impostor-identity") + "/identity", "47123")
         defer { server.stop() }
         try await server.waitForOutput("listening on port 47123")
         let impostor = try push("3")

@@ -110,6 +110,10 @@ public struct WideAreaAdministration: Sendable {
         public var expires: UInt64?
         /// Whether `expires` has passed (a crashed publisher's records).
         public var isExpired: Bool
+        /// The host its SRV record names (nil when it has none).
+        public var host: String?
+        /// The port its SRV record names (nil when it has none).
+        public var port: UInt16?
     }
 
     /// The instances of `type` in `domain`, asked of the zone's own servers.
@@ -129,30 +133,63 @@ public struct WideAreaAdministration: Sendable {
             var txt = TXTRecord()
             if case .txt(let strings)? = txtRecords.first?.data { txt = TXTRecord(wireEntries: strings) }
             let expires = txt[expiresKey].flatMap { UInt64($0) }
-            result.append(Instance(name: name, type: type, domain: domain, txt: txt, expires: expires, isExpired: expires.map { $0 < now } ?? false))
+            var host: String?
+            var port: UInt16?
+            let srv = (try? await wideArea.dns.records(target, DNSType.srv, servers: servers, recursion: false)) ?? []
+            if case .srv(_, _, let value, let hostName)? = srv.first?.data {
+                port = value
+                host = hostName.description
+            }
+            result.append(Instance(
+                name: name, type: type, domain: domain, txt: txt, expires: expires, isExpired: expires.map { $0 < now } ?? false,
+                host: host, port: port))
         }
         return result.sorted { $0.name < $1.name }
+    }
+
+    /// The addresses of an instance's host (its A and AAAA records, asked of the zone's servers
+    /// first, then of the resolvers for a host outside the zone). Empty when it has no SRV record
+    /// or its host no address.
+    public func addresses(of instance: Instance) async -> [IPAddress] {
+        guard let host = instance.host, let hostName = DNSName(host), let domainName = try? Self.name(instance.domain) else { return [] }
+        if let (_, servers) = try? await wideArea.zone(of: domainName) {
+            let found = await wideArea.dns.addresses(of: hostName, servers: servers, recursion: false)
+            if !found.isEmpty { return found }
+        }
+        return await wideArea.dns.addresses(of: hostName)
+    }
+
+    /// Removes one instance (its SRV and TXT, and its PTR by value), on condition that its TXT is
+    /// still the one read in ``instances(type:domain:)`` — a publisher that refreshed or registered
+    /// again meanwhile keeps its records, and a live publisher whose records were removed by
+    /// mistake registers them again at its next refresh (half its lease).
+    /// - Returns: Whether the instance was removed (false: it changed meanwhile, nothing removed).
+    /// - Throws: `.keyRejected`, `.updateRefused`, `.dnsUnreachable` and the like, as the update
+    ///   server answered.
+    public func remove(_ instance: Instance, key: TSIGKey) async throws(DiscoveryError) -> Bool {
+        let domainName = try Self.name(instance.domain)
+        guard let typeName = DNSName(instance.type), let service = DNSName(labels: typeName.labels + domainName.labels),
+            let name = DNSName(instance: instance.name, service: service)
+        else {
+            throw DiscoveryError(.invalidArgument, "'\(instance.type)' is not a service type")
+        }
+        let zone = try await wideArea.dns.zone(of: domainName)
+        let servers = try await wideArea.dns.updateServers(for: zone)
+        let txt = ResourceRecord(name: name, data: .txt(instance.txt.wireEntries), ttl: 0)
+        let update = DNSMessage.update(
+            id: DNSClient.randomID(), zone: zone.name, prerequisites: [.rrsetEquals(txt)],
+            updates: [.deleteRecord(ResourceRecord(name: service, data: .ptr(name), ttl: 0)), .deleteName(name)])
+        let outcome = try await wideArea.dns.send(update, key: key, servers: servers, describing: "the removal of '\(instance.name)'")
+        return outcome == .done
     }
 
     /// Removes the instances of `type` in `domain` whose expiry passed: SRV and TXT, and their PTR
     /// by value — each on condition that its TXT is still the expired one (a publisher that
     /// refreshed meanwhile keeps its records). Returns the names removed.
     public func removeExpired(type: String, domain: String, key: TSIGKey) async throws(DiscoveryError) -> [String] {
-        let domainName = try Self.name(domain)
-        guard let typeName = DNSName(type), let service = DNSName(labels: typeName.labels + domainName.labels) else {
-            throw DiscoveryError(.invalidArgument, "'\(type)' is not a service type")
-        }
-        let zone = try await wideArea.dns.zone(of: domainName)
-        let servers = try await wideArea.dns.updateServers(for: zone)
         var removed: [String] = []
         for instance in try await instances(type: type, domain: domain) where instance.isExpired {
-            guard let name = DNSName(instance: instance.name, service: service) else { continue }
-            let txt = ResourceRecord(name: name, data: .txt(instance.txt.wireEntries), ttl: 0)
-            let update = DNSMessage.update(
-                id: DNSClient.randomID(), zone: zone.name, prerequisites: [.rrsetEquals(txt)],
-                updates: [.deleteRecord(ResourceRecord(name: service, data: .ptr(name), ttl: 0)), .deleteName(name)])
-            let outcome = try await wideArea.dns.send(update, key: key, servers: servers, describing: "the removal of '\(instance.name)'")
-            if outcome == .done { removed.append(instance.name) }
+            if try await remove(instance, key: key) { removed.append(instance.name) }
         }
         return removed
     }
