@@ -7,7 +7,6 @@ let strict: [SwiftSetting] = [
 
 let package = Package(
     name: "swift-lan-messaging",
-    platforms: [.macOS(.v15)],
     products: [
         .library(name: "Messaging", targets: ["Messaging"]),
         .library(name: "Discovery", targets: ["Discovery"]),

@@ -11,7 +11,6 @@ let parentIdentity = URL(fileURLWithPath: #filePath)
 
 let package = Package(
     name: "Benchmarks",
-    platforms: [.macOS(.v15)],
     dependencies: [
         .package(path: ".."),
         // Issue 7 (Benchmarks/run.sh): the SwiftNIO peer.

@@ -130,6 +130,16 @@ if [ "$unit_only" = no ]; then
     "$root/$bin" --testing-library swift-testing --no-parallel --filter WideAreaIntegrationTests
 fi
 
+# The public API promise (README, "Versioning"): no public declaration of the products gone or
+# changed against Tests/api/baseline.txt, and an app written against 1.0's README still builds.
+echo "== api (the 1.x promise)"
+if ! Tests/api/check-api.sh > "$logs/api.log" 2>&1; then
+  echo "!! the public API check failed:"; grep -v "^new:" "$logs/api.log" | tail -n 30; status=1
+else
+  grep -h "^check-api:" "$logs/api.log"
+fi
+stage_done "api"
+
 # The DocC catalogs (Messaging, Discovery, Transport) with the snippets, warnings as errors,
 # bounded in time (Tests/docs/build-docs.sh; about 30 s after the build above).
 echo "== docs (DocC, warnings as errors)"

@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Turns room events into terminal lines: `[14:03:07] <alice> hello`, `[14:03:07] * alice waves`,
 /// notices as `[14:03:07] -!- alice joined`. Colour (ANSI) only when asked for.

@@ -1,11 +1,7 @@
 import Locks
 import Dispatch
 import Logging
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Which DNS-SD implementation a ``ServiceDiscovery`` uses.
 public enum DiscoveryBackendKind: String, Sendable, Hashable, CustomStringConvertible {

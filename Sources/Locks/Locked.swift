@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// The package's one lock: a value and a `pthread_mutex_t` in a single allocation (the mutex lives
 /// in the tail of the storage object, the way NIO's `NIOLockedValueBox` does it). ``Lock`` is the

@@ -61,6 +61,12 @@ public struct ClientConfiguration: Sendable {
         self.channel = channel
         self.reconnect = reconnect
     }
+
+    /// Use ``init(peerName:reconnect:)``: `name` is this side's name in the hello, not the name of
+    /// the service to connect to. Released in 1.0 and removed by mistake in a 1.0.x change; back,
+    /// deprecated, and working as it did.
+    @available(*, deprecated, renamed: "init(peerName:reconnect:)")
+    public init(name: String, reconnect: ReconnectPolicy? = nil) { self.init(peerName: name, reconnect: reconnect) }
 }
 
 /// Back-off for automatic reconnection (and for waiting for the server): re-browse and re-resolve

@@ -2,11 +2,7 @@ import Foundation
 import Locks
 import SystemCalls
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// A file the library keeps or reads for the app could not be used: an identity's private key
 /// (``Identity/loadOrCreate(at:)``), the trust store (``TrustStore``), the remembered peers

@@ -3,11 +3,7 @@ import Foundation
 import Locks
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// The fingerprint of a peer's static public key: its SHA-256. The full form is 64 hex digits; the
 /// short form, the first 16 in groups of four (`1a2b-3c4d-5e6f-7a8b`), is what people compare

@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 extension Array where Element == UInt8 {
     /// Appends `count` bytes and lets `fill` write them (it gets exactly the new region); when

@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// An error of a connection, a channel or a message (connecting, the hello, sending, decoding).
 ///

@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// An IPv4 or IPv6 socket address (a value: no socket is involved) (numeric host + port, plus a scope id for link-local IPv6).
 ///

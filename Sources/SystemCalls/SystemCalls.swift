@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// An `errno` from a failed system call: the package's one errno type. Transport, Discovery and
 /// PreviewKit keep it in their own errors, with the call's name and what to do.

@@ -1,10 +1,10 @@
 import CLanmsgAEAD
 import ProtocolCore
 
-/// Not API: the transport's AEAD alone, as a connection uses it (the length-prefixed messages of
+/// Not API (`@_spi(Benchmarks) import Transport`): the transport's AEAD alone, as a connection uses it (the length-prefixed messages of
 /// protocol version 2, sealed from and opened into plain buffers), for the cipher-limit row of
 /// Benchmarks/run.sh. No sockets, no frames.
-public enum _CipherBenchmark {
+@_spi(Benchmarks) public enum _CipherBenchmark {
     /// Seals `count` messages of `size` bytes (at most 65,519) and opens them again, on the calling
     /// thread, in batches of about 4 MiB. Returns the nanoseconds spent sealing and opening.
     public static func measure(size: Int, count: Int) -> (sealNanoseconds: UInt64, openNanoseconds: UInt64) {

@@ -2,11 +2,7 @@ import ProtocolCore
 import Dispatch
 import Logging
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Outbound TCP connects: nonblocking `connect` with a timeout, raced across addresses (RFC 8305).
 package enum TCPConnector {

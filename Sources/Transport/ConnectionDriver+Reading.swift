@@ -3,11 +3,7 @@ import Locks
 import Logging
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Reading: the socket is read when the loop's epoll set reports it (``LoopReadiness``), a bounded
 /// amount per turn, and complete frames go to the handler. On the loop.

@@ -2,11 +2,7 @@ import CLanmsgAEAD
 import Dispatch
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Version 2's half of sending: a sender seals and writes its own frame, or the loop's flush seals
 /// what is queued (the plaintext paths and the queue are in ConnectionDriver+Writing.swift).

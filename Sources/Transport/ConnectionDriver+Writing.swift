@@ -3,11 +3,7 @@ import Dispatch
 import ProtocolCore
 import SystemCalls
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Sending: every path queues through ``PendingWrites`` under the driver's lock; the bytes are
 /// written either by the sender itself (idle connection, not streaming) or by one flush on the loop.

@@ -3,11 +3,7 @@ import Locks
 import Logging
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// What a connection reports to its owner (the hello exchange, then the channel). Called on the
 /// connection's loop.

@@ -1,10 +1,6 @@
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// Host names to socket addresses (`getaddrinfo`), for connecting by name.
 package enum HostLookup {

@@ -3,11 +3,7 @@ import Dispatch
 import Locks
 import Logging
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// A freshly accepted TCP socket, owned until handed to `MessageChannel.accept(_:configuration:logger:)`.
 ///

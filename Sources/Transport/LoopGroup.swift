@@ -1,11 +1,7 @@
 import Dispatch
 import Synchronization
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// The serial queues connections run on, like an event-loop group: each connection is given one
 /// loop (round robin) and does all its work there, so at most this many threads run connection work

@@ -2,11 +2,7 @@ import Dispatch
 import ProtocolCore
 import SystemCalls
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// An open file descriptor (a socket, here). A value: whoever holds it decides when to close it.
 package struct FileDescriptor: Sendable, Hashable, CustomStringConvertible {

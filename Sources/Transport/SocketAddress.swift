@@ -1,10 +1,6 @@
 import ProtocolCore
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 extension SocketAddress {
     /// Parses a numeric IPv4 (`"10.0.0.1"`) or IPv6 (`"::1"`, `"fe80::1%3"`, `"fe80::1%eth0"`) address.

@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// A key whose value each thread frees when it ends (a pointer made with `allocate`).
 private func threadKey() -> pthread_key_t {

@@ -22,7 +22,7 @@ import Logging
 import Messaging
 import Metrics
 import Prometheus
-import Transport
+@_spi(Benchmarks) import Transport
 
 /// A counter shared between a channel's queue (handlers) and the main task.
 final class Counter: @unchecked Sendable {

@@ -4,11 +4,7 @@ import Locks
 import Logging
 import SystemCalls
 
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
+import Glibc
 
 /// A ``SessionStore`` open in this process: one append-only file of ``Journal`` records in its
 /// directory, held with a lock so that no other process uses it.
