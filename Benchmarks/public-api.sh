@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Counts the public declarations an app can reach after `import Messaging`: Messaging's own public
 # symbols, plus every member of the types it re-exports by name (`public typealias X = Module.Y` in
-# Sources/Messaging/Exports.swift: the aliased type and all its members, which an app reaches
+# Sources/Messaging/Support/Exports.swift: the aliased type and all its members, which an app reaches
 # through the alias), from symbol graphs (swift-symbolgraph-extract, minimum access level public,
 # synthesized members skipped, `_`-prefixed names and @_spi not counted).
 #
@@ -17,7 +17,7 @@ OUT="$(mktemp -d /tmp/public-api.XXXXXX)"
 trap 'rm -rf "$OUT"' EXIT
 command -v swift-symbolgraph-extract >/dev/null || export PATH=/opt/swift/usr/bin:$PATH
 # "Alias Module Type" for each re-exported type.
-aliases=$(sed -n 's/^public typealias \([A-Za-z]*\) = \([A-Za-z]*\)\.\([A-Za-z.]*\).*/\1 \2 \3/p' "$ROOT"/Sources/Messaging/*.swift)
+aliases=$(sed -n 's/^public typealias \([A-Za-z]*\) = \([A-Za-z]*\)\.\([A-Za-z.]*\).*/\1 \2 \3/p' $(find "$ROOT/Sources/Messaging" -name "*.swift"))
 modules="Messaging $(echo "$aliases" | awk '{print $2}' | sort -u | tr '\n' ' ')"
 for module in $modules; do
   swift-symbolgraph-extract -module-name "$module" -target "$(uname -m)-unknown-linux-gnu" -I "$MODULES" \
