@@ -68,29 +68,23 @@ let expiresKey = "expires"
 /// retried with back-off while no server answers. Stop deletes exactly its records: SRV and TXT,
 /// and the PTR by its value.
 ///
-/// One owned task runs it; `stop()` cancels that task, waits for it, then deletes.
+/// The decisions are `RegistrationMachine`'s; this class carries out its actions (DNS lookups and
+/// updates, waits) in one owned task and feeds back their answers. A stop is fed to the machine
+/// between two actions: an update in flight is never abandoned (its records could land unseen),
+/// and the removal runs in the same task, so a caller that is itself being cancelled (a signal
+/// handler) still removes the records.
 final class WideAreaRegistration: Sendable {
-    struct Registered: Sendable, Equatable {
-        var name: String
-        var zone: DNSName
-        var servers: [DNSServerAddress]
-        var srv: ResourceRecord
-    }
-
-    private struct State {
+    /// What other threads read and set: the TXT record (the app changes it), the domain (found by
+    /// the task), the machine's name and state as last published, the stop request.
+    private struct Shared {
         var name: String
         /// The domain registered in: the configured one, else the network's default registration
         /// domain once enumerated.
         var domain: String?
         var txt: TXTRecord
-        var registered: Registered?
-        /// The records of the last update sent that could have created them, answered or not: what
-        /// stop deletes when no answer confirmed them (the delete is conditional on our SRV).
-        var attempted: Registered?
+        var isRegistered = false
+        var stopRequested = false
         var task: Task<Void, Never>?
-        var stopped = false
-        /// The last failure reported (the same one is not reported again on every retry).
-        var lastFailure: DiscoveryError?
     }
 
     let wideArea: WideArea
@@ -99,13 +93,13 @@ final class WideAreaRegistration: Sendable {
     let key: TSIGKey
     let handle: PublishedService
     let logger: Logger
-    private let state: Locked<State>
+    private let shared: Locked<Shared>
     private let wakeup = Wakeup()
 
     var dns: UnicastDNS { wideArea.dns }
     var configuration: DiscoveryConfiguration { wideArea.configuration }
     /// The domain, or a placeholder while it is not known yet (for messages).
-    var domain: String { state.withLock { $0.domain } ?? "the default registration domain" }
+    var domain: String { shared.withLock { $0.domain } ?? "the default registration domain" }
 
     init(
         wideArea: WideArea, domain: String?, name: String, type: String, port: UInt16, txt: TXTRecord, key: TSIGKey,
@@ -117,132 +111,201 @@ final class WideAreaRegistration: Sendable {
         self.key = key
         self.handle = handle
         self.logger = logger
-        self.state = Locked(State(name: name, domain: domain, txt: txt))
+        self.shared = Locked(Shared(name: name, domain: domain, txt: txt))
     }
 
     /// The instance name in the domain now (it changes after a conflict).
-    var name: String { state.withLock { $0.name } }
+    var name: String { shared.withLock { $0.name } }
     /// Whether the records are in the zone now.
-    var isRegistered: Bool { state.withLock { $0.registered != nil } }
+    var isRegistered: Bool { shared.withLock { $0.isRegistered } }
 
     func start() {
-        let task = Task { await self.run() }
-        state.withLock { $0.task = task }
+        shared.withLock { shared in
+            guard shared.task == nil, !shared.stopRequested else { return }
+            shared.task = Task { await self.run() }
+        }
     }
 
     /// Replaces the TXT record (a refresh with the new one).
     func updateTXT(_ txt: TXTRecord) {
-        state.withLock { $0.txt = txt }
+        shared.withLock { $0.txt = txt }
         wakeup.signal()
     }
 
     /// The host's addresses may have changed: refresh now.
     func addressesChanged() { wakeup.signal() }
 
-    /// Stops refreshing and deletes the records (bounded by the update timeout). An update in
-    /// flight is not cancelled (its records could land unseen): the loop ends after it, then the
-    /// deletion runs in a task of its own, so a caller that is itself being cancelled (a signal
-    /// handler) still removes the records.
+    /// Stops refreshing and deletes the records (bounded by the update timeout), after the update
+    /// in flight if there is one.
     func stop() async {
-        let (task, alreadyStopped) = state.withLock { state -> (Task<Void, Never>?, Bool) in
-            defer { state.stopped = true }
-            return (state.task, state.stopped)
+        let (task, alreadyStopped) = shared.withLock { shared -> (Task<Void, Never>?, Bool) in
+            defer { shared.stopRequested = true }
+            return (shared.task, shared.stopRequested)
         }
         guard !alreadyStopped else { return }
+        wideArea.forget(self)
         wakeup.signal()
-        let removal = Task {
-            await task?.value
-            self.wideArea.forget(self)
-            guard let records = self.state.withLock({ $0.registered ?? $0.attempted }) else { return }
-            do throws(DiscoveryError) {
-                try await self.delete(records)
-                self.state.withLock {
-                    $0.registered = nil
-                    $0.attempted = nil
-                }
-                self.logger.info(
-                    "wide-area registration removed",
-                    metadata: ["name": "\(records.name)", "type": "\(self.type)", "domain": "\(self.domain)"])
-            } catch {
-                self.logger.warning(
-                    "could not remove the wide-area registration; it stays until its expiry or `lanmsg wide-area cleanup`",
-                    metadata: ["name": "\(records.name)", "domain": "\(self.domain)", "error": "\(error.message)"])
-            }
-        }
-        await removal.value
+        await task?.value
     }
-
-    /// Whether stop() was called: the loop ends at its next step.
-    private var isStopping: Bool { state.withLock { $0.stopped } }
 
     /// Stops without waiting (the discovery object went away): the deletion is sent in the background.
     func beginStop() {
         Task { await self.stop() }
     }
 
-    // MARK: The loop
+    // MARK: The task
 
+    /// Carries out the machine's actions until it finishes.
     private func run() async {
-        var backoff: Duration = .seconds(1)
-        let maxBackoff = min(Duration.seconds(60), configuration.wideArea.lease / 4)
-        while !Task.isCancelled && !isStopping {
-            let wait: Duration
-            do {
-                if state.withLock({ $0.registered }) == nil {
-                    try await register()
-                } else {
-                    try await refresh()
+        let initial = shared.withLock { $0.name }
+        var machine = RegistrationMachine(name: initial, lease: configuration.wideArea.lease)
+        var actions = machine.apply(.start)
+        var stopFed = false
+        while true {
+            var next: RegistrationMachine.Action?
+            for action in actions {
+                switch action {
+                case .report(let report): say(report)
+                case .finished: next = nil
+                default: next = action
                 }
-                backoff = .seconds(1)
-                state.withLock { $0.lastFailure = nil }
-                wait = configuration.wideArea.lease / 2
-            } catch {
-                if Task.isCancelled || isStopping { return }
-                switch error.code {
-                case .dnsUnreachable, .dnsFailure, .collision:
-                    wait = backoff
-                    backoff = min(backoff * 2, maxBackoff)
-                default:
-                    // A refusal (policy, key, clock) does not go away by itself: try again rarely,
-                    // in case the administrator fixes it.
-                    wait = .seconds(300)
-                }
-                report(error, retryingIn: wait)
             }
-            // Sleep until the next refresh, or until nudged (TXT or address change).
-            _ = await wakeup.wait(wait)
-            if Task.isCancelled || isStopping { return }
+            let stopRequested = shared.withLock { shared -> Bool in
+                shared.name = machine.name
+                shared.isRegistered = machine.isRegistered
+                return shared.stopRequested
+            }
+            if stopRequested, !stopFed {
+                stopFed = true
+                actions = machine.apply(.stop)
+                continue
+            }
+            guard let next else { return }
+            actions = machine.apply(await perform(next))
         }
     }
 
-    /// Says a failure once (until another comes or it succeeds), and that it is tried again: the
-    /// line says when (issue 45, 7: it did not say that it retries, and it does).
-    private func report(_ error: DiscoveryError, retryingIn wait: Duration) {
-        let isNew = state.withLock { state -> Bool in
-            defer { state.lastFailure = error }
-            return state.lastFailure != error
+    private func perform(_ action: RegistrationMachine.Action) async -> RegistrationMachine.Input {
+        switch action {
+        case .locate:
+            do throws(DiscoveryError) {
+                return .located(.success(try await locate()))
+            } catch {
+                return .located(.failure(error))
+            }
+        case .send(let update, let plan):
+            return await send(update, plan)
+        case .readEarlier(let name, let plan):
+            do throws(DiscoveryError) {
+                let (_, instance) = try names(name, zone: plan.zone.name)
+                return .earlierRead(.success(try await ourEarlierRecords(instance: instance, plan: plan)))
+            } catch {
+                return .earlierRead(.failure(error))
+            }
+        case .wait(let duration):
+            _ = await wakeup.wait(duration)
+            return .woke
+        case .report, .finished:
+            return .woke  // not answered actions; never performed
         }
-        guard isNew else { return }
-        let said = DiscoveryError(
-            error.code, error.message + "; trying again in \(wait.components.seconds) s", avahiErrorCode: error.avahiErrorCode,
-            systemErrno: error.systemErrno, dnsRcode: error.dnsRcode)
-        logger.warning(
-            "wide-area registration failed",
-            metadata: ["name": "\(name)", "type": "\(type)", "domain": "\(domain)", "error": "\(said.message)"])
-        handle.record(.registrationFailed(domain: domain, said))
+    }
+
+    private func send(_ update: RegistrationMachine.Update, _ plan: RegistrationPlan?) async -> RegistrationMachine.Input {
+        var records: RegisteredRecords?
+        do throws(DiscoveryError) {
+            let message: DNSMessage
+            let servers: [DNSServerAddress]
+            let what: String
+            switch update {
+            case .delete(let registration):
+                let (service, instance) = try names(registration.name, zone: registration.zone)
+                message = DNSMessage.update(
+                    id: DNSClient.randomID(), zone: registration.zone, prerequisites: [.rrsetEquals(registration.srv)],
+                    updates: [
+                        .deleteRecord(ResourceRecord(name: service, data: .ptr(instance), ttl: 0)),
+                        .deleteName(instance),
+                    ])
+                servers = registration.servers
+                what = "the removal of '\(registration.name)' from \(domain)"
+            case .register, .replace, .refresh:
+                let name: String
+                switch update {
+                case .register(let value), .replace(let value, _): name = value
+                case .refresh(let current): name = current.name
+                case .delete: preconditionFailure("handled above")
+                }
+                guard let plan else { throw DiscoveryError(.invalidArgument, "no zone located for '\(name)'") }
+                let txt = shared.withLock { $0.txt }
+                let (srv, updates) = try additions(name: name, plan: plan, txt: txt)
+                records = RegisteredRecords(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv)
+                servers = plan.servers
+                switch update {
+                case .register:
+                    message = updateMessage(zone: plan.zone.name, prerequisites: [.nameNotInUse(srv.name)], updates: updates)
+                    what = "'\(name)' in \(domain)"
+                case .replace(_, let earlier):
+                    // Replace exactly what was read: if it changed meanwhile (cleaned up, taken by
+                    // another host), the prerequisite fails and nothing of anyone else's is touched.
+                    message = updateMessage(
+                        zone: plan.zone.name, prerequisites: earlier.map { .rrsetEquals($0) }, updates: [.deleteName(srv.name)] + updates)
+                    what = "our earlier '\(name)' in \(domain)"
+                case .refresh(let current):
+                    message = updateMessage(
+                        zone: plan.zone.name, prerequisites: [.rrsetEquals(current.srv)],
+                        updates: [.deleteRRset(srv.name, type: DNSType.txt), .deleteRRset(srv.name, type: DNSType.srv)] + updates)
+                    what = "'\(name)' in \(domain)"
+                case .delete:
+                    preconditionFailure("handled above")
+                }
+            }
+            return .answered(.success(try await dns.send(message, key: key, servers: servers, describing: what)), records: records)
+        } catch {
+            return .answered(.failure(error), records: records)
+        }
+    }
+
+    /// Says what happened: the log, and the publication's events for the app.
+    private func say(_ report: RegistrationMachine.Report) {
+        switch report {
+        case .registered(let name):
+            logger.info(
+                "wide-area registration done",
+                metadata: ["name": "\(name)", "type": "\(type)", "domain": "\(domain)"])
+            handle.record(.registered(name: name, domain: domain))
+        case .replacedStale(let name):
+            logger.notice("replaced this service's stale wide-area registration", metadata: ["name": "\(name)", "domain": "\(domain)"])
+            handle.record(.registered(name: name, domain: domain))
+        case .renamed(let from, let to):
+            logger.notice("wide-area name taken by another service, renamed", metadata: ["from": "\(from)", "to": "\(to)", "domain": "\(domain)"])
+            handle.record(.registrationRenamed(domain: domain, from: from, to: to))
+        case .failed(let error, let wait):
+            // It says that it tries again, and when (issue 45, 7: it did not, and it does).
+            let said = DiscoveryError(
+                error.code, error.message + "; trying again in \(wait.components.seconds) s", avahiErrorCode: error.avahiErrorCode,
+                systemErrno: error.systemErrno, dnsRcode: error.dnsRcode)
+            logger.warning(
+                "wide-area registration failed",
+                metadata: ["name": "\(name)", "type": "\(type)", "domain": "\(domain)", "error": "\(said.message)"])
+            handle.record(.registrationFailed(domain: domain, said))
+        case .recordsGone(let name):
+            logger.notice("the wide-area records of this service were gone; registering again", metadata: ["name": "\(name)", "domain": "\(domain)"])
+            handle.record(.registrationFailed(
+                domain: domain, DiscoveryError(.notPublished, "the records of '\(name)' were removed from \(domain); registering again")))
+        case .removed(let name):
+            logger.info("wide-area registration removed", metadata: ["name": "\(name)", "type": "\(type)", "domain": "\(domain)"])
+        case .alreadyGone(let name):
+            logger.notice("the wide-area records were already gone or taken over; nothing removed", metadata: ["name": "\(name)", "domain": "\(domain)"])
+        case .removalFailed(let name, let error):
+            logger.warning(
+                "could not remove the wide-area registration; it stays until its expiry or `lanmsg wide-area cleanup`",
+                metadata: ["name": "\(name)", "domain": "\(domain)", "error": "\(error.message)"])
+        }
     }
 
     // MARK: Records
 
-    private struct Plan {
-        var zone: UnicastDNS.Zone
-        var servers: [DNSServerAddress]
-        var host: DNSName
-        var addresses: [IPAddress]
-    }
-
-    private func locate() async throws(DiscoveryError) -> Plan {
-        var chosen = state.withLock { $0.domain }
+    private func locate() async throws(DiscoveryError) -> RegistrationPlan {
+        var chosen = shared.withLock { $0.domain }
         if chosen == nil {
             let announced = await wideArea.domains()
             chosen = announced.registration.first
@@ -260,7 +323,7 @@ final class WideAreaRegistration: Sendable {
                     .dnsFailure,
                     "no wide-area domain to register in: none was given (--wide-area-domain, LANMSG_WIDE_AREA_DOMAIN) and the network announces no registration domain (dr._dns-sd._udp under the search domains of \(configuration.wideArea.resolverConfigurationPath))")
             }
-            state.withLock { $0.domain = found }
+            shared.withLock { $0.domain = found }
         }
         let domain = chosen!
         guard let domainName = DNSName(domain) else {
@@ -284,7 +347,7 @@ final class WideAreaRegistration: Sendable {
                 .dnsFailure,
                 "this host has no routable address to publish in \(domain) (only loopback and link-local); waiting for one")
         }
-        return Plan(zone: zone, servers: servers, host: host, addresses: addresses)
+        return RegistrationPlan(zone: zone, servers: servers, host: host, addresses: addresses)
     }
 
     private func names(_ name: String, zone: DNSName) throws(DiscoveryError) -> (service: DNSName, instance: DNSName) {
@@ -304,7 +367,7 @@ final class WideAreaRegistration: Sendable {
     }
 
     /// The records of one registration, and the updates that add them.
-    private func additions(name: String, plan: Plan, txt: TXTRecord) throws(DiscoveryError) -> (srv: ResourceRecord, updates: [ResourceRecord]) {
+    private func additions(name: String, plan: RegistrationPlan, txt: TXTRecord) throws(DiscoveryError) -> (srv: ResourceRecord, updates: [ResourceRecord]) {
         let (service, instance) = try names(name, zone: plan.zone.name)
         let ttl = configuration.wideArea.recordTTL
         let srv = ResourceRecord(name: instance, data: .srv(priority: 0, weight: 0, port: port, target: plan.host), ttl: ttl)
@@ -330,76 +393,18 @@ final class WideAreaRegistration: Sendable {
             additionals: [.opt(options: [.updateLease(seconds: leaseSeconds)])])
     }
 
-    /// A first registration: "name must not exist", renaming on a conflict with someone else,
-    /// replacing our own stale records.
-    private func register() async throws(DiscoveryError) {
-        let plan = try await locate()
-        var name = state.withLock { $0.name }
-        for _ in 0..<32 {
-            if isStopping || Task.isCancelled { throw DiscoveryError(.shutDown, "stopped") }
-            let txt = state.withLock { $0.txt }
-            let (srv, updates) = try additions(name: name, plan: plan, txt: txt)
-            let instance = srv.name
-            let message = updateMessage(zone: plan.zone.name, prerequisites: [.nameNotInUse(instance)], updates: updates)
-            let attempt = Registered(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv)
-            state.withLock { $0.attempted = attempt }
-            switch try await dns.send(message, key: key, servers: plan.servers, describing: "'\(name)' in \(domain)") {
-            case .done:
-                registered(Registered(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv))
-                return
-            case .prerequisiteFailed(let rcode):
-                throw DiscoveryError(.dnsFailure, "the registration of '\(name)' failed its prerequisite (\(DNSRcode.name(rcode)))")
-            case .nameExists:
-                if let earlier = try await ourEarlierRecords(instance: instance, plan: plan) {
-                    // Replace exactly what was read: if it changed meanwhile (cleaned up, taken by
-                    // another host), the prerequisite fails and nothing of anyone else's is touched.
-                    let replace = updateMessage(
-                        zone: plan.zone.name, prerequisites: earlier.map { .rrsetEquals($0) },
-                        updates: [.deleteName(instance)] + updates)
-                    let outcome = try await dns.send(
-                        replace, key: key, servers: plan.servers, describing: "our earlier '\(name)' in \(domain)")
-                    if outcome == .done {
-                        logger.notice(
-                            "replaced this service's stale wide-area registration",
-                            metadata: ["name": "\(name)", "domain": "\(domain)"])
-                        registered(Registered(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv))
-                        return
-                    }
-                    continue  // it went away meanwhile: register afresh
-                }
-                let next = alternativeName(for: name, isHost: false)
-                logger.notice(
-                    "wide-area name taken by another service, renamed",
-                    metadata: ["from": "\(name)", "to": "\(next)", "domain": "\(domain)"])
-                handle.record(.registrationRenamed(domain: domain, from: name, to: next))
-                name = next
-                state.withLock { $0.name = next }
-            }
-        }
-        throw DiscoveryError(.collision, "no free name found in \(domain) for '\(name)' after 32 alternatives")
-    }
-
-    private func registered(_ registration: Registered) {
-        state.withLock { $0.registered = registration }
-        logger.info(
-            "wide-area registration done",
-            metadata: ["name": "\(registration.name)", "type": "\(type)", "domain": "\(domain)",
-                "servers": "\(registration.servers.map(\.description).joined(separator: ","))"])
-        handle.record(.registered(name: registration.name, domain: domain))
-    }
-
     /// The records under `instance` when they are an earlier registration of this same service
     /// (a restart after a crash): an SRV pointing at our host and, when our TXT has an `fp`, the
     /// same `fp` (the same key — another host with the same key and name is someone else). nil:
     /// someone else's.
-    private func ourEarlierRecords(instance: DNSName, plan: Plan) async throws(DiscoveryError) -> [ResourceRecord]? {
+    private func ourEarlierRecords(instance: DNSName, plan: RegistrationPlan) async throws(DiscoveryError) -> [ResourceRecord]? {
         let srv = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
         let txt = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
         guard !srv.isEmpty, srv.allSatisfy({ record in
             if case .srv(_, _, _, let target) = record.data { return target == plan.host }
             return false
         }) else { return nil }
-        if let ourFingerprint = state.withLock({ $0.txt["fp"] }) {
+        if let ourFingerprint = shared.withLock({ $0.txt["fp"] }) {
             let theirs = txt.compactMap { record -> String? in
                 guard case .txt(let strings) = record.data else { return nil }
                 return TXTRecord(wireEntries: strings)["fp"]
@@ -409,51 +414,6 @@ final class WideAreaRegistration: Sendable {
         return srv + txt
     }
 
-    /// A refresh: the same records with a new expiry and the current addresses, on condition that
-    /// our SRV is still there; when it is not (deleted, or the server lost its zone), register again.
-    private func refresh() async throws(DiscoveryError) {
-        guard let current = state.withLock({ $0.registered }) else { return }
-        let plan = try await locate()
-        let txt = state.withLock { $0.txt }
-        let (srv, updates) = try additions(name: current.name, plan: plan, txt: txt)
-        let (_, instance) = try names(current.name, zone: plan.zone.name)
-        let message = updateMessage(
-            zone: plan.zone.name, prerequisites: [.rrsetEquals(current.srv)],
-            updates: [.deleteRRset(instance, type: DNSType.txt), .deleteRRset(instance, type: DNSType.srv)] + updates)
-        state.withLock { $0.attempted = Registered(name: current.name, zone: plan.zone.name, servers: plan.servers, srv: srv) }
-        switch try await dns.send(message, key: key, servers: plan.servers, describing: "'\(current.name)' in \(domain)") {
-        case .done:
-            state.withLock { $0.registered = Registered(name: current.name, zone: plan.zone.name, servers: plan.servers, srv: srv) }
-            logger.debug("wide-area registration refreshed", metadata: ["name": "\(current.name)", "domain": "\(domain)"])
-        case .nameExists, .prerequisiteFailed:
-            logger.notice(
-                "the wide-area records of this service were gone; registering again",
-                metadata: ["name": "\(current.name)", "domain": "\(domain)"])
-            state.withLock { $0.registered = nil }
-            handle.record(.registrationFailed(domain: domain, DiscoveryError(.notPublished, "the records of '\(current.name)' were removed from \(domain); registering again")))
-            try await register()
-        }
-    }
-
-    /// Deletes exactly this registration's records: the PTR by its value (the set is shared by
-    /// every instance of the type), then SRV and TXT by deleting the instance name — on condition
-    /// that our SRV is still there (never another host's records that took the name over).
-    private func delete(_ registration: Registered) async throws(DiscoveryError) {
-        let (service, instance) = try names(registration.name, zone: registration.zone)
-        let message = DNSMessage.update(
-            id: DNSClient.randomID(), zone: registration.zone, prerequisites: [.rrsetEquals(registration.srv)],
-            updates: [
-                .deleteRecord(ResourceRecord(name: service, data: .ptr(instance), ttl: 0)),
-                .deleteName(instance),
-            ])
-        let outcome = try await dns.send(
-            message, key: key, servers: registration.servers, describing: "the removal of '\(registration.name)' from \(domain)")
-        if case .prerequisiteFailed = outcome {
-            logger.notice(
-                "the wide-area records were already gone or taken over; nothing removed",
-                metadata: ["name": "\(registration.name)", "domain": "\(domain)"])
-        }
-    }
 }
 
 extension Task where Success == Never, Failure == Never {
