@@ -58,6 +58,7 @@ final class WideAreaBrowse: Sendable {
 
     private var logger: Logger { wideArea.logger }
 
+    /// Carries out `UnicastBrowseMachine`'s actions until the browse is stopped (cancelled).
     private func run() async {
         guard let domainName = DNSName(domain), let typeName = DNSName(type),
             let service = DNSName(labels: typeName.labels + domainName.labels)
@@ -65,82 +66,51 @@ final class WideAreaBrowse: Sendable {
             onEvent(.allForNow)
             return
         }
-        var visible: [String: WideAreaInstance] = [:]
-        var hidden: [String: WideAreaInstance] = [:]
-        var lastSerial: UInt32?
-        var firstDone = false
-        var lastProblem: String?
+        var machine = UnicastBrowseMachine()
         var generator = SystemRandomNumberGenerator()
+        let timer = Wakeup()
+        var actions = machine.apply(.start)
         while !Task.isCancelled {
-            counters.withLock { $0.polls += 1 }
-            do {
-                let (zone, servers) = try await wideArea.zone(of: domainName)
-                let serial = try await currentSerial(zone: zone, servers: servers, domainName: domainName)
-                let now = UnicastDNS.now()
-                if serial != lastSerial {
-                    let names = try await instanceNames(service: service, servers: servers)
-                    if Task.isCancelled { return }
-                    for (name, instance) in visible where !names.contains(name) {
-                        visible.removeValue(forKey: name)
-                        onEvent(.removed(instance))
+            var input: UnicastBrowseMachine.Input?
+            for action in actions {
+                switch action {
+                case .added(let instance): onEvent(.added(instance))
+                case .removed(let instance): onEvent(.removed(instance))
+                case .allForNow: onEvent(.allForNow)
+                case .pollFailed(let error, let firstTime):
+                    if firstTime {
+                        // A missing domain is an empty one; other problems are logged once until they change.
+                        logger.debug(
+                            "wide-area browse poll failed", metadata: ["domain": "\(domain)", "type": "\(type)", "error": "\(error.message)"])
                     }
-                    for name in hidden.keys where !names.contains(name) { hidden.removeValue(forKey: name) }
-                    // Read TXT for the new ones and for the hidden ones (re-registered?).
-                    let toRead = names.filter { visible[$0] == nil }.sorted()
-                    let (read, failedReads) = await readInstances(toRead, service: service, servers: servers)
-                    if Task.isCancelled { return }
-                    // An instance whose records could not be read (a timeout) is read again at the
-                    // next poll: the serial is not taken as seen until every one was.
-                    let unread = toRead.filter { failedReads.contains($0) }
-                    for name in toRead {
-                        guard let instance = read[name] else { continue }
-                        if instance.isExpired(now: now) {
-                            if hidden[name] == nil {
-                                logger.debug("wide-area instance expired, hidden", metadata: ["instance": "\(instance.identity)"])
-                            }
-                            hidden[name] = instance
-                        } else {
-                            hidden.removeValue(forKey: name)
-                            visible[name] = instance
-                            onEvent(.added(instance))
-                        }
+                    wideArea.forgetZone(of: domainName)
+                case .askSerial:
+                    counters.withLock { $0.polls += 1 }
+                    do throws(DiscoveryError) {
+                        let (zone, servers) = try await wideArea.zone(of: domainName)
+                        let serial = try await currentSerial(zone: zone, servers: servers, domainName: domainName)
+                        input = .serial(.success(.init(serial: serial, servers: servers)), now: UnicastDNS.now())
+                    } catch {
+                        input = .serial(.failure(error), now: UnicastDNS.now())
                     }
-                    if unread.isEmpty { lastSerial = serial }
-                }
-                // Visible instances whose expiry passed: read again (a refresh may be on its way).
-                let due = visible.values.filter { $0.isExpired(now: now) }.map(\.identity.name)
-                if !due.isEmpty {
-                    let (read, failed) = await readInstances(due, service: service, servers: servers)
-                    for name in due {
-                        guard let old = visible[name] else { continue }
-                        if let fresh = read[name], !fresh.isExpired(now: now) {
-                            visible[name] = fresh
-                        } else if failed.contains(name) {
-                            continue  // not answered: asked again at the next poll
-                        } else {
-                            visible.removeValue(forKey: name)
-                            hidden[name] = read[name] ?? old
-                            onEvent(.removed(old))
-                        }
+                case .readNames(let servers):
+                    do throws(DiscoveryError) {
+                        input = .names(.success(try await instanceNames(service: service, servers: servers)))
+                    } catch {
+                        input = .names(.failure(error))
                     }
+                case .readInstances(let names, let servers):
+                    let (found, failed) = await readInstances(names, service: service, servers: servers)
+                    input = .read(.init(found: found, failed: failed))
+                case .wait:
+                    // A Dispatch timer, not a sleeping task; cancelling the browse ends it at once.
+                    let interval = wideArea.settings.pollInterval
+                    _ = await timer.wait(interval * Double.random(in: 0.8...1.0, using: &generator))
+                    input = .woke
                 }
-                lastProblem = nil
-            } catch {
-                if error.message != lastProblem {
-                    // A missing domain is an empty one; other problems are logged once until they change.
-                    logger.debug(
-                        "wide-area browse poll failed", metadata: ["domain": "\(domain)", "type": "\(type)", "error": "\(error.message)"])
-                    lastProblem = error.message
-                }
-                wideArea.forgetZone(of: domainName)
             }
-            if !firstDone {
-                firstDone = true
-                onEvent(.allForNow)
-            }
-            let interval = wideArea.settings.pollInterval
-            let jittered = interval * Double.random(in: 0.8...1.0, using: &generator)
-            try? await Task.sleep(for: jittered)
+            guard let input, !Task.isCancelled else { return }
+            actions = machine.apply(input)
         }
     }
 
