@@ -28,7 +28,7 @@ import Locks
         for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
         try await waitUntil("4 acknowledged") { client.unacknowledgedCount == 6 }
         let connection = try #require(harness.server.connections.first)
-        let inbox = try #require(connection.session).state.withLock { $0.inbox }
+        let inbox = try #require(connection.session).inbox
         #expect(inbox.delivered == 10 && inbox.handled == 4 && inbox.acknowledged == 4)
         gate.open()
         try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
@@ -99,10 +99,10 @@ import Locks
         let session = try #require(harness.server.connections.first?.session)
         messages[2].acknowledge()
         messages[1].acknowledge()
-        #expect(session.state.withLock { $0.inbox.handled } == 0, "1 is not acknowledged yet")
+        #expect(session.inbox.handled == 0, "1 is not acknowledged yet")
         #expect(client.unacknowledgedCount == 5)
         messages[0].acknowledge()
-        #expect(session.state.withLock { $0.inbox.handled } == 3)
+        #expect(session.inbox.handled == 3)
         try await waitUntil("3 acknowledged") { client.unacknowledgedCount == 2 }
         messages[4].acknowledge()
         messages[3].acknowledge()
@@ -131,7 +131,7 @@ import Locks
         for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
         let session = try #require(harness.server.connections.first?.session)
         try await waitUntil("10 delivered, 2 handled") {
-            session.state.withLock { $0.inbox.delivered == 10 && $0.inbox.stored == 2 }
+            session.inbox.delivered == 10 && session.inbox.stored == 2
         }
         let old = try #require(client.channel)
         old.abort()

@@ -208,7 +208,7 @@ import Locks
         }
         // It waits: the session is full, so it registers as a waiter and is not kept.
         let session = try #require(client.session)
-        try await waitUntil("the fifth waits for room") { session.state.withLock { !$0.waiters.isEmpty } }
+        try await waitUntil("the fifth waits for room") { session.waitingSenders > 0 }
         #expect(client.unacknowledgedCount == 4 && !admitted.withLock { $0 })
         client.channel?.abort()
         // The resume said the server had all 4: room for the fifth.

@@ -39,15 +39,12 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     public var channel: MessageChannel {
         if let fixed { return fixed }
         // A session's connection: set at init, replaced (never cleared) by a resume.
-        return session!.state.withLock { $0.serving! }
+        return session!.servingChannel!
     }
 
     /// Puts the resumed session's new channel in place; returns the old one. With a session only.
     func replace(with channel: MessageChannel) -> MessageChannel {
-        session!.state.withLock { state in
-            defer { state.serving = channel }
-            return state.serving!
-        }
+        session!.replaceServing(with: channel)!
     }
 
     /// The peer's hello: name, protocol version, metadata.

@@ -132,7 +132,7 @@ final class MessageSession: Sendable {
             drainWaiters = []
         }
     }
-    let state: Locked<State>
+    private let state: Locked<State>
     /// The last id given to a sender waiting for room (what its cancellation looks for).
     private let lastWaiterID = Atomic<UInt64>(0)
     /// The owner's key kept in the store's snapshots (a server's session: the client's).
@@ -222,6 +222,21 @@ final class MessageSession: Sendable {
     var unacknowledgedCount: Int { apply { state, _ in state.outbox.count } }
     var keptMessages: [UndeliveredMessage] { apply { state, _ in state.outbox.kept.map(Self.undelivered) } }
     var isEnded: Bool { apply { state, _ in state.ended != nil } }
+    /// The inbox's counts (delivered, handled, stored, acknowledged), read through the one door.
+    var inbox: SessionInbox { apply { state, _ in state.inbox } }
+    /// Senders waiting for room.
+    var waitingSenders: Int { apply { state, _ in state.waiters.count } }
+    /// A server's session: the channel its ``ServerConnection`` serves now (set at init, replaced,
+    /// never cleared, by a resume).
+    var servingChannel: MessageChannel? { apply { state, _ in state.serving } }
+
+    /// A server's session: puts a resumed session's new channel in place; returns the old one.
+    func replaceServing(with channel: MessageChannel) -> MessageChannel? {
+        apply { state, _ in
+            defer { state.serving = channel }
+            return state.serving
+        }
+    }
 
     /// Whether a sync must cover a record before what it implies leaves the process.
     private var syncs: Bool { store?.configuration.durability.syncs ?? false }
