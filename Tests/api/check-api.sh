@@ -40,14 +40,16 @@ for module in $MODULE_LIST; do
     exit 2
   fi
 done
-# An app written against 1.0's README (Tests/api/AppFrom1.0.swift) must still build: type-checked
+# An app written against 1.0's README (Tests/api/AppFrom1.0.swift) must still build, and an app that
+# imports Messaging only names every type its signatures show (AppImportsMessagingOnly.swift):
+# type-checked
 # against today's modules (its deprecation warnings are expected; an error fails the check).
 if ! swiftc -typecheck -parse-as-library -target "$(uname -m)-unknown-linux-gnu" -I "$MODULES" \
   -I "$ROOT/Sources/CAvahiClient" -I "$ROOT/Sources/CEpoll" \
   -Xcc -fmodule-map-file="$MODULES/../CLanmsgAEAD.build/module.modulemap" \
-  "$ROOT/Tests/api/AppFrom1.0.swift" >"$OUT/app.log" 2>&1; then
+  "$ROOT/Tests/api/AppFrom1.0.swift" "$ROOT/Tests/api/AppImportsMessagingOnly.swift" >"$OUT/app.log" 2>&1; then
   grep -E "error:" -A3 "$OUT/app.log" >&2 || cat "$OUT/app.log" >&2
-  echo "check-api: Tests/api/AppFrom1.0.swift, an app written against 1.0, no longer builds" >&2
+  echo "check-api: an app written against 1.0 (Tests/api/AppFrom1.0.swift) or one that imports Messaging only (AppImportsMessagingOnly.swift) does not build" >&2
   exit 1
 fi
 echo "check-api: an app written against 1.0's README still builds ($(grep -c "warning:" "$OUT/app.log" || true) deprecation warnings)"

@@ -34,3 +34,11 @@ public typealias PeerInfo = ProtocolCore.PeerInfo
 public typealias SocketAddress = ProtocolCore.SocketAddress
 /// A key shared by every peer of a deployment (``ChannelConfiguration/preSharedKey``).
 public typealias PreSharedKey = ProtocolCore.PreSharedKey
+/// Where and how a server listens (``ServerConfiguration/listener``): port, loopback only, one
+/// address, families, backlog.
+public typealias ListenerConfiguration = Transport.Listener.Configuration
+/// A connection a listener accepted, before its handshake (``MessageChannel/accept(_:configuration:logger:)``).
+public typealias AcceptedSocket = Transport.AcceptedSocket
+/// A service found by browsing (``MessageClient/find(name:type:discovery:timeout:notFoundYet:)``).
+/// Resolving it yourself: `import Discovery`.
+public typealias DiscoveredService = Discovery.DiscoveredService
