@@ -169,10 +169,13 @@ struct WideAreaCleanup: AsyncParsableCommand {
     }
 
     /// Why `instance` does not answer — every address its SRV names refused a TCP connection or
-    /// gave no answer within `timeout` — or nil when one accepted it.
+    /// gave no answer within `timeout` — or nil when one accepted it (or it is not a `_tcp` service:
+    /// those are not checked).
     static func notAnswering(
         _ instance: WideAreaAdministration.Instance, _ administration: WideAreaAdministration, timeout: Double, logger: Logger
     ) async -> String? {
+        // Only a TCP service is checked with a TCP connection (a _udp one never accepts one).
+        guard instance.type.lowercased().hasSuffix("._tcp") else { return nil }
         guard let port = instance.port, let host = instance.host else { return "it has no SRV record" }
         let addresses = await administration.addresses(of: instance).compactMap { SocketAddress(bytes: $0.bytes, port: port) }
         guard !addresses.isEmpty else { return "its host \(host) has no address" }
