@@ -74,6 +74,33 @@ run_suite() {
   "$@" 2>&1 | sed -u "s/\x1b\[[0-9;]*m//g" | tee "$logs/$label.log" | grep -E '^.{0,12}(✔|✘|➜|MEASURED|◇ Test run)' | grep -v '◇ Test [a-zA-Z]' || true
   local rc=${PIPESTATUS[0]}
   set -e
+  judge_suite "$label" "$rc"
+  stage_done "$label"
+}
+
+# The same, started in the background beside the next stages (a suite that mostly waits on timers
+# in namespaces of its own); join_suite waits for it, prints its lines and counts it.
+start_suite() {
+  local label=$1; shift
+  echo "== $label (started in the background)"
+  ( set +e; started=$SECONDS
+    "$@" > "$logs/$label.raw" 2>&1; echo $? > "$logs/$label.rc"; echo $((SECONDS - started)) > "$logs/$label.seconds"
+    sed "s/\x1b\[[0-9;]*m//g" "$logs/$label.raw" > "$logs/$label.log"; rm -f "$logs/$label.raw" ) &
+  eval "suite_pid_${label//-/_}=\$!"; background_pids+=("$!")
+}
+join_suite() {
+  local label=$1 pid_var="suite_pid_${1//-/_}"
+  echo "== $label (joined)"
+  wait "${!pid_var}" || true
+  grep -E '^.{0,12}(✔|✘|➜|MEASURED|◇ Test run)' "$logs/$label.log" | grep -v '◇ Test [a-zA-Z]' || true
+  judge_suite "$label" "$(cat "$logs/$label.rc" 2>/dev/null || echo 1)"
+  timings+=("$(printf '%-24s %4d s (beside the stages before it)' "$label" "$(cat "$logs/$label.seconds" 2>/dev/null || echo 0)")")
+  stage_done "$label (join)"
+}
+
+# Counts a finished suite's log ($1 = label, $2 = the runner's exit status) into passed/failed/status.
+judge_suite() {
+  local label=$1 rc=$2
   local p f s
   # Each test's own line ("✔ Test name() passed after", "✘ Test name() failed after"), not the
   # run's summary line ("Test run with N tests ..."); any failed test fails the stage, whatever the
@@ -86,7 +113,6 @@ run_suite() {
   if [ "$rc" != 0 ] || [ "$f" != 0 ]; then echo "!! $label failed (exit $rc, $f failed)"; status=1; fi
   if [ "$s" != 0 ]; then echo "!! $label skipped $s tests: every test must run"; grep -E '➜ Test .*skipped' "$logs/$label.log"; status=1; fi
   if ! grep -qE 'Test run with [0-9]+ test' "$logs/$label.log"; then echo "!! $label ran no test"; status=1; fi
-  stage_done "$label"
 }
 
 # Tests run one at a time (--no-parallel): several tests deliberately load the machine (1,000
@@ -108,6 +134,13 @@ run_suite chaos env "${unit_env[@]}" LANMSG_CHAOS_CYCLES="${CHAOS_CYCLES:-8}" \
   "$bin" --testing-library swift-testing --no-parallel --filter SessionChaosTests
 
 if [ "$unit_only" = no ]; then
+  # Wide-area DNS-SD across a router: BIND 9 in a DNS namespace, hosts on two subnets (Tests/harness/
+  # widearea-harness.sh), avahi-daemon on host c for its wide-area browser. Its own namespaces and
+  # daemons, and most of its 4 minutes spent waiting on leases and polls (the ghost test alone waits
+  # 2.5 minutes): it runs beside the three link-local stages below and is joined after them.
+  start_suite widearea env HARNESS_LOG_DIR="$logs/widearea-daemons" DNSPYTHON="$dnspython" \
+    Tests/harness/widearea-harness.sh run --avahi c -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter WideAreaIntegrationTests
   # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
   run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" Tests/harness/avahi-harness.sh run --hosts 2 -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded' \
@@ -123,11 +156,7 @@ if [ "$unit_only" = no ]; then
     Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter 'ChatIntegrationTests|PreviewIntegrationTests' \
     --skip 'publishesItsLimitsAndKeepsFreeSpaceCurrent|roomsListsTheHostedRoomWithTopicAndMemberCountKeptCurrent'
-  # Wide-area DNS-SD across a router: BIND 9 in a DNS namespace, hosts on two subnets (Tests/harness/
-  # widearea-harness.sh), avahi-daemon on host c for its wide-area browser.
-  run_suite widearea env HARNESS_LOG_DIR="$logs" DNSPYTHON="$dnspython" \
-    Tests/harness/widearea-harness.sh run --avahi c -- \
-    "$root/$bin" --testing-library swift-testing --no-parallel --filter WideAreaIntegrationTests
+  join_suite widearea
 fi
 
 # The public API promise (README, "Versioning"): no public declaration of the products gone or
