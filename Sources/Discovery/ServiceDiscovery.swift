@@ -288,7 +288,7 @@ public final class ServiceDiscovery: Sendable {
                     if done(sorted(), allForNow) { return }
                 }
             }
-            group.addTask { try? await Task.sleep(for: timeout) }
+            group.addTask { await Wakeup.sleep(for: timeout) }
             await group.next()  // the first to finish decides; the other is cancelled
             group.cancelAll()
         }

@@ -1,3 +1,4 @@
+import Dispatch
 import Locks
 
 extension ServiceDiscovery {
@@ -75,69 +76,78 @@ extension ServiceDiscovery {
                     last = resolved
                     continuation.yield(resolved)
                 }
-                try? await Task.sleep(for: interval)
+                await Wakeup.sleep(for: interval)
             }
         }
     }
 }
 
 /// Gathers the answers of several resolves; ends when all answered, half a second after the first
-/// success, or at the timeout — whichever comes first.
+/// success, or at the timeout — whichever comes first (Dispatch timers).
 private final class ResolveCollector: Sendable {
+    typealias Results = [Result<ResolvedService, DiscoveryError>?]
+
+    private enum Input {
+        case start(CheckedContinuation<Results, Never>, timeout: Duration)
+        case record(Int, Result<ResolvedService, DiscoveryError>)
+        case timeUp
+    }
+
     private struct State {
-        var results: [Result<ResolvedService, DiscoveryError>?]
-        var continuation: CheckedContinuation<[Result<ResolvedService, DiscoveryError>?], Never>?
+        var results: Results
+        var continuation: CheckedContinuation<Results, Never>?
         var graceStarted = false
         /// The timeout and grace timers, cancelled when the answer is given.
-        var timers: [Task<Void, Never>] = []
+        var timers: [any DispatchSourceTimer] = []
     }
     private let state: Locked<State>
 
     init(count: Int) { state = Locked(State(results: Array(repeating: nil, count: count))) }
 
-    func start(_ continuation: CheckedContinuation<[Result<ResolvedService, DiscoveryError>?], Never>, timeout: Duration) {
-        let timer = Task {
-            try? await Task.sleep(for: timeout)
-            self.finish()
-        }
-        state.withLock {
-            $0.continuation = continuation
-            $0.timers.append(timer)
-        }
+    func start(_ continuation: CheckedContinuation<Results, Never>, timeout: Duration) {
+        apply(.start(continuation, timeout: timeout))
     }
 
     func record(_ index: Int, _ result: Result<ResolvedService, DiscoveryError>) {
-        let (done, startGrace) = state.withLock { state -> (Bool, Bool) in
-            state.results[index] = result
-            let done = state.results.allSatisfy { $0 != nil }
-            var startGrace = false
-            if case .success = result, !state.graceStarted {
-                state.graceStarted = true
-                startGrace = true
-            }
-            return (done, startGrace)
-        }
-        if done {
-            finish()
-        } else if startGrace {
-            let timer = Task {
-                try? await Task.sleep(for: .milliseconds(500))
-                self.finish()
-            }
-            state.withLock { $0.timers.append(timer) }
-        }
+        apply(.record(index, result))
     }
 
-    private func finish() {
-        let (continuation, results, timers) = state.withLock { state in
+    /// The one door: the answer is given (once) after the lock is released.
+    private func apply(_ input: Input) {
+        let answer = state.withLock { state -> (CheckedContinuation<Results, Never>, Results, [any DispatchSourceTimer])? in
+            var done = false
+            switch input {
+            case .start(let continuation, let timeout):
+                state.continuation = continuation
+                state.timers.append(timer(after: timeout))
+            case .record(let index, let result):
+                state.results[index] = result
+                done = state.results.allSatisfy { $0 != nil }
+                if !done, case .success = result, !state.graceStarted {
+                    state.graceStarted = true
+                    state.timers.append(timer(after: .milliseconds(500)))
+                }
+            case .timeUp:
+                done = true
+            }
+            guard done, let continuation = state.continuation else { return nil }
             defer {
                 state.continuation = nil
                 state.timers = []
             }
-            return (state.continuation, state.results, state.timers)
+            return (continuation, state.results, state.timers)
         }
+        guard let (continuation, results, timers) = answer else { return }
         for timer in timers { timer.cancel() }
-        continuation?.resume(returning: results)
+        continuation.resume(returning: results)
+    }
+
+    private func timer(after delay: Duration) -> any DispatchSourceTimer {
+        let timer = DispatchSource.makeTimerSource(queue: .global())
+        timer.schedule(deadline: .now() + delay.dispatchInterval)
+        timer.setEventHandler { [weak self] in self?.apply(.timeUp) }
+        timer.activate()
+        return timer
     }
 }
 

@@ -24,6 +24,60 @@ final class WideArea: Sendable {
 
     private let state = Locked(State())
 
+    /// What changes the state, applied in one place (`change`).
+    private enum Change {
+        /// Remember the domains found (nil: forget them, the network may have changed).
+        case domains(AnnouncedDomains?)
+        /// Remember where a zone's data is (nil: forget it after a failure).
+        case zone(DNSName, (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: ContinuousClock.Instant)?)
+        /// A registration to tell of address changes; the first starts the netlink watch.
+        case add(WideAreaRegistration)
+        case remove(WideAreaRegistration)
+        /// A burst of address changes: this timer acts after the last one (answers the one it replaces).
+        case debounce(any DispatchSourceTimer)
+        /// The addresses changed: forget the domains (answers the registrations to tell).
+        case addressesChanged
+        /// Stop watching (answers the registrations, the sources to cancel).
+        case stop
+    }
+
+    /// The state as it is now (the one door for reads).
+    private var current: State { state.withLock { $0 } }
+
+    /// The one door for changes; returns the registrations and the Dispatch sources the change
+    /// leaves to the caller (to tell, to cancel), outside the lock.
+    @discardableResult
+    private func change(_ change: Change) -> (registrations: [WideAreaRegistration], cancel: [any DispatchSourceProtocol]) {
+        state.withLock { state in
+            switch change {
+            case .domains(let value):
+                state.domains = value.map { ($0, ContinuousClock.now) }
+            case .zone(let name, let entry):
+                state.zones[name] = entry
+            case .add(let registration):
+                state.registrations[ObjectIdentifier(registration)] = registration
+                if state.monitor == nil, !state.stopped { startMonitor(&state) }
+            case .remove(let registration):
+                state.registrations.removeValue(forKey: ObjectIdentifier(registration))
+            case .debounce(let timer):
+                defer { state.debounce = timer }
+                return ([], state.debounce.map { [$0] } ?? [])
+            case .addressesChanged:
+                state.domains = nil  // subnets may have changed too
+                return (Array(state.registrations.values), [])
+            case .stop:
+                state.stopped = true
+                defer {
+                    state.monitorSource = nil
+                    state.monitor = nil
+                    state.debounce = nil
+                }
+                return (Array(state.registrations.values), [state.monitorSource, state.debounce].compactMap { $0 })
+            }
+            return ([], [])
+        }
+    }
+
     init(configuration: DiscoveryConfiguration, logger: Logger, hostLabel: String) {
         self.configuration = configuration
         self.logger = logger
@@ -46,7 +100,7 @@ final class WideArea: Sendable {
     /// The domains to use, enumerated at most every `maxAge` (15 minutes: announced domains change
     /// with the network's configuration, rarely; asked again after interface changes).
     func domains(maxAge: Duration = .seconds(900)) async -> AnnouncedDomains {
-        if let cached = state.withLock({ $0.domains }), ContinuousClock.now - cached.at < maxAge { return cached.value }
+        if let cached = current.domains, ContinuousClock.now - cached.at < maxAge { return cached.value }
         var result = AnnouncedDomains(browse: settings.domains, registration: settings.domains)
         if settings.enumeratesDomains {
             let announced = await enumerate()
@@ -56,7 +110,7 @@ final class WideArea: Sendable {
         }
         let value = result
         // A list made while the DNS server did not answer is asked again next time.
-        if value.unanswered == nil { state.withLock { $0.domains = (value, ContinuousClock.now) } }
+        if value.unanswered == nil { change(.domains(value)) }
         return result
     }
 
@@ -118,7 +172,7 @@ final class WideArea: Sendable {
     /// The zone holding `name` and the servers that have its data (cached for 15 minutes, and
     /// forgotten after a failure: the browser asks again after any poll that went wrong).
     func zone(of name: DNSName) async throws(DiscoveryError) -> (zone: UnicastDNS.Zone, servers: [DNSServerAddress]) {
-        if let cached = state.withLock({ $0.zones[name] }), ContinuousClock.now - cached.at < .seconds(900) {
+        if let cached = current.zones[name], ContinuousClock.now - cached.at < .seconds(900) {
             return (cached.zone, cached.servers)
         }
         let zone = try await dns.zone(of: name)
@@ -126,12 +180,12 @@ final class WideArea: Sendable {
         // unreachable primary still leaves the zone readable through them.
         var servers = await dns.authoritativeServers(of: zone)
         for resolver in dns.resolvers() where !servers.contains(resolver) { servers.append(resolver) }
-        state.withLock { $0.zones[name] = (zone, servers, ContinuousClock.now) }
+        change(.zone(name, (zone, servers, ContinuousClock.now)))
         return (zone, servers)
     }
 
     func forgetZone(of name: DNSName) {
-        _ = state.withLock { $0.zones.removeValue(forKey: name) }
+        change(.zone(name, nil))
     }
 
     // MARK: Registrations
@@ -142,30 +196,27 @@ final class WideArea: Sendable {
         let registration = WideAreaRegistration(
             wideArea: self, domain: request.domain ?? settings.domains.first, name: name, type: request.type,
             port: request.port, txt: request.txt, key: key, handle: handle, logger: logger)
-        state.withLock { $0.registrations[ObjectIdentifier(registration)] = registration }
-        startMonitor()
+        change(.add(registration))
         handle.attachWideArea([registration])
     }
 
     func forget(_ registration: WideAreaRegistration) {
-        _ = state.withLock { $0.registrations.removeValue(forKey: ObjectIdentifier(registration)) }
+        change(.remove(registration))
     }
 
-    /// Watches the host's addresses (netlink) and refreshes the registrations when they change.
-    private func startMonitor() {
-        state.withLock { state in
-            guard state.monitor == nil, !state.stopped, let monitor = NetlinkMonitor() else { return }
-            let queue = dns.client.queue
-            let source = DispatchSource.makeReadSource(fileDescriptor: monitor.fd, queue: queue)
-            source.setEventHandler { [weak self] in
-                monitor.drain()
-                self?.addressesMayHaveChanged()
-            }
-            source.setCancelHandler { monitor.close() }
-            source.resume()
-            state.monitor = monitor
-            state.monitorSource = source
+    /// Watches the host's addresses (netlink) and refreshes the registrations when they change
+    /// (from `change`, under the lock: the source is made and resumed, nothing calls out).
+    private func startMonitor(_ state: inout State) {
+        guard let monitor = NetlinkMonitor() else { return }
+        let source = DispatchSource.makeReadSource(fileDescriptor: monitor.fd, queue: dns.client.queue)
+        source.setEventHandler { [weak self] in
+            monitor.drain()
+            self?.addressesMayHaveChanged()
         }
+        source.setCancelHandler { monitor.close() }
+        source.resume()
+        state.monitor = monitor
+        state.monitorSource = source
     }
 
     /// Changes come in bursts: act half a second after the last one.
@@ -174,23 +225,15 @@ final class WideArea: Sendable {
         timer.schedule(deadline: .now() + .milliseconds(500))
         timer.setEventHandler { [weak self] in
             guard let self else { return }
-            let registrations = self.state.withLock { state -> [WideAreaRegistration] in
-                state.domains = nil  // subnets may have changed too
-                return Array(state.registrations.values)
-            }
-            for registration in registrations { registration.addressesChanged() }
+            for registration in self.change(.addressesChanged).registrations { registration.addressesChanged() }
         }
         timer.resume()
-        let previous = state.withLock { state -> (any DispatchSourceTimer)? in
-            defer { state.debounce = timer }
-            return state.debounce
-        }
-        previous?.cancel()
+        for previous in change(.debounce(timer)).cancel { previous.cancel() }
     }
 
     /// Deletes every registration's records (each bounded by the update timeout), then stops watching.
     func shutdown() async {
-        let registrations = state.withLock { Array($0.registrations.values) }
+        let registrations = Array(current.registrations.values)
         await withTaskGroup(of: Void.self) { group in
             for registration in registrations { group.addTask { await registration.stop() } }
         }
@@ -199,23 +242,12 @@ final class WideArea: Sendable {
 
     /// The discovery object went away: deletions are sent in the background.
     func beginShutdown() {
-        let registrations = state.withLock { Array($0.registrations.values) }
-        for registration in registrations { registration.beginStop() }
+        for registration in current.registrations.values { registration.beginStop() }
         stopMonitor()
     }
 
     private func stopMonitor() {
-        let (source, debounce) = state.withLock { state -> ((any DispatchSourceRead)?, (any DispatchSourceTimer)?) in
-            state.stopped = true
-            defer {
-                state.monitorSource = nil
-                state.monitor = nil
-                state.debounce = nil
-            }
-            return (state.monitorSource, state.debounce)
-        }
-        source?.cancel()
-        debounce?.cancel()
+        for source in change(.stop).cancel { source.cancel() }
     }
 
     // MARK: Resolving
@@ -225,21 +257,14 @@ final class WideArea: Sendable {
     func resolve(_ identity: ServiceIdentity, timeout: Duration) async throws(DiscoveryError) -> ResolvedService {
         // The chain is several queries; the whole of it is bounded by `timeout` (the queries in
         // flight are cancelled at the deadline).
-        let result: Result<ResolvedService, DiscoveryError> = await withTaskGroup(of: Result<ResolvedService, DiscoveryError>?.self) { group in
-            group.addTask {
-                do throws(DiscoveryError) {
-                    return .success(try await self.resolveChain(identity))
-                } catch {
-                    return .failure(error)
-                }
+        let result = await withDeadline(timeout) { () -> Result<ResolvedService, DiscoveryError> in
+            .failure(DiscoveryError(.timedOut, "no complete answer for \(identity) within \(timeout)"))
+        } operation: {
+            do throws(DiscoveryError) {
+                return .success(try await self.resolveChain(identity))
+            } catch {
+                return .failure(error)
             }
-            group.addTask {
-                try? await Task.sleep(for: timeout)
-                return Task.isCancelled ? nil : .failure(DiscoveryError(.timedOut, "no complete answer for \(identity) within \(timeout)"))
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first ?? .failure(DiscoveryError(.timedOut, "no complete answer for \(identity) within \(timeout)"))
         }
         return try result.get()
     }

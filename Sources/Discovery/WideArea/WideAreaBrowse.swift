@@ -1,4 +1,3 @@
-import Locks
 import Logging
 import MDNSCore
 
@@ -36,9 +35,6 @@ final class WideAreaBrowse: Sendable {
     let domain: String
     let type: String
     let onEvent: @Sendable (WideAreaBrowseEvent) -> Void
-    private let task = Locked<Task<Void, Never>?>(nil)
-    /// Polls so far, DNS queries sent so far (for the figures).
-    let counters = Locked<(polls: Int, queries: Int)>((0, 0))
 
     init(wideArea: WideArea, domain: String, type: String, onEvent: @escaping @Sendable (WideAreaBrowseEvent) -> Void) {
         self.wideArea = wideArea
@@ -47,13 +43,9 @@ final class WideAreaBrowse: Sendable {
         self.onEvent = onEvent
     }
 
-    func start() {
-        let task = Task { await self.run() }
-        self.task.withLock { $0 = task }
-    }
-
-    func stop() {
-        task.withLock { $0 }?.cancel()
+    /// Starts browsing; cancelling the task stops it.
+    func start() -> Task<Void, Never> {
+        Task { await self.run() }
     }
 
     private var logger: Logger { wideArea.logger }
@@ -85,7 +77,6 @@ final class WideAreaBrowse: Sendable {
                     }
                     wideArea.forgetZone(of: domainName)
                 case .askSerial:
-                    counters.withLock { $0.polls += 1 }
                     do throws(DiscoveryError) {
                         let (zone, servers) = try await wideArea.zone(of: domainName)
                         let serial = try await currentSerial(zone: zone, servers: servers, domainName: domainName)
@@ -115,13 +106,11 @@ final class WideAreaBrowse: Sendable {
     }
 
     private func currentSerial(zone: UnicastDNS.Zone, servers: [DNSServerAddress], domainName: DNSName) async throws(DiscoveryError) -> UInt32 {
-        counters.withLock { $0.queries += 1 }
         return try await wideArea.dns.zone(of: domainName, servers: servers).serial
     }
 
     /// The instance names (first labels) of the type's PTR set.
     private func instanceNames(service: DNSName, servers: [DNSServerAddress]) async throws(DiscoveryError) -> Set<String> {
-        counters.withLock { $0.queries += 1 }
         let records = try await wideArea.dns.records(service, DNSType.ptr, servers: servers, recursion: false)
         var names: Set<String> = []
         for record in records {
@@ -148,7 +137,6 @@ final class WideAreaBrowse: Sendable {
             func add(_ name: String) {
                 group.addTask {
                     guard let instance = DNSName(instance: name, service: service) else { return (name, .missing) }
-                    self.counters.withLock { $0.queries += 2 }
                     let records: [ResourceRecord]
                     do throws(DiscoveryError) {
                         records = try await self.wideArea.dns.records(instance, DNSType.txt, servers: servers, recursion: false)

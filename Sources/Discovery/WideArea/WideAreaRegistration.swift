@@ -74,17 +74,24 @@ let expiresKey = "expires"
 /// and the removal runs in the same task, so a caller that is itself being cancelled (a signal
 /// handler) still removes the records.
 final class WideAreaRegistration: Sendable {
-    /// What other threads read and set: the TXT record (the app changes it), the domain (found by
-    /// the task), the machine's name and state as last published, the stop request.
+    /// What other threads read and set: the TXT record (the app changes it), the domain found by
+    /// the task (when none was configured), the stop request, the task.
     private struct Shared {
-        var name: String
-        /// The domain registered in: the configured one, else the network's default registration
-        /// domain once enumerated.
-        var domain: String?
         var txt: TXTRecord
-        var isRegistered = false
+        var foundDomain: String?
         var stopRequested = false
         var task: Task<Void, Never>?
+    }
+
+    /// What is asked of the registration from outside its task, and by the task between two actions.
+    private enum Request {
+        case start
+        case txt(TXTRecord)
+        case stop
+        /// From the task: the registration domain it found.
+        case found(domain: String)
+        /// From the task between two actions: answered with whether a stop was requested.
+        case between
     }
 
     let wideArea: WideArea
@@ -93,13 +100,16 @@ final class WideAreaRegistration: Sendable {
     let key: TSIGKey
     let handle: PublishedService
     let logger: Logger
+    let initialName: String
+    /// The domain given (nil: the network's default registration domain, found by the task).
+    let configuredDomain: String?
     private let shared: Locked<Shared>
     private let wakeup = Wakeup()
 
     var dns: UnicastDNS { wideArea.dns }
     var configuration: DiscoveryConfiguration { wideArea.configuration }
     /// The domain, or a placeholder while it is not known yet (for messages).
-    var domain: String { shared.withLock { $0.domain } ?? "the default registration domain" }
+    var domain: String { configuredDomain ?? current.foundDomain ?? "the default registration domain" }
 
     init(
         wideArea: WideArea, domain: String?, name: String, type: String, port: UInt16, txt: TXTRecord, key: TSIGKey,
@@ -111,24 +121,43 @@ final class WideAreaRegistration: Sendable {
         self.key = key
         self.handle = handle
         self.logger = logger
-        self.shared = Locked(Shared(name: name, domain: domain, txt: txt))
+        self.initialName = name
+        self.configuredDomain = domain
+        self.shared = Locked(Shared(txt: txt))
     }
 
-    /// The instance name in the domain now (it changes after a conflict).
-    var name: String { shared.withLock { $0.name } }
-    /// Whether the records are in the zone now.
-    var isRegistered: Bool { shared.withLock { $0.isRegistered } }
+    /// The shared state as it is now (the one door for reads).
+    private var current: Shared { shared.withLock { $0 } }
 
-    func start() {
+    /// The one door for changes: returns the task to wait for (a stop) and whether a stop was
+    /// requested before (a stop) or now (between two actions).
+    @discardableResult
+    private func post(_ request: Request) -> (task: Task<Void, Never>?, stopRequested: Bool) {
         shared.withLock { shared in
-            guard shared.task == nil, !shared.stopRequested else { return }
-            shared.task = Task { await self.run() }
+            switch request {
+            case .start:
+                if shared.task == nil, !shared.stopRequested { shared.task = Task { await self.run() } }
+                return (nil, shared.stopRequested)
+            case .txt(let txt):
+                shared.txt = txt
+                return (nil, shared.stopRequested)
+            case .stop:
+                defer { shared.stopRequested = true }
+                return (shared.task, shared.stopRequested)
+            case .found(let domain):
+                shared.foundDomain = domain
+                return (nil, shared.stopRequested)
+            case .between:
+                return (nil, shared.stopRequested)
+            }
         }
     }
 
+    func start() { post(.start) }
+
     /// Replaces the TXT record (a refresh with the new one).
     func updateTXT(_ txt: TXTRecord) {
-        shared.withLock { $0.txt = txt }
+        post(.txt(txt))
         wakeup.signal()
     }
 
@@ -138,10 +167,7 @@ final class WideAreaRegistration: Sendable {
     /// Stops refreshing and deletes the records (bounded by the update timeout), after the update
     /// in flight if there is one.
     func stop() async {
-        let (task, alreadyStopped) = shared.withLock { shared -> (Task<Void, Never>?, Bool) in
-            defer { shared.stopRequested = true }
-            return (shared.task, shared.stopRequested)
-        }
+        let (task, alreadyStopped) = post(.stop)
         guard !alreadyStopped else { return }
         wideArea.forget(self)
         wakeup.signal()
@@ -157,25 +183,19 @@ final class WideAreaRegistration: Sendable {
 
     /// Carries out the machine's actions until it finishes.
     private func run() async {
-        let initial = shared.withLock { $0.name }
-        var machine = RegistrationMachine(name: initial, lease: configuration.wideArea.lease)
+        var machine = RegistrationMachine(name: initialName, lease: configuration.wideArea.lease)
         var actions = machine.apply(.start)
         var stopFed = false
         while true {
             var next: RegistrationMachine.Action?
             for action in actions {
                 switch action {
-                case .report(let report): say(report)
+                case .report(let report): say(report, name: machine.name)
                 case .finished: next = nil
                 default: next = action
                 }
             }
-            let stopRequested = shared.withLock { shared -> Bool in
-                shared.name = machine.name
-                shared.isRegistered = machine.isRegistered
-                return shared.stopRequested
-            }
-            if stopRequested, !stopFed {
+            if post(.between).stopRequested, !stopFed {
                 stopFed = true
                 actions = machine.apply(.stop)
                 continue
@@ -235,7 +255,7 @@ final class WideAreaRegistration: Sendable {
                 case .delete: preconditionFailure("handled above")
                 }
                 guard let plan else { throw DiscoveryError(.invalidArgument, "no zone located for '\(name)'") }
-                let txt = shared.withLock { $0.txt }
+                let txt = current.txt
                 let (srv, updates) = try additions(name: name, plan: plan, txt: txt)
                 records = RegisteredRecords(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv)
                 servers = plan.servers
@@ -265,7 +285,7 @@ final class WideAreaRegistration: Sendable {
     }
 
     /// Says what happened: the log, and the publication's events for the app.
-    private func say(_ report: RegistrationMachine.Report) {
+    private func say(_ report: RegistrationMachine.Report, name: String) {
         switch report {
         case .registered(let name):
             logger.info(
@@ -305,7 +325,7 @@ final class WideAreaRegistration: Sendable {
     // MARK: Records
 
     private func locate() async throws(DiscoveryError) -> RegistrationPlan {
-        var chosen = shared.withLock { $0.domain }
+        var chosen = configuredDomain ?? current.foundDomain
         if chosen == nil {
             let announced = await wideArea.domains()
             chosen = announced.registration.first
@@ -323,7 +343,8 @@ final class WideAreaRegistration: Sendable {
                     .dnsFailure,
                     "no wide-area domain to register in: none was given (--wide-area-domain, LANMSG_WIDE_AREA_DOMAIN) and the network announces no registration domain (dr._dns-sd._udp under the search domains of \(configuration.wideArea.resolverConfigurationPath))")
             }
-            shared.withLock { $0.domain = found }
+            post(.found(domain: found))
+            chosen = found
         }
         let domain = chosen!
         guard let domainName = DNSName(domain) else {
@@ -404,7 +425,7 @@ final class WideAreaRegistration: Sendable {
             if case .srv(_, _, _, let target) = record.data { return target == plan.host }
             return false
         }) else { return nil }
-        if let ourFingerprint = shared.withLock({ $0.txt["fp"] }) {
+        if let ourFingerprint = current.txt["fp"] {
             let theirs = txt.compactMap { record -> String? in
                 guard case .txt(let strings) = record.data else { return nil }
                 return TXTRecord(wireEntries: strings)["fp"]
@@ -427,71 +448,5 @@ extension TXTRecord {
     /// The record's character-strings as sent (an empty record is one empty string).
     var wireEntries: [[UInt8]] {
         entries.isEmpty ? [[]] : entries.map(\.bytes)
-    }
-}
-
-/// Sleeps for a while unless signalled first (a pending signal ends the next wait at once) or the
-/// task is cancelled.
-final class Wakeup: Sendable {
-    private struct State {
-        var pending = false
-        var waiter: (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)?
-        var nextID = 0
-    }
-    private let state = Locked(State())
-
-    func signal() {
-        let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)? in
-            guard let waiter = state.waiter else {
-                state.pending = true
-                return nil
-            }
-            state.waiter = nil
-            return waiter
-        }
-        waiter?.timer.cancel()
-        waiter?.continuation.resume(returning: true)
-    }
-
-    /// Waits up to `duration`; true when signalled.
-    func wait(_ duration: Duration) async -> Bool {
-        let id = state.withLock { state -> Int in
-            state.nextID += 1
-            return state.nextID
-        }
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let timer = DispatchSource.makeTimerSource(queue: .global())
-                let resumeNow = state.withLock { state -> Bool in
-                    if state.pending || Task.isCancelled {
-                        state.pending = false
-                        return true
-                    }
-                    state.waiter = (id, continuation, timer)
-                    return false
-                }
-                if resumeNow {
-                    timer.activate()
-                    timer.cancel()
-                    continuation.resume(returning: true)
-                    return
-                }
-                timer.setEventHandler { [weak self] in self?.expire(id, signalled: false) }
-                timer.schedule(deadline: .now() + duration.dispatchInterval)
-                timer.activate()
-            }
-        } onCancel: {
-            expire(id, signalled: false)
-        }
-    }
-
-    private func expire(_ id: Int, signalled: Bool) {
-        let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)? in
-            guard let waiter = state.waiter, waiter.id == id else { return nil }
-            state.waiter = nil
-            return waiter
-        }
-        waiter?.timer.cancel()
-        waiter?.continuation.resume(returning: signalled)
     }
 }
