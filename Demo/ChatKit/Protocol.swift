@@ -253,3 +253,20 @@ extension ServerConnection {
         }
     }
 }
+
+extension MessageServer {
+    /// Sends a host message to several connections (a room's members) with one encoding, through
+    /// ``MessageServer/broadcast(_:type:to:timeout:)``: a member whose queue stays full for
+    /// `timeout` (it stopped reading) is dropped rather than stalling the room.
+    @discardableResult
+    public func broadcast(_ message: HostMessage, to connections: [ServerConnection], timeout: Duration) async -> [BroadcastResult] {
+        switch message {
+        case .welcome(let value): await broadcast(value, type: message.typeID, to: connections, timeout: timeout)
+        case .history(let value): await broadcast(value, type: message.typeID, to: connections, timeout: timeout)
+        case .members(let value): await broadcast(value, type: message.typeID, to: connections, timeout: timeout)
+        case .event(let value): await broadcast(value, type: message.typeID, to: connections, timeout: timeout)
+        case .bye(let text), .closed(let text):
+            await broadcast(TextPayload(text), type: message.typeID, to: connections, timeout: timeout)
+        }
+    }
+}

@@ -186,7 +186,10 @@ final class ChatSession {
                 switch effect {
                 case .show(let lines): console.show(lines)
                 case .prompt(let prompt): console.setPrompt(prompt)
-                case .send(let message, let targets): await send(message, to: targets.compactMap { connections[$0] })
+                case .send(let message, let targets):
+                    // One encoding for the room (MessageServer.broadcast); a member that does not take
+                    // it within 5 s (it stopped reading) is dropped rather than stalling the room.
+                    await server.broadcast(message, to: targets.compactMap { connections[$0] }, timeout: .seconds(5))
                 case .replyMembers(let info):
                     if let message, let connection { try? await connection.reply(to: message, with: info, type: ChatType.members) }
                 case .replyError(let code, let text):
@@ -280,26 +283,6 @@ final class ChatSession {
         await server.stop()
         await finish()
         return ChatExit(ExitStatus.ok)
-    }
-
-    /// Sends to several connections at once, in order per connection. A connection that does not take
-    /// the message within 5 s (a peer that stopped reading) is dropped rather than stalling the room.
-    func send(_ message: HostMessage, to connections: [ServerConnection]) async {
-        await withTaskGroup(of: Void.self) { outer in
-            for connection in connections {
-                outer.addTask {
-                    await withTaskGroup(of: Void.self) { race in
-                        race.addTask { try? await connection.send(message) }
-                        race.addTask {
-                            try? await Task.sleep(for: .seconds(5))
-                            if !Task.isCancelled { connection.channel.abort() }
-                        }
-                        await race.next()
-                        race.cancelAll()
-                    }
-                }
-            }
-        }
     }
 
     // MARK: join

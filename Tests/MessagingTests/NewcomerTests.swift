@@ -104,6 +104,43 @@ import Locks
         await harness.server.stop()
     }
 
+    /// `broadcast(_:type:to:)` sends to the connections given — a room's members — once each, and
+    /// to no one else.
+    @Test func broadcastToSendsToTheGivenConnectionsOnly() async throws {
+        let harness = try await LoopbackServer()
+        let alice = try await harness.client("alice")
+        let bob = try await harness.client("bob")
+        let carol = try await harness.client("carol")
+        try await waitUntil("3 accepted") { harness.server.connections.count == 3 }
+        let members = harness.server.connections.filter { $0.peer.name != "bob" }
+        let results = await harness.server.broadcast(KV(key: "k"), type: "kv.room", to: members + members.prefix(1))
+        #expect(results.map(\.connection.peer.name).sorted() == ["alice", "carol"], "each member once, bob not at all")
+        #expect(results.allSatisfy { $0.error == nil })
+        // Bob's next message is the one sent to him alone after the room's: he never got the room's.
+        let bobConnection = try #require(harness.server.connections.first { $0.peer.name == "bob" })
+        _ = await harness.server.broadcast(KV(key: "k"), type: "kv.bob", to: [bobConnection])
+        var bobEvents = bob.events.makeAsyncIterator()
+        while let event = await bobEvents.next() {
+            if case .received(let message) = event {
+                #expect(message.typeID == "kv.bob")
+                break
+            }
+        }
+        for client in [alice, carol] {
+            var events = client.events.makeAsyncIterator()
+            while let event = await events.next() {
+                if case .received(let message) = event {
+                    #expect(message.typeID == "kv.room")
+                    break
+                }
+            }
+        }
+        await alice.close()
+        await bob.close()
+        await carol.close()
+        await harness.server.stop()
+    }
+
     /// Three clients watch the server; `stop()` reports `.closed` for every one of them, and each
     /// client sees its `.disconnected`.
     @Test func stopReportsClosedForEveryWatcher() async throws {

@@ -139,6 +139,35 @@ final class GatedPublisher: ServicePublisher, @unchecked Sendable {
     }
 }
 
+extension ServerWorkTests {
+    /// A peer that connected and said nothing: its handshake (hello timeout 10 s) is aborted by
+    /// `stop()`, which returns only once it ended — its place is free and its socket closed when
+    /// `stop()` returns, not 10 s later.
+    @Test func stopAbortsTheHandshakesStillRunningAndWaitsForThem() async throws {
+        let publisher = GatedPublisher()
+        let server = try await publisher.startedServer(name: "Silent")
+        let work = try #require(server.withState { $0.lifecycle.running?.work })
+        let port = try #require(server.port)
+        let fd = try TCPProbe.open(port: port)
+        defer { close(fd) }
+        try await waitUntil("the silent connection's handshake job started") { server.withState { $0.registry.pending } == 1 }
+
+        await server.stop()
+        #expect(server.withState { $0.registry.pending } == 0, "the handshake ended before stop() returned")
+        #expect(!work.run {}, "the stopped server's work takes no more jobs")
+        // The server's side of the socket is closed: the peer reads the end after whatever the
+        // server said first (each read waits at most 5 s: a deadline, not a sleep).
+        var ended = false
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        for _ in 0..<64 where !ended {
+            var pollFD = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&pollFD, 1, 5_000) == 1 else { break }
+            ended = recv(fd, &buffer, buffer.count, Int32(MSG_DONTWAIT)) <= 0
+        }
+        #expect(ended, "the server closed the silent connection")
+    }
+}
+
 /// A blocking TCP connect to 127.0.0.1 (throws when nothing listens).
 enum TCPProbe {
     static func connect(port: UInt16) throws -> Int32 {

@@ -181,12 +181,18 @@ public final class MessageChannel: @unchecked Sendable {
         _ driver: ConnectionDriver, client: Bool, configuration: ChannelConfiguration
     ) async throws -> MessageChannel {
         do {
-            if configuration.security.isEncrypted {
-                return try await SecureExchange(driver: driver, role: client ? .client : .server, configuration: configuration)
+            // A cancelled task (a stopping server's handshakes, a client's connect given up)
+            // closes the connection: the exchange ends at once instead of at its timeout.
+            return try await withTaskCancellationHandler {
+                if configuration.security.isEncrypted {
+                    return try await SecureExchange(driver: driver, role: client ? .client : .server, configuration: configuration)
+                        .run()
+                }
+                return try await HelloExchange(driver: driver, role: client ? .client : .server, configuration: configuration)
                     .run()
+            } onCancel: {
+                driver.abort(.localClose)
             }
-            return try await HelloExchange(driver: driver, role: client ? .client : .server, configuration: configuration)
-                .run()
         } catch {
             configuration.metrics?.handshakeFailed(error)
             throw error

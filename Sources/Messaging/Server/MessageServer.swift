@@ -203,10 +203,22 @@ extension MessageServer {
     public func broadcast<T: Encodable>(
         _ value: T, type: String, except: Set<ServerConnection> = [], timeout: Duration = .seconds(10)
     ) async -> [BroadcastResult] {
+        await broadcast(value, type: type, to: connections.filter { !except.contains($0) }, timeout: timeout)
+    }
+
+    /// Sends one message to the connections given (a room's members, say), as
+    /// ``broadcast(_:type:except:timeout:)`` does to all: encoded once, a connection whose send
+    /// queue stays full for `timeout` dropped and reported failed — once: connections already
+    /// closing are skipped, and one given twice gets it once.
+    /// - Returns: One result per connection sent to; failures carry their error.
+    public func broadcast<T: Encodable>(
+        _ value: T, type: String, to connections: [ServerConnection], timeout: Duration = .seconds(10)
+    ) async -> [BroadcastResult] {
         // Connections already closing (a peer dropped by an earlier broadcast, whose end is not yet
         // reported) are skipped: each failure is reported once.
+        var seen = Set<ServerConnection>()
         let targets = connections.filter {
-            !except.contains($0) && ($0.session != nil || $0.channel.driver.acceptsFrames)
+            seen.insert($0).inserted && ($0.session != nil || $0.channel.driver.acceptsFrames)
         }
         guard let first = targets.first else { return [] }
         let encoded: (codecID: UInt8, payload: [UInt8])
@@ -245,16 +257,16 @@ extension MessageServer {
             if case .stop = action { return (action, state.registry.all) }
             return (action, [])
         }
-        let listener: Listener?, publication: (any ServicePublication)?
+        let listener: Listener?, publication: (any ServicePublication)?, running: ServerWork?
         switch action {
         case .none: return
         case .finishEvents:
             queue.finish()
             return
         case .stop(let open, let published, let work):
-            (listener, publication) = (open, published)
-            // No new background work; what runs ends by itself (a handshake within the hello
-            // timeout, then its registration sees the server stopping).
+            (listener, publication, running) = (open, published, work)
+            // No new background work; what runs is ended and waited for once the connections
+            // closed (below).
             work?.finish()
         }
         await publication?.unpublish()
@@ -289,6 +301,10 @@ extension MessageServer {
         }
         abortLate.cancel()  // every connection closed in time
         open.withLock { $0 = [] }
+        // The handshakes still running (a peer that connected and said nothing yet) are aborted
+        // and awaited: when stop() returns, nothing of the server runs (they used to run on
+        // until their hello timeout, holding their sockets).
+        await running?.cancel()
         // Every connection's end is reported here, once all are closed (each channel's loop
         // pushed its last message before its `closed()` returned; while stopping, the loops do
         // not report ends themselves).
@@ -351,8 +367,9 @@ func sendWithDeadline(
 
 /// The background work of a running server — the handshake of each accepted socket, the forwarding
 /// of its publication's events — as child tasks of one root task (a discarding task group fed by a
-/// stream of jobs) instead of an unstructured task each: the server owns one task, and
-/// ``finish()`` (at `stop()`) ends the intake. Jobs already running end by themselves.
+/// stream of jobs) instead of an unstructured task each: the server owns one task; `stop()` ends
+/// the intake (``finish()``) at once, and cancels and awaits what still runs (``cancel()``) once the
+/// connections closed.
 final class ServerWork: Sendable {
     typealias Job = @Sendable () async -> Void
     private let jobs: AsyncStream<Job>.Continuation
@@ -377,6 +394,14 @@ final class ServerWork: Sendable {
 
     /// Takes no more jobs; the root task ends when the running ones have.
     func finish() { jobs.finish() }
+
+    /// Takes no more jobs, cancels the running ones (a handshake aborts its connection) and waits
+    /// until they and the root task ended.
+    func cancel() async {
+        jobs.finish()
+        root.cancel()
+        await root.value
+    }
 
     /// Waits until every job ended and the root task with them (tests).
     func ended() async { await root.value }
