@@ -113,6 +113,11 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
     /// one kept and not transmitted yet, in order, and says whether it went. (Only that range is
     /// looked at: a sync that lets a few go must not walk thousands kept before them.)
     @inlinable public mutating func transmit(from lowest: UInt64 = 0, through number: UInt64, _ send: (Item) -> Bool) {
+        transmitEntries(from: lowest, through: number) { send($0.item) }
+    }
+
+    /// ``transmit(from:through:_:)`` with each message's number.
+    @inlinable package mutating func transmitEntries(from lowest: UInt64 = 0, through number: UInt64, _ send: (Entry) -> Bool) {
         guard head < entries.count else { return }
         // Numbers are contiguous: entry i holds number entries[head].number + (i - head).
         let first = entries[head].number
@@ -121,8 +126,16 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
         let last = min(entries.count - 1, head + Int(number - first))
         guard start <= last else { return }
         for index in start...last where !entries[index].transmitted {
-            entries[index].transmitted = send(entries[index].item)
+            entries[index].transmitted = send(entries[index])
         }
+    }
+
+    /// Message `number`, counted transmitted when it was handed to a connection, did not go (the
+    /// connection was closing): a new session sends it instead of reporting it undelivered.
+    @inlinable package mutating func markUntransmitted(_ number: UInt64) {
+        guard head < entries.count, number >= entries[head].number else { return }
+        let index = head + Int(number - entries[head].number)
+        if index < entries.count { entries[index].transmitted = false }
     }
 
     /// Starts from a session store: `items` are the kept messages numbered from `firstNumber`;

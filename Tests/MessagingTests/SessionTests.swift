@@ -78,6 +78,39 @@ import Locks
         await harness.server.stop()
     }
 
+    /// Eight tasks send on one client's session at once: the frames leave in the order the session
+    /// numbered them (one sender at a time, outside the session's lock), so the server takes every
+    /// message once, each task's in order, on the one connection — a frame out of order would be
+    /// a protocol violation there, closing the connection (a reconnect).
+    @Test func concurrentSendersKeepTheWireInNumberOrder() async throws {
+        struct Tagged: Codable, Sendable { var task: Int; var n: Int }
+        let received = Locked<[Int: [Int]]>([:])
+        let harness = try await LoopbackServer(handle: { _, event in
+            if case .received(_, let message) = event, let value = try? message.decode(Tagged.self) {
+                received.withLock { $0[value.task, default: []].append(value.n) }
+            }
+        })
+        let client = try await harness.client("senders", configure: Self.fastReconnect)
+        #expect(client.session != nil, "the messages go through a session")
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for task in 0..<8 {
+                group.addTask {
+                    for n in 0..<1_000 { try await client.send(Tagged(task: task, n: n), type: "tagged") }
+                }
+            }
+            try await group.waitForAll()
+        }
+        try await waitUntil("every message arrived") { received.withLock { $0.values.reduce(0) { $0 + $1.count } } >= 8_000 }
+        for task in 0..<8 {
+            #expect(received.withLock { $0[task] } == Array(0..<1_000), "task \(task): each once, in order")
+        }
+        let health = try #require(await client.health)
+        #expect(health.reconnects == 0, "no connection was closed for a frame out of order")
+        #expect(harness.events.count { if case .closed = $0 { true } else { false } } == 0)
+        await client.close()
+        await harness.server.stop()
+    }
+
     /// An ACK sent by count (every 32 messages) leaves the acknowledgement deadline armed: the
     /// messages after it are acknowledged when that deadline passes, though none arrives to arm
     /// it again.

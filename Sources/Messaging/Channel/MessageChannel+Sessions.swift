@@ -133,3 +133,21 @@ extension MessageChannel {
         }
     }
 }
+
+extension MessageChannel {
+    /// Sends a frame its session decided (in the session's order, by one sender at a time, never
+    /// under the session's lock): written by the sender when the connection is idle, else queued
+    /// for the loop's flush (`queued`: always queued — a sync's batch). Never held back by senders
+    /// waiting for room: the session bounds its own messages. False when the connection is closing.
+    func transmitSession(_ frame: Frame, queued: Bool) -> Bool {
+        do {
+            if !queued, try driver.sendNow(frame, bypassLimit: true) != nil { return true }
+        } catch {
+            return false
+        }
+        // Queued behind what is unwritten (also when other senders wait for room: a session frame
+        // is not one of theirs). A close meanwhile fails it; the session's resume sends it again.
+        driver.enqueue(frame, bypassLimit: true) { _ in }
+        return true
+    }
+}

@@ -48,8 +48,11 @@ final class MessageSession: Sendable {
         var syncs: [(UInt64, @Sendable (FileError?) -> Void)] = []
         /// The peer acknowledged messages up to this number: the store releases them.
         var released: UInt64?
+        /// Frames were decided for the wire (``State/outgoing``): send them.
+        var sendOutgoing = false
 
         fileprivate func run(_ session: MessageSession) {
+            if sendOutgoing { session.sendOutgoing() }
             for (sender, error) in senders {
                 if let error { sender.resume(throwing: error) } else { sender.resume() }
             }
@@ -60,6 +63,16 @@ final class MessageSession: Sendable {
                 session.logger.debug("session store: could not record acknowledgement \(released)")
             }
         }
+    }
+
+    /// A frame the session decided to send, sent after the lock is released (``sendOutgoing()``),
+    /// in the order decided.
+    struct Outgoing: Sendable {
+        var frame: Frame
+        /// The message's number (nil: the SESSION answer), marked untransmitted if it does not go.
+        var number: UInt64?
+        /// Queued for the loop's next flush (a sync's batch), not written by the sender.
+        var queued: Bool
     }
 
     /// The session's machine: what it keeps and counts, and how each input changes it.
@@ -89,6 +102,30 @@ final class MessageSession: Sendable {
         var epoch: UInt64 = 0
         /// ``SessionPosition/session`` of the messages received in this epoch: random, never reused.
         var positionID = MessageSession.makeID()
+        /// Frames decided for ``outgoingChannel`` and not yet taken by a sender, in order.
+        var outgoing: [Outgoing] = []
+        var outgoingChannel: MessageChannel?
+        /// A caller is sending what was decided (others leave their frames to it: one sender at a
+        /// time keeps the wire order the numbering order, without holding the lock while sending).
+        var sendingOutgoing = false
+
+        /// Decides that `frame` goes on `channel` (sent once the lock is released); false when there
+        /// is no connection (it goes when one resumes the session).
+        mutating func send(_ frame: Frame, number: UInt64?, queued: Bool = false, on channel: MessageChannel?, _ wakes: inout Wakes) -> Bool {
+            guard let channel else { return false }
+            if outgoingChannel !== channel { switchOutgoing(to: channel) }
+            outgoing.append(Outgoing(frame: frame, number: number, queued: queued))
+            wakes.sendOutgoing = true
+            return true
+        }
+
+        /// The session moves to `channel`: what was decided for the previous one and not taken did
+        /// not go (a resume or a new session sends it).
+        mutating func switchOutgoing(to channel: MessageChannel) {
+            for item in outgoing { if let number = item.number { outbox.markUntransmitted(number) } }
+            outgoing.removeAll(keepingCapacity: true)
+            outgoingChannel = channel
+        }
 
         /// The session starts anew (the peer did not know it): numbers start over, under a new
         /// position id.
@@ -285,7 +322,7 @@ final class MessageSession: Sendable {
         }
         var pending = pending
         while true {
-            let admission = try apply { (state, _) throws -> Admission in
+            let admission = try apply { (state, wakes) throws -> Admission in
                 if let ended = state.ended { throw ended }
                 guard state.waiters.isEmpty, state.outbox.hasRoom(for: size) else { return .waitForRoom }
                 if let channel = state.channel, size > channel.peerMaxFrameSize {
@@ -312,7 +349,7 @@ final class MessageSession: Sendable {
                     return .syncing(SyncTicket(position: position, number: number, epoch: state.epoch))
                 }
                 state.durableThrough = number
-                state.outbox.append(frame, size: size, transmitted: Self.transmit(frame, on: state.channel))
+                state.outbox.append(frame, size: size, transmitted: state.send(frame, number: number, on: state.channel, &wakes))
                 return .kept
             }
             switch admission {
@@ -346,28 +383,60 @@ final class MessageSession: Sendable {
 
     /// A sync covers the messages up to `number` (of `epoch`): they may go on the wire now.
     private func madeDurable(through number: UInt64, epoch: UInt64) {
-        apply { state, _ in
+        apply { state, wakes in
             guard state.epoch == epoch, number > state.durableThrough else { return }
             // Those before went when their sync came (or go with the next resume).
             let from = state.durableThrough + 1
             state.durableThrough = number
             guard let channel = state.channel else { return }
-            // Queued for the loop's next flush, not written here: a sync releases a batch, and
-            // writing each at once cost a `sendmsg` per message (49k for 50k in strace).
-            state.outbox.transmit(from: from, through: number) { frame in
-                channel.driver.enqueue(frame, bypassLimit: true) { _ in }
-                return true  // (if the connection is closing, the next resume sends it again)
+            // Queued for the loop's next flush, not written by the sender: a sync releases a batch,
+            // and writing each at once cost a `sendmsg` per message (49k for 50k in strace).
+            var going: [SessionOutbox<Frame>.Entry] = []
+            state.outbox.transmitEntries(from: from, through: number) { entry in
+                going.append(entry)
+                return true
             }
+            for entry in going { _ = state.send(entry.item, number: entry.number, queued: true, on: channel, &wakes) }
         }
     }
 
-    /// Sends `frame` on `channel` (under the session lock, so the wire order is the numbering order).
-    fileprivate static func transmit(_ frame: Frame, on channel: MessageChannel?) -> Bool {
-        guard let channel else { return false }
-        do {
-            return try channel.driver.sendNow(frame, bypassLimit: true) != nil
-        } catch {
-            return false  // closing: the next connection sends it
+    /// Sends what was decided (``State/outgoing``) with the lock released, in the order decided:
+    /// one caller at a time takes the frames (a caller that finds another sending leaves its frames
+    /// to it) and sends them through the channel; a frame that did not go (the connection was
+    /// closing) is marked untransmitted unless the session moved on meanwhile.
+    fileprivate func sendOutgoing() {
+        var batch: [Outgoing] = []
+        var channel: MessageChannel?
+        var epoch: UInt64 = 0
+        var failed: [UInt64] = []
+        var more = apply { state, _ -> Bool in
+            guard !state.sendingOutgoing, !state.outgoing.isEmpty else { return false }
+            state.sendingOutgoing = true
+            swap(&batch, &state.outgoing)
+            (channel, epoch) = (state.outgoingChannel, state.epoch)
+            return true
+        }
+        while more {
+            if let channel {
+                for item in batch where !channel.transmitSession(item.frame, queued: item.queued) {
+                    if let number = item.number { failed.append(number) }
+                }
+            }
+            batch.removeAll(keepingCapacity: true)
+            more = apply { state, _ -> Bool in
+                if !failed.isEmpty, state.epoch == epoch, state.outgoingChannel === channel {
+                    for number in failed { state.outbox.markUntransmitted(number) }
+                }
+                failed.removeAll()
+                if state.outgoing.isEmpty {
+                    state.sendingOutgoing = false
+                    swap(&batch, &state.outgoing)  // the emptied buffer back, for the next frames
+                    return false
+                }
+                swap(&batch, &state.outgoing)
+                (channel, epoch) = (state.outgoingChannel, state.epoch)
+                return true
+            }
         }
     }
 
@@ -567,10 +636,11 @@ final class MessageSession: Sendable {
     ) -> Result<Opened, TransportError> {
         let opened: Opened
         let wasConnected = state.everConnected
+        state.switchOutgoing(to: channel)
         if reply.resumed == true, state.everConnected,
             let resend = state.outbox.resume(peerReceived: reply.received, transmittable: state.durableThrough)
         {
-            for entry in resend { _ = Self.transmit(entry.item, on: channel) }
+            for entry in resend { _ = state.send(entry.item, number: entry.number, on: channel, &wakes) }
             state.resumes += 1
             opened = .resumed(resent: resend.count)
         } else {
@@ -607,7 +677,12 @@ final class MessageSession: Sendable {
                 }
             }
             state.durableThrough = transmittable
-            state.outbox.transmit(through: transmittable) { Self.transmit($0, on: channel) }
+            var going: [SessionOutbox<Frame>.Entry] = []
+            state.outbox.transmitEntries(through: transmittable) { entry in
+                going.append(entry)
+                return true
+            }
+            for entry in going { _ = state.send(entry.item, number: entry.number, on: channel, &wakes) }
             opened = .new(undelivered: lost.map(Self.undelivered))
         }
         if wasConnected { state.reconnects += 1 }
@@ -621,6 +696,7 @@ final class MessageSession: Sendable {
         apply { state, wakes in
             defer { state.wakeSenders(&wakes) }
             var resent: [SessionOutbox<Frame>.Entry] = []
+            state.switchOutgoing(to: channel)
             if !isNew {
                 guard let entries = state.outbox.resume(peerReceived: hello.received, transmittable: state.durableThrough) else {
                     return .failure(
@@ -634,8 +710,8 @@ final class MessageSession: Sendable {
                 state.resumes += 1
             }
             let answer = SessionHello(id: id, received: state.inbox.reconnected(), resumed: !isNew)
-            _ = try? channel.driver.sendNow(HandshakeStateMachine.jsonFrame(.session, answer), bypassLimit: true)
-            for entry in resent { _ = Self.transmit(entry.item, on: channel) }
+            _ = state.send(HandshakeStateMachine.jsonFrame(.session, answer), number: nil, on: channel, &wakes)
+            for entry in resent { _ = state.send(entry.item, number: entry.number, on: channel, &wakes) }
             state.everConnected = true
             state.channel = channel
             return .success(resent.count)
