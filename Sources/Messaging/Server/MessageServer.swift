@@ -324,7 +324,7 @@ extension MessageServer {
 
     /// Runs the server as a swift-service-lifecycle service: starts it, and on graceful shutdown
     /// (or cancellation) stops it.
-    public func run() async throws {
+    public func run() async throws(MessagingError) {
         try await start()
         try? await gracefulShutdown()
         await stop()
