@@ -222,7 +222,12 @@ let package = Package(
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore"], swiftSettings: strict),
         // MessageChannel over real loopback sockets: hello, messages, requests, transfers, limits.
         .testTarget(
-            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore"], swiftSettings: strict),
+            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore", "TestSupport"], swiftSettings: strict),
+        // What the tests share that is no part of the products: the in-memory channel pair.
+        .target(
+            name: "TestSupport",
+            dependencies: ["Messaging", "Transport", "ProtocolCore", "SystemCalls", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/TestSupport", swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(
             name: "MessagingTests",

@@ -3,6 +3,7 @@ import Testing
 @testable import Messaging
 @testable import ProtocolCore
 @testable import Transport
+import TestSupport
 
 /// ``MessageChannel/pair(client:server:logger:)``: the in-memory transport for tests above the
 /// channel — two channels joined by a socket pair, no listener, no port.

@@ -202,7 +202,7 @@ public struct ChannelConfiguration: Sendable {
 
 extension ChannelConfiguration {
     /// The frame limit announced as `max_frame` must be one a peer accepts (1,024 … 2^32 − 1).
-    func checkFrameLimit() throws(TransportError) {
+    package func checkFrameLimit() throws(TransportError) {
         let limit = connection.maxFrameSize
         guard limit >= HelloPayload.minMaxFrame, limit <= HelloPayload.maxMaxFrame else {
             throw TransportError(

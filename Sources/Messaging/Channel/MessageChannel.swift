@@ -177,7 +177,7 @@ public final class MessageChannel: @unchecked Sendable {
     }
 
     /// The hello exchange (version 1) or the secure handshake (version 2), counted when it fails.
-    static func handshake(
+    package static func handshake(
         _ driver: ConnectionDriver, client: Bool, configuration: ChannelConfiguration
     ) async throws -> MessageChannel {
         do {

@@ -1,7 +1,10 @@
+// Test support shared by the test targets (issue 46, 4): helpers that lived in the production
+// modules, reached through `package` declarations instead of `@testable`.
 #if canImport(Glibc)
     import Glibc
 #endif
 import Logging
+import Messaging
 import ProtocolCore
 import SystemCalls
 import Transport
@@ -15,7 +18,7 @@ extension MessageChannel {
     ///
     /// - Throws: `TransportError.Code.syscallFailed` when the kernel refuses the pair, or what
     ///   either side's handshake throws (the other side is closed then).
-    package static func pair(
+    public static func pair(
         client clientConfiguration: ChannelConfiguration, server serverConfiguration: ChannelConfiguration,
         logger: Logger
     ) async throws -> (client: MessageChannel, server: MessageChannel) {
@@ -33,10 +36,10 @@ extension MessageChannel {
             fd: FileDescriptor(fds[1]), loop: serverConfiguration.loopGroup.next(),
             configuration: serverConfiguration.connection, logger: logger)
         async let server = Result { () async throws -> MessageChannel in
-            try await handshake(serverDriver, client: false, configuration: serverConfiguration)
+            try await MessageChannel.handshake(serverDriver, client: false, configuration: serverConfiguration)
         }
         let client = await Result { () async throws -> MessageChannel in
-            try await handshake(clientDriver, client: true, configuration: clientConfiguration)
+            try await MessageChannel.handshake(clientDriver, client: true, configuration: clientConfiguration)
         }
         switch (client, await server) {
         case (.success(let client), .success(let server)):
@@ -55,16 +58,3 @@ extension Result where Failure == any Error {
     }
 }
 
-extension MessageChannel {
-    /// A channel that is closed from the start, on no socket: what a ``ServerConnection`` shows
-    /// that was made only to report a session restored from the store whose client never came back.
-    static func closedPlaceholder(peerName: String, configuration: ChannelConfiguration, logger: Logger) -> MessageChannel {
-        let driver = ConnectionDriver(
-            fd: FileDescriptor(open("/dev/null", O_RDWR | O_CLOEXEC)), loop: configuration.loopGroup.next(),
-            configuration: configuration.connection, logger: logger)
-        let channel = MessageChannel(
-            driver: driver, established: .init(peer: PeerInfo(name: peerName), peerMaxFrameSize: 0), configuration: configuration)
-        driver.abort(.localClose)
-        return channel
-    }
-}
