@@ -135,11 +135,13 @@ extension MessageChannel {
 }
 
 extension MessageChannel {
-    /// Sends a frame its session decided (in the session's order, by one sender at a time, never
-    /// under the session's lock): written by the sender when the connection is idle, else queued
-    /// for the loop's flush (`queued`: always queued — a sync's batch). Never held back by senders
-    /// waiting for room: the session bounds its own messages. False when the connection is closing.
-    func transmitSession(_ frame: Frame, queued: Bool) -> Bool {
+    /// Sends a frame a session decided, on a channel's connection (`driver`: the session holds the
+    /// driver, not the channel — see `MessageSession.State.outgoingDriver`), in the session's order,
+    /// by one sender at a time, never under the session's lock: written by the sender when the
+    /// connection is idle, else queued for the loop's flush (`queued`: always queued — a sync's
+    /// batch). Never held back by senders waiting for room: the session bounds its own messages.
+    /// False when the connection is closing.
+    static func transmitSession(_ frame: Frame, queued: Bool, on driver: ConnectionDriver) -> Bool {
         do {
             if !queued, try driver.sendNow(frame, bypassLimit: true) != nil { return true }
         } catch {
