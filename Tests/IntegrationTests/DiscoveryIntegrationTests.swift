@@ -200,9 +200,11 @@ struct DiscoveryIntegrationTests {
     }
 
     /// Avahi sometimes never finishes probing on one interface (the group stays REGISTERING); we
-    /// then withdraw and re-register. Here the threshold is shorter than any probe (0.1 s), so every
-    /// registration is repeated up to the limit: the service must still end up established under its
-    /// own name and visible on the other host.
+    /// then withdraw and re-register. Here the threshold is shorter than any probe (0.1 s), so the
+    /// registration is repeated the 3 quick times, then watched at 5 s (a fourth registration that
+    /// stalled too — Avahi's bug, about 1 in 10 — is registered again, where it used to stay
+    /// unpublished and fail this test): the service must end up established under its own name and
+    /// visible on the other host.
     @Test func stalledProbingIsRegisteredAgain() async throws {
         let discovery = ServiceDiscovery(logger: logger)
         defer { Task { await discovery.shutdown() } }
@@ -212,7 +214,7 @@ struct DiscoveryIntegrationTests {
         let name = try await service.established(timeout: .seconds(15))
         #expect(name == "Slow Prober")
         #expect(service.stallRetries >= 1, "the 0.1 s watchdog never fired")
-        #expect(service.stallRetries <= 3, "re-registered \(service.stallRetries) times (limit 3)")
+        #expect(service.stallRetries <= 5, "re-registered \(service.stallRetries) times (3 quick, then at 5 s and 10 s at most within 15 s)")
         // Announced: host b resolves it over the link.
         var lines: [[String]] = []
         let deadline = ContinuousClock.now + .seconds(10)

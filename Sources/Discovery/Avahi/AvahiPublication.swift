@@ -167,11 +167,18 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     /// finishes it on one interface (a known class of bugs: the group's probe counter never reaches
     /// zero; seen here on loopback/IPv6, about 1 run in 10 of our integration suite), leaving the
     /// group REGISTERING for good. After this long we withdraw the group and register it again
-    /// (a reset clears the counter), at most ``maxStallRetries`` times in a row.
+    /// (a reset clears the counter): ``maxStallRetries`` times in a row after the configured time,
+    /// then after 5 s (at least the configured time) doubling up to 60 s — a registration that
+    /// stalled again is never left unpublished, and a probe that is merely slow still completes.
     private func armProbeWatchdog() {
-        guard probeWatchdog == nil, stallRetries < Publication.maxStallRetries else { return }
+        guard probeWatchdog == nil else { return }
+        var wait = core.probeStallTimeout
+        if stallRetries >= Publication.maxStallRetries {
+            let later = min(stallRetries - Publication.maxStallRetries, 4)
+            wait = min(max(core.probeStallTimeout, .seconds(5)) * (1 << later), .seconds(60))
+        }
         let timer = DispatchSource.makeTimerSource(queue: core.queue)
-        timer.schedule(deadline: .now() + core.probeStallTimeout.dispatchInterval)
+        timer.schedule(deadline: .now() + wait.dispatchInterval)
         timer.setEventHandler { [weak self] in self?.probingStalled() }
         timer.resume()
         probeWatchdog = timer
@@ -193,7 +200,7 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
             "service still probing, registering it again",
             metadata: [
                 "name": "\(name)", "type": "\(type)", "after": "\(core.probeStallTimeout)",
-                "attempt": "\(stallRetries) of \(Publication.maxStallRetries)",
+                "attempt": "\(stallRetries)",
             ])
         avahi_entry_group_reset(group)
         register()

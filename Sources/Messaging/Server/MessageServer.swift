@@ -249,8 +249,9 @@ extension MessageServer {
     }
 
     /// Stops: unpublishes, stops accepting, closes every connection gracefully (flushing queued
-    /// messages) within the grace period, aborts what is left, reports every connection's `.closed`,
-    /// and ends ``events``. Idempotent; a `stop()` during ``start()`` makes `start()` undo what it did.
+    /// messages) within the grace period, aborts what is left and the handshakes still in progress,
+    /// reports every connection's `.closed`, and ends ``events``. When it returns, nothing of the
+    /// server runs. Idempotent; a `stop()` during ``start()`` makes `start()` undo what it did.
     public func stop() async {
         let (action, connections) = withState { state in
             let action = state.lifecycle.stopRequested()
