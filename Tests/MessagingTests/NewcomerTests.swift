@@ -92,16 +92,18 @@ import Locks
         let aliceConnection = try #require(harness.server.connections.first { $0.peer.name == "alice" })
         let results = await harness.server.broadcast(KV(key: "k"), type: "kv.changed", except: [aliceConnection])
         #expect(results.map(\.connection.peer.name) == ["bob"])
-        var bobEvents = bob.events.makeAsyncIterator()
-        while let event = await bobEvents.next() {
-            if case .received(let message) = event {
-                #expect(message.typeID == "kv.changed")
-                break
-            }
-        }
+        #expect(await Self.nextMessageType(of: bob) == "kv.changed")
         await alice.close()
         await bob.close()
         await harness.server.stop()
+    }
+
+    /// The type of the next message a client receives (nil when its events end first).
+    static func nextMessageType(of client: MessageClient) async -> String? {
+        for await event in client.events {
+            if case .received(let message) = event { return message.typeID }
+        }
+        return nil
     }
 
     /// `broadcast(_:type:to:)` sends to the connections given — a room's members — once each, and
@@ -119,22 +121,8 @@ import Locks
         // Bob's next message is the one sent to him alone after the room's: he never got the room's.
         let bobConnection = try #require(harness.server.connections.first { $0.peer.name == "bob" })
         _ = await harness.server.broadcast(KV(key: "k"), type: "kv.bob", to: [bobConnection])
-        var bobEvents = bob.events.makeAsyncIterator()
-        while let event = await bobEvents.next() {
-            if case .received(let message) = event {
-                #expect(message.typeID == "kv.bob")
-                break
-            }
-        }
-        for client in [alice, carol] {
-            var events = client.events.makeAsyncIterator()
-            while let event = await events.next() {
-                if case .received(let message) = event {
-                    #expect(message.typeID == "kv.room")
-                    break
-                }
-            }
-        }
+        #expect(await Self.nextMessageType(of: bob) == "kv.bob")
+        for client in [alice, carol] { #expect(await Self.nextMessageType(of: client) == "kv.room") }
         await alice.close()
         await bob.close()
         await carol.close()

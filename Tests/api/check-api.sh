@@ -106,9 +106,9 @@ print(f"check-api: {len(baseline)} promised declarations, {len(gone)} gone, {len
 if gone:
     print(
         "check-api: a public declaration was removed or changed. In 1.x keep the old one working beside the new one,\n"
-        "  marked @available(*, deprecated, renamed: \"newName(...)\"), and note it in CHANGELOG.md. A change that\n"
-        "  cannot break a caller (e.g. `throws` to `throws(E)` where E was the only error) may update the\n"
-        "  baseline instead: Tests/api/check-api.sh --update, with the reason in CHANGELOG.md.",
+        "  marked @available(*, deprecated, renamed: \"newName(...)\"), and note it in CHANGELOG.md. A declaration\n"
+        "  that cannot be kept beside its replacement (`throws` to `throws(E)`: they differ only in what they throw)\n"
+        "  stays as released; only a declaration never released may change, with --update and a CHANGELOG line.",
         file=sys.stderr)
     sys.exit(1)
 if new:

@@ -9,7 +9,7 @@ extension MessageChannel {
     public var maxChunkSize: Int { peerMaxFrameSize - Frame.fixedHeaderSize - 8 }
 
     /// Starts a streamed transfer of `totalSize` bytes; send the bytes with ``OutgoingTransfer/send(_:)``.
-    public func startTransfer(type: String, totalSize: UInt64, metadata: [String: String] = [:]) async throws(TransportError)
+    public func startTransfer(type: String, totalSize: UInt64, metadata: [String: String] = [:]) async throws
         -> OutgoingTransfer
     {
         try await startTransfer(type: type, totalSize: totalSize, metadata: metadata, progress: nil)
@@ -18,7 +18,7 @@ extension MessageChannel {
     /// Starts a transfer whose chunks are reported to `progress` as they go.
     private func startTransfer(
         type: String, totalSize: UInt64, metadata: [String: String], progress: (@Sendable (TransferProgress) -> Void)?
-    ) async throws(TransportError) -> OutgoingTransfer {
+    ) async throws -> OutgoingTransfer {
         var frame = HandshakeStateMachine.jsonFrame(.streamStart, TransferHeader(size: totalSize, metadata: metadata))
         frame.typeID = type
         let streamID = try await driver.send(frame)
@@ -110,7 +110,7 @@ public final class OutgoingTransfer: Sendable {
     }
 
     /// Sends one chunk; suspends while the channel's send queue is full (this is what bounds memory).
-    public func send(_ chunk: [UInt8]) async throws(TransportError) {
+    public func send(_ chunk: [UInt8]) async throws {
         let total: UInt64? = state.withLock { state in
             guard !state.ended, state.sent + UInt64(chunk.count) <= totalSize else { return nil }
             state.sent += UInt64(chunk.count)
@@ -127,7 +127,7 @@ public final class OutgoingTransfer: Sendable {
 
     /// Ends the transfer. Throws `TransportError.Code.transferFailed` (and aborts it) when fewer bytes
     /// than announced were sent.
-    public func finish() async throws(TransportError) {
+    public func finish() async throws {
         guard let done = end() else { return }
         guard done == totalSize else {
             let reason = "sent \(done) of \(totalSize) announced bytes"

@@ -325,7 +325,7 @@ extension MessageServer {
 
     /// Runs the server as a swift-service-lifecycle service: starts it, and on graceful shutdown
     /// (or cancellation) stops it.
-    public func run() async throws(MessagingError) {
+    public func run() async throws {
         try await start()
         try? await gracefulShutdown()
         await stop()
