@@ -66,14 +66,41 @@ trap 'for pid in "${background_pids[@]}"; do kill "$pid" 2>/dev/null || true; do
 status=0
 passed=0 failed=0
 
+# Each stage's time limit in seconds: about 4 times what it takes here, so that a hung test fails
+# its stage, names itself and lets the rest run, instead of holding CI until its 90 minutes pass
+# (the TSan stage hung once on a stop() that waited forever).
+stage_limit() {
+  case $1 in
+    unit|tsan|widearea) echo 900 ;;
+    integration) echo 1200 ;;
+    soak) echo $(( ${SOAK_SECONDS:-120} + 300 )) ;;
+    asan) echo 1800 ;;
+    *) echo 600 ;;
+  esac
+}
+# After a stage ran out of time: the tests it started and never finished.
+name_hung_tests() {
+  local label=$1 limit=$2
+  echo "!! $label ran out of its $limit s and was stopped; started and never finished:"
+  failed=$((failed + 1))
+  # (A parameterized test ends as "Test name(_:) with N test cases passed after"; its cases and
+  # the run itself are left out.)
+  sed -n 's/^.*◇ Test \(.*\) started\.$/\1/p' "$logs/$label.log" | grep -vE '^(case passing|run$)' | sort -u > "$logs/$label.started"
+  sed -n 's/^.*[✔✘] Test \(.*\) \(passed\|failed\) after.*$/\1/p' "$logs/$label.log" \
+    | sed 's/ with [0-9]* test cases\{0,1\}$//' | sort -u > "$logs/$label.ended"
+  comm -23 "$logs/$label.started" "$logs/$label.ended" | sed 's/^/     /' || true
+}
+
 # Runs the test binary ($1 = label, rest = binary + args), records counts, never aborts the script.
 run_suite() {
   local label=$1; shift
+  local limit; limit=$(stage_limit "$label")
   echo "== $label"
   set +e
-  "$@" 2>&1 | sed -u "s/\x1b\[[0-9;]*m//g" | tee "$logs/$label.log" | grep -E '^.{0,12}(✔|✘|➜|MEASURED|◇ Test run)' | grep -v '◇ Test [a-zA-Z]' || true
+  timeout --kill-after=30 "$limit" "$@" 2>&1 | sed -u "s/\x1b\[[0-9;]*m//g" | tee "$logs/$label.log" | grep -E '^.{0,12}(✔|✘|➜|MEASURED|◇ Test run)' | grep -v '◇ Test [a-zA-Z]' || true
   local rc=${PIPESTATUS[0]}
   set -e
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then name_hung_tests "$label" "$limit"; fi
   judge_suite "$label" "$rc"
   stage_done "$label"
 }
@@ -84,7 +111,8 @@ start_suite() {
   local label=$1; shift
   echo "== $label (started in the background)"
   ( set +e; started=$SECONDS
-    "$@" > "$logs/$label.raw" 2>&1; echo $? > "$logs/$label.rc"; echo $((SECONDS - started)) > "$logs/$label.seconds"
+    timeout --kill-after=30 "$(stage_limit "$label")" "$@" > "$logs/$label.raw" 2>&1; echo $? > "$logs/$label.rc"
+    echo $((SECONDS - started)) > "$logs/$label.seconds"
     sed "s/\x1b\[[0-9;]*m//g" "$logs/$label.raw" > "$logs/$label.log"; rm -f "$logs/$label.raw" ) &
   eval "suite_pid_${label//-/_}=\$!"; background_pids+=("$!")
 }
@@ -92,6 +120,7 @@ join_suite() {
   local label=$1 pid_var="suite_pid_${1//-/_}"
   echo "== $label (joined)"
   wait "${!pid_var}" || true
+  case $(cat "$logs/$label.rc" 2>/dev/null) in 124|137) name_hung_tests "$label" "$(stage_limit "$label")" ;; esac
   grep -E '^.{0,12}(✔|✘|➜|MEASURED|◇ Test run)' "$logs/$label.log" | grep -v '◇ Test [a-zA-Z]' || true
   judge_suite "$label" "$(cat "$logs/$label.rc" 2>/dev/null || echo 1)"
   timings+=("$(printf '%-24s %4d s (beside the stages before it)' "$label" "$(cat "$logs/$label.seconds" 2>/dev/null || echo 0)")")

@@ -157,10 +157,17 @@ package final class ConnectionDriver: @unchecked Sendable {
 
     // MARK: Lifecycle
 
-    /// Starts reading and accepting frames; reports to `handler`. On the loop, once.
+    /// Starts reading and accepting frames; reports to `handler`. On the loop, once. A connection
+    /// closed before it started reports its close to `handler` at once.
     package func start(handler: any ConnectionHandler) {
         dispatchPrecondition(condition: .onQueue(queue))
-        guard lifecycle.start() else { return }
+        guard lifecycle.start() else {
+            // Closed before it started (aborted from another context: a cancelled handshake's
+            // task, a stopping server): the handler hears it at once. It used to hear nothing,
+            // and a handshake awaiting it waited forever (a server's stop() hung under TSan).
+            if let reason = closeReason { handler.connection(self, closedWith: reason) }
+            return
+        }
         self.handler = handler
         send.withLock { $0.writes.open() }
         lastFrameTime = uptimeNanoseconds()

@@ -53,4 +53,32 @@ import TestSupport
             }
         }
     }
+    /// A handshake whose task is cancelled before it begins (a stopping server cancels the
+    /// handshakes it admitted but has not started) ends at once with the connection closed, in
+    /// both security modes. It used to wait forever: the cancellation closed the connection before
+    /// the exchange started reading, and the exchange never heard of the close (a server's
+    /// `stop()` hung on it in CI under ThreadSanitizer).
+    @Test(arguments: [false, true])
+    func aHandshakeCancelledBeforeItBeginsEndsAtOnce(encrypted: Bool) async throws {
+        var clientConfiguration = config("client"), serverConfiguration = config("server")
+        if encrypted {
+            clientConfiguration.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+            serverConfiguration.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        }
+        let (client, server) = (clientConfiguration, serverConfiguration)
+        let outcome = try await withDeadline(10, "the cancelled handshakes") { () -> String in
+            let attempt = Task { () -> String in
+                withUnsafeCurrentTask { $0?.cancel() }
+                do {
+                    _ = try await MessageChannel.pair(client: client, server: server, logger: testLogger())
+                    return "connected"
+                } catch {
+                    return "\(error)"
+                }
+            }
+            return await attempt.value
+        }
+        #expect(outcome != "connected")
+        #expect(outcome.contains("closed"), "\(outcome)")
+    }
 }

@@ -177,4 +177,16 @@ import ProtocolCore
         }
         #expect(await Self.take(2, from: events) == [.deadline(.ack), .deadline(.request)])
     }
+    /// A connection aborted before it started (from another context: a cancelled handshake)
+    /// tells the handler it is given of the close at once; before, it said nothing, and whoever
+    /// waited on the handler waited forever.
+    @Test func aConnectionClosedBeforeItStartsTellsItsHandlerAtOnce() async throws {
+        let (a, b) = try Self.socketPair()
+        defer { close(b) }
+        let driver = ConnectionDriver(fd: FileDescriptor(a), loop: LoopGroup.shared.next(), configuration: ConnectionConfiguration(), logger: Self.logger)
+        driver.abort(.localClose)
+        let recorder = Recorder()
+        driver.queue.async { driver.start(handler: recorder) }
+        #expect(await Self.take(1, from: recorder) == [.closed(.localClose)])
+    }
 }
