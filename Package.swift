@@ -29,6 +29,12 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         // preview-server's opt-in Prometheus endpoint (a demo program, not the library).
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
+        // preview-server's web page (--web-port): a well-kept HTTP server and a Markdown renderer, in
+        // the daemon's target only, never in the library. (Hummingbird's manifest needs Swift 6.2:
+        // the programs do, the library products still build with 6.0.)
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/JohnSundell/Ink.git", from: "0.6.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.0.0"),
         // `swift package generate-documentation` (Tests/docs/build-docs.sh).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.4.0"),
     ],
@@ -155,6 +161,9 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Ink", package: "Ink"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
             ],
             path: "Demo/preview-server",
             swiftSettings: strict

@@ -40,6 +40,10 @@ noise_python=""
 # PyPI's dnspython in a venv under .build/, for the TSIG interop test of the wide-area suite.
 dnspython=""
 [ "$unit_only" = yes ] || dnspython=$(Tests/harness/install-dnspython.sh)
+# Debian's headless Chromium and chromium-driver, and a venv with PyPI's Selenium, Pillow and
+# prometheus_client, for the real-browser tests of preview-server's web page.
+browser_python=""
+[ "$unit_only" = yes ] || browser_python=$(Tests/harness/install-browser.sh)
 
 bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
@@ -164,7 +168,8 @@ run_suite chaos env "${unit_env[@]}" LANMSG_CHAOS_CYCLES="${CHAOS_CYCLES:-8}" \
 
 if [ "$unit_only" = no ]; then
   # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
-  run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" Tests/harness/avahi-harness.sh run --hosts 2 -- \
+  run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" BROWSER_PYTHON="$browser_python" \
+    Tests/harness/avahi-harness.sh run --hosts 2 -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded' \
     --skip WideAreaIntegrationTests
   # Wide-area DNS-SD across a router: BIND 9 in a DNS namespace, hosts on two subnets (Tests/harness/

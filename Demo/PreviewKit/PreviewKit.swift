@@ -41,18 +41,22 @@ public enum PreviewProtocol {
         public static let maxSize = "max"
         /// Free space in the server's directory, bytes (updated after every push).
         public static let freeSpace = "free"
+        /// The port of the server's live web page (`http://HOST:PORT/`), when it serves one beyond
+        /// loopback (`--web-port` with `--web-address`).
+        public static let webPort = "web"
     }
 
     /// The metadata key of a `preview.file` transfer naming its offer.
     public static let offerMetadataKey = "offer"
 
     /// The TXT record a server publishes.
-    public static func txt(maxSize: UInt64, freeSpace: UInt64?) -> TXTRecord {
+    public static func txt(maxSize: UInt64, freeSpace: UInt64?, webPort: UInt16? = nil) -> TXTRecord {
         var record = TXTRecord()
         record[TXTKey.protocolVersion] = String(version)
         record[TXTKey.serverVersion] = serverVersion
         record[TXTKey.maxSize] = String(maxSize)
         if let freeSpace { record[TXTKey.freeSpace] = String(freeSpace) }
+        if let webPort { record[TXTKey.webPort] = String(webPort) }
         return record
     }
 }

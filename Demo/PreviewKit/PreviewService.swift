@@ -339,6 +339,8 @@ public final class PreviewService: Sendable {
                 file = try await store.receive(reservation, chunks: transfer.chunks)
             }
             stored = file
+            stored?.pusher = StoredFile.Pusher(
+                name: connection.peer.name, key: connection.channel.peerIdentity?.fingerprint.short)
             result = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size)
         } catch {
             transfer.discard()

@@ -90,6 +90,19 @@ public struct StoredFile: Sendable, Hashable {
     public let sha256: String
     /// Size in bytes.
     public let size: UInt64
+    /// Who pushed it (set by ``PreviewService`` once stored; nil from the store itself).
+    public var pusher: Pusher? = nil
+
+    /// A pusher as a person sees it: the name its client gave, and its key's short form (nil for a
+    /// plaintext pusher, which proves no key).
+    public struct Pusher: Sendable, Hashable {
+        public let name: String
+        public let key: String?
+        public init(name: String, key: String?) {
+            self.name = name
+            self.key = key
+        }
+    }
 }
 
 /// The receiving side's directory: admits offers (name, size, free space), streams transfers into

@@ -25,6 +25,12 @@ struct PreviewPushCommand: AsyncParsableCommand {
     @Flag(help: "List the previewers found on the network and exit.")
     var list = false
 
+    @Flag(
+        help: ArgumentHelp(
+            "Push FILE, then again on every save (inotify), until SIGINT or SIGTERM: an edit-save-look loop with no "
+                + "command. A save whose content the previewer already has (the SHA-256 of the last push) is not sent."))
+    var watch = false
+
     @Option(help: "The previewer's service name (see --list).")
     var to: String?
 
@@ -73,6 +79,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
 
     func validate() throws {
         if list && !files.isEmpty { throw ValidationError("--list takes no files") }
+        if watch && (list || files.count != 1) { throw ValidationError("--watch takes exactly one file") }
         if !list && files.isEmpty { throw ValidationError("name at least one file to push (or use --list)") }
         if (host == nil) != (port == nil) { throw ValidationError("--host and --port go together") }
         if host != nil && to != nil {
@@ -158,7 +165,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
         let retryFor = self.retryFor
         let interactive = isatty(STDERR_FILENO) == 1
         var failures = 0
-        for file in files {
+        /// Pushes one file; its SHA-256 when stored.
+        func push(_ file: String) async -> String? {
             let bar = ProgressBar(interactive: interactive)
             if !interactive { say("pushing \(file) to '\(server)'") }
             do {
@@ -181,11 +189,18 @@ struct PreviewPushCommand: AsyncParsableCommand {
                     "stored \(file) on '\(FileName.printable(server))' as '\(FileName.printable(result.storedName ?? "?", limit: 300))' (\(result.size ?? 0) bytes, "
                         + "sha256 \(result.sha256 ?? "?"), \(String(format: "%.1f", rate)) MiB/s)")
                 if verbose, let health = await client.health { note("preview-push: link: \(health)") }
+                return result.sha256
             } catch {
                 bar.finish()
                 failures += 1
                 fail("failed \(file): \(error.message) [\(error.code)]")
+                return nil
             }
+        }
+        if watch, let file = files.first {
+            try await watchAndPush(file, push: push)
+        } else {
+            for file in files { _ = await push(file) }
         }
         await client.close()
         drain.cancel()
@@ -194,6 +209,36 @@ struct PreviewPushCommand: AsyncParsableCommand {
             fail("preview-push: \(failures) of \(files.count) file\(files.count == 1 ? "" : "s") failed")
             throw ExitCode(1)
         }
+    }
+
+    /// `--watch`: pushes `file`, then again after every save whose content differs from what was
+    /// last stored, until SIGINT or SIGTERM.
+    func watchAndPush(_ file: String, push: (String) async -> String?) async throws {
+        let watcher: FileWatcher
+        do {
+            watcher = try FileWatcher(path: file)
+        } catch {
+            fail("preview-push: --watch: \(error)")
+            throw ExitCode(2)
+        }
+        defer { watcher.stop() }
+        var stored = await push(file)
+        note("preview-push: watching \(file): every save is pushed (Ctrl-C ends)")
+        for await _ in watcher.saves {
+            let sha: String
+            do {
+                sha = try sha256OfFile(atPath: file).hex
+            } catch {
+                note("preview-push: \(file) cannot be read now (\(error)); waiting for the next save")
+                continue
+            }
+            if sha == stored {
+                say("unchanged \(file) (sha256 \(sha)): the previewer has it, not pushed")
+                continue
+            }
+            stored = await push(file) ?? stored
+        }
+        note("preview-push: stopped watching \(file)")
     }
 
     func listPreviewers(logger: Logger) async throws {
@@ -224,9 +269,30 @@ struct PreviewPushCommand: AsyncParsableCommand {
             let free = resolved.txt[PreviewProtocol.TXTKey.freeSpace].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let max = resolved.txt[PreviewProtocol.TXTKey.maxSize].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let addresses = resolved.addresses.map(\.description).joined(separator: ", ")
+            // The key's short form (TXT `fp`), whether this preview-push knows it (its trust store,
+            // trust on first use), and the web page when the previewer publishes one (TXT `web`).
+            let key = resolved.txt["fp"].map { FileName.printable($0, limit: 24) }
+            let page = resolved.txt[PreviewProtocol.TXTKey.webPort].flatMap(UInt16.init).flatMap { port in
+                // An IPv4 address first, then a global IPv6 one: a browser takes neither a link-local
+                // address's zone nor a host name that only mDNS resolves everywhere.
+                (resolved.addresses.first { $0.ip.version == .ipv4 }
+                    ?? resolved.addresses.first { !$0.ip.isLinkLocal }).map { address -> String in
+                    address.ip.version == .ipv6 ? "http://[\(address.ip)]:\(port)/" : "http://\(address.ip):\(port)/"
+                }
+            }
             say(
-                "\(name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)\tpv \(FileName.printable(version))\tfound in \(service.foundIn)")
+                "\(name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)\tpv \(FileName.printable(version))\tfound in \(service.foundIn)"
+                    + "\tkey \(key ?? "none (plaintext)")\t\(trust(of: service.name, key: key))\tpage \(page ?? "none")")
         }
+    }
+
+    /// What this preview-push's trust store says of a previewer's key: `trusted` (remembered on a
+    /// first push), `new` (never pushed to), or `KEY CHANGED` (a push would be refused).
+    func trust(of name: String, key: String?) -> String {
+        guard let key else { return "no key" }
+        let store = TrustStore(path: TrustStore.defaultPath(app: "preview-push"))
+        guard let known = store.fingerprint(for: name) else { return "new" }
+        return known.short == key ? "trusted" : "KEY CHANGED (a push is refused)"
     }
 }
 

@@ -18,13 +18,18 @@ final class PreviewDaemon: Service, Sendable {
     let key: PreSharedKey?
     let security: ChannelSecurity
     let discoveryConfiguration: DiscoveryConfiguration?
+    /// The web page's list and live updates (`--web-port`), told of each stored file.
+    let inbox: PreviewInbox?
+    /// The web page's port once it listens beyond loopback: published in TXT (`web`).
+    let webPort = Mutex<UInt16?>(nil)
     let logger: Logger
 
     init(
         store: PreviewStore, partials: PartialTransfers? = nil, name: String, port: UInt16,
         discovery: DiscoveryConfiguration? = nil, onReceive: String?, gracePeriod: Duration,
-        key: PreSharedKey? = nil, security: ChannelSecurity = .standard, logger: Logger
+        key: PreSharedKey? = nil, security: ChannelSecurity = .standard, inbox: PreviewInbox? = nil, logger: Logger
     ) {
+        self.inbox = inbox
         self.discoveryConfiguration = discovery
         self.key = key
         self.security = security
@@ -64,10 +69,11 @@ final class PreviewDaemon: Service, Sendable {
         say("listening on port \(port)")
 
         let txt = security.stampTXT(
-            PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace()))
+            PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace(), webPort: webPort.withLock { $0 }))
         let publication = try await discovery.publish(
             name: name, type: PreviewProtocol.serviceType, port: port, txt: txt)
         publicationBox.set(publication)
+        await updateTXT()  // the web page's port, if it came while publishing
         let publicationEvents = Task {
             for await event in publication.events {
                 switch event {
@@ -122,15 +128,22 @@ final class PreviewDaemon: Service, Sendable {
     private let publicationBox = PublicationBox()
 
     private func stored(_ file: StoredFile) async {
+        inbox?.stored(file)  // first: the page shows it within milliseconds of the pusher's result
         say("stored '\(FileName.printable(file.name, limit: 300))' (\(file.size) bytes, sha256 \(file.sha256))")
         await updateTXT()
         if let onReceive { Hook.run(onReceive, path: file.path, logger: logger) }
     }
 
+    /// The web page listens on `port` beyond loopback: the TXT record says so.
+    func webPageListening(port: UInt16) async {
+        webPort.withLock { $0 = port }
+        await updateTXT()
+    }
+
     private func updateTXT() async {
         guard let publication = publicationBox.value else { return }
         let txt = security.stampTXT(
-            PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace()))
+            PreviewProtocol.txt(maxSize: store.maxSize, freeSpace: store.freeSpace(), webPort: webPort.withLock { $0 }))
         guard txt != publication.txt else { return }
         do {
             try await publication.updateTXT(txt)

@@ -5,6 +5,7 @@ import Messaging
 import Metrics
 import PreviewKit
 import Prometheus
+import ProtocolCore
 import ServiceLifecycle
 import Synchronization
 
@@ -78,6 +79,26 @@ struct PreviewServerCommand: AsyncParsableCommand {
 
     @Option(
         help: ArgumentHelp(
+            "Serve a live web page of the pushed files at http://<web-address>:<port>/ (off unless given; 0: "
+                + "kernel-assigned, printed at start). New pushes show at once, without a reload. It also serves "
+                + "/metrics.", valueName: "port"))
+    var webPort: UInt16?
+
+    @Option(
+        help: ArgumentHelp(
+            "The address the web page listens on (an IPv4 or IPv6 address; default: loopback only). Another "
+                + "address (0.0.0.0, ::, this host's) lets phones and tablets on the network open it, and the page's "
+                + "port is published in TXT (web).", valueName: "address"))
+    var webAddress: String = "127.0.0.1"
+
+    @Flag(
+        help: ArgumentHelp(
+            "Let pushed HTML files run their scripts on the web page (still sandboxed: no same origin, no access to "
+                + "the page). Off by default: anyone who can push could run code in every viewer's browser."))
+    var allowScripts = false
+
+    @Option(
+        help: ArgumentHelp(
             "Also register the previewer in a unicast DNS domain (wide-area DNS-SD), signing the updates with this "
                 + "TSIG key file (what tsig-keygen writes). Environment: LANMSG_WIDE_AREA_KEY.", valueName: "file"))
     var wideAreaKey: String?
@@ -120,6 +141,12 @@ struct PreviewServerCommand: AsyncParsableCommand {
         } catch {
             throw ValidationError(error.message)
         }
+        for (option, address) in [("--metrics-address", metricsAddress), ("--web-address", webAddress)] {
+            guard (try? SocketAddress(ipAddress: address, port: 0)) != nil else {
+                throw ValidationError("\(option) must be an IP address, e.g. 127.0.0.1, ::1 or 0.0.0.0 (got '\(address)')")
+            }
+        }
+        if allowScripts && webPort == nil { throw ValidationError("--allow-scripts needs --web-port") }
     }
 
     func run() async throws { try await execute() }
@@ -151,18 +178,18 @@ struct PreviewServerCommand: AsyncParsableCommand {
             throw ValidationError(error.message)
         }
         FileHandle.standardError.write(Data("preview-server: key \(serverIdentity.fingerprint.full)\n".utf8))
-        // Metrics: bootstrapped before the server is made (it takes the back end it finds then).
-        var endpoint: MetricsEndpoint?
-        if let metricsPort {
-            let registry = PrometheusCollectorRegistry()
-            MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
-            do {
-                endpoint = try MetricsEndpoint(registry: registry, address: metricsAddress, port: metricsPort, logger: logger)
-            } catch {
-                throw ValidationError("\(error)")
-            }
-            FileHandle.standardError.write(
-                Data("preview-server: metrics at http://\(endpoint!.address)/metrics\n".utf8))
+        // Metrics: bootstrapped before the server is made (it takes the back end it finds then),
+        // when something serves them (--metrics-port, or the web page's /metrics).
+        var registry: PrometheusCollectorRegistry?
+        if metricsPort != nil || webPort != nil {
+            let made = PrometheusCollectorRegistry()
+            MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: made))
+            registry = made
+        }
+        let inbox = webPort.map { _ in PreviewInbox(directory: store.directory) }
+        if allowScripts {
+            logger.warning(
+                "--allow-scripts: pushed HTML files run their scripts in every viewer's browser (sandboxed: no same origin); anyone who can push can run code there")
         }
         let (discoveryConfiguration, problems) = try discoveryConfiguration()
         for problem in problems { logger.warning("ignored discovery setting: \(problem)") }
@@ -172,13 +199,48 @@ struct PreviewServerCommand: AsyncParsableCommand {
             onReceive: onReceive,
             gracePeriod: .milliseconds(Int64(gracePeriod * 1000)),
             key: try keyFile.map { try PreSharedKey(contentsOfFile: $0) },
-            security: .encrypted(identity: serverIdentity, trust: acceptPolicy(logger: logger)), logger: logger)
+            security: .encrypted(identity: serverIdentity, trust: acceptPolicy(logger: logger)), inbox: inbox,
+            logger: logger)
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [.init(service: daemon)]
+        let web = PreviewWeb(
+            inbox: inbox ?? PreviewInbox(directory: store.directory), name: daemon.name, allowScripts: allowScripts,
+            registry: registry, logger: logger)
+        if let metricsPort {
+            let address = metricsAddress
+            services.append(
+                .init(
+                    service: WebService.make(
+                        router: web.router(pageless: true), address: address, port: metricsPort, logger: logger,
+                        inbox: nil
+                    ) { port in
+                        Self.say("preview-server: metrics at http://\(Self.urlHost(address)):\(port)/metrics")
+                    }))
+        }
+        if let webPort, let inbox {
+            let address = webAddress
+            let published = !Self.isLoopback(address)
+            services.append(
+                .init(
+                    service: WebService.make(
+                        router: web.router(), address: address, port: webPort, logger: logger, inbox: inbox
+                    ) { port in
+                        Self.say("preview-server: web page at http://\(Self.urlHost(address)):\(port)/")
+                        if published { Task { await daemon.webPageListening(port: UInt16(port)) } }
+                    }))
+        }
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [.init(service: daemon)] + (endpoint.map { [.init(service: $0)] } ?? []),
-                gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+                services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
     }
+
+    /// A line on standard error (where the metrics' and the page's addresses have always gone).
+    static func say(_ line: String) { FileHandle.standardError.write(Data((line + "\n").utf8)) }
+
+    /// An address as the host of a URL (an IPv6 address in brackets).
+    static func urlHost(_ address: String) -> String { address.contains(":") ? "[\(address)]" : address }
+
+    static func isLoopback(_ address: String) -> Bool { address.hasPrefix("127.") || address == "::1" }
 
     /// The trust policy of `--accept` (and the pairing window of `--pair-for`).
     func acceptPolicy(logger: Logger) -> TrustPolicy {

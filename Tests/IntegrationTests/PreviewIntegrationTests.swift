@@ -198,7 +198,9 @@ struct PreviewIntegrationTests {
         #expect(pushed.status == 0, "\(pushed.output)")
 
         func get(_ path: String) throws -> String {
-            let script = "exec 3<>/dev/tcp/127.0.0.1/\(metricsPort); printf 'GET \(path) HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
+            // `Connection: close`: the answer ends with the connection (Hummingbird keeps an HTTP/1.0
+            // connection open unless asked; a client reading to the end would wait).
+            let script = "exec 3<>/dev/tcp/127.0.0.1/\(metricsPort); printf 'GET \(path) HTTP/1.0\\r\\nConnection: close\\r\\n\\r\\n' >&3; cat <&3"
             return try Harness.run(["nsenter", "-t", Harness.hostBPID, "-n", "--", "bash", "-c", script]).output
         }
         // The server counts the push's connection close after the pusher's goodbye: wait for it.
@@ -207,7 +209,7 @@ struct PreviewIntegrationTests {
             scrape = try get("/metrics")
             return scrape.contains(#"lanmsg_connections_closed_total{role="server",reason="goodbye"} 1"#)
         }
-        #expect(scrape.hasPrefix("HTTP/1.1 200 OK"))
+        #expect(scrape.hasPrefix("HTTP/1.1 200 OK"), "\(scrape.prefix(200))")
         #expect(scrape.contains(#"lanmsg_connections_accepted_total{role="server"} 1"#))
         #expect(scrape.contains(#"lanmsg_connections_open{role="server"} 0"#))
         #expect(scrape.contains(#"lanmsg_messages_received_total{role="server",type="preview.offer"} 1"#))
@@ -216,7 +218,7 @@ struct PreviewIntegrationTests {
         #expect(scrape.contains(#"lanmsg_discovery_events_total{event="published"} 1"#))
         let bytesLine = try #require(scrape.split(separator: "\n").first { $0.hasPrefix(#"lanmsg_bytes_received_total{role="server"} "#) })
         #expect((Int(bytesLine.split(separator: " ").last ?? "") ?? 0) > 1024 * 1024)
-        #expect(try get("/").hasPrefix("HTTP/1.1 404"))
+        #expect(try get("/").hasPrefix("HTTP/1.1 404"))  // --metrics-port serves /metrics only, not the page
     }
 
     /// Version 2 end to end with the programs: pairing (--accept paired --pair-for), the code shown

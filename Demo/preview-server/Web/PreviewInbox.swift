@@ -1,0 +1,169 @@
+import Dispatch
+import Foundation
+import PreviewKit
+import Synchronization
+
+/// What the web page shows: the files in the inbox directory, newest first, read from the
+/// directory at each request (a file deleted by hand is gone from the page, one copied in by hand
+/// is listed), with the pusher and time of those pushed since the server started; and the pages
+/// watching for new pushes (Server-Sent Events), told of each stored file at once.
+final class PreviewInbox: Sendable {
+    /// One file as the page lists it (JSON).
+    struct Entry: Codable, Sendable, Equatable {
+        /// The stored name (what `/files/` and `/render/` take, percent-encoded).
+        let name: String
+        /// The name as shown: control and bidirectional formatting characters visible as `\u{…}`
+        /// escapes (``FileName/printable(_:limit:)``), never interpreted. The page shows it as text.
+        let display: String
+        let size: UInt64
+        /// How the page shows it: image, pdf, text, markdown, html or other.
+        let kind: PreviewKind
+        /// Its media type (also what `/files/` serves it as).
+        let type: String
+        /// Who pushed it: the client's name (escaped like `display`) and its key's short form; nil
+        /// for a file that was in the directory before the server started.
+        let pusher: String?
+        let pusherKey: String?
+        /// When it was stored (milliseconds since 1970; the file's modification time for one that
+        /// was there before).
+        let time: Int64
+    }
+
+    /// What a watching page is told.
+    enum Update: Sendable {
+        case stored(Entry)
+        /// Nothing new: a comment line that finds pages gone away (every ``pingInterval``).
+        case ping
+    }
+
+    let directory: String
+    /// Said to a watching page every so often when nothing else is: a write to a page that went
+    /// away fails, and its watch ends (instead of waiting for the next push).
+    static let pingInterval: DispatchTimeInterval = .seconds(20)
+
+    private struct Pushed: Sendable {
+        let pusher: String?, pusherKey: String?, time: Int64
+    }
+    private struct State {
+        var pushed: [String: Pushed] = [:]
+        var watchers: [UInt64: AsyncStream<Update>.Continuation] = [:]
+        var lastWatcher: UInt64 = 0
+        var finished = false
+        var timer: (any DispatchSourceTimer)?
+    }
+    private let state = Mutex(State())
+
+    init(directory: String) {
+        self.directory = directory
+        state.withLock { state in
+            let timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "preview-server.web.ping"))
+            timer.schedule(deadline: .now() + Self.pingInterval, repeating: Self.pingInterval, leeway: .seconds(1))
+            timer.setEventHandler { [weak self] in self?.tell(.ping) }
+            timer.resume()
+            state.timer = timer
+        }
+    }
+
+    deinit { state.withLock { $0.timer?.cancel() } }
+
+    /// A file was stored: remembered with its pusher and told to every watching page.
+    @discardableResult
+    func stored(_ file: StoredFile, at time: Date = Date()) -> Entry {
+        let milliseconds = Int64(time.timeIntervalSince1970 * 1000)
+        let pushed = Pushed(
+            pusher: file.pusher.map { FileName.printable($0.name, limit: 64) }, pusherKey: file.pusher?.key,
+            time: milliseconds)
+        state.withLock { $0.pushed[file.name] = pushed }
+        let entry = Self.entry(name: file.name, size: file.size, pushed: pushed)
+        tell(.stored(entry))
+        return entry
+    }
+
+    /// The files in the directory now, newest first. Left out: the server's temporary files, its
+    /// folder of interrupted pushes, and anything that is not a regular file (a symbolic link, a
+    /// folder).
+    func list() -> [Entry] {
+        let pushed = state.withLock { $0.pushed }
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+        var entries: [Entry] = []
+        entries.reserveCapacity(names.count)
+        for name in names where Self.isListed(name) {
+            var info = stat()
+            guard lstat(directory + "/" + name, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { continue }
+            let modified = Int64(info.st_mtim.tv_sec) * 1000 + Int64(info.st_mtim.tv_nsec) / 1_000_000
+            entries.append(
+                Self.entry(
+                    name: name, size: UInt64(info.st_size),
+                    pushed: pushed[name] ?? Pushed(pusher: nil, pusherKey: nil, time: modified)))
+        }
+        return entries.sorted { ($0.time, $0.name) > ($1.time, $1.name) }
+    }
+
+    /// Whether a directory entry may be listed and served: one plain path component, not one of
+    /// the server's temporary files or its folder of interrupted pushes. (Not the pushed names'
+    /// rules: a file copied in by hand with a bidirectional control in its name is listed, and
+    /// shown escaped.)
+    static func isListed(_ name: String) -> Bool {
+        !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.utf8.contains(0)
+            && name != ".lanmsg-partial" && !FileName.isTempFile(name)
+    }
+
+    private static func entry(name: String, size: UInt64, pushed: Pushed) -> Entry {
+        let (kind, type) = PreviewKind.of(name)
+        return Entry(
+            name: name, display: FileName.printable(name, limit: 300), size: size, kind: kind, type: type,
+            pusher: pushed.pusher, pusherKey: pushed.pusherKey, time: pushed.time)
+    }
+
+    /// The updates for one page, until it goes away or the server stops (``finish()``).
+    func watch() -> AsyncStream<Update> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Update.self, bufferingPolicy: .bufferingNewest(256))
+        let id: UInt64? = state.withLock { state in
+            guard !state.finished else { return nil }
+            state.lastWatcher += 1
+            state.watchers[state.lastWatcher] = continuation
+            return state.lastWatcher
+        }
+        guard let id else {
+            continuation.finish()
+            return stream
+        }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.state.withLock { $0.watchers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    /// Pages watching now.
+    var watcherCount: Int { state.withLock { $0.watchers.count } }
+
+    /// The server stops: every watch ends (their responses finish, so the HTTP server's graceful
+    /// shutdown does not wait on them), and no new one starts.
+    func finish() {
+        let watchers = state.withLock { state in
+            state.finished = true
+            state.timer?.cancel()
+            state.timer = nil
+            defer { state.watchers = [:] }
+            return Array(state.watchers.values)
+        }
+        for watcher in watchers { watcher.finish() }
+    }
+
+    private func tell(_ update: Update) {
+        let watchers = state.withLock { Array($0.watchers.values) }
+        for watcher in watchers { watcher.yield(update) }
+    }
+
+    /// A regular file of the inbox opened without following a symbolic link; nil otherwise.
+    static func openRegularFile(_ path: String) -> FileHandle? {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            close(fd)
+            return nil
+        }
+        return FileHandle(fileDescriptor: fd, closeOnDealloc: true)
+    }
+}

@@ -1,0 +1,238 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import PreviewKit
+import Prometheus
+import ServiceLifecycle
+import Synchronization
+
+/// `--web-port`: the live page (Hummingbird 2), read-only.
+///
+/// - `GET /`: the page (`/app.js`, `/app.css`): the latest file large, the earlier ones listed.
+/// - `GET /api/files`: the list as JSON (``PreviewInbox/Entry``), newest first.
+/// - `GET /events`: Server-Sent Events, one `stored` event per file stored, at once.
+/// - `GET /files/NAME`: the file as it is (`ETag`, `Range`, `If-None-Match`: Hummingbird's
+///   FileMiddleware), only a name in the inbox: anything with a `/` once decoded, `..`, the
+///   server's temporary files and anything but a regular file are refused.
+/// - `GET /render/NAME`: a text or Markdown file rendered (``PageRendering``).
+/// - `GET /metrics`: Prometheus' text, when metrics are on.
+///
+/// Every answer says `X-Content-Type-Options: nosniff`; what a pusher sent is served under a
+/// sandbox Content-Security-Policy (``WebSecurity``).
+struct PreviewWeb {
+    let inbox: PreviewInbox
+    let name: String
+    let allowScripts: Bool
+    let registry: PrometheusCollectorRegistry?
+    let logger: Logger
+
+    /// The router of the page (or, with `pageless`, of `/metrics` alone: `--metrics-port`).
+    func router(pageless: Bool = false) -> Router<BasicRequestContext> {
+        let router = Router()
+        router.add(middleware: WebSecurity(allowScripts: allowScripts))
+        if let registry {
+            router.get("/metrics") { _, _ in
+                var headers = HTTPFields()
+                headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
+                return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer())))
+            }
+        }
+        guard !pageless else { return router }
+        router.add(middleware: InboxGuard(directory: inbox.directory))
+        router.add(
+            middleware: FileMiddleware(inbox.directory, urlBasePath: "/files", logger: logger)
+                .withAdditionalMediaTypes(forFileExtensions: Self.mediaTypes))
+        router.get("/") { _, _ in Self.asset(WebAssets.page, "text/html; charset=utf-8") }
+        router.get("/app.js") { _, _ in Self.asset(WebAssets.script, "text/javascript; charset=utf-8") }
+        router.get("/app.css") { _, _ in Self.asset(WebAssets.style, "text/css; charset=utf-8") }
+        let (inbox, name, allowScripts) = (self.inbox, self.name, self.allowScripts)
+        router.get("/api/files") { _, _ in
+            let listing = Listing(name: FileName.printable(name, limit: 100), allowScripts: allowScripts, files: inbox.list())
+            var headers = HTTPFields()
+            headers[.contentType] = "application/json"
+            headers[.cacheControl] = "no-store"
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: try JSONEncoder().encode(listing))))
+        }
+        router.get("/events") { _, _ in Self.events(inbox) }
+        router.get("/render/:name") { _, context in try Self.render(context.parameters.require("name"), in: inbox.directory) }
+        return router
+    }
+
+    /// The JSON of `/api/files`.
+    struct Listing: Codable {
+        let name: String
+        let allowScripts: Bool
+        let files: [PreviewInbox.Entry]
+    }
+
+    /// The media types the FileMiddleware serves by extension (its own table lacks some, and text
+    /// gets its charset).
+    static var mediaTypes: [String: MediaType] {
+        var types: [String: MediaType] = [:]
+        for ext in PreviewKind.texts { types[ext] = MediaType(from: "text/plain; charset=utf-8") }
+        for (ext, type) in PreviewKind.images.merging(PreviewKind.others, uniquingKeysWith: { a, _ in a }) {
+            types[ext] = MediaType(from: type)
+        }
+        for ext in ["md", "markdown", "mdown", "mkd"] { types[ext] = MediaType(from: "text/markdown; charset=utf-8") }
+        for ext in ["html", "htm", "xhtml"] { types[ext] = MediaType(from: "text/html; charset=utf-8") }
+        return types
+    }
+
+    static func asset(_ text: String, _ type: String) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = type
+        headers[.cacheControl] = "no-cache"
+        return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(string: text)))
+    }
+
+    /// Server-Sent Events: `stored` with the entry's JSON for each file stored, a comment line
+    /// every 20 s, until the page goes away or the server stops.
+    static func events(_ inbox: PreviewInbox) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = "text/event-stream"
+        headers[.cacheControl] = "no-store"
+        let updates = inbox.watch()
+        return Response(
+            status: .ok, headers: headers,
+            body: ResponseBody { writer in
+                try await writer.write(ByteBuffer(string: "retry: 1000\n: watching the inbox\n\n"))
+                let encoder = JSONEncoder()
+                for await update in updates {
+                    switch update {
+                    case .stored(let entry):
+                        let json = String(decoding: try encoder.encode(entry), as: UTF8.self)
+                        try await writer.write(ByteBuffer(string: "event: stored\ndata: \(json)\n\n"))
+                    case .ping:
+                        try await writer.write(ByteBuffer(string: ": ping\n\n"))
+                    }
+                }
+                try await writer.finish(nil)
+            })
+    }
+
+    /// `/render/NAME`: a text or Markdown file of the inbox as a page.
+    static func render(_ encoded: String, in directory: String) throws -> Response {
+        guard let name = encoded.removingPercentEncoding, PreviewInbox.isListed(name) else {
+            throw HTTPError(.badRequest, message: "not a file name of the inbox")
+        }
+        let (kind, _) = PreviewKind.of(name)
+        guard kind == .text || kind == .markdown else {
+            throw HTTPError(.notFound, message: "only text and Markdown files are rendered; get it from /files/")
+        }
+        guard let handle = PreviewInbox.openRegularFile(directory + "/" + name) else {
+            throw HTTPError(.notFound, message: "no such file in the inbox")
+        }
+        defer { try? handle.close() }
+        let data = (try? handle.read(upToCount: PageRendering.limit + 1)) ?? Data()
+        let truncated = data.count > PageRendering.limit
+        let bytes = [UInt8](data.prefix(PageRendering.limit))
+        let title = FileName.printable(name, limit: 300)
+        let page =
+            kind == .markdown
+            ? PageRendering.markdown(bytes, title: title, truncated: truncated)
+            : PageRendering.text(bytes, title: title, truncated: truncated)
+        var headers = HTTPFields()
+        headers[.contentType] = "text/html; charset=utf-8"
+        headers[.cacheControl] = "no-cache"
+        return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(string: page)))
+    }
+}
+
+/// Refuses every `/files/` request that is not for a regular file of the inbox by one plain name,
+/// before the FileMiddleware looks: `/files/../x`, `/files/%2e%2e/x`, `/files/a%2Fb`, the
+/// server's temporary files, its folder of interrupted pushes, symbolic links and folders.
+struct InboxGuard<Context: RequestContext>: RouterMiddleware {
+    let directory: String
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let path = request.uri.path
+        guard path.hasPrefix("/files/") || path == "/files" else { return try await next(request, context) }
+        guard request.method == .get || request.method == .head else {
+            throw HTTPError(.methodNotAllowed, message: "the inbox is read-only")
+        }
+        guard let name = path.dropFirst("/files/".count).removingPercentEncoding, PreviewInbox.isListed(name) else {
+            throw HTTPError(.badRequest, message: "not a file name of the inbox (one name, no '/' or '..')")
+        }
+        var info = stat()
+        guard lstat(directory + "/" + name, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            throw HTTPError(.notFound, message: "no such file in the inbox")
+        }
+        return try await next(request, context)
+    }
+}
+
+/// The headers every answer carries: `nosniff` and no referrer; the page's own strict
+/// Content-Security-Policy; and for what a pusher sent (`/files/`, `/render/`) a sandbox policy —
+/// no scripts (unless `--allow-scripts`, for HTML files), no plugins, no same origin — so that
+/// even opened on its own, outside the page's sandboxed frame, a pushed page runs nothing.
+struct WebSecurity<Context: RequestContext>: RouterMiddleware {
+    let allowScripts: Bool
+
+    static var referrerPolicy: HTTPField.Name { HTTPField.Name("Referrer-Policy")! }
+    static var pagePolicy: String {
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-src 'self'; "
+            + "object-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    }
+    static var documentPolicy: String {
+        "sandbox; default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; media-src 'self'; "
+            + "font-src 'self' data:"
+    }
+    static var scriptedPolicy: String {
+        "sandbox allow-scripts; default-src 'none'; script-src 'unsafe-inline' 'self'; img-src 'self' data:; "
+            + "style-src 'unsafe-inline'; media-src 'self'; font-src 'self' data:"
+    }
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        var response: Response
+        do {
+            response = try await next(request, context)
+        } catch let error as any HTTPResponseError {
+            response = try error.response(from: request, context: context)
+        }
+        response.headers[.xContentTypeOptions] = "nosniff"
+        response.headers[Self.referrerPolicy] = "no-referrer"
+        let path = request.uri.path
+        if path.hasPrefix("/files/") {
+            let name = path.dropFirst("/files/".count).removingPercentEncoding ?? ""
+            switch PreviewKind.of(name).0 {
+            case .pdf: break  // the browser's PDF viewer does not run under a sandbox policy
+            case .html where allowScripts: response.headers[.contentSecurityPolicy] = Self.scriptedPolicy
+            default: response.headers[.contentSecurityPolicy] = Self.documentPolicy
+            }
+        } else if path.hasPrefix("/render/") {
+            response.headers[.contentSecurityPolicy] = Self.documentPolicy
+        } else {
+            response.headers[.contentSecurityPolicy] = Self.pagePolicy
+        }
+        return response
+    }
+}
+
+/// The web page as a service of the daemon's service group: on graceful shutdown the pages'
+/// event streams end first (else the HTTP server's own shutdown would wait on them).
+struct WebService: Service {
+    let application: Application<RouterResponder<BasicRequestContext>>
+    let inbox: PreviewInbox?
+
+    func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await application.run()
+        } onGracefulShutdown: {
+            inbox?.finish()
+        }
+    }
+
+    /// An application on `address`:`port` (0: the kernel's choice) that calls `running` with the
+    /// port it got.
+    static func make(
+        router: Router<BasicRequestContext>, address: String, port: UInt16, logger: Logger, inbox: PreviewInbox?,
+        running: @escaping @Sendable (Int) -> Void
+    ) -> WebService {
+        let application = Application(
+            router: router, configuration: .init(address: .hostname(address, port: Int(port)), serverName: "preview-server"),
+            onServerRunning: { channel in running(channel.localAddress?.port ?? 0) }, logger: logger)
+        return WebService(application: application, inbox: inbox)
+    }
+}
