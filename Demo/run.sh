@@ -10,6 +10,8 @@ root=$(pwd)
 
 if [ "${1:-}" != "--inside" ]; then
   Tests/harness/install-deps.sh
+  # Headless Chromium, for the screenshot of preview-server's web page (part 2).
+  Tests/harness/install-browser.sh --browser-only
   echo "== building"
   swift build 2>&1 | tail -n 3
   if avahi-browse -at >/dev/null 2>&1; then
@@ -41,22 +43,60 @@ pids+=($!)
 "$bin/discovery-demo" browse --first --timeout 10
 
 echo
-echo "== 2. preview: preview-server on one host, preview-push a file to it from the other"
+echo "== 2. preview: preview-server on one host with its live web page; preview-push an image and a"
+echo "      Markdown file to it from the other; a real browser (headless Chromium) takes a screenshot"
 preview_dir=$(mktemp -d /tmp/preview-demo.XXXXXX)
 preview_src=$(mktemp -d /tmp/preview-src.XXXXXX)
 printf 'Hello from preview-push, %s\n' "$(date -u)" > "$preview_src/hello.txt"
-"${other[@]}" "$bin/preview-server" --directory "$preview_dir" --name "Demo Preview" --log-level warning &
+python3 - "$preview_src/sunset.png" <<'PY'
+import struct, sys, zlib
+width, height = 480, 270
+rows = []
+for y in range(height):
+    row = bytearray(b"\x00")
+    for x in range(width):
+        sun = (x - 240) ** 2 + (y - 190) ** 2 < 70 ** 2
+        row += bytes((255, 214, 90) if sun else (40 + y * 200 // height, 60 + y // 3, 140 - y // 3))
+    rows.append(bytes(row))
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+open(sys.argv[1], "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                              + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+PY
+printf '# Demo notes\n\nPushed with **preview-push**, rendered by the page (Markdown).\n\n- an image\n- this file\n' \
+  > "$preview_src/notes.md"
+# The page listens on the server host's own address: a phone on that network could open it.
+web_address=127.0.0.1
+[ "$mode" = sandbox ] && web_address=10.77.0.2
+"${other[@]}" "$bin/preview-server" --directory "$preview_dir" --name "Demo Preview" --log-level warning \
+  --web-port 8080 --web-address "$web_address" &
 preview_pid=$!
 pids+=($preview_pid)
 # preview-push browses until "Demo Preview" shows up (bounded by --timeout), then pushes.
 push_status=0
-timeout 60 "$bin/preview-push" "$preview_src/hello.txt" --to "Demo Preview" --timeout 15 || push_status=$?
+timeout 60 "$bin/preview-push" "$preview_src/hello.txt" "$preview_src/notes.md" "$preview_src/sunset.png" \
+  --to "Demo Preview" --timeout 15 || push_status=$?
 echo "-- stored on the server side:"
 ls -l "$preview_dir"
+url="http://$web_address:8080/"
+echo "-- the live page: $url (new pushes show there at once)"
+shot=$root/.build/demo/preview-page.png
+mkdir -p "$(dirname "$shot")"
+rm -f "$shot"
+# The newest file (sunset.png) large, the others listed. (--timeout, not --virtual-time-budget: the
+# page's live event stream never ends, and virtual time waits for it.)
+timeout 60 chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
+  --window-size=1280,720 --timeout=3000 --screenshot="$shot" "$url" > "$shot.log" 2>&1 < /dev/null || true
+if [ -s "$shot" ]; then
+  echo "-- screenshot by headless Chromium: $shot"
+else
+  echo "-- no screenshot: chromium failed:"; grep -v "dbus" "$shot.log" | tail -n 5
+fi
 kill "$preview_pid" 2>/dev/null || true
 wait "$preview_pid" 2>/dev/null || true
 rm -rf "$preview_dir" "$preview_src"
 [ "$push_status" -eq 0 ] || { echo "preview push failed ($push_status)"; exit 1; }
+[ -s "$shot" ] || { echo "the browser took no screenshot of the page"; exit 1; }
 
 echo
 echo "== 3. bonjour-chat: host a room on one host; list it, join it and chat from the other"
