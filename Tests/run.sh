@@ -42,8 +42,14 @@ dnspython=""
 [ "$unit_only" = yes ] || dnspython=$(Tests/harness/install-dnspython.sh)
 # Debian's headless Chromium and chromium-driver, and a venv with PyPI's Selenium, Pillow and
 # prometheus_client, for the real-browser tests of preview-server's web page.
-browser_python=""
-[ "$unit_only" = yes ] || browser_python=$(Tests/harness/install-browser.sh)
+# (Installed beside the build — apt and pip mostly wait on the disk — and waited for before the
+# integration stages.)
+browser_python_file=$(mktemp /tmp/lan-browser.XXXXXX)
+browser_install_pid=""
+if [ "$unit_only" = no ]; then
+  Tests/harness/install-browser.sh > "$browser_python_file" &
+  browser_install_pid=$!
+fi
 
 bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
@@ -167,6 +173,8 @@ run_suite chaos env "${unit_env[@]}" LANMSG_CHAOS_CYCLES="${CHAOS_CYCLES:-8}" \
   "$bin" --testing-library swift-testing --no-parallel --filter SessionChaosTests
 
 if [ "$unit_only" = no ]; then
+  browser_python=""
+  if wait "$browser_install_pid"; then browser_python=$(cat "$browser_python_file"); else echo "!! installing the browser failed"; fi
   # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
   run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" BROWSER_PYTHON="$browser_python" \
     Tests/harness/avahi-harness.sh run --hosts 2 -- \
