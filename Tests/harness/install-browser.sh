@@ -15,19 +15,6 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
 fi
 # --browser-only (Demo/run.sh's screenshot): Chromium alone, no venv.
 [ "${1:-}" = --browser-only ] && exit 0
-check='import selenium.webdriver, PIL.Image, prometheus_client.parser'
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$check" 2>/dev/null; then
-  echo "$venv/bin/python"; exit 0
-fi
-mkdir -p "$(dirname "$venv")"
-if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-  rm -rf "$venv"
-  [ "$(id -u)" = 0 ] || { echo "install-browser: need root to install python3-venv" >&2; exit 1; }
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null 2>&1 \
-    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; }
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'selenium>=4.20,<5' 'pillow>=10' 'prometheus_client>=0.20' >&2 \
-  || { echo "install-browser: pip could not install selenium, pillow and prometheus_client (is PyPI reachable?)" >&2; exit 1; }
-"$venv/bin/python" -c "$check" || { echo "install-browser: the Python packages did not install" >&2; exit 1; }
-echo "$venv/bin/python"
+. Tests/harness/python-venv.sh
+python_venv install-browser "$venv" 'import selenium.webdriver, PIL.Image, prometheus_client.parser' \
+  'selenium>=4.20,<5' 'pillow>=10' 'prometheus_client>=0.20'
