@@ -19,6 +19,7 @@ struct PreviewPageTests {
         "markdown-heading",  // a pushed Markdown heading is rendered as an <h1>; its <script> did not run
         "live-update",  // a second push shows without a reload, within 200 ms of the result
         "html-sandboxed",  // a pushed HTML file's script does not run (its DOM marker stays)
+        "click-shows",  // an earlier file clicked in the list is shown large
         "bidi-escaped",  // a name with U+202E shows the escape, not the reversed name
         "traversal-refused",  // /../, %2e%2e, %2f: refused, nothing outside the inbox served
         "file-headers",  // content type, nosniff, ETag, Range, the sandbox policy of pushed HTML

@@ -236,6 +236,19 @@ def check(arguments):
             return ok, f"the DOM marker says {marker!r}, the page's title {driver.title!r}, sandbox={sandbox!r}"
         checks.run("html-sandboxed", html_sandboxed)
 
+        def click_shows():
+            # An earlier file clicked in the list is shown large (the newest stays first in the list).
+            driver.execute_script(
+                "[...document.querySelectorAll('#files li')].find(e => e.dataset.name === 'red.png').querySelector('button').click()")
+            image = shown(driver, "red.png")
+            first = driver.execute_script("return document.querySelector('#files li').dataset.name")
+            current = driver.execute_script(
+                "return [...document.querySelectorAll('#files li')].filter(e => e.getAttribute('aria-current') === 'true')"
+                ".map(e => e.dataset.name)")
+            return image.tag_name == "img" and first == "page.html" and current == ["red.png"], (
+                f"shown: {image.tag_name} red.png; first in the list {first}; marked current {current}")
+        checks.run("click-shows", click_shows)
+
         def bidi_escaped():
             # Pushed names may not contain bidirectional controls (the server refuses them); a file
             # copied into the folder by hand may: the page shows the escape, never the control.

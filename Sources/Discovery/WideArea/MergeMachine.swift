@@ -112,9 +112,9 @@ struct MergeMachine: Sendable {
     private var domainsKnown = false
     /// The link said "all for now" 2 s ago: domains still polling are not waited for.
     private var graceOver = false
-    private(set) var domains: Set<String> = []
+    private var domains: Set<String> = []
     private var started = false
-    private(set) var stopped = false
+    private var stopped = false
 
     /// - Parameters:
     ///   - includesLink: Browse the link (mDNS through the backend).
