@@ -29,9 +29,11 @@ struct PreviewPageTests {
 
     @Test func thePageShowsWhatIsPushedLiveAndSafelyInARealBrowser() async throws {
         let test = PreviewIntegrationTests()
-        let (directory, work) = (try test.makeDirectory(), try test.makeDirectory())
-        defer { test.remove(directory, work) }
+        let (directory, work, data) = (try test.makeDirectory(), try test.makeDirectory(), try test.makeDirectory())
+        defer { test.remove(directory, work, data) }
         let hostB = PreviewIntegrationTests.hostB
+        // preview-push with a trust store of its own: whether it knows the key is this test's doing.
+        let pushCommand = ["env", "XDG_DATA_HOME=\(data)", Harness.binary("preview-push")]
         let (server, port) = try await test.startServer(
             directory: directory, name: "Preview ITest Page", ["--web-port", "0", "--web-address", hostB])
         defer { server.stop() }
@@ -48,14 +50,14 @@ struct PreviewPageTests {
 
         // preview-push --list: the device table, with the page's address, the key and whether it is trusted.
         func listed() throws -> String {
-            let output = try Harness.run([Harness.binary("preview-push"), "--list", "--timeout", "5"]).output
+            let output = try Harness.run(pushCommand + ["--list", "--timeout", "5"]).output
             return output.split(separator: "\n").first { $0.hasPrefix("Preview ITest Page\t") }.map(String.init) ?? output
         }
         let before = try listed()
         #expect(before.contains("\tpage http://\(hostB):\(webPort)/") && before.contains("\tkey ") && before.contains("\tnew\t"), "\(before)")
 
         #expect(FileManager.default.isExecutableFile(atPath: Self.python), "no browser venv at \(Self.python)")
-        let push = "\(Harness.binary("preview-push")) --host \(hostB) --port \(port)"
+        let push = (pushCommand + ["--host", hostB, "--port", String(port)]).joined(separator: " ")
         let started = ContinuousClock.now
         let result = try Harness.run(
             [Self.python, Self.script, "check", "--url", "http://\(hostB):\(webPort)/", "--push", push, "--work", work,

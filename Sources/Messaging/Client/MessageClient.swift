@@ -151,23 +151,18 @@ public final class MessageClient: Sendable {
     /// client is connecting or reconnecting it waits up to ``ClientConfiguration/connectionWait``
     /// for the connection.
     public func send<T: Encodable>(_ value: T, type: String) async throws {
-        if let session, sessionInUse {
-            try await session.send(try sessionFrame(value, type: type))
-            return
-        }
-        try await readyChannel(within: configuration.connectionWait).send(value, type: type)
+        try await route().send(value, type: type, codec: configuration.channel.codecs.sendCodec)
     }
 
     /// Whether sends go through the session (false once a server without sessions was met).
     var sessionInUse: Bool { !serverLacksSessions.load(ordering: .acquiring) }
 
-    private func sessionFrame<T: Encodable>(_ value: T, type: String) throws -> Frame {
-        let codec = configuration.channel.codecs.sendCodec
-        do {
-            return Frame(kind: .message, codecID: codec.id, typeID: type, payload: try codec.encode(value))
-        } catch {
-            throw TransportError(.encodingFailed, "could not encode \(T.self) for message '\(type)': \(error)")
-        }
+    /// Where one-way messages go: the session while one is in use (it keeps them across
+    /// reconnects), else the channel, waited for while connecting (up to
+    /// ``ClientConfiguration/connectionWait``).
+    private func route() async throws -> OutboundRoute {
+        if let session, sessionInUse { return .session(session) }
+        return .channel(try await readyChannel(within: configuration.connectionWait))
     }
 
     /// The connection's health (round-trip time, last heard) with this client's reconnect and
@@ -247,11 +242,7 @@ public final class MessageClient: Sendable {
     /// ``SessionStore`` of ``SessionStore/Durability/powerLoss`` it returns once one sync covers
     /// the whole batch (a batch of 64 costs about one `fdatasync`, not 64).
     public func send<T: Encodable>(contentsOf values: some Sequence<T>, type: String) async throws {
-        if let session, sessionInUse {
-            try await session.send(contentsOf: values.map { try sessionFrame($0, type: type) })
-            return
-        }
-        try await readyChannel(within: configuration.connectionWait).send(contentsOf: values, type: type)
+        try await route().send(contentsOf: values, type: type, codec: configuration.channel.codecs.sendCodec)
     }
 
     /// Sends a request and waits for the reply (see ``MessageChannel/request(_:type:expecting:timeout:)``).

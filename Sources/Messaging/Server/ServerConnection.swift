@@ -68,22 +68,18 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// acknowledges it (sent now, or when the client resumes; waits only while the session keeps
     /// its maximum); without one it suspends while the send queue is full.
     public func send<T: Encodable>(_ value: T, type: String) async throws {
-        if let session {
-            let (codec, payload) = try channel.encodeForSending(value, type: type)
-            try await session.send(Frame(kind: .message, codecID: codec, typeID: type, payload: payload))
-        } else {
-            try await channel.send(value, type: type)
-        }
+        let route = self.route
+        try await route.send(value, type: type, codec: channel.configuration.codecs.sendCodec)
     }
 
     /// Sends an already encoded payload (through the session, if any).
     func sendEncoded(_ payload: [UInt8], codecID: UInt8, type: String) async throws {
-        if let session {
-            try await session.send(Frame(kind: .message, codecID: codecID, typeID: type, payload: payload))
-        } else {
-            try await channel.sendEncoded(payload, codecID: codecID, type: type)
-        }
+        try await route.send(payload, codecID: codecID, type: type)
     }
+
+    /// Where this connection's one-way messages go: its session when the client opened one, else
+    /// its channel (which never changes then).
+    private var route: OutboundRoute { session.map(OutboundRoute.session) ?? .channel(channel) }
 
     /// Replies to a request from this peer (``IncomingMessage/expectsReply``).
     public func reply<T: Encodable>(to message: IncomingMessage, with value: T, type: String) async throws {
