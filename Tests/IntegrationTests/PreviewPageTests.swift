@@ -75,6 +75,31 @@ struct PreviewPageTests {
         print("MEASURED page: the browser checks took \(ContinuousClock.now - started)")
     }
 
+    /// `--allow-scripts`: a pushed HTML file's script runs, still sandboxed (an opaque origin: it
+    /// cannot reach the page), and the server warns. Without the flag the same check fails (the
+    /// script never runs; `thePageShows…` checks that side).
+    @Test func allowScriptsRunsPushedScriptsInsideTheirSandboxOnly() async throws {
+        let test = PreviewIntegrationTests()
+        let (directory, work, data) = (try test.makeDirectory(), try test.makeDirectory(), try test.makeDirectory())
+        defer { test.remove(directory, work, data) }
+        let hostB = PreviewIntegrationTests.hostB
+        let (server, port) = try await test.startServer(
+            directory: directory, name: "Preview ITest Scripts",
+            ["--web-port", "0", "--web-address", hostB, "--allow-scripts"])
+        defer { server.stop() }
+        #expect(server.text.contains("--allow-scripts: pushed HTML files run their scripts"))
+        let line = try #require(server.text.split(separator: "\n").first { $0.contains("web page at http://") })
+        let webPort = try #require(UInt16(line.split(separator: ":").last?.split(separator: "/").first ?? ""))
+        let push = ["env", "XDG_DATA_HOME=\(data)", Harness.binary("preview-push"), "--host", hostB, "--port", String(port)]
+        let result = try Harness.run(
+            [Self.python, Self.script, "scripted", "--url", "http://\(hostB):\(webPort)/", "--push",
+                push.joined(separator: " "), "--work", work, "--inbox", directory],
+            timeout: .seconds(120))
+        let found = result.output.split(separator: "\n").first { $0.hasPrefix("CHECK allow-scripts-sandboxed ") }
+        #expect(found?.hasPrefix("CHECK allow-scripts-sandboxed pass") == true, "\(result.output)")
+        #expect(result.status == 0, "\(result.output)")
+    }
+
     /// `preview-push --watch FILE`: pushed at once, then on every save — written in place, or a new
     /// file renamed over it as editors do — and a save of content the previewer already has is not
     /// sent; SIGTERM ends it with status 0.

@@ -4,6 +4,7 @@ Selenium (Tests/harness/install-browser.sh installs them).
 
     preview-page.py check --url http://HOST:PORT/ --push 'preview-push --host HOST --port P'
                           --work DIR --inbox DIR [--screenshots DIR]
+    preview-page.py scripted --url ... --push ... --work DIR --inbox DIR   (a server with --allow-scripts)
     preview-page.py bench --url ... --push ... --work DIR --inbox DIR [--pushes 100] [--files 1000]
                           [--server-pid PID]
 
@@ -321,6 +322,42 @@ def check(arguments):
     return 1 if checks.failed else 0
 
 
+def scripted(arguments):
+    """A server started with --allow-scripts: a pushed HTML file's script runs, inside its
+    sandbox — an opaque origin that cannot reach the page."""
+    work = arguments.work
+    with open(f"{work}/app.html", "w") as f:
+        f.write("<!doctype html><p id=m>not run</p>"
+                "<script>document.getElementById('m').textContent = 'ran in ' + window.origin;"
+                "try { parent.document.title = 'pwned' } catch (e) { document.body.dataset.blocked = 'yes' }</script>")
+    checks = Checks()
+    driver = browser(1280, 900)
+    try:
+        driver.get(arguments.url)
+        wait(driver, "live", lambda d: d.execute_script(
+            "return document.getElementById('status').dataset.state === 'live'"))
+        title = driver.title
+
+        def allowed_but_sandboxed():
+            Pusher(arguments.push).push(f"{work}/app.html")
+            frame = shown(driver, "app.html")
+            sandbox = frame.get_attribute("sandbox")
+            driver.switch_to.frame(frame)
+            try:
+                marker = wait(driver, "the script's marker", lambda d: d.execute_script(
+                    "const m = document.getElementById('m'); return m && m.textContent !== 'not run' ? m.textContent : null"))
+                blocked = driver.execute_script("return document.body.dataset.blocked || 'no'")
+            finally:
+                driver.switch_to.default_content()
+            ok = marker == "ran in null" and blocked == "yes" and driver.title == title and sandbox == "allow-scripts"
+            return ok, (f"the script ran: {marker!r}; reaching the page was blocked: {blocked}; the page's title "
+                        f"{driver.title!r}; sandbox={sandbox!r}")
+        checks.run("allow-scripts-sandboxed", allowed_but_sandboxed)
+    finally:
+        driver.quit()
+    return 1 if checks.failed else 0
+
+
 def raw_get_range(url, path, byte_range):
     parsed = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
@@ -396,7 +433,7 @@ def bench(arguments):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["check", "bench"])
+    parser.add_argument("mode", choices=["check", "scripted", "bench"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--push", required=True, help="the preview-push command, without the file")
     parser.add_argument("--work", required=True, help="a scratch directory for the files pushed")
@@ -406,7 +443,7 @@ def main():
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--server-pid", type=int)
     arguments = parser.parse_args()
-    sys.exit(check(arguments) if arguments.mode == "check" else bench(arguments))
+    sys.exit({"check": check, "scripted": scripted, "bench": bench}[arguments.mode](arguments))
 
 
 if __name__ == "__main__":
