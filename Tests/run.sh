@@ -175,6 +175,7 @@ run_suite chaos env "${unit_env[@]}" LANMSG_CHAOS_CYCLES="${CHAOS_CYCLES:-8}" \
 if [ "$unit_only" = no ]; then
   browser_python=""
   if wait "$browser_install_pid"; then browser_python=$(cat "$browser_python_file"); else echo "!! installing the browser failed"; fi
+  rm -f "$browser_python_file"
   # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
   run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" BROWSER_PYTHON="$browser_python" \
     Tests/harness/avahi-harness.sh run --hosts 2 -- \

@@ -38,28 +38,27 @@ RED = (220, 30, 30)
 BLUE = (30, 60, 220)
 
 
-def png(width, height, rgb):
-    """A solid-colour PNG (written here, so the test does not depend on an image tool)."""
-    raw = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
-
+def encode_png(width, height, rows, level=6):
+    """An 8-bit RGB PNG of `rows` (each width*3 bytes), written here so that the test depends on
+    no image tool."""
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
+    raw = b"".join(b"\x00" + row for row in rows)
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+            + chunk(b"IDAT", zlib.compress(raw, level)) + chunk(b"IEND", b""))
+
+
+def png(width, height, rgb):
+    """A solid-colour PNG."""
+    return encode_png(width, height, [bytes(rgb) * width] * height)
 
 
 def noisy_png(width, height, seed):
     """A PNG of about width*height*3 bytes that does not compress (for the 100 kB pushes)."""
     import random
     rng = random.Random(seed)
-    raw = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 0)) + chunk(b"IEND", b""))
+    return encode_png(width, height, [rng.randbytes(width * 3) for _ in range(height)], level=0)
 
 
 def browser(width, height):
@@ -111,11 +110,13 @@ def shown(driver, name):
         name))
 
 
-def raw_get(url, path):
+def raw_get(url, path, headers=None):
     """GET `path` exactly as written (no normalisation of `..`): status, headers, body."""
     parsed = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
     connection.putrequest("GET", path, skip_accept_encoding=True)
+    for name, value in (headers or {}).items():
+        connection.putheader(name, value)
     connection.endheaders()
     response = connection.getresponse()
     body = response.read()
@@ -282,7 +283,7 @@ def check(arguments):
         def headers():
             _, image, _ = raw_get(arguments.url, "/files/red.png")
             _, page, _ = raw_get(arguments.url, "/files/page.html")
-            status, ranged, body = raw_get_range(arguments.url, "/files/red.png", "bytes=0-7")
+            status, ranged, body = raw_get(arguments.url, "/files/red.png", {"Range": "bytes=0-7"})
             ok = (image.get("x-content-type-options") == "nosniff" and image.get("content-type") == "image/png"
                   and "sandbox" in page.get("content-security-policy", "") and "etag" in image
                   and status == 206 and body == b"\x89PNG\r\n\x1a\n")
@@ -356,16 +357,6 @@ def scripted(arguments):
     finally:
         driver.quit()
     return 1 if checks.failed else 0
-
-
-def raw_get_range(url, path, byte_range):
-    parsed = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
-    connection.request("GET", path, headers={"Range": byte_range})
-    response = connection.getresponse()
-    body = response.read()
-    connection.close()
-    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
 
 
 def rss_kib(pid):

@@ -67,17 +67,10 @@ struct PreviewWeb {
         let files: [PreviewInbox.Entry]
     }
 
-    /// The media types the FileMiddleware serves by extension (its own table lacks some, and text
-    /// gets its charset).
+    /// The media types the FileMiddleware serves by extension: the page's own table (the
+    /// middleware's lacks some, and text gets its charset).
     static var mediaTypes: [String: MediaType] {
-        var types: [String: MediaType] = [:]
-        for ext in PreviewKind.texts { types[ext] = MediaType(from: "text/plain; charset=utf-8") }
-        for (ext, type) in PreviewKind.images.merging(PreviewKind.others, uniquingKeysWith: { a, _ in a }) {
-            types[ext] = MediaType(from: type)
-        }
-        for ext in ["md", "markdown", "mdown", "mkd"] { types[ext] = MediaType(from: "text/markdown; charset=utf-8") }
-        for ext in ["html", "htm", "xhtml"] { types[ext] = MediaType(from: "text/html; charset=utf-8") }
-        return types
+        PreviewKind.byExtension.compactMapValues { MediaType(from: $0.1) }
     }
 
     static func asset(_ text: String, _ type: String) -> Response {

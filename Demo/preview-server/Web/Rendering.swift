@@ -32,22 +32,26 @@ enum PreviewKind: String, Codable, Sendable {
         "mp4": "video/mp4", "wav": "audio/wav", "webm": "video/webm", "epub": "application/epub+zip",
     ]
 
+    /// Every extension known, with its kind and media type: what the page shows and what
+    /// `/files/` serves it as come from this one table.
+    static let byExtension: [String: (PreviewKind, String)] = {
+        var table: [String: (PreviewKind, String)] = [:]
+        for (ext, type) in images { table[ext] = (.image, type) }
+        for ext in texts { table[ext] = (.text, "text/plain; charset=utf-8") }
+        for (ext, type) in others { table[ext] = (.other, type) }
+        for ext in ["md", "markdown", "mdown", "mkd"] { table[ext] = (.markdown, "text/markdown; charset=utf-8") }
+        for ext in ["html", "htm", "xhtml"] { table[ext] = (.html, "text/html; charset=utf-8") }
+        table["pdf"] = (.pdf, "application/pdf")
+        return table
+    }()
+
     /// The kind and media type of a file named `name`.
     static func of(_ name: String) -> (PreviewKind, String) {
         guard let dot = name.lastIndex(of: "."), dot != name.startIndex else {
             return name.lowercased() == "makefile" || name.lowercased() == "dockerfile"
                 ? (.text, "text/plain; charset=utf-8") : (.other, "application/octet-stream")
         }
-        let ext = name[name.index(after: dot)...].lowercased()
-        if let type = images[ext] { return (.image, type) }
-        switch ext {
-        case "pdf": return (.pdf, "application/pdf")
-        case "md", "markdown", "mdown", "mkd": return (.markdown, "text/markdown; charset=utf-8")
-        case "html", "htm", "xhtml": return (.html, "text/html; charset=utf-8")
-        default: break
-        }
-        if texts.contains(ext) { return (.text, "text/plain; charset=utf-8") }
-        return (.other, others[ext] ?? "application/octet-stream")
+        return byExtension[name[name.index(after: dot)...].lowercased()] ?? (.other, "application/octet-stream")
     }
 }
 

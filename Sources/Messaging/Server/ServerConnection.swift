@@ -68,7 +68,6 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// acknowledges it (sent now, or when the client resumes; waits only while the session keeps
     /// its maximum); without one it suspends while the send queue is full.
     public func send<T: Encodable>(_ value: T, type: String) async throws {
-        let route = self.route
         try await route.send(value, type: type, codec: channel.configuration.codecs.sendCodec)
     }
 
