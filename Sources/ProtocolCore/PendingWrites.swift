@@ -103,8 +103,6 @@ package struct PendingWrites {
     private let storedLowWaterMark: UInt32
     private var storedHead: UInt32 = 0
     private var storedWaitersHead: UInt32 = 0
-    /// The peer's limit; `UInt32.max` is none (a frame's length field has 32 bits).
-    private var storedPeerMaxFrameSize = UInt32.max
     /// Whether frames are accepted (the connection is open).
     package private(set) var isAccepting = false
     /// A flush is scheduled on the loop, or the loop waits for the socket to become writable.
@@ -125,12 +123,6 @@ package struct PendingWrites {
         get { Int(storedWaitersHead) }
         set { storedWaitersHead = UInt32(newValue) }
     }
-    /// The largest frame body the peer accepts (learnt in the hello; `Int.max` until then).
-    package var peerMaxFrameSize: Int {
-        get { storedPeerMaxFrameSize == .max ? .max : Int(storedPeerMaxFrameSize) }
-        set { storedPeerMaxFrameSize = UInt32(clamping: newValue) }
-    }
-
     package init(highWaterMark: Int, lowWaterMark: Int) {
         storedHighWaterMark = UInt32(clamping: highWaterMark)
         storedLowWaterMark = UInt32(clamping: min(lowWaterMark, highWaterMark))
@@ -178,16 +170,18 @@ package struct PendingWrites {
     /// `bypassLimit` — at most the high-water mark is unwritten.
     /// - Parameters:
     ///   - size: The frame's encoded size (``Frame/validatedSize(_:)``).
+    ///   - limit: The largest frame body the peer accepts (the connection holds it).
     ///   - now: The current uptime in nanoseconds.
     ///   - threadQuiet: The sending thread queued nothing on any connection within ``streamingGap``
     ///     (a broadcast loop sends to many connections back to back: each connection sees a gap,
     ///     the thread does not).
     /// - Returns: The frame's sequence number and what the caller does next.
     package mutating func enqueue(
-        _ frame: Frame, size: Int, bypassLimit: Bool = false, now: UInt64 = 0, threadQuiet: Bool = false
+        _ frame: Frame, size: Int, limit: Int = .max, bypassLimit: Bool = false, now: UInt64 = 0,
+        threadQuiet: Bool = false
     ) throws(Refusal) -> (sequence: UInt64, next: Next) {
         guard isAccepting else { throw .closed }
-        guard size - 4 <= peerMaxFrameSize else { throw .tooLarge(size: size - 4, limit: peerMaxFrameSize) }
+        guard size - 4 <= limit else { throw .tooLarge(size: size - 4, limit: limit) }
         guard waitingCount == 0, bypassLimit || unwrittenBytes <= highWaterMark else { throw .full }
         let wasEmpty = unwrittenBytes == 0
         let streaming = now &- lastEnqueue < PendingWrites.streamingGap
@@ -200,12 +194,12 @@ package struct PendingWrites {
     /// Queues several frames as one batch, numbered consecutively, when the connection is open,
     /// nobody waits, at most the high-water mark is unwritten and the batch itself is not larger
     /// than the mark (so the queue exceeds the mark by at most one batch).
-    package mutating func enqueue(batch frames: [Frame], sizes frameSizes: [Int], now: UInt64 = 0)
+    package mutating func enqueue(batch frames: [Frame], sizes frameSizes: [Int], limit: Int = .max, now: UInt64 = 0)
         throws(Refusal) -> Next
     {
         guard isAccepting else { throw .closed }
-        if let largest = frameSizes.max(), largest - 4 > peerMaxFrameSize {
-            throw .tooLarge(size: largest - 4, limit: peerMaxFrameSize)
+        if let largest = frameSizes.max(), largest - 4 > limit {
+            throw .tooLarge(size: largest - 4, limit: limit)
         }
         let total = frameSizes.reduce(0, +)
         guard waitingCount == 0, unwrittenBytes <= highWaterMark, total <= highWaterMark else { throw .full }
@@ -226,11 +220,11 @@ package struct PendingWrites {
 
     /// Queues `frame` if it may go now; else keeps `waiter` with the frame until room is made
     /// (FIFO). Only the loop's flush admits waiters.
-    package mutating func enqueueOrWait(_ frame: Frame, size: Int, bypassLimit: Bool = false, waiter: @escaping Waiter)
-        throws(Refusal) -> Queued
-    {
+    package mutating func enqueueOrWait(
+        _ frame: Frame, size: Int, limit: Int = .max, bypassLimit: Bool = false, waiter: @escaping Waiter
+    ) throws(Refusal) -> Queued {
         guard isAccepting else { throw .closed }
-        guard size - 4 <= peerMaxFrameSize else { throw .tooLarge(size: size - 4, limit: peerMaxFrameSize) }
+        guard size - 4 <= limit else { throw .tooLarge(size: size - 4, limit: limit) }
         if bypassLimit || (waitingCount == 0 && unwrittenBytes <= highWaterMark) {
             let sequence = append(frame, size: size)
             return .queued(sequence: sequence, next: claimFlush())

@@ -26,11 +26,12 @@ extension ConnectionDriver {
         // (as NIO flushes in channelReadComplete).
         // (The loop check is the dearer one: made only for a sender that would write itself.)
         let threadQuiet = now &- SendPacing.exchange(now) >= PendingWrites.streamingGap && !loop.isCurrent
+        let limit = peerMaxFrameSize
         var flush = false
         let outcome = send.withLock { state -> Submitted in
             do throws(PendingWrites.Refusal) {
                 let (sequence, next) = try state.writes.enqueue(
-                    frame, size: size, bypassLimit: bypassLimit, now: now, threadQuiet: threadQuiet)
+                    frame, size: size, limit: limit, bypassLimit: bypassLimit, now: now, threadQuiet: threadQuiet)
                 switch next {
                 case .writeNow: flush = writeDirectly(&state, maxBuffers: 2)
                 case .scheduleFlush: flush = true
@@ -107,10 +108,13 @@ extension ConnectionDriver {
     }
 
     private func enqueue(_ frame: Frame, size: Int, bypassLimit: Bool, completion: @escaping Waiter) {
+        let limit = peerMaxFrameSize
         var flush = false
         let outcome = send.withLock { state -> Result<UInt64, TransportError>? in
             do throws(PendingWrites.Refusal) {
-                switch try state.writes.enqueueOrWait(frame, size: size, bypassLimit: bypassLimit, waiter: completion) {
+                switch try state.writes.enqueueOrWait(
+                    frame, size: size, limit: limit, bypassLimit: bypassLimit, waiter: completion)
+                {
                 case .queued(let sequence, let next):
                     flush = next == .scheduleFlush
                     return .success(sequence)
@@ -152,10 +156,11 @@ extension ConnectionDriver {
         for frame in frames { sizes.append(try Frame.validatedSize(frame)) }
         let now = uptimeNanoseconds()
         _ = SendPacing.exchange(now)
+        let limit = peerMaxFrameSize
         var flush = false
         let outcome = send.withLock { state -> Submitted in
             do throws(PendingWrites.Refusal) {
-                switch try state.writes.enqueue(batch: frames, sizes: sizes, now: now) {
+                switch try state.writes.enqueue(batch: frames, sizes: sizes, limit: limit, now: now) {
                 case .writeNow: flush = writeDirectly(&state, maxBuffers: Self.maxIOVecs)
                 case .scheduleFlush: flush = true
                 case .none: break

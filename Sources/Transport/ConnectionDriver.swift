@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import Logging
 import ProtocolCore
+import Synchronization
 
 import Glibc
 
@@ -67,6 +68,10 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// This connection's slot in its loop's ``LoopReadiness`` (-1: not reading: before start or
     /// after teardown).
     var readSlot: Int32 = -1
+    /// The largest frame body the peer accepts (its `max_frame`, learnt in the hello; `UInt32.max`,
+    /// none, until then): the one place the limit is held. Read without a lock by every sender
+    /// (``PendingWrites`` refuses larger frames) and by a session before it keeps a message.
+    private let peerFrameLimit = Atomic<UInt32>(.max)
     /// The idle check waits at least this long (milliseconds; 0: the configured
     /// ``ConnectionConfiguration/idleTimeout`` alone) while no partial frame is buffered: a channel
     /// whose heartbeat is paced (docs/PROTOCOL.md, "Heartbeat pacing") hears a frame less often than
@@ -190,9 +195,15 @@ package final class ConnectionDriver: @unchecked Sendable {
         if !isClosed { self.handler = handler }
     }
 
-    /// The largest frame body the peer accepts (learnt in the hello): larger frames are refused
-    /// before they are queued.
-    package func setPeerMaxFrameSize(_ size: Int) { send.withLock { $0.writes.peerMaxFrameSize = size } }
+    /// The largest frame body the peer accepts (learnt in the hello; `Int.max` until then): larger
+    /// frames are refused before they are queued.
+    package var peerMaxFrameSize: Int {
+        let limit = peerFrameLimit.load(ordering: .acquiring)
+        return limit == .max ? .max : Int(limit)
+    }
+
+    /// Sets ``peerMaxFrameSize`` (the channel does, when it is made from the hello).
+    package func setPeerMaxFrameSize(_ size: Int) { peerFrameLimit.store(UInt32(clamping: size), ordering: .releasing) }
 
     /// Waits until the connection is closed and returns why. Any context.
     package func closed() async -> CloseReason {

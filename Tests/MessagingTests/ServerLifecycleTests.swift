@@ -222,3 +222,40 @@ enum TCPProbe {
         _ = client
     }
 }
+
+extension StopGraceTests {
+    /// The grace periods' timers belong to the server: a session whose client was lost waits for
+    /// an hour, `stop()` cancels its timer, and the server is gone from memory once the app lets it
+    /// go (a global Dispatch timer held it, and the session, for the whole hour).
+    @Test func stopCancelsTheGraceTimersAndTheServerIsReleased() async throws {
+        final class Weak: @unchecked Sendable {  // set once, before it is read
+            weak var server: MessageServer?
+        }
+        let released = Weak()
+        try await {
+            var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Grace")
+            configuration.publish = false
+            configuration.listener.loopbackOnly = true
+            configuration.session = SessionConfiguration()
+            configuration.session?.gracePeriod = .seconds(3_600)
+            let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+            try await server.start()
+            released.server = server
+            let port = try #require(server.port)
+            var clientConfiguration = ClientConfiguration(peerName: "leaver")
+            clientConfiguration.channel.offersSessions = true
+            let channel = try await MessageChannel.connect(
+                to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)],
+                configuration: clientConfiguration.channel, logger: testLogger())
+            _ = try await channel.openSession(
+                MessageSession(id: MessageSession.makeID(), configuration: SessionConfiguration(), logger: testLogger()),
+                timeout: .seconds(5))
+            try await waitUntil("the session is open") { server.connections.first?.session != nil }
+            channel.abort()
+            try await waitUntil("the lost session waits for its client") { server.timers.count == 1 }
+            await server.stop()
+            #expect(server.timers.count == 0, "stop() cancelled the grace timer")
+        }()
+        try await waitUntil("the stopped server is released") { released.server == nil }
+    }
+}

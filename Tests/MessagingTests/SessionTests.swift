@@ -317,3 +317,28 @@ func waitUntil(
         try await Task.sleep(for: .milliseconds(5))
     }
 }
+
+extension SessionTests {
+    /// A session refuses a message larger than the peer's frame limit before keeping it (it could
+    /// never be sent): the limit the session reads is the connection's own, learnt in the hello.
+    @Test func aMessageLargerThanThePeersLimitIsNotKept() async throws {
+        struct Blob: Codable { var bytes: String }
+        let received = Locked<[String]>([])
+        let harness = try await LoopbackServer(
+            configure: { $0.channel.connection.maxFrameSize = 16 * 1024 },
+            handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message.typeID) } } })
+        let client = try await harness.client("large", configure: Self.fastReconnect)  // (a session needs one)
+        try await waitUntil("the session is open") { harness.server.connections.first?.session != nil }
+        await #expect {
+            try await client.send(Blob(bytes: String(repeating: "x", count: 20_000)), type: "big")
+        } throws: { error in
+            let error = error as? TransportError
+            return error?.code == .frameTooLarge && error?.message.contains("16384") == true
+        }
+        #expect(client.unacknowledgedCount == 0 && client.unacknowledgedMessages.isEmpty)
+        try await client.send(Blob(bytes: "small"), type: "small")
+        try await waitUntil("the small message") { received.withLock { $0 } == ["small"] }
+        await client.close()
+        await harness.server.stop()
+    }
+}

@@ -69,7 +69,6 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
         switch outcome {
         case .success(let established):
             driver.logger.debug("hello complete with '\(established.peer.name)' (version \(established.peer.version))")
-            driver.setPeerMaxFrameSize(established.peerMaxFrameSize)
             let channel = MessageChannel(
                 driver: driver, established: established, configuration: configuration,
                 awaitsSession: role == .server && configuration.offersSessions && established.peer.sessions)

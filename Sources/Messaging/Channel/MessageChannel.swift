@@ -25,7 +25,8 @@ public final class MessageChannel: @unchecked Sendable {
     public let peer: PeerInfo
     /// The largest frame body the peer accepts (its `max_frame`): larger messages are refused
     /// before sending, and transfer chunks are cut to fit.
-    public var peerMaxFrameSize: Int { Int(storedPeerMaxFrameSize) }
+    /// (Held by the connection, the one place: its senders refuse larger frames.)
+    public var peerMaxFrameSize: Int { driver.peerMaxFrameSize }
     /// The peer's address.
     public var remoteAddress: SocketAddress? { driver.remoteAddress }
     /// The local address of the connection (asked of its socket); nil once the socket is closed.
@@ -77,9 +78,6 @@ public final class MessageChannel: @unchecked Sendable {
     /// Server: where this channel's messages and close go instead of ``messages`` (``route(to:)``).
     /// Loop-confined.
     var route: (any MessageRoute)?
-    /// ``peerMaxFrameSize`` in 32 bits (a frame's length field is 32 bits), next to the 1-byte flag:
-    /// every idle connection holds one, and 8 bytes per connection show in W5.
-    private let storedPeerMaxFrameSize: UInt32
     final class PendingInstalls: Sendable {
         let list = Locked<[(String, (IncomingMessage) -> Void)]>([])
     }
@@ -117,7 +115,7 @@ public final class MessageChannel: @unchecked Sendable {
         self.driver = driver
         peerIdentity = identity
         self.peer = established.peer
-        self.storedPeerMaxFrameSize = UInt32(clamping: established.peerMaxFrameSize)
+        driver.setPeerMaxFrameSize(established.peerMaxFrameSize)
         self.configuration = configuration
         machine = Machine(awaitsClientSession: awaitsSession)
     }

@@ -265,7 +265,6 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
             driver.logger.debug(
                 "encrypted channel with '\(peer.info.name)' (\(identity.fingerprint), code \(identity.comparisonCode))")
         }
-        driver.setPeerMaxFrameSize(peer.maxFrameSize)
         let established = HandshakeStateMachine.Established(peer: peer.info, peerMaxFrameSize: peer.maxFrameSize)
         let channel = MessageChannel(
             driver: driver, established: established, configuration: configuration, identity: identity,

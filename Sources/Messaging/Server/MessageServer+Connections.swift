@@ -307,8 +307,8 @@ extension MessageServer {
             "connection lost; keeping its session for \(grace)",
             metadata: ["connection": "\(connection)", "reason": "\(reason)"])
         queue.push(.interrupted(connection, reason))
-        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: grace)) {
-            if connection.channel === channel { self.endSession(connection, reason: .sessionExpired) }
+        timers.schedule(after: grace) { [weak self] in
+            if connection.channel === channel { self?.endSession(connection, reason: .sessionExpired) }
         }
     }
 

@@ -48,6 +48,8 @@ public final class MessageServer: Service, Sendable {
     let pacer: HeartbeatPacer?
     /// The configuration of every accepted channel, made once: all of them share its storage.
     let acceptedChannel: ChannelConfiguration
+    /// The grace periods' timers; ``stop()`` cancels what is left.
+    let timers = ServerTimers()
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
@@ -154,7 +156,7 @@ public final class MessageServer: Service, Sendable {
         }
         running = true
         if let journal, let grace = configuration.session?.gracePeriod, !journal.restored.isEmpty {
-            DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: grace)) { [weak self] in self?.expireRestored() }
+            timers.schedule(after: grace) { [weak self] in self?.expireRestored() }
         }
         if let publication { forwardEvents(of: publication, in: work) }
         logger.info("server running", metadata: ["port": "\(listener.port)", "type": "\(configuration.serviceType)"])
@@ -270,6 +272,8 @@ extension MessageServer {
             // closed (below).
             work?.finish()
         }
+        // No grace period ends while stopping: every session ends or is kept below, by stop().
+        timers.cancelAll()
         await publication?.unpublish()
         listener?.stop()
         // With a session store the sessions outlive the server: their connections close without
@@ -284,14 +288,11 @@ extension MessageServer {
             }
         }
         let grace = configuration.stopGracePeriod
-        // One child task per connection waiting for its close, and one Dispatch timer for all of
-        // them that aborts those still open after the grace period (19,000 connections: a timer
-        // and two tasks each took seconds of their own).
-        // The work item stays with Dispatch until its deadline even when cancelled: it holds the
-        // connections through a box emptied below, not directly (19,000 channels kept 5 s longer).
-        let open = Locked(connections)
-        let abortLate = DispatchWorkItem { for connection in open.withLock({ $0 }) { connection.channel.abort() } }
-        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: grace), execute: abortLate)
+        // One child task per connection waiting for its close, and one timer for all of them that
+        // aborts those still open after the grace period (19,000 connections: a timer and two
+        // tasks each took seconds of their own). Cancelled, the timer lets go of the connections
+        // at once.
+        let abortLate = timers.schedule(after: grace) { for connection in connections { connection.channel.abort() } }
         let reasons = await withTaskGroup(of: (Int, CloseReason).self) { group in
             for (index, connection) in connections.enumerated() {
                 group.addTask { (index, await connection.channel.closed()) }
@@ -300,8 +301,7 @@ extension MessageServer {
             for await (index, reason) in group { reasons[index] = reason }
             return reasons
         }
-        abortLate.cancel()  // every connection closed in time
-        open.withLock { $0 = [] }
+        timers.cancel(abortLate)  // every connection closed in time
         // The handshakes still running (a peer that connected and said nothing yet) are aborted
         // and awaited: when stop() returns, nothing of the server runs (they used to run on
         // until their hello timeout, holding their sockets).
