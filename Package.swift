@@ -225,7 +225,9 @@ let package = Package(
         .testTarget(
             name: "SpecExampleTests", dependencies: ["ChatKit", "PreviewKit", "ProtocolCore", "Messaging"],
             swiftSettings: strict),
-        .testTarget(name: "DiscoveryTests", dependencies: ["Discovery", "MDNSCore"], swiftSettings: strict),
+        .testTarget(
+            name: "DiscoveryTests",
+            dependencies: ["Discovery", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")], swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore"], swiftSettings: strict),

@@ -29,11 +29,19 @@ struct DNSExchangeError: Error, Sendable, CustomStringConvertible {
     }
 }
 
+/// Sends a DNS message and returns the first reply with its ID: ``DNSClient`` over the network,
+/// or a test's DNS server in memory (`FakeDNSServer`: the wide-area machines with the real message
+/// building, signing and reply checking, on a fake clock).
+protocol DNSExchanging: Sendable {
+    func exchange(_ bytes: [UInt8], id: UInt16, servers: [DNSServerAddress], timeout: Duration, tcp: Bool) async
+        -> Result<DNSReply, DNSExchangeError>
+}
+
 /// Sends DNS messages to unicast DNS servers: UDP first, each attempt on its own connected,
 /// nonblocking socket (a fresh source port; the kernel drops datagrams from other addresses), read
 /// by a Dispatch source; retransmitted to the next server after a back-off; over TCP when the reply
 /// is truncated. Everything runs on one serial queue; `exchange` is the async entry point.
-final class DNSClient: Sendable {
+final class DNSClient: DNSExchanging {
     let queue: DispatchQueue
 
     init(queue: DispatchQueue = DispatchQueue(label: "discovery.unicast-dns")) {

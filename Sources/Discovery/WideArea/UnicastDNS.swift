@@ -8,17 +8,27 @@ import MDNSCore
 /// Queries and signed updates against unicast DNS servers, on top of ``DNSClient``: the
 /// operations the wide-area registrar, browser and domain enumeration share.
 final class UnicastDNS: Sendable {
+    /// The queue the wide-area sources run on (its own exchanges too, over the network).
     let client: DNSClient
+    /// Where messages go: `client`, or a test's server in memory.
+    let exchanger: any DNSExchanging
     let settings: WideAreaConfiguration
     let logger: Logger
     /// How long one query may take (retransmissions included).
     let queryTimeout: Duration
+    /// Seconds since the epoch, for signatures (``now()``; a test's fake clock).
+    let clock: @Sendable () -> UInt64
 
-    init(settings: WideAreaConfiguration, logger: Logger, client: DNSClient = DNSClient()) {
+    init(
+        settings: WideAreaConfiguration, logger: Logger, client: DNSClient = DNSClient(),
+        exchanger: (any DNSExchanging)? = nil, clock: @escaping @Sendable () -> UInt64 = UnicastDNS.now
+    ) {
         self.settings = settings
         self.logger = logger
         self.client = client
+        self.exchanger = exchanger ?? client
         self.queryTimeout = settings.queryTimeout
+        self.clock = clock
     }
 
     /// The resolvers to ask: the configured ones, else the system's (re-read every time, so an
@@ -46,7 +56,7 @@ final class UnicastDNS: Sendable {
         let id = DNSClient.randomID()
         var message = DNSMessage.query(id: id, name: name, type: type, recursionDesired: recursion)
         message.additionals = [.opt(payloadSize: 1232)]
-        let result = await client.exchange(message.encoded(maxSize: 512), id: id, servers: targets, timeout: queryTimeout, tcp: tcp)
+        let result = await exchanger.exchange(message.encoded(maxSize: 512), id: id, servers: targets, timeout: queryTimeout, tcp: tcp)
         switch result {
         case .success(let reply):
             guard reply.message.isResponse else {
@@ -179,7 +189,8 @@ final class UnicastDNS: Sendable {
 
     /// An update without a signature (for the doctor's check that the server refuses those): the RCODE.
     func sendUnsigned(_ update: DNSMessage, servers: [DNSServerAddress]) async throws(DiscoveryError) -> UInt16 {
-        let result = await client.exchange(update.encoded(maxSize: 65535), id: update.id, servers: servers, timeout: settings.updateTimeout)
+        let result = await exchanger.exchange(
+            update.encoded(maxSize: 65535), id: update.id, servers: servers, timeout: settings.updateTimeout, tcp: false)
         switch result {
         case .success(let reply): return reply.rcode
         case .failure(let error): throw DiscoveryError(.dnsUnreachable, "an unsigned update got no answer: \(error)")
@@ -190,9 +201,9 @@ final class UnicastDNS: Sendable {
     func sendReturningReply(
         _ update: DNSMessage, key: TSIGKey, servers: [DNSServerAddress], describing what: String
     ) async throws(DiscoveryError) -> (outcome: UpdateOutcome, reply: DNSReply) {
-        let now = Self.now()
+        let now = clock()
         let (bytes, requestMAC) = key.sign(update.encoded(maxSize: 65535), id: update.id, time: now)
-        let result = await client.exchange(bytes, id: update.id, servers: servers, timeout: settings.updateTimeout, tcp: bytes.count > 1232)
+        let result = await exchanger.exchange(bytes, id: update.id, servers: servers, timeout: settings.updateTimeout, tcp: bytes.count > 1232)
         let reply: DNSReply
         switch result {
         case .success(let value): reply = value

@@ -52,12 +52,11 @@ final class WideAreaBrowse: Sendable {
 
     /// Carries out `UnicastBrowseMachine`'s actions until the browse is stopped (cancelled).
     private func run() async {
-        guard let domainName = DNSName(domain), let typeName = DNSName(type),
-            let service = DNSName(labels: typeName.labels + domainName.labels)
-        else {
+        guard let reader = UnicastBrowseReader(dns: wideArea.dns, domain: domain, type: type) else {
             onEvent(.allForNow)
             return
         }
+        let domainName = reader.domainName
         var machine = UnicastBrowseMachine()
         var generator = SystemRandomNumberGenerator()
         let timer = Wakeup()
@@ -78,20 +77,20 @@ final class WideAreaBrowse: Sendable {
                     wideArea.forgetZone(of: domainName)
                 case .askSerial:
                     do throws(DiscoveryError) {
-                        let (zone, servers) = try await wideArea.zone(of: domainName)
-                        let serial = try await currentSerial(zone: zone, servers: servers, domainName: domainName)
+                        let (_, servers) = try await wideArea.zone(of: domainName)
+                        let serial = try await reader.serial(servers: servers)
                         input = .serial(.success(.init(serial: serial, servers: servers)), now: UnicastDNS.now())
                     } catch {
                         input = .serial(.failure(error), now: UnicastDNS.now())
                     }
                 case .readNames(let servers):
                     do throws(DiscoveryError) {
-                        input = .names(.success(try await instanceNames(service: service, servers: servers)))
+                        input = .names(.success(try await reader.instanceNames(servers: servers)))
                     } catch {
                         input = .names(.failure(error))
                     }
                 case .readInstances(let names, let servers):
-                    let (found, failed) = await readInstances(names, service: service, servers: servers)
+                    let (found, failed) = await reader.readInstances(names, servers: servers)
                     input = .read(.init(found: found, failed: failed))
                 case .wait:
                     // A Dispatch timer, not a sleeping task; cancelling the browse ends it at once.
@@ -104,14 +103,34 @@ final class WideAreaBrowse: Sendable {
             actions = machine.apply(input)
         }
     }
+}
 
-    private func currentSerial(zone: UnicastDNS.Zone, servers: [DNSServerAddress], domainName: DNSName) async throws(DiscoveryError) -> UInt32 {
-        return try await wideArea.dns.zone(of: domainName, servers: servers).serial
+/// The reads of one unicast browse (one service type in one domain) — the zone's serial, the
+/// type's PTR set, instances' TXT and SRV — answered as `UnicastBrowseMachine` takes them.
+/// `WideAreaBrowse` uses it against the network; the unit tests against a server in memory.
+struct UnicastBrowseReader: Sendable {
+    let dns: UnicastDNS
+    let domain: String
+    let type: String
+    let domainName: DNSName
+    let service: DNSName
+
+    /// nil when the domain or the type is not a valid DNS name.
+    init?(dns: UnicastDNS, domain: String, type: String) {
+        guard let domainName = DNSName(domain), let typeName = DNSName(type),
+            let service = DNSName(labels: typeName.labels + domainName.labels)
+        else { return nil }
+        (self.dns, self.domain, self.type, self.domainName, self.service) = (dns, domain, type, domainName, service)
+    }
+
+    /// The zone's serial, asked of `servers`.
+    func serial(servers: [DNSServerAddress]) async throws(DiscoveryError) -> UInt32 {
+        try await dns.zone(of: domainName, servers: servers).serial
     }
 
     /// The instance names (first labels) of the type's PTR set.
-    private func instanceNames(service: DNSName, servers: [DNSServerAddress]) async throws(DiscoveryError) -> Set<String> {
-        let records = try await wideArea.dns.records(service, DNSType.ptr, servers: servers, recursion: false)
+    func instanceNames(servers: [DNSServerAddress]) async throws(DiscoveryError) -> Set<String> {
+        let records = try await dns.records(service, DNSType.ptr, servers: servers, recursion: false)
         var names: Set<String> = []
         for record in records {
             guard case .ptr(let target) = record.data, target.parent == service, let label = target.labels.first else { continue }
@@ -122,7 +141,7 @@ final class WideAreaBrowse: Sendable {
 
     /// Reads the TXT and SRV records of `names`, at most 32 instances in flight. Instances without
     /// a TXT record are left out; those whose query got no answer are returned in `failed`.
-    private func readInstances(_ names: [String], service: DNSName, servers: [DNSServerAddress]) async
+    func readInstances(_ names: [String], servers: [DNSServerAddress]) async
         -> (found: [String: WideAreaInstance], failed: Set<String>)
     {
         enum Read: Sendable {
@@ -139,19 +158,19 @@ final class WideAreaBrowse: Sendable {
                     guard let instance = DNSName(instance: name, service: service) else { return (name, .missing) }
                     let records: [ResourceRecord]
                     do throws(DiscoveryError) {
-                        records = try await self.wideArea.dns.records(instance, DNSType.txt, servers: servers, recursion: false)
+                        records = try await dns.records(instance, DNSType.txt, servers: servers, recursion: false)
                     } catch {
                         return (name, .failed)
                     }
                     // No TXT (a PTR left behind, or deleted meanwhile): not an instance to show.
                     guard !records.isEmpty else { return (name, .missing) }
-                    let srv = (try? await self.wideArea.dns.records(instance, DNSType.srv, servers: servers, recursion: false)) ?? []
+                    let srv = (try? await dns.records(instance, DNSType.srv, servers: servers, recursion: false)) ?? []
                     let strings: [[UInt8]]
                     if case .txt(let values)? = records.first?.data { strings = values } else { strings = [] }
                     let txt = TXTRecord(wireEntries: strings)
                     var port: UInt16?
                     if case .srv(_, _, let value, _)? = srv.first?.data { port = value }
-                    let identity = ServiceIdentity(name: name, type: self.type, domain: self.domain)
+                    let identity = ServiceIdentity(name: name, type: type, domain: domain)
                     return (name, .found(WideAreaInstance(identity: identity, txt: txt, expires: txt[expiresKey].flatMap { UInt64($0) }, port: port)))
                 }
             }

@@ -107,6 +107,11 @@ final class WideAreaRegistration: Sendable {
     private let wakeup = Wakeup()
 
     var dns: UnicastDNS { wideArea.dns }
+    /// The messages it sends.
+    var updates: RegistrationUpdates {
+        RegistrationUpdates(
+            type: type, port: port, ttl: configuration.wideArea.recordTTL, lease: configuration.wideArea.lease, domain: domain)
+    }
     var configuration: DiscoveryConfiguration { wideArea.configuration }
     /// The domain, or a placeholder while it is not known yet (for messages).
     var domain: String { configuredDomain ?? current.foundDomain ?? "the default registration domain" }
@@ -217,7 +222,7 @@ final class WideAreaRegistration: Sendable {
             return await send(update, plan)
         case .readEarlier(let name, let plan):
             do throws(DiscoveryError) {
-                let (_, instance) = try names(name, zone: plan.zone.name)
+                let (_, instance) = try updates.names(name, zone: plan.zone.name)
                 return .earlierRead(.success(try await ourEarlierRecords(instance: instance, plan: plan)))
             } catch {
                 return .earlierRead(.failure(error))
@@ -233,52 +238,11 @@ final class WideAreaRegistration: Sendable {
     private func send(_ update: RegistrationMachine.Update, _ plan: RegistrationPlan?) async -> RegistrationMachine.Input {
         var records: RegisteredRecords?
         do throws(DiscoveryError) {
-            let message: DNSMessage
-            let servers: [DNSServerAddress]
-            let what: String
-            switch update {
-            case .delete(let registration):
-                let (service, instance) = try names(registration.name, zone: registration.zone)
-                message = DNSMessage.update(
-                    id: DNSClient.randomID(), zone: registration.zone, prerequisites: [.rrsetEquals(registration.srv)],
-                    updates: [
-                        .deleteRecord(ResourceRecord(name: service, data: .ptr(instance), ttl: 0)),
-                        .deleteName(instance),
-                    ])
-                servers = registration.servers
-                what = "the removal of '\(registration.name)' from \(domain)"
-            case .register, .replace, .refresh:
-                let name: String
-                switch update {
-                case .register(let value), .replace(let value, _): name = value
-                case .refresh(let current): name = current.name
-                case .delete: preconditionFailure("handled above")
-                }
-                guard let plan else { throw DiscoveryError(.invalidArgument, "no zone located for '\(name)'") }
-                let txt = current.txt
-                let (srv, updates) = try additions(name: name, plan: plan, txt: txt)
-                records = RegisteredRecords(name: name, zone: plan.zone.name, servers: plan.servers, srv: srv)
-                servers = plan.servers
-                switch update {
-                case .register:
-                    message = updateMessage(zone: plan.zone.name, prerequisites: [.nameNotInUse(srv.name)], updates: updates)
-                    what = "'\(name)' in \(domain)"
-                case .replace(_, let earlier):
-                    // Replace exactly what was read: if it changed meanwhile (cleaned up, taken by
-                    // another host), the prerequisite fails and nothing of anyone else's is touched.
-                    message = updateMessage(
-                        zone: plan.zone.name, prerequisites: earlier.map { .rrsetEquals($0) }, updates: [.deleteName(srv.name)] + updates)
-                    what = "our earlier '\(name)' in \(domain)"
-                case .refresh(let current):
-                    message = updateMessage(
-                        zone: plan.zone.name, prerequisites: [.rrsetEquals(current.srv)],
-                        updates: [.deleteRRset(srv.name, type: DNSType.txt), .deleteRRset(srv.name, type: DNSType.srv)] + updates)
-                    what = "'\(name)' in \(domain)"
-                case .delete:
-                    preconditionFailure("handled above")
-                }
-            }
-            return .answered(.success(try await dns.send(message, key: key, servers: servers, describing: what)), records: records)
+            let built = try updates.build(update, plan: plan, txt: current.txt, now: dns.clock(), id: DNSClient.randomID())
+            records = built.records
+            return .answered(
+                .success(try await dns.send(built.message, key: key, servers: built.servers, describing: built.what)),
+                records: records)
         } catch {
             return .answered(.failure(error), records: records)
         }
@@ -371,70 +335,13 @@ final class WideAreaRegistration: Sendable {
         return RegistrationPlan(zone: zone, servers: servers, host: host, addresses: addresses)
     }
 
-    private func names(_ name: String, zone: DNSName) throws(DiscoveryError) -> (service: DNSName, instance: DNSName) {
-        guard let typeName = DNSName(type), let service = DNSName(labels: typeName.labels + zone.labels),
-            let instance = DNSName(instance: name, service: service)
-        else {
-            throw DiscoveryError(.invalidArgument, "'\(name)' as \(type) in \(zone) is not a valid DNS name (too long?)")
-        }
-        return (service, instance)
-    }
-
-    private func txtRecord(_ txt: TXTRecord) -> TXTRecord {
-        var stamped = txt
-        let expires = UnicastDNS.now() + UInt64(configuration.wideArea.lease.components.seconds)
-        stamped[expiresKey] = String(expires)
-        return stamped
-    }
-
-    /// The records of one registration, and the updates that add them.
-    private func additions(name: String, plan: RegistrationPlan, txt: TXTRecord) throws(DiscoveryError) -> (srv: ResourceRecord, updates: [ResourceRecord]) {
-        let (service, instance) = try names(name, zone: plan.zone.name)
-        let ttl = configuration.wideArea.recordTTL
-        let srv = ResourceRecord(name: instance, data: .srv(priority: 0, weight: 0, port: port, target: plan.host), ttl: ttl)
-        var updates = [
-            srv,
-            ResourceRecord(name: instance, data: .txt(txtRecord(txt).wireEntries), ttl: ttl),
-            ResourceRecord(name: service, data: .ptr(instance), ttl: ttl),
-        ]
-        // The host's addresses replace whatever it had (they follow address changes).
-        updates.append(.deleteRRset(plan.host, type: DNSType.a))
-        updates.append(.deleteRRset(plan.host, type: DNSType.aaaa))
-        for address in plan.addresses {
-            let data: RecordData = address.version == .ipv4 ? .a(address.bytes) : .aaaa(address.bytes)
-            updates.append(ResourceRecord(name: plan.host, data: data, ttl: ttl))
-        }
-        return (srv, updates)
-    }
-
-    private func updateMessage(zone: DNSName, prerequisites: [ResourceRecord], updates: [ResourceRecord]) -> DNSMessage {
-        let leaseSeconds = UInt32(clamping: configuration.wideArea.lease.components.seconds)
-        return DNSMessage.update(
-            id: DNSClient.randomID(), zone: zone, prerequisites: prerequisites, updates: updates,
-            additionals: [.opt(options: [.updateLease(seconds: leaseSeconds)])])
-    }
-
     /// The records under `instance` when they are an earlier registration of this same service
-    /// (a restart after a crash): an SRV pointing at our host and, when our TXT has an `fp`, the
-    /// same `fp` (the same key — another host with the same key and name is someone else). nil:
-    /// someone else's.
+    /// (``RegistrationUpdates/earlierRegistration(srv:txt:host:fingerprint:)``); nil: someone else's.
     private func ourEarlierRecords(instance: DNSName, plan: RegistrationPlan) async throws(DiscoveryError) -> [ResourceRecord]? {
         let srv = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
         let txt = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
-        guard !srv.isEmpty, srv.allSatisfy({ record in
-            if case .srv(_, _, _, let target) = record.data { return target == plan.host }
-            return false
-        }) else { return nil }
-        if let ourFingerprint = current.txt["fp"] {
-            let theirs = txt.compactMap { record -> String? in
-                guard case .txt(let strings) = record.data else { return nil }
-                return TXTRecord(wireEntries: strings)["fp"]
-            }
-            guard theirs == [ourFingerprint] else { return nil }
-        }
-        return srv + txt
+        return RegistrationUpdates.earlierRegistration(srv: srv, txt: txt, host: plan.host, fingerprint: current.txt["fp"])
     }
-
 }
 
 extension Task where Success == Never, Failure == Never {
