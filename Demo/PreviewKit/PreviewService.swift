@@ -1,49 +1,26 @@
+import Dispatch
 import Logging
 import Messaging
 import Synchronization
 
 /// The server side of the push protocol on top of a ``MessageServer``: feed it every server event with
-/// ``handle(_:)``. It answers offers, receives the matching transfers into a ``PreviewStore`` (one task
+/// ``handle(_:)``. It answers offers, receives the matching transfers into a ``PreviewStore`` (one job
 /// per push, so several clients push at once), sends each result, and can drain or abort in-flight
-/// pushes for a graceful shutdown.
+/// pushes for a graceful shutdown. Its work runs as children of one root task (`PreviewWork`); an
+/// offer's expiry and the drain's deadline are Dispatch timers, not sleeping tasks.
 public final class PreviewService: Sendable {
-    /// A resumable push: its partial's key, where it resumes, and the pusher's id of it.
-    private struct Resume {
-        let key: PartialTransfers.Key
-        let offset: UInt64
-        let completedKey: String
-        let pushID: String
-    }
-
-    private struct Claim {
-        let pushID: String
-        var offerID: String
-        var task: Task<Void, Never>?
-        var channel: MessageChannel?
-    }
-
-    private struct Pending {
-        let connectionID: UInt64
-        let reservation: Reservation
-        let expiry: Task<Void, Never>
-        var resume: Resume?
-    }
-
+    /// The decisions (``PushController``) and the objects that carry them out, found by offer id:
+    /// one lock, never held while anything is done.
     private struct State {
-        var pending: [String: Pending] = [:]
-        var inFlight: [String: Task<Void, Never>] = [:]
-        /// Resumable pushes by content key, from their accepted offer until their receive ends: one
-        /// push owns a partial at a time; a retry of it (same push id) takes over, another push of the
-        /// same content from the same sender is received without resume.
-        var claims: [PartialTransfers.Key: Claim] = [:]
-        /// Results of resumable pushes, by sender and push id (the newest 256): a retry of a push that
-        /// was stored gets its result instead of a second copy.
-        var completed: [String: PreviewResult] = [:]
-        var completedOrder: [String] = []
-        var draining = false
-        var idleWaiters: [CheckedContinuation<Void, Never>] = []
-        /// The pushers' keys shown in this run (each once: its first contact with this server).
-        var shownKeys: Set<Fingerprint> = []
+        var controller = PushController()
+        /// Each waiting offer's expiry.
+        var expiries: [String: OneShotTimer] = [:]
+        /// Each push being received: its job and the channel it comes on.
+        var receives: [String: (job: PreviewWork.Job, channel: MessageChannel)] = [:]
+        /// Callers of ``waitForInFlight(timeout:)``, by number: resumed with true when the last push
+        /// ends, or with false by their deadline's timer.
+        var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
+        var nextWaiter = 0
     }
 
     /// Where files go.
@@ -54,6 +31,7 @@ public final class PreviewService: Sendable {
     private let offerExpiry: Duration
     private let onStored: @Sendable (StoredFile) async -> Void
     private let state = Mutex(State())
+    private let work = PreviewWork()
 
     /// - Parameters:
     ///   - store: The directory and its limits.
@@ -72,16 +50,16 @@ public final class PreviewService: Sendable {
     }
 
     /// True once ``beginDraining()`` was called: new offers are refused.
-    public var isDraining: Bool { state.withLock { $0.draining } }
+    public var isDraining: Bool { state.withLock { $0.controller.draining } }
     /// Pushes whose data is being received.
-    public var inFlightCount: Int { state.withLock { $0.inFlight.count } }
+    public var inFlightCount: Int { state.withLock { $0.controller.receiving.count } }
 
-    /// Handles one server event without blocking (work runs in tasks).
+    /// Handles one server event without blocking (work runs as jobs of the service's one root task).
     public func handle(_ event: ServerEvent) {
         switch event {
         case .received(let connection, let message):
             if message.typeID == PreviewProtocol.TypeID.offer {
-                Task { await self.offer(message, from: connection) }
+                work.run { await self.offer(message, from: connection) }
             } else {
                 logger.debug(
                     "ignoring message", metadata: ["type": "\(message.typeID)", "connection": "\(connection)"])
@@ -89,12 +67,20 @@ public final class PreviewService: Sendable {
         case .transfer(let connection, let transfer):
             start(transfer, from: connection)
         case .closed(let connection, _):
-            dropPending(of: connection.id)
+            let dropped = state.withLock { state in
+                state.controller.connectionClosed(connection.id).map { ($0.pending, state.expiries.removeValue(forKey: $0.offerID)) }
+            }
+            for (entry, expiry) in dropped {
+                expiry?.cancel()
+                store.release(entry.reservation)
+            }
         case .accepted(let connection):
             logger.info("client connected", metadata: ["connection": "\(connection)"])
             // The code preview-push tells its user to compare (issue 45, 4): shown at a pusher's
             // first contact in this run, as bonjour-chat shows its members'.
-            if let identity = connection.channel.peerIdentity, state.withLock({ $0.shownKeys.insert(identity.fingerprint).inserted }) {
+            if let identity = connection.channel.peerIdentity,
+                state.withLock({ $0.controller.firstContact(identity.fingerprint) })
+            {
                 logger.notice(
                     "pusher '\(FileName.printable(identity.name))' has key \(identity.fingerprint.full), comparison code \(identity.comparisonCode) — preview-push shows the same code on its first contact")
             }
@@ -133,175 +119,119 @@ public final class PreviewService: Sendable {
         connection.channel.peerIdentity.map { $0.fingerprint.full } ?? "name:" + connection.peer.name
     }
 
+    /// What the controller needs to know of a resumable offer (nil when it cannot be resumed).
+    private func resumable(_ offer: PreviewOffer, from connection: ServerConnection) -> PushController.Resumable? {
+        guard let partials, let pushID = offer.pushID, isSHA256Hex(offer.sha256) else { return nil }
+        let sender = Self.sender(of: connection)
+        let key = PartialTransfers.Key(sender: sender, sha256: offer.sha256, size: offer.size)
+        return PushController.Resumable(
+            key: key, completedKey: sender + "/" + pushID, pushID: pushID, offset: partials.offset(for: key))
+    }
+
     private func admit(_ offer: PreviewOffer, from connection: ServerConnection) async -> PreviewOfferReply {
-        guard !isDraining else {
-            return .refuse(
-                PreviewFailure(PreviewFailure.shuttingDown, "the server is shutting down; try another one or later"))
-        }
-        var resume: Resume?
-        if let partials, let pushID = offer.pushID, isSHA256Hex(offer.sha256) {
-            let sender = Self.sender(of: connection)
-            let completedKey = sender + "/" + pushID
-            if let done = state.withLock({ $0.completed[completedKey] }) {
-                logger.info("a retry of a stored push", metadata: ["name": "\(FileName.printable(offer.name))", "stored": "\(FileName.printable(done.storedName ?? "?"))"])
+        // At most a few rounds: an earlier attempt of the same push is stopped, then asked again.
+        for _ in 0..<4 {
+            let resumable = resumable(offer, from: connection)
+            switch state.withLock({ $0.controller.admit(offer, resumable: resumable) }) {
+            case .refuse(let failure):
+                return .refuse(failure)
+            case .alreadyStored(let done):
+                logger.info(
+                    "a retry of a stored push",
+                    metadata: ["name": "\(FileName.printable(offer.name))", "stored": "\(FileName.printable(done.storedName ?? "?"))"])
                 return .alreadyStored(done)
-            }
-            let key = PartialTransfers.Key(sender: sender, sha256: offer.sha256, size: offer.size)
-            let claim: Claim? = state.withLock { $0.claims[key] }
-            var mayResume = true
-            if let claim {
-                if claim.pushID == pushID {
-                    // A retry of this push while its earlier attempt may still be receiving on a
-                    // connection that died unnoticed, or waits for its data: stop it (its bytes are kept).
-                    if let channel = claim.channel, channel !== connection.channel { channel.abort() }
-                    claim.task?.cancel()
-                    await claim.task?.value
-                    expire(claim.offerID, quietly: true)
-                } else {
-                    mayResume = false  // another push of the same content owns the partial
+            case .stopEarlier(let offerID, let earlierConnection):
+                // A retry of this push while its earlier attempt may still be receiving on a
+                // connection that died unnoticed, or waits for its data: stop it (its bytes are kept).
+                let receive = state.withLock { $0.receives[offerID] }
+                if earlierConnection != nil, earlierConnection != connection.id { receive?.channel.abort() }
+                receive?.job.cancel()
+                await receive?.job.ended()
+                let (entry, expiry) = state.withLock { state in
+                    (state.controller.earlierStopped(offerID), state.expiries.removeValue(forKey: offerID))
                 }
-            }
-            if mayResume {
-                resume = Resume(key: key, offset: partials.offset(for: key), completedKey: completedKey, pushID: pushID)
-            }
-        }
-        let reservation: Reservation
-        do {
-            reservation = try store.reserve(offer)
-        } catch {
-            return .refuse(error)
-        }
-        let expiry = offerExpiry
-        let timer = Task { [weak self] in
-            try? await Task.sleep(for: expiry)
-            if !Task.isCancelled { self?.expire(reservation.id) }
-        }
-        let claimed: Bool = state.withLock { state in
-            var admitted = resume
-            if let key = resume?.key {
-                if state.claims[key] == nil {
-                    state.claims[key] = Claim(pushID: resume!.pushID, offerID: reservation.id)
-                } else {
-                    admitted = nil  // another push claimed it meanwhile: receive without resume
+                expiry?.cancel()
+                if let entry { store.release(entry.reservation) }
+            case .reserve(let resume):
+                let reservation: Reservation
+                do {
+                    reservation = try store.reserve(offer)
+                } catch {
+                    return .refuse(error)
                 }
+                let timer = OneShotTimer(after: offerExpiry) { [weak self] in self?.expire(reservation.id) }
+                let offset = state.withLock { state in
+                    state.expiries[reservation.id] = timer
+                    return state.controller.reserved(reservation, connection: connection.id, resume: resume)
+                }
+                logger.info(
+                    "accepted offer",
+                    metadata: [
+                        "name": "\(offer.name)", "bytes": "\(offer.size)", "offer": "\(reservation.id)",
+                        "connection": "\(connection)", "resume at": "\(offset)",
+                    ])
+                return .accept(reservation.id, offset: offset)
             }
-            state.pending[reservation.id] = Pending(
-                connectionID: connection.id, reservation: reservation, expiry: timer, resume: admitted)
-            return admitted != nil || resume == nil
         }
-        if !claimed { resume = nil }
-        logger.info(
-            "accepted offer",
-            metadata: [
-                "name": "\(offer.name)", "bytes": "\(offer.size)", "offer": "\(reservation.id)",
-                "connection": "\(connection)", "resume at": "\(resume?.offset ?? 0)",
-            ])
-        return .accept(reservation.id, offset: resume?.offset ?? 0)
+        return .refuse(PreviewFailure(PreviewFailure.transferFailed, "an earlier attempt of this push is still ending; try again"))
     }
 
-    private func expire(_ id: String, quietly: Bool = false) {
-        let entry: Pending? = state.withLock { state in
-            let entry = state.pending.removeValue(forKey: id)
-            if let key = entry?.resume?.key, state.claims[key]?.offerID == id { state.claims[key] = nil }
-            return entry
+    /// An offer's time ran out (or its answer could not be sent): its space is released.
+    private func expire(_ id: String) {
+        let (entry, expiry) = state.withLock { state in
+            (state.controller.expire(id), state.expiries.removeValue(forKey: id))
         }
+        expiry?.cancel()
         guard let entry else { return }
-        entry.expiry.cancel()
         store.release(entry.reservation)
-        if !quietly { logger.notice("offer expired without data", metadata: ["offer": "\(id)"]) }
-    }
-
-    private func dropPending(of connectionID: UInt64) {
-        let dropped = state.withLock { state -> [Pending] in
-            let entries = state.pending.filter { $0.value.connectionID == connectionID }
-            for (id, entry) in entries {
-                state.pending.removeValue(forKey: id)
-                if let key = entry.resume?.key, state.claims[key]?.offerID == id { state.claims[key] = nil }
-            }
-            return Array(entries.values)
-        }
-        for entry in dropped {
-            entry.expiry.cancel()
-            store.release(entry.reservation)
-        }
+        logger.notice("offer expired without data", metadata: ["offer": "\(id)"])
     }
 
     private func start(_ transfer: IncomingTransfer, from connection: ServerConnection) {
-        guard transfer.typeID == PreviewProtocol.TypeID.file,
-            let id = transfer.metadata[PreviewProtocol.offerMetadataKey]
-        else {
-            // Said to the sender, not only logged: a stream needs an accepted offer first.
+        let offerID = transfer.metadata[PreviewProtocol.offerMetadataKey]
+        let (decision, expiry) = state.withLock { state in
+            let decision = state.controller.transferArrived(
+                typeID: transfer.typeID, offerID: offerID, connection: connection.id, totalSize: transfer.totalSize)
+            guard case .receive = decision, let offerID else { return (decision, nil as (OneShotTimer)?) }
+            return (decision, state.expiries.removeValue(forKey: offerID))
+        }
+        expiry?.cancel()
+        switch decision {
+        case .refuse(let result, let release):
+            transfer.discard()
+            if let release { store.release(release) }
             logger.notice(
-                "discarding a stream without an offer",
+                "refused a transfer: \(result.failure?.message ?? "")",
                 metadata: ["type": "\(transfer.typeID)", "connection": "\(connection)"])
-            transfer.discard()
-            let failure = PreviewFailure(
-                PreviewFailure.badRequest,
-                transfer.typeID == PreviewProtocol.TypeID.file
-                    ? "a \(PreviewProtocol.TypeID.file) stream needs the offerID of an accepted \(PreviewProtocol.TypeID.offer) in its metadata as \"\(PreviewProtocol.offerMetadataKey)\"; offer the file first"
-                    : "this server takes \(PreviewProtocol.TypeID.file) streams only (after an accepted \(PreviewProtocol.TypeID.offer)), not '\(transfer.typeID)'")
-            Task {
-                try? await connection.send(
-                    PreviewResult(offerID: transfer.metadata[PreviewProtocol.offerMetadataKey] ?? "", failure: failure),
-                    type: PreviewProtocol.TypeID.result)
-            }
-            return
-        }
-        let started: Pending? = state.withLock { state in
-            guard let entry = state.pending[id], entry.connectionID == connection.id else { return nil }
-            state.pending.removeValue(forKey: id)
-            return entry
-        }
-        guard let entry = started else {
-            transfer.discard()
-            logger.notice("transfer for an unknown offer", metadata: ["offer": "\(id)", "connection": "\(connection)"])
-            let failure = PreviewFailure(
-                PreviewFailure.badRequest, "unknown or expired offer \(id); offer the file again")
-            Task {
-                try? await connection.send(
-                    PreviewResult(offerID: id, failure: failure), type: PreviewProtocol.TypeID.result)
-            }
-            return
-        }
-        entry.expiry.cancel()
-        let expected = entry.reservation.offer.size - (entry.resume?.offset ?? 0)
-        guard transfer.totalSize == expected else {
-            transfer.discard()
-            store.release(entry.reservation)
-            let failure = PreviewFailure(
-                PreviewFailure.sizeMismatch,
-                "the transfer announces \(transfer.totalSize) bytes, the offer \(expected) (\(entry.reservation.offer.size) from byte \(entry.resume?.offset ?? 0))")
-            Task {
-                try? await connection.send(
-                    PreviewResult(offerID: id, failure: failure), type: PreviewProtocol.TypeID.result)
-            }
-            return
-        }
-        // Created under the lock, so the task cannot remove itself before it is registered.
-        let channel = connection.channel
-        state.withLock { state in
-            let task = Task {
+            work.run { try? await connection.send(result, type: PreviewProtocol.TypeID.result) }
+        case .receive(let entry):
+            let id = entry.reservation.id
+            let job = PreviewWork.Job {
                 await self.receive(entry.reservation, resume: entry.resume, transfer: transfer, from: connection)
-                let waiters = self.state.withLock { state -> [CheckedContinuation<Void, Never>] in
-                    state.inFlight.removeValue(forKey: id)
-                    if let key = entry.resume?.key, state.claims[key]?.offerID == id { state.claims[key] = nil }
-                    guard state.inFlight.isEmpty else { return [] }
+                let waiters = self.state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+                    state.receives.removeValue(forKey: id)
+                    guard state.controller.receiveEnded(id, resume: entry.resume) else { return [] }
                     defer { state.idleWaiters.removeAll() }
-                    return state.idleWaiters
+                    return Array(state.idleWaiters.values)
                 }
-                for waiter in waiters { waiter.resume() }
+                for waiter in waiters { waiter.resume(returning: true) }
             }
-            state.inFlight[id] = task
-            if let key = entry.resume?.key, state.claims[key]?.offerID == id {
-                state.claims[key]?.task = task
-                state.claims[key]?.channel = channel
+            // Registered before it runs, so the job cannot remove itself before it is registered.
+            state.withLock { $0.receives[id] = (job, connection.channel) }
+            if !work.run(job) {  // the service is ending: not received
+                transfer.discard()
+                store.release(entry.reservation)
+                _ = state.withLock { state in
+                    state.receives.removeValue(forKey: id)
+                    return state.controller.receiveEnded(id, resume: entry.resume)
+                }
             }
         }
     }
 
     /// Receives a resumable push through the partial-transfer store, then stores it.
     private func receiveResumable(
-        _ reservation: Reservation, resume: Resume, partials: PartialTransfers, transfer: IncomingTransfer
+        _ reservation: Reservation, resume: PushController.Resume, partials: PartialTransfers, transfer: IncomingTransfer
     ) async throws(PreviewFailure) -> StoredFile {
         let path: String
         do {
@@ -325,7 +255,7 @@ public final class PreviewService: Sendable {
     }
 
     private func receive(
-        _ reservation: Reservation, resume: Resume?, transfer: IncomingTransfer, from connection: ServerConnection
+        _ reservation: Reservation, resume: PushController.Resume?, transfer: IncomingTransfer, from connection: ServerConnection
     ) async {
         let id = reservation.id
         let result: PreviewResult
@@ -334,7 +264,8 @@ public final class PreviewService: Sendable {
             let file: StoredFile
             if let resume, let partials {
                 file = try await receiveResumable(reservation, resume: resume, partials: partials, transfer: transfer)
-                remember(resume.completedKey, PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size))
+                let done = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size)
+                state.withLock { $0.controller.stored(resume, done) }
             } else {
                 file = try await store.receive(reservation, chunks: transfer.chunks)
             }
@@ -354,7 +285,7 @@ public final class PreviewService: Sendable {
         store.release(reservation)
         if Task.isCancelled {
             // Aborted for shutdown: tell the client, but do not wait on a peer that does not read.
-            Task { try? await connection.send(result, type: PreviewProtocol.TypeID.result) }
+            work.run { try? await connection.send(result, type: PreviewProtocol.TypeID.result) }
         } else {
             do {
                 try await connection.send(result, type: PreviewProtocol.TypeID.result)
@@ -365,67 +296,44 @@ public final class PreviewService: Sendable {
         if let stored { await onStored(stored) }
     }
 
-    /// Remembers a resumable push's result for its retries (the newest 256).
-    private func remember(_ key: String, _ result: PreviewResult) {
-        state.withLock { state in
-            if state.completed.updateValue(result, forKey: key) == nil { state.completedOrder.append(key) }
-            while state.completedOrder.count > 256 {
-                state.completed.removeValue(forKey: state.completedOrder.removeFirst())
-            }
-        }
-    }
-
     /// Refuses new offers from now on.
     public func beginDraining() {
-        state.withLock { $0.draining = true }
+        state.withLock { $0.controller.beginDraining() }
     }
 
     /// Waits until no push is in flight, at most `timeout`; returns whether none is left.
     public func waitForInFlight(timeout: Duration) async -> Bool {
-        await withTaskGroup(of: Bool.self) { group in
-            group.addTask {
-                await withCheckedContinuation { continuation in
-                    let idle = self.state.withLock { state -> Bool in
-                        if state.inFlight.isEmpty { return true }
-                        state.idleWaiters.append(continuation)
-                        return false
-                    }
-                    if idle { continuation.resume() }
-                }
-                return true
+        let box = Mutex<(OneShotTimer)?>(nil)
+        let idle = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let number = state.withLock { state -> Int? in
+                if state.controller.receiving.isEmpty { return nil }
+                state.nextWaiter += 1
+                state.idleWaiters[state.nextWaiter] = continuation
+                return state.nextWaiter
             }
-            group.addTask {
-                try? await Task.sleep(for: timeout)
-                return false
+            guard let number else { return continuation.resume(returning: true) }
+            let timer = OneShotTimer(after: timeout) { [weak self] in
+                self?.state.withLock { $0.idleWaiters.removeValue(forKey: number) }?.resume(returning: false)
             }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            if !first {
-                // Release the idle waiter so the group can finish.
-                let waiters = self.state.withLock { state -> [CheckedContinuation<Void, Never>] in
-                    defer { state.idleWaiters.removeAll() }
-                    return state.idleWaiters
-                }
-                for waiter in waiters { waiter.resume() }
-            }
-            return first || inFlightCount == 0
+            box.withLock { $0 = timer }
         }
+        box.withLock { $0 }?.cancel()
+        return idle || inFlightCount == 0
     }
 
     /// Aborts every push in flight (their temporary files are deleted) and waits for them to end;
     /// releases pending offers.
     public func abortInFlight() async {
-        let (tasks, pending) = state.withLock { state in
-            let result = (Array(state.inFlight.values), Array(state.pending.values))
-            state.pending.removeAll()
-            return result
+        let (jobs, pending, expiries) = state.withLock { state in
+            let (pending, receiving) = state.controller.abort()
+            let expiries = Array(state.expiries.values)
+            state.expiries.removeAll()
+            return (receiving.compactMap { state.receives[$0]?.job }, pending, expiries)
         }
-        for entry in pending {
-            entry.expiry.cancel()
-            store.release(entry.reservation)
-        }
-        if !tasks.isEmpty { logger.warning("aborting pushes in flight", metadata: ["count": "\(tasks.count)"]) }
-        for task in tasks { task.cancel() }
-        for task in tasks { await task.value }
+        for expiry in expiries { expiry.cancel() }
+        for entry in pending { store.release(entry.reservation) }
+        if !jobs.isEmpty { logger.warning("aborting pushes in flight", metadata: ["count": "\(jobs.count)"]) }
+        for job in jobs { job.cancel() }
+        for job in jobs { await job.ended() }
     }
 }
