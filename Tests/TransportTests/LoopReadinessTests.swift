@@ -1,0 +1,125 @@
+import Dispatch
+import Logging
+import Synchronization
+import Testing
+
+import ProtocolCore
+@testable import Transport
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A loop's connections are read when its one epoll set says so (`LoopReadiness`), not through a
+/// Dispatch read source each. Drivers over socket pairs on a private group of one loop, so every
+/// connection here shares that loop's set and its counts are theirs alone. (They were channel
+/// tests over TCP; the set is Transport's, and so are these now — issue 46, 4.)
+@Suite(.serialized, .timeLimit(.minutes(1))) struct LoopReadinessTests {
+    /// Counts the frames a driver received and tells its close.
+    final class Counter: ConnectionHandler, Sendable {
+        let frames = Atomic<Int>(0)
+        let lastPayload = Mutex<[UInt8]>([])
+        let closeReason = Mutex<CloseReason?>(nil)
+
+        func connection(_ connection: ConnectionDriver, received frame: Frame) {
+            frames.add(1, ordering: .relaxed)
+            lastPayload.withLock { $0 = frame.payload }
+        }
+        func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {}
+        func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
+            closeReason.withLock { $0 = reason }
+        }
+    }
+
+    /// Two started drivers on `loop`, over a socket pair, and their counters.
+    static func pair(on loop: Loop) throws -> (a: ConnectionDriver, b: ConnectionDriver, aEvents: Counter, bEvents: Counter) {
+        let (fdA, fdB) = try ConnectionDriverTests.socketPair()
+        let logger = Logger(label: "readiness-test")
+        let a = ConnectionDriver(fd: FileDescriptor(fdA), loop: loop, configuration: ConnectionConfiguration(), logger: logger)
+        let b = ConnectionDriver(fd: FileDescriptor(fdB), loop: loop, configuration: ConnectionConfiguration(), logger: logger)
+        let (aEvents, bEvents) = (Counter(), Counter())
+        loop.run {
+            a.start(handler: aEvents)
+            b.start(handler: bEvents)
+        }
+        return (a, b, aEvents, bEvents)
+    }
+
+    /// Polls `condition` (on the caller) every 5 ms until it holds or `seconds` pass.
+    static func waitUntil(_ what: String, seconds: Double = 10, _ condition: () -> Bool) async throws {
+        let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1_000))
+        while !condition() {
+            guard ContinuousClock.now < deadline else { throw DriverTestFailure("not \(what) within \(seconds) s") }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    /// More sockets readable at once than one turn serves (three turns' worth): every one is read,
+    /// and every slot is given back when the connections close.
+    @Test func everyReadableConnectionIsReadAndEverySlotFreed() async throws {
+        let group = LoopGroup(loopCount: 1, label: "test.readiness")
+        defer { withExtendedLifetime(group) {} }
+        let loop = group.loops[0]
+        let count = 3 * Int(LoopReadiness.batch)
+        var pairs: [(a: ConnectionDriver, b: ConnectionDriver, aEvents: Counter, bEvents: Counter)] = []
+        for _ in 0..<count { pairs.append(try Self.pair(on: loop)) }
+        #expect(loop.run { loop.readiness.count } == 2 * count)
+
+        // Sent while the loop is busy with this block: the receiving sockets become readable
+        // together and are found in the same turns (a few of up to 64 each, not one per
+        // connection: the batching is the point of the set).
+        let senders = pairs.map(\.a)
+        let turnsBefore = loop.run { loop.readiness.turns }
+        loop.run {
+            for (index, sender) in senders.enumerated() {
+                _ = try? sender.trySend(Frame(kind: .message, typeID: "n", payload: [UInt8(truncatingIfNeeded: index)]))
+            }
+        }
+        try await Self.waitUntil("every connection read") { pairs.allSatisfy { $0.bEvents.frames.load(ordering: .relaxed) == 1 } }
+        for (index, pair) in pairs.enumerated() {
+            #expect(pair.bEvents.lastPayload.withLock { $0 } == [UInt8(truncatingIfNeeded: index)])
+        }
+        let turns = loop.run { loop.readiness.turns } - turnsBefore
+        #expect(turns <= UInt64(count / 2), "\(turns) turns to read \(count) connections")
+
+        loop.run { for pair in pairs { pair.a.closeGracefully(reason: .localClose) } }
+        for pair in pairs {
+            _ = await pair.a.closed()
+            _ = await pair.b.closed()
+        }
+        try await Self.waitUntil("every slot given back") { loop.run { loop.readiness.count } == 0 }
+    }
+
+    /// A connection whose reading is paused leaves the set: when its peer hangs up meanwhile, the
+    /// set does not report the socket over and over (a level-triggered set would spin the loop);
+    /// once reading resumes, the end of file is read and the connection closes.
+    @Test func aPausedSocketIsNotReportedUntilReadingResumes() async throws {
+        let group = LoopGroup(loopCount: 1, label: "test.readiness")
+        defer { withExtendedLifetime(group) {} }
+        let loop = group.loops[0]
+        let (a, b, _, bEvents) = try Self.pair(on: loop)
+        loop.run { b.pauseReading() }
+        a.abort(.localClose)
+        _ = await a.closed()
+
+        // An observation window, not a wait for a condition: a socket reported on every turn
+        // makes thousands of turns in it.
+        let before = loop.run { loop.readiness.turns }
+        try await Task.sleep(for: .milliseconds(200))
+        let turns = loop.run { loop.readiness.turns } - before
+        #expect(turns < 10, "the set was read \(turns) times in 200 ms with one paused socket")
+        #expect(loop.run { b.isOpen })
+
+        loop.run { b.resumeReading() }
+        let reason = await b.closed()
+        #expect(reason == .closedByPeer || reason == .reset, "closed with \(reason)")
+        #expect(bEvents.closeReason.withLock { $0 } == reason)
+        try await Self.waitUntil("the slot given back") { loop.run { loop.readiness.count } == 0 }
+    }
+}
+
+/// A failed wait in the driver tests.
+struct DriverTestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
