@@ -124,24 +124,9 @@ final class WideAreaWorld {
             } catch {
                 input = .located(.failure(error))
             }
-        case .send(let update, let plan):
-            var records: RegisteredRecords?
-            do throws(DiscoveryError) {
-                let built = try host.updates.build(update, plan: plan, txt: host.txt, now: server.now, id: DNSClient.randomID())
-                records = built.records
-                input = .answered(.success(try await dns.send(built.message, key: host.key, servers: built.servers, describing: built.what)), records: records)
-            } catch {
-                input = .answered(.failure(error), records: records)
-            }
-        case .readEarlier(let name, let plan):
-            do throws(DiscoveryError) {
-                let (_, instance) = try host.updates.names(name, zone: plan.zone.name)
-                let srv = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
-                let txt = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
-                input = .earlierRead(.success(RegistrationUpdates.earlierRegistration(srv: srv, txt: txt, host: plan.host, fingerprint: host.txt["fp"])))
-            } catch {
-                input = .earlierRead(.failure(error))
-            }
+        case .send, .readEarlier:
+            guard let answer = await host.updates.answer(action, dns: dns, key: host.key, txt: host.txt) else { return }
+            input = answer
         case .wait:
             guard let wakeAt = hosts[index].wakeAt, wakeAt <= milliseconds else { return }
             hosts[index].wakeAt = nil
@@ -181,31 +166,18 @@ final class WideAreaWorld {
         guard let action = browsers[index].next else { return }
         let reader = browsers[index].reader
         let input: UnicastBrowseMachine.Input
-        switch action {
-        case .askSerial:
-            do throws(DiscoveryError) {
-                let zone = try await dns.zone(of: reader.domainName)
-                let servers = await dns.authoritativeServers(of: zone)
-                let serial = try await reader.serial(servers: servers)
-                input = .serial(.success(.init(serial: serial, servers: servers)), now: server.now)
-            } catch {
-                input = .serial(.failure(error), now: server.now)
-            }
-        case .readNames(let servers):
-            do throws(DiscoveryError) {
-                input = .names(.success(try await reader.instanceNames(servers: servers)))
-            } catch {
-                input = .names(.failure(error))
-            }
-        case .readInstances(let names, let servers):
-            let (found, failed) = await reader.readInstances(names, servers: servers)
-            input = .read(.init(found: found, failed: failed))
-        case .wait:
+        if case .wait = action {
             guard let wakeAt = browsers[index].wakeAt, wakeAt <= milliseconds else { return }
             browsers[index].wakeAt = nil
             input = .woke
-        default:
-            return
+        } else {
+            let (dns, server) = (self.dns, self.server)
+            // Where the zone is: asked at every poll (WideArea caches it for 15 minutes).
+            guard let answer = await reader.answer(action, now: { server.now }, servers: {
+                () async throws(DiscoveryError) -> [DNSServerAddress] in
+                await dns.authoritativeServers(of: try await dns.zone(of: reader.domainName))
+            }) else { return }
+            input = answer
         }
         take(browsers[index].machine.apply(input), browser: index)
     }

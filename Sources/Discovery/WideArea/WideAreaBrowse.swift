@@ -75,23 +75,10 @@ final class WideAreaBrowse: Sendable {
                             "wide-area browse poll failed", metadata: ["domain": "\(domain)", "type": "\(type)", "error": "\(error.message)"])
                     }
                     wideArea.forgetZone(of: domainName)
-                case .askSerial:
-                    do throws(DiscoveryError) {
-                        let (_, servers) = try await wideArea.zone(of: domainName)
-                        let serial = try await reader.serial(servers: servers)
-                        input = .serial(.success(.init(serial: serial, servers: servers)), now: UnicastDNS.now())
-                    } catch {
-                        input = .serial(.failure(error), now: UnicastDNS.now())
+                case .askSerial, .readNames, .readInstances:
+                    input = await reader.answer(action, now: UnicastDNS.now) {
+                        () async throws(DiscoveryError) -> [DNSServerAddress] in try await self.wideArea.zone(of: domainName).servers
                     }
-                case .readNames(let servers):
-                    do throws(DiscoveryError) {
-                        input = .names(.success(try await reader.instanceNames(servers: servers)))
-                    } catch {
-                        input = .names(.failure(error))
-                    }
-                case .readInstances(let names, let servers):
-                    let (found, failed) = await reader.readInstances(names, servers: servers)
-                    input = .read(.init(found: found, failed: failed))
                 case .wait:
                     // A Dispatch timer, not a sleeping task; cancelling the browse ends it at once.
                     let interval = wideArea.settings.pollInterval
@@ -121,6 +108,36 @@ struct UnicastBrowseReader: Sendable {
             let service = DNSName(labels: typeName.labels + domainName.labels)
         else { return nil }
         (self.dns, self.domain, self.type, self.domainName, self.service) = (dns, domain, type, domainName, service)
+    }
+
+    /// Carries out a read `UnicastBrowseMachine` asked for and returns the input that answers it
+    /// (nil for an action that is not a read). `servers`: where the zone is (asked for the serial);
+    /// `now`: the time the serial's answer carries (seconds since the epoch, for expiries).
+    func answer(
+        _ action: UnicastBrowseMachine.Action, now: () -> UInt64,
+        servers: () async throws(DiscoveryError) -> [DNSServerAddress]
+    ) async -> UnicastBrowseMachine.Input? {
+        switch action {
+        case .askSerial:
+            do throws(DiscoveryError) {
+                let servers = try await servers()
+                let serial = try await serial(servers: servers)
+                return .serial(.success(.init(serial: serial, servers: servers)), now: now())
+            } catch {
+                return .serial(.failure(error), now: now())
+            }
+        case .readNames(let servers):
+            do throws(DiscoveryError) {
+                return .names(.success(try await instanceNames(servers: servers)))
+            } catch {
+                return .names(.failure(error))
+            }
+        case .readInstances(let names, let servers):
+            let (found, failed) = await readInstances(names, servers: servers)
+            return .read(.init(found: found, failed: failed))
+        case .added, .removed, .allForNow, .pollFailed, .wait:
+            return nil
+        }
     }
 
     /// The zone's serial, asked of `servers`.

@@ -218,33 +218,13 @@ final class WideAreaRegistration: Sendable {
             } catch {
                 return .located(.failure(error))
             }
-        case .send(let update, let plan):
-            return await send(update, plan)
-        case .readEarlier(let name, let plan):
-            do throws(DiscoveryError) {
-                let (_, instance) = try updates.names(name, zone: plan.zone.name)
-                return .earlierRead(.success(try await ourEarlierRecords(instance: instance, plan: plan)))
-            } catch {
-                return .earlierRead(.failure(error))
-            }
+        case .send, .readEarlier:
+            return await updates.answer(action, dns: dns, key: key, txt: current.txt) ?? .woke
         case .wait(let duration):
             _ = await wakeup.wait(duration)
             return .woke
         case .report, .finished:
             return .woke  // not answered actions; never performed
-        }
-    }
-
-    private func send(_ update: RegistrationMachine.Update, _ plan: RegistrationPlan?) async -> RegistrationMachine.Input {
-        var records: RegisteredRecords?
-        do throws(DiscoveryError) {
-            let built = try updates.build(update, plan: plan, txt: current.txt, now: dns.clock(), id: DNSClient.randomID())
-            records = built.records
-            return .answered(
-                .success(try await dns.send(built.message, key: key, servers: built.servers, describing: built.what)),
-                records: records)
-        } catch {
-            return .answered(.failure(error), records: records)
         }
     }
 
@@ -334,13 +314,42 @@ final class WideAreaRegistration: Sendable {
         }
         return RegistrationPlan(zone: zone, servers: servers, host: host, addresses: addresses)
     }
+}
 
-    /// The records under `instance` when they are an earlier registration of this same service
-    /// (``RegistrationUpdates/earlierRegistration(srv:txt:host:fingerprint:)``); nil: someone else's.
-    private func ourEarlierRecords(instance: DNSName, plan: RegistrationPlan) async throws(DiscoveryError) -> [ResourceRecord]? {
-        let srv = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
-        let txt = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
-        return RegistrationUpdates.earlierRegistration(srv: srv, txt: txt, host: plan.host, fingerprint: current.txt["fp"])
+extension RegistrationUpdates {
+    /// Carries out an update or a read `RegistrationMachine` asked for, through `dns`, and returns
+    /// the input that answers it (nil for an action that is neither): the update built, signed with
+    /// `key` and sent; the records under a name read and told ours or someone else's (by the `fp` in
+    /// `txt`). `WideAreaRegistration` uses it against the network; the unit tests against a server
+    /// in memory.
+    func answer(_ action: RegistrationMachine.Action, dns: UnicastDNS, key: TSIGKey, txt: TXTRecord) async
+        -> RegistrationMachine.Input?
+    {
+        switch action {
+        case .send(let update, let plan):
+            var records: RegisteredRecords?
+            do throws(DiscoveryError) {
+                let built = try build(update, plan: plan, txt: txt, now: dns.clock(), id: DNSClient.randomID())
+                records = built.records
+                return .answered(
+                    .success(try await dns.send(built.message, key: key, servers: built.servers, describing: built.what)),
+                    records: records)
+            } catch {
+                return .answered(.failure(error), records: records)
+            }
+        case .readEarlier(let name, let plan):
+            do throws(DiscoveryError) {
+                let (_, instance) = try names(name, zone: plan.zone.name)
+                let srv = try await dns.records(instance, DNSType.srv, servers: plan.servers, recursion: false)
+                let txtRecords = try await dns.records(instance, DNSType.txt, servers: plan.servers, recursion: false)
+                return .earlierRead(
+                    .success(Self.earlierRegistration(srv: srv, txt: txtRecords, host: plan.host, fingerprint: txt["fp"])))
+            } catch {
+                return .earlierRead(.failure(error))
+            }
+        case .locate, .wait, .report, .finished:
+            return nil
+        }
     }
 }
 
