@@ -1,12 +1,12 @@
 import Dispatch
 import Locks
 
-// Timers for Discovery's drivers: Dispatch timers, never a sleeping task (a cancelled wait ends at
-// once, and no task of the cooperative pool is held by a wait).
+// Timers for Discovery's drivers and Messaging's client (`package`): Dispatch timers, never a
+// sleeping task (a cancelled wait ends at once, and no task of the cooperative pool is held by a wait).
 
 /// Sleeps for a while unless signalled first (a pending signal ends the next wait at once) or the
 /// task is cancelled.
-final class Wakeup: Sendable {
+package final class Wakeup: Sendable {
     private struct State {
         var pending = false
         var waiter: (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)?
@@ -14,7 +14,9 @@ final class Wakeup: Sendable {
     }
     private let state = Locked(State())
 
-    func signal() {
+    package init() {}
+
+    package func signal() {
         let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)? in
             guard let waiter = state.waiter else {
                 state.pending = true
@@ -28,7 +30,7 @@ final class Wakeup: Sendable {
     }
 
     /// Waits up to `duration`; true when signalled.
-    func wait(_ duration: Duration) async -> Bool {
+    package func wait(_ duration: Duration) async -> Bool {
         let id = state.withLock { state -> Int in
             state.nextID += 1
             return state.nextID
@@ -72,7 +74,7 @@ final class Wakeup: Sendable {
 
 extension Wakeup {
     /// Waits `duration` on a Dispatch timer, or until the task is cancelled.
-    static func sleep(for duration: Duration) async {
+    package static func sleep(for duration: Duration) async {
         _ = await Wakeup().wait(duration)
     }
 }

@@ -137,7 +137,7 @@ extension MessageClient {
                 logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
                 // A busy server says when to come back: the wait is not sooner than that.
                 queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: wait) : .waiting(error))
-                try? await Task.sleep(for: wait)
+                await Wakeup.sleep(for: wait)  // a Dispatch timer; cancelling the task ends it at once
             }
         }
     }
