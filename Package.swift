@@ -230,20 +230,23 @@ let package = Package(
             dependencies: ["Discovery", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")], swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
-        .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore"], swiftSettings: strict),
+        .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore", "TestWaits"], swiftSettings: strict),
         // MessageChannel over real loopback sockets: hello, messages, requests, transfers, limits.
         .testTarget(
-            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore", "TestSupport"], swiftSettings: strict),
+            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore", "TestSupport", "TestWaits"],
+            swiftSettings: strict),
         // What the tests share that is no part of the products: the in-memory channel pair.
         .target(
             name: "TestSupport",
             dependencies: ["Messaging", "Transport", "ProtocolCore", "SystemCalls", .product(name: "Logging", package: "swift-log")],
             path: "Tests/TestSupport", swiftSettings: strict),
+        // The tests' one wait for a condition (no dependencies: every test target may use it).
+        .target(name: "TestWaits", path: "Tests/TestWaits", swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(
             name: "MessagingTests",
             dependencies: [
-                "Messaging", "Transport", "ProtocolCore", "Discovery",
+                "Messaging", "Transport", "ProtocolCore", "Discovery", "TestWaits",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             swiftSettings: strict),

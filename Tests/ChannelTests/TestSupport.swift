@@ -62,14 +62,6 @@ func withDeadline<T: Sendable>(
     }
 }
 
-/// Polls `condition` every few milliseconds until it holds or the deadline passes.
-func waitUntil(_ what: String, seconds: Double = 20, _ condition: @escaping @Sendable () -> Bool) async throws {
-    let deadline = ContinuousClock.now + .seconds(seconds)
-    while !condition() {
-        if ContinuousClock.now > deadline { throw TestTimeout(what: what) }
-        try await Task.sleep(for: .milliseconds(5))
-    }
-}
 
 /// A version-1 (plaintext) configuration: most channel tests check the frame layer with raw
 /// clients writing plaintext frames; the encrypted channel has its own suite (SecureChannelTests).

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import TestWaits
 import Testing
 
 import Locks

@@ -1,6 +1,7 @@
 import CoreMetrics
 import Foundation
 import MetricsTestKit
+import TestWaits
 import Testing
 
 import Locks

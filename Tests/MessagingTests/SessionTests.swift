@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import TestWaits
 import Testing
 
 import Locks
@@ -307,16 +308,6 @@ import Locks
     }
 }
 
-/// Waits (bounded) until `condition` holds.
-func waitUntil(
-    _ what: String, timeout: Duration = .seconds(20), _ condition: @Sendable () async -> Bool
-) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while !(await condition()) {
-        guard ContinuousClock.now < deadline else { throw TestFailure("not \(what) within \(timeout)") }
-        try await Task.sleep(for: .milliseconds(5))
-    }
-}
 
 extension SessionTests {
     /// A session refuses a message larger than the peer's frame limit before keeping it (it could

@@ -1,4 +1,5 @@
 import Foundation
+import TestWaits
 import Testing
 
 import Locks
@@ -147,7 +148,7 @@ extension HostilePeer {
         #expect(error.code == "too_large", "\(error)")
         #expect(try answer.encoded().count - 4 <= 1024)
         #expect(frames.allSatisfy { (try? $0.encoded().count - 4) ?? 0 <= 1024 })
-        try await waitUntilAsync("the replier learns its reply did not fit") { replyFailed.withLock { $0 } != nil }
+        try await waitUntil("the replier learns its reply did not fit") { replyFailed.withLock { $0 } != nil }
         #expect(replyFailed.withLock { $0 }?.contains("1024") == true)
         await harness.server.stop()
     }
@@ -200,13 +201,6 @@ extension HostilePeer {
     }
 }
 
-func waitUntilAsync(_ what: String, seconds: Double = 10, _ condition: () -> Bool) async throws {
-    let deadline = ContinuousClock.now + .seconds(seconds)
-    while !condition() {
-        guard ContinuousClock.now < deadline else { throw TestFailure("not within \(seconds) s: \(what)") }
-        try await Task.sleep(for: .milliseconds(5))
-    }
-}
 
 @Suite(.serialized) struct SessionPingTests {
     /// Encrypted, as every default channel is: the server's first round-trip sample comes from a

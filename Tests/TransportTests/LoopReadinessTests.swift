@@ -1,6 +1,7 @@
 import Dispatch
 import Logging
 import Synchronization
+import TestWaits
 import Testing
 
 import ProtocolCore
@@ -45,14 +46,6 @@ import ProtocolCore
         return (a, b, aEvents, bEvents)
     }
 
-    /// Polls `condition` (on the caller) every 5 ms until it holds or `seconds` pass.
-    static func waitUntil(_ what: String, seconds: Double = 10, _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1_000))
-        while !condition() {
-            guard ContinuousClock.now < deadline else { throw DriverTestFailure("not \(what) within \(seconds) s") }
-            try await Task.sleep(for: .milliseconds(5))
-        }
-    }
 
     /// More sockets readable at once than one turn serves (three turns' worth): every one is read,
     /// and every slot is given back when the connections close.
@@ -75,7 +68,7 @@ import ProtocolCore
                 _ = try? sender.trySend(Frame(kind: .message, typeID: "n", payload: [UInt8(truncatingIfNeeded: index)]))
             }
         }
-        try await Self.waitUntil("every connection read") { pairs.allSatisfy { $0.bEvents.frames.load(ordering: .relaxed) == 1 } }
+        try await waitUntil("every connection read") { pairs.allSatisfy { $0.bEvents.frames.load(ordering: .relaxed) == 1 } }
         for (index, pair) in pairs.enumerated() {
             #expect(pair.bEvents.lastPayload.withLock { $0 } == [UInt8(truncatingIfNeeded: index)])
         }
@@ -87,7 +80,7 @@ import ProtocolCore
             _ = await pair.a.closed()
             _ = await pair.b.closed()
         }
-        try await Self.waitUntil("every slot given back") { loop.run { loop.readiness.count } == 0 }
+        try await waitUntil("every slot given back") { loop.run { loop.readiness.count } == 0 }
     }
 
     /// A connection whose reading is paused leaves the set: when its peer hangs up meanwhile, the
@@ -114,12 +107,6 @@ import ProtocolCore
         let reason = await b.closed()
         #expect(reason == .closedByPeer || reason == .reset, "closed with \(reason)")
         #expect(bEvents.closeReason.withLock { $0 } == reason)
-        try await Self.waitUntil("the slot given back") { loop.run { loop.readiness.count } == 0 }
+        try await waitUntil("the slot given back") { loop.run { loop.readiness.count } == 0 }
     }
-}
-
-/// A failed wait in the driver tests.
-struct DriverTestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
 }

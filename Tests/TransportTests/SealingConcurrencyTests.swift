@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Logging
 import Synchronization
+import TestWaits
 import Testing
 
 import ProtocolCore
@@ -87,7 +88,7 @@ struct SealingConcurrencyTests {
         }
         await withCheckedContinuation { continuation in group.notify(queue: .global()) { continuation.resume() } }
         #expect(failures.withLock { $0 }.isEmpty)
-        try await LoopReadinessTests.waitUntil("every message received, or a connection closed", seconds: 60) {
+        try await waitUntil("every message received, or a connection closed", seconds: 60) {
             received.frames.load(ordering: .relaxed) == threads * perThread || !accepted.loop.run { accepted.isOpen }
         }
         #expect(received.frames.load(ordering: .relaxed) == threads * perThread)
