@@ -266,7 +266,7 @@ package struct FrameDecoder: Sendable {
     /// A frame's type id, or nil when it is not UTF-8. ASCII (nearly every type id) is checked
     /// byte by byte and decoded without the standard library's generic validator, which looks up
     /// type metadata on every call (about 2 % of a small message's receive path in W4).
-    static func typeID(_ bytes: UnsafeRawBufferPointer) -> String? {
+    package static func typeID(_ bytes: UnsafeRawBufferPointer) -> String? {
         bytes.allSatisfy({ $0 < 0x80 }) ? String(decoding: bytes, as: UTF8.self) : String(validating: bytes, as: UTF8.self)
     }
 }

@@ -64,7 +64,7 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// The socket's `SO_RCVLOWAT` (1 unless a large payload is being received).
     package internal(set) var receiveLowWater: Int32 = 1
     /// This connection's place in the loop's sweep (-1: not in it). Kept by ``LoopSweep``.
-    var sweepIndex: Int32 = -1
+    package internal(set) var sweepIndex: Int32 = -1
     /// This connection's slot in its loop's ``LoopReadiness`` (-1: not reading: before start or
     /// after teardown).
     var readSlot: Int32 = -1

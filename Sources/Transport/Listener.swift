@@ -258,7 +258,7 @@ public final class Listener: @unchecked Sendable {
     }()
 
     /// accept4(SOCK_NONBLOCK | SOCK_CLOEXEC), or accept + fcntl where accept4 is missing.
-    static func systemAccept(
+    package static func systemAccept(
         _ fd: Int32, _ address: UnsafeMutablePointer<sockaddr>, _ length: UnsafeMutablePointer<socklen_t>
     ) -> Int32 {
         #if os(Linux)

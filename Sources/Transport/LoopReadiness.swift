@@ -24,7 +24,7 @@ import ProtocolCore
 /// Confined to the loop's queue: every method runs there (checked in debug builds).
 package final class LoopReadiness: @unchecked Sendable {
     /// The most connections served in one turn; more are served in the next.
-    static let batch: Int32 = 64
+    package static let batch: Int32 = 64
 
     private let queue: DispatchQueue
     private var epoll: Int32 = -1

@@ -2,8 +2,8 @@ import Foundation
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 @Suite struct PreSharedKeyTests {
     let key = try! PreSharedKey(bytes: Array("correct horse battery staple!!".utf8))

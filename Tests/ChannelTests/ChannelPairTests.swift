@@ -1,8 +1,8 @@
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 import TestSupport
 
 /// ``MessageChannel/pair(client:server:logger:)``: the in-memory transport for tests above the

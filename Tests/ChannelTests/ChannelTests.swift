@@ -2,8 +2,8 @@ import Foundation
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 struct Chat: Codable, Sendable, Equatable {
     var text: String

@@ -2,8 +2,8 @@ import Foundation
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// `closed(within:)`: a close bounded by a Dispatch timer on the loop (a client's `close()` waits
 /// for its connection this way) instead of a sleeping task raced against the wait.

@@ -3,8 +3,8 @@ import TestWaits
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// Every way a connection ends must close its socket. The fd is closed at teardown, after it left
 /// its loop's epoll set, or from the write source's cancel handler (installed at teardown, not for

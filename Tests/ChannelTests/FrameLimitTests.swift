@@ -3,8 +3,8 @@ import Foundation
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// The points an independent implementer found in the spec, checked on real sockets: a sender never
 /// exceeds the receiver's frame limit, and a malformed HELLO is answered with REFUSE `bad_hello`.

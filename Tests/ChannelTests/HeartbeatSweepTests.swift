@@ -4,7 +4,7 @@ import Testing
 
 @testable import Messaging
 import ProtocolCore
-@testable import Transport
+import Transport
 
 /// The heartbeat and the idle check of all the connections of a loop on one timer (`LoopSweep`),
 /// and a PING answered with this side's own when it is due soon (issue 28: an idle server's CPU).

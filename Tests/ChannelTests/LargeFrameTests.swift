@@ -3,8 +3,8 @@ import TestWaits
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// Large payloads skip the reassembly buffer on receive (``FrameDecoder/fillPayload(_:)``) and are
 /// written from the payload array on send (``WireBuffer``); the bytes must not change.

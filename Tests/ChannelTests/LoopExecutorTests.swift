@@ -3,8 +3,8 @@ import TestWaits
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// `MessageChannel.taskExecutor`: a task preferring it runs on the channel's loop queue, where its
 /// sends pile up in the inbox and are written when it suspends.

@@ -4,8 +4,8 @@ import Locks
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 #if canImport(Glibc)
     import Glibc

@@ -2,8 +2,8 @@ import Foundation
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// The send fast path (direct writes, the inbox, trySend) keeps frames in order and numbered.
 @Suite struct SendPathTests {

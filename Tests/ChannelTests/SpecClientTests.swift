@@ -2,8 +2,8 @@ import Foundation
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 @Suite struct SpecClientTests {
     /// Runs the Python client written from docs/PROTOCOL.md against a live in-process server on 127.0.0.1.

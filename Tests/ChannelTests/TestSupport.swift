@@ -3,8 +3,8 @@ import Logging
 import Testing
 
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 #if canImport(Glibc)
     import Glibc

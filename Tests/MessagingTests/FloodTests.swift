@@ -7,7 +7,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
-@testable import Transport
+import Transport
 
 /// A handshake flooder on loopback: threads that connect from `source` (another loopback
 /// address than the legitimate clients' 127.0.0.1), send the version-2 preamble and a Noise

@@ -6,7 +6,7 @@ import Locks
 import Synchronization
 @testable import Messaging
 import ProtocolCore
-@testable import Transport
+import Transport
 
 /// Runs a blocking call (raw socket reads) on a Dispatch thread, off Swift's cooperative pool.
 func offThePool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {

@@ -6,7 +6,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
-@testable import Transport
+import Transport
 
 /// Log lines kept in memory.
 final class CapturedLog: Sendable {

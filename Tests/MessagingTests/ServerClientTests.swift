@@ -5,7 +5,7 @@ import Testing
 
 import Locks
 @testable import Messaging
-@testable import Transport
+import Transport
 
 struct Note: Codable, Equatable, Sendable {
     var text: String

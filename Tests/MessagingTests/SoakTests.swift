@@ -6,7 +6,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
-@testable import Transport
+import Transport
 
 /// The soak in its CI form (issue 28; the full one, an hour with its figures, is
 /// `Benchmarks/soak.sh --minutes 60`): one server under steady churn for `LANMSG_SOAK_SECONDS`

@@ -4,8 +4,8 @@ import Testing
 
 import Locks
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 /// Where the spec was silent or ambiguous (issue 43, "Decide and write down"): what a version-1
 /// server does, with hand-made frames, as docs/PROTOCOL.md now states it.

@@ -4,8 +4,8 @@ import Testing
 
 import Locks
 @testable import Messaging
-@testable import ProtocolCore
-@testable import Transport
+import ProtocolCore
+import Transport
 
 extension HostilePeer {
     /// Reads frames (sequence not checked) until `done` says so, the server closes, or `seconds` pass.

@@ -1,6 +1,6 @@
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The connection's lifecycle, deadlines, heartbeat, requests and transfers, with a fake clock.
 @Suite struct ConnectionLifecycleTests {

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The hex test vectors of docs/PROTOCOL.md, section "Test vectors".
 enum Vectors {

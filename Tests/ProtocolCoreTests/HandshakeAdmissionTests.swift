@@ -1,6 +1,6 @@
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// Admission before the handshake (issue 28), with a fake clock: in-flight bounds, per-source and
 /// total rates, how sources are counted, and the table's bound under many sources.

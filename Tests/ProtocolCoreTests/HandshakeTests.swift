@@ -1,7 +1,7 @@
 import FastJSON
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The hello exchange with frames passed by hand between two state machines (no sockets).
 @Suite struct HandshakeTests {

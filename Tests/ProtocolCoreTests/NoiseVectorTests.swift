@@ -2,7 +2,7 @@ import Crypto
 import Foundation
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The cacophony test vectors for `*_25519_ChaChaPoly_SHA256` (../shared/noise): every pattern the
 /// specification defines, parsed from its text, run byte for byte — handshake messages, transport

@@ -1,6 +1,6 @@
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The outbound queue with plain bytes: numbering, who writes, partial writes, water marks.
 @Suite struct PendingWritesTests {

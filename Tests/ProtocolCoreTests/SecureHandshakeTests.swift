@@ -1,7 +1,7 @@
 import Crypto
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The version-2 handshake and transport without sockets: both sides in memory.
 @Suite struct SecureHandshakeTests {

@@ -1,6 +1,6 @@
 import Testing
 
-@testable import ProtocolCore
+import ProtocolCore
 
 /// The session core without sockets: numbering, acknowledgement, resume and restart, the inbox's
 /// acknowledgement pacing, and the RTT estimator.

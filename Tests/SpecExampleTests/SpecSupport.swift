@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-@testable import ProtocolCore
+import ProtocolCore
 
 /// One row of a spec example table, rendered from a frame.
 struct SpecRow {

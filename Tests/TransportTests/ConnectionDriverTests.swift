@@ -4,7 +4,7 @@ import Synchronization
 import Testing
 
 import ProtocolCore
-@testable import Transport
+import Transport
 
 #if canImport(Glibc)
     import Glibc

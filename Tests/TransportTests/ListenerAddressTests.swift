@@ -3,7 +3,7 @@ import Logging
 import Testing
 
 import ProtocolCore
-@testable import Transport
+import Transport
 
 #if canImport(Glibc)
     import Glibc

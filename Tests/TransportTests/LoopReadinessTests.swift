@@ -5,7 +5,7 @@ import TestWaits
 import Testing
 
 import ProtocolCore
-@testable import Transport
+import Transport
 
 #if canImport(Glibc)
     import Glibc

@@ -6,7 +6,7 @@ import TestWaits
 import Testing
 
 import ProtocolCore
-@testable import Transport
+import Transport
 
 /// Version 2 seals where frames are sent: a sender thread seals and writes its own frame when the
 /// connection is idle, the loop's flush seals everything queued behind it. Every transport message

@@ -1,7 +1,7 @@
 import Testing
 
 import ProtocolCore
-@testable import Transport
+import Transport
 
 @Suite struct SocketAddressTests {
     @Test func parsing() throws {

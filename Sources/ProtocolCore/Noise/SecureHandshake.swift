@@ -330,7 +330,7 @@ package struct SecureHandshake: Sendable {
         return framed(message)
     }
 
-    static func framed(_ message: [UInt8]) -> [UInt8] {
+    package static func framed(_ message: [UInt8]) -> [UInt8] {
         // Truncating: an oversized handshake message is refused by step() before it is sent.
         [UInt8(truncatingIfNeeded: message.count >> 8), UInt8(truncatingIfNeeded: message.count)] + message
     }
