@@ -220,7 +220,7 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
-        .testTarget(name: "PreviewTests", dependencies: ["PreviewKit"], swiftSettings: strict),
+        .testTarget(name: "PreviewTests", dependencies: ["PreviewKit", "TestWaits"], swiftSettings: strict),
         // docs/PROTOCOL.md's application examples, rendered from what the code sends.
         .testTarget(
             name: "SpecExampleTests", dependencies: ["ChatKit", "PreviewKit", "ProtocolCore", "Messaging"],

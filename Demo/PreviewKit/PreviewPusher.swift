@@ -116,7 +116,7 @@ public final class PreviewPusher: Sendable {
                 }
             }
             group.addTask {
-                try? await Task.sleep(for: timeout)
+                await timerSleep(for: timeout)
                 return nil
             }
             let first = try await group.next() ?? nil
@@ -277,7 +277,7 @@ public final class PreviewPusher: Sendable {
                 PushProgress(name: name, sentBytes: offset + sent, totalBytes: size, started: started, isFinished: false))
             if let rate = bytesPerSecond, rate > 0 {
                 let due = started + .nanoseconds(Int64(clamping: sent * 1_000_000_000 / rate))
-                if due > .now { try? await Task.sleep(until: due, clock: .continuous) }
+                if due > .now { await timerSleep(for: due - .now) }
             }
         }
         do {
@@ -391,7 +391,7 @@ public struct ResumingPusher: Sendable {
                 return true
             }
             group.addTask {
-                try? await Task.sleep(for: min(within, .milliseconds(200)))
+                await timerSleep(for: min(within, .milliseconds(200)))
                 return false
             }
             let first = await group.next() ?? false

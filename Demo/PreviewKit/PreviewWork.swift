@@ -130,3 +130,31 @@ final class OneShotTimer: @unchecked Sendable {
 
     func cancel() { source.cancel() }
 }
+
+/// Waits `duration` on a Dispatch timer, not a sleeping task; ends at once when the task is
+/// cancelled.
+func timerSleep(for duration: Duration) async {
+    let waiter = Mutex<(CheckedContinuation<Void, Never>?, done: Bool)>((nil, false))
+    let finish: @Sendable () -> Void = {
+        let continuation = waiter.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.done = true
+            defer { state.0 = nil }
+            return state.0
+        }
+        continuation?.resume()
+    }
+    let timer = OneShotTimer(after: duration, finish)
+    await withTaskCancellationHandler {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = waiter.withLock { state -> Bool in
+                if state.done || Task.isCancelled { return true }
+                state.0 = continuation
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    } onCancel: {
+        finish()
+    }
+    timer.cancel()
+}
