@@ -120,12 +120,12 @@ public final class PreviewService: Sendable {
     }
 
     /// What the controller needs to know of a resumable offer (nil when it cannot be resumed).
-    private func resumable(_ offer: PreviewOffer, from connection: ServerConnection) -> PushController.Resumable? {
+    private func resumable(_ offer: PreviewOffer, from connection: ServerConnection) -> PushController.Resume? {
         guard let partials, let pushID = offer.pushID, isSHA256Hex(offer.sha256) else { return nil }
         let sender = Self.sender(of: connection)
         let key = PartialTransfers.Key(sender: sender, sha256: offer.sha256, size: offer.size)
-        return PushController.Resumable(
-            key: key, completedKey: sender + "/" + pushID, pushID: pushID, offset: partials.offset(for: key))
+        return PushController.Resume(
+            key: key, offset: partials.offset(for: key), completedKey: sender + "/" + pushID, pushID: pushID)
     }
 
     private func admit(_ offer: PreviewOffer, from connection: ServerConnection) async -> PreviewOfferReply {

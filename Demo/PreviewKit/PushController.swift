@@ -8,7 +8,8 @@ import Messaging
 /// — reply, reserve, arm or cancel a timer, start or cancel a receive job, send a result, release.
 /// The objects (timers, jobs, channels) stay with the service, found by offer id.
 struct PushController: Sendable {
-    /// A resumable push: its partial's key, where it resumes, and the pusher's id of it.
+    /// A resumable push: its partial's key, where it resumes (the bytes the partials store holds),
+    /// the key its result is remembered by (sender and push id) and the pusher's id of it.
     struct Resume: Sendable, Equatable {
         var key: PartialTransfers.Key
         var offset: UInt64
@@ -30,15 +31,6 @@ struct PushController: Sendable {
         /// Its receive runs (on `connection`).
         var receiving = false
         var connection: UInt64?
-    }
-
-    /// What a resumable offer brings: its partial's key and the pusher's ids, and how many bytes of
-    /// it the partials store holds now.
-    struct Resumable: Sendable, Equatable {
-        var key: PartialTransfers.Key
-        var completedKey: String
-        var pushID: String
-        var offset: UInt64
     }
 
     /// The answer to an offer.
@@ -79,18 +71,16 @@ struct PushController: Sendable {
 
     // MARK: Offers
 
-    /// An offer came. `resumable`: its partial (when there is a partials store, a push id and a
-    /// well-formed hash).
-    func admit(_ offer: PreviewOffer, resumable: Resumable?) -> Admission {
+    /// An offer came. `resumable`: its partial, as the partials store has it now (when there is a
+    /// partials store, a push id and a well-formed hash).
+    func admit(_ offer: PreviewOffer, resumable resume: Resume?) -> Admission {
         guard !draining else {
             return .refuse(PreviewFailure(PreviewFailure.shuttingDown, "the server is shutting down; try another one or later"))
         }
-        guard let resumable else { return .reserve(resume: nil) }
-        if let done = completed[resumable.completedKey] { return .alreadyStored(done) }
-        let resume = Resume(
-            key: resumable.key, offset: resumable.offset, completedKey: resumable.completedKey, pushID: resumable.pushID)
-        guard let claim = claims[resumable.key] else { return .reserve(resume: resume) }
-        if claim.pushID == resumable.pushID {
+        guard let resume else { return .reserve(resume: nil) }
+        if let done = completed[resume.completedKey] { return .alreadyStored(done) }
+        guard let claim = claims[resume.key] else { return .reserve(resume: resume) }
+        if claim.pushID == resume.pushID {
             return .stopEarlier(offerID: claim.offerID, connection: claim.receiving ? claim.connection : nil)
         }
         return .reserve(resume: nil)  // another push of the same content owns the partial

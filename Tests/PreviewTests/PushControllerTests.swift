@@ -14,8 +14,8 @@ import Testing
         PreviewOffer(name: "report.pdf", size: 1_000, sha256: sha, pushID: pushID)
     }
 
-    static func resumable(pushID: String = "push-1", offset: UInt64 = 0) -> PushController.Resumable {
-        PushController.Resumable(key: key, completedKey: "alice/" + pushID, pushID: pushID, offset: offset)
+    static func resumable(pushID: String = "push-1", offset: UInt64 = 0) -> PushController.Resume {
+        PushController.Resume(key: key, offset: offset, completedKey: "alice/" + pushID, pushID: pushID)
     }
 
     static func reservation(_ id: String, pushID: String? = "push-1") -> Reservation {
