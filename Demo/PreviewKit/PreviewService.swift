@@ -189,11 +189,21 @@ public final class PreviewService: Sendable {
 
     private func start(_ transfer: IncomingTransfer, from connection: ServerConnection) {
         let offerID = transfer.metadata[PreviewProtocol.offerMetadataKey]
-        let (decision, expiry) = state.withLock { state in
+        // One lock section: the decision, the offer's expiry taken, and — for a receive — its job
+        // registered, so a retry or an abort that comes next finds the job (not a receive without one).
+        let (decision, expiry, job) = state.withLock { state -> (PushController.TransferDecision, OneShotTimer?, PreviewWork.Job?) in
             let decision = state.controller.transferArrived(
                 typeID: transfer.typeID, offerID: offerID, connection: connection.id, totalSize: transfer.totalSize)
-            guard case .receive = decision, let offerID else { return (decision, nil as (OneShotTimer)?) }
-            return (decision, state.expiries.removeValue(forKey: offerID))
+            switch decision {
+            case .refuse(_, nil):
+                return (decision, nil, nil)
+            case .refuse(_, let release?):
+                return (decision, state.expiries.removeValue(forKey: release.id), nil)
+            case .receive(let entry):
+                let job = receiveJob(entry, transfer: transfer, from: connection)
+                state.receives[entry.reservation.id] = (job, connection.channel)
+                return (decision, state.expiries.removeValue(forKey: entry.reservation.id), job)
+            }
         }
         expiry?.cancel()
         switch decision {
@@ -205,28 +215,35 @@ public final class PreviewService: Sendable {
                 metadata: ["type": "\(transfer.typeID)", "connection": "\(connection)"])
             work.run { try? await connection.send(result, type: PreviewProtocol.TypeID.result) }
         case .receive(let entry):
-            let id = entry.reservation.id
-            let job = PreviewWork.Job {
-                await self.receive(entry.reservation, resume: entry.resume, transfer: transfer, from: connection)
-                let waiters = self.state.withLock { state -> [CheckedContinuation<Bool, Never>] in
-                    state.receives.removeValue(forKey: id)
-                    guard state.controller.receiveEnded(id, resume: entry.resume) else { return [] }
-                    defer { state.idleWaiters.removeAll() }
-                    return Array(state.idleWaiters.values)
-                }
-                for waiter in waiters { waiter.resume(returning: true) }
-            }
-            // Registered before it runs, so the job cannot remove itself before it is registered.
-            state.withLock { $0.receives[id] = (job, connection.channel) }
-            if !work.run(job) {  // the service is ending: not received
-                transfer.discard()
-                store.release(entry.reservation)
-                _ = state.withLock { state in
-                    state.receives.removeValue(forKey: id)
-                    return state.controller.receiveEnded(id, resume: entry.resume)
-                }
-            }
+            guard let job, !work.run(job) else { return }
+            // The service is ending: not received.
+            transfer.discard()
+            store.release(entry.reservation)
+            job.abandon()
+            receiveEnded(entry)
         }
+    }
+
+    /// The job that receives an accepted transfer, then says its end.
+    private func receiveJob(
+        _ entry: PushController.Pending, transfer: IncomingTransfer, from connection: ServerConnection
+    ) -> PreviewWork.Job {
+        PreviewWork.Job {
+            await self.receive(entry.reservation, resume: entry.resume, transfer: transfer, from: connection)
+            self.receiveEnded(entry)
+        }
+    }
+
+    /// A push's receive ended: forgotten, and when none is left those waiting for that are woken.
+    private func receiveEnded(_ entry: PushController.Pending) {
+        let id = entry.reservation.id
+        let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+            state.receives.removeValue(forKey: id)
+            guard state.controller.receiveEnded(id, resume: entry.resume) else { return [] }
+            defer { state.idleWaiters.removeAll() }
+            return Array(state.idleWaiters.values)
+        }
+        for waiter in waiters { waiter.resume(returning: true) }
     }
 
     /// Receives a resumable push through the partial-transfer store, then stores it.
@@ -301,23 +318,39 @@ public final class PreviewService: Sendable {
         state.withLock { $0.controller.beginDraining() }
     }
 
-    /// Waits until no push is in flight, at most `timeout`; returns whether none is left.
+    /// Waits until no push is in flight, at most `timeout` (a Dispatch timer), or until the calling
+    /// task is cancelled; returns whether none is left.
     public func waitForInFlight(timeout: Duration) async -> Bool {
-        let box = Mutex<(OneShotTimer)?>(nil)
-        let idle = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let number = state.withLock { state -> Int? in
-                if state.controller.receiving.isEmpty { return nil }
-                state.nextWaiter += 1
-                state.idleWaiters[state.nextWaiter] = continuation
-                return state.nextWaiter
-            }
-            guard let number else { return continuation.resume(returning: true) }
-            let timer = OneShotTimer(after: timeout) { [weak self] in
-                self?.state.withLock { $0.idleWaiters.removeValue(forKey: number) }?.resume(returning: false)
-            }
-            box.withLock { $0 = timer }
+        let timer = Mutex<OneShotTimer?>(nil)
+        // This caller's waiter number, and whether it gave up (cancelled) before it had one.
+        let number = Mutex<(waiter: Int?, gaveUp: Bool)>((nil, false))
+        let giveUp: @Sendable () -> Void = { [weak self] in
+            guard let waiter = number.withLock({ state -> Int? in
+                state.gaveUp = true
+                return state.waiter
+            }) else { return }
+            self?.state.withLock { $0.idleWaiters.removeValue(forKey: waiter) }?.resume(returning: false)
         }
-        box.withLock { $0 }?.cancel()
+        let idle = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                let registered = state.withLock { state -> Int? in
+                    if state.controller.receiving.isEmpty || Task.isCancelled { return nil }
+                    state.nextWaiter += 1
+                    state.idleWaiters[state.nextWaiter] = continuation
+                    return state.nextWaiter
+                }
+                guard let registered else { return continuation.resume(returning: inFlightCount == 0) }
+                let gaveUp = number.withLock { state -> Bool in
+                    state.waiter = registered
+                    return state.gaveUp
+                }
+                if gaveUp { return giveUp() }  // cancelled while registering
+                timer.withLock { $0 = OneShotTimer(after: timeout, giveUp) }
+            }
+        } onCancel: {
+            giveUp()
+        }
+        timer.withLock { $0 }?.cancel()
         return idle || inFlightCount == 0
     }
 

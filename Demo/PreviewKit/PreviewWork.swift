@@ -100,7 +100,17 @@ final class PreviewWork: Sendable {
             }?.resume()
         }
 
-        /// Waits until the job ended (at once if it did, or never started and was cancelled).
+        /// The job will never run (the work was finished before it could): it counts as ended.
+        func abandon() {
+            let waiters = state.withLock { state in
+                state.finished = true
+                defer { state.endWaiters = [] }
+                return state.endWaiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+
+        /// Waits until the job ended (at once if it did, or was abandoned).
         func ended() async {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let done = state.withLock { state -> Bool in

@@ -69,7 +69,7 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// after teardown).
     var readSlot: Int32 = -1
     /// The largest frame body the peer accepts (its `max_frame`, learnt in the hello; `UInt32.max`,
-    /// none, until then): the one place the limit is held. Read without a lock by every sender
+    /// the most a length field says, until then): the one place the limit is held. Read without a lock by every sender
     /// (``PendingWrites`` refuses larger frames) and by a session before it keeps a message.
     private let peerFrameLimit = Atomic<UInt32>(.max)
     /// The idle check waits at least this long (milliseconds; 0: the configured
@@ -195,12 +195,9 @@ package final class ConnectionDriver: @unchecked Sendable {
         if !isClosed { self.handler = handler }
     }
 
-    /// The largest frame body the peer accepts (learnt in the hello; `Int.max` until then): larger
-    /// frames are refused before they are queued.
-    package var peerMaxFrameSize: Int {
-        let limit = peerFrameLimit.load(ordering: .acquiring)
-        return limit == .max ? .max : Int(limit)
-    }
+    /// The largest frame body the peer accepts (learnt in the hello; 4 GiB − 1, what a frame's
+    /// 32-bit length can say, until then): larger frames are refused before they are queued.
+    package var peerMaxFrameSize: Int { Int(peerFrameLimit.load(ordering: .acquiring)) }
 
     /// Sets ``peerMaxFrameSize`` (the channel does, when it is made from the hello).
     package func setPeerMaxFrameSize(_ size: Int) { peerFrameLimit.store(UInt32(clamping: size), ordering: .releasing) }

@@ -24,6 +24,10 @@ final class WideAreaWorld {
         var reports: [(at: UInt64, report: RegistrationMachine.Report)] = []
         var crashed = false
         var finished = false
+
+        func isDue(at now: UInt64) -> Bool {
+            next != nil && !crashed && !finished && wakeAt.map { $0 <= now } ?? true
+        }
     }
 
     struct Browser {
@@ -32,6 +36,10 @@ final class WideAreaWorld {
         var wakeAt: UInt64?
         var next: UnicastBrowseMachine.Action?
         var events: [(at: UInt64, action: UnicastBrowseMachine.Action)] = []
+        /// Where the zone is, and when that was learnt (WideArea keeps it for 15 minutes).
+        var zone: (servers: [DNSServerAddress], at: UInt64)?
+
+        func isDue(at now: UInt64) -> Bool { next != nil && wakeAt.map { $0 <= now } ?? true }
     }
 
     static let zoneName = "lab.home.arpa"
@@ -171,12 +179,19 @@ final class WideAreaWorld {
             browsers[index].wakeAt = nil
             input = .woke
         } else {
-            let (dns, server) = (self.dns, self.server)
-            // Where the zone is: asked at every poll (WideArea caches it for 15 minutes).
+            let (dns, server, now) = (self.dns, self.server, self.milliseconds)
+            // Where the zone is: kept for 15 minutes, as WideArea does, and asked again after a failure.
+            let known = browsers[index].zone.flatMap { now - $0.at < 900_000 ? $0.servers : nil }
+            let found = Locked<[DNSServerAddress]?>(nil)
             guard let answer = await reader.answer(action, now: { server.now }, servers: {
                 () async throws(DiscoveryError) -> [DNSServerAddress] in
-                await dns.authoritativeServers(of: try await dns.zone(of: reader.domainName))
+                if let known { return known }
+                let servers = await dns.authoritativeServers(of: try await dns.zone(of: reader.domainName))
+                found.withLock { $0 = servers }
+                return servers
             }) else { return }
+            if let servers = found.withLock({ $0 }) { browsers[index].zone = (servers, now) }
+            if case .serial(.failure, _) = answer { browsers[index].zone = nil }
             input = answer
         }
         take(browsers[index].machine.apply(input), browser: index)
@@ -204,16 +219,19 @@ final class WideAreaWorld {
     func run(for duration: UInt64) async {
         let end = milliseconds + duration * 1_000
         for _ in 0..<100_000 {
-            for index in hosts.indices {
-                for _ in 0..<64 where hosts[index].next != nil && hosts[index].wakeAt.map({ $0 <= milliseconds }) ?? true {
+            // Every action that is due, one per host and browser a round (round robin: two hosts
+            // that start together locate, then send their updates, together).
+            for _ in 0..<1_000 {
+                var progressed = false
+                for index in hosts.indices where hosts[index].isDue(at: milliseconds) {
                     await step(host: index)
-                    if hosts[index].crashed || hosts[index].finished { break }
+                    progressed = true
                 }
-            }
-            for index in browsers.indices {
-                for _ in 0..<64 where browsers[index].next != nil && browsers[index].wakeAt.map({ $0 <= milliseconds }) ?? true {
+                for index in browsers.indices where browsers[index].isDue(at: milliseconds) {
                     await step(browser: index)
+                    progressed = true
                 }
+                if !progressed { break }
             }
             let wakes = hosts.filter { !$0.crashed && !$0.finished }.compactMap(\.wakeAt) + browsers.compactMap(\.wakeAt)
             let next = min(wakes.min() ?? end, end)

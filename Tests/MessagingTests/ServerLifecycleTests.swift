@@ -260,3 +260,22 @@ extension StopGraceTests {
         try await waitUntil("the stopped server is released") { released.server == nil }
     }
 }
+
+extension StopGraceTests {
+    /// Once `stop()` cancelled the grace timers, a connection that closes meanwhile arms none (it
+    /// would hold its connection for the grace period, or end a session `stop()` keeps); `stop()`'s
+    /// own deadline is still armed.
+    @Test func noGraceTimerIsArmedOnceStopping() {
+        let timers = ServerTimers()
+        timers.schedule(after: .seconds(3_600)) {}
+        #expect(timers.count == 1)
+        timers.cancelAll()
+        #expect(timers.count == 0)
+        timers.schedule(after: .seconds(3_600)) { Issue.record("a grace timer armed while stopping") }
+        #expect(timers.count == 0, "refused while stopping")
+        let deadline = timers.schedule(after: .seconds(3_600), whileStopping: true) {}
+        #expect(timers.count == 1, "stop()'s own deadline is armed")
+        timers.cancel(deadline)
+        #expect(timers.count == 0)
+    }
+}

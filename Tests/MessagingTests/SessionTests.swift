@@ -5,6 +5,7 @@ import Testing
 
 import Locks
 @testable import Messaging
+import ProtocolCore
 
 /// Message sessions on loopback: one-way messages in both directions arrive exactly once and in
 /// order across dropped connections; what cannot be resumed is reported, never lost silently.
@@ -327,8 +328,21 @@ extension SessionTests {
             return error?.code == .frameTooLarge && error?.message.contains("16384") == true
         }
         #expect(client.unacknowledgedCount == 0 && client.unacknowledgedMessages.isEmpty)
+        // The limit is on the frame's body (after its 4-byte length): a body of exactly 16 KiB
+        // goes, one byte more does not.
+        let codec = ClientConfiguration(peerName: "edge").channel.codecs.sendCodec
+        func body(_ count: Int) throws -> Int {
+            let payload = try codec.encode(Blob(bytes: String(repeating: "x", count: count)))
+            return try Frame.validatedSize(Frame(kind: .message, codecID: codec.id, typeID: "edge", payload: payload)) - 4
+        }
+        let fits = 16 * 1024 - (try body(0))
+        #expect(try body(fits) == 16 * 1024)
+        try await client.send(Blob(bytes: String(repeating: "x", count: fits)), type: "edge")
+        await #expect(throws: TransportError.self) {
+            try await client.send(Blob(bytes: String(repeating: "x", count: fits + 1)), type: "edge")
+        }
         try await client.send(Blob(bytes: "small"), type: "small")
-        try await waitUntil("the small message") { received.withLock { $0 } == ["small"] }
+        try await waitUntil("the edge and the small message") { received.withLock { $0 } == ["edge", "small"] }
         await client.close()
         await harness.server.stop()
     }

@@ -113,7 +113,7 @@ import Testing
         }
         #expect(mismatch.failure?.code == PreviewFailure.sizeMismatch && release.id == "o1")
         #expect(controller.claims.isEmpty && controller.pending.isEmpty)
-        #expect(controller.admit(Self.offer(), resumable: Self.resumable()) != .stopEarlier(offerID: "o1", connection: nil))
+        #expect(controller.admit(Self.offer(), resumable: Self.resumable()) == .reserve(resume: Self.resumable()))
     }
 
     /// A resumable push that was stored answers its retries with its result, for the newest 256.
@@ -128,7 +128,9 @@ import Testing
             controller.stored(later, PreviewResult(offerID: "o\(n)"))
         }
         #expect(controller.completed.count == PushController.completedLimit)
-        #expect(controller.admit(Self.offer(pushID: "push-0"), resumable: Self.resumable(pushID: "push-0")) != .alreadyStored(result))
+        #expect(
+            controller.admit(Self.offer(pushID: "push-0"), resumable: Self.resumable(pushID: "push-0"))
+                == .reserve(resume: Self.resumable(pushID: "push-0")))
     }
 
     /// A closed connection's waiting offers are dropped; another connection's stay.

@@ -292,7 +292,9 @@ extension MessageServer {
         // aborts those still open after the grace period (19,000 connections: a timer and two
         // tasks each took seconds of their own). Cancelled, the timer lets go of the connections
         // at once.
-        let abortLate = timers.schedule(after: grace) { for connection in connections { connection.channel.abort() } }
+        let abortLate = timers.schedule(after: grace, whileStopping: true) {
+            for connection in connections { connection.channel.abort() }
+        }
         let reasons = await withTaskGroup(of: (Int, CloseReason).self) { group in
             for (index, connection) in connections.enumerated() {
                 group.addTask { (index, await connection.channel.closed()) }

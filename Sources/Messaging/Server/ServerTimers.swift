@@ -19,6 +19,8 @@ final class ServerTimers: Sendable {
     private struct Armed {
         var next: UInt64 = 0
         var sources: [UInt64: any DispatchSourceTimer] = [:]
+        /// ``cancelAll()`` was called (the server stops): grace periods are no longer armed.
+        var closed = false
     }
 
     private let armed = Locked(Armed())
@@ -26,14 +28,22 @@ final class ServerTimers: Sendable {
     /// The timers armed and not yet fired or cancelled (tests).
     var count: Int { armed.withLock { $0.sources.count } }
 
-    /// Runs `work` once, `delay` from now, unless cancelled first.
+    /// Runs `work` once, `delay` from now, unless cancelled first — and unless ``cancelAll()`` was
+    /// called before, when `whileStopping` is false: a grace period that a connection's close
+    /// arms while `stop()` runs is not armed at all (`stop()` ends or keeps every session itself).
     @discardableResult
-    func schedule(after delay: Duration, _ work: @escaping @Sendable () -> Void) -> Token {
+    func schedule(after delay: Duration, whileStopping: Bool = false, _ work: @escaping @Sendable () -> Void) -> Token {
         let source = DispatchSource.makeTimerSource(queue: .global())
-        let token = armed.withLock { armed in
+        let token = armed.withLock { armed -> Token? in
+            if armed.closed && !whileStopping { return nil }
             armed.next += 1
             armed.sources[armed.next] = source
             return Token(number: armed.next)
+        }
+        guard let token else {
+            source.activate()  // (an inactive source must not be released: activated, then cancelled)
+            source.cancel()
+            return Token(number: 0)  // (a token that cancels nothing)
         }
         source.setEventHandler { [weak self] in
             // Fired: it is forgotten first, so a cancel racing with it finds nothing to cancel.
@@ -53,9 +63,10 @@ final class ServerTimers: Sendable {
         armed.withLock { $0.sources.removeValue(forKey: token.number) }?.cancel()
     }
 
-    /// Cancels every timer.
+    /// Cancels every timer; from now on only `stop()`'s own are armed (`whileStopping`).
     func cancelAll() {
         let sources = armed.withLock { armed in
+            armed.closed = true
             defer { armed.sources = [:] }
             return Array(armed.sources.values)
         }

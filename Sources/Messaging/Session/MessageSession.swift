@@ -348,10 +348,12 @@ final class MessageSession: Sendable {
             let admission = try apply { (state, wakes) throws -> Admission in
                 if let ended = state.ended { throw ended }
                 guard state.waiters.isEmpty, state.outbox.hasRoom(for: size) else { return .waitForRoom }
-                if let channel = state.channel, size > channel.peerMaxFrameSize {
+                // (`size` counts the 4-byte length; the limit is on the body after it, as the
+                // connection's own check.)
+                if let channel = state.channel, size - 4 > channel.peerMaxFrameSize {
                     throw TransportError(
                         .frameTooLarge,
-                        "a message of \(size) bytes exceeds the peer's limit of \(channel.peerMaxFrameSize) bytes; "
+                        "a message of \(size - 4) bytes exceeds the peer's limit of \(channel.peerMaxFrameSize) bytes; "
                             + "nothing was sent — send large data as a transfer")
                 }
                 let number = state.outbox.nextNumber
