@@ -103,6 +103,12 @@ def wait(driver, what, condition, timeout=15):
     return WebDriverWait(driver, timeout, poll_frequency=0.01).until(lambda d: condition(d), message=what)
 
 
+def live(driver, what="the page's event stream open"):
+    """Waits until the page's status says its event stream is open."""
+    return wait(driver, what, lambda d: d.execute_script(
+        "return document.getElementById('status').dataset.state === 'live'"))
+
+
 def shown(driver, name):
     """The #document element once it shows `name`."""
     return wait(driver, f"{name} shown", lambda d: d.execute_script(
@@ -168,8 +174,7 @@ def check(arguments):
     driver = browser(1280, 900)
     try:
         driver.get(arguments.url)
-        checks.run("page-live", lambda: (wait(driver, "the page's event stream open", lambda d: d.execute_script(
-            "return document.getElementById('status').dataset.state === 'live'")) and True, "the status says live"))
+        checks.run("page-live", lambda: (live(driver) and True, "the status says live"))
 
         def png_shown():
             pusher.push(f"{work}/red.png")
@@ -335,8 +340,7 @@ def scripted(arguments):
     driver = browser(1280, 900)
     try:
         driver.get(arguments.url)
-        wait(driver, "live", lambda d: d.execute_script(
-            "return document.getElementById('status').dataset.state === 'live'"))
+        live(driver)
         title = driver.title
 
         def allowed_but_sandboxed():
@@ -374,8 +378,7 @@ def bench(arguments):
     driver = browser(1280, 900)
     try:
         driver.get(arguments.url)
-        wait(driver, "live", lambda d: d.execute_script(
-            "return document.getElementById('status').dataset.state === 'live'"))
+        live(driver)
         to_event, to_visible = [], []
         for index in range(arguments.pushes):
             name = f"bench-{index:03d}.png"
