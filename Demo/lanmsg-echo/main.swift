@@ -127,6 +127,13 @@ struct EchoServer: AsyncParsableCommand {
                 } catch {
                     say("reply to \(connection) failed: \(error)")
                 }
+            case .accepted(let connection):
+                // The client's proven key and the comparison code its user sees on a first contact.
+                if let peer = connection.channel.peerIdentity {
+                    say("accepted \(connection): key \(peer.fingerprint.full), comparison code \(peer.comparisonCode)")
+                } else {
+                    say("\(event)")
+                }
             case .transfer(_, let transfer):
                 transfer.discard()
             case .refused(let remote, let reason):

@@ -135,4 +135,76 @@ struct TrustFollowsTheKeyTests {
         #expect(waiting.channel?.peerIdentity?.fingerprint.full == realKey)
         await waiting.close()
     }
+
+    enum Forget: String, CaseIterable, Sendable { case api, handEdit }
+
+    /// Issue 57, the app's flow: a client met the board under its old key; the board is reinstalled
+    /// with a new key (same name). The client is refused with the key-change warning, which names
+    /// the one thing that works; the user forgets the name — through `TrustStore.forget(name:)` or
+    /// by removing its line from `known_peers` by hand — and the next connection is a first
+    /// contact with the new key: both sides show the same comparison code, and the trust store and
+    /// the peer memory hold the new key. (Before the fix the peer memory kept the old key as a
+    /// trust anchor: refused for the whole browse timeout after `forget` returned true.)
+    @Test(arguments: Forget.allCases)
+    func aForgottenKeyIsAFirstContactAgain(_ how: Forget) async throws {
+        let directory = NSTemporaryDirectory() + "key-forget-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let discovery = ServiceDiscovery(logger: logger)
+        defer { Task { await discovery.shutdown() } }
+        let name = "Board \(how.rawValue)"
+        let store = TrustStore(path: directory + "/known_peers")
+        var settings = configuration(directory)
+        settings.browseTimeout = .seconds(3)
+        func connect() async throws -> MessageClient {
+            try await MessageClient.connect(
+                to: .service(name: name, type: Self.type, discovery: discovery), configuration: settings, logger: logger)
+        }
+
+        let (old, _, oldKey) = try await echo(name, identity: directory + "/old")
+        let first = try await connect()
+        #expect(first.channel?.peerIdentity?.isFirstContact == true)
+        #expect(first.channel?.peerIdentity?.fingerprint.full == oldKey)
+        await first.close()
+        old.stop()
+        _ = old.wait(timeout: .seconds(10))
+
+        // Reinstalled: a new key under the same name.
+        let (new, _, newKey) = try await echo(name, identity: directory + "/new")
+        defer { new.stop() }
+        do {
+            _ = try await connect()
+            Issue.record("a changed key must be refused while the old one is known")
+        } catch let error as MessagingError {
+            logger.notice("the app's error after the key change: \(error.message)")  // (the lines a user sees)
+            #expect(error.code == .untrustedServer)
+            #expect(error.message.contains("HAS CHANGED"), "\(error.message)")
+            #expect(error.message.contains("TrustStore.forget(name: \"\(name)\")"), "\(error.message)")
+            #expect(error.message.contains("remove the line for '\(name)' from \(store.path)"), "\(error.message)")
+        }
+
+        switch how {
+        case .api:
+            #expect(try store.forget(name: name))
+        case .handEdit:
+            let text = try String(contentsOfFile: store.path, encoding: .utf8)
+            let kept = text.split(separator: "\n").filter { !$0.hasSuffix(" \(name)") }.joined(separator: "\n") + "\n"
+            try kept.write(toFile: store.path, atomically: true, encoding: .utf8)
+        }
+
+        let second = try await connect()
+        let identity = try #require(second.channel?.peerIdentity)
+        #expect(identity.isFirstContact, "a forgotten key makes the next connection a first contact")
+        #expect(identity.fingerprint.full == newKey)
+        // The server shows the same comparison code for this client (lanmsg-echo prints it).
+        try await new.waitForOutput("comparison code \(identity.comparisonCode)")
+        let serverLine = new.text.split(separator: "\n").last { $0.contains("comparison code") } ?? ""
+        logger.notice(
+            "after forgetting (\(how.rawValue)): first contact with key \(identity.fingerprint.full), comparison code \(identity.comparisonCode); the server says: \(serverLine)")
+        #expect(store.fingerprint(for: name)?.full == newKey, "the new key is trusted now")
+        let memory = PeerMemory.shared(path: directory + "/known_addresses")
+        #expect(memory.entry(type: Self.type, name: name)?.fingerprint.full == newKey)
+        _ = try await second.request("stats", type: "echo.stats", expecting: Int.self)
+        await second.close()
+    }
 }

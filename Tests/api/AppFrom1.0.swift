@@ -98,8 +98,12 @@ func security() throws {
     configuration.channel.security = .encrypted(
         identity: identity, trust: .pinned([Fingerprint("<64 hex digits of the client you allow>")!]))
     var client = ClientConfiguration(peerName: "kitchen tablet")
+    let store = TrustStore(path: TrustStore.defaultPath(app: "kv-tablet"))
     client.channel.security = .encrypted(
-        identity: try Identity.loadOrCreate(at: Identity.defaultPath(app: "kv-tablet")),
-        trust: .trustOnFirstUse(TrustStore(path: TrustStore.defaultPath(app: "kv-tablet"))))
+        identity: try Identity.loadOrCreate(at: Identity.defaultPath(app: "kv-tablet")), trust: .trustOnFirstUse(store))
     print(configuration, client)
+    // After a legitimate key change (the key-change warning says so): the next connection to the
+    // board is a first contact again (issue 57; TrustFollowsTheKeyTests runs this flow).
+    if try store.forget(name: "Kitchen board") { print("forgot the key of 'Kitchen board'") }
+    print(store.fingerprint(for: "Kitchen board")?.full ?? "unknown", store.entries.count)
 }

@@ -239,16 +239,15 @@ extension MessageClient {
         return try await MessageChannel.connect(to: found.addresses, configuration: channelConfiguration, logger: logger)
     }
 
-    /// The keys this client knows for the server it asks for by name: its trust policy's (the trust
-    /// store's entry for the name, or its pins) and the peer memory's. Empty for a plaintext
-    /// channel, a server asked for by type only or by address, or a name seen for the first time.
+    /// The keys this client knows for the server it asks for by name: its trust policy's only (the
+    /// trust store's entry for the name, or its pins). Never the peer memory's: a key forgotten in
+    /// the trust store is forgotten (issue 57). Empty for a plaintext channel, a server asked for
+    /// by type only or by address, a name seen for the first time or forgotten.
     private func knownKeys() -> Set<Fingerprint> {
-        guard case .service(let name?, let type, _) = target,
+        guard case .service(let name?, _, _) = target,
             let (_, policy) = try? configuration.channel.security.resolved()
         else { return [] }
-        var keys = policy.knownKeys(forName: name)
-        if let remembered = configuration.peerMemory?.entry(type: type, name: name) { keys.insert(remembered.fingerprint) }
-        return keys
+        return policy.knownKeys(forName: name)
     }
 
     enum FoundByKey {
@@ -404,12 +403,25 @@ extension MessageClient {
     }
 
     /// A server remembered from an earlier connection (``ClientConfiguration/peerMemory``), when
-    /// the channel is encrypted: there is a key to insist on.
+    /// the channel is encrypted (there is a key to insist on) and the trust policy still holds the
+    /// remembered key. An entry whose key the policy no longer holds (the name forgotten in the
+    /// trust store, through ``TrustStore/forget(name:)`` or by hand; the key no longer pinned) is
+    /// forgotten with it: never used, and removed from the file.
     private func rememberedEntry() -> PeerMemory.Entry? {
         guard case .service(let name?, let type, _) = target, configuration.channel.security.isEncrypted,
-            let memory = configuration.peerMemory
+            let memory = configuration.peerMemory, let entry = memory.entry(type: type, name: name),
+            let (_, policy) = try? configuration.channel.security.resolved()
         else { return nil }
-        return memory.entry(type: type, name: name)
+        if policy.stillHolds(entry.fingerprint, forName: name) { return entry }
+        logger.notice(
+            "forgot the remembered addresses of '\(name)' (\(type)): its key is no longer one the trust policy holds",
+            metadata: ["key": "\(entry.fingerprint.short)"])
+        do {
+            try memory.forget(type: type, name: name)
+        } catch {
+            logger.notice("could not forget the remembered addresses: \(error.message)")
+        }
+        return nil
     }
 
     /// After a connection to a named service: remember where it was and its proven key.

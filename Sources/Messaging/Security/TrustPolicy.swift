@@ -50,15 +50,16 @@ public struct TrustPolicy: Sendable {
     }
 
     /// At an address remembered for a server (``PeerMemory``): only the key proven there before,
-    /// and only if `base` accepts it too (a key the user removed from the trust store, or that a
-    /// custom policy refuses, stays refused). Reads the trust store now, off the connection's loop.
+    /// and only if `base` accepts it too (a custom policy that refuses it keeps it refused). The
+    /// client uses such an address only while `base` still holds the key
+    /// (``stillHolds(_:forName:)``).
     static func remembered(_ fingerprint: Fingerprint, within base: TrustPolicy) -> TrustPolicy {
         TrustPolicy(
             rule: base.rule,
             required: Required(keys: [fingerprint], beforeRule: true) { peer in
                 "'\(peer.name)' presented the key \(peer.fingerprint.full) at an address remembered for the key "
                     + "\(fingerprint.full); refused (another machine may use the address now). Find the server by "
-                    + "discovery, or forget it in the peer memory (known_addresses) if its key really changed."
+                    + "discovery; if its key really changed, \(base.howToForget(peer.name, remembered: true))."
             })
     }
 
@@ -70,8 +71,40 @@ public struct TrustPolicy: Sendable {
             rule: base.rule,
             required: Required(keys: keys, beforeRule: false) { peer in
                 "the server found for '\(name)' presented the key \(peer.fingerprint.full), not the key this client "
-                    + "knows for '\(name)' (\(keys.map(\.short).sorted().joined(separator: ", "))); refused"
+                    + "knows for '\(name)' (\(keys.map(\.short).sorted().joined(separator: ", "))); refused. If its key "
+                    + "really changed, \(base.howToForget(name, remembered: false))"
             })
+    }
+
+    /// What makes a legitimately changed key of `name` acceptable again, for an app and for a
+    /// person at a terminal: the one thing that works for this policy's rule (issue 57: the trust
+    /// store, or the pins, is the only place a client knows a key from).
+    func howToForget(_ name: String, remembered: Bool) -> String {
+        switch rule {
+        case .firstUse(let store):
+            "forget the old key and connect again: TrustStore.forget(name: \"\(name)\") in an app, or remove the line "
+                + "for '\(name)' from \(store.path) by hand (its remembered addresses are forgotten with it)"
+        case .pinned:
+            "pin the new fingerprint instead of the old one (TrustPolicy.pinned)"
+        case .anyKey, .custom:
+            remembered
+                ? "forget the remembered server: PeerMemory.forget(type:name:) in an app, or remove its line from "
+                    + "known_addresses by hand" : "change what the app's trust policy accepts"
+        }
+    }
+
+    /// Whether this policy still holds `fingerprint` as the key of `name`: a trust store's entry for
+    /// the name is that key, or the key is pinned (a file read for a store: call it off the
+    /// connection's loop). A key the policy does not hold — a name forgotten in the trust store,
+    /// through ``TrustStore/forget(name:)`` or by hand, or a key no longer pinned — is not a key
+    /// this client knows, wherever else it is remembered (``PeerMemory``). The other rules keep no
+    /// keys: true.
+    func stillHolds(_ fingerprint: Fingerprint, forName name: String) -> Bool {
+        switch rule {
+        case .firstUse(let store): store.fingerprint(for: name) == fingerprint
+        case .pinned(let keys): keys.contains(fingerprint)
+        case .anyKey, .custom: true
+        }
     }
 
     /// The keys this policy expects of the peer called `name`: its trust store's entry for the
@@ -156,7 +189,9 @@ public struct TrustPolicy: Sendable {
         Presented fingerprint:  \(presented.full)
         Remembered fingerprint: \(known.full)  (in \(store.path))
         If you know the change is legitimate, compare the new fingerprint with the peer's owner,
-        then forget the old one (remove the line for '\(name)' from \(store.path)) and connect again.
+        then forget the old key and connect again (the next connection is a first contact):
+          in an app:  TrustStore.forget(name: "\(name)")
+          by hand:    remove the line for '\(name)' from \(store.path)
         """
     }
 }
