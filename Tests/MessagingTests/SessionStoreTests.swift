@@ -16,16 +16,22 @@ import ProtocolCore
     static let key = Journal.Key(hex: "00112233445566778899aabbccddeeff")!
     static let position = Journal.Key(hex: "ffeeddccbbaa99887766554433221100")!
 
-    /// A file's bytes: a header, a session and `count` messages, some released.
-    static func file(messages count: Int) -> [UInt8] {
-        var bytes = Journal.Header(role: .server, identity: "plaintext").encoded
-        Journal.Record.session(Journal.Snapshot(key: key, positionID: position, owner: "owner")).encode(into: &bytes)
-        for number in 1...UInt64(count) {
-            Journal.Record.message(key, number: number, codecID: 1, typeID: "reading", payload: Array("{\"n\":\(number)}".utf8))
-                .encode(into: &bytes)
-            if number == 2 { Journal.Record.released(key, through: 1).encode(into: &bytes) }
+    static let header = Journal.Header.fresh(role: .server, identity: "plaintext")
+
+    /// A file's bytes: a header, a session and `count` messages, some released. `synced`: each
+    /// record says the file was synced up to its own start (as with power-loss durability, a sync
+    /// before every record), or nothing was (process-crash durability between its syncs).
+    static func file(messages count: Int, syncedBeforeEach: Bool = false) -> [UInt8] {
+        var bytes = header.encoded
+        func add(_ record: Journal.Record) {
+            record.encode(into: &bytes, header: header, synced: syncedBeforeEach ? bytes.count : 0)
         }
-        Journal.Record.handled(key, through: 7).encode(into: &bytes)
+        add(.session(Journal.Snapshot(key: key, positionID: position, owner: "owner")))
+        for number in 1...UInt64(count) {
+            add(.message(key, epoch: 0, number: number, codecID: 1, typeID: "reading", payload: Array("{\"n\":\(number)}".utf8)))
+            if number == 2 { add(.released(key, epoch: 0, through: 1)) }
+        }
+        add(.handled(key, epoch: 0, through: 7))
         return bytes
     }
 
@@ -44,7 +50,7 @@ import ProtocolCore
     @Test func recordsRoundTripAndReplay() throws {
         let bytes = Self.file(messages: 5)
         let scan = try Self.scan(bytes).get()
-        #expect(scan.header == Journal.Header(role: .server, identity: "plaintext"))
+        #expect(scan.header == Self.header)
         #expect(scan.records.count == 1 + 5 + 1 + 1 && scan.torn == 0 && scan.end == bytes.count)
         let sessions = try Journal.replay(scan.records).get()
         let session = try #require(sessions[Self.key])
@@ -57,7 +63,7 @@ import ProtocolCore
     /// A crash interrupts the last write at any byte: every complete record before it is read back,
     /// the rest reported as torn (to be cut), never as damage.
     @Test func aTornLastRecordIsCutAtEveryOffset() throws {
-        let bytes = Self.file(messages: 3)
+        let bytes = Self.file(messages: 3, syncedBeforeEach: true)
         let full = try Self.scan(bytes).get()
         let last = try #require(full.records.last)
         for cut in last.offset..<bytes.count {
@@ -72,25 +78,72 @@ import ProtocolCore
         }
     }
 
-    /// One byte changed anywhere — header or record, length, checksum or body — is damage, never
-    /// a silent reset or a shorter file.
-    @Test func aFlippedByteAnywhereIsDetected() {
-        let bytes = Self.file(messages: 3)
-        var undetected: [Int] = []
+    /// One byte changed anywhere is never read as something else: in the header, or in a record a
+    /// later record says was on the disk, it is damage (refused); in what no sync had covered yet
+    /// (the last record here) it is what a crash left, cut with everything after it.
+    @Test func aFlippedByteIsDamageWhereSyncedAndCutWhereNot() throws {
+        let bytes = Self.file(messages: 3, syncedBeforeEach: true)
+        let full = try Self.scan(bytes).get()
+        let last = try #require(full.records.last)
+        var wrong: [String] = []
         for index in bytes.indices {
             for mask: UInt8 in [0x01, 0x80, 0xFF] {
                 var damaged = bytes
                 damaged[index] ^= mask
-                if case .success = Self.scan(damaged) { undetected.append(index) }
+                switch Self.scan(damaged) {
+                case .failure:
+                    if index >= last.offset { wrong.append("byte \(index) of the unsynced last record refused") }
+                case .success(let scan):
+                    if index < last.offset {
+                        wrong.append("byte \(index) (synced) accepted")
+                    } else if scan.records.count != full.records.count - 1 || scan.torn != bytes.count - last.offset {
+                        wrong.append("byte \(index): \(scan.records.count) records kept, \(scan.torn) cut")
+                    }
+                }
             }
         }
-        #expect(undetected.isEmpty, "undetected flips at \(undetected)")
+        #expect(wrong.isEmpty, "\(wrong.prefix(20))")
+    }
+
+    /// What delayed allocation, a torn page or `data=writeback` leaves past the last sync: zeros
+    /// after the valid records. Cut, never damage (CRC-32C of zeros is not zero) — also zeros
+    /// between records that reached the disk out of order, when no record says it was synced.
+    @Test func zerosPastTheLastSyncAreCut() throws {
+        let bytes = Self.file(messages: 3)
+        let zeros = try Self.scan(bytes + [UInt8](repeating: 0, count: 4096)).get()
+        #expect(zeros.records.count == 6 && zeros.torn == 4096 && zeros.end == bytes.count)
+        // A hole of zeros where records 3 and 4 were, records after it: written back out of order.
+        var holed = bytes
+        let scan = try Self.scan(bytes).get()
+        let hole = scan.records[2].offset..<(scan.records[3].offset + scan.records[3].length)
+        holed.replaceSubrange(hole, with: [UInt8](repeating: 0, count: hole.count))
+        let cut = try Self.scan(holed).get()
+        #expect(cut.records.count == 2 && cut.end == hole.lowerBound && cut.droppedRecords == 2)
+        // The same hole in a file a later record says was synced past it: damage.
+        let synced = Self.file(messages: 3, syncedBeforeEach: true)
+        var damaged = synced
+        damaged.replaceSubrange(hole, with: [UInt8](repeating: 0, count: hole.count))
+        guard case .failure(.damagedRecord(let offset, let why)) = Self.scan(damaged) else {
+            Issue.record("a hole in synced records was not refused")
+            return
+        }
+        #expect(offset == hole.lowerBound && why.contains("on the disk up to byte"), "\(why)")
+    }
+
+    /// Bytes of an older file (another salt) or a payload that holds a record's bytes never read as
+    /// records of this one.
+    @Test func recordsOfAnotherFileDoNotCheck() throws {
+        let other = Journal.Header.fresh(role: .server, identity: "plaintext")
+        var bytes = Self.header.encoded
+        Journal.Record.session(Journal.Snapshot(key: Self.key, positionID: Self.position)).encode(into: &bytes, header: other, synced: 0)
+        let scan = try Self.scan(bytes).get()
+        #expect(scan.records.isEmpty && scan.torn > 0)
     }
 
     @Test func anotherVersionAndAnotherFileAreNamed() {
         var bytes = Self.file(messages: 1)
-        bytes[9] = 2  // version 2
-        #expect(Self.scan(bytes).failure == .otherVersion(2))
+        bytes[9] = 3  // version 3
+        #expect(Self.scan(bytes).failure == .otherVersion(3))
         #expect(Self.scan(Array("hello, world, not a journal".utf8)).failure == .notAJournal)
         if case .damagedHeader = Self.scan(Array(bytes[0..<10])).failure {} else { Issue.record("a cut header passed") }
     }
@@ -108,9 +161,9 @@ import ProtocolCore
             let journal = try Self.open(directory)
             try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
             for number in UInt64(1)...10 {
-                try journal.append(.message(Self.key, number: number, codecID: 1, typeID: "t", payload: [UInt8(number)]))
+                try journal.append(.message(Self.key, epoch: 0, number: number, codecID: 1, typeID: "t", payload: [UInt8(number)]))
             }
-            try journal.append(.released(Self.key, through: 4), .handled(Self.key, through: 3), .connected(Self.key))
+            try journal.append(.released(Self.key, epoch: 0, through: 4), .handled(Self.key, epoch: 0, through: 3), .connected(Self.key, epoch: 0))
             journal.close()
         }
         let journal = try Self.open(directory)
@@ -162,25 +215,92 @@ import ProtocolCore
         #expect(try Data(contentsOf: URL(fileURLWithPath: journal.path)) == before, "refusing changes nothing")
     }
 
-    /// A damaged file is refused with its name, the byte and what to do — and left as it is.
-    @Test func aDamagedFileIsRefusedWithWhatToDo() throws {
+    /// A damaged file is refused with its name, the byte and what to do — and left as it is:
+    /// here a byte of a message that a sync had covered (a later record says so) is flipped.
+    @Test func aDamagedFileIsRefusedWithWhatToDo() async throws {
         let directory = Self.directory("damaged")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let journal = try Self.open(directory)
+        let journal = try SessionJournal(
+            SessionStore(directory: directory, durability: .powerLoss), role: .server, identity: "plaintext", logger: testLogger())
         try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
-        try journal.append(.message(Self.key, number: 1, codecID: 1, typeID: "t", payload: Array(repeating: 7, count: 40)))
+        let position = try journal.append(.message(Self.key, epoch: 0, number: 1, codecID: 1, typeID: "t", payload: Array(repeating: 7, count: 40)))
+        try await journal.synced(position)
+        try journal.append(.handled(Self.key, epoch: 0, through: 1))
         journal.close()
         var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: journal.path)))
-        bytes[bytes.count - 10] ^= 0x20
+        let flipped = bytes.count - 60  // inside the synced message
+        bytes[flipped] ^= 0x20
         try Data(bytes).write(to: URL(fileURLWithPath: journal.path))
         do {
             _ = try Self.open(directory)
             Issue.record("a damaged store opened")
         } catch {
-            #expect(error.message.contains("is damaged at byte"))
+            #expect(error.message.contains("is damaged at byte"), "\(error.message)")
             #expect(error.message.contains("move it away") && error.message.contains("never resets it"))
         }
         #expect(try [UInt8](Data(contentsOf: URL(fileURLWithPath: journal.path))) == bytes)
+    }
+
+    /// Issue 53, 2: a journal whose valid records are followed by 4 KiB of zeros (what a power loss
+    /// leaves past the last sync) opens: the zeros are cut, the notice says how many bytes, every
+    /// session is there, and the store goes on. (It was refused as damaged at the first zero.)
+    @Test func aZeroTailOnDiskOpensWithANotice() throws {
+        let directory = Self.directory("zeros")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try Self.open(directory)
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        try journal.append(.message(Self.key, epoch: 0, number: 1, codecID: 1, typeID: "t", payload: [1]))
+        journal.close()
+        let handle = try #require(FileHandle(forWritingAtPath: journal.path))
+        handle.seekToEndOfFile()
+        handle.write(Data(count: 4096))
+        try handle.close()
+        let notices = CapturedLog()
+        let reopened = try SessionJournal(
+            SessionStore(directory: directory), role: .server, identity: "plaintext", logger: notices.logger())
+        #expect(reopened.opening.cutBytes == 4096)
+        #expect(reopened.restored[Self.key]?.messages.map(\.payload) == [[1]])
+        #expect(notices.lines.contains { $0.level == .notice && $0.message.contains("cut 4096 bytes at byte") }, "\(notices.lines.map(\.message))")
+        try reopened.append(.message(Self.key, epoch: 0, number: 2, codecID: 1, typeID: "t", payload: [2]))
+        reopened.close()
+        let again = try Self.open(directory)
+        #expect(again.restored[Self.key]?.messages.map(\.payload) == [[1], [2]] && again.opening.cutBytes == 0)
+        again.close()
+    }
+
+    /// A store written by the version before (format 1) is read and rewritten in format 2.
+    @Test func aVersion1StoreIsReadAndRewritten() throws {
+        let directory = Self.directory("v1")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        var bytes = Array("LANMSGSJ".utf8) + [0, 1, 1, 9] + Array("plaintext".utf8)
+        bytes += Self.bigEndian(CRC32C.checksum(bytes))
+        func record(_ body: [UInt8]) {
+            let length = Self.bigEndian(UInt32(body.count))
+            bytes += length + Self.bigEndian(CRC32C.checksum(length)) + Self.bigEndian(CRC32C.checksum(body)) + body
+        }
+        let key = Self.bigEndian(Self.key.high) + Self.bigEndian(Self.key.low)
+        let position = Self.bigEndian(Self.position.high) + Self.bigEndian(Self.position.low)
+        record([1] + key + position + [1] + Self.bigEndian(UInt64(1)) + Self.bigEndian(UInt64(0)) + Self.bigEndian(UInt64(4)) + [1, 3] + Array("abc".utf8))
+        for number in UInt64(1)...3 { record([2] + key + Self.bigEndian(number) + [1, 0, 1] + Array("t".utf8) + [UInt8(number)]) }
+        record([3] + key + Self.bigEndian(UInt64(1)))
+        try Data(bytes).write(to: URL(fileURLWithPath: directory + "/" + SessionJournal.fileName))
+        let journal = try Self.open(directory)
+        #expect(journal.opening.migrated)
+        let session = try #require(journal.restored[Self.key])
+        #expect(session.messages.map(\.payload) == [[2], [3]] && session.snapshot.handled == 4 && session.snapshot.owner == "abc")
+        #expect(session.snapshot.everConnected && session.snapshot.nextNumber == 4)
+        try journal.append(.message(Self.key, epoch: 0, number: 4, codecID: 1, typeID: "t", payload: [4]))
+        journal.close()
+        let again = try Self.open(directory)
+        #expect(!again.opening.migrated && again.restored[Self.key]?.messages.map(\.payload) == [[2], [3], [4]])
+        let header = try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]
+        #expect(Array(header) == [0, 2])
+        again.close()
+    }
+
+    static func bigEndian<T: FixedWidthInteger>(_ value: T) -> [UInt8] {
+        withUnsafeBytes(of: value.bigEndian) { Array($0) }
     }
 
     /// A torn tail on disk is cut when the store opens, and the store goes on after it.
@@ -189,14 +309,14 @@ import ProtocolCore
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let journal = try Self.open(directory)
         try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
-        try journal.append(.message(Self.key, number: 1, codecID: 1, typeID: "t", payload: [1]))
-        try journal.append(.message(Self.key, number: 2, codecID: 1, typeID: "t", payload: [2, 2, 2, 2]))
+        try journal.append(.message(Self.key, epoch: 0, number: 1, codecID: 1, typeID: "t", payload: [1]))
+        try journal.append(.message(Self.key, epoch: 0, number: 2, codecID: 1, typeID: "t", payload: [2, 2, 2, 2]))
         journal.close()
         let size = try #require(try FileManager.default.attributesOfItem(atPath: journal.path)[.size] as? Int)
         #expect(truncate(journal.path, off_t(size - 3)) == 0)
         let reopened = try Self.open(directory)
         #expect(reopened.restored[Self.key]?.messages.map(\.number) == [1])
-        try reopened.append(.message(Self.key, number: 2, codecID: 1, typeID: "t", payload: [9]))
+        try reopened.append(.message(Self.key, epoch: 0, number: 2, codecID: 1, typeID: "t", payload: [9]))
         reopened.close()
         let again = try Self.open(directory)
         #expect(again.restored[Self.key]?.messages.map(\.payload) == [[1], [9]])
@@ -214,16 +334,16 @@ import ProtocolCore
         for key in keys { try journal.append(.session(Journal.Snapshot(key: key, positionID: Self.position))) }
         // Handled counts written out of order (two tasks handling at once): the largest stays,
         // in the file and through the compactions.
-        try journal.append(.handled(keys[0], through: 10), .handled(keys[0], through: 5))
+        try journal.append(.handled(keys[0], epoch: 0, through: 10), .handled(keys[0], epoch: 0, through: 5))
         let payload = [UInt8](repeating: 0x5A, count: 300)
         var largestFile = 0
         for number in UInt64(1)...10_000 {
             for (index, key) in keys.enumerated() {
-                try journal.append(.message(key, number: number, codecID: 0, typeID: "m\(index)", payload: payload + [UInt8(number & 0xFF)]))
+                try journal.append(.message(key, epoch: 0, number: number, codecID: 0, typeID: "m\(index)", payload: payload + [UInt8(number & 0xFF)]))
                 // Session 0 keeps its last 50, session 3 keeps everything after 9,000, the others all.
-                if index == 0 && number > 50 { try journal.append(.released(key, through: number - 50)) }
-                if (index == 1 || index == 2) && number % 10 == 0 { try journal.append(.released(key, through: number)) }
-                if index == 3 && number == 9_000 { try journal.append(.released(key, through: 9_000)) }
+                if index == 0 && number > 50 { try journal.append(.released(key, epoch: 0, through: number - 50)) }
+                if (index == 1 || index == 2) && number % 10 == 0 { try journal.append(.released(key, epoch: 0, through: number)) }
+                if index == 3 && number == 9_000 { try journal.append(.released(key, epoch: 0, through: 9_000)) }
             }
             largestFile = max(largestFile, journal.sizes.file)
         }
@@ -237,7 +357,7 @@ import ProtocolCore
         #expect(restored.restored[keys[3]]?.messages.last?.payload == payload + [UInt8(10_000 & 0xFF)])
         #expect(restored.restored[keys[3]]?.snapshot.nextNumber == 10_001)
         #expect(restored.restored[keys[0]]?.snapshot.handled == 10)
-        #expect(sizes.live == 1_050 * (payload.count + 1 + 12 + 1 + 16 + 8 + 1 + 2 + 2))
+        #expect(sizes.live == 1_050 * (payload.count + 1 + 20 + 1 + 16 + 4 + 8 + 1 + 2 + 2))
         restored.close()
     }
 
@@ -251,7 +371,7 @@ import ProtocolCore
             SessionStore(directory: directory, durability: .powerLoss), role: .client, identity: "plaintext", logger: testLogger())
         try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
         let positions = try (UInt64(1)...64).map { number in
-            try journal.append(.message(Self.key, number: number, codecID: 0, typeID: "t", payload: [1]))
+            try journal.append(.message(Self.key, epoch: 0, number: number, codecID: 0, typeID: "t", payload: [1]))
         }
         let done = Locked(0)
         try await withThrowingTaskGroup(of: Void.self) { group in

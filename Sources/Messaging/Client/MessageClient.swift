@@ -119,7 +119,7 @@ public final class MessageClient: Sendable {
         }
         // A client keeps one session; the newest record of several (none is left behind normally)
         // is the one that continues.
-        if let restored = journal.restored.values.max(by: { $0.snapshot.nextNumber < $1.snapshot.nextNumber }) {
+        if let newest = journal.restoredOrder.last, let restored = journal.restored[newest] {
             logger.info(
                 "session store: continuing session \(restored.snapshot.key) (\(restored.messages.count) messages not acknowledged yet)",
                 metadata: ["store": "\(journal.path)"])

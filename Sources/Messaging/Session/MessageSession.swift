@@ -46,8 +46,8 @@ final class MessageSession: Sendable {
         var drains: [DrainWaiter] = []
         /// Store positions to wait for, each with what to do once synced (power-loss durability).
         var syncs: [(UInt64, @Sendable (FileError?) -> Void)] = []
-        /// The peer acknowledged messages up to this number: the store releases them.
-        var released: UInt64?
+        /// The peer acknowledged messages up to this number (of this epoch): the store releases them.
+        var released: (through: UInt64, epoch: UInt32)?
         /// Frames were decided for the wire (``State/outgoing``): send them.
         var sendOutgoing = false
 
@@ -59,8 +59,8 @@ final class MessageSession: Sendable {
             for drain in drains { drain.succeed(()) }
             guard let store = session.store else { return }
             for (position, done) in syncs { store.whenSynced(position, done) }
-            if let released, (try? store.append(.released(session.key, through: released))) == nil {
-                session.logger.debug("session store: could not record acknowledgement \(released)")
+            if let released, (try? store.append(.released(session.key, epoch: released.epoch, through: released.through))) == nil {
+                session.logger.debug("session store: could not record acknowledgement \(released.through)")
             }
         }
     }
@@ -167,7 +167,8 @@ final class MessageSession: Sendable {
         func snapshot(key: Journal.Key, owner: String?) -> Journal.Snapshot {
             Journal.Snapshot(
                 key: key, positionID: Journal.Key(hex: positionID)!, owner: owner, everConnected: everConnected,
-                nextNumber: outbox.nextNumber, acknowledged: outbox.acknowledged, handled: inbox.stored)
+                nextNumber: outbox.nextNumber, acknowledged: outbox.acknowledged, handled: inbox.stored,
+                epoch: UInt32(truncatingIfNeeded: epoch))
         }
 
         /// Wakes the waiting senders (they re-check for room, oldest first).
@@ -247,6 +248,7 @@ final class MessageSession: Sendable {
         state.everConnected = snapshot.everConnected
         state.durableThrough = snapshot.nextNumber - 1
         state.positionID = snapshot.positionID.hex
+        state.epoch = UInt64(snapshot.epoch)
         state.serving = serving
         self.state = Locked(state)
     }
@@ -363,7 +365,9 @@ final class MessageSession: Sendable {
                     guard store.hasRoom(for: size) else { return .waitForStore }
                     do throws(FileError) {
                         position = try store.append(
-                            .message(key, number: number, codecID: frame.codecID, typeID: frame.typeID, payload: frame.payload))
+                            .message(
+                                key, epoch: UInt32(truncatingIfNeeded: state.epoch), number: number, codecID: frame.codecID,
+                                typeID: frame.typeID, payload: frame.payload))
                     } catch {
                         throw MessagingError(
                             .sessionStoreFailed, "message '\(frame.typeID)' was not sent: \(error.message)", underlying: error)
@@ -585,7 +589,7 @@ final class MessageSession: Sendable {
             guard let store else { return nil }
             let position: UInt64
             do throws(FileError) {
-                position = try store.append(.handled(key, through: through))
+                position = try store.append(.handled(key, epoch: UInt32(truncatingIfNeeded: epoch), through: through))
             } catch {
                 logger.warning("handled session messages are not acknowledged while the store cannot keep them: \(error.message)")
                 return nil
@@ -632,7 +636,7 @@ final class MessageSession: Sendable {
                 // Written after the lock (the store keeps the largest), never synced: a released
                 // record lost in a crash only makes the restarted side resend what the peer says
                 // it has (it drops them).
-                if store != nil { wakes.released = count }
+                if store != nil { wakes.released = (count, UInt32(truncatingIfNeeded: state.epoch)) }
             }
             state.wakeDrainsIfDue(&wakes)
             return nil
@@ -712,7 +716,9 @@ final class MessageSession: Sendable {
                 var records: [Journal.Record] = [.session(snapshot)]
                 for entry in kept {
                     records.append(
-                        .message(key, number: entry.number, codecID: entry.item.codecID, typeID: entry.item.typeID, payload: entry.item.payload))
+                        .message(
+                            key, epoch: UInt32(truncatingIfNeeded: state.epoch), number: entry.number, codecID: entry.item.codecID,
+                            typeID: entry.item.typeID, payload: entry.item.payload))
                 }
                 do throws(FileError) {
                     let position = try store.append(records)

@@ -1,0 +1,315 @@
+import Dispatch
+import Foundation
+import Logging
+import Synchronization
+
+/// One compaction of a session store's file: the live sessions and their kept messages, as they
+/// stood when it began, copied into `sessions.journal.new` (a new salt) on the compaction queue;
+/// then, while the writer goes on, what the writer appended meanwhile, again and again until
+/// little is left; the writer then copies the rest, syncs the new file, renames it over the old
+/// one and goes on in it — the directory synced before anything written since counts as on the
+/// disk. A crash at any point leaves the old file whole (the new one is synced before the rename,
+/// and an unfinished one is deleted at the next start) or the new one whole.
+///
+/// Touched by the compaction queue until it is ready, then by the writer alone.
+final class JournalCompaction: @unchecked Sendable {
+    let temporary: String
+    let fileSystem: any StoreFileSystem
+    let old: (file: any StoreFile, header: Journal.Header, generation: Int)
+    let header: Journal.Header
+    private let sessions: [(Journal.Key, JournalWriter.Live)]
+    /// The new file, its length, and where each kept message of the old one is in it.
+    private(set) var file: (any StoreFile)?
+    private(set) var size = 0
+    private(set) var offsets: [Int: Int] = [:]
+    /// The old file is copied up to here.
+    private(set) var cut: Int
+    private var buffer: [UInt8] = []
+    private(set) var failure: StoreCallError?
+    /// The copy on the compaction queue is over: the writer may finish it.
+    let copied = Atomic(false)
+
+    init(
+        path: String, fileSystem: any StoreFileSystem, old: (file: any StoreFile, header: Journal.Header, generation: Int),
+        sessions: [Journal.Key: JournalWriter.Live], cut: Int
+    ) {
+        temporary = path + ".new"
+        self.fileSystem = fileSystem
+        self.old = old
+        header = .fresh(role: old.header.role, identity: old.header.identity)
+        self.sessions = Array(sessions)
+        self.cut = cut
+    }
+
+    /// Writes the new file: header, each session's snapshot, every kept message (copied as it is,
+    /// its checks salted anew), then what the writer appended since, while more than `small` bytes
+    /// of it are left (`end` reads where the old file ends now; nil when it was replaced).
+    func copy(end: () -> Int?, small: Int) {
+        do throws(StoreCallError) {
+            let file = try fileSystem.create(temporary)
+            self.file = file
+            buffer = header.encoded
+            // Sessions first (a session's record must come before its messages), then the messages
+            // in their order in the old file (each session's in its own order).
+            var messages: [(offset: Int, length: Int)] = []
+            for (_, live) in sessions {
+                var snapshot = live.snapshot
+                if let first = live.kept.first {
+                    snapshot.nextNumber = first.number
+                    snapshot.acknowledged = first.number - 1
+                }
+                Journal.Record.session(snapshot).encode(into: &buffer, header: header, synced: 0)
+                messages += live.kept.map { ($0.offset, $0.length) }
+            }
+            messages.sort { $0.offset < $1.offset }
+            var chunk: (start: Int, bytes: [UInt8]) = (0, [])
+            for message in messages {
+                if message.offset < chunk.start || message.offset + message.length > chunk.start + chunk.bytes.count {
+                    chunk = (message.offset, try old.file.read(at: message.offset, count: max(1 << 20, message.length)))
+                    guard chunk.bytes.count >= message.length else { throw StoreCallError("pread", temporary, EIO) }
+                }
+                let from = message.offset - chunk.start
+                try append(chunk.bytes[from..<from + message.length], from: message.offset)
+            }
+            while let end = end(), end - cut > small { try catchUp(through: end) }
+            try flush()
+            try file.sync()
+        } catch {
+            failure = error
+        }
+        copied.store(true, ordering: .releasing)
+    }
+
+    /// Copies the records the writer appended to the old file from ``cut`` up to `end` (each
+    /// complete: the writer's end is always after a whole record).
+    func catchUp(through end: Int) throws(StoreCallError) {
+        while cut < end {
+            let bytes = try old.file.read(at: cut, count: min(end - cut, 1 << 20))
+            var offset = 0
+            while bytes.count - offset >= Journal.recordHeaderSize {
+                let length = Journal.recordHeaderSize + Int(bytes.loadBigEndian(at: offset, as: UInt32.self))
+                if bytes.count - offset < length {
+                    guard offset == 0 else { break }  // read the rest of a long record from its start
+                    let whole = try old.file.read(at: cut, count: length)
+                    guard whole.count == length else { throw StoreCallError("pread", temporary, EIO) }
+                    try append(whole[...], from: cut)
+                    offset = length
+                    break
+                }
+                try append(bytes[offset..<offset + length], from: cut + offset)
+                offset += length
+            }
+            guard offset > 0 else { throw StoreCallError("pread", temporary, EIO) }
+            cut += offset
+        }
+        try flush()
+    }
+
+    /// Appends one record of the old file (at `from` there), resealed for the new one.
+    private func append(_ record: ArraySlice<UInt8>, from: Int) throws(StoreCallError) {
+        let start = buffer.count
+        buffer += record
+        buffer.withUnsafeMutableBytes { raw in Journal.reseal(raw, at: start, from: old.header, to: header, synced: 0) }
+        // A message's place, for the index (its kind is the body's first byte).
+        if record[record.startIndex + Journal.recordHeaderSize] == 2 { offsets[from] = size + start }
+        if buffer.count >= 1 << 20 { try flush() }
+    }
+
+    private func flush() throws(StoreCallError) {
+        guard !buffer.isEmpty, let file else { return }
+        try file.write(buffer, at: size)
+        size += buffer.count
+        buffer.removeAll(keepingCapacity: true)
+    }
+
+    /// Throws the new file away.
+    func abandon() {
+        file?.close()
+        try? fileSystem.remove(temporary)
+    }
+
+    /// A version-1 file rewritten as version 2 from what was read of it (at the start, before any
+    /// writer): the new file is written, synced and renamed over the old one, the directory synced.
+    static func rewrite(
+        path: String, restored: [Journal.Key: Journal.Restored], order: [Journal.Key], role: Journal.Role, identity: String,
+        old: any StoreFile, fileSystem: any StoreFileSystem
+    ) throws(FileError) -> JournalWriter.State {
+        let header = Journal.Header.fresh(role: role, identity: identity)
+        var bytes = header.encoded
+        var live: [Journal.Key: JournalWriter.Live] = [:]
+        for key in order {
+            guard let session = restored[key] else { continue }
+            var snapshot = session.snapshot
+            if let first = session.messages.first {
+                snapshot.nextNumber = first.number
+                snapshot.acknowledged = first.number - 1
+            }
+            Journal.Record.session(snapshot).encode(into: &bytes, header: header, synced: 0)
+            var entry = JournalWriter.Live(snapshot: session.snapshot)
+            for message in session.messages {
+                let start = bytes.count
+                Journal.Record.message(
+                    key, epoch: 0, number: message.number, codecID: message.codecID, typeID: message.typeID, payload: message.payload
+                ).encode(into: &bytes, header: header, synced: 0)
+                entry.messages.append((message.number, start, bytes.count - start))
+                entry.bytes += bytes.count - start
+            }
+            live[key] = entry
+        }
+        let temporary = path + ".new"
+        do throws(StoreCallError) {
+            let file = try fileSystem.create(temporary)
+            do throws(StoreCallError) {
+                try file.write(bytes, at: 0)
+                try file.sync()
+                try fileSystem.rename(temporary, to: path)
+                try fileSystem.syncDirectory(of: path)
+            } catch {
+                file.close()
+                try? fileSystem.remove(temporary)
+                throw error
+            }
+            old.close()
+            return JournalWriter.State(file: file, header: header, size: bytes.count, live: live)
+        } catch {
+            throw FileError.system(path, "cannot rewrite the session store '\(path)' in the current format", errno: error.code)
+        }
+    }
+}
+
+extension SessionJournal {
+    // MARK: Compaction (the writer's side)
+
+    /// Holding the role, the file past its compaction size: starts a compaction of what the index
+    /// holds now, copied on the compaction queue.
+    func startCompaction() {
+        let job = makeCompaction()
+        writer.compaction = job
+        compactionQueue.async { [self] in
+            let generation = job.old.generation
+            job.copy(end: { shared.withLock { $0.generation == generation && !$0.closed ? $0.fileEnd : nil } }, small: 256 << 10)
+            compactionReady.store(true, ordering: .sequentiallyConsistent)
+            write()  // the writer finishes it (this thread, unless someone writes now)
+        }
+    }
+
+    /// Holding the role, a write failed for a full disk: compacts at once (the file is mostly
+    /// released records). Returns whether the file was replaced.
+    func compactNow() -> Bool {
+        // The reserve gives a full disk the room the copy needs (made again after).
+        try? fileSystem.remove(reservePath)
+        let job = makeCompaction()
+        job.copy(end: { nil }, small: 0)
+        let done = finish(job)
+        makeReserve()
+        return done
+    }
+
+    /// A file of ``reserveSize`` bytes beside the journal, given up when the disk is full so that a
+    /// compaction can still write its file (the way databases keep a ballast file). Made when the
+    /// store opens and after each compaction on a full disk, when there is room; nothing depends
+    /// on it otherwise.
+    var reservePath: String { path + ".reserve" }
+    static let reserveSize = 8 << 10
+
+    func makeReserve() {
+        do throws(StoreCallError) {
+            if try fileSystem.open(reservePath) != nil { return }
+            let file = try fileSystem.create(reservePath)
+            defer { file.close() }
+            try file.write([UInt8](repeating: 0, count: Self.reserveSize), at: 0)
+        } catch {
+            try? fileSystem.remove(reservePath)
+        }
+    }
+
+    private func makeCompaction() -> JournalCompaction {
+        let generation = shared.withLock { $0.generation }
+        return JournalCompaction(
+            path: path, fileSystem: fileSystem, old: (writer.state.file, writer.state.header, generation),
+            sessions: writer.state.sessions, cut: writer.state.size)
+    }
+
+    /// Holding the role: waits for the background copy, and finishes the compaction.
+    func waitForCompaction() {
+        // (Not from the compaction queue itself: its copy is over when it writes.)
+        if let job = writer.compaction, !job.copied.load(ordering: .acquiring) { compactionQueue.sync {} }
+        finishCompaction()
+    }
+
+    /// Holding the role, the background copy done: finishes the compaction.
+    func finishCompaction() {
+        guard let job = writer.compaction, job.copied.load(ordering: .acquiring) else { return }
+        writer.compaction = nil
+        _ = finish(job)
+    }
+
+    /// Holding the role: copies what is left, syncs the new file, renames it into place and goes on
+    /// in it; on any failure the old file stays and grows on until the next attempt.
+    private func finish(_ job: JournalCompaction) -> Bool {
+        var failure = job.failure
+        // Every kept message must have its place in the new file (else the index could not follow).
+        if failure == nil {
+            do throws(StoreCallError) {
+                try job.catchUp(through: writer.state.size)
+                let unmapped = writer.state.sessions.values.contains { live in live.kept.contains { job.offsets[$0.offset] == nil } }
+                if unmapped { throw StoreCallError("compact", path, EIO) }
+                try job.file!.sync()
+                try fileSystem.rename(job.temporary, to: path)
+            } catch {
+                failure = error
+            }
+        }
+        if let failure {
+            job.abandon()
+            writer.compactAt = max(writer.floor, writer.state.size * 2)
+            let free = fileSystem.freeSpace(at: directory).map { "\($0) bytes free on its disk" } ?? "its disk's free space unknown"
+            logger.warning(
+                "session store: cannot compact '\(path)' (\(failure); \(writer.state.liveBytes) bytes of kept messages in \(writer.state.size), \(free)); it keeps growing until the next attempt at \(writer.compactAt) bytes")
+            return false
+        }
+        let replaced = writer.state.file
+        for key in writer.state.sessions.keys {
+            let head = writer.state.sessions[key]!.head
+            for index in head..<writer.state.sessions[key]!.messages.count {
+                writer.state.sessions[key]!.messages[index].offset = job.offsets[writer.state.sessions[key]!.messages[index].offset]!
+            }
+        }
+        writer.state.file = job.file!
+        writer.state.header = job.header
+        writer.state.size = job.size
+        if !writer.fixedFloor { writer.floor = Self.compactionFloor(fileSystem.freeSpace(at: directory)) }
+        writer.compactAt = max(writer.floor, 2 * (writer.state.liveBytes + 256 * writer.state.sessions.count))
+        shared.withLock { state in
+            state.file = job.file!
+            state.generation += 1
+            state.fileEnd = job.size
+            state.frontier = job.size  // synced above
+            state.directorySyncPending = true
+            state.compactions += 1
+        }
+        // The rename is on the disk once the directory is; the replaced file is closed after any
+        // sync that may run on it (the same queue).
+        syncQueue.async { [self] in
+            let generation = shared.withLock { $0.directorySyncPending ? $0.generation : nil }
+            if let generation {
+                do {
+                    try fileSystem.syncDirectory(of: path)
+                    shared.withLock { if $0.generation == generation { $0.directorySyncPending = false } }
+                } catch {
+                    logger.warning("session store: cannot sync the directory of '\(path)' after compacting it: \(error)")
+                }
+            }
+            replaced.close()
+        }
+        logger.debug("session store compacted", metadata: ["bytes": "\(job.size)", "sessions": "\(writer.state.sessions.count)"])
+        return true
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// The big-endian integer at `offset`.
+    func loadBigEndian<T: FixedWidthInteger>(at offset: Int, as _: T.Type) -> T {
+        withUnsafeBytes { T(bigEndian: $0.loadUnaligned(fromByteOffset: offset, as: T.self)) }
+    }
+}

@@ -1,0 +1,225 @@
+/// Reading a session store's file back, without I/O: which bytes hold records, which are garbage a
+/// crash left past the last sync (cut), which are damage (refused), and the sessions the records
+/// leave.
+extension Journal {
+    /// What a file's bytes hold.
+    struct Scan: Sendable {
+        var header: Header
+        /// Where the records start.
+        var headerSize: Int
+        /// Each record before the first bytes that are no record, and where it lies.
+        var records: [(record: Record, offset: Int, length: Int)]
+        /// The end of the last of them: the file is cut here when bytes follow.
+        var end: Int
+        /// Bytes after ``end`` that are cut: what was written after the last sync and did not
+        /// reach the disk whole (0: none).
+        var torn: Int
+        /// Complete records found in those bytes after the first bad one, cut with them: written
+        /// after the last sync, behind bytes that never arrived.
+        var droppedRecords = 0
+        /// The file was on the disk up to here when the last of its records was written (the
+        /// largest `synced` a record claims).
+        var synced: Int
+    }
+
+    /// Why a file's bytes cannot be used (never garbage past the last sync: that is cut).
+    enum Damage: Error, Equatable, Sendable {
+        /// It does not start with the magic: not a session store's file.
+        case notAJournal
+        /// Written by another format version.
+        case otherVersion(UInt16)
+        /// The header is cut short or its checksum fails.
+        case damagedHeader(String)
+        /// Bytes at `offset` that the file had been synced past do not read as a record.
+        case damagedRecord(offset: Int, String)
+    }
+
+    /// What the bytes at an offset are.
+    private enum Parsed {
+        /// A record of `size` bytes whose `synced` is given.
+        case record(Record, size: Int, synced: Int)
+        /// No record: a check fails, or the body does not parse.
+        case invalid(String)
+        /// The file ends inside what its checked length announces (or inside a record header).
+        case truncated
+    }
+
+    /// Reads a whole file: its header and its records. Recovery rules, from the first bytes that
+    /// are no record (a check fails, or the file ends inside one):
+    /// - when a valid record after them says the file had been synced past them, they were on the
+    ///   disk and read wrong now: ``Damage`` (refused, never reset);
+    /// - otherwise they are what a crash left of writes after the last sync — zeros, a torn or
+    ///   half-written record, records that reached the disk out of order: cut there
+    ///   (``Scan/torn``), with every record before them.
+    /// A version-1 file, whose records do not say what was synced, is damage when a valid record
+    /// follows the bad bytes, and cut otherwise.
+    static func scan(_ bytes: UnsafeRawBufferPointer) -> Result<Scan, Damage> {
+        let header: Header
+        let headerSize: Int
+        switch readHeader(bytes) {
+        case .success(let (read, size)): (header, headerSize) = (read, size)
+        case .failure(let damage): return .failure(damage)
+        }
+        var scan = Scan(header: header, headerSize: headerSize, records: [], end: headerSize, torn: 0, synced: headerSize)
+        var offset = headerSize
+        var firstBad: (offset: Int, why: String)?
+        while offset < bytes.count {
+            switch parse(bytes, at: offset, header: header) {
+            case .record(let record, let size, let synced):
+                scan.records.append((record, offset, size))
+                scan.synced = max(scan.synced, synced)
+                offset += size
+                scan.end = offset
+                continue
+            case .invalid(let why): firstBad = (offset, why)
+            case .truncated: firstBad = (offset, "the file ends inside it")
+            }
+            break
+        }
+        guard let firstBad else { return .success(scan) }
+        // Are there records after the bad bytes, and do they say the bad bytes were on the disk?
+        var later = 0
+        var laterSynced = scan.synced
+        var probe = firstBad.offset + 1
+        while probe < bytes.count {
+            if case .record(_, let size, let synced) = parse(bytes, at: probe, header: header) {
+                later += 1
+                laterSynced = max(laterSynced, synced)
+                probe += size
+            } else {
+                probe += 1
+            }
+        }
+        let damaged = header.version == 1 ? later > 0 : laterSynced > firstBad.offset
+        if damaged {
+            let synced = header.version == 1 ? "" : ", and a later record says the file was on the disk up to byte \(laterSynced)"
+            return .failure(.damagedRecord(offset: firstBad.offset, "\(firstBad.why)\(synced)"))
+        }
+        scan.torn = bytes.count - firstBad.offset
+        scan.droppedRecords = later
+        return .success(scan)
+    }
+
+    /// The header and its size.
+    private static func readHeader(_ bytes: UnsafeRawBufferPointer) -> Result<(Header, Int), Damage> {
+        guard bytes.count >= magic.count + 5 else {
+            return bytes.starts(with: magic.prefix(bytes.count)) && bytes.count > 0 || bytes.isEmpty
+                ? .failure(.damagedHeader("the file is \(bytes.count) bytes long, shorter than a header (it was cut short)"))
+                : .failure(.notAJournal)
+        }
+        guard bytes.starts(with: magic) else { return .failure(.notAJournal) }
+        var reader = ByteReader(UnsafeRawBufferPointer(rebasing: bytes[magic.count...]))
+        guard let version = reader.integer(UInt16.self) else { return .failure(.damagedHeader("cut short")) }
+        guard version == 1 || version == Journal.version else { return .failure(.otherVersion(version)) }
+        guard let roleByte = reader.byte(), let nameLength = reader.byte(), let name = reader.bytes(Int(nameLength)),
+            let salt = version == 1 ? 0 : reader.integer(UInt64.self), let check = reader.integer(UInt32.self)
+        else { return .failure(.damagedHeader("the file ends inside its header (it was cut short)")) }
+        let headerSize = magic.count + reader.offset
+        guard CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[0..<headerSize - 4])) == check else {
+            return .failure(.damagedHeader("its checksum does not match"))
+        }
+        guard let role = Role(rawValue: roleByte) else { return .failure(.damagedHeader("an unknown role \(roleByte)")) }
+        let header = Header(role: role, identity: String(decoding: name, as: UTF8.self), salt: salt, version: version)
+        return .success((header, headerSize))
+    }
+
+    /// The record at `offset`, if one is there.
+    private static func parse(_ bytes: UnsafeRawBufferPointer, at offset: Int, header: Header) -> Parsed {
+        let left = bytes.count - offset
+        let headerSize = header.version == 1 ? v1RecordHeaderSize : recordHeaderSize
+        guard left >= headerSize else { return .truncated }
+        let length = Int(bytes.loadUnaligned(fromByteOffset: offset, as: UInt32.self).bigEndian)
+        let synced: Int
+        let bodyCheck: UInt32
+        if header.version == 1 {
+            let lengthCheck = bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self).bigEndian
+            guard CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + 4])) == lengthCheck else {
+                return .invalid("its length field fails its check")
+            }
+            synced = 0
+            bodyCheck = bytes.loadUnaligned(fromByteOffset: offset + 8, as: UInt32.self).bigEndian
+        } else {
+            let check = bytes.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self).bigEndian
+            guard CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + 12])) ^ header.headerCheckSalt == check
+            else { return .invalid("its length field fails its check") }
+            synced = Int(clamping: bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt64.self).bigEndian)
+            // A record cannot know of a sync past its own start.
+            guard synced <= offset else { return .invalid("it claims a sync past its own place") }
+            bodyCheck = bytes.loadUnaligned(fromByteOffset: offset + 16, as: UInt32.self).bigEndian ^ header.bodyCheckSalt
+        }
+        guard length > 0, length <= maxRecordLength else { return .invalid("its length field is out of range") }
+        guard left - headerSize >= length else { return .truncated }
+        let body = UnsafeRawBufferPointer(rebasing: bytes[offset + headerSize..<offset + headerSize + length])
+        guard CRC32C.checksum(body) == bodyCheck else { return .invalid("its checksum does not match its \(length) bytes") }
+        guard let record = header.version == 1 ? Record.decodeVersion1(body) : Record.decode(body) else {
+            return .invalid("its checksum matches but its content does not parse")
+        }
+        return .record(record, size: headerSize + length, synced: synced)
+    }
+
+    /// A session as the records left it: what a restarted process continues from.
+    struct Restored: Sendable {
+        typealias Message = (number: UInt64, codecID: UInt8, typeID: String, payload: [UInt8], offset: Int, length: Int)
+        var snapshot: Snapshot
+        /// Its messages in order; those before ``head`` were released.
+        private var all: [Message] = []
+        private var head = 0
+
+        init(snapshot: Snapshot) { self.snapshot = snapshot }
+
+        /// Its kept messages, in order (numbers above ``Snapshot/acknowledged``).
+        var messages: ArraySlice<Message> { all[head...] }
+
+        mutating func append(_ message: Message) { all.append(message) }
+
+        mutating func release(through number: UInt64) {
+            while head < all.count, all[head].number <= number { head += 1 }
+        }
+    }
+
+    /// Replays records into the sessions they leave, or says which record contradicts the ones
+    /// before it (damage the checksums cannot see, such as a message out of its session's order).
+    /// A record of another epoch than its session's current one never applies.
+    static func replay(_ records: [(record: Record, offset: Int, length: Int)]) -> Result<[Key: Restored], Damage> {
+        var sessions: [Key: Restored] = [:]
+        for (record, offset, length) in records {
+            let key = record.key
+            switch record {
+            case .session(let snapshot):
+                sessions[key] = Restored(snapshot: snapshot)
+                continue
+            case .ended:
+                sessions[key] = nil
+                continue
+            default:
+                break
+            }
+            guard let session = sessions[key] else {
+                return .failure(.damagedRecord(offset: offset, "it names session \(key), which no record began"))
+            }
+            guard record.epoch == session.snapshot.epoch else { continue }
+            let next = session.snapshot.nextNumber
+            // (Changed in place: a copy of a session with many messages per record would be quadratic.)
+            switch record {
+            case .session, .ended: break
+            case .message(_, _, let number, let codecID, let typeID, let payload):
+                guard number == next else {
+                    return .failure(.damagedRecord(offset: offset, "message #\(number) of session \(key) where #\(next) was next"))
+                }
+                sessions[key]!.snapshot.nextNumber += 1
+                sessions[key]!.append((number, codecID, typeID, payload, offset, length))
+            case .released(_, _, let through):
+                guard through < next else {
+                    return .failure(.damagedRecord(offset: offset, "session \(key) released #\(through), beyond what it sent"))
+                }
+                sessions[key]!.snapshot.acknowledged = max(sessions[key]!.snapshot.acknowledged, through)
+                sessions[key]!.release(through: through)
+            case .handled(_, _, let through):
+                sessions[key]!.snapshot.handled = max(sessions[key]!.snapshot.handled, through)
+            case .connected:
+                sessions[key]!.snapshot.everConnected = true
+            }
+        }
+        return .success(sessions)
+    }
+}

@@ -1,0 +1,276 @@
+import Dispatch
+import Foundation
+import Locks
+import Logging
+
+/// The journal writer's state: the file, its header and end, and the index of what is live in it.
+/// Touched only by the caller holding the journal's writing role (``SessionJournal/write()``).
+final class JournalWriter: @unchecked Sendable {
+    /// A live session in the index.
+    struct Live {
+        var snapshot: Journal.Snapshot
+        /// Its kept messages in the file, oldest first (those before `head` were released).
+        var messages: [(number: UInt64, offset: Int, length: Int)] = []
+        var head = 0
+        var bytes = 0
+
+        init(snapshot: Journal.Snapshot) { self.snapshot = snapshot }
+
+        init(_ restored: Journal.Restored) {
+            snapshot = restored.snapshot
+            for message in restored.messages {
+                messages.append((message.number, message.offset, message.length))
+                bytes += message.length
+            }
+        }
+
+        var kept: ArraySlice<(number: UInt64, offset: Int, length: Int)> { messages[head...] }
+
+        mutating func release(through number: UInt64) -> Int {
+            var freed = 0
+            while head < messages.count, messages[head].number <= number {
+                freed += messages[head].length
+                head += 1
+            }
+            if head > 64 && head * 2 > messages.count {
+                messages.removeFirst(head)
+                head = 0
+            }
+            bytes -= freed
+            return freed
+        }
+    }
+
+    struct State {
+        var file: any StoreFile
+        var header: Journal.Header
+        /// The file's length: where the next record goes.
+        var size: Int
+        var sessions: [Journal.Key: Live]
+        /// Bytes of kept messages.
+        var liveBytes: Int
+
+        init(file: any StoreFile, header: Journal.Header, size: Int, sessions: [Journal.Key: Journal.Restored]) {
+            self.init(file: file, header: header, size: size, live: sessions.mapValues(Live.init))
+        }
+
+        init(file: any StoreFile, header: Journal.Header, size: Int, live: [Journal.Key: Live]) {
+            self.file = file
+            self.header = header
+            self.size = size
+            sessions = live
+            liveBytes = live.values.reduce(0) { $0 + $1.bytes }
+        }
+    }
+
+    var state: State
+    /// Reused for every write.
+    var buffer: [UInt8] = []
+    /// Sessions whose batch failed, with the generation that failed (its later batches fail too).
+    var failedChains: [Journal.Key: UInt32] = [:]
+    /// Compact when the file grows past this.
+    var compactAt: Int
+    /// The least size that is compacted (``SessionJournal/compactionFloor(_:)``, or a test's).
+    var floor: Int
+    /// The floor is a test's: not read from the disk again.
+    let fixedFloor: Bool
+    /// The compaction copying in the background, if any.
+    var compaction: JournalCompaction?
+
+    init(state: State, floor: Int, fixed: Bool) {
+        self.state = state
+        self.floor = floor
+        fixedFloor = fixed
+        compactAt = max(floor, 2 * (state.liveBytes + 256 * state.sessions.count))
+    }
+
+    /// Updates the index for a record written at `offset`. Returns the kept bytes it freed.
+    func index(_ record: Journal.Record, offset: Int, length: Int) -> Int {
+        let key = record.key
+        switch record {
+        case .session(let snapshot):
+            let old = state.sessions.updateValue(Live(snapshot: snapshot), forKey: key)
+            state.liveBytes -= old?.bytes ?? 0
+            return old?.bytes ?? 0
+        case .ended:
+            let old = state.sessions.removeValue(forKey: key)
+            state.liveBytes -= old?.bytes ?? 0
+            return old?.bytes ?? 0
+        default:
+            break
+        }
+        // Records of another epoch never apply (as in ``Journal/replay(_:)``).
+        guard let epoch = state.sessions[key]?.snapshot.epoch, epoch == record.epoch else { return 0 }
+        switch record {
+        case .message(_, _, let number, _, _, _):
+            state.sessions[key]!.messages.append((number, offset, length))
+            state.sessions[key]!.bytes += length
+            state.sessions[key]!.snapshot.nextNumber = number + 1
+            state.liveBytes += length
+        case .released(_, _, let through):
+            state.sessions[key]!.snapshot.acknowledged = max(state.sessions[key]!.snapshot.acknowledged, through)
+            let freed = state.sessions[key]!.release(through: through)
+            state.liveBytes -= freed
+            return freed
+        case .handled(_, _, let through):
+            state.sessions[key]!.snapshot.handled = max(state.sessions[key]!.snapshot.handled, through)
+        case .connected:
+            state.sessions[key]!.snapshot.everConnected = true
+        case .session, .ended:
+            break
+        }
+        return 0
+    }
+}
+
+extension SessionJournal {
+    // MARK: Writing
+
+    /// Queues `records` to be written after everything queued before (any context: no lock is
+    /// taken, no system call made — call it under the session's lock to fix their order). `done`
+    /// runs once they are written, on the writer's thread, with the position after them (what
+    /// ``whenSynced(_:_:)`` waits for), or with why they were not (then nothing of them is in the
+    /// file). Nothing is written until someone calls ``write()``.
+    /// - Parameter chain: The session and its write generation (``JournalQueue/Batch/chain``).
+    func enqueue(
+        _ records: [Journal.Record], chain: (key: Journal.Key, generation: UInt32)? = nil,
+        done: (@Sendable (Result<UInt64, FileError>) -> Void)? = nil
+    ) {
+        queue.push(JournalQueue.Batch(records, chain: chain, done: done))
+    }
+
+    /// Writes what is queued, unless another caller is writing now (it writes it then: a writer
+    /// looks again after giving up the role). Call it with no lock held: it makes system calls and
+    /// runs the batches' completions.
+    func write() {
+        while !queue.isEmpty || compactionReady.load(ordering: .sequentiallyConsistent) {
+            guard writing.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged else { return }
+            drain()
+            if compactionReady.exchange(false, ordering: .sequentiallyConsistent) { finishCompaction() }
+            writing.store(false, ordering: .sequentiallyConsistent)
+        }
+    }
+
+    /// Writes `records` now and returns the position after them (or throws; then nothing of them
+    /// is in the file). Blocks while another caller writes.
+    @discardableResult
+    func append(_ records: Journal.Record...) throws(FileError) -> UInt64 { try append(records) }
+
+    @discardableResult
+    func append(_ records: [Journal.Record]) throws(FileError) -> UInt64 {
+        let result = Locked<Result<UInt64, FileError>?>(nil)
+        let written = DispatchSemaphore(value: 0)
+        enqueue(records) { outcome in
+            result.withLock { $0 = outcome }
+            written.signal()
+        }
+        write()
+        written.wait()
+        return try result.withLock { $0! }.get()
+    }
+
+    /// Holding the role: takes every queued batch, writes them with one `pwrite`, updates the
+    /// index, and runs their completions.
+    private func drain() {
+        let batches = queue.takeAll()
+        guard !batches.isEmpty else { return }
+        let stopped = shared.withLock { state -> FileError? in
+            state.failure ?? (state.closed ? FileError(path, "the session store '\(path)' is closed") : nil)
+        }
+        var outcomes: [(JournalQueue.Batch, Result<UInt64, FileError>)] = []
+        defer {
+            for (batch, outcome) in outcomes { batch.done?(outcome) }
+        }
+        if let stopped {
+            outcomes = batches.map { ($0, .failure(stopped)) }
+            return
+        }
+        var taken: [JournalQueue.Batch] = []
+        for batch in batches {
+            if let chain = batch.chain, let failed = writer.failedChains[chain.key] {
+                if failed == chain.generation {
+                    outcomes.append((batch, .failure(FileError(path, "the session store '\(path)' did not store an earlier record of this session; nothing of this was stored"))))
+                    continue
+                }
+                writer.failedChains[chain.key] = nil
+            }
+            taken.append(batch)
+        }
+        guard !taken.isEmpty else { return }
+        // Writing faster than a compaction copies: the writer waits for it (the file must not grow
+        // without bound, nor fill a small disk, while the copy catches up).
+        if writer.compaction != nil, writer.state.size > 2 * writer.compactAt { waitForCompaction() }
+        var attempt = 0
+        while true {
+            attempt += 1
+            // (Read now: a compaction above may have replaced the file.)
+            let frontier = attempt == 1 ? shared.withLock { $0.frontier } : writer.state.size
+            let (spans, ends) = encode(taken, frontier: frontier)
+            let start = writer.state.size
+            do {
+                try writer.state.file.write(writer.buffer, at: start)
+            } catch {
+                do {
+                    try writer.state.file.truncate(to: start)  // undo a partial write: the file ends with a complete record
+                } catch let cut {
+                    logger.warning("session store: cannot cut back a failed write of '\(path)' (\(cut)); the next record is written over it")
+                }
+                let full = error.code == ENOSPC || error.code == EDQUOT
+                if full, attempt == 1 {
+                    // A full disk: what the batches' acknowledgements release frees room whether or
+                    // not their records fit (the index takes it now; a compaction writes what it leaves, and a
+                    // release that is lost only makes a restarted side resend what the peer
+                    // drops). A file mostly of released records then makes room by compacting, once.
+                    for (record, _, _) in spans {
+                        if case .released = record { _ = writer.index(record, offset: 0, length: 0) }
+                    }
+                    liveBytes.store(writer.state.liveBytes, ordering: .relaxed)
+                    if writer.compaction != nil { waitForCompaction() }
+                    if writer.state.liveBytes * 2 < writer.state.size, compactNow() { continue }
+                }
+                let failure = FileError.system(
+                    path, "cannot write to the session store '\(path)'", errno: error.code,
+                    advice: full ? "the disk is full: free space on it; nothing of this was stored" : "nothing of this was stored")
+                for batch in taken {
+                    if let chain = batch.chain { writer.failedChains[chain.key] = chain.generation }
+                    outcomes.append((batch, .failure(failure)))
+                }
+                return
+            }
+            var freed = 0
+            for (record, offset, length) in spans { freed += writer.index(record, offset: start + offset, length: length) }
+            writer.state.size += writer.buffer.count
+            let (before, end) = (writer.state.size - writer.buffer.count, writer.state.size)
+            let written = shared.withLock { state -> UInt64 in
+                defer {
+                    state.written += UInt64(end - before)
+                    state.fileEnd = end
+                }
+                return state.written
+            }
+            liveBytes.store(writer.state.liveBytes, ordering: .relaxed)
+            for (batch, batchEnd) in zip(taken, ends) { outcomes.append((batch, .success(written + UInt64(batchEnd)))) }
+            if freed > 0 { wakeRoomWaiters() }
+            armBackgroundSync()
+            if writer.compaction == nil, writer.state.size > writer.compactAt { startCompaction() }
+            return
+        }
+    }
+
+    /// Encodes the batches into the writer's buffer: each record with where it lies in the
+    /// buffer, and where each batch ends.
+    private func encode(_ batches: [JournalQueue.Batch], frontier: Int) -> ([(Journal.Record, Int, Int)], [Int]) {
+        writer.buffer.removeAll(keepingCapacity: true)
+        var spans: [(Journal.Record, Int, Int)] = []
+        var ends: [Int] = []
+        for batch in batches {
+            for record in batch.records {
+                let start = writer.buffer.count
+                record.encode(into: &writer.buffer, header: writer.state.header, synced: frontier)
+                spans.append((record, start, writer.buffer.count - start))
+            }
+            ends.append(writer.buffer.count)
+        }
+        return (spans, ends)
+    }
+}
