@@ -172,6 +172,18 @@ public struct SessionOutbox<Item>: Sendable where Item: Sendable {
         return (lost, kept)
     }
 
+    /// Removes the newest kept messages, those numbered above `number` (never transmitted: a store
+    /// did not take them); the next message gets `number + 1` again. Returns how many.
+    @inlinable package mutating func removeNewest(after number: UInt64) -> Int {
+        var removed = 0
+        while entries.count > head, entries[entries.count - 1].number > number {
+            _bytes -= entries.removeLast().size
+            removed += 1
+        }
+        if removed > 0 { _nextNumber = number + 1 }
+        return removed
+    }
+
     /// Removes every kept message (the session ends) and returns them.
     @inlinable public mutating func removeAll() -> [Entry] {
         defer {

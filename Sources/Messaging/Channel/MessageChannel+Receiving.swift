@@ -23,8 +23,7 @@ extension MessageChannel: ConnectionHandler {
             guard let session = sessionLink?.session else { return deliverMessage(frame) }
             // Not delivered: this connection was replaced (the new one resends it), or the app has
             // it already (resent after a reconnect before the app handled it).
-            guard case .deliver(let token, let step) = session.received(on: self) else { return }
-            performAck(step)
+            guard case .deliver(let token) = session.received(on: self) else { return }
             deliverMessage(frame, session: token)
         case .ping:
             let pace = configuration.heartbeatPacer?.pace ?? 0

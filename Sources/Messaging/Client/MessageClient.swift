@@ -127,7 +127,7 @@ public final class MessageClient: Sendable {
         }
         let session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger, store: journal)
         do {
-            try session.begin()
+            try session.beginNow()
         } catch {
             journal.close()
             throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)

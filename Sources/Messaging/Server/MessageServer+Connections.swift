@@ -195,7 +195,7 @@ extension MessageServer {
             if let session = connection.session, let hello {
                 do {
                     // A new session's first record (a restored one's are in the store already).
-                    if !restored { try session.begin(everConnected: true) }
+                    if !restored { try await session.begin(everConnected: true) }
                     let count = try await channel.attachSession(session, hello: hello, isNew: !restored)
                     if restored { resent = count }
                 } catch {

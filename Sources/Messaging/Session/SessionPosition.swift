@@ -34,7 +34,6 @@ struct SessionMessageToken: Sendable {
     /// counts only with ``SessionAcknowledgement/automatic``).
     func handled(automatic: Bool) {
         if automatic && session.configuration.acknowledgement != .automatic { return }
-        guard let (channel, step) = session.handled(position.number, epoch: epoch) else { return }
-        channel.performAck(step)
+        session.handled(position.number, epoch: epoch)
     }
 }

@@ -1,0 +1,193 @@
+import ProtocolCore
+
+/// The session machine's receiving side, its opening on a connection, and its end.
+extension SessionMachine {
+    // MARK: Receiving
+
+    /// What became of a session message that arrived.
+    enum Arrival: Equatable {
+        /// Not for the app: the channel was replaced (the new one resends it), or it is a
+        /// duplicate of one delivered before and not yet handled (resent after a reconnect).
+        case ignore
+        /// Deliver it: its number in this epoch (whose position id is `positionID`).
+        case deliver(number: UInt64, epoch: UInt64, positionID: Journal.Key)
+    }
+
+    /// A one-way message arrived on `link`: numbered; with `onArrival`, handled at once.
+    mutating func received(on link: Link, onArrival: Bool, _ effects: inout Effects) -> Arrival {
+        guard channel === link, let number = inbox.receive() else { return .ignore }
+        if onArrival, inbox.handle(number) { handledAdvanced(&effects) }
+        return .deliver(number: number, epoch: epoch, positionID: positionID)
+    }
+
+    /// The app handled message `number` of `epoch` (an older epoch's: nothing).
+    mutating func handled(_ number: UInt64, epoch: UInt64, _ effects: inout Effects) {
+        // Counted also while disconnected (the next SESSION frame tells it).
+        guard epoch == self.epoch, inbox.handle(number) else { return }
+        handledAdvanced(&effects)
+    }
+
+    /// The handled count advanced: without a store it may be acknowledged at once; with one it is
+    /// written first (then ``written(_:_:)`` or ``synced(_:_:)`` let it be acknowledged). A count
+    /// the store cannot write is not acknowledged: the sender keeps the messages, and a later
+    /// count covers them.
+    private mutating func handledAdvanced(_ effects: inout Effects) {
+        guard stored else {
+            inbox.store(through: inbox.handled)
+            effects.ack = ackAction()
+            return
+        }
+        effects.records.append(.handled(id, epoch: storeEpoch, through: inbox.handled))
+        effects.afterWrite = .handled(through: inbox.handled, epoch: epoch)
+    }
+
+    /// The store keeps the handled count `through` (of `epoch`): it may be acknowledged.
+    mutating func handledStored(through: UInt64, epoch: UInt64, _ effects: inout Effects) {
+        guard epoch == self.epoch else { return }
+        inbox.store(through: through)
+        effects.ack = ackAction()
+    }
+
+    /// What the channel does for the acknowledgement now, if anything.
+    private mutating func ackAction() -> (Link, SessionInbox.AckStep)? {
+        guard let channel else { return nil }
+        let step = inbox.ackStep()
+        return step == .nothing ? nil : (channel, step)
+    }
+
+    /// The ACK to send now on `link`, if messages wait for one.
+    mutating func takeAck(on link: Link) -> UInt64? { channel === link ? inbox.takeAck() : nil }
+
+    /// The acknowledgement deadline of `link` passed: the next acknowledgement arms it again.
+    mutating func ackDeadlinePassed(on link: Link) {
+        if channel === link { inbox.deadlinePassed() }
+    }
+
+    // MARK: Opening on a connection
+
+    /// What opening the session on a new connection found.
+    enum Opened {
+        /// The peer knew the session; `resent` messages went again.
+        case resumed(resent: Int)
+        /// A new session (the first connection, or the peer did not know it): `undelivered` were
+        /// sent before and are not sent again.
+        case new(undelivered: [SessionOutbox<Frame>.Entry])
+    }
+
+    /// Client: the hello for a new connection (its SESSION frame), before it is sent.
+    mutating func clientHello() -> SessionHello { SessionHello(id: id.hex, received: inbox.reconnected()) }
+
+    /// Client: the server's SESSION answer arrived on `link`. Attaches to it and resends what the
+    /// server lacks, or starts anew. The answer acknowledges (or forgets) kept messages: senders
+    /// waiting for room look again (no ACK would wake them).
+    mutating func clientOpened(_ reply: SessionHello, on link: Link, _ effects: inout Effects) -> Result<Opened, TransportError> {
+        guard reply.id == id.hex else { return .failure(TransportError(.protocolViolation, "the SESSION answer names another session")) }
+        defer { wakeRoomWaiters(&effects) }
+        let opened: Opened
+        let wasConnected = everConnected
+        switchOutgoing(to: link)
+        if reply.resumed == true, everConnected,
+            let resend = outbox.resume(peerReceived: reply.received, transmittable: durableThrough)
+        {
+            for entry in resend { _ = send(entry.item, number: entry.number, on: link, &effects) }
+            resumes += 1
+            opened = .resumed(resent: resend.count)
+        } else {
+            opened = .new(undelivered: startAnew(on: link, &effects))
+        }
+        if wasConnected { reconnects += 1 }
+        phase = .attached(link)
+        return .success(opened)
+    }
+
+    /// The session starts anew (the peer did not know it, or could not continue it): numbers
+    /// start over under a new position id. What was transmitted may or may not have arrived: it
+    /// is returned (reported undelivered, never sent again); what never went stays, renumbered
+    /// from 1, to go in the new epoch — once the store holds its new records.
+    private mutating func startAnew(on link: Link, _ effects: inout Effects) -> [SessionOutbox<Frame>.Entry] {
+        let unsent = outbox.kept.filter { !$0.transmitted }.map(\.number)
+        let (lost, kept) = outbox.restart()
+        let old = epoch
+        inbox.reset()
+        epoch += 1
+        positionID = .random()
+        everConnected = true  // (before the snapshot: its messages go out on this connection)
+        // Senders waiting for a message that never went wait for its new number.
+        for index in ticketWaiters.indices where ticketWaiters[index].epoch == old {
+            if let position = unsent.firstIndex(of: ticketWaiters[index].number) {
+                ticketWaiters[index].number = UInt64(position + 1)
+                ticketWaiters[index].epoch = epoch
+            }
+        }
+        let last = kept.last?.number ?? 0
+        writtenThrough = 0
+        durableThrough = 0
+        if stored {
+            // The store starts over too: the snapshot (counting from the first kept message),
+            // then the kept messages under their new numbers, written before any of them goes.
+            var snapshot = snapshot
+            snapshot.nextNumber = kept.first?.number ?? snapshot.nextNumber
+            snapshot.acknowledged = snapshot.nextNumber - 1
+            effects.records.append(.session(snapshot))
+            for entry in kept {
+                effects.records.append(
+                    .message(
+                        id, epoch: storeEpoch, number: entry.number, codecID: entry.item.codecID, typeID: entry.item.typeID,
+                        payload: entry.item.payload))
+            }
+            effects.afterWrite = .begun(through: last, epoch: epoch)
+            phase = .attached(link)
+        } else {
+            writtenThrough = last
+            phase = .attached(link)
+            makeTransmittable(through: last, queued: false, &effects)
+        }
+        return lost
+    }
+
+    /// Server: a client's SESSION for this session arrived on `link` (the session was just made,
+    /// `isNew`, or found). Attaches, answers and resends; returns how many it resent.
+    mutating func serverOpen(_ hello: SessionHello, isNew: Bool, on link: Link, _ effects: inout Effects) -> Result<Int, TransportError> {
+        defer { wakeRoomWaiters(&effects) }
+        var resent: [SessionOutbox<Frame>.Entry] = []
+        switchOutgoing(to: link)
+        if !isNew {
+            guard let entries = outbox.resume(peerReceived: hello.received, transmittable: durableThrough) else {
+                return .failure(
+                    TransportError(
+                        .protocolViolation,
+                        "the client says it received \(hello.received) session messages; "
+                            + "\(outbox.acknowledged)…\(outbox.nextNumber - 1) is possible"))
+            }
+            resent = entries
+            reconnects += 1
+            resumes += 1
+        }
+        let answer = SessionHello(id: id.hex, received: inbox.reconnected(), resumed: !isNew)
+        _ = send(HandshakeStateMachine.jsonFrame(.session, answer), number: nil, on: link, &effects)
+        for entry in resent { _ = send(entry.item, number: entry.number, on: link, &effects) }
+        everConnected = true
+        phase = .attached(link)
+        return .success(resent.count)
+    }
+
+    // MARK: Ending
+
+    /// Ends the session: sends fail from now on. Returns the messages never acknowledged (none
+    /// with `keepStored` and a store: it keeps them for a later process), and the ACK to send for
+    /// what the app handled — ahead of the GOODBYE that usually follows, so that the peer does not
+    /// report those messages as never acknowledged after a clean close (issue 45, 7).
+    mutating func end(
+        _ reason: MessagingError, keepStored: Bool, _ effects: inout Effects
+    ) -> (lost: [SessionOutbox<Frame>.Entry], ack: (Link, UInt64)?) {
+        guard ended == nil else { return ([], nil) }
+        let ack = channel.flatMap { channel in inbox.takeAck().map { (channel, $0) } }
+        phase = .ended(reason)
+        wakeDrainsIfDue(&effects)
+        wakeRoomWaiters(&effects, with: reason)
+        failTickets(with: reason, &effects)
+        if stored && !keepStored { effects.records.append(.ended(id)) }
+        let kept = outbox.removeAll()
+        return (keepStored && stored ? [] : kept, ack)
+    }
+}

@@ -1,0 +1,418 @@
+import ProtocolCore
+import Synchronization
+
+/// What a session runs on: a connection (``MessageChannel``), and the driver its frames are
+/// written to (held by the senders instead of the channel: see ``SessionMachine/outgoingDriver``).
+protocol SessionLink: AnyObject, Sendable {
+    associatedtype Driver: AnyObject & Sendable
+    var sessionDriver: Driver { get }
+    /// The largest frame body the peer takes (an atomic load: read under the session's lock).
+    var peerMaxFrameSize: Int { get }
+}
+
+/// One side of a message session without I/O (see `ProtocolCore/Session.swift`): numbers, keeps
+/// and resends one-way messages, counts and acknowledges the peer's, and decides what its store
+/// writes and when. Each input is one method; it changes the state and says what the carrier
+/// (``MessageSession``) does after releasing its lock, in ``Effects``: the records to hand to the
+/// store (queued under the lock, so their order is the order of the inputs), what to do once they
+/// are written, frames to send, senders and drain callers to resume, an acknowledgement to make.
+///
+/// Generic over the link and the waiters so that its tests need neither sockets nor tasks. Not
+/// thread-safe: the carrier holds it under its lock. Its fields are set by its inputs only (they
+/// are not `private(set)` because the inputs live in two files).
+struct SessionMachine<Link: SessionLink, Sender, Drain> {
+    /// Where the session is.
+    enum Phase {
+        /// No connection carries it now (none yet, or it was lost): messages are kept.
+        case detached
+        /// A connection carries it (after its SESSION exchange).
+        case attached(Link)
+        /// It ended (the error says why): sends fail with it.
+        case ended(MessagingError)
+    }
+
+    /// What a store write does once written (the carrier's completion calls back with it).
+    enum AfterWrite: Equatable {
+        /// Messages up to `through` of `epoch` are in the store.
+        case messages(through: UInt64, epoch: UInt64)
+        /// The handled count `through` of `epoch` is in the store.
+        case handled(through: UInt64, epoch: UInt64)
+        /// The session's record (a new session, or a new epoch with its kept messages up to
+        /// `through`) is in the store.
+        case begun(through: UInt64, epoch: UInt64)
+    }
+
+    /// What an input leaves the carrier to do once the lock is released.
+    struct Effects {
+        /// Records for the store, in order (the carrier queues them before releasing the lock).
+        var records: [Journal.Record] = []
+        /// What their being written means (nil: nothing waits for them).
+        var afterWrite: AfterWrite?
+        /// Senders to resume, each with the error it gets (nil: go on).
+        var senders: [(Sender, (any Error)?)] = []
+        var drains: [Drain] = []
+        /// Frames added to ``outgoing`` (the carrier counts them as unsent under its lock; the one
+        /// that raises the count from zero sends them).
+        var outgoingAdded = 0
+        /// What the channel does for the acknowledgement now.
+        var ack: (Link, SessionInbox.AckStep)?
+    }
+
+    /// A frame decided for the wire, sent after the lock is released, in the order decided.
+    struct Outgoing: Sendable {
+        var frame: Frame
+        /// The message's number (nil: the SESSION answer), marked untransmitted if it does not go.
+        var number: UInt64?
+        /// Queued for the loop's next flush (a sync's batch), not written by the sender.
+        var queued: Bool
+    }
+
+    let id: Journal.Key
+    /// Whether records go to a store, and whether they must be synced before they count.
+    let stored: Bool
+    let syncs: Bool
+
+    var phase: Phase = .detached
+    var outbox: SessionOutbox<Frame>
+    var inbox: SessionInbox
+    /// A server's session: the channel its ``ServerConnection`` serves now (kept after the
+    /// connection is lost, replaced by a resume; never cleared).
+    var serving: Link?
+    /// Whether a connection ever carried the session (a client's first SESSION is no resume).
+    var everConnected = false
+    /// Messages up to this number are in the store (all of them without one).
+    var writtenThrough: UInt64 = 0
+    /// Messages up to this number may go on the wire: written, and with power-loss durability synced.
+    var durableThrough: UInt64 = 0
+    /// Senders waiting for room, FIFO, with the id their cancellation names.
+    var roomWaiters: [(UInt64, Sender)] = []
+    /// Senders waiting until their message may go (``durableThrough``): number, epoch.
+    var ticketWaiters: [(number: UInt64, epoch: UInt64, sender: Sender)] = []
+    private var drainWaiters: [Drain] = []
+    var reconnects = 0
+    var resumes = 0
+    /// Counts the times the session started anew on this side (its numbers start over): a token
+    /// or a record of an older epoch acknowledges nothing.
+    var epoch: UInt64 = 0
+    /// ``SessionPosition/session`` of the messages received in this epoch: random, never reused.
+    var positionID: Journal.Key { didSet { positionText = positionID.hex } }
+    /// ``positionID`` in hex (as each delivered message carries it).
+    var positionText: String
+    /// The store's write generation: a failed write fails the rest of its generation.
+    var generation: UInt32 = 0
+    /// Frames decided for the connection of ``outgoingDriver`` and not taken by a sender yet.
+    var outgoing: [Outgoing] = []
+    /// The driver they go on. (The driver, not the channel, is what the senders hold: a channel
+    /// is referred to weakly, and each retain of it takes the slow path through its side table —
+    /// 12 % more of W7's client CPU when the senders held the channel.)
+    var outgoingDriver: Link.Driver?
+    /// Frames dropped from ``outgoing`` (the session moved on) since a sender last took it.
+    private var droppedOutgoing = 0
+    /// The owner's key kept in the store's snapshots (a server's session: the client's).
+    let owner: String?
+
+    init(id: Journal.Key, maxCount: Int, maxBytes: Int, stored: Bool, syncs: Bool, owner: String?, ackEvery: UInt64 = 32) {
+        self.id = id
+        self.stored = stored
+        self.syncs = syncs && stored
+        self.owner = owner
+        outbox = SessionOutbox(maxCount: maxCount, maxBytes: maxBytes)
+        inbox = SessionInbox(ackEvery: ackEvery)
+        let position = Journal.Key.random()
+        positionID = position
+        positionText = position.hex
+    }
+
+    /// A session kept in a store by an earlier process: it continues where the store left it. Its
+    /// kept messages count as transmitted when a connection ever carried it (they may have
+    /// arrived): a peer that resumes gets what it lacks, a peer that forgot the session gets none
+    /// of them again (they are reported undelivered).
+    init(restoring restored: Journal.Restored, maxCount: Int, maxBytes: Int, syncs: Bool, ackEvery: UInt64 = 32) {
+        let snapshot = restored.snapshot
+        self.init(id: snapshot.key, maxCount: maxCount, maxBytes: maxBytes, stored: true, syncs: syncs, owner: snapshot.owner, ackEvery: ackEvery)
+        let items = restored.messages.map { message in
+            let frame = Frame(kind: .message, codecID: message.codecID, typeID: message.typeID, payload: message.payload)
+            return (item: frame, size: (try? Frame.validatedSize(frame)) ?? message.payload.count)
+        }
+        outbox.restore(
+            items, firstNumber: restored.messages.first?.number ?? snapshot.nextNumber, nextNumber: snapshot.nextNumber,
+            transmitted: snapshot.everConnected)
+        inbox = SessionInbox(restoredThrough: snapshot.handled, ackEvery: ackEvery)
+        everConnected = snapshot.everConnected
+        writtenThrough = snapshot.nextNumber - 1
+        durableThrough = writtenThrough
+        positionID = snapshot.positionID
+        positionText = snapshot.positionID.hex  // (no observer runs in an initializer)
+        epoch = UInt64(snapshot.epoch)
+    }
+
+    // MARK: Reading
+
+    var channel: Link? { if case .attached(let link) = phase { link } else { nil } }
+    var ended: MessagingError? { if case .ended(let error) = phase { error } else { nil } }
+    var waitingSenders: Int { roomWaiters.count }
+    var storeEpoch: UInt32 { UInt32(truncatingIfNeeded: epoch) }
+
+    /// What the store knows of the session now (its kept messages are records of their own).
+    var snapshot: Journal.Snapshot {
+        Journal.Snapshot(
+            key: id, positionID: positionID, owner: owner, everConnected: everConnected, nextNumber: outbox.nextNumber,
+            acknowledged: outbox.acknowledged, handled: inbox.stored, epoch: storeEpoch)
+    }
+
+    /// The session's first record (a new session): written before it is used.
+    mutating func begin(everConnected connected: Bool, _ effects: inout Effects) {
+        everConnected = everConnected || connected
+        guard stored else { return }
+        effects.records.append(.session(snapshot))
+        effects.afterWrite = .begun(through: 0, epoch: epoch)
+    }
+
+    // MARK: Sending
+
+    /// What ``admit(_:size:storeHasRoom:_:)`` decided for a new message.
+    enum Admission: Equatable {
+        /// Kept; it may go now. `direct`: this sender took the sending role (nothing else was
+        /// unsent) and sends it itself, on the driver of `epoch`, after the lock.
+        case kept(number: UInt64, direct: Bool)
+        /// Kept; its record goes to the store first (`effects.records`): the sender waits for its
+        /// number (``waitForTicket(_:epoch:_:_:)``) unless it only wants it queued.
+        case storing(number: UInt64, epoch: UInt64)
+        case waitForRoom
+        case waitForStore
+    }
+
+    /// A one-way message of `size` bytes (its frame's length field included) is sent: kept,
+    /// numbered, and written to the store or decided for the wire.
+    /// - Parameter direct: The caller may take the sending role itself (``tryDirect``).
+    /// - Throws: what ended the session; `frameTooLarge` beyond the peer's limit (nothing kept).
+    mutating func admit(
+        _ frame: Frame, size: Int, storeHasRoom: Bool, tryDirect: (Link.Driver) -> Bool, _ effects: inout Effects
+    ) throws -> Admission {
+        if case .ended(let error) = phase { throw error }
+        guard roomWaiters.isEmpty, outbox.hasRoom(for: size) else { return .waitForRoom }
+        // (`size` counts the 4-byte length; the limit is on the body after it, as the connection's.)
+        if let channel, size - 4 > channel.peerMaxFrameSize {
+            throw TransportError(
+                .frameTooLarge,
+                "a message of \(size - 4) bytes exceeds the peer's limit of \(channel.peerMaxFrameSize) bytes; "
+                    + "nothing was sent — send large data as a transfer")
+        }
+        let number = outbox.nextNumber
+        if stored {
+            guard storeHasRoom else { return .waitForStore }
+            // In the store first: it leaves only once it is kept there.
+            effects.records.append(
+                .message(id, epoch: storeEpoch, number: number, codecID: frame.codecID, typeID: frame.typeID, payload: frame.payload))
+            effects.afterWrite = .messages(through: number, epoch: epoch)
+            outbox.append(frame, size: size, transmitted: false)
+            return .storing(number: number, epoch: epoch)
+        }
+        writtenThrough = number
+        durableThrough = number
+        if let channel, outgoingDriver === channel.sessionDriver, tryDirect(channel.sessionDriver) {
+            outbox.append(frame, size: size, transmitted: true)
+            return .kept(number: number, direct: true)
+        }
+        outbox.append(frame, size: size, transmitted: send(frame, number: number, on: channel, &effects))
+        return .kept(number: number, direct: false)
+    }
+
+    /// The store holds the records of `after` now (the carrier's completion).
+    mutating func written(_ after: AfterWrite, _ effects: inout Effects) {
+        switch after {
+        case .messages(let through, let epoch), .begun(let through, let epoch):
+            guard epoch == self.epoch, through > writtenThrough else { return }
+            writtenThrough = through
+            if !syncs { makeTransmittable(through: through, queued: false, &effects) }
+        case .handled(let through, let epoch):
+            if !syncs { handledStored(through: through, epoch: epoch, &effects) }
+        }
+    }
+
+    /// A sync covers the records of `after` (power-loss durability).
+    mutating func synced(_ after: AfterWrite, _ effects: inout Effects) {
+        switch after {
+        case .messages(let through, let epoch), .begun(let through, let epoch):
+            guard epoch == self.epoch else { return }
+            writtenThrough = max(writtenThrough, through)
+            // Queued for the loop's next flush, not written by each sender: a sync releases a
+            // batch, and writing each at once cost a `sendmsg` per message (49k for 50k in strace).
+            makeTransmittable(through: through, queued: true, &effects)
+        case .handled(let through, let epoch):
+            handledStored(through: through, epoch: epoch, &effects)
+        }
+    }
+
+    /// Messages up to `number` (of this epoch) may go on the wire now: those not sent go, the
+    /// senders waiting for them go on.
+    mutating func makeTransmittable(through number: UInt64, queued: Bool, _ effects: inout Effects) {
+        if number > durableThrough {
+            // Those before went when theirs came (or go with the next resume).
+            let from = durableThrough + 1
+            durableThrough = number
+            if let channel {
+                var going: [SessionOutbox<Frame>.Entry] = []
+                outbox.transmitEntries(from: from, through: number) { entry in
+                    going.append(entry)
+                    return true
+                }
+                for entry in going { _ = send(entry.item, number: entry.number, queued: queued, on: channel, &effects) }
+            }
+        }
+        ticketWaiters.removeAll { waiter in
+            guard waiter.epoch != epoch || waiter.number <= durableThrough else { return false }
+            effects.senders.append((waiter.sender, nil))
+            return true
+        }
+    }
+
+    /// A write of the store failed: the messages it did not take are not kept (their senders get
+    /// `error`), and the next records start a new generation (the store failed the rest of this one).
+    mutating func writeFailed(_ after: AfterWrite, generation failed: UInt32, error: any Error, _ effects: inout Effects) {
+        guard failed == generation else { return }
+        generation &+= 1
+        switch after {
+        case .messages(_, let epoch) where epoch == self.epoch:
+            // The tail above what was written was never in the store (and never sent).
+            let removed = outbox.removeNewest(after: writtenThrough)
+            ticketWaiters.removeAll { waiter in
+                guard waiter.epoch == epoch, waiter.number > writtenThrough else { return false }
+                effects.senders.append((waiter.sender, error))
+                return true
+            }
+            if removed > 0 { wakeRoomWaiters(&effects) }
+        case .begun(let through, let epoch) where epoch == self.epoch:
+            // The store cannot follow the new epoch: what it holds is stale. The messages go on in
+            // memory (a restart would resume the old session, whose peer then starts anew and
+            // reports what it lacks).
+            makeTransmittable(through: max(through, outbox.nextNumber - 1), queued: false, &effects)
+        default:
+            break
+        }
+    }
+
+    /// Fails the senders waiting for their message (the session ended).
+    mutating func failTickets(with error: any Error, _ effects: inout Effects) {
+        effects.senders += ticketWaiters.map { ($0.sender, error) }
+        ticketWaiters = []
+    }
+
+    /// A sender waits until message `number` of `epoch` may go (false: it may already).
+    mutating func waitForTicket(_ number: UInt64, epoch: UInt64, _ sender: Sender, _ effects: inout Effects) {
+        if let ended {
+            effects.senders.append((sender, ended))
+        } else if epoch != self.epoch || number <= durableThrough {
+            effects.senders.append((sender, nil))
+        } else {
+            ticketWaiters.append((number, epoch, sender))
+        }
+    }
+
+    /// Decides that `frame` goes on `channel` (sent once the lock is released); false when there
+    /// is no connection (it goes when one resumes the session). The caller that finds nothing
+    /// unsent becomes the sender (``Effects/sendOutgoing``): ``outgoing`` tells the carrier.
+    mutating func send(_ frame: Frame, number: UInt64?, queued: Bool = false, on channel: Link?, _ effects: inout Effects) -> Bool {
+        guard let channel else { return false }
+        if outgoingDriver !== channel.sessionDriver { switchOutgoing(to: channel) }
+        outgoing.append(Outgoing(frame: frame, number: number, queued: queued))
+        effects.outgoingAdded += 1
+        return true
+    }
+
+    /// The session moves to `channel`: what was decided for the previous one and not taken did
+    /// not go (a resume or a new session sends it).
+    mutating func switchOutgoing(to channel: Link) {
+        for item in outgoing { if let number = item.number { outbox.markUntransmitted(number) } }
+        droppedOutgoing += outgoing.count
+        outgoing.removeAll(keepingCapacity: true)
+        outgoingDriver = channel.sessionDriver
+    }
+
+    /// A sender takes what waits in ``outgoing`` (swapped with `batch`, which must be empty):
+    /// returns the driver and epoch they go on, and how many frames that counts off the unsent
+    /// count, the dropped ones included.
+    mutating func takeOutgoing(_ batch: inout [Outgoing]) -> (driver: Link.Driver?, epoch: UInt64, count: Int) {
+        swap(&batch, &outgoing)
+        defer { droppedOutgoing = 0 }
+        return (outgoingDriver, epoch, batch.count + droppedOutgoing)
+    }
+
+    /// Messages handed to `driver` in `epoch` did not go (the connection was closing): a new
+    /// session sends them instead of reporting them undelivered (unless the session moved on).
+    mutating func notTransmitted(_ numbers: [UInt64], driver: Link.Driver?, epoch: UInt64) {
+        guard epoch == self.epoch, outgoingDriver === driver else { return }
+        for number in numbers { outbox.markUntransmitted(number) }
+    }
+
+    /// A sender waits for room (`id`: what its cancellation names); resumed at once when there is
+    /// room now, or the session ended, or it was cancelled.
+    mutating func waitForRoom(_ id: UInt64, size: Int, cancelled: Bool, _ sender: Sender, _ effects: inout Effects) {
+        let error: (any Error)? = ended ?? (cancelled ? CancellationError() : nil)
+        // Room made between the caller's check and now: no acknowledgement would wake it.
+        if error != nil || outbox.hasRoom(for: size) {
+            effects.senders.append((sender, error))
+        } else {
+            roomWaiters.append((id, sender))
+        }
+    }
+
+    /// The room wait `id` was cancelled.
+    mutating func cancelRoomWait(_ id: UInt64, _ effects: inout Effects) {
+        guard let index = roomWaiters.firstIndex(where: { $0.0 == id }) else { return }
+        effects.senders.append((roomWaiters.remove(at: index).1, CancellationError()))
+    }
+
+    /// Wakes the senders waiting for room (they look again, oldest first), or fails them.
+    mutating func wakeRoomWaiters(_ effects: inout Effects, with error: (any Error)? = nil) {
+        effects.senders += roomWaiters.map { ($0.1, error) }
+        roomWaiters = []
+    }
+
+    // MARK: Acknowledgements from the peer
+
+    /// The peer acknowledged `count` messages on `link`. Returns an error text for a violation.
+    mutating func acknowledged(_ count: UInt64, on link: Link, _ effects: inout Effects) -> String? {
+        guard channel === link else { return nil }
+        guard let released = outbox.acknowledge(through: count) else {
+            return "ACK of \(count) messages, but only \(outbox.nextNumber - 1) were sent"
+        }
+        if released > 0 {
+            wakeRoomWaiters(&effects)
+            // Never waited for: a released record lost in a crash only makes the restarted side
+            // resend what the peer says it has (it drops them).
+            if stored { effects.records.append(.released(id, epoch: storeEpoch, through: count)) }
+        }
+        wakeDrainsIfDue(&effects)
+        return nil
+    }
+
+    // MARK: Draining
+
+    /// Whether a drain wait is over: nothing is kept, or the connection or the session is gone.
+    var drainIsDue: Bool { outbox.count == 0 || channel == nil || ended != nil }
+
+    /// A drain caller waits (resumed at once when it is due).
+    mutating func drain(_ waiter: Drain, _ effects: inout Effects) {
+        if drainIsDue { effects.drains.append(waiter) } else { drainWaiters.append(waiter) }
+    }
+
+    mutating func wakeDrainsIfDue(_ effects: inout Effects) {
+        guard drainIsDue else { return }
+        effects.drains += drainWaiters
+        drainWaiters = []
+    }
+
+    /// The connection closed: keep everything for the next one.
+    mutating func detach(_ link: Link, _ effects: inout Effects) {
+        guard channel === link else { return }
+        phase = .detached
+        wakeDrainsIfDue(&effects)
+    }
+
+    /// A server's session: puts a resumed session's new channel in place; returns the old one.
+    mutating func replaceServing(with link: Link) -> Link? {
+        defer { serving = link }
+        return serving
+    }
+}

@@ -1,0 +1,370 @@
+import Foundation
+import ProtocolCore
+import Testing
+
+@testable import Messaging
+
+/// ``SessionMachine`` alone: every input in every phase (detached, attached, ended), without a
+/// store, with one that writes (process-crash durability) and one that syncs (power loss). Links,
+/// senders and drain callers are plain values; what the machine decides is read off its effects.
+@Suite struct SessionMachineTests {
+    final class TestDriver: Sendable {}
+    final class Link: SessionLink {
+        let sessionDriver = TestDriver()
+        let peerMaxFrameSize: Int
+        init(limit: Int = 1 << 20) { peerMaxFrameSize = limit }
+    }
+    typealias Machine = SessionMachine<Link, String, String>
+    typealias Effects = Machine.Effects
+
+    enum Store { case none, written, synced }
+
+    static let id = Journal.Key(high: 1, low: 2)
+
+    func fail(_ message: String, sourceLocation: SourceLocation = #_sourceLocation) {
+        Issue.record(Comment(rawValue: message), sourceLocation: sourceLocation)
+    }
+
+    static func machine(_ store: Store = .none, maxCount: Int = 100) -> Machine {
+        Machine(id: id, maxCount: maxCount, maxBytes: 1 << 20, stored: store != .none, syncs: store == .synced, owner: "owner", ackEvery: 4)
+    }
+
+    static func frame(_ n: Int) -> Frame { Frame(kind: .message, codecID: 1, typeID: "t", payload: Array("\(n)".utf8)) }
+
+    /// Admits message `n`; returns the admission and its effects.
+    @discardableResult
+    static func send(_ n: Int, _ machine: inout Machine, storeHasRoom: Bool = true, direct: Bool = false) throws -> (Machine.Admission, Effects) {
+        var effects = Effects()
+        let frame = frame(n)
+        let admission = try machine.admit(
+            frame, size: try Frame.validatedSize(frame), storeHasRoom: storeHasRoom, tryDirect: { _ in direct }, &effects)
+        return (admission, effects)
+    }
+
+    /// A session attached to `link` by the server's side (a new session).
+    static func attached(_ store: Store = .none, link: Link = Link(), maxCount: Int = 100) -> Machine {
+        var machine = machine(store, maxCount: maxCount)
+        var effects = Effects()
+        _ = machine.serverOpen(SessionHello(id: id.hex, received: 0), isNew: true, on: link, &effects)
+        var batch: [Machine.Outgoing] = []
+        _ = machine.takeOutgoing(&batch)  // the SESSION answer
+        return machine
+    }
+
+    static func numbers(_ machine: inout Machine) -> [UInt64?] {
+        var batch: [Machine.Outgoing] = []
+        _ = machine.takeOutgoing(&batch)
+        return batch.map(\.number)
+    }
+
+    // MARK: Sending
+
+    @Test func withoutAStoreAMessageIsKeptAndGoesWhenAttached() throws {
+        var detached = Self.machine()
+        let (admission, effects) = try Self.send(1, &detached)
+        #expect(admission == .kept(number: 1, direct: false) && effects.outgoingAdded == 0 && effects.records.isEmpty)
+        #expect(detached.outbox.count == 1 && detached.outbox.kept.first?.transmitted == false)
+
+        let link = Link()
+        var machine = Self.attached(link: link)
+        let (sent, sentEffects) = try Self.send(1, &machine)
+        #expect(sent == .kept(number: 1, direct: false) && sentEffects.outgoingAdded == 1)
+        #expect(Self.numbers(&machine) == [1])
+        // The sender that finds nothing unsent sends its own message: nothing is copied out.
+        let (direct, directEffects) = try Self.send(2, &machine, direct: true)
+        #expect(direct == .kept(number: 2, direct: true) && directEffects.outgoingAdded == 0 && machine.outbox.kept.last?.transmitted == true)
+    }
+
+    @Test func withAStoreAMessageGoesOnlyOnceWrittenOrSynced() throws {
+        var machine = Self.attached(.written)
+        let (admission, effects) = try Self.send(1, &machine)
+        #expect(admission == .storing(number: 1, epoch: 0))
+        #expect(effects.records.count == 1 && effects.afterWrite == .messages(through: 1, epoch: 0) && effects.outgoingAdded == 0)
+        guard case .message(_, 0, 1, _, _, _)? = effects.records.first else { return fail("\(effects.records)") }
+        var waiting = Effects()
+        machine.waitForTicket(1, epoch: 0, "sender 1", &waiting)
+        #expect(waiting.senders.isEmpty, "not written yet")
+        var written = Effects()
+        machine.written(.messages(through: 1, epoch: 0), &written)
+        #expect(written.outgoingAdded == 1 && written.senders.map(\.0) == ["sender 1"])
+        #expect(Self.numbers(&machine) == [1])
+
+        var synced = Self.attached(.synced)
+        try Self.send(1, &synced)
+        var effects2 = Effects()
+        synced.written(.messages(through: 1, epoch: 0), &effects2)
+        #expect(effects2.outgoingAdded == 0 && synced.durableThrough == 0, "power loss: written is not enough")
+        synced.synced(.messages(through: 1, epoch: 0), &effects2)
+        #expect(effects2.outgoingAdded == 1 && synced.durableThrough == 1)
+        var batch: [Machine.Outgoing] = []
+        _ = synced.takeOutgoing(&batch)
+        #expect(batch.first?.queued == true, "a sync's batch goes with the loop's flush")
+    }
+
+    @Test func aWriteThatFailedKeepsNothingOfItsGenerationAndFailsItsSenders() throws {
+        var machine = Self.attached(.written)
+        try Self.send(1, &machine)
+        try Self.send(2, &machine)
+        try Self.send(3, &machine)
+        var effects = Effects()
+        machine.written(.messages(through: 1, epoch: 0), &effects)
+        machine.waitForTicket(2, epoch: 0, "sender 2", &effects)
+        machine.waitForTicket(3, epoch: 0, "sender 3", &effects)
+        let generation = machine.generation
+        var failed = Effects()
+        machine.writeFailed(.messages(through: 2, epoch: 0), generation: generation, error: CancellationError(), &failed)
+        #expect(failed.senders.map(\.0) == ["sender 2", "sender 3"] && failed.senders.allSatisfy { $0.1 != nil })
+        #expect(machine.outbox.count == 1 && machine.outbox.nextNumber == 2 && machine.generation == generation + 1)
+        // The batch after it failed with it (same generation): nothing more.
+        var again = Effects()
+        machine.writeFailed(.messages(through: 3, epoch: 0), generation: generation, error: CancellationError(), &again)
+        #expect(again.senders.isEmpty && machine.outbox.count == 1)
+        // The next message takes number 2 again, in the new generation.
+        let (next, _) = try Self.send(4, &machine)
+        #expect(next == .storing(number: 2, epoch: 0))
+    }
+
+    @Test func aFullSessionOrStoreMakesTheSenderWait() throws {
+        let link = Link()
+        var machine = Self.attached(link: link, maxCount: 2)
+        try Self.send(1, &machine)
+        try Self.send(2, &machine)
+        let (full, _) = try Self.send(3, &machine)
+        #expect(full == .waitForRoom)
+        var effects = Effects()
+        machine.waitForRoom(7, size: 20, cancelled: false, "waiting", &effects)
+        #expect(effects.senders.isEmpty && machine.waitingSenders == 1)
+        var acked = Effects()
+        #expect(machine.acknowledged(1, on: link, &acked) == nil)
+        #expect(acked.senders.map(\.0) == ["waiting"] && machine.waitingSenders == 0)
+        var stored = Self.attached(.written)
+        #expect(try Self.send(1, &stored, storeHasRoom: false).0 == .waitForStore)
+        #expect(stored.outbox.count == 0)
+        // A cancelled wait is resumed with the cancellation.
+        var cancelled = Effects()
+        machine.waitForRoom(8, size: 20, cancelled: false, "late", &cancelled)
+        try Self.send(9, &machine)
+        machine.waitForRoom(9, size: 20, cancelled: false, "late", &cancelled)
+        machine.cancelRoomWait(9, &cancelled)
+        #expect(cancelled.senders.contains { $0.0 == "late" && $0.1 is CancellationError })
+    }
+
+    @Test func aMessageBeyondThePeersLimitOrAfterTheEndIsRefusedAndNotKept() throws {
+        var machine = Self.attached(link: Link(limit: 2))
+        #expect(throws: TransportError.self) { try Self.send(1000, &machine) }
+        #expect(machine.outbox.count == 0)
+        var effects = Effects()
+        _ = machine.end(MessagingError(.stopped, "gone"), keepStored: false, &effects)
+        #expect(throws: MessagingError.self) { try Self.send(1, &machine) }
+    }
+
+    // MARK: Acknowledgements and draining
+
+    @Test func anAckReleasesWakesAndIsRecordedAndOneBeyondWhatWasSentIsAViolation() throws {
+        let link = Link()
+        var machine = Self.attached(.written, link: link)
+        for n in 1...3 { try Self.send(n, &machine) }
+        var effects = Effects()
+        machine.written(.messages(through: 3, epoch: 0), &effects)
+        machine.drain("drain", &effects)
+        #expect(effects.drains.isEmpty)
+        var acked = Effects()
+        #expect(machine.acknowledged(3, on: link, &acked) == nil)
+        #expect(acked.drains == ["drain"] && machine.outbox.count == 0)
+        guard case .released(_, 0, 3)? = acked.records.first else { return fail("\(acked.records)") }
+        #expect(machine.acknowledged(4, on: link, &acked)?.contains("only 3 were sent") == true)
+        #expect(machine.acknowledged(9, on: Link(), &acked) == nil, "another connection's ACK is not this one's")
+    }
+
+    @Test func detachingKeepsEverythingAndEndsADrainWait() throws {
+        let link = Link()
+        var machine = Self.attached(link: link)
+        try Self.send(1, &machine)
+        var effects = Effects()
+        machine.drain("drain", &effects)
+        machine.detach(Link(), &effects)
+        #expect(machine.channel === link && effects.drains.isEmpty)
+        machine.detach(link, &effects)
+        #expect(machine.channel == nil && effects.drains == ["drain"] && machine.outbox.count == 1)
+    }
+
+    // MARK: Receiving
+
+    @Test func arrivalsAreNumberedDuplicatesDroppedAndHandledCountsStoredBeforeTheyAreAcknowledged() {
+        let link = Link()
+        var machine = Self.attached(.written, link: link)
+        var effects = Effects()
+        #expect(machine.received(on: Link(), onArrival: false, &effects) == .ignore)
+        guard case .deliver(let one, let epoch, let position) = machine.received(on: link, onArrival: false, &effects) else {
+            return fail("not delivered")
+        }
+        #expect(one == 1 && epoch == 0 && position == machine.positionID)
+        _ = machine.received(on: link, onArrival: false, &effects)
+        // Handled out of order: nothing until 1 is.
+        var handled = Effects()
+        machine.handled(2, epoch: 0, &handled)
+        #expect(handled.records.isEmpty)
+        machine.handled(1, epoch: 0, &handled)
+        guard case .handled(_, 0, 2)? = handled.records.first else { return fail("\(handled.records)") }
+        #expect(handled.afterWrite == .handled(through: 2, epoch: 0) && handled.ack == nil)
+        var written = Effects()
+        machine.written(.handled(through: 2, epoch: 0), &written)
+        #expect(written.ack?.1 == .armDeadline && machine.takeAck(on: link) == 2)
+        // An older epoch's token acknowledges nothing.
+        var stale = Effects()
+        machine.handled(3, epoch: 7, &stale)
+        #expect(stale.records.isEmpty)
+        // After a reconnect the peer resends what was delivered and not handled: dropped once.
+        var noStore = Self.attached(link: link)
+        _ = noStore.received(on: link, onArrival: false, &effects)
+        _ = noStore.received(on: link, onArrival: false, &effects)
+        noStore.handled(1, epoch: 0, &effects)
+        _ = noStore.clientHello()  // a new connection: counting starts from what was handled (1)
+        #expect(noStore.received(on: link, onArrival: false, &effects) == .ignore, "2 again: the app has it")
+        guard case .deliver(3, _, _) = noStore.received(on: link, onArrival: false, &effects) else { return fail("3 not new") }
+    }
+
+    @Test func onArrivalHandlesAtOnceAndPowerLossAcknowledgesOnlyWhatIsSynced() {
+        let link = Link()
+        var noStore = Self.attached(link: link)
+        var effects = Effects()
+        _ = noStore.received(on: link, onArrival: true, &effects)
+        #expect(effects.ack?.1 == .armDeadline && noStore.inbox.stored == 1)
+        var synced = Self.attached(.synced, link: link)
+        var arrived = Effects()
+        _ = synced.received(on: link, onArrival: true, &arrived)
+        synced.written(.handled(through: 1, epoch: 0), &arrived)
+        #expect(arrived.ack == nil && synced.inbox.stored == 0)
+        synced.synced(.handled(through: 1, epoch: 0), &arrived)
+        #expect(arrived.ack?.1 == .armDeadline && synced.inbox.stored == 1)
+    }
+
+    // MARK: Opening
+
+    @Test func aClientResumesAndResendsWhatTheServerLacks() throws {
+        var machine = Self.machine()
+        let first = Link()
+        var effects = Effects()
+        #expect(machine.clientHello().received == 0)
+        guard case .success(.new(let lost)) = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: first, &effects)
+        else { return fail("not opened") }
+        #expect(lost.isEmpty && machine.epoch == 1)
+        for n in 1...5 { try Self.send(n, &machine) }
+        _ = Self.numbers(&machine)
+        machine.detach(first, &effects)
+        let second = Link()
+        guard case .success(.resumed(let resent)) = machine.clientOpened(SessionHello(id: Self.id.hex, received: 3, resumed: true), on: second, &effects)
+        else { return fail("not resumed") }
+        #expect(resent == 2 && Self.numbers(&machine) == [4, 5] && machine.reconnects == 1 && machine.resumes == 1)
+        guard case .failure = machine.clientOpened(SessionHello(id: "00", received: 0, resumed: true), on: second, &effects) else {
+            return fail("another session's answer accepted")
+        }
+    }
+
+    @Test func aServerThatForgotStartsANewEpochTheUnsentGoAndTheSentAreReported() throws {
+        var machine = Self.machine(.written)
+        let first = Link()
+        var effects = Effects()
+        _ = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: first, &effects)
+        machine.written(.begun(through: 0, epoch: 1), &effects)
+        try Self.send(1, &machine)
+        try Self.send(2, &machine)
+        machine.written(.messages(through: 2, epoch: 1), &effects)
+        _ = Self.numbers(&machine)  // 1 and 2 went
+        machine.detach(first, &effects)
+        try Self.send(3, &machine)  // written, not sent (no connection)
+        machine.written(.messages(through: 3, epoch: 1), &effects)
+        try Self.send(4, &machine)  // not even written yet
+        var ticket = Effects()
+        machine.waitForTicket(4, epoch: 1, "sender 4", &ticket)
+        let oldPosition = machine.positionID
+        var opened = Effects()
+        guard case .success(.new(let lost)) = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: Link(), &opened)
+        else { return fail("not opened") }
+        #expect(lost.map(\.number) == [1, 2])
+        #expect(machine.epoch == 2 && machine.positionID != oldPosition && machine.outbox.kept.map(\.number) == [1, 2])
+        // The store starts over first: the new epoch's snapshot, then the kept ones renumbered.
+        guard case .session(let snapshot)? = opened.records.first else { return fail("\(opened.records)") }
+        #expect(snapshot.epoch == 2 && snapshot.nextNumber == 1 && opened.records.count == 3)
+        #expect(opened.afterWrite == .begun(through: 2, epoch: 2) && opened.outgoingAdded == 0)
+        var written = Effects()
+        machine.written(.begun(through: 2, epoch: 2), &written)
+        #expect(written.outgoingAdded == 2 && written.senders.map(\.0) == ["sender 4"], "message 4 went as number 2")
+    }
+
+    @Test func aServerAnswersResumesAndRefusesAnImpossibleCount() throws {
+        let link = Link()
+        var machine = Self.machine()
+        var effects = Effects()
+        guard case .success(0) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0), isNew: true, on: link, &effects) else {
+            return fail("not opened")
+        }
+        var batch: [Machine.Outgoing] = []
+        _ = machine.takeOutgoing(&batch)
+        #expect(batch.count == 1 && batch[0].number == nil && batch[0].frame.kind == .session)
+        for n in 1...3 { try Self.send(n, &machine) }
+        machine.detach(link, &effects)
+        guard case .success(2) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 1), isNew: false, on: Link(), &effects) else {
+            return fail("not resumed")
+        }
+        guard case .failure = machine.serverOpen(SessionHello(id: Self.id.hex, received: 9), isNew: false, on: Link(), &effects) else {
+            return fail("9 of 3 accepted")
+        }
+    }
+
+    @Test func aNewSessionsFirstRecordIsItsSnapshot() {
+        var machine = Self.machine(.synced)
+        var effects = Effects()
+        machine.begin(everConnected: true, &effects)
+        guard case .session(let snapshot)? = effects.records.first else { return fail("no record") }
+        #expect(snapshot.everConnected && snapshot.owner == "owner" && snapshot.nextNumber == 1 && effects.afterWrite == .begun(through: 0, epoch: 0))
+        var memory = Self.machine()
+        var none = Effects()
+        memory.begin(everConnected: true, &none)
+        #expect(none.records.isEmpty)
+    }
+
+    // MARK: Ending
+
+    @Test func theEndReportsWhatWasKeptFailsEveryWaiterAndIsRecordedOnce() throws {
+        let link = Link()
+        var machine = Self.attached(.written, link: link, maxCount: 1)
+        try Self.send(1, &machine)
+        var effects = Effects()
+        machine.written(.messages(through: 1, epoch: 0), &effects)
+        machine.waitForRoom(1, size: 10, cancelled: false, "room", &effects)
+        _ = machine.received(on: link, onArrival: false, &effects)
+        machine.handled(1, epoch: 0, &effects)
+        machine.written(.handled(through: 1, epoch: 0), &effects)
+        var ended = Effects()
+        let (lost, ack) = machine.end(MessagingError(.stopped, "bye"), keepStored: false, &ended)
+        #expect(lost.map(\.number) == [1] && ack?.1 == 1, "what the app handled is acknowledged before the goodbye")
+        #expect(ended.senders.map(\.0) == ["room"] && ended.senders.allSatisfy { $0.1 is MessagingError })
+        guard case .ended? = ended.records.last else { return fail("\(ended.records)") }
+        var again = Effects()
+        #expect(machine.end(MessagingError(.stopped, "again"), keepStored: false, &again).lost.isEmpty && again.records.isEmpty)
+        // Kept for a later process: nothing reported, nothing recorded.
+        var kept = Self.attached(.written)
+        try Self.send(1, &kept)
+        var keptEffects = Effects()
+        #expect(kept.end(MessagingError(.stopped, "stop"), keepStored: true, &keptEffects).lost.isEmpty && keptEffects.records.isEmpty)
+    }
+
+    @Test func framesDecidedForAnOldConnectionAreDroppedAndSentAgainLater() throws {
+        let first = Link()
+        var machine = Self.attached(link: first)
+        try Self.send(1, &machine)
+        var effects = Effects()
+        machine.detach(first, &effects)
+        let second = Link()
+        _ = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0), isNew: false, on: second, &effects)
+        var batch: [Machine.Outgoing] = []
+        let taken = machine.takeOutgoing(&batch)
+        // The frame for the first connection was dropped (counted), and 1 is resent on the second.
+        #expect(taken.driver === second.sessionDriver && batch.map(\.number) == [nil, 1] && taken.count == 3)
+        machine.notTransmitted([1], driver: first.sessionDriver, epoch: machine.epoch)
+        #expect(machine.outbox.kept.first?.transmitted == true, "the old driver's failure does not count")
+        machine.notTransmitted([1], driver: second.sessionDriver, epoch: machine.epoch)
+        #expect(machine.outbox.kept.first?.transmitted == false)
+    }
+}
