@@ -229,7 +229,7 @@ let package = Package(
             name: "DiscoveryTests",
             dependencies: ["Discovery", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")], swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
-        .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore"], swiftSettings: strict),
+        .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore", "FastJSON"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore", "TestWaits"], swiftSettings: strict),
         // MessageChannel over real loopback sockets: hello, messages, requests, transfers, limits.
         .testTarget(

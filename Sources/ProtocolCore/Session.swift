@@ -319,25 +319,41 @@ package struct SessionInbox: Sendable, Equatable {
 }
 
 /// The SESSION frame's payload (JSON). The client sends `id` and `received`; the server answers
-/// with the same `id`, its own `received` and `resumed`.
+/// with the same `id`, its own `received` and `resumed`. Both may add `sent` and `epoch`, which
+/// let the other side see that one of them lost part of the session's state (a store that lost
+/// records) before numbers are reused (docs/PROTOCOL.md, "Sessions": both optional; a peer that
+/// does not send them gets the checks of `received` alone).
 package struct SessionHello: Codable, Sendable, Equatable {
     // Declared in sorted order (the encoder writes keys in declaration order).
+    /// The server's token of the session's current epoch (32 hex digits): sent by the server in its
+    /// answer, and by a client that resumes, the token it was given. A server that finds another
+    /// token than its own cannot continue the session as the client knows it.
+    package var epoch: String?
     /// 32 hex digits: the session's id, chosen at random by the client.
     package var id: String
     /// How many session messages this side received from the other.
     package var received: UInt64
     /// Server only: true when the session was known and continues; false when it is new.
     package var resumed: Bool?
+    /// The highest number of a session message this side handed to a connection in this epoch:
+    /// the other side cannot have counted more of its messages. (Messages numbered since and not
+    /// sent yet — after a restart, before the first connection — are not counted: a peer that
+    /// counted one of those numbers counted a message this side no longer has.)
+    package var sent: UInt64?
 
-    package init(id: String, received: UInt64, resumed: Bool? = nil) {
+    package init(id: String, received: UInt64, resumed: Bool? = nil, epoch: String? = nil, sent: UInt64? = nil) {
+        self.epoch = epoch
         self.id = id
         self.received = received
         self.resumed = resumed
+        self.sent = sent
     }
 
-    /// Whether `id` is 32 lowercase hex digits.
-    package var isWellFormed: Bool {
-        id.utf8.count == 32 && id.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+    /// Whether `id` (and `epoch`, when present) is 32 lowercase hex digits.
+    package var isWellFormed: Bool { Self.isHex32(id) && (epoch.map(Self.isHex32) ?? true) }
+
+    private static func isHex32(_ text: String) -> Bool {
+        text.utf8.count == 32 && text.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
     }
 }
 

@@ -162,4 +162,16 @@ struct NoiseInteropTests {
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output.contains("ok session"), "\(result.output)")
     }
+
+    /// Issue 53, 3, from the independent client: a resume naming a state of the session the server
+    /// cannot continue — fewer messages sent than the server counted, another epoch's token — is
+    /// answered `resumed: false` with a new epoch token, and the new epoch's messages are counted as
+    /// new (the server numbered on before, and dropped them as duplicates).
+    @Test func pythonClientsDivergedResumeStartsTheSessionAnew() async throws {
+        let (server, port, _) = try await startEcho("Noise Diverged Echo")
+        defer { server.stop() }
+        let result = try runClient(["--host", "10.77.0.2", "--port", String(port), "--session-diverged"])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("ok session-diverged"), "\(result.output)")
+    }
 }

@@ -127,6 +127,39 @@ import Locks
         await server.server.stop()
     }
 
+    /// Issue 53, 2: a client's store holding more than one session (an earlier version could leave
+    /// them) continues the newest and ends the others: what they kept is reported undelivered
+    /// first, and they are gone from the store.
+    @Test func aClientStoresOtherSessionsAreEndedAndReported() async throws {
+        let store = Self.store("several")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        do {
+            let journal = try SessionJournal(store, role: .client, identity: "plaintext", logger: testLogger())
+            for (index, key) in [Journal.Key(high: 1, low: 1), Journal.Key(high: 2, low: 2)].enumerated() {
+                try journal.append(.session(Journal.Snapshot(key: key, positionID: .random(), everConnected: true)))
+                try journal.append(.message(key, epoch: 0, number: 1, codecID: 1, typeID: "n", payload: Array("{\"n\":\(index)}".utf8)))
+            }
+            journal.close()
+        }
+        var configuration = ClientConfiguration(peerName: "sensor", reconnect: ReconnectPolicy())
+        configuration.channel.security = .plaintext
+        configuration.waitsForServer = true
+        configuration.session?.store = store
+        configuration.peerMemory = nil
+        let client = try await MessageClient.connect(to: .host("127.0.0.1", port: try freePort()), configuration: configuration, logger: testLogger())
+        #expect(client.unacknowledgedCount == 1 && client.unacknowledgedMessages.first?.payload == Array("{\"n\":1}".utf8))
+        var iterator = client.events.makeAsyncIterator()
+        guard case .undelivered(let lost)? = await iterator.next() else {
+            Issue.record("no report of the older session")
+            return
+        }
+        #expect(lost.map(\.payload) == [Array("{\"n\":0}".utf8)])
+        await client.close()
+        let journal = try SessionJournal(store, role: .client, identity: "plaintext", logger: testLogger())
+        #expect(journal.restored.keys.map(\.high) == [2])
+        journal.close()
+    }
+
     /// A session from before the restart whose client never comes back ends after the grace
     /// period: the messages it kept are reported as never acknowledged, on a connection made for
     /// the report (closed, `sessionExpired`), and the store forgets it.

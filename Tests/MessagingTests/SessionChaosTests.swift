@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 
+@testable import Messaging
+
 /// Durable sessions against `kill -9`, with real processes and real files (issue 42): a sensor
 /// (client) streams numbered values to a collector (server); each keeps its sessions in a store,
 /// the collector writes each value to its file and then lets the library acknowledge it (the
@@ -25,6 +27,9 @@ import Testing
         /// The collector streams values to the sensor too.
         let bothWays: Bool
         let durability: String
+        /// Each killed side's store loses its last records before it starts again (cut at a record
+        /// boundary, or inside a record): the sides run the recovery recipe (`--recover`).
+        var truncate = false
     }
 
     static let phases = [
@@ -32,19 +37,26 @@ import Testing
         Phase(name: "sender killed", victim: .sender, bothWays: false, durability: "crash"),
         Phase(name: "both ways, either or both killed", victim: .both, bothWays: true, durability: "crash"),
         Phase(name: "both ways, power-loss durability", victim: .both, bothWays: true, durability: "power"),
+        // Issue 53, 3: stores that lost records (what a power loss leaves under process-crash
+        // durability, a file cut by hand): the sessions must never go on with numbers reused.
+        Phase(name: "receiver's store cut", victim: .receiver, bothWays: false, durability: "crash", truncate: true),
+        Phase(name: "sender's store cut", victim: .sender, bothWays: false, durability: "crash", truncate: true),
+        Phase(name: "both ways, either or both stores cut", victim: .both, bothWays: true, durability: "crash", truncate: true),
     ]
 
     @Test(arguments: 0..<phases.count)
     func killedProcessesLoseNothingAndDuplicateNothing(_ index: Int) async throws {
         let phase = Self.phases[index]
         let root = NSTemporaryDirectory() + "session-chaos-\(index)-\(UInt64.random(in: 0...UInt64.max))"
-        defer { try? FileManager.default.removeItem(atPath: root) }
+        defer { if ProcessInfo.processInfo.environment["LANMSG_CHAOS_KEEP"] == nil { try? FileManager.default.removeItem(atPath: root) } }
         let port = try freePort()
+        let recover = phase.truncate ? ["--recover"] : []
         let server = Side(
             name: "server", arguments: ["server", "--port", "\(port)", "--dir", root + "/server", "--durability", phase.durability]
-                + (phase.bothWays ? ["--send"] : []))
+                + (phase.bothWays ? ["--send"] : []) + recover)
         let client = Side(
-            name: "client", arguments: ["client", "--port", "\(port)", "--dir", root + "/client", "--send", "--durability", phase.durability])
+            name: "client",
+            arguments: ["client", "--port", "\(port)", "--dir", root + "/client", "--send", "--durability", phase.durability] + recover)
         defer {
             server.kill()
             client.kill()
@@ -52,6 +64,7 @@ import Testing
         try await server.start()
         try await client.start()
         var kills = (server: 0, client: 0)
+        var cut = 0
         var generator = SystemRandomNumberGenerator()
         for _ in 0..<Self.cycles {
             try await Task.sleep(for: .milliseconds(Int.random(in: 100...600, using: &generator)))
@@ -70,6 +83,11 @@ import Testing
                 try await Task.sleep(for: .milliseconds(Int.random(in: 50...300, using: &generator)))
             }
             for side in victims { side.kill() }
+            if phase.truncate {
+                for side in victims {
+                    cut += Self.cutStore(root + (side === server ? "/server" : "/client") + "/store/sessions.journal", using: &generator)
+                }
+            }
             if away { try await server.start() }
             for side in victims {
                 if side === server { kills.server += 1 } else { kills.client += 1 }
@@ -84,23 +102,25 @@ import Testing
         for side in [client, server] { side.signal(SIGTERM) }
         for side in [client, server] { side.waitForExit() }
 
-        var counts = Self.check(receiver: root + "/server", sender: root + "/client", direction: "sensor → collector")
-        var report = "\(phase.name): \(Self.cycles) cycles (\(kills.server) collector kills, \(kills.client) sensor kills), "
-            + "\(counts.arrived) values up"
+        let check = phase.truncate ? Self.checkRecovered : Self.check
+        var counts = check(root + "/server", root + "/client", "sensor → collector")
+        var report = "\(phase.name): \(Self.cycles) cycles (\(kills.server) collector kills, \(kills.client) sensor kills"
+            + (phase.truncate ? ", \(cut) bytes cut" : "") + "), \(counts.arrived) values up"
         if phase.bothWays {
-            let down = Self.check(receiver: root + "/client", sender: root + "/server", direction: "collector → sensor")
+            let down = check(root + "/client", root + "/server", "collector → sensor")
             report += ", \(down.arrived) down"
             counts.lost += down.lost
             counts.duplicated += down.duplicated
             counts.undelivered += down.undelivered
         }
-        print("MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), undelivered \(counts.undelivered)")
+        let what = phase.truncate ? "reported undelivered (and sent again)" : "undelivered"
+        print("MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), \(what) \(counts.undelivered)")
     }
 
     /// Checks one direction: the receiver's file holds each session's numbers 1…n once, in order,
     /// and the values in increasing order (none twice); every value whose `send` returned is there;
     /// the sender reported nothing undelivered. Returns what it counted.
-    static func check(receiver: String, sender: String, direction: String) -> (arrived: Int, lost: Int, duplicated: Int, undelivered: Int) {
+    static func check(_ receiver: String, _ sender: String, _ direction: String) -> (arrived: Int, lost: Int, duplicated: Int, undelivered: Int) {
         func lines(_ path: String) -> [Substring] {
             ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n")
         }
@@ -121,13 +141,59 @@ import Testing
         #expect(duplicated == 0, "\(direction): \(duplicated) values twice")
         #expect(values == values.sorted(), "\(direction): values out of order")
         let received = Set(values)
-        let sent = lines(sender + "/sent.log").compactMap { Int($0) }
+        let sent = lines(sender + "/sent.log").compactMap { $0.split(separator: " ").first.flatMap { Int($0) } }
         let lost = sent.filter { !received.contains($0) }
         #expect(lost.isEmpty, "\(direction): \(lost.count) sent values never arrived, the first \(lost.prefix(10))")
         #expect(!sent.isEmpty, "\(direction): nothing was sent")
         let undelivered = lines(sender + "/undelivered.log")
         #expect(undelivered.isEmpty, "\(direction): reported undelivered: \(undelivered.prefix(10))")
         return (values.count, lost.count, duplicated, undelivered.count)
+    }
+
+    /// A store that lost its last records, as a power loss leaves it (process-crash durability) or
+    /// a hand cuts it: its journal cut at a record boundary (the last 1…20 records), or inside one of
+    /// its last records. Returns the bytes cut.
+    static func cutStore(_ path: String, using generator: inout SystemRandomNumberGenerator) -> Int {
+        guard let bytes = FileManager.default.contents(atPath: path).map([UInt8].init),
+            case .success(let scan) = bytes.withUnsafeBytes({ Journal.scan($0) }), scan.records.count > 1
+        else { return 0 }
+        let dropped = Int.random(in: 1...min(20, scan.records.count - 1), using: &generator)
+        let last = scan.records[scan.records.count - dropped]
+        let length = Bool.random(using: &generator) ? last.offset : last.offset + Int.random(in: 1..<last.length, using: &generator)
+        guard truncate(path, off_t(length)) == 0 else { return 0 }
+        return bytes.count - length
+    }
+
+    /// Checks one direction of a phase whose stores lost records, where the sides run the recovery
+    /// recipe (`--recover`): every value whose `send` returned arrived — none lost, whether the
+    /// library delivered it, reported it undelivered and the sender sent it again, or the sender
+    /// found its store had lost it and sent it again; the receiver's file holds each value once (a
+    /// value that came again was dropped by the app, counted), and within each session position
+    /// numbers only increase (no number reused under an old session id: that would have been
+    /// skipped by the recipe, and the value lost).
+    static func checkRecovered(_ receiver: String, _ sender: String, _ direction: String) -> (arrived: Int, lost: Int, duplicated: Int, undelivered: Int) {
+        func lines(_ path: String) -> [Substring] {
+            ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n")
+        }
+        var last: [Substring: UInt64] = [:]
+        var values: [Int] = []
+        for line in lines(receiver + "/received.log") {
+            let fields = line.split(separator: " ")
+            guard fields.count == 3, let number = UInt64(fields[1]), let value = Int(fields[2]) else {
+                Issue.record("\(direction): a line that is no message: \(line)")
+                continue
+            }
+            #expect(number > last[fields[0], default: 0], "\(direction): session \(fields[0].prefix(8)) number \(number) after \(last[fields[0], default: 0])")
+            last[fields[0]] = number
+            values.append(value)
+        }
+        #expect(values.count == Set(values).count, "\(direction): the receiver's file holds a value twice")
+        let received = Set(values)
+        let sent = lines(sender + "/sent.log").compactMap { $0.split(separator: " ").first.flatMap { Int($0) } }
+        let lost = Set(sent).subtracting(received).sorted()
+        #expect(lost.isEmpty, "\(direction): \(lost.count) sent values never arrived, the first \(lost.prefix(10))")
+        #expect(!sent.isEmpty, "\(direction): nothing was sent")
+        return (values.count, lost.count, lines(receiver + "/duplicates.log").count, lines(sender + "/undelivered.log").count)
     }
 
     /// One program: started, killed with SIGKILL, started again on the same directory.

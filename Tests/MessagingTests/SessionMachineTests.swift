@@ -1,3 +1,4 @@
+import FastJSON
 import Foundation
 import ProtocolCore
 import Testing
@@ -292,23 +293,99 @@ import Testing
         #expect(written.outgoingAdded == 2 && written.senders.map(\.0) == ["sender 4"], "message 4 went as number 2")
     }
 
-    @Test func aServerAnswersResumesAndRefusesAnImpossibleCount() throws {
+    @Test func aServerAnswersResumesAndStartsAnewOnACountItCannotHaveSent() throws {
         let link = Link()
         var machine = Self.machine()
         var effects = Effects()
-        guard case .success(0) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0), isNew: true, on: link, &effects) else {
+        guard case .success(.new) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0), isNew: true, on: link, &effects) else {
             return fail("not opened")
         }
         var batch: [Machine.Outgoing] = []
         _ = machine.takeOutgoing(&batch)
         #expect(batch.count == 1 && batch[0].number == nil && batch[0].frame.kind == .session)
+        let answer = try batch[0].frame.payload.withUnsafeBytes { try FastJSONDecoder().decode(SessionHello.self, from: $0) }
+        #expect(answer.resumed == false && answer.epoch == machine.positionID.hex && answer.sent == 0)
         for n in 1...3 { try Self.send(n, &machine) }
         machine.detach(link, &effects)
-        guard case .success(2) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 1), isNew: false, on: Link(), &effects) else {
+        guard case .success(.resumed(2)) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 1), isNew: false, on: Link(), &effects) else {
             return fail("not resumed")
         }
-        guard case .failure = machine.serverOpen(SessionHello(id: Self.id.hex, received: 9), isNew: false, on: Link(), &effects) else {
-            return fail("9 of 3 accepted")
+        #expect(Self.numbers(&machine) == [nil, 2, 3])  // the answer, then 2 and 3 again
+        machine.detach(machine.channel!, &effects)
+        // 9 of 3: the client's state is not this session's. A new epoch under the same id, what
+        // was sent reported, the answer `resumed: false` with the new epoch's token.
+        let epoch = machine.positionID
+        guard case .success(.restarted(let reason, let lost)) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 9), isNew: false, on: Link(), &effects)
+        else { return fail("9 of 3 accepted") }
+        #expect(reason.contains("received 9"), "\(reason)")
+        #expect(lost.map(\.number) == [2, 3] && machine.positionID != epoch, "\(lost.map(\.number))")
+        _ = machine.takeOutgoing(&batch)
+        let restarted = try batch[0].frame.payload.withUnsafeBytes { try FastJSONDecoder().decode(SessionHello.self, from: $0) }
+        #expect(restarted.resumed == false && restarted.epoch == machine.positionID.hex && restarted.received == 0)
+    }
+
+    /// Issue 53, 3: a SESSION whose epoch token is not the server's, or that says the client sent
+    /// fewer messages than the server counted of them, names a state the server cannot continue
+    /// (one side lost records): it starts anew instead of numbering on.
+    @Test func aServerStartsAnewOnAnotherEpochOrFewerMessagesThanItCounted() throws {
+        let link = Link()
+        var machine = Self.attached(link: link)
+        var effects = Effects()
+        for _ in 1...5 { _ = machine.received(on: link, onArrival: false, &effects) }
+        machine.detach(link, &effects)
+        let token = machine.positionID.hex
+        guard case .success(.resumed) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0, epoch: token, sent: 5), isNew: false, on: Link(), &effects)
+        else { return fail("the same epoch and count did not resume") }
+        machine.detach(machine.channel!, &effects)
+        guard case .success(.restarted(let fewer, _)) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0, epoch: token, sent: 3), isNew: false, on: Link(), &effects)
+        else { return fail("3 sent where 5 were counted accepted") }
+        #expect(fewer.contains("sent 3") && fewer.contains("counted 5"), "\(fewer)")
+        machine.detach(machine.channel!, &effects)
+        guard case .success(.restarted(let other, _)) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 0, epoch: Journal.Key.random().hex, sent: 0), isNew: false, on: Link(), &effects)
+        else { return fail("another epoch accepted") }
+        #expect(other.contains("epoch"), "\(other)")
+    }
+
+    /// Issue 53, 3: a client whose server answers `resumed: true` with a state it cannot continue
+    /// (a count below what the server acknowledged; another epoch's token; fewer messages than
+    /// the client counted) renews the session under a new id: what it had sent is reported, what
+    /// never went is kept for the new one, the store ends the old session and begins the new.
+    @Test func aClientRenewsItsSessionWhenTheServersStateDiverged() throws {
+        for answer in [
+            SessionHello(id: Self.id.hex, received: 1, resumed: true),  // acknowledged 2 before
+            SessionHello(id: Self.id.hex, received: 2, resumed: true, epoch: Journal.Key.random().hex),
+            SessionHello(id: Self.id.hex, received: 2, resumed: true, sent: 0),  // 1 of its messages was counted
+        ] {
+            var machine = Self.machine(.written)
+            let first = Link()
+            var effects = Effects()
+            let token = Journal.Key.random()
+            _ = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false, epoch: token.hex, sent: 0), on: first, &effects)
+            #expect(machine.peerEpoch == token)
+            machine.written(.begun(through: 0, epoch: 1), &effects)
+            for n in 1...3 { try Self.send(n, &machine) }
+            machine.written(.messages(through: 3, epoch: 1), &effects)
+            _ = Self.numbers(&machine)
+            _ = machine.acknowledged(2, on: first, &effects)
+            _ = machine.received(on: first, onArrival: false, &effects)
+            machine.detach(first, &effects)
+            try Self.send(4, &machine)  // never sent
+            machine.written(.messages(through: 4, epoch: 1), &effects)
+            let hello = machine.clientHello()
+            // `sent`: what went on a connection (3); 4, numbered since, is new to the server.
+            #expect(hello.epoch == token.hex && hello.sent == 3 && hello.received == 0)
+            var opened = Effects()
+            guard case .success(.diverged(let reason, let lost)) = machine.clientOpened(answer, on: Link(), &opened) else {
+                return fail("\(answer) was resumed")
+            }
+            #expect(machine.id != Self.id && machine.peerEpoch == nil && machine.channel == nil && !machine.everConnected, "\(reason)")
+            #expect(lost.map(\.number) == [3] && machine.outbox.kept.map(\.number) == [1])
+            guard case .ended(Self.id)? = opened.records.first, case .session(let snapshot)? = opened.records.dropFirst().first else {
+                return fail("\(opened.records)")
+            }
+            #expect(snapshot.key == machine.id && opened.records.count == 3)
+            // The next connection opens the new session.
+            #expect(machine.clientHello().id == machine.id.hex)
         }
     }
 

@@ -1,3 +1,4 @@
+import FastJSON
 import Testing
 
 import ProtocolCore
@@ -179,12 +180,27 @@ import ProtocolCore
                 == "000000511401000000000000000000027b226964223a22303031313232333334343535363637373838393961"
                 + "6162626363646465656666222c227265636569766564223a372c22726573756d6564223a747275657d")
         #expect(hex(try ack.encoded()) == "000000141500000000000000000000090000000000000005")
+        // With the optional fields (issue 53): the same exchange, epoch token and counts added, keys
+        // in alphabetical order.
+        let epoch = "ffeeddccbbaa99887766554433221100"
+        let withFields = HandshakeStateMachine.jsonFrame(.session, SessionHello(id: id, received: 4, epoch: epoch, sent: 10))
+        #expect(String(decoding: withFields.payload, as: UTF8.self) == #"{"epoch":"\#(epoch)","id":"\#(id)","received":4,"sent":10}"#)
+        let answer = HandshakeStateMachine.jsonFrame(.session, SessionHello(id: id, received: 7, resumed: true, epoch: epoch, sent: 9))
+        #expect(
+            String(decoding: answer.payload, as: UTF8.self)
+                == #"{"epoch":"\#(epoch)","id":"\#(id)","received":7,"resumed":true,"sent":9}"#)
+        // A peer may send them in any order, or not at all.
+        let parsed = try Array(#"{"sent":3,"received":1,"id":"\#(id)","epoch":"\#(epoch)"}"#.utf8).withUnsafeBytes {
+            try FastJSONDecoder().decode(SessionHello.self, from: $0)
+        }
+        #expect(parsed == SessionHello(id: id, received: 1, epoch: epoch, sent: 3) && parsed.isWellFormed)
     }
 
     @Test func sessionHelloIsCheckedAndKeepsItsShape() throws {
         #expect(SessionHello(id: String(repeating: "a1", count: 16), received: 0).isWellFormed)
         #expect(!SessionHello(id: "A1", received: 0).isWellFormed)
         #expect(!SessionHello(id: String(repeating: "g", count: 32), received: 0).isWellFormed)
+        #expect(!SessionHello(id: String(repeating: "a1", count: 16), received: 0, epoch: "xyz").isWellFormed)
     }
 
     @Test func rttFollowsRFC6298() {

@@ -5,16 +5,23 @@
 // lines it had to write itself. The test kills them with SIGKILL at random points and checks the
 // files.
 //
-//   session-chaos server|client --port P --dir DIR [--send] [--durability crash|power]
+//   session-chaos server|client --port P --dir DIR [--send] [--durability crash|power] [--recover]
 //
 // DIR holds the store (DIR/store), the identity (DIR/identity) and three logs:
 //   received.log     "<session> <number> <value>" per message taken, in order (the app's effect)
 //   intents.log      one value per line, written before its `send` (where a restarted sender goes on)
-//   sent.log         one value per line, written once `send` returned (the message is in the store)
-//   undelivered.log  what the library reported as never acknowledged (must stay empty)
+//   sent.log         "<value> <session> <epoch> <number>" per line, written once `send` returned (the
+//                    message is in the store), with where the session's sending stood then
+//   undelivered.log  what the library reported as never acknowledged (must stay empty, unless --recover)
+//   duplicates.log   with --recover: values that arrived again and were dropped by the app
 // Exactly once to the app (the recipe of MessageSessions.md): a message whose position (session,
 // number) the file has already is skipped — it came again because the process died between
 // writing it and acknowledging it.
+//
+// --recover: the recipe for stores that may lose records (MessageSessions.md, "When the store lost
+// records"; the test cuts the stores between kills): the receiver also skips a value it has (an
+// idempotency key, as an order id); the sender sends again what was reported undelivered and, when
+// it starts, what its own log says it sent and the store no longer knows (`sendProgress`).
 //
 // Signals: SIGUSR1 stops sending; once everything sent is acknowledged the program prints DRAINED.
 // SIGTERM ends it. It prints READY once it listens (server) or has started (client).
@@ -34,6 +41,7 @@ struct Options {
     var directory = ""
     var send = false
     var durability = SessionStore.Durability.processCrash
+    var recover = false
 
     init(_ arguments: [String]) {
         var rest = arguments.dropFirst()
@@ -44,6 +52,7 @@ struct Options {
             case "--dir": directory = rest.popFirst() ?? ""
             case "--send": send = true
             case "--durability": durability = rest.popFirst() == "power" ? .powerLoss : .processCrash
+            case "--recover": recover = true
             default: fail("unknown argument \(argument)")
             }
         }
@@ -97,15 +106,44 @@ let received = LogFile(options.directory + "/received.log")
 let sent = LogFile(options.directory + "/sent.log")
 let undelivered = LogFile(options.directory + "/undelivered.log")
 let intents = LogFile(options.directory + "/intents.log")
+let duplicates = LogFile(options.directory + "/duplicates.log")
+/// --recover: "+v" when a value is owed (reported undelivered, or lost by the store), "-v" once its
+/// `send` returned again: what is owed survives a kill too.
+let owedLog = LogFile(options.directory + "/owed.log")
 
-// The recipe: the last position taken per session, from the file (the app's own durable state).
+// The recipe: the last position taken per session, from the file (the app's own durable state);
+// with --recover also the values taken.
 let lastTaken = Locked<[String: UInt64]>([:])
+let valuesTaken = Locked<Set<Int>>([])
 for line in received.lines {
     let fields = line.split(separator: " ")
-    guard fields.count == 3, let number = UInt64(fields[1]) else { continue }
+    guard fields.count == 3, let number = UInt64(fields[1]), let value = Int(fields[2]) else { continue }
     lastTaken.withLock { $0[String(fields[0])] = number }
+    valuesTaken.withLock { _ = $0.insert(value) }
 }
 let stopSending = Locked(false)
+/// --recover: values to send again before new ones (reported undelivered, or lost by the store),
+/// starting with what an earlier process owed and did not send.
+let owed: Locked<[Int]> = {
+    var balance: [Int: Int] = [:]
+    var order: [Int] = []
+    for line in owedLog.lines {
+        guard let value = Int(line.dropFirst()) else { continue }
+        if line.hasPrefix("+") {
+            if balance[value, default: 0] == 0 { order.append(value) }
+            balance[value, default: 0] += 1
+        } else {
+            balance[value, default: 0] -= 1
+        }
+    }
+    return Locked(order.filter { balance[$0, default: 0] > 0 })
+}()
+
+/// A value is owed: written down, then queued.
+func owe(_ values: [Int]) {
+    for value in values { owedLog.append("+\(value)") }
+    owed.withLock { $0 += values }
+}
 
 /// Takes a received message: its effect (a line in the file) unless its position is taken already.
 func take(_ message: IncomingMessage) {
@@ -118,6 +156,9 @@ func take(_ message: IncomingMessage) {
         return false
     }
     if done { return }  // came again after a crash between its effect and its acknowledgement
+    if options.recover, !valuesTaken.withLock({ $0.insert(value.v).inserted }) {
+        return duplicates.append("\(value.v)")  // sent again by a sender whose store lost it: had already
+    }
     received.append("\(position.session) \(position.number) \(value.v)")
 }
 
@@ -138,21 +179,65 @@ func firstValue(kept: [UndeliveredMessage]) -> Int {
     return max(begun, inStore) + 1
 }
 
-/// Sends values until SIGUSR1, a few hundred a second.
-func stream(_ send: @escaping @Sendable (Value) async throws -> Void, kept: @escaping @Sendable () -> [UndeliveredMessage]) async {
+/// --recover, when the sender starts: what its log says it sent and its store no longer knows —
+/// every value after the last one the store still knows (same session and epoch, a number it has
+/// reached), unless the store keeps it.
+func lostByTheStore(progress: SessionProgress?, kept: [UndeliveredMessage]) -> [Int] {
+    guard let progress else { return [] }
+    let entries = sent.lines.compactMap { line -> (value: Int, session: Substring, epoch: UInt64, number: UInt64)? in
+        let fields = line.split(separator: " ")
+        guard fields.count == 4, let value = Int(fields[0]), let epoch = UInt64(fields[2]), let number = UInt64(fields[3]) else { return nil }
+        return (value, fields[1], epoch, number)
+    }
+    let known = entries.lastIndex { $0.session == progress.session && $0.epoch == progress.epoch && $0.number <= progress.sent }
+    let keptValues = Set(kept.compactMap { try? $0.decode(Value.self).v })
+    return entries[(known.map { $0 + 1 } ?? 0)...].map(\.value).filter { !keptValues.contains($0) }
+}
+
+/// Sends values until SIGUSR1, a few hundred a second (with --recover, what is owed first); then
+/// returns once everything sent is acknowledged.
+func stream(
+    _ send: @escaping @Sendable (Value) async throws -> Void, kept: @escaping @Sendable () -> [UndeliveredMessage],
+    progress: @escaping @Sendable () -> SessionProgress?
+) async {
+    if options.recover {
+        let lost = lostByTheStore(progress: progress(), kept: kept())
+        if !lost.isEmpty { logger.warning("the store lost \(lost.count) values this side had sent: sending them again") }
+        owe(lost)
+    }
     var value = firstValue(kept: kept())
-    while !stopSending.withLock({ $0 }) {
-        intents.append("\(value)")
-        do {
-            try await send(Value(v: value))
-        } catch {
-            logger.warning("send \(value) failed: \(error)")
+    while true {
+        let again = owed.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+        if again == nil, stopSending.withLock({ $0 }) {
+            // Stopped: done once everything is acknowledged and nothing is owed (a report may
+            // still come and owe more).
+            if kept().isEmpty { break }
             try? await Task.sleep(for: .milliseconds(20))
             continue
         }
-        sent.append("\(value)")
-        value += 1
+        let next = again ?? value
+        if again == nil { intents.append("\(next)") }
+        do {
+            try await send(Value(v: next))
+        } catch {
+            logger.warning("send \(next) failed: \(error)")
+            if let again { owed.withLock { $0.insert(again, at: 0) } }
+            try? await Task.sleep(for: .milliseconds(20))
+            continue
+        }
+        let where_ = progress().map { "\($0.session) \($0.epoch) \($0.sent)" } ?? "- 0 0"
+        sent.append("\(next) \(where_)")
+        if again == nil { value += 1 } else { owedLog.append("-\(next)") }
         if value % 20 == 0 { try? await Task.sleep(for: .milliseconds(10)) }
+    }
+}
+
+/// What the library reported as never acknowledged: written down; with --recover, sent again.
+func report(_ lost: [UndeliveredMessage]) {
+    for message in lost {
+        let value = (try? message.decode(Value.self).v) ?? -1
+        undelivered.append("\(message.number) \(value)")
+        if options.recover, value >= 0 { owe([value]) }
     }
 }
 
@@ -211,12 +296,11 @@ if options.role == "server" {
                 await stream({ value in
                     guard let connection = current.withLock({ $0 }) else { throw CancellationError() }
                     try await connection.send(value, type: "value")
-                }, kept: { current.withLock { $0 }?.unacknowledgedMessages ?? [] })
-                while current.withLock({ $0 })?.unacknowledgedCount ?? 1 > 0 { try? await Task.sleep(for: .milliseconds(20)) }
+                }, kept: { current.withLock { $0 }?.unacknowledgedMessages ?? [] }, progress: { current.withLock { $0 }?.sendProgress })
                 say("DRAINED")
             }
         case .undelivered(_, let lost):
-            for message in lost { undelivered.append("\(message.number) \((try? message.decode(Value.self).v) ?? -1)") }
+            report(lost)
         default:
             break
         }
@@ -240,8 +324,7 @@ if options.role == "server" {
     say("READY")
     if options.send {
         Task {
-            await stream({ try await client.send($0, type: "value") }, kept: { client.unacknowledgedMessages })
-            while client.unacknowledgedCount > 0 { try? await Task.sleep(for: .milliseconds(20)) }
+            await stream({ try await client.send($0, type: "value") }, kept: { client.unacknowledgedMessages }, progress: { client.sendProgress })
             say("DRAINED")
         }
     }
@@ -251,7 +334,7 @@ if options.role == "server" {
             take(message)
             await work(message)
         case .undelivered(let lost):
-            for message in lost { undelivered.append("\(message.number) \((try? message.decode(Value.self).v) ?? -1)") }
+            report(lost)
         default: break
         }
     }

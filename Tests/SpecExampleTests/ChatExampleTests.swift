@@ -10,6 +10,8 @@ import Testing
 /// frame's bytes from ``Frame``. The spec must contain the rendered table and hex lines as they are.
 @Suite struct ChatExampleTests {
     static let sessionID = "8c2f0e4a9b1d47e3a6f5c0d9e8b7a612"
+    /// The host's token of the session's epoch (random in a real run).
+    static let epoch = "51d0c3e97a2b4f86c1e0d7a9b3f5e248"
 
     /// One side's frames, numbered as that side sends them.
     struct Side {
@@ -76,8 +78,8 @@ import Testing
         row(true, hello)
         row(false, try #require(hostHello.receive(hello).frames.first))
         // The message session: the client's SESSION first, the host's answer, then the host's first PING.
-        row(true, HandshakeStateMachine.jsonFrame(.session, SessionHello(id: Self.sessionID, received: 0)))
-        row(false, HandshakeStateMachine.jsonFrame(.session, SessionHello(id: Self.sessionID, received: 0, resumed: false)))
+        row(true, HandshakeStateMachine.jsonFrame(.session, SessionHello(id: Self.sessionID, received: 0, sent: 0)))
+        row(false, HandshakeStateMachine.jsonFrame(.session, SessionHello(id: Self.sessionID, received: 0, resumed: false, epoch: Self.epoch, sent: 0)))
         row(false, Frame(kind: .ping))
         row(true, Frame(kind: .pong, reference: rows.last!.frame.sequence))
 

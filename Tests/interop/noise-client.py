@@ -282,7 +282,7 @@ class Session:
         # Message 3 (-> s, se [, psk]) with our hello; then Split().
         hello = {"max_frame": self.args.max_frame, "metadata": {"client": "noise-client.py"}, "name": args.name,
                  "version": 2}
-        if args.session or args.session_phase:
+        if args.session or args.session_phase or args.session_diverged:
             hello["sessions"] = True  # we will open a message session (docs/PROTOCOL.md, "Sessions")
         message3 = bytes(noise.write_message(json_bytes(hello)))
         if not noise.handshake_finished:
@@ -544,9 +544,11 @@ class Session:
         return replies
 
 
-def open_session(session, session_id, received):
-    """Sends SESSION and returns the server's answer (a dict)."""
-    _, data = session.frame(SESSION, codec=1, payload=json_bytes({"id": session_id, "received": received}))
+def open_session(session, session_id, received, extra=None):
+    """Sends SESSION (with the optional fields in `extra`) and returns the server's answer (a dict)."""
+    hello = {"id": session_id, "received": received}
+    hello.update(extra or {})
+    _, data = session.frame(SESSION, codec=1, payload=json_bytes(hello))
     session.send_frames(data)
     session.phase = "waiting for the SESSION answer"
     kind, _, _, _, _, _, payload = session.next_frame()
@@ -644,6 +646,66 @@ def run_session(args, psk, expect, deadline):
     second.goodbye_and_wait_close()
     log("session: resumed; the server resent exactly 10..19 and counted %r" % figures)
     log("ok session")
+
+
+def is_hex32(value):
+    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
+def run_session_diverged(args, psk, expect, deadline):
+    """A resume naming a state of the session the server cannot continue (docs/PROTOCOL.md,
+    "Sessions", step 3): the server must start the session anew — resumed false, received 0, a new
+    epoch token — and count the messages of the new epoch as new ones, not as duplicates of the old.
+    First a new session: its answer carries an epoch token and sent 0; 100 messages go up (ACKed).
+    Then a resume with that token and sent 100 resumes; one claiming sent 40 (fewer than the 100
+    the server counted: this side "lost" records) starts anew; one naming another token does too."""
+    session_id = os.urandom(16).hex()
+    args.static_key = os.urandom(32)
+    first = Session(args, deadline)
+    first.connect_and_handshake(psk, expect)
+    first.await_verdict()
+    answer = open_session(first, session_id, 0, {"sent": 0})
+    epoch = answer.get("epoch")
+    if answer.get("resumed") is not False or not is_hex32(epoch) or answer.get("sent") != 0:
+        raise Failure("a new session must be answered resumed false with an epoch token and sent 0: %r" % answer)
+    send_numbered(first, 0, 100)
+    wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
+    first.sock.close()
+
+    def reconnect(extra, what):
+        connection = Session(args, deadline)
+        connection.connect_and_handshake(psk, expect)
+        connection.await_verdict()
+        return connection, open_session(connection, session_id, 0, extra)
+
+    same, answer = reconnect({"epoch": epoch, "sent": 100}, "the same state")
+    if answer.get("resumed") is not True or answer.get("epoch") != epoch or answer.get("received") != 100:
+        raise Failure("the same epoch and count must resume with received 100 and the same token: %r" % answer)
+    same.sock.close()
+
+    fewer, answer = reconnect({"epoch": epoch, "sent": 40}, "fewer sent than counted")
+    renewed = answer.get("epoch")
+    if answer.get("resumed") is not False or answer.get("received") != 0 or not is_hex32(renewed) or renewed == epoch:
+        raise Failure("a resume claiming 40 sent where the server counted 100 must start anew (resumed false, "
+                      "received 0, a new epoch token): %r" % answer)
+    # The new epoch's messages 1..5 (values 1000..1004) are new messages: all counted, none dropped.
+    send_numbered(fewer, 1000, 5)
+    wait_for(fewer, lambda frame: ack_of(frame) == 5, "the ACK of the new epoch's 5 messages")
+    _, stats = fewer.frame(MESSAGE, codec=1, type_id="seq.stats", payload=b"{}", flags=EXPECTS_REPLY)
+    fewer.send_frames(stats)
+    reply = wait_for(fewer, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
+    figures = json.loads(reply[6])
+    if figures.get("received") != 105:
+        raise Failure("the server counted %r after the new epoch's 5, not 105 (100 + 5)" % figures)
+    fewer.sock.close()
+
+    other, answer = reconnect({"epoch": os.urandom(16).hex(), "sent": 5}, "another epoch")
+    if answer.get("resumed") is not False or answer.get("epoch") in (epoch, renewed):
+        raise Failure("a resume naming another epoch's token must start anew with a new token: %r" % answer)
+    other.goodbye_and_wait_close()
+    log("session: the same state resumed; 40 of 100 sent and another epoch each started anew (%s…, %s…)"
+        % (renewed[:8], answer.get("epoch", "")[:8]))
+    log("ok session-diverged")
 
 
 def run_session_restart(args, psk, expect, deadline):
@@ -746,6 +808,9 @@ def run(args):
     if args.session:
         run_session(args, psk, expect, deadline)
         return
+    if args.session_diverged:
+        run_session_diverged(args, psk, expect, deadline)
+        return
     if args.oversized:
         run_oversized(args, psk, expect, deadline)
         return
@@ -804,6 +869,8 @@ def main():
     parser.add_argument("--tamper", action="store_true", help="send a tampered transport message, expect a close")
     parser.add_argument("--session", action="store_true",
                         help="message sessions: drop a connection, resume on a new one (against lanmsg-echo)")
+    parser.add_argument("--session-diverged", action="store_true",
+                        help="message sessions: a resume naming a state the server cannot continue starts anew")
     parser.add_argument("--session-phase", choices=["before", "after"],
                         help="a session across a restart of the server (lanmsg-echo --session-store): "
                              "'before' the kill, then 'after' the restart, sharing --session-state")

@@ -57,7 +57,8 @@ extension MessageChannel {
         case .success(let opened): waiter.succeed(opened)
         case .failure(let error):
             waiter.fail(error)
-            violation(error.message)
+            // (A diverged session: the GOODBYE ends the old session at the server too.)
+            violation((error as? TransportError)?.message ?? "\(error)")
         }
     }
 
@@ -119,13 +120,13 @@ extension MessageChannel {
     }
 
     /// Server: attaches `session` to this connection, answers and resends (on the loop).
-    func attachSession(_ session: MessageSession, hello: SessionHello, isNew: Bool) async throws -> Int {
-        try await onLoop { () throws(TransportError) -> Int in
+    func attachSession(_ session: MessageSession, hello: SessionHello, isNew: Bool) async throws -> MessageSession.Opened {
+        try await onLoop { () throws(TransportError) -> MessageSession.Opened in
             guard self.driver.acceptsFrames else { throw TransportError(.connectionClosed, "the connection closed") }
             let link = self.machine.makeLink()
             link.session = session
             switch session.serverOpen(hello, isNew: isNew, on: self) {
-            case .success(let resent): return resent
+            case .success(let opened): return opened
             case .failure(let error):
                 self.violation(error.message)
                 throw error

@@ -153,7 +153,19 @@ extension MessageClient {
         queue.finish()
     }
 
+    /// Connects (finding the server, the handshake, the session's opening). A session the server
+    /// could not continue as this side knows it was renewed under a new id by the failed attempt
+    /// (its GOODBYE ended the old one there): the next attempt goes at once, with the new session.
     func establish(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
+        do {
+            return try await establishOnce(waiting: waiting)
+        } catch where error.underlying is SessionDiverged {
+            logger.notice("\(error.message)")
+            return try await establishOnce(waiting: waiting)
+        }
+    }
+
+    private func establishOnce(waiting: Bool) async throws(MessagingError) -> (MessageChannel, MessageSession.Opened?) {
         // A server asked for by name whose key this client knows is looked for by its key
         // (issue 43, 22): whatever it is called now, impostors refused and reported.
         let wanted = knownKeys()
@@ -190,6 +202,12 @@ extension MessageClient {
                 let opened = try await channel.openSession(session, timeout: configuration.channel.helloTimeout)
                 channel.onLoopPing()
                 return (channel, opened)
+            } catch let diverged as SessionDiverged {
+                // The server's state of the session and this side's differ: the session was renewed
+                // under a new id (the GOODBYE ended the old one there); what had been sent is
+                // reported, and the client connects again at once.
+                if !diverged.undelivered.isEmpty { queue.push(.undelivered(diverged.undelivered)) }
+                throw MessagingError(.connectFailed, "\(diverged.reason); a new session begins on the next connection", underlying: diverged)
             } catch {
                 channel.abort()
                 throw error

@@ -91,8 +91,10 @@ public final class MessageClient: Sendable {
         } catch {
             throw MessagingError(.unusableIdentity, "cannot connect: \(error.message)", underlying: error)
         }
-        let client = MessageClient(
-            target: target, configuration: configuration, logger: logger, session: try makeSession(configuration, logger: logger))
+        let (session, leftover) = try makeSession(configuration, logger: logger)
+        let client = MessageClient(target: target, configuration: configuration, logger: logger, session: session)
+        // The store's other sessions (a client keeps one): ended, what they kept reported first.
+        if !leftover.isEmpty { client.queue.push(.undelivered(leftover)) }
         if configuration.waitsForServer {
             client.startConnecting()
         } else {
@@ -102,12 +104,16 @@ public final class MessageClient: Sendable {
     }
 
     /// The client's message session (with a reconnect policy and ``ClientConfiguration/session``):
-    /// the one its session store kept from an earlier process, or a new one.
+    /// the one its session store kept from an earlier process, or a new one. A store holding
+    /// several (a client keeps one; an earlier version could leave more) continues the newest and
+    /// ends the others: their kept messages are returned, to be reported undelivered.
     /// - Throws: ``MessagingError`` `.sessionStoreUnusable` (the file and what to do).
-    private static func makeSession(_ configuration: ClientConfiguration, logger: Logger) throws(MessagingError) -> MessageSession? {
-        guard let options = configuration.session, configuration.reconnect != nil else { return nil }
+    private static func makeSession(
+        _ configuration: ClientConfiguration, logger: Logger
+    ) throws(MessagingError) -> (MessageSession?, [UndeliveredMessage]) {
+        guard let options = configuration.session, configuration.reconnect != nil else { return (nil, []) }
         guard let storeConfiguration = options.store else {
-            return MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger)
+            return (MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger), [])
         }
         let journal: SessionJournal
         do {
@@ -117,13 +123,21 @@ public final class MessageClient: Sendable {
         } catch {
             throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)
         }
-        // A client keeps one session; the newest record of several (none is left behind normally)
-        // is the one that continues.
+        var leftover: [UndeliveredMessage] = []
+        for key in journal.restoredOrder.dropLast() {
+            guard let old = journal.restored[key] else { continue }
+            let ended = MessageSession(restoring: old, configuration: options, logger: logger, store: journal)
+                .end(MessagingError(.stopped, "the session store held more than one session"))
+            logger.notice(
+                "session store: ended session \(key), one of several it held (\(ended.count) messages it kept are reported undelivered)",
+                metadata: ["store": "\(journal.path)"])
+            leftover += ended
+        }
         if let newest = journal.restoredOrder.last, let restored = journal.restored[newest] {
             logger.info(
                 "session store: continuing session \(restored.snapshot.key) (\(restored.messages.count) messages not acknowledged yet)",
                 metadata: ["store": "\(journal.path)"])
-            return MessageSession(restoring: restored, configuration: options, logger: logger, store: journal)
+            return (MessageSession(restoring: restored, configuration: options, logger: logger, store: journal), leftover)
         }
         let session = MessageSession(id: MessageSession.makeID(), configuration: options, logger: logger, store: journal)
         do {
@@ -132,7 +146,7 @@ public final class MessageClient: Sendable {
             journal.close()
             throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)
         }
-        return session
+        return (session, leftover)
     }
 
     /// The current channel (nil while disconnected).
@@ -182,6 +196,10 @@ public final class MessageClient: Sendable {
     /// The one-way messages the server has not acknowledged yet, oldest first (empty without a
     /// session): what would be lost if the session could not be resumed.
     public var unacknowledgedMessages: [UndeliveredMessage] { session?.keptMessages ?? [] }
+    /// Where sending stands in the message session (nil without one): right after a `send`
+    /// returns, ``SessionProgress/sent`` is that message's number. After a restart on a
+    /// ``SessionStore`` it says how far the store got (see ``SessionProgress``).
+    public var sendProgress: SessionProgress? { session?.progress }
 
     /// Whether the current connection resumed the message session of an earlier one (set before
     /// ``ClientEvent/connected(_:via:)`` is reported).

@@ -192,12 +192,22 @@ extension MessageServer {
             refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
         case .new(let connection, let restored):
             var resent: Int?
+            var lost: [UndeliveredMessage] = []
             if let session = connection.session, let hello {
                 do {
-                    // A new session's first record (a restored one's are in the store already).
+                    // A new session's first record (a restored one's are in the store already),
+                    // in the store before the answer tells the client the session exists.
                     if !restored { try await session.begin(everConnected: true) }
-                    let count = try await channel.attachSession(session, hello: hello, isNew: !restored)
-                    if restored { resent = count }
+                    switch try await channel.attachSession(session, hello: hello, isNew: !restored) {
+                    case .resumed(let count): resent = count
+                    case .restarted(let reason, let undelivered):
+                        // The store lost part of the session (or the client did): a new one.
+                        logger.notice(
+                            "the session kept in the store does not match the client's (\(reason)); it starts anew",
+                            metadata: ["connection": "\(connection)", "undelivered": "\(undelivered.count)"])
+                        lost = undelivered
+                    case .new: break
+                    }
                 } catch {
                     withState { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
                     if let error = error as? FileError {
@@ -212,6 +222,10 @@ extension MessageServer {
             }
             // Unless a stop() meanwhile reported its end: then it is neither accepted nor routed.
             guard reportOpened(connection, .accepted(connection)) else { return channel.close(reason: "server stopping") }
+            if !lost.isEmpty {
+                logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
+                queue.push(.undelivered(connection, lost))
+            }
             if let resent {
                 // A session from before the restart: the app learns the connection, then that it
                 // continues.
@@ -233,9 +247,19 @@ extension MessageServer {
             // Its loop has handed on every message it took (they come before the new channel's).
             _ = await old.closed()
             guard let session = connection.session, let hello else { return }
-            let resent: Int
+            var resent = 0
             do {
-                resent = try await channel.attachSession(session, hello: hello, isNew: false)
+                switch try await channel.attachSession(session, hello: hello, isNew: false) {
+                case .resumed(let count): resent = count
+                case .restarted(let reason, let lost):
+                    // The client lost part of the session (or this side did): it goes on anew, on
+                    // the same connection; what this side had sent is reported first.
+                    logger.notice(
+                        "the client's state of the session does not match this side's (\(reason)); it starts anew",
+                        metadata: ["connection": "\(connection)", "undelivered": "\(lost.count)"])
+                    if !lost.isEmpty { queue.push(.undelivered(connection, lost)) }
+                case .new: break
+                }
             } catch let error as TransportError where error.code == .connectionClosed {
                 // The new connection was lost before the session was attached to it (dropped again
                 // at once): a lost connection like any other, so the session waits for its client

@@ -58,6 +58,9 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// Those messages themselves, oldest first (empty without a session): what would be lost if the
     /// session could not be resumed — with a ``SessionStore``, also those kept from before a restart.
     public var unacknowledgedMessages: [UndeliveredMessage] { session?.keptMessages ?? [] }
+    /// Where sending to this client stands in its message session (nil without one): right after a
+    /// `send` returns, ``SessionProgress/sent`` is that message's number (see ``SessionProgress``).
+    public var sendProgress: SessionProgress? { session?.progress }
 
     /// The connection's health: round-trip time, when the client was last heard from, resumes.
     public var health: ConnectionHealth {

@@ -25,14 +25,12 @@ extension MessageChannel: SessionLink {
 /// carries its session (``SessionMessageToken``) — W7 spent 23 % of the server in the slow
 /// reference counting when the channel's link held it weakly.
 final class MessageSession: Sendable {
-    /// 32 hex digits.
-    let id: String
+    /// 32 hex digits (a client that renews its session takes a new one: read it now).
+    var id: String { read { $0.id.hex } }
     let configuration: SessionConfiguration
     let logger: Logger
     /// Where the session is kept (nil: in memory only).
     let store: SessionJournal?
-    /// ``id`` as the store's key.
-    let key: Journal.Key
 
     /// A ``drained(within:)`` caller: completed by the drain, the close or its deadline.
     typealias DrainWaiter = Promise<Void>
@@ -56,8 +54,7 @@ final class MessageSession: Sendable {
         id: String, configuration: SessionConfiguration, logger: Logger, serving: MessageChannel? = nil,
         store: SessionJournal? = nil, owner: String? = nil
     ) {
-        self.id = id
-        key = Journal.Key(hex: id) ?? Journal.Key(high: 0, low: 0)
+        let key = Journal.Key(hex: id) ?? Journal.Key(high: 0, low: 0)
         self.configuration = configuration
         self.logger = logger
         self.store = store
@@ -73,8 +70,6 @@ final class MessageSession: Sendable {
         restoring restored: Journal.Restored, configuration: SessionConfiguration, logger: Logger,
         serving: MessageChannel? = nil, store: SessionJournal
     ) {
-        id = restored.snapshot.key.hex
-        key = restored.snapshot.key
         self.configuration = configuration
         self.logger = logger
         self.store = store
@@ -98,7 +93,7 @@ final class MessageSession: Sendable {
         var toDo = AfterLock()
         defer { run(effects, toDo) }
         return try state.withLock { (machine) throws(E) -> R in
-            defer { toDo = settle(&effects, generation: machine.generation) }
+            defer { toDo = settle(&effects, key: machine.id, generation: machine.generation) }
             return try input(&machine, &effects)
         }
     }
@@ -111,7 +106,7 @@ final class MessageSession: Sendable {
 
     /// Under the lock: hands the input's records to the store's queue, with what their completion
     /// does, and counts the frames it decided (the caller that raises the count from zero sends).
-    private func settle(_ effects: inout Machine.Effects, generation: UInt32) -> AfterLock {
+    private func settle(_ effects: inout Machine.Effects, key: Journal.Key, generation: UInt32) -> AfterLock {
         var toDo = AfterLock()
         if !effects.records.isEmpty, let store {
             store.enqueue(effects.records, chain: (key, generation), done: completion(effects.afterWrite, generation: generation))
@@ -154,7 +149,7 @@ final class MessageSession: Sendable {
                     }
                     apply { $0.writeFailed(after, generation: generation, error: error, &$1) }
                 } else {
-                    logger.debug("session store: a record of session \(key) was not written: \(error.message)")
+                    logger.debug("session store: a record of a session was not written: \(error.message)")
                 }
             }
         }
@@ -168,6 +163,9 @@ final class MessageSession: Sendable {
     var counts: (reconnects: Int, resumes: Int) { read { ($0.reconnects, $0.resumes) } }
     var unacknowledgedCount: Int { read { $0.outbox.count } }
     var keptMessages: [UndeliveredMessage] { read { $0.outbox.kept.map(Self.undelivered) } }
+    var progress: SessionProgress {
+        read { SessionProgress(session: $0.id.hex, epoch: $0.epoch, sent: $0.outbox.nextNumber - 1, acknowledged: $0.outbox.acknowledged) }
+    }
     var isEnded: Bool { read { $0.ended != nil } }
     /// The inbox's counts (delivered, handled, stored, acknowledged), read through the one door.
     var inbox: SessionInbox { read { $0.inbox } }
@@ -194,7 +192,7 @@ final class MessageSession: Sendable {
             read { machine in
                 var effects = Machine.Effects()
                 machine.begin(everConnected: everConnected, &effects)
-                store.enqueue(effects.records, chain: (key, machine.generation)) { outcome in
+                store.enqueue(effects.records, chain: (machine.id, machine.generation)) { outcome in
                     switch outcome {
                     case .success(let position) where syncs: store.whenSynced(position) { continuation.resume(returning: $0) }
                     case .success: continuation.resume(returning: nil)
@@ -267,28 +265,39 @@ final class MessageSession: Sendable {
         /// A new session (the first connection, or the peer did not know it): `undelivered` were sent
         /// before and are not sent again.
         case new(undelivered: [UndeliveredMessage])
+        /// Server: the client's SESSION claimed a state of the session this side cannot continue
+        /// (`reason`); it started anew (`resumed: false`), and `undelivered` were sent before and
+        /// are not sent again.
+        case restarted(reason: String, undelivered: [UndeliveredMessage])
     }
 
     /// Client, on the loop: the server's SESSION answer arrived on `channel`. Attaches the session
     /// to it and (re)sends what the server has not received.
-    func clientOpened(_ reply: SessionHello, on channel: MessageChannel) -> Result<Opened, TransportError> {
-        let wasConnected = read { $0.everConnected }
-        let opened = apply { $0.clientOpened(reply, on: channel, &$1) }
-        switch opened {
+    /// - Returns: ``SessionDiverged`` as the failure when the answer claims a state of the session
+    ///   this side cannot continue: the session was renewed under a new id (what it had sent is in
+    ///   the error, to report), and the connection must close for a protocol error.
+    func clientOpened(_ reply: SessionHello, on channel: MessageChannel) -> Result<Opened, any Error> {
+        switch apply({ $0.clientOpened(reply, on: channel, &$1) }) {
         case .success(.resumed(let resent)): return .success(.resumed(resent: resent))
-        case .success(.new(let lost)):
-            if reply.resumed == true && wasConnected {
-                logger.warning("the server's session state does not match this side's; starting a new session")
-            }
-            return .success(.new(undelivered: lost.map(Self.undelivered)))
+        case .success(.new(let lost)): return .success(.new(undelivered: lost.map(Self.undelivered)))
+        case .success(.diverged(let reason, let lost)), .success(.restarted(let reason, let lost)):
+            logger.warning("the server's state of the session does not match this side's (\(reason)); starting a new session")
+            return .failure(SessionDiverged(reason: "the server's state of the session does not match this client's: \(reason)", undelivered: lost.map(Self.undelivered)))
         case .failure(let error): return .failure(error)
         }
     }
 
     /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
-    /// was just made, `isNew`, or found). Attaches, answers and resends.
-    func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Int, TransportError> {
-        apply { $0.serverOpen(hello, isNew: isNew, on: channel, &$1) }
+    /// was just made, `isNew`, or found). Attaches, answers and resends, or starts anew.
+    func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Opened, TransportError> {
+        apply { $0.serverOpen(hello, isNew: isNew, on: channel, &$1) }.map { opened in
+            switch opened {
+            case .resumed(let resent): .resumed(resent: resent)
+            case .new(let lost): .new(undelivered: lost.map(Self.undelivered))
+            case .restarted(let reason, let lost), .diverged(let reason, let lost):
+                .restarted(reason: reason, undelivered: lost.map(Self.undelivered))
+            }
+        }
     }
 
     // MARK: Ending
@@ -322,4 +331,13 @@ final class MessageSession: Sendable {
             number: entry.number, typeID: entry.item.typeID, codecID: entry.item.codecID, payload: entry.item.payload,
             wasTransmitted: entry.transmitted)
     }
+}
+
+/// A client's session could not continue as its server knows it (one of them lost part of its
+/// state): it was renewed under a new id; `undelivered` were sent before and are reported, never
+/// sent again. The connection closes for a protocol error and the client connects again at once.
+struct SessionDiverged: Error, Sendable, CustomStringConvertible {
+    let reason: String
+    let undelivered: [UndeliveredMessage]
+    var description: String { reason }
 }

@@ -72,59 +72,105 @@ extension SessionMachine {
         /// A new session (the first connection, or the peer did not know it): `undelivered` were
         /// sent before and are not sent again.
         case new(undelivered: [SessionOutbox<Frame>.Entry])
+        /// Client: the server's answer claims a session this side cannot continue (`reason`: one
+        /// of them lost part of its state). The session was renewed under a new id — `undelivered`
+        /// were sent before and are not sent again, the rest goes in the new one — and this
+        /// connection must be closed for a protocol error (its GOODBYE ends the old session there).
+        case diverged(reason: String, undelivered: [SessionOutbox<Frame>.Entry])
+        /// Server: the client's SESSION claims a session this side cannot continue (`reason`): it
+        /// started anew under the same id (answered `resumed: false`); `undelivered` were sent
+        /// before and are not sent again.
+        case restarted(reason: String, undelivered: [SessionOutbox<Frame>.Entry])
     }
 
     /// Client: the hello for a new connection (its SESSION frame), before it is sent.
-    mutating func clientHello() -> SessionHello { SessionHello(id: id.hex, received: inbox.reconnected()) }
+    mutating func clientHello() -> SessionHello {
+        SessionHello(id: id.hex, received: inbox.reconnected(), epoch: peerEpoch?.hex, sent: transmittedThrough)
+    }
+
+    /// Why the peer's SESSION (a client's, or a server's answer) names a state of the session
+    /// this side cannot continue, or nil when it can: another epoch's token; a count of this
+    /// side's messages beyond what it sent, or below what the peer acknowledged before; fewer
+    /// messages sent than this side already counted of them. Each means one side lost part of its
+    /// state (a store that lost records): continuing would reuse numbers for other messages.
+    func divergence(_ peer: SessionHello, mine token: Journal.Key?) -> String? {
+        if let theirs = peer.epoch, let token, theirs != token.hex {
+            return "it names epoch \(theirs.prefix(8))…, not the current one (\(token.hex.prefix(8))…)"
+        }
+        let sent = outbox.nextNumber - 1
+        if peer.received > sent {
+            return "it says it received \(peer.received) messages of this side, which sent \(sent)"
+        }
+        if peer.received < outbox.acknowledged {
+            return "it says it received \(peer.received) messages of this side, which it had acknowledged \(outbox.acknowledged) of"
+        }
+        if let theirs = peer.sent, theirs < inbox.delivered {
+            return "it says it sent \(theirs) messages, and this side counted \(inbox.delivered) of them"
+        }
+        return nil
+    }
 
     /// Client: the server's SESSION answer arrived on `link`. Attaches to it and resends what the
-    /// server lacks, or starts anew. The answer acknowledges (or forgets) kept messages: senders
-    /// waiting for room look again (no ACK would wake them).
+    /// server lacks, starts anew (the server did not know the session), or — when the answer
+    /// claims a state this side cannot continue — renews the session under a new id. The answer
+    /// acknowledges (or forgets) kept messages: senders waiting for room look again.
     mutating func clientOpened(_ reply: SessionHello, on link: Link, _ effects: inout Effects) -> Result<Opened, TransportError> {
         guard reply.id == id.hex else { return .failure(TransportError(.protocolViolation, "the SESSION answer names another session")) }
         defer { wakeRoomWaiters(&effects) }
-        let opened: Opened
         let wasConnected = everConnected
-        switchOutgoing(to: link)
-        if reply.resumed == true, everConnected,
-            let resend = outbox.resume(peerReceived: reply.received, transmittable: durableThrough)
-        {
+        if reply.resumed == true, everConnected {
+            let reason = divergence(reply, mine: peerEpoch) ?? "it says it received \(reply.received) messages"
+            guard divergence(reply, mine: peerEpoch) == nil,
+                let resend = outbox.resume(peerReceived: reply.received, transmittable: durableThrough)
+            else {
+                return .success(.diverged(reason: reason, undelivered: renew(&effects)))
+            }
+            switchOutgoing(to: link)
             for entry in resend { _ = send(entry.item, number: entry.number, on: link, &effects) }
             resumes += 1
-            opened = .resumed(resent: resend.count)
-        } else {
-            opened = .new(undelivered: startAnew(on: link, &effects))
+            reconnects += 1
+            phase = .attached(link)
+            return .success(.resumed(resent: resend.count))
         }
+        switchOutgoing(to: link)
+        peerEpoch = reply.epoch.flatMap(Journal.Key.init(hex:))
+        let lost = startAnew(&effects)
         if wasConnected { reconnects += 1 }
         phase = .attached(link)
-        return .success(opened)
+        if !stored { makeTransmittable(through: outbox.nextNumber - 1, queued: false, &effects) }
+        return .success(.new(undelivered: lost))
     }
 
     /// The session starts anew (the peer did not know it, or could not continue it): numbers
     /// start over under a new position id. What was transmitted may or may not have arrived: it
     /// is returned (reported undelivered, never sent again); what never went stays, renumbered
-    /// from 1, to go in the new epoch — once the store holds its new records.
-    private mutating func startAnew(on link: Link, _ effects: inout Effects) -> [SessionOutbox<Frame>.Entry] {
+    /// from 1, to go in the new epoch — once the store holds its new records (the caller sends
+    /// them at once without a store).
+    private mutating func startAnew(renewing old: Journal.Key? = nil, _ effects: inout Effects) -> [SessionOutbox<Frame>.Entry] {
         let unsent = outbox.kept.filter { !$0.transmitted }.map(\.number)
         let (lost, kept) = outbox.restart()
-        let old = epoch
+        let previous = epoch
         inbox.reset()
         epoch += 1
         positionID = .random()
-        everConnected = true  // (before the snapshot: its messages go out on this connection)
+        // (Before the snapshot: its messages go out on the next connection — a renewed session's
+        // next SESSION opens a new one.)
+        everConnected = old == nil
         // Senders waiting for a message that never went wait for its new number.
-        for index in ticketWaiters.indices where ticketWaiters[index].epoch == old {
+        for index in ticketWaiters.indices where ticketWaiters[index].epoch == previous {
             if let position = unsent.firstIndex(of: ticketWaiters[index].number) {
                 ticketWaiters[index].number = UInt64(position + 1)
                 ticketWaiters[index].epoch = epoch
             }
         }
         let last = kept.last?.number ?? 0
-        writtenThrough = 0
+        writtenThrough = stored ? 0 : last
         durableThrough = 0
+        transmittedThrough = 0
         if stored {
             // The store starts over too: the snapshot (counting from the first kept message),
             // then the kept messages under their new numbers, written before any of them goes.
+            if let old { effects.records.append(.ended(old)) }
             var snapshot = snapshot
             snapshot.nextNumber = kept.first?.number ?? snapshot.nextNumber
             snapshot.acknowledged = snapshot.nextNumber - 1
@@ -136,39 +182,52 @@ extension SessionMachine {
                         payload: entry.item.payload))
             }
             effects.afterWrite = .begun(through: last, epoch: epoch)
-            phase = .attached(link)
-        } else {
-            writtenThrough = last
-            phase = .attached(link)
-            makeTransmittable(through: last, queued: false, &effects)
         }
         return lost
     }
 
+    /// Client: the session cannot continue as the server knows it. A new session under a new id
+    /// (the old one ends in the store); what was transmitted is returned (reported undelivered),
+    /// what never went is kept for the new one. Detached: the connection closes.
+    private mutating func renew(_ effects: inout Effects) -> [SessionOutbox<Frame>.Entry] {
+        let old = id
+        id = .random()
+        peerEpoch = nil
+        if let channel { switchOutgoing(to: channel) }
+        let lost = startAnew(renewing: old, &effects)
+        phase = .detached
+        return lost
+    }
+
     /// Server: a client's SESSION for this session arrived on `link` (the session was just made,
-    /// `isNew`, or found). Attaches, answers and resends; returns how many it resent.
-    mutating func serverOpen(_ hello: SessionHello, isNew: Bool, on link: Link, _ effects: inout Effects) -> Result<Int, TransportError> {
+    /// `isNew`, or found). Attaches, answers and resends — or, when the client's SESSION claims a
+    /// state this side cannot continue, starts anew under the same id (answered `resumed: false`).
+    mutating func serverOpen(_ hello: SessionHello, isNew: Bool, on link: Link, _ effects: inout Effects) -> Result<Opened, TransportError> {
         defer { wakeRoomWaiters(&effects) }
-        var resent: [SessionOutbox<Frame>.Entry] = []
         switchOutgoing(to: link)
+        var opened = Opened.new(undelivered: [])
+        var resent: [SessionOutbox<Frame>.Entry] = []
         if !isNew {
-            guard let entries = outbox.resume(peerReceived: hello.received, transmittable: durableThrough) else {
-                return .failure(
-                    TransportError(
-                        .protocolViolation,
-                        "the client says it received \(hello.received) session messages; "
-                            + "\(outbox.acknowledged)…\(outbox.nextNumber - 1) is possible"))
+            let reason = divergence(hello, mine: positionID)
+            if reason == nil, let entries = outbox.resume(peerReceived: hello.received, transmittable: durableThrough) {
+                resent = entries
+                resumes += 1
+                opened = .resumed(resent: entries.count)
+            } else {
+                let why = reason ?? "it says it received \(hello.received) messages"
+                opened = .restarted(reason: why, undelivered: startAnew(&effects))
             }
-            resent = entries
             reconnects += 1
-            resumes += 1
         }
-        let answer = SessionHello(id: id.hex, received: inbox.reconnected(), resumed: !isNew)
+        let answer = SessionHello(
+            id: id.hex, received: inbox.reconnected(), resumed: { if case .resumed = opened { true } else { false } }(),
+            epoch: positionID.hex, sent: transmittedThrough)
         _ = send(HandshakeStateMachine.jsonFrame(.session, answer), number: nil, on: link, &effects)
         for entry in resent { _ = send(entry.item, number: entry.number, on: link, &effects) }
         everConnected = true
         phase = .attached(link)
-        return .success(resent.count)
+        if case .restarted = opened, !stored { makeTransmittable(through: outbox.nextNumber - 1, queued: false, &effects) }
+        return .success(opened)
     }
 
     // MARK: Ending

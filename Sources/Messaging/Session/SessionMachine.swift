@@ -67,7 +67,11 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         var queued: Bool
     }
 
-    let id: Journal.Key
+    /// The session's id (a client that finds its server's state diverged from its own starts a
+    /// new session under a new id: ``SessionMachine/renew(_:)``).
+    var id: Journal.Key
+    /// A client's: the server's token of the current epoch (its answer's `epoch`), if it gave one.
+    var peerEpoch: Journal.Key?
     /// Whether records go to a store, and whether they must be synced before they count.
     let stored: Bool
     let syncs: Bool
@@ -84,6 +88,11 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     var writtenThrough: UInt64 = 0
     /// Messages up to this number may go on the wire: written, and with power-loss durability synced.
     var durableThrough: UInt64 = 0
+    /// The highest number handed to a connection in this epoch (what the peer may have counted):
+    /// the `sent` of this side's SESSION frames. Messages numbered since, not yet sent — after a
+    /// restart, before the first connection — are not in it: their numbers are new to the peer, and
+    /// one it counted already means this side lost what it had sent under it.
+    var transmittedThrough: UInt64 = 0
     /// Senders waiting for room, FIFO, with the id their cancellation names.
     var roomWaiters: [(UInt64, Sender)] = []
     /// Senders waiting until their message may go (``durableThrough``): number, epoch.
@@ -140,10 +149,12 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         inbox = SessionInbox(restoredThrough: snapshot.handled, ackEvery: ackEvery)
         everConnected = snapshot.everConnected
         writtenThrough = snapshot.nextNumber - 1
+        transmittedThrough = snapshot.everConnected ? snapshot.nextNumber - 1 : 0
         durableThrough = writtenThrough
         positionID = snapshot.positionID
         positionText = snapshot.positionID.hex  // (no observer runs in an initializer)
         epoch = UInt64(snapshot.epoch)
+        peerEpoch = snapshot.peerEpoch
     }
 
     // MARK: Reading
@@ -157,7 +168,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     var snapshot: Journal.Snapshot {
         Journal.Snapshot(
             key: id, positionID: positionID, owner: owner, everConnected: everConnected, nextNumber: outbox.nextNumber,
-            acknowledged: outbox.acknowledged, handled: inbox.stored, epoch: storeEpoch)
+            acknowledged: outbox.acknowledged, handled: inbox.stored, epoch: storeEpoch, peerEpoch: peerEpoch)
     }
 
     /// The session's first record (a new session): written before it is used.
@@ -212,6 +223,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         durableThrough = number
         if let channel, outgoingDriver === channel.sessionDriver, tryDirect(channel.sessionDriver) {
             outbox.append(frame, size: size, transmitted: true)
+            transmittedThrough = number
             return .kept(number: number, direct: true)
         }
         outbox.append(frame, size: size, transmitted: send(frame, number: number, on: channel, &effects))
@@ -316,6 +328,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         guard let channel else { return false }
         if outgoingDriver !== channel.sessionDriver { switchOutgoing(to: channel) }
         outgoing.append(Outgoing(frame: frame, number: number, queued: queued))
+        if let number { transmittedThrough = max(transmittedThrough, number) }
         effects.outgoingAdded += 1
         return true
     }
