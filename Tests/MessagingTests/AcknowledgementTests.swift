@@ -169,9 +169,86 @@ import Locks
             for _ in 0..<8 { _ = await iterator.next() }  // connected and 7 messages
             // The app is still handling the last one it took.
             try await waitUntil("6 of them acknowledged") { connection.unacknowledgedCount == 1 }
-        }  // the iterator is gone (the loop ended): the last one is handled too
+        }  // the iterator is gone (the loop ended before asking for more): the last one is not handled
+        #expect(connection.unacknowledgedCount == 1)
+        // It is handed out again, first, to the next loop; asking for more after it handles it.
+        var again = client.events.makeAsyncIterator()
+        guard case .received(let last)? = await again.next() else {
+            Issue.record("not handed out again")
+            return
+        }
+        #expect(try last.decode(Numbered.self).n == 20)
+        let more = Task { [again] in
+            var again = again
+            _ = await again.next()
+        }
         try await waitUntil("the read ones acknowledged") { connection.unacknowledgedCount == 0 }
+        more.cancel()
         await client.close()
         await harness.server.stop()
+    }
+
+    /// Issue 53, 5: MessageSessions.md's exactly-once recipe, as written, with a database write
+    /// that fails once (on message 3). The throw ends the loop without acknowledging message 3: the
+    /// app's next loop over the events gets it first, and every message lands once, in order. (The
+    /// loop's end acknowledged it before: the recipe lost it.)
+    @Test func theExactlyOnceRecipeIsRightWhenItsWriteFailsOnce() async throws {
+        struct WriteFailed: Error {}
+        /// The app's database: the effects and the last position taken per session, written together.
+        final class Database: @unchecked Sendable {  // guarded by lock
+            let lock = NSLock()
+            var readings: [Int] = []
+            var lastHandled: [String: UInt64] = [:]
+            var failuresLeft = 1
+            func write(_ reading: Int, _ position: SessionPosition) throws {
+                try lock.withLock {
+                    if reading == 3 && failuresLeft > 0 {
+                        failuresLeft -= 1
+                        throw WriteFailed()
+                    }
+                    readings.append(reading)
+                    lastHandled[position.session] = position.number
+                }
+            }
+            func done(_ position: SessionPosition) -> Bool {
+                lock.withLock { lastHandled[position.session].map { position.number <= $0 } ?? false }
+            }
+            var snapshot: [Int] { lock.withLock { readings } }
+        }
+        var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Recipe")
+        configuration.publish = false
+        configuration.listener.loopbackOnly = true
+        configuration.session?.ackDelay = .milliseconds(10)
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
+        try await server.start()
+        let database = Database()
+        let loops = Locked(0)
+        // The app: the recipe's loop; a failed write ends it, and the app runs it again.
+        let app = Task {
+            while !Task.isCancelled {
+                loops.withLock { $0 += 1 }
+                do {
+                    for await event in server.events {
+                        guard case .received(_, let message) = event, let position = message.sessionPosition else { continue }
+                        if database.done(position) { continue }  // came again
+                        try database.write(try message.decode(Numbered.self).n, position)  // effect + position, together
+                    }  // the next iteration acknowledges it
+                    return
+                } catch {
+                    continue  // (the app logs it and goes on)
+                }
+            }
+        }
+        var clientConfiguration = ClientConfiguration(peerName: "sensor", reconnect: ReconnectPolicy())
+        clientConfiguration.channel.security = .standard
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: server.port!), configuration: clientConfiguration, logger: testLogger())
+        for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
+        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        #expect(database.snapshot == Array(1...10), "\(database.snapshot)")
+        #expect(loops.withLock { $0 } == 2, "the failed write ended the first loop")
+        await client.close()
+        await server.stop()
+        app.cancel()
     }
 }

@@ -93,40 +93,53 @@ public struct IncomingMessages: AsyncSequence, Sendable {
     public typealias Element = IncomingMessage
     let buffer: BoundedQueue<IncomingMessage>
 
-    /// The iterator. Asking it for the next message (or leaving the loop) counts as having handled
-    /// the one before (``SessionAcknowledgement/automatic``).
+    /// The iterator. Asking it for the next message counts as having handled the one before
+    /// (``SessionAcknowledgement/automatic``); leaving the loop first (`break`, `return`, a throw)
+    /// does not: that message is handed out again, first, to the next loop.
     public struct AsyncIterator: AsyncIteratorProtocol {
         let buffer: BoundedQueue<IncomingMessage>
-        let handling = HandledOnNext()
+        let handling: HandledOnNext<IncomingMessage>
         /// The next message, or nil once the channel is closed (or the task is cancelled).
         public mutating func next() async -> IncomingMessage? {
             handling.done()
             let message = try? await buffer.next()
-            handling.handling(message)
+            handling.handling(message, message)
             return message
         }
     }
 
     /// Makes an iterator.
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(buffer: buffer) }
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(buffer: buffer, handling: HandledOnNext(buffer)) }
 }
 
-/// The message an events iterator handed out last: handled when the iterator is asked for the next
-/// element, or when it goes away (the loop ended: `break`, `return`, a throw).
-/// (``SessionAcknowledgement/automatic``.) A class for its `deinit`; one per iterator.
-final class HandledOnNext {
-    /// Only the message's way back to its session: its payload is not kept here.
-    private var current: SessionMessageToken?
+/// The message an events iterator handed out last (``SessionAcknowledgement/automatic``): handled
+/// when the iterator is asked for the next element. When the iterator goes away first — the loop
+/// ended with `break`, `return` or a throw — it was not: it is put back in front of the events, and
+/// the next loop over them gets it first (issue 53, 5: a `try` that fails in the exactly-once
+/// recipe must not acknowledge the message it failed on). A class for its `deinit`; one per
+/// iterator.
+final class HandledOnNext<Element: Sendable> {
+    private let queue: BoundedQueue<Element>
+    /// The element handed out and the way back to its message's session (its payload is the
+    /// element's).
+    private var current: (token: SessionMessageToken, element: Element)?
 
-    /// The app is handling `message` now (nil: nothing to handle).
-    func handling(_ message: IncomingMessage?) { current = message?.sessionToken }
+    init(_ queue: BoundedQueue<Element>) { self.queue = queue }
 
-    /// The app is done with what it was handling.
+    /// The app is handling `element` now, whose message is `message` (nil: nothing to handle).
+    func handling(_ element: Element?, _ message: IncomingMessage?) {
+        guard let element, let token = message?.sessionToken, token.isAutomatic else { return }
+        current = (token, element)
+    }
+
+    /// The app is done with what it was handling: handled.
     func done() {
-        guard let token = current else { return }
+        guard let (token, _) = current else { return }
         current = nil
         token.handled(automatic: true)
     }
 
-    deinit { current?.handled(automatic: true) }
+    deinit {
+        if let (_, element) = current { queue.putBack(element) }
+    }
 }

@@ -47,18 +47,20 @@ public struct ClientEvents: AsyncSequence, Sendable {
     public typealias Element = ClientEvent
     let queue: BoundedQueue<ClientEvent>
 
-    /// Asking it for the next event (or leaving the loop) counts as having handled the message of
-    /// the ``ClientEvent/received(_:)`` before (``SessionAcknowledgement/automatic``).
+    /// Asking it for the next event counts as having handled the message of the
+    /// ``ClientEvent/received(_:)`` before (``SessionAcknowledgement/automatic``); leaving the loop
+    /// first (`break`, `return`, a throw) does not: that event is handed out again, first, to the
+    /// next loop over the events.
     public struct AsyncIterator: AsyncIteratorProtocol {
         let queue: BoundedQueue<ClientEvent>
-        let handling = HandledOnNext()
+        let handling: HandledOnNext<ClientEvent>
         public mutating func next() async -> ClientEvent? {
             handling.done()
             let event = try? await queue.next()
-            if case .received(let message)? = event { handling.handling(message) }
+            if case .received(let message)? = event { handling.handling(event, message) }
             return event
         }
     }
 
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue, handling: HandledOnNext(queue)) }
 }

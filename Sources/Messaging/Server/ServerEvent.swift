@@ -64,18 +64,20 @@ public struct ServerEvents: AsyncSequence, Sendable {
     public typealias Element = ServerEvent
     let queue: BoundedQueue<ServerEvent>
 
-    /// Asking it for the next event (or leaving the loop) counts as having handled the message of
-    /// the ``ServerEvent/received(_:_:)`` before (``SessionAcknowledgement/automatic``).
+    /// Asking it for the next event counts as having handled the message of the
+    /// ``ServerEvent/received(_:_:)`` before (``SessionAcknowledgement/automatic``); leaving the
+    /// loop first (`break`, `return`, a throw) does not: that event is handed out again, first, to
+    /// the next loop over the events.
     public struct AsyncIterator: AsyncIteratorProtocol {
         let queue: BoundedQueue<ServerEvent>
-        let handling = HandledOnNext()
+        let handling: HandledOnNext<ServerEvent>
         public mutating func next() async -> ServerEvent? {
             handling.done()
             let event = try? await queue.next()
-            if case .received(_, let message)? = event { handling.handling(message) }
+            if case .received(_, let message)? = event { handling.handling(event, message) }
             return event
         }
     }
 
-    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue, handling: HandledOnNext(queue)) }
 }

@@ -17,9 +17,12 @@ public struct SessionAcknowledgement: Sendable, Hashable, CustomStringConvertibl
     private let kind: Kind
 
     /// A message is handled when the code that got it is done with it: the next call of the events
-    /// iterator's `next()` (the `for await` loop's next iteration) — or the end of that loop —
-    /// after ``ServerEvent/received(_:_:)`` or ``ClientEvent/received(_:)``; the return of an
-    /// ``MessageChannel/on(type:as:_:)`` handler. ``IncomingMessage/acknowledge()`` says so earlier.
+    /// iterator's `next()` (the `for await` loop's next iteration) after ``ServerEvent/received(_:_:)``
+    /// or ``ClientEvent/received(_:)``; the return of an ``MessageChannel/on(type:as:_:)`` handler.
+    /// A loop that ends before asking for more — `break`, `return`, a throw — has not handled the
+    /// message it was on: it is handed out again, first, to the next loop over the same events
+    /// (call ``IncomingMessage/acknowledge()`` before leaving when it was handled).
+    /// ``IncomingMessage/acknowledge()`` says so earlier.
     public static let automatic = SessionAcknowledgement(kind: .automatic)
     /// Only ``IncomingMessage/acknowledge()`` says a message is handled (in any order; what is
     /// acknowledged is everything up to the first one not yet acknowledged). For an app that

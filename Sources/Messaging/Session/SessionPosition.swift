@@ -30,6 +30,9 @@ struct SessionMessageToken: Sendable {
     let epoch: UInt64
     let position: SessionPosition
 
+    /// Its session acknowledges when the code that got the message is done with it.
+    var isAutomatic: Bool { session.configuration.acknowledgement == .automatic }
+
     /// The app handled the message (`automatic`: its loop iteration or handler is done, which
     /// counts only with ``SessionAcknowledgement/automatic``).
     func handled(automatic: Bool) {

@@ -167,6 +167,22 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         return outcome
     }
 
+    /// Puts `element` back in front, for the next consumer (one an iterator handed out and nobody
+    /// handled: its loop ended first). Past the limit and after `finish` too: it was in the queue.
+    func putBack(_ element: Element) {
+        let consumer = state.withLock { state -> CheckedContinuation<Element?, any Error>? in
+            if !state.consumers.isEmpty { return state.consumers.removeFirst().continuation }
+            if state.head > 0 {
+                state.head -= 1
+                state.items[state.head] = element
+            } else {
+                state.items.insert(element, at: 0)
+            }
+            return nil
+        }
+        consumer?.resume(returning: element)
+    }
+
     /// Consumers took `taken` elements and no more for a while: they stopped reading, and
     /// ``push(_:from:evictingOldestWhere:)`` evicts instead of stopping its producer until they take
     /// one again.
