@@ -361,6 +361,44 @@ import ProtocolCore
         restored.close()
     }
 
+    /// A small disk, four writers at once: compactions follow one another (the floor is 4 KiB), the
+    /// writers catch up with them and fill the disk. Every write ends — stored, or refused for the
+    /// full disk — and nothing waits for a compaction queued behind the thread it waits on (CI
+    /// once hung here: the compaction's thread wrote what was queued, started the next compaction
+    /// and waited for its copy, which its own queue would run after it).
+    @Test(.timeLimit(.minutes(1))) func writersOnASmallDiskNeverWaitForever() async throws {
+        for round in 0..<20 {
+            let disk = SimulatedDisk()
+            disk.capacity = 48 << 10
+            let journal = try SessionJournal(
+                SessionStore(directory: "/store"), role: .client, identity: "plaintext", logger: testLogger(),
+                fileSystem: disk, compactionFloor: 4096)
+            let keys = (0..<4).map { Journal.Key(high: UInt64(round), low: UInt64($0)) }
+            for key in keys { try journal.append(.session(Journal.Snapshot(key: key, positionID: Self.position))) }
+            let payload = [UInt8](repeating: 0x33, count: 200)
+            let refused = Locked(0)
+            await withTaskGroup(of: Void.self) { group in
+                for key in keys {
+                    group.addTask {
+                        for number in UInt64(1)...600 {
+                            do {
+                                try journal.append(.message(key, epoch: 0, number: number, codecID: 0, typeID: "t", payload: payload))
+                                // Released as written for 400 of them; then kept, until the disk is full.
+                                if number <= 400 { try journal.append(.released(key, epoch: 0, through: number)) }
+                            } catch {
+                                refused.withLock { $0 += 1 }
+                                break
+                            }
+                        }
+                    }
+                }
+            }
+            #expect(journal.compactionCount > 0)
+            #expect(refused.withLock { $0 } > 0, "800 kept messages of 200 bytes do not fit in 48 KiB")
+            journal.close()
+        }
+    }
+
     /// Power-loss durability, group commit: 64 records written, then 64 waiters — one sync (two
     /// at most, if the first began before the last record) serves them all; a waiter for what is
     /// synced already is served at once, with no sync.

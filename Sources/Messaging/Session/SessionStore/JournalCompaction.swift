@@ -28,6 +28,8 @@ final class JournalCompaction: @unchecked Sendable {
     private(set) var failure: StoreCallError?
     /// The copy on the compaction queue is over: the writer may finish it.
     let copied = Atomic(false)
+    /// Signalled when it is (and again by each waiter: every one gets through).
+    private let copiedSignal = DispatchSemaphore(value: 0)
 
     init(
         path: String, fileSystem: any StoreFileSystem, old: (file: any StoreFile, header: Journal.Header, generation: Int),
@@ -78,6 +80,14 @@ final class JournalCompaction: @unchecked Sendable {
             failure = error
         }
         copied.store(true, ordering: .releasing)
+        copiedSignal.signal()
+    }
+
+    /// Waits until the copy is over (never on the compaction queue: the copy runs there).
+    func waitUntilCopied() {
+        guard !copied.load(ordering: .acquiring) else { return }
+        copiedSignal.wait()
+        copiedSignal.signal()
     }
 
     /// Copies the records the writer appended to the old file from ``cut`` up to `end` (each
@@ -187,9 +197,12 @@ extension SessionJournal {
         writer.compaction = job
         compactionQueue.async { [self] in
             let generation = job.old.generation
-            job.copy(end: { shared.withLock { $0.generation == generation && !$0.closed ? $0.fileEnd : nil } }, small: 256 << 10)
+            job.copy(end: { shared.withLock { $0.generation == generation && !$0.closed ? $0.fileEnd : nil } }, small: 64 << 10)
             compactionReady.store(true, ordering: .sequentiallyConsistent)
-            write()  // the writer finishes it (this thread, unless someone writes now)
+            // The writer finishes it: whoever writes now, else a thread of its own — not this one,
+            // whose drain could start the next compaction and wait for its copy, which this
+            // serial queue runs only after this block.
+            DispatchQueue.global().async { [self] in write() }
         }
     }
 
@@ -232,8 +245,7 @@ extension SessionJournal {
 
     /// Holding the role: waits for the background copy, and finishes the compaction.
     func waitForCompaction() {
-        // (Not from the compaction queue itself: its copy is over when it writes.)
-        if let job = writer.compaction, !job.copied.load(ordering: .acquiring) { compactionQueue.sync {} }
+        writer.compaction?.waitUntilCopied()
         finishCompaction()
     }
 
@@ -247,6 +259,10 @@ extension SessionJournal {
     /// Holding the role: copies what is left, syncs the new file, renames it into place and goes on
     /// in it; on any failure the old file stays and grows on until the next attempt.
     private func finish(_ job: JournalCompaction) -> Bool {
+        if shared.withLock({ $0.closed }) {
+            job.abandon()  // the store closed meanwhile: its file stays as it is
+            return false
+        }
         var failure = job.failure
         // Every kept message must have its place in the new file (else the index could not follow).
         if failure == nil {

@@ -76,6 +76,8 @@ final class JournalWriter: @unchecked Sendable {
     let fixedFloor: Bool
     /// The compaction copying in the background, if any.
     var compaction: JournalCompaction?
+    /// The store was closed and its file with it (``SessionJournal/closeFiles()``).
+    var filesClosed = false
 
     init(state: State, floor: Int, fixed: Bool) {
         self.state = state
@@ -174,13 +176,14 @@ extension SessionJournal {
     private func drain() {
         let batches = queue.takeAll()
         guard !batches.isEmpty else { return }
-        let stopped = shared.withLock { state -> FileError? in
-            state.failure ?? (state.closed ? FileError(path, "the session store '\(path)' is closed") : nil)
+        let (stopped, closed) = shared.withLock { state -> (FileError?, Bool) in
+            (state.failure ?? (state.closed ? FileError(path, "the session store '\(path)' is closed") : nil), state.closed)
         }
         var outcomes: [(JournalQueue.Batch, Result<UInt64, FileError>)] = []
         defer {
             for (batch, outcome) in outcomes { batch.done?(outcome) }
         }
+        if closed { closeFiles() }
         if let stopped {
             outcomes = batches.map { ($0, .failure(stopped)) }
             return

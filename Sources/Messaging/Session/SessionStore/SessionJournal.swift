@@ -153,9 +153,7 @@ final class SessionJournal: Sendable {
 
     deinit {
         backgroundSync.source.cancel()
-        shared.withLock { state in
-            if !state.closed { state.file.close() }
-        }
+        if !writer.filesClosed { writer.state.file.close() }
         storeLock.unlock()
     }
 
@@ -331,10 +329,15 @@ final class SessionJournal: Sendable {
     /// compaction closes a replaced file in a later block of the same queue, so the file synced
     /// here is open.
     private func runSync() {
-        let (file, generation, position, end, directory) = shared.withLock {
-            ($0.file, $0.generation, $0.written, $0.fileEnd, $0.directorySyncPending)
+        let (file, generation, position, end, directory, closed) = shared.withLock {
+            ($0.file, $0.generation, $0.written, $0.fileEnd, $0.directorySyncPending, $0.closed)
         }
         var error: FileError?
+        if closed {
+            // The file is closed (or is being closed by the writer, synced): no call on it.
+            syncFinished(through: 0, generation: generation, end: end, directory: false, error: nil)
+            return
+        }
         do throws(StoreCallError) {
             if directory { try fileSystem.syncDirectory(of: path) }
             try file.sync()
@@ -437,24 +440,43 @@ final class SessionJournal: Sendable {
 
     /// Closes the file (synced first: a clean stop leaves everything on the disk) and releases the
     /// lock (another process may open the store then). Appends fail afterwards; waiters are
-    /// released. Waits for a compaction in progress to end first.
+    /// released. The file is closed by the writer (``closeFiles()``): whoever holds the writing
+    /// role now, or this caller, after a write in progress and a compaction's copy.
     func close() {
-        compactionQueue.sync {}
-        let (file, syncWaiters, roomWaiters) = shared.withLock {
-            state -> ((any StoreFile)?, [(UInt64, @Sendable (FileError?) -> Void)], [CheckedContinuation<Void, Never>]) in
-            guard !state.closed else { return (nil, [], []) }
+        let (syncWaiters, roomWaiters, first) = shared.withLock {
+            state -> ([(UInt64, @Sendable (FileError?) -> Void)], [CheckedContinuation<Void, Never>], Bool) in
+            guard !state.closed else { return ([], [], false) }
             state.closed = true
             defer {
                 state.syncWaiters = []
                 state.roomWaiters = []
             }
-            return (state.file, state.syncWaiters, state.roomWaiters)
+            return (state.syncWaiters, state.roomWaiters, true)
         }
-        guard let file else { return }
+        guard first else { return }
         let closedError = FileError(path, "the session store '\(path)' was closed")
         for (_, done) in syncWaiters { done(closedError) }
         for waiter in roomWaiters { waiter.resume() }
         backgroundSync.source.cancel()
+        // An empty batch: its drain sees the store closed and closes the file first.
+        let filesClosed = DispatchSemaphore(value: 0)
+        enqueue([]) { _ in filesClosed.signal() }
+        write()
+        filesClosed.wait()
+        storeLock.unlock()
+    }
+
+    /// Holding the writing role, the store closed: abandons a compaction (after its copy), syncs
+    /// the file and closes it — once.
+    func closeFiles() {
+        guard !writer.filesClosed else { return }
+        writer.filesClosed = true
+        if let job = writer.compaction {
+            job.waitUntilCopied()
+            job.abandon()
+            writer.compaction = nil
+        }
+        let file = writer.state.file
         syncQueue.sync {
             do {
                 try file.sync()
@@ -463,7 +485,6 @@ final class SessionJournal: Sendable {
             }
             file.close()
         }
-        storeLock.unlock()
     }
 }
 
