@@ -125,6 +125,36 @@ import Testing
         #expect(next == .storing(number: 2, epoch: 0))
     }
 
+    /// The sender that wrote its own record learns of the failure only after the completion ran:
+    /// it waits for its ticket then, and gets the error — not a wait for a number the next
+    /// generation reuses (CI hung on a full disk: `send` never returned).
+    @Test func aSenderWhoseWriteFailedBeforeItWaitedGetsTheError() throws {
+        var machine = Self.attached(.written)
+        try Self.send(1, &machine)
+        try Self.send(2, &machine)
+        var effects = Effects()
+        machine.written(.messages(through: 1, epoch: 0), &effects)
+        let admitted = machine.generation
+        var failed = Effects()
+        machine.writeFailed(.messages(through: 2, epoch: 0), generation: admitted, error: CancellationError(), &failed)
+        #expect(failed.senders.isEmpty, "nobody waited yet")
+        // Number 2 again, in the next generation, written.
+        let (next, _) = try Self.send(3, &machine)
+        #expect(next == .storing(number: 2, epoch: 0))
+        machine.written(.messages(through: 2, epoch: 0), &effects)
+        var late = Effects()
+        machine.waitForTicket(2, epoch: 0, generation: admitted, "sender 2", &late)
+        #expect(late.senders.count == 1 && late.senders.first?.0 == "sender 2" && late.senders.first?.1 is CancellationError)
+        // Message 1, written before the failure, is fine.
+        var fine = Effects()
+        machine.waitForTicket(1, epoch: 0, generation: admitted, "sender 1", &fine)
+        #expect(fine.senders.count == 1 && fine.senders.first?.1 == nil)
+        // The next generation's sender of number 2 goes on.
+        var current = Effects()
+        machine.waitForTicket(2, epoch: 0, generation: machine.generation, "sender 3", &current)
+        #expect(current.senders.count == 1 && current.senders.first?.1 == nil)
+    }
+
     @Test func aFullSessionOrStoreMakesTheSenderWait() throws {
         let link = Link()
         var machine = Self.attached(link: link, maxCount: 2)

@@ -32,6 +32,8 @@ extension MessageSession {
     struct Ticket {
         let number: UInt64
         let epoch: UInt64
+        /// The store's write generation it was admitted in.
+        let generation: UInt32
     }
 
     /// Keeps `frame` (numbered; its record queued for the store, or decided for the wire): returns
@@ -41,8 +43,10 @@ extension MessageSession {
         let size = try Frame.validatedSize(frame)
         while true {
             var direct: (driver: ConnectionDriver, epoch: UInt64)?
+            var generation: UInt32 = 0
             let admission = try apply { (machine, effects) throws -> Machine.Admission in
                 let epoch = machine.epoch
+                generation = machine.generation
                 return try machine.admit(
                     frame, size: size, storeHasRoom: store?.hasRoom(for: size) ?? true,
                     tryDirect: { driver in
@@ -60,7 +64,7 @@ extension MessageSession {
                 if let direct { sendOutgoing(first: frame, number: number, on: direct.driver, epoch: direct.epoch) }
                 return nil
             case .storing(let number, let epoch):
-                return Ticket(number: number, epoch: epoch)
+                return Ticket(number: number, epoch: epoch, generation: generation)
             case .waitForRoom:
                 try await waitForRoom(size)
             case .waitForStore:
@@ -77,7 +81,7 @@ extension MessageSession {
     private func stored(_ ticket: Ticket, _ frame: Frame) async throws {
         do {
             try await withCheckedThrowingContinuation { (continuation: Sender) in
-                apply { $0.waitForTicket(ticket.number, epoch: ticket.epoch, continuation, &$1) }
+                apply { $0.waitForTicket(ticket.number, epoch: ticket.epoch, generation: ticket.generation, continuation, &$1) }
             }
         } catch let error as FileError {
             throw MessagingError(.sessionStoreFailed, "message '\(frame.typeID)' was not sent: \(error.message)", underlying: error)

@@ -109,6 +109,12 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     var positionText: String
     /// The store's write generation: a failed write fails the rest of its generation.
     var generation: UInt32 = 0
+    /// Why the last generations ended, and through which number their messages had been written:
+    /// a sender whose message was in the failed tail may ask for its ticket only after the failure
+    /// (it wrote the record itself, and the completion ran before it waited) — it gets the error
+    /// then, not a wait for a number the next generation reuses. (The few most recent: a sender
+    /// waits for its ticket right after its message was admitted.)
+    private var failedGenerations: [(generation: UInt32, epoch: UInt64, after: UInt64, error: any Error)] = []
     /// Frames decided for the connection of ``outgoingDriver`` and not taken by a sender yet.
     var outgoing: [Outgoing] = []
     /// The driver they go on. (The driver, not the channel, is what the senders hold: a channel
@@ -286,6 +292,8 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         generation &+= 1
         switch after {
         case .messages(_, let epoch) where epoch == self.epoch:
+            failedGenerations.append((failed, epoch, writtenThrough, error))
+            if failedGenerations.count > 8 { failedGenerations.removeFirst() }
             // The tail above what was written was never in the store (and never sent).
             let removed = outbox.removeNewest(after: writtenThrough)
             ticketWaiters.removeAll { waiter in
@@ -311,8 +319,14 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     }
 
     /// A sender waits until message `number` of `epoch` may go (false: it may already).
-    mutating func waitForTicket(_ number: UInt64, epoch: UInt64, _ sender: Sender, _ effects: inout Effects) {
-        if let ended {
+    /// `generation`: the store's write generation when the message was admitted (nil: this one).
+    mutating func waitForTicket(_ number: UInt64, epoch: UInt64, generation admitted: UInt32? = nil, _ sender: Sender, _ effects: inout Effects) {
+        if let admitted, admitted != generation,
+            let failure = failedGenerations.first(where: { $0.generation == admitted && $0.epoch == epoch }),
+            number > failure.after
+        {
+            effects.senders.append((sender, failure.error))  // its write failed before it waited
+        } else if let ended {
             effects.senders.append((sender, ended))
         } else if epoch != self.epoch || number <= durableThrough {
             effects.senders.append((sender, nil))
