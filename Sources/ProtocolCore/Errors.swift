@@ -70,12 +70,16 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         public let address: SocketAddress
         /// Why the attempt failed (a syscall error, or a timeout/cancellation note).
         public let reason: String
+        /// The system's error number when the system refused the attempt (`ECONNREFUSED`: nothing
+        /// listens at the address; `EHOSTUNREACH`, …); nil for a timeout or cancellation.
+        public let errno: Int32?
         /// A textual description: `address: reason`.
         public var description: String { "\(address): \(reason)" }
 
-        package init(address: SocketAddress, reason: String) {
+        package init(address: SocketAddress, reason: String, errno: Int32? = nil) {
             self.address = address
             self.reason = reason
+            self.errno = errno
         }
     }
 
@@ -91,6 +95,12 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
     public let closeReason: CloseReason?
     /// Each address's failure, for ``Code/connectFailed`` and ``Code/connectTimedOut``.
     public let connectFailures: [ConnectFailure]
+    /// Whether every address refused the connection (`ECONNREFUSED`): the hosts answered, and
+    /// nothing listens on that port — a server that is restarting, or moved to another port.
+    package var everyAddressRefused: Bool {
+        code == .connectFailed && !connectFailures.isEmpty && connectFailures.allSatisfy { $0.errno == ECONNREFUSED }
+    }
+
     /// For ``Code/serverBusy``: how long the server asked the client to wait before trying again
     /// (nil when it did not say).
     public let retryAfter: Duration?

@@ -134,7 +134,7 @@ final class HappyEyeballsRace: @unchecked Sendable {
             if error.errno == EINVAL && address.isLinkLocalIPv6 && address.scopeID == 0 {
                 message += " (link-local IPv6 address without a scope id; pass the interface index)"
             }
-            record(address, message)
+            record(address, message, errno: error.errno)
             startNext()
             return
         }
@@ -180,7 +180,7 @@ final class HappyEyeballsRace: @unchecked Sendable {
             source?.cancel()  // its cancel handler hands the fd over
             return
         }
-        record(attempt.address, "connect: \(errnoString(error)) (errno \(error))")
+        record(attempt.address, "connect: \(errnoString(error)) (errno \(error))", errno: error)
         attempts.removeAll { $0 === attempt }
         attempt.source?.cancel()
         attempt.source = nil
@@ -197,9 +197,9 @@ final class HappyEyeballsRace: @unchecked Sendable {
         }
     }
 
-    private func record(_ address: SocketAddress, _ reason: String) {
+    private func record(_ address: SocketAddress, _ reason: String, errno: Int32? = nil) {
         logger.debug("connect to \(address) failed: \(reason)")
-        failures.append(.init(address: address, reason: reason))
+        failures.append(.init(address: address, reason: reason, errno: errno))
     }
 
     private func cancelAll() {

@@ -57,6 +57,20 @@ import Testing
         #expect(attempt == 1, "a new loop counts its attempts from 1")
     }
 
+    /// Issue 53, 7: every address refused the connection (a server restarting): the wait stays
+    /// short — at most half a second — while the back-off of other failures goes on doubling.
+    @Test func aRefusedConnectionIsTriedAgainSoon() {
+        var machine = Machine(policy: ReconnectPolicy(), target: "t")
+        var waits: [Duration] = []
+        for refusedNow in [true, true, true, true, false, true] {
+            guard case .retry(let wait, _, _) = machine.attemptFailed(refused, retryAfter: nil, refused: refusedNow) else {
+                Issue.record("no retry"); return
+            }
+            waits.append(wait)
+        }
+        #expect(waits == [.milliseconds(250), .milliseconds(500), .milliseconds(500), .milliseconds(500), .seconds(4), .milliseconds(500)])
+    }
+
     @Test func waitersGetTheChannelTheCloseOrTheirTimeout() {
         var machine = Machine(policy: ReconnectPolicy(), target: "'Lobby' (_chat._tcp)")
         guard case .wait = machine.ready(waiting: .seconds(1)) else { Issue.record("should wait"); return }

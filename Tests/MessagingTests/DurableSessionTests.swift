@@ -160,6 +160,30 @@ import Locks
         journal.close()
     }
 
+    /// Issue 53, 7: a server with a store and a kernel-assigned port listens again on the port it
+    /// had, so that its clients find it where they left it; when that port is taken, on another.
+    @Test func aRestartedServerListensOnItsPortAgain() async throws {
+        let store = Self.store("port")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let configure: @Sendable (inout ServerConfiguration) -> Void = { $0.session?.store = store }
+        let first = try await LoopbackServer(configure: configure)
+        let port = first.port
+        await first.server.stop()
+        let second = try await LoopbackServer(configure: configure)
+        #expect(second.port == port)
+        await second.server.stop()
+        // Taken meanwhile: another port, and that one is kept for the next run.
+        let squatter = try await LoopbackServer(configure: { $0.listener.port = port; $0.listener.families = [.ipv4] })
+        let third = try await LoopbackServer(configure: configure)
+        let other = third.port
+        #expect(other != port)
+        await third.server.stop()
+        await squatter.server.stop()
+        let fourth = try await LoopbackServer(configure: configure)
+        #expect(fourth.port == other)
+        await fourth.server.stop()
+    }
+
     /// A session from before the restart whose client never comes back ends after the grace
     /// period: the messages it kept are reported as never acknowledged, on a connection made for
     /// the report (closed, `sessionExpired`), and the store forgets it.

@@ -87,9 +87,15 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
         case giveUp(MessagingError)
     }
 
+    /// The longest wait after an attempt every address of which refused the connection: the host
+    /// answered and nothing listens — a server restarting, back in a moment (issue 53, 7: the
+    /// doubling back-off made a client find its restarted server seconds late).
+    static var refusedRetryCap: Duration { .milliseconds(500) }
+
     /// A connect attempt failed with `error`; `retryAfter` is the server's own hint (a busy
-    /// server's REFUSE), never undercut.
-    mutating func attemptFailed(_ error: MessagingError, retryAfter: Duration?) -> AfterFailure {
+    /// server's REFUSE), never undercut. `refused`: every address refused the connection (the
+    /// wait is then at most ``refusedRetryCap``).
+    mutating func attemptFailed(_ error: MessagingError, retryAfter: Duration?, refused: Bool = false) -> AfterFailure {
         guard !isClosed else { return .stop }
         lastFailure = error.message
         attempts += 1
@@ -102,7 +108,8 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
                 MessagingError(
                     .connectFailed, "gave up connecting to \(target) after \(max) attempts: \(error.message)", underlying: error))
         }
-        let wait = Swift.max(delay, retryAfter ?? .zero)
+        var wait = Swift.max(delay, retryAfter ?? .zero)
+        if refused { wait = Swift.min(wait, Self.refusedRetryCap) }
         delay = Swift.min(delay * 2, policy.maxDelay)
         switch phase {
         case .reconnecting(let reason):

@@ -20,6 +20,9 @@ extension MessageClient {
             channel.close(reason: "client closed")
             return
         }
+        if let key = channel.peerIdentity?.fingerprint, let address = channel.remoteAddress {
+            withState { $0.lastReached = LastReached(addresses: [address], key: key) }
+        }
         queue.push(.connected(channel.peer, via: channel.remoteAddress))
         switch opened {
         case .resumed(let resent)?: queue.push(.resumed(resent: resent))
@@ -125,7 +128,8 @@ extension MessageClient {
                 error = failure
             }
             if Task.isCancelled { return }
-            switch lifecycle({ $0.attemptFailed(error, retryAfter: (error.underlying as? TransportError)?.retryAfter) }) {
+            let transport = error.underlying as? TransportError
+            switch lifecycle({ $0.attemptFailed(error, retryAfter: transport?.retryAfter, refused: transport?.everyAddressRefused ?? false) }) {
             case .stop:
                 return
             case .giveUp(let final):
@@ -172,7 +176,9 @@ extension MessageClient {
         var found: (addresses: [SocketAddress], remembered: Fingerprint?) = ([], nil)
         var byKey: MessageChannel?
         if !wanted.isEmpty, case .service(let name?, let type, let discovery) = target {
-            switch try await findByKey(wanted, name: name, type: type, discovery: discovery, waiting: waiting) {
+            // After a lost connection: its address too, tried beside discovery (issue 53, 7).
+            let last = waiting ? withState { $0.lastReached }.flatMap { wanted.contains($0.key) ? $0.addresses : nil } : nil
+            switch try await findByKey(wanted, name: name, type: type, discovery: discovery, waiting: waiting, last: last) {
             case .connected(let channel, let addresses): (byKey, found) = (channel, (addresses, nil))
             case .notFound: found = try await addresses(waiting: false, browse: false)
             }
@@ -223,8 +229,8 @@ extension MessageClient {
             throw MessagingError(
                 .connectFailed,
                 "cannot connect to \(target): discovery did not find it, and the addresses remembered from its last connection "
-                    + "(\(tried)) did not answer: \(error.message). A server on a kernel-assigned port listens on another port "
-                    + "after a restart: give it a fixed port (--port) for this fallback to find it",
+                    + "(\(tried)) did not answer: \(error.message). A server on a kernel-assigned port without a session store "
+                    + "listens on another port after a restart: give it a fixed port (--port) for this fallback to find it",
                 underlying: error)
         } catch let error as TransportError {
             throw MessagingError(.connectFailed, "cannot connect to \(target): \(error.message)", underlying: error)

@@ -33,9 +33,16 @@ extension MessageClient {
     /// `untrustedServer`), and the search goes on: for ``ClientConfiguration/browseTimeout`` (from
     /// the first refusal when waiting for the server), or for good with
     /// ``ClientConfiguration/keepsLookingForKnownKey``. Then the refusal is final.
+    ///
+    /// `last`: the addresses of a connection just lost (issue 53, 7). Tried before each round while
+    /// they refuse the connection (a server restarting with its session store listens on the same
+    /// port again, long before discovery announces it: Avahi probes a name for about a second),
+    /// the rounds then short; dropped once they answer otherwise (another machine, no host).
     func findByKey(
-        _ keys: Set<Fingerprint>, name: String, type: String, discovery: ServiceDiscovery, waiting: Bool
+        _ keys: Set<Fingerprint>, name: String, type: String, discovery: ServiceDiscovery, waiting: Bool,
+        last: [SocketAddress]? = nil
     ) async throws(MessagingError) -> FoundByKey {
+        var last = last
         let hints = Set(keys.map(\.short))
         let wantedText = keys.map(\.short).sorted().joined(separator: ", ")
         let started = ContinuousClock.now
@@ -53,9 +60,26 @@ extension MessageClient {
             return waiting ? nil : started + configuration.browseTimeout
         }
         var refusedNames: Set<String> = []
+        /// After a round whose candidates could not be connected to (a server restarting, or moved
+        /// to another port): how soon the next round looks again — from the reconnect policy's
+        /// first delay, doubling, at most a second (issue 53, 7: it waited for news for a whole
+        /// browse timeout, 5 s, before a restarted server was tried again).
+        var retry: Duration?
+        let first = configuration.reconnect?.initialDelay ?? .milliseconds(250)
         while !Task.isCancelled {
             let remaining = deadline().map { ContinuousClock.now.duration(to: $0) } ?? .seconds(86_400)
             guard remaining > .zero else { break }
+            if let addresses = last {
+                do {
+                    let channel = try await connect((addresses, nil), requiring: keys)
+                    logger.info("reconnected at the address of the lost connection", metadata: ["address": "\(addresses[0])"])
+                    return .connected(channel, addresses)
+                } catch let error as TransportError where error.everyAddressRefused {
+                    retry = min(retry.map { $0 * 2 } ?? first, ClientLifecycle<MessageChannel, Void>.refusedRetryCap)
+                } catch {
+                    last = nil
+                }
+            }
             let seen: [DiscoveredService]
             let known = examined
             // Within one browse an instance may leave and another come back under its name (an
@@ -66,7 +90,7 @@ extension MessageClient {
             do {
                 // One browse timeout at a time: after each, every instance is examined again (an
                 // instance can change behind a name that stayed).
-                seen = try await discovery.services(ofType: type, timeout: min(remaining, configuration.browseTimeout)) {
+                seen = try await discovery.services(ofType: type, timeout: min(remaining, retry ?? configuration.browseTimeout)) {
                     [weak self] seen, allForNow in
                     let names = Set(seen.map(\.name))
                     let left = seenHere.withLock { here in
@@ -124,6 +148,7 @@ extension MessageClient {
             // is proven one in the handshake — refused before this client's key is sent (message
             // 3) — and reported; then those announcing a known key.
             candidates.sort { ($0.service.name == name ? 0 : 1, $0.hinted ? 0 : 1) < ($1.service.name == name ? 0 : 1, $1.hinted ? 0 : 1) }
+            var unreachable = false
             for candidate in candidates {
                 do {
                     let channel = try await connect((candidate.addresses, nil), requiring: keys)
@@ -153,10 +178,13 @@ extension MessageClient {
                     if waiting { lifecycle { $0.waiting(refusal) } }
                     queue.push(.waiting(refusal))
                 } catch {
+                    unreachable = true
                     lastFailure = MessagingError(
                         .connectFailed, "cannot connect to \(candidate.service.identity): \(error)", underlying: error)
                 }
             }
+            if last != nil { continue }  // (its cadence set above)
+            retry = unreachable ? min(retry.map { $0 * 2 } ?? first, ClientLifecycle<MessageChannel, Void>.refusedRetryCap) : nil
         }
         if let underlying = lastRefusal?.underlying as? TransportError {
             // Final, as a refusal always was: the whole warning, and what was looked for.

@@ -43,6 +43,15 @@ public final class MessageClient: Sendable {
         var stateWatchers: [UInt64: AsyncStream<ConnectionState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
         var toldVersion: UInt64 = 0
+        /// Where the last connection was and the key proven there (encrypted channels): tried again
+        /// at once when it is lost, beside discovery.
+        var lastReached: LastReached?
+    }
+
+    /// Where a connection was, and the key proven there.
+    struct LastReached: Sendable {
+        var addresses: [SocketAddress]
+        var key: Fingerprint
     }
 
     /// Where this client connects.

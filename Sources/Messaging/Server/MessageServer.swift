@@ -125,12 +125,11 @@ public final class MessageServer: Service, Sendable {
         defer { if !running { closeStore() } }
         let listener: Listener
         do {
-            listener = try Listener(configuration: configuration.listener, logger: logger) { [weak self] socket in
-                self?.accepted(socket)
-            }
+            listener = try listen(previous: journal?.previousPort)
         } catch {
             throw MessagingError(.listenFailed, "cannot listen: \(error.message)", underlying: error)
         }
+        journal?.remember(port: listener.port)
         guard withState({ $0.lifecycle.listening(listener) }) else {
             listener.stop()
             throw Self.stoppedWhileStarting
@@ -160,6 +159,25 @@ public final class MessageServer: Service, Sendable {
         }
         if let publication { forwardEvents(of: publication, in: work) }
         logger.info("server running", metadata: ["port": "\(listener.port)", "type": "\(configuration.serviceType)"])
+    }
+
+    /// The listener. A server with a session store and a kernel-assigned port listens again on the
+    /// port it had (`previous`, kept in the store) when it is free: clients that resume their
+    /// sessions after a restart find it where they left it — their resolution and their peer
+    /// memory hold that port — instead of waiting for discovery to announce a new one (issue 53,
+    /// 7). When it is taken, a kernel-assigned port, as without a store.
+    private func listen(previous: UInt16?) throws(TransportError) -> Listener {
+        let accept: @Sendable (AcceptedSocket) -> Void = { [weak self] socket in self?.accepted(socket) }
+        if let previous, configuration.listener.port == 0, configuration.listener.address == nil {
+            var again = configuration.listener
+            again.port = previous
+            do {
+                return try Listener(configuration: again, logger: logger, onAccept: accept)
+            } catch {
+                logger.notice("the port of the last run, \(previous), is taken (\(error.message)); listening on another")
+            }
+        }
+        return try Listener(configuration: configuration.listener, logger: logger, onAccept: accept)
     }
 
     private static var stoppedWhileStarting: MessagingError {

@@ -436,6 +436,26 @@ final class SessionJournal: Sendable {
     /// Bytes of kept messages, and the file's length.
     var sizes: (live: Int, file: Int) { (liveBytes.load(ordering: .relaxed), shared.withLock { $0.fileEnd }) }
 
+    // MARK: The server's port
+
+    /// A server's port of its last run, kept beside the journal (`sessions.port`), if any.
+    var previousPort: UInt16? {
+        guard let text = try? String(contentsOfFile: portPath, encoding: .utf8) else { return nil }
+        return UInt16(text.trimmingCharacters(in: .whitespacesAndNewlines)).flatMap { $0 == 0 ? nil : $0 }
+    }
+
+    /// Keeps a server's port for its next run (written atomically; a failure only costs that hint).
+    func remember(port: UInt16) {
+        guard previousPort != port else { return }
+        do {
+            try writeFileAtomically(portPath, "\(port)\n", what: "the session store's port file")
+        } catch {
+            logger.notice("session store: cannot keep the server's port for its next run: \(error.message)")
+        }
+    }
+
+    private var portPath: String { (directory as NSString).appendingPathComponent("sessions.port") }
+
     // MARK: Closing
 
     /// Closes the file (synced first: a clean stop leaves everything on the disk) and releases the
