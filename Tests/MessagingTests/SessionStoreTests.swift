@@ -361,6 +361,34 @@ import ProtocolCore
         restored.close()
     }
 
+    /// A small disk and acknowledged messages only: nothing is ever kept for long, so no write may
+    /// fail for the full disk — also when the compaction copying in the background is what filled
+    /// it (CI failed a `send` so: the writer finished that compaction and gave up instead of
+    /// writing again into the file it left).
+    @Test(.timeLimit(.minutes(1)), arguments: [14, 16, 20]) func acknowledgedMessagesNeverFillASmallDisk(kib: Int) throws {
+        for round in 0..<10 {
+            let disk = SimulatedDisk()
+            disk.capacity = kib << 10
+            let journal = try SessionJournal(
+                SessionStore(directory: "/store"), role: .client, identity: "plaintext", logger: testLogger(),
+                fileSystem: disk, compactionFloor: 4096)
+            let key = Journal.Key(high: UInt64(round), low: 1)
+            try journal.append(.session(Journal.Snapshot(key: key, positionID: Self.position)))
+            let payload = [UInt8](repeating: 0x44, count: 300)
+            for number in UInt64(1)...3_000 {
+                do {
+                    try journal.append(.message(key, epoch: 0, number: number, codecID: 0, typeID: "t", payload: payload))
+                } catch {
+                    Issue.record("message \(number) of round \(round): \(error); the disk: \(disk.roomReport)")
+                    throw error
+                }
+                if number % 4 == 0 { try journal.append(.released(key, epoch: 0, through: number)) }
+            }
+            #expect(journal.compactionCount > 10)
+            journal.close()
+        }
+    }
+
     /// A small disk, four writers at once: compactions follow one another (the floor is 4 KiB), the
     /// writers catch up with them and fill the disk. Every write ends — stored, or refused for the
     /// full disk — and nothing waits for a compaction queued behind the thread it waits on (CI

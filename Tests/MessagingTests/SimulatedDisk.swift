@@ -47,6 +47,8 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
     private var inodes: [Int: Inode] = [:]
     private var directories: [String: Directory] = [:]
     private var nextInode = 1
+    /// The open files and their inodes: an unlinked file keeps its room until it is closed.
+    private var openFiles: [ObjectIdentifier: Int] = [:]
     /// Mutating calls so far (the crash points).
     private var calls = 0
     var callCount: Int { lock.withLock { calls } }
@@ -110,7 +112,7 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
         try lock.withLock { () throws(StoreCallError) -> (any StoreFile)? in
             let (directory, name) = Self.split(path)
             guard let inode = directories[directory]?.cache[name] else { return nil }
-            return SimulatedFile(disk: self, inode: inode, path: path)
+            return opened(SimulatedFile(disk: self, inode: inode, path: path))
         }
     }
 
@@ -124,7 +126,7 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
             directories[directory, default: Directory()].cache[name] = inode
             directories[directory, default: Directory()].pending.append(.link(name, inode: inode))
             changed()
-            return SimulatedFile(disk: self, inode: inode, path: path)
+            return opened(SimulatedFile(disk: self, inode: inode, path: path))
         }
     }
 
@@ -163,7 +165,7 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
     }
 
     func freeSpace(at path: String) -> Int? {
-        lock.withLock { capacity.map { $0 - inodes.values.reduce(0) { $0 + $1.cache.count } } }
+        lock.withLock { capacity.map { $0 - used } }
     }
 
     func lock(_ directory: String, name: String) throws(FileError) -> any StoreLockHandle { NoLock() }
@@ -171,6 +173,30 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
     struct NoLock: StoreLockHandle { func unlock() {} }
 
     // MARK: Files
+
+    /// Bytes of the files the directories name or a process holds open (a file renamed over or
+    /// removed frees its room once it is closed, as on a real disk). Under the lock.
+    private var used: Int {
+        Set(directories.values.flatMap { $0.cache.values }).union(openFiles.values)
+            .reduce(0) { $0 + (inodes[$1]?.cache.count ?? 0) }
+    }
+
+    /// What takes room: each named file and each open one, by inode (for a failure's message).
+    var roomReport: String {
+        lock.withLock {
+            let named = directories.flatMap { dir, d in d.cache.map { "\($1):\(dir)/\($0)=\(inodes[$1]?.cache.count ?? 0)" } }
+            let open = openFiles.values.map { "open \($0)=\(inodes[$0]?.cache.count ?? 0)" }
+            return (named + open).sorted().joined(separator: " ")
+        }
+    }
+
+    /// Under the lock.
+    private func opened(_ file: SimulatedFile) -> SimulatedFile {
+        openFiles[ObjectIdentifier(file)] = file.inode
+        return file
+    }
+
+    fileprivate func closed(_ file: SimulatedFile) { lock.withLock { openFiles[ObjectIdentifier(file)] = nil } }
 
     fileprivate func size(_ inode: Int) -> Int { lock.withLock { inodes[inode]?.cache.count ?? 0 } }
 
@@ -186,7 +212,6 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
         try lock.withLock { () throws(StoreCallError) in
             try call("pwrite", path)
             if let capacity {
-                let used = inodes.values.reduce(0) { $0 + $1.cache.count }
                 let growth = max(0, offset + bytes.count - (inodes[inode]?.cache.count ?? 0))
                 if used + growth > capacity { throw StoreCallError("pwrite", path, ENOSPC) }
             }
@@ -245,7 +270,7 @@ final class SimulatedFile: StoreFile, @unchecked Sendable {
     }
     func truncate(to length: Int) throws(StoreCallError) { try disk.truncate(inode, path, to: length) }
     func sync() throws(StoreCallError) { try disk.sync(inode, path) }
-    func close() {}
+    func close() { disk.closed(self) }
 }
 
 extension SimulatedDisk.Image {

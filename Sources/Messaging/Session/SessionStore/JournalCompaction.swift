@@ -214,6 +214,7 @@ extension SessionJournal {
         let job = makeCompaction()
         job.copy(end: { nil }, small: 0)
         let done = finish(job)
+        if done { syncQueue.sync {} }  // the replaced file closed (its room back) before the reserve is made again
         makeReserve()
         return done
     }
@@ -227,7 +228,10 @@ extension SessionJournal {
 
     func makeReserve() {
         do throws(StoreCallError) {
-            if try fileSystem.open(reservePath) != nil { return }
+            if let existing = try fileSystem.open(reservePath) {
+                existing.close()  // (it is there: nothing to do)
+                return
+            }
             let file = try fileSystem.create(reservePath)
             defer { file.close() }
             try file.write([UInt8](repeating: 0, count: Self.reserveSize), at: 0)

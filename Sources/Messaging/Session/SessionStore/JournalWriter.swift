@@ -206,8 +206,9 @@ extension SessionJournal {
         var attempt = 0
         while true {
             attempt += 1
-            // (Read now: a compaction above may have replaced the file.)
-            let frontier = attempt == 1 ? shared.withLock { $0.frontier } : writer.state.size
+            // (Read now: a compaction above may have replaced the file; its frontier is then the
+            // new file's end, synced. A write tried again without one claims no more than before.)
+            let frontier = shared.withLock { $0.frontier }
             let (spans, ends) = encode(taken, frontier: frontier)
             let start = writer.state.size
             do {
@@ -219,17 +220,28 @@ extension SessionJournal {
                     logger.warning("session store: cannot cut back a failed write of '\(path)' (\(cut)); the next record is written over it")
                 }
                 let full = error.code == ENOSPC || error.code == EDQUOT
-                if full, attempt == 1 {
+                if full, attempt <= 2 {
                     // A full disk: what the batches' acknowledgements release frees room whether or
                     // not their records fit (the index takes it now; a compaction writes what it leaves, and a
                     // release that is lost only makes a restarted side resend what the peer
-                    // drops). A file mostly of released records then makes room by compacting, once.
-                    for (record, _, _) in spans {
-                        if case .released = record { _ = writer.index(record, offset: 0, length: 0) }
+                    // drops). A compaction copying in the background may be what filled it: it is
+                    // finished first, and the write tried again in the file it left. A file mostly
+                    // of released records then makes room by compacting at once.
+                    if attempt == 1 {
+                        for (record, _, _) in spans {
+                            if case .released = record { _ = writer.index(record, offset: 0, length: 0) }
+                        }
+                        liveBytes.store(writer.state.liveBytes, ordering: .relaxed)
                     }
-                    liveBytes.store(writer.state.liveBytes, ordering: .relaxed)
+                    // A file a compaction replaced gives its room back once closed, on the sync
+                    // queue after any sync of it: that first (it may be what filled the disk).
+                    syncQueue.sync {}
+                    let generation = shared.withLock { $0.generation }
                     if writer.compaction != nil { waitForCompaction() }
-                    if writer.state.liveBytes * 2 < writer.state.size, compactNow() { continue }
+                    var replaced = shared.withLock { $0.generation } != generation
+                    if !replaced, writer.state.liveBytes * 2 < writer.state.size { replaced = compactNow() }
+                    if replaced { syncQueue.sync {} }  // (compactNow waited already; a background one not)
+                    if replaced || attempt == 1 { continue }
                 }
                 let failure = FileError.system(
                     path, "cannot write to the session store '\(path)'", errno: error.code,
