@@ -145,7 +145,7 @@ let package = Package(
         .target(
             name: "PreviewKit",
             dependencies: [
-                "Messaging", "SystemCalls",
+                "Messaging", "SystemCalls", "Locks",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],

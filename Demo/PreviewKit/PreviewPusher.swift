@@ -1,6 +1,6 @@
 import Crypto
+import Locks
 import Messaging
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -36,7 +36,7 @@ public final class PreviewPusher: Sendable {
 
     /// The channel to the server.
     public let channel: MessageChannel
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Routes `preview.result` messages of `channel` to the pushes waiting for them.
     public init(channel: MessageChannel) {
@@ -345,8 +345,8 @@ public struct ResumingPusher: Sendable {
                 throw PreviewFailure(PreviewFailure.connection, "no connection to the server: \(error)")
             }
             previous = channel
-            let sent = Mutex<UInt64>(0)
-            let resumedAt = Mutex<UInt64?>(nil)
+            let sent = Locked<UInt64>(0)
+            let resumedAt = Locked<UInt64?>(nil)
             do {
                 return try await PreviewPusher(channel: channel).push(
                     path: path, bytesPerSecond: bytesPerSecond, timeout: timeout, resultTimeout: resultTimeout,

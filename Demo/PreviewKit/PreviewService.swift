@@ -1,7 +1,7 @@
 import Dispatch
+import Locks
 import Logging
 import Messaging
-import Synchronization
 
 /// The server side of the push protocol on top of a ``MessageServer``: feed it every server event with
 /// ``handle(_:)``. It answers offers, receives the matching transfers into a ``PreviewStore`` (one job
@@ -30,7 +30,7 @@ public final class PreviewService: Sendable {
     private let logger: Logger
     private let offerExpiry: Duration
     private let onStored: @Sendable (StoredFile) async -> Void
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let work = PreviewWork()
 
     /// - Parameters:
@@ -321,9 +321,9 @@ public final class PreviewService: Sendable {
     /// Waits until no push is in flight, at most `timeout` (a Dispatch timer), or until the calling
     /// task is cancelled; returns whether none is left.
     public func waitForInFlight(timeout: Duration) async -> Bool {
-        let timer = Mutex<OneShotTimer?>(nil)
+        let timer = Locked<OneShotTimer?>(nil)
         // This caller's waiter number, and whether it gave up (cancelled) before it had one.
-        let number = Mutex<(waiter: Int?, gaveUp: Bool)>((nil, false))
+        let number = Locked<(waiter: Int?, gaveUp: Bool)>((nil, false))
         let giveUp: @Sendable () -> Void = { [weak self] in
             guard let waiter = number.withLock({ state -> Int? in
                 state.gaveUp = true

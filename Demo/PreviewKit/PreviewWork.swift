@@ -1,5 +1,5 @@
 import Dispatch
-import Synchronization
+import Locks
 
 /// ``PreviewService``'s background work as children of one root task (as `MessageServer`'s
 /// `ServerWork`): answering offers, sending results, receiving pushes. Nothing of it is an
@@ -51,7 +51,7 @@ final class PreviewWork: Sendable {
             var endWaiters: [CheckedContinuation<Void, Never>] = []
         }
         private let body: Body
-        private let state = Mutex(State())
+        private let state = Locked(State())
 
         init(_ body: @escaping Body) { self.body = body }
 
@@ -144,7 +144,7 @@ final class OneShotTimer: @unchecked Sendable {
 /// Waits `duration` on a Dispatch timer, not a sleeping task; ends at once when the task is
 /// cancelled.
 func timerSleep(for duration: Duration) async {
-    let waiter = Mutex<(CheckedContinuation<Void, Never>?, done: Bool)>((nil, false))
+    let waiter = Locked<(CheckedContinuation<Void, Never>?, done: Bool)>((nil, false))
     let finish: @Sendable () -> Void = {
         let continuation = waiter.withLock { state -> CheckedContinuation<Void, Never>? in
             state.done = true

@@ -1,6 +1,6 @@
 import Crypto
+import Locks
 import Logging
-import Synchronization
 import SystemCalls
 
 #if canImport(Glibc)
@@ -116,7 +116,7 @@ public final class PreviewStore: Sendable {
     public let maxSize: UInt64
     private let logger: Logger
     /// Bytes reserved by accepted offers that are not finished yet.
-    private let reserved = Mutex<[String: UInt64]>([:])
+    private let reserved = Locked<[String: UInt64]>([:])
 
     /// - Throws: ``PreviewFailure`` (`storage-failed`) when `directory` is not a writable directory.
     public init(directory: String, maxSize: UInt64, logger: Logger) throws(PreviewFailure) {
