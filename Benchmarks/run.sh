@@ -5,13 +5,16 @@
 # ratio ours/peer, then a table.
 #
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
-#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 W7 W8 D1)
+#   Benchmarks/run.sh W1 W3 ...       only these workloads (W1 W2 W3 W4 W5 W6 W7 W8 W8C D1)
 #                                     (W7: MessageServer/MessageClient, one-way messages in a session;
 #                                      the NIO peer has no session, so its W7 anchor is its W1;
 #                                      W8: W7's sessions kept in a session store, ours only: 100-byte
 #                                      messages in memory / crash-durable / power-durable, msgs/s and
 #                                      send p50/p99, beside this disk's fsync; and W8R, a server
-#                                      restarted with 100,000 unacknowledged messages in its store)
+#                                      restarted with 100,000 unacknowledged messages in its store;
+#                                      W8C: a store of 256 MiB kept compacted while 64 senders send,
+#                                      their send times during the compaction; not in the default set:
+#                                      about a minute and 1.5 GiB of disk under $TMPDIR)
 #   W3_ROUNDS=5                       W3 runs this many times; its result is the median
 #   W5_WARMUP=0                       W5 without the warm-up connection (first-use costs counted)
 #   IMPLS="ours nio" Benchmarks/run.sh  implementations (default: ours ours+noise ours+foundation nio; also
@@ -258,9 +261,24 @@ run_w8r() {
     stop "$spid"; stop "$cpid"; rm -rf "$store"
 }
 
+# W8C (issue 53): one process (the server, its store of 256 MiB kept for a client that never
+# acknowledges, and a second client that acknowledges what 64 senders stream); the send times while
+# the store is compacted (its file `sessions.journal.new` present), with each durability.
+run_w8c() {
+    local mode
+    for mode in crash power; do
+        rm -rf "$WORK/w8c-store"
+        timeout -k 5 $((PROC_TIMEOUT * 2)) "$BIN/bench-ours" solo W8C --store "$WORK/w8c-store" --w8-mode "$mode" \
+            > "$WORK/w8c-$mode.out" 2> "$WORK/w8c-$mode.err" || echo "FAILED W8C $mode: exit $? $(tail -n 2 "$WORK/w8c-$mode.err" | tr '\n' ' ')"
+        grep -h '^RESULT ' "$WORK/w8c-$mode.out" | tee -a "$RESULTS" || true
+    done
+    rm -rf "$WORK/w8c-store"
+}
+
 for w in "${WORKLOADS[@]}"; do
     [ "$w" = D1 ] && continue
     if [ "$w" = W8 ]; then echo "== W8"; run_w8; continue; fi
+    if [ "$w" = W8C ]; then echo "== W8C"; run_w8c; continue; fi
     echo "== $w"
     if [ "$w" = W3 ]; then
         run_w3

@@ -682,6 +682,7 @@ func runCipher() {
 do {
     if role == "cipher" { runCipher(); exit(0) }
     if role == "fsync" { runFsync(); exit(0) }
+    if role == "solo" && workload == "W8C" { try await runCompaction(); exit(0) }
     if role == "server" { try await runServer() } else { try await runClient() }
 } catch {
     fail("\(role) \(workload): \(error)")
