@@ -216,11 +216,14 @@ import Testing
         var judged = 0
         var failures: [String] = []
         var seed: UInt64 = durability.syncs ? 1_000 : 2_000
-        var (compactions, calls) = (0, 0)
+        var (compactions, calls, runs) = (0, 0, 0)
         while judged < Self.statesPerDurability && failures.isEmpty {
             let run = await Self.run(durability, seed: seed, steps: 160)
             #expect(run.errors == 0, "the run itself failed \(run.errors) times")
-            #expect(run.compactions >= 3, "the workload must compact (\(run.compactions))")
+            // (How many compactions finish within a run depends on the background copy's timing: CI
+            // once saw 2 in a run. The workload must compact in every run, and often.)
+            #expect(run.compactions >= 1, "the workload must compact (\(run.compactions))")
+            runs += 1
             compactions += run.compactions
             calls += run.images.last?.calls ?? 0
             let result = Self.judge(run, durability, count: min(Self.statesPerDurability - judged, run.images.count * 6), seed: seed)
@@ -229,6 +232,7 @@ import Testing
             seed += 1
         }
         #expect(failures.isEmpty, "\(failures.joined(separator: "\n\n"))")
+        #expect(compactions >= 2 * runs, "the workload must compact often: \(compactions) compactions in \(runs) runs")
         print(
             "MEASURED crash states (\(durability)): \(judged) judged over \(calls) system calls and \(compactions) compactions, \(failures.count) failed")
     }
