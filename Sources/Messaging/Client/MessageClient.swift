@@ -43,8 +43,8 @@ public final class MessageClient: Sendable {
         var stateWatchers: [UInt64: AsyncStream<ConnectionState>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
         var toldVersion: UInt64 = 0
-        /// Where the last connection was and the key proven there (encrypted channels): tried again
-        /// at once when it is lost, beside discovery.
+        /// Where the last connection was and the key proven there (encrypted channels): when it is
+        /// lost, tried again before each round of looking for the server by its key.
         var lastReached: LastReached?
     }
 
