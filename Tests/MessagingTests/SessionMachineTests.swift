@@ -82,11 +82,14 @@ import Testing
         #expect(admission == .storing(number: 1, epoch: 0))
         #expect(effects.records.count == 1 && effects.afterWrite == .messages(through: 1, epoch: 0) && effects.outgoingAdded == 0)
         guard case .message(_, 0, 1, _, _, _)? = effects.records.first else { return fail("\(effects.records)") }
+        guard case .waiting = machine.ticket(1, epoch: 0) else { return fail("not written yet: the sender must wait") }
         var waiting = Effects()
         machine.waitForTicket(1, epoch: 0, "sender 1", &waiting)
         #expect(waiting.senders.isEmpty, "not written yet")
         var written = Effects()
         machine.written(.messages(through: 1, epoch: 0), &written)
+        // A sender that looks after the write goes on without waiting (no suspension).
+        guard case .ready = machine.ticket(1, epoch: 0) else { return fail("written: the sender goes on") }
         #expect(written.outgoingAdded == 1 && written.senders.map(\.0) == ["sender 1"])
         #expect(Self.numbers(&machine) == [1])
 
@@ -142,6 +145,9 @@ import Testing
         let (next, _) = try Self.send(3, &machine)
         #expect(next == .storing(number: 2, epoch: 0))
         machine.written(.messages(through: 2, epoch: 0), &effects)
+        guard case .failed(let early) = machine.ticket(2, epoch: 0, generation: admitted), early is CancellationError else {
+            return fail("the failed sender's look gets its error")
+        }
         var late = Effects()
         machine.waitForTicket(2, epoch: 0, generation: admitted, "sender 2", &late)
         #expect(late.senders.count == 1 && late.senders.first?.0 == "sender 2" && late.senders.first?.1 is CancellationError)

@@ -80,6 +80,13 @@ extension MessageSession {
     ///   of it was kept or sent); what ended the session.
     private func stored(_ ticket: Ticket, _ frame: Frame) async throws {
         do {
+            // Usually stored already (this sender wrote it): no suspension, no hop to another
+            // thread (a continuation resumed at once still re-enqueues the task: a wake-up per send).
+            switch read({ $0.ticket(ticket.number, epoch: ticket.epoch, generation: ticket.generation) }) {
+            case .ready: return
+            case .failed(let error): throw error
+            case .waiting: break
+            }
             try await withCheckedThrowingContinuation { (continuation: Sender) in
                 apply { $0.waitForTicket(ticket.number, epoch: ticket.epoch, generation: ticket.generation, continuation, &$1) }
             }

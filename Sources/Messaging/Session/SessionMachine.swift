@@ -321,18 +321,35 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// A sender waits until message `number` of `epoch` may go (false: it may already).
     /// `generation`: the store's write generation when the message was admitted (nil: this one).
     mutating func waitForTicket(_ number: UInt64, epoch: UInt64, generation admitted: UInt32? = nil, _ sender: Sender, _ effects: inout Effects) {
+        switch ticket(number, epoch: epoch, generation: admitted) {
+        case .ready: effects.senders.append((sender, nil))
+        case .failed(let error): effects.senders.append((sender, error))
+        case .waiting: ticketWaiters.append((number, epoch, sender))
+        }
+    }
+
+    /// Where a sender's message stands (``waitForTicket(_:epoch:generation:_:_:)`` without the
+    /// wait: a sender whose message is already stored goes on without suspending).
+    enum TicketState {
+        /// It may go (or went): the sender is done.
+        case ready
+        /// Its write failed before it waited, or the session ended.
+        case failed(any Error)
+        case waiting
+    }
+
+    func ticket(_ number: UInt64, epoch: UInt64, generation admitted: UInt32? = nil) -> TicketState {
         if let admitted, admitted != generation,
             let failure = failedGenerations.first(where: { $0.generation == admitted && $0.epoch == epoch }),
             number > failure.after
         {
-            effects.senders.append((sender, failure.error))  // its write failed before it waited
+            return .failed(failure.error)  // its write failed before it waited
         } else if let ended {
-            effects.senders.append((sender, ended))
+            return .failed(ended)
         } else if epoch != self.epoch || number <= durableThrough {
-            effects.senders.append((sender, nil))
-        } else {
-            ticketWaiters.append((number, epoch, sender))
+            return .ready
         }
+        return .waiting
     }
 
     /// Decides that `frame` goes on `channel` (sent once the lock is released); false when there

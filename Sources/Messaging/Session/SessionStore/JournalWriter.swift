@@ -147,9 +147,14 @@ extension SessionJournal {
     func write() {
         while !queue.isEmpty || compactionReady.load(ordering: .sequentiallyConsistent) {
             guard writing.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged else { return }
-            drain()
+            var outcomes: [(JournalQueue.Batch, Result<UInt64, FileError>)] = []
+            drain(&outcomes)
             if compactionReady.exchange(false, ordering: .sequentiallyConsistent) { finishCompaction() }
             writing.store(false, ordering: .sequentiallyConsistent)
+            // The completions run with the role given up: another caller writes the next records
+            // meanwhile. (Their order across writers does not matter: each says "written through
+            // a position", and the machine keeps the highest.)
+            for (batch, outcome) in outcomes { batch.done?(outcome) }
         }
     }
 
@@ -172,16 +177,12 @@ extension SessionJournal {
     }
 
     /// Holding the role: takes every queued batch, writes them with one `pwrite`, updates the
-    /// index, and runs their completions.
-    private func drain() {
+    /// index, and adds their outcomes (the caller runs their completions after the role).
+    private func drain(_ outcomes: inout [(JournalQueue.Batch, Result<UInt64, FileError>)]) {
         let batches = queue.takeAll()
         guard !batches.isEmpty else { return }
         let (stopped, closed) = shared.withLock { state -> (FileError?, Bool) in
             (state.failure ?? (state.closed ? FileError(path, "the session store '\(path)' is closed") : nil), state.closed)
-        }
-        var outcomes: [(JournalQueue.Batch, Result<UInt64, FileError>)] = []
-        defer {
-            for (batch, outcome) in outcomes { batch.done?(outcome) }
         }
         if closed { closeFiles() }
         if let stopped {
