@@ -18,10 +18,16 @@ final class JournalCompaction: @unchecked Sendable {
     let old: (file: any StoreFile, header: Journal.Header, generation: Int)
     let header: Journal.Header
     private let sessions: [(Journal.Key, JournalWriter.Live)]
-    /// The new file, its length, and where each kept message of the old one is in it.
+    /// The new file and its length.
     private(set) var file: (any StoreFile)?
     private(set) var size = 0
-    private(set) var offsets: [Int: Int] = [:]
+    /// Each session's kept messages as they stood when it began, in their order, with their
+    /// places in the new file (built by the copy: the writer takes them as the sessions' index).
+    var placed: [Journal.Key: [(number: UInt64, offset: Int, length: Int)]] = [:]
+    /// Where the old file ended when it began: what lies after it is copied in order, record by
+    /// record, to ``catchUpBase`` on — a record at old offset `o` is at `o - start + catchUpBase`.
+    let start: Int
+    private(set) var catchUpBase = 0
     /// The old file is copied up to here.
     private(set) var cut: Int
     private var buffer: [UInt8] = []
@@ -41,6 +47,7 @@ final class JournalCompaction: @unchecked Sendable {
         header = .fresh(role: old.header.role, identity: old.header.identity)
         self.sessions = Array(sessions)
         self.cut = cut
+        start = cut
     }
 
     /// Writes the new file: header, each session's snapshot, every kept message (copied as it is,
@@ -53,17 +60,26 @@ final class JournalCompaction: @unchecked Sendable {
             buffer = header.encoded
             // Sessions first (a session's record must come before its messages), then the messages
             // in their order in the old file (each session's in its own order).
-            var messages: [(offset: Int, length: Int)] = []
-            for (_, live) in sessions {
+            // (Each session's messages are in file order: sorted by place, they stay in each
+            // session's order, and each is appended to its session's list as it is copied.)
+            var messages: [(offset: Int, length: Int, session: Int, number: UInt64)] = []
+            for (index, (_, live)) in sessions.enumerated() {
                 var snapshot = live.snapshot
                 if let first = live.kept.first {
                     snapshot.nextNumber = first.number
                     snapshot.acknowledged = first.number - 1
                 }
                 Journal.Record.session(snapshot).encode(into: &buffer, header: header, synced: 0)
-                messages += live.kept.map { ($0.offset, $0.length) }
+                messages += live.kept.map { ($0.offset, $0.length, index, $0.number) }
             }
             messages.sort { $0.offset < $1.offset }
+            // (Room to grow: the writer appends to them under its role, where a copy of a long list would stall it.)
+            var lists: [[(number: UInt64, offset: Int, length: Int)]] = []
+            for (_, live) in sessions {
+                let count: Int = live.kept.count
+                lists.append([])
+                lists[lists.count - 1].reserveCapacity(count + count / 4 + 64)
+            }
             var chunk: (start: Int, bytes: [UInt8]) = (0, [])
             for message in messages {
                 if message.offset < chunk.start || message.offset + message.length > chunk.start + chunk.bytes.count {
@@ -71,11 +87,20 @@ final class JournalCompaction: @unchecked Sendable {
                     guard chunk.bytes.count >= message.length else { throw StoreCallError("pread", temporary, EIO) }
                 }
                 let from = message.offset - chunk.start
-                try append(chunk.bytes[from..<from + message.length], from: message.offset)
+                lists[message.session].append((message.number, size + buffer.count, message.length))
+                try append(chunk.bytes[from..<from + message.length])
             }
-            while let end = end(), end - cut > small { try catchUp(through: end) }
-            try flush()
-            try file.sync()
+            for (index, (key, _)) in sessions.enumerated() where !lists[index].isEmpty { placed[key] = lists[index] }
+            catchUpBase = size + buffer.count
+            // Caught up and synced, then again what came during the sync (a few rounds at most):
+            // the writer finishes it with little left to copy and sync while it holds its role.
+            for _ in 0..<4 {
+                while let end = end(), end - cut > small { try catchUp(through: end) }
+                try flush()
+                try file.sync()
+                unsynced = 0
+                guard let end = end(), end - cut > small else { break }
+            }
         } catch {
             failure = error
         }
@@ -102,11 +127,11 @@ final class JournalCompaction: @unchecked Sendable {
                     guard offset == 0 else { break }  // read the rest of a long record from its start
                     let whole = try old.file.read(at: cut, count: length)
                     guard whole.count == length else { throw StoreCallError("pread", temporary, EIO) }
-                    try append(whole[...], from: cut)
+                    try append(whole[...])
                     offset = length
                     break
                 }
-                try append(bytes[offset..<offset + length], from: cut + offset)
+                try append(bytes[offset..<offset + length])
                 offset += length
             }
             guard offset > 0 else { throw StoreCallError("pread", temporary, EIO) }
@@ -115,22 +140,62 @@ final class JournalCompaction: @unchecked Sendable {
         try flush()
     }
 
-    /// Appends one record of the old file (at `from` there), resealed for the new one.
-    private func append(_ record: ArraySlice<UInt8>, from: Int) throws(StoreCallError) {
+    /// Appends one record of the old file, resealed for the new one.
+    private func append(_ record: ArraySlice<UInt8>) throws(StoreCallError) {
         let start = buffer.count
         buffer += record
         buffer.withUnsafeMutableBytes { raw in Journal.reseal(raw, at: start, from: old.header, to: header, synced: 0) }
-        // A message's place, for the index (its kind is the body's first byte).
-        if record[record.startIndex + Journal.recordHeaderSize] == 2 { offsets[from] = size + start }
         if buffer.count >= 1 << 20 { try flush() }
+    }
+
+    /// Where the writer's index entries of session `key` go in the new file: the index's
+    /// messages (oldest first) with their new places, and where the kept ones start; nil when
+    /// one of them has no place there. Touches only what was written since it began (the rest is
+    /// ``placed``, taken as it is), so the writer spends little on it whatever the store's size.
+    func index(of key: Journal.Key, _ live: JournalWriter.Live) -> (messages: [(number: UInt64, offset: Int, length: Int)], head: Int)? {
+        let kept = live.kept
+        // The first kept message written after the copy began (places only grow in a session).
+        var (low, high) = (kept.startIndex, kept.endIndex)
+        while low < high {
+            let middle = (low + high) / 2
+            if kept[middle].offset < start { low = middle + 1 } else { high = middle }
+        }
+        let copied = low - kept.startIndex
+        // (Taken out of `placed`: the index's own array, appended to without a copy.)
+        var messages = placed.removeValue(forKey: key) ?? []
+        var head = 0
+        if copied > 0 {
+            // Those from before: the tail of what the copy placed (releases only take from the front).
+            guard messages.count >= copied else { return nil }
+            head = messages.count - copied
+            guard messages[head].number == kept[kept.startIndex].number, messages[messages.count - 1].number == kept[low - 1].number,
+                messages[head].length == kept[kept.startIndex].length
+            else { return nil }
+        } else {
+            messages = []
+        }
+        for entry in kept[low...] { messages.append((entry.number, entry.offset - start + catchUpBase, entry.length)) }
+        return (messages, head)
     }
 
     private func flush() throws(StoreCallError) {
         guard !buffer.isEmpty, let file else { return }
         try file.write(buffer, at: size)
         size += buffer.count
+        unsynced += buffer.count
         buffer.removeAll(keepingCapacity: true)
+        // Synced as it goes: a copy of hundreds of MiB left to one sync at the end would fill the
+        // disk's queue, and every sync of the journal meanwhile (each send's, with power-loss
+        // durability) would wait behind it.
+        if unsynced >= Self.syncEvery {
+            try file.sync()
+            unsynced = 0
+        }
     }
+
+    /// Bytes of the new file written and not yet synced, and how many may be.
+    private var unsynced = 0
+    static let syncEvery = 2 << 20
 
     /// Throws the new file away.
     func abandon() {
@@ -214,7 +279,7 @@ extension SessionJournal {
         let job = makeCompaction()
         job.copy(end: { nil }, small: 0)
         let done = finish(job)
-        if done { syncQueue.sync {} }  // the replaced file closed (its room back) before the reserve is made again
+        if done { replacedFilesClosed() }  // the replaced file closed (its room back) before the reserve is made again
         makeReserve()
         return done
     }
@@ -269,11 +334,14 @@ extension SessionJournal {
         }
         var failure = job.failure
         // Every kept message must have its place in the new file (else the index could not follow).
+        var index: [(Journal.Key, [(number: UInt64, offset: Int, length: Int)], Int)] = []
         if failure == nil {
             do throws(StoreCallError) {
                 try job.catchUp(through: writer.state.size)
-                let unmapped = writer.state.sessions.values.contains { live in live.kept.contains { job.offsets[$0.offset] == nil } }
-                if unmapped { throw StoreCallError("compact", path, EIO) }
+                for (key, live) in writer.state.sessions {
+                    guard let entry = job.index(of: key, live) else { throw StoreCallError("compact", path, EIO) }
+                    index.append((key, entry.messages, entry.head))
+                }
                 try job.file!.sync()
                 try fileSystem.rename(job.temporary, to: path)
             } catch {
@@ -289,11 +357,9 @@ extension SessionJournal {
             return false
         }
         let replaced = writer.state.file
-        for key in writer.state.sessions.keys {
-            let head = writer.state.sessions[key]!.head
-            for index in head..<writer.state.sessions[key]!.messages.count {
-                writer.state.sessions[key]!.messages[index].offset = job.offsets[writer.state.sessions[key]!.messages[index].offset]!
-            }
+        while let (key, messages, head) = index.popLast() {  // (moved, not copied: the writer appends to them)
+            writer.state.sessions[key]!.messages = messages
+            writer.state.sessions[key]!.head = head
         }
         writer.state.file = job.file!
         writer.state.header = job.header
@@ -309,7 +375,7 @@ extension SessionJournal {
             state.compactions += 1
         }
         // The rename is on the disk once the directory is; the replaced file is closed after any
-        // sync that may run on it (the same queue).
+        // sync that may run on it (on the sync queue), on a queue of its own (``closeQueue``).
         syncQueue.async { [self] in
             let generation = shared.withLock { $0.directorySyncPending ? $0.generation : nil }
             if let generation {
@@ -320,7 +386,7 @@ extension SessionJournal {
                     logger.warning("session store: cannot sync the directory of '\(path)' after compacting it: \(error)")
                 }
             }
-            replaced.close()
+            closeQueue.async { replaced.close() }
         }
         logger.debug("session store compacted", metadata: ["bytes": "\(job.size)", "sessions": "\(writer.state.sessions.count)"])
         return true

@@ -236,12 +236,12 @@ extension SessionJournal {
                     }
                     // A file a compaction replaced gives its room back once closed, on the sync
                     // queue after any sync of it: that first (it may be what filled the disk).
-                    syncQueue.sync {}
+                    replacedFilesClosed()
                     let generation = shared.withLock { $0.generation }
                     if writer.compaction != nil { waitForCompaction() }
                     var replaced = shared.withLock { $0.generation } != generation
                     if !replaced, writer.state.liveBytes * 2 < writer.state.size { replaced = compactNow() }
-                    if replaced { syncQueue.sync {} }  // (compactNow waited already; a background one not)
+                    if replaced { replacedFilesClosed() }  // (compactNow waited already; a background one not)
                     if replaced || attempt == 1 { continue }
                 }
                 let failure = FileError.system(

@@ -60,8 +60,12 @@ final class SessionJournal: Sendable {
     /// A compaction's copy is done: the writer finishes it (``finishCompaction()``).
     let compactionReady = Atomic<Bool>(false)
     let shared: Locked<Shared>
-    /// Syncs, directory syncs after a compaction, the closing of replaced files: one after another.
+    /// Syncs and directory syncs after a compaction: one after another.
     let syncQueue = DispatchQueue(label: "lanmsg.session-store.sync")
+    /// The closing of files a compaction replaced, after the directory sync: a file of hundreds of
+    /// MiB renamed over is freed by its close, which can take tens of milliseconds — never in
+    /// the way of a sync a sender waits for.
+    let closeQueue = DispatchQueue(label: "lanmsg.session-store.close")
     /// The copying of a compaction, beside everything else.
     let compactionQueue = DispatchQueue(label: "lanmsg.session-store.compaction", qos: .utility)
     /// Bytes of kept messages (what ``SessionStore/maxBytes`` bounds).
@@ -448,6 +452,13 @@ final class SessionJournal: Sendable {
             }
             file.close()
         }
+        closeQueue.sync {}
+    }
+
+    /// Waits until the files compactions replaced are closed (their room back on the disk).
+    func replacedFilesClosed() {
+        syncQueue.sync {}
+        closeQueue.sync {}
     }
 }
 
