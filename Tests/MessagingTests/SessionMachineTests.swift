@@ -105,6 +105,26 @@ import Testing
         #expect(batch.first?.queued == true, "a sync's batch goes with the loop's flush")
     }
 
+    /// Senders wait in any order (one admitted first may wait last); each goes on exactly when
+    /// its own message may go — the list kept in number order is released from its front.
+    @Test func ticketWaitersGoOnInNumberOrderWhateverOrderTheyWaitedIn() throws {
+        var machine = Self.attached(.written)
+        for number in 1...6 { try Self.send(number, &machine) }
+        var effects = Effects()
+        for number in [3, 1, 6, 2, 5, 4] { machine.waitForTicket(UInt64(number), epoch: 0, "sender \(number)", &effects) }
+        #expect(effects.senders.isEmpty)
+        var first = Effects()
+        machine.written(.messages(through: 2, epoch: 0), &first)
+        #expect(first.senders.map(\.0) == ["sender 1", "sender 2"])
+        var second = Effects()
+        machine.written(.messages(through: 5, epoch: 0), &second)
+        #expect(second.senders.map(\.0) == ["sender 3", "sender 4", "sender 5"])
+        var failed = Effects()
+        machine.writeFailed(.messages(through: 6, epoch: 0), generation: machine.generation, error: CancellationError(), &failed)
+        #expect(failed.senders.map(\.0) == ["sender 6"] && failed.senders.allSatisfy { $0.1 is CancellationError })
+        #expect(machine.ticketWaiters.count == machine.ticketHead, "nobody left waiting")
+    }
+
     @Test func aWriteThatFailedKeepsNothingOfItsGenerationAndFailsItsSenders() throws {
         var machine = Self.attached(.written)
         try Self.send(1, &machine)

@@ -157,12 +157,13 @@ extension SessionMachine {
         // next SESSION opens a new one.)
         everConnected = old == nil
         // Senders waiting for a message that never went wait for its new number.
-        for index in ticketWaiters.indices where ticketWaiters[index].epoch == previous {
+        for index in ticketWaiters.indices[ticketHead...] where ticketWaiters[index].epoch == previous {
             if let position = unsent.firstIndex(of: ticketWaiters[index].number) {
                 ticketWaiters[index].number = UInt64(position + 1)
                 ticketWaiters[index].epoch = epoch
             }
         }
+        ticketsRenumbered(&effects)
         let last = kept.last?.number ?? 0
         writtenThrough = stored ? 0 : last
         durableThrough = 0

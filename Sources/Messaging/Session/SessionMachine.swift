@@ -95,8 +95,22 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     var transmittedThrough: UInt64 = 0
     /// Senders waiting for room, FIFO, with the id their cancellation names.
     var roomWaiters: [(UInt64, Sender)] = []
-    /// Senders waiting until their message may go (``durableThrough``): number, epoch.
-    var ticketWaiters: [(number: UInt64, epoch: UInt64, sender: Sender)] = []
+    /// Senders waiting until their message may go (``durableThrough``): those from
+    /// ``ticketHead`` on, in the order of their numbers, all of this epoch (those before the head
+    /// went on). Released from the front — a sync's completions come one per batch, and taking
+    /// every waiter apart for each (removeAll, 64 senders waiting) cost 19 % of a power-loss
+    /// sender's time in perf.
+    var ticketWaiters: [TicketWaiter] = []
+    var ticketHead = 0
+
+    /// A sender waiting for message `number` of `epoch`. (A struct, not a tuple: an array of
+    /// tuples holding the generic sender was copied through the runtime's generic tuple
+    /// witnesses — 11 % of a power-loss sender's time in perf, each sync's release copying them.)
+    struct TicketWaiter {
+        var number: UInt64
+        var epoch: UInt64
+        let sender: Sender
+    }
     private var drainWaiters: [Drain] = []
     var reconnects = 0
     var resumes = 0
@@ -278,11 +292,35 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
                 for entry in going { _ = send(entry.item, number: entry.number, queued: queued, on: channel, &effects) }
             }
         }
+        while ticketHead < ticketWaiters.count, ticketWaiters[ticketHead].number <= durableThrough {
+            effects.senders.append((ticketWaiters[ticketHead].sender, nil))
+            ticketHead += 1
+        }
+        compactTicketWaiters()
+    }
+
+    /// Drops the waiters that went on from the list once they are most of it.
+    private mutating func compactTicketWaiters() {
+        if ticketHead == ticketWaiters.count {
+            ticketWaiters.removeAll(keepingCapacity: true)
+            ticketHead = 0
+        } else if ticketHead > 32, ticketHead * 2 > ticketWaiters.count {
+            ticketWaiters.removeFirst(ticketHead)
+            ticketHead = 0
+        }
+    }
+
+    /// The epoch changed (``startAnew(renewing:_:)``, which renumbered the waiters whose message
+    /// goes again): those of the old epoch go on (their message went), the rest are put in order.
+    mutating func ticketsRenumbered(_ effects: inout Effects) {
+        ticketWaiters.removeFirst(ticketHead)
+        ticketHead = 0
         ticketWaiters.removeAll { waiter in
-            guard waiter.epoch != epoch || waiter.number <= durableThrough else { return false }
+            guard waiter.epoch != epoch else { return false }
             effects.senders.append((waiter.sender, nil))
             return true
         }
+        ticketWaiters.sort { $0.number < $1.number }
     }
 
     /// A write of the store failed: the messages it did not take are not kept (their senders get
@@ -296,11 +334,12 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
             if failedGenerations.count > 8 { failedGenerations.removeFirst() }
             // The tail above what was written was never in the store (and never sent).
             let removed = outbox.removeNewest(after: writtenThrough)
-            ticketWaiters.removeAll { waiter in
-                guard waiter.epoch == epoch, waiter.number > writtenThrough else { return false }
-                effects.senders.append((waiter.sender, error))
-                return true
-            }
+            // (Those above what was written: the end of the list, in number order.)
+            var first = ticketWaiters.count
+            while first > ticketHead, ticketWaiters[first - 1].epoch == epoch, ticketWaiters[first - 1].number > writtenThrough { first -= 1 }
+            for waiter in ticketWaiters[first...] { effects.senders.append((waiter.sender, error)) }
+            ticketWaiters.removeLast(ticketWaiters.count - first)
+            compactTicketWaiters()
             if removed > 0 { wakeRoomWaiters(&effects) }
         case .begun(let through, let epoch) where epoch == self.epoch:
             // The store cannot follow the new epoch: what it holds is stale. The messages go on in
@@ -314,8 +353,9 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
 
     /// Fails the senders waiting for their message (the session ended).
     mutating func failTickets(with error: any Error, _ effects: inout Effects) {
-        effects.senders += ticketWaiters.map { ($0.sender, error) }
+        effects.senders += ticketWaiters[ticketHead...].map { ($0.sender, error) }
         ticketWaiters = []
+        ticketHead = 0
     }
 
     /// A sender waits until message `number` of `epoch` may go (false: it may already).
@@ -324,7 +364,11 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         switch ticket(number, epoch: epoch, generation: admitted) {
         case .ready: effects.senders.append((sender, nil))
         case .failed(let error): effects.senders.append((sender, error))
-        case .waiting: ticketWaiters.append((number, epoch, sender))
+        case .waiting:
+            // In number order (almost always at the end: senders wait in the order they were admitted).
+            var index = ticketWaiters.count
+            while index > ticketHead, ticketWaiters[index - 1].number > number { index -= 1 }
+            ticketWaiters.insert(TicketWaiter(number: number, epoch: epoch, sender: sender), at: index)
         }
     }
 
