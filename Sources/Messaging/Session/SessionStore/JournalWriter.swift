@@ -102,27 +102,35 @@ final class JournalWriter: @unchecked Sendable {
             break
         }
         // Records of another epoch never apply (as in ``Journal/replay(_:)``).
-        guard let epoch = state.sessions[key]?.snapshot.epoch, epoch == record.epoch else { return 0 }
+        // (One lookup, the session changed in place: each record is one call, and a lookup per
+        // field copied the session's index out and back — perf: 5 % of a crash-durable sender.)
+        guard let slot = state.sessions.index(forKey: key), state.sessions.values[slot].snapshot.epoch == record.epoch else { return 0 }
         switch record {
         case .message(_, _, let number, _, _, _):
-            state.sessions[key]!.messages.append((number, offset, length))
-            state.sessions[key]!.bytes += length
-            state.sessions[key]!.snapshot.nextNumber = number + 1
+            modify(&state.sessions.values[slot]) { live in
+                live.messages.append((number, offset, length))
+                live.bytes += length
+                live.snapshot.nextNumber = number + 1
+            }
             state.liveBytes += length
         case .released(_, _, let through):
-            state.sessions[key]!.snapshot.acknowledged = max(state.sessions[key]!.snapshot.acknowledged, through)
-            let freed = state.sessions[key]!.release(through: through)
+            let freed = modify(&state.sessions.values[slot]) { live in
+                live.snapshot.acknowledged = max(live.snapshot.acknowledged, through)
+                return live.release(through: through)
+            }
             state.liveBytes -= freed
             return freed
         case .handled(_, _, let through):
-            state.sessions[key]!.snapshot.handled = max(state.sessions[key]!.snapshot.handled, through)
+            modify(&state.sessions.values[slot]) { $0.snapshot.handled = max($0.snapshot.handled, through) }
         case .connected:
-            state.sessions[key]!.snapshot.everConnected = true
+            state.sessions.values[slot].snapshot.everConnected = true
         case .session, .ended:
             break
         }
         return 0
     }
+
+    private func modify<R>(_ live: inout Live, _ body: (inout Live) -> R) -> R { body(&live) }
 }
 
 extension SessionJournal {
