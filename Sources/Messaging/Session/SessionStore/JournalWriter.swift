@@ -64,8 +64,10 @@ final class JournalWriter: @unchecked Sendable {
     }
 
     var state: State
-    /// Reused for every write.
+    /// Reused for every write: the bytes, where each record lies in them, where each batch ends.
     var buffer: [UInt8] = []
+    var spans: [(offset: Int, length: Int)] = []
+    var ends: [Int] = []
     /// Sessions whose batch failed, with the generation that failed (its later batches fail too).
     var failedChains: [Journal.Key: UInt32] = [:]
     /// Compact when the file grows past this.
@@ -197,8 +199,10 @@ extension SessionJournal {
             outcomes = batches.map { ($0, .failure(stopped)) }
             return
         }
-        var taken: [JournalQueue.Batch] = []
-        for batch in batches {
+        // (Usually no session's batch failed: the batches are taken as they are, no new array.)
+        let filtering = !writer.failedChains.isEmpty
+        var taken = filtering ? [] : batches
+        for batch in batches where filtering {
             if let chain = batch.chain, let failed = writer.failedChains[chain.key] {
                 if failed == chain.generation {
                     outcomes.append((batch, .failure(FileError(path, "the session store '\(path)' did not store an earlier record of this session; nothing of this was stored"))))
@@ -218,7 +222,7 @@ extension SessionJournal {
             // (Read now: a compaction above may have replaced the file; its frontier is then the
             // new file's end, synced. A write tried again without one claims no more than before.)
             let frontier = shared.withLock { $0.frontier }
-            let (spans, ends) = encode(taken, frontier: frontier)
+            encode(taken, frontier: frontier)
             let start = writer.state.size
             do {
                 try writer.state.file.write(writer.buffer, at: start)
@@ -237,8 +241,10 @@ extension SessionJournal {
                     // finished first, and the write tried again in the file it left. A file mostly
                     // of released records then makes room by compacting at once.
                     if attempt == 1 {
-                        for (record, _, _) in spans {
-                            if case .released = record { _ = writer.index(record, offset: 0, length: 0) }
+                        for batch in taken {
+                            for record in batch.records {
+                                if case .released = record { _ = writer.index(record, offset: 0, length: 0) }
+                            }
                         }
                         liveBytes.store(writer.state.liveBytes, ordering: .relaxed)
                     }
@@ -262,7 +268,13 @@ extension SessionJournal {
                 return
             }
             var freed = 0
-            for (record, offset, length) in spans { freed += writer.index(record, offset: start + offset, length: length) }
+            var span = 0
+            for batch in taken {
+                for record in batch.records {
+                    freed += writer.index(record, offset: start + writer.spans[span].offset, length: writer.spans[span].length)
+                    span += 1
+                }
+            }
             writer.state.size += writer.buffer.count
             let (before, end) = (writer.state.size - writer.buffer.count, writer.state.size)
             let written = shared.withLock { state -> UInt64 in
@@ -273,7 +285,7 @@ extension SessionJournal {
                 return state.written
             }
             liveBytes.store(writer.state.liveBytes, ordering: .relaxed)
-            for (batch, batchEnd) in zip(taken, ends) { outcomes.append((batch, .success(written + UInt64(batchEnd)))) }
+            for (index, batch) in taken.enumerated() { outcomes.append((batch, .success(written + UInt64(writer.ends[index])))) }
             if freed > 0 { wakeRoomWaiters() }
             armBackgroundSync()
             if writer.compaction == nil, writer.state.size > writer.compactAt { startCompaction() }
@@ -281,20 +293,20 @@ extension SessionJournal {
         }
     }
 
-    /// Encodes the batches into the writer's buffer: each record with where it lies in the
-    /// buffer, and where each batch ends.
-    private func encode(_ batches: [JournalQueue.Batch], frontier: Int) -> ([(Journal.Record, Int, Int)], [Int]) {
+    /// Encodes the batches into the writer's buffer: where each record lies in the buffer
+    /// (``JournalWriter/spans``, in the batches' order) and where each batch ends
+    /// (``JournalWriter/ends``). (Buffers the writer keeps: no allocation per write.)
+    private func encode(_ batches: [JournalQueue.Batch], frontier: Int) {
         writer.buffer.removeAll(keepingCapacity: true)
-        var spans: [(Journal.Record, Int, Int)] = []
-        var ends: [Int] = []
+        writer.spans.removeAll(keepingCapacity: true)
+        writer.ends.removeAll(keepingCapacity: true)
         for batch in batches {
             for record in batch.records {
                 let start = writer.buffer.count
                 record.encode(into: &writer.buffer, header: writer.state.header, synced: frontier)
-                spans.append((record, start, writer.buffer.count - start))
+                writer.spans.append((start, writer.buffer.count - start))
             }
-            ends.append(writer.buffer.count)
+            writer.ends.append(writer.buffer.count)
         }
-        return (spans, ends)
     }
 }
