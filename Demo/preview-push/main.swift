@@ -168,32 +168,32 @@ struct PreviewPushCommand: AsyncParsableCommand {
         /// Pushes one file; its SHA-256 when stored.
         func push(_ file: String) async -> String? {
             let bar = ProgressBar(interactive: interactive)
-            if !interactive { say("pushing \(file) to '\(server)'") }
+            if !interactive { say("pushing \(FileName.printable(file, limit: 300)) to '\(FileName.printable(server))'") }
             do {
                 let result = try await pusher.push(
                     path: file, bytesPerSecond: limitRate, timeout: timeoutDuration,
                     resultTimeout: max(timeoutDuration, .seconds(120)),
                     onRetry: { retry in
                         note(
-                            "preview-push: \(file): \(retry.failure.message) after \(formatBytes(retry.sentBytes)); "
+                            "preview-push: \(FileName.printable(file, limit: 300)): \(retry.failure.message) after \(formatBytes(retry.sentBytes)); "
                                 + "retrying (attempt \(retry.attempt + 1), for up to \(Int(retryFor)) s)")
                     },
                     onResume: { offset in
-                        note("preview-push: \(file): resuming at \(formatBytes(offset)) (the previewer kept them)")
+                        note("preview-push: \(FileName.printable(file, limit: 300)): resuming at \(formatBytes(offset)) (the previewer kept them)")
                     },
                     progress: { bar.update($0) })
                 bar.finish()
                 let seconds = bar.elapsedSeconds
                 let rate = seconds > 0 ? Double(result.size ?? 0) / seconds / 1_048_576 : 0
                 say(
-                    "stored \(file) on '\(FileName.printable(server))' as '\(FileName.printable(result.storedName ?? "?", limit: 300))' (\(result.size ?? 0) bytes, "
+                    "stored \(FileName.printable(file, limit: 300)) on '\(FileName.printable(server))' as '\(FileName.printable(result.storedName ?? "?", limit: 300))' (\(result.size ?? 0) bytes, "
                         + "sha256 \(result.sha256 ?? "?"), \(String(format: "%.1f", rate)) MiB/s)")
                 if verbose, let health = await client.health { note("preview-push: link: \(health)") }
                 return result.sha256
             } catch {
                 bar.finish()
                 failures += 1
-                fail("failed \(file): \(error.message) [\(error.code)]")
+                fail("failed \(FileName.printable(file, limit: 300)): \(error.message) [\(error.code)]")
                 return nil
             }
         }
@@ -223,22 +223,22 @@ struct PreviewPushCommand: AsyncParsableCommand {
         }
         defer { watcher.stop() }
         var stored = await push(file)
-        note("preview-push: watching \(file): every save is pushed (Ctrl-C ends)")
+        note("preview-push: watching \(FileName.printable(file, limit: 300)): every save is pushed (Ctrl-C ends)")
         for await _ in watcher.saves {
             let sha: String
             do {
                 sha = try sha256OfFile(atPath: file).hex
             } catch {
-                note("preview-push: \(file) cannot be read now (\(error)); waiting for the next save")
+                note("preview-push: \(FileName.printable(file, limit: 300)) cannot be read now (\(error)); waiting for the next save")
                 continue
             }
             if sha == stored {
-                say("unchanged \(file) (sha256 \(sha)): the previewer has it, not pushed")
+                say("unchanged \(FileName.printable(file, limit: 300)) (sha256 \(sha)): the previewer has it, not pushed")
                 continue
             }
             stored = await push(file) ?? stored
         }
-        note("preview-push: stopped watching \(file)")
+        note("preview-push: stopped watching \(FileName.printable(file, limit: 300))")
     }
 
     func listPreviewers(logger: Logger) async throws {

@@ -607,6 +607,27 @@ struct PreviewIntegrationTests {
         #expect(server.poll() == nil)
     }
 
+    /// Issue 56, item 4: a local name with a bidirectional control is refused, and preview-push's
+    /// own lines show it escaped — never raw (its "failed" line printed `invoice‮txt.exe` reversed).
+    @Test func aNameWithABidiControlIsRefusedAndPrintedEscaped() async throws {
+        let directory = try makeDirectory()
+        let source = try makeDirectory()
+        defer {
+            remove(directory)
+            remove(source)
+        }
+        let file = source + "/invoice\u{202E}txt.exe"
+        try makeFile(file, size: 100)
+        let (server, _) = try await startServer(directory: directory, name: "Preview ITest Bidi")
+        defer { server.stop() }
+        let pushed = try push([file], ["--timeout", "5"])
+        #expect(pushed.status != 0, "\(pushed.output)")
+        #expect(pushed.output.contains("failed"), "\(pushed.output)")
+        #expect(!pushed.output.unicodeScalars.contains("\u{202E}"), "a raw U+202E in: \(pushed.output.debugDescription)")
+        #expect(pushed.output.contains("invoice\\u{202e}txt.exe"), "\(pushed.output)")
+        #expect(entries(directory).isEmpty)
+    }
+
     @Test func picksTheOnlyPreviewerAndFailsClearlyWhenAmbiguous() async throws {
         let directoryA = try makeDirectory()
         let directoryB = try makeDirectory()
