@@ -71,6 +71,7 @@ import Testing
         try await client.start()
         var kills = (server: 0, client: 0)
         var cut = 0
+        var powerLosses = 0
         var generator = SystemRandomNumberGenerator()
         for _ in 0..<Self.cycles {
             try await Task.sleep(for: .milliseconds(Int.random(in: 100...600, using: &generator)))
@@ -92,6 +93,14 @@ import Testing
             if phase.truncate {
                 for side in victims {
                     cut += Self.cutStore(root + (side === server ? "/server" : "/client") + "/store/sessions.journal", using: &generator)
+                    // A power loss (the machine starts again: a new boot) — always when both
+                    // stores lost records at once, as nothing else could tell the two stores'
+                    // earlier agreement from the truth (MessageSessions.md); else half the time,
+                    // the other half a hand cutting the file in the same boot.
+                    if victims.count == 2 || Bool.random(using: &generator) {
+                        side.boot = UUID().uuidString
+                        powerLosses += 1
+                    }
                 }
             }
             if away { try await server.start() }
@@ -111,7 +120,7 @@ import Testing
         let check = phase.truncate ? Self.checkRecovered : Self.check
         var counts = check(root + "/server", root + "/client", "sensor → collector")
         var report = "\(phase.name): \(Self.cycles) cycles (\(kills.server) collector kills, \(kills.client) sensor kills"
-            + (phase.truncate ? ", \(cut) bytes cut" : "") + "), \(counts.arrived) values up"
+            + (phase.truncate ? ", \(cut) bytes cut, \(powerLosses) as power losses" : "") + "), \(counts.arrived) values up"
         if phase.bothWays {
             let down = check(root + "/client", root + "/server", "collector → sensor")
             report += ", \(down.arrived) down"
@@ -206,6 +215,8 @@ import Testing
     final class Side: @unchecked Sendable {  // touched by the test's task only
         let name: String
         let arguments: [String]
+        /// The boot of the machine it runs in (`--boot`): a new one after a simulated power loss.
+        var boot = UUID().uuidString
         private var process: Process?
         private var output = ""
 
@@ -224,7 +235,7 @@ import Testing
         func start() async throws {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: Self.binary)
-            process.arguments = arguments
+            process.arguments = arguments + ["--boot", boot]
             output = NSTemporaryDirectory() + "session-chaos-\(name)-\(UInt64.random(in: 0...UInt64.max)).out"
             _ = FileManager.default.createFile(atPath: output, contents: nil)
             process.standardOutput = FileHandle(forWritingAtPath: output)

@@ -445,6 +445,36 @@ import Testing
         }
     }
 
+    /// Issue 53, 3 (both stores cut back alike): a session restored from a store that may have
+    /// lost its last records in a power loss (process-crash durability, another boot) never goes on
+    /// as it stands, whatever the peer says — even a peer whose counts agree with it (both stores
+    /// lost the same tail): a server starts anew under a new position id, a client renews.
+    @Test func aSessionWhoseStoreMayHaveLostRecordsStartsAnewEvenWhenThePeerAgrees() throws {
+        var restored = Journal.Restored(
+            snapshot: Journal.Snapshot(key: Self.id, positionID: .random(), everConnected: true, nextNumber: 3, acknowledged: 2, handled: 5))
+        let position = restored.snapshot.positionID
+        for mayHaveLost in [false, true] {
+            restored.mayHaveLost = mayHaveLost
+            var server = Machine(restoring: restored, maxCount: 100, maxBytes: 1 << 20, syncs: false)
+            var effects = Effects()
+            let agreeing = SessionHello(id: Self.id.hex, received: 2, epoch: position.hex, sent: 5)
+            switch server.serverOpen(agreeing, isNew: false, on: Link(), &effects) {
+            case .success(.resumed): #expect(!mayHaveLost, "a store that may have lost records resumed")
+            case .success(.restarted(let reason, _)):
+                #expect(mayHaveLost, "\(reason)")
+                #expect(reason.contains("may have lost") && server.positionID != position && !server.mayHaveLost, "\(reason)")
+            default: Issue.record("neither resumed nor restarted")
+            }
+            var client = Machine(restoring: restored, maxCount: 100, maxBytes: 1 << 20, syncs: false)
+            var opened = Effects()
+            switch client.clientOpened(SessionHello(id: Self.id.hex, received: 2, resumed: true, sent: 5), on: Link(), &opened) {
+            case .success(.resumed): #expect(!mayHaveLost, "a store that may have lost records resumed")
+            case .success(.diverged(let reason, _)): #expect(mayHaveLost && client.id != Self.id, "\(reason)")
+            default: Issue.record("neither resumed nor renewed")
+            }
+        }
+    }
+
     @Test func aNewSessionsFirstRecordIsItsSnapshot() {
         var machine = Self.machine(.synced)
         var effects = Effects()

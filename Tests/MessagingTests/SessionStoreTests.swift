@@ -268,6 +268,56 @@ import ProtocolCore
         again.close()
     }
 
+    /// Issue 53, 3 (both stores cut back alike): a process-crash store last written in another
+    /// boot of the machine by a process that did not close it may have lost its last records to
+    /// the power, cut at a record where nothing in the file shows it. Its sessions are marked to
+    /// start anew (with a notice), and stay marked — across a crash before they did — until they
+    /// have; the same boot, a closed store or power-loss durability is trusted.
+    @Test func aStoreWrittenInAnotherBootAndNotClosedStartsItsSessionsAnew() throws {
+        let directory = Self.directory("boot")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let suspects = directory + "/sessions.suspect"
+        func open(_ boot: String, _ durability: SessionStore.Durability = .processCrash, log: CapturedLog? = nil) throws -> SessionJournal {
+            var store = SessionStore(directory: directory, durability: durability)
+            store.boot = boot
+            return try SessionJournal(store, role: .server, identity: "plaintext", logger: log?.logger() ?? testLogger())
+        }
+        // (A journal let go without `close` is a killed process: its lock goes, its words stay.)
+        do {
+            let journal = try open("A")
+            try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+            try journal.append(.message(Self.key, epoch: 0, number: 1, codecID: 1, typeID: "t", payload: [1]))
+        }
+        do {
+            let journal = try open("A")
+            #expect(journal.restored[Self.key]?.mayHaveLost == false && journal.opening.lostBoot == nil, "the same boot")
+        }
+        let notices = CapturedLog()
+        do {
+            let journal = try open("B", log: notices)
+            #expect(journal.opening.lostBoot == "A" && journal.opening.mayHaveLost == 1)
+            #expect(journal.restored[Self.key]?.mayHaveLost == true)
+            #expect(notices.lines.contains { $0.level == .notice && $0.message.contains("in another boot of this machine") }, "\(notices.lines.map(\.message))")
+            #expect(FileManager.default.fileExists(atPath: suspects))
+        }
+        do {
+            let journal = try open("B")
+            #expect(journal.opening.lostBoot == nil && journal.restored[Self.key]?.mayHaveLost == true, "forgotten after a crash in the new boot")
+            // It starts anew (a new epoch), and the store is closed.
+            try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: .random(), epoch: 1)))
+            journal.close()
+        }
+        do {
+            let journal = try open("C")
+            #expect(journal.opening.lostBoot == nil && journal.restored[Self.key]?.mayHaveLost == false, "closed, then started anew")
+            #expect(!FileManager.default.fileExists(atPath: suspects))
+        }
+        do { _ = try open("C", .powerLoss) }
+        let journal = try open("D")
+        #expect(journal.opening.lostBoot == nil && journal.restored[Self.key]?.mayHaveLost == false, "power-loss durability")
+        journal.close()
+    }
+
     /// A store written by the version before (format 1) is read and rewritten in format 2.
     @Test func aVersion1StoreIsReadAndRewritten() throws {
         let directory = Self.directory("v1")

@@ -168,9 +168,12 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
         lock.withLock { capacity.map { $0 - used } }
     }
 
-    func lock(_ directory: String, name: String) throws(FileError) -> any StoreLockHandle { NoLock() }
+    func lock(_ directory: String, name: String) throws(FileError) -> (handle: any StoreLockHandle, previous: [UInt8]) { (NoLock(), []) }
 
-    struct NoLock: StoreLockHandle { func unlock() {} }
+    struct NoLock: StoreLockHandle {
+        func unlock() {}
+        func rewrite(_ holder: [UInt8]) -> Bool { true }
+    }
 
     // MARK: Files
 

@@ -5,7 +5,7 @@
 // lines it had to write itself. The test kills them with SIGKILL at random points and checks the
 // files.
 //
-//   session-chaos server|client --port P --dir DIR [--send] [--durability crash|power] [--recover]
+//   session-chaos server|client --port P --dir DIR [--send] [--durability crash|power] [--recover] [--boot ID]
 //
 // DIR holds the store (DIR/store), the identity (DIR/identity) and three logs:
 //   received.log     "<session> <number> <value>" per message taken, in order (the app's effect)
@@ -22,6 +22,9 @@
 // records"; the test cuts the stores between kills): the receiver also skips a value it has (an
 // idempotency key, as an order id); the sender sends again what was reported undelivered and, when
 // it starts, what its own log says it sent and the store no longer knows (`sendProgress`).
+//
+// --boot ID: the boot of the machine the store takes itself to run in (the test gives a side whose
+// store it cut as a power loss would a new one, as the restart after a power loss is a new boot).
 //
 // Signals: SIGUSR1 stops sending; once everything sent is acknowledged the program prints DRAINED.
 // SIGTERM ends it. It prints READY once it listens (server) or has started (client).
@@ -42,6 +45,7 @@ struct Options {
     var send = false
     var durability = SessionStore.Durability.processCrash
     var recover = false
+    var boot: String?
 
     init(_ arguments: [String]) {
         var rest = arguments.dropFirst()
@@ -53,11 +57,12 @@ struct Options {
             case "--send": send = true
             case "--durability": durability = rest.popFirst() == "power" ? .powerLoss : .processCrash
             case "--recover": recover = true
+            case "--boot": boot = rest.popFirst()
             default: fail("unknown argument \(argument)")
             }
         }
         guard role == "server" || role == "client", port != 0, !directory.isEmpty else {
-            fail("usage: session-chaos server|client --port P --dir DIR [--send] [--durability crash|power]")
+            fail("usage: session-chaos server|client --port P --dir DIR [--send] [--durability crash|power] [--recover] [--boot ID]")
         }
     }
 }
@@ -249,6 +254,7 @@ do {
 }
 var session = SessionConfiguration()
 session.store = SessionStore(directory: options.directory + "/store", durability: options.durability)
+session.store?.boot = options.boot
 session.gracePeriod = .seconds(120)
 
 let usr1 = DispatchSource.makeSignalSource(signal: SIGUSR1, queue: .global())

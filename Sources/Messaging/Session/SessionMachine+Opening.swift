@@ -89,11 +89,15 @@ extension SessionMachine {
     }
 
     /// Why the peer's SESSION (a client's, or a server's answer) names a state of the session
-    /// this side cannot continue, or nil when it can: another epoch's token; a count of this
+    /// this side cannot continue, or nil when it can: this side's store may have lost records
+    /// (``mayHaveLost``: whatever the peer says); another epoch's token; a count of this
     /// side's messages beyond what it sent, or below what the peer acknowledged before; fewer
     /// messages sent than this side already counted of them. Each means one side lost part of its
     /// state (a store that lost records): continuing would reuse numbers for other messages.
     func divergence(_ peer: SessionHello, mine token: Journal.Key?) -> String? {
+        if mayHaveLost {
+            return "this side's store may have lost its last records in a power loss (process-crash durability), so its counts cannot be trusted"
+        }
         if let theirs = peer.epoch, let token, theirs != token.hex {
             return "it names epoch \(theirs.prefix(8))…, not the current one (\(token.hex.prefix(8))…)"
         }
@@ -151,6 +155,7 @@ extension SessionMachine {
         let (lost, kept) = outbox.restart()
         let previous = epoch
         inbox.reset()
+        mayHaveLost = false
         epoch += 1
         positionID = .random()
         // (Before the snapshot: its messages go out on the next connection — a renewed session's

@@ -139,6 +139,9 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     private var droppedOutgoing = 0
     /// The owner's key kept in the store's snapshots (a server's session: the client's).
     let owner: String?
+    /// Its store may have lost its last records (a power loss under process-crash durability):
+    /// it cannot go on as it stands, and starts anew at its next connection.
+    var mayHaveLost = false
 
     init(id: Journal.Key, maxCount: Int, maxBytes: Int, stored: Bool, syncs: Bool, owner: String?, ackEvery: UInt64 = 32) {
         self.id = id
@@ -175,6 +178,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         positionText = snapshot.positionID.hex  // (no observer runs in an initializer)
         epoch = UInt64(snapshot.epoch)
         peerEpoch = snapshot.peerEpoch
+        mayHaveLost = restored.mayHaveLost
     }
 
     // MARK: Reading

@@ -164,6 +164,10 @@ extension Journal {
         /// Its messages in order; those before ``head`` were released.
         private var all: [Message] = []
         private var head = 0
+        /// The store may have lost its last records before this process opened it (a power loss
+        /// under process-crash durability): the session must not go on as it stands — it starts
+        /// anew with its peer at the next connection (``SessionJournal/settleSuspects``).
+        var mayHaveLost = false
 
         init(snapshot: Snapshot) { self.snapshot = snapshot }
 

@@ -50,9 +50,19 @@ final class SessionJournal: Sendable {
         var droppedRecords = 0
         /// The file was in format version 1 and was rewritten as version 2.
         var migrated = false
+        /// The last process wrote in another boot of the machine with process-crash durability
+        /// and did not close the store: its boot id (its last records may be lost).
+        var lostBoot: String?
+        /// Sessions that start anew with their peers at their next connection: their records may
+        /// be lost (in the boot above, or one an earlier opening found).
+        var mayHaveLost = 0
     }
 
     private let storeLock: any StoreLockHandle
+    /// This boot of the machine (written in the lock file with the durability).
+    let boot: String?
+    /// The store was closed with everything synced (the lock file says so then).
+    let closedSynced = Atomic<Bool>(false)
     let queue = JournalQueue()
     /// Held by the one caller writing now (``write()``): the writer's state is its alone.
     let writing = Atomic<Bool>(false)
@@ -124,12 +134,24 @@ final class SessionJournal: Sendable {
         } catch {
             throw FileError.system(directory, "cannot create the session store's directory '\(directory)'", errno: error.code)
         }
-        storeLock = try fileSystem.lock(directory, name: Self.lockName)
+        let (lock, previousHolder) = try fileSystem.lock(directory, name: Self.lockName)
+        storeLock = lock
+        boot = configuration.boot ?? SessionStore.machineBoot()
         do throws(FileError) {
             let opened = try Self.openFile(path, role: role, identity: identity, fileSystem: fileSystem, logger: logger)
-            restored = opened.restored
-            restoredOrder = opened.order
             var opening = opened.opening
+            var sessions = opened.restored
+            opening.lostBoot = Self.lostBoot(previous: previousHolder, current: boot)
+            opening.mayHaveLost = try Self.settleSuspects(
+                &sessions, lostBoot: opening.lostBoot != nil, directory: directory, fileSystem: fileSystem)
+            // Only now, the suspects on the disk, does the lock file say this boot.
+            _ = lock.rewrite(Self.holder(boot: boot, syncs: configuration.durability.syncs, closed: false))
+            if let lost = opening.lostBoot, !sessions.isEmpty {
+                logger.notice(
+                    "session store: '\(path)' was last written with process-crash durability in another boot of this machine (\(lost.prefix(8))…) by a process that did not close it: the records of its last second or so may have been lost with the power. Its \(sessions.count) sessions start anew with their peers when they connect again (a new position id; what they had sent and not had acknowledged is reported undelivered), never going on with numbers the peer may have seen")
+            }
+            restored = sessions
+            restoredOrder = opened.order
             var state = opened.writer
             if opened.header.version == 1 {
                 // Rewritten as version 2 at once (records of version 1 say nothing of syncs or epochs).
@@ -430,6 +452,10 @@ final class SessionJournal: Sendable {
         enqueue([]) { _ in filesClosed.signal() }
         write()
         filesClosed.wait()
+        if closedSynced.load(ordering: .acquiring) {
+            // Everything is on the disk: the next opener trusts it in whatever boot.
+            _ = storeLock.rewrite(Self.holder(boot: boot, syncs: configuration.durability.syncs, closed: true))
+        }
         storeLock.unlock()
     }
 
@@ -447,6 +473,7 @@ final class SessionJournal: Sendable {
         syncQueue.sync {
             do {
                 try file.sync()
+                closedSynced.store(shared.withLock { $0.failure == nil }, ordering: .releasing)
             } catch {
                 logger.warning("session store: cannot sync '\(path)' while closing it: \(error)")
             }

@@ -1,3 +1,5 @@
+import Foundation
+
 /// Where, and how durably, a server's or client's message sessions are kept on disk, so that a
 /// restarted process continues them: it answers (server) or asks for (client) a resume, resends
 /// what the peer has not acknowledged, and remembers what its app handled. Opt-in:
@@ -39,6 +41,9 @@ public struct SessionStore: Sendable {
     /// Most bytes of unacknowledged messages the store keeps, for all its sessions together; a send
     /// beyond it waits until acknowledgements make room (back-pressure, never a drop).
     public var maxBytes: Int = 256 << 20
+    /// Tests only: the boot of the machine the store takes itself to run in (a power loss is a new
+    /// boot); nil: the kernel's (`/proc/sys/kernel/random/boot_id`).
+    package var boot: String?
 
     /// - Parameters:
     ///   - directory: Where the store lives; one process per directory.
@@ -47,5 +52,12 @@ public struct SessionStore: Sendable {
     public init(directory: String, durability: Durability = .processCrash) {
         self.directory = directory
         self.durability = durability
+    }
+
+    /// This boot of the machine (`/proc/sys/kernel/random/boot_id`), nil when it cannot be read.
+    static func machineBoot() -> String? {
+        guard let text = try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8) else { return nil }
+        let boot = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        return boot.isEmpty ? nil : boot
     }
 }

@@ -27,8 +27,10 @@ protocol StoreFileSystem: Sendable {
     /// Bytes free on the file system holding `path` (`statvfs`), nil when unknown.
     func freeSpace(at path: String) -> Int?
     /// Takes the lock that keeps other processes from the store in `directory` (a file `name`
-    /// there), or says who holds it.
-    func lock(_ directory: String, name: String) throws(FileError) -> any StoreLockHandle
+    /// there), or says who holds it. Returns the handle and what the lock file holds (the words of
+    /// the process that held it last, empty for a new one), unchanged: the opener writes its own
+    /// with ``StoreLockHandle/rewrite(_:)`` once it has settled what they told it.
+    func lock(_ directory: String, name: String) throws(FileError) -> (handle: any StoreLockHandle, previous: [UInt8])
 }
 
 /// An open file of a store.
@@ -194,12 +196,14 @@ final class PosixFile: StoreFile {
 protocol StoreLockHandle: Sendable {
     /// Releases it (once; again is nothing).
     func unlock()
+    /// Replaces what the lock file holds with `holder`, synced; false when that failed.
+    func rewrite(_ holder: [UInt8]) -> Bool
 }
 
 extension PosixFileSystem {
-    /// Takes the store's lock: `flock` on `<directory>/<name>`, which then holds this process's
-    /// pid (released by the kernel when the process ends, however it ends).
-    func lock(_ directory: String, name: String) throws(FileError) -> any StoreLockHandle {
+    /// Takes the store's lock: `flock` on `<directory>/<name>` (released by the kernel when the
+    /// process ends, however it ends). The file holds its holder's pid on its first line.
+    func lock(_ directory: String, name: String) throws(FileError) -> (handle: any StoreLockHandle, previous: [UInt8]) {
         let lockPath = (directory as NSString).appendingPathComponent(name)
         let fd: Int32
         switch retryingInterrupts({ Glibc.open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }) {
@@ -209,9 +213,10 @@ extension PosixFileSystem {
         }
         if case .failure(let error) = retryingInterrupts({ flock(fd, LOCK_EX | LOCK_NB) }) {
             var holder = ""
-            var bytes = [UInt8](repeating: 0, count: 32)
-            let count = pread(fd, &bytes, bytes.count, 0)
-            if count > 0, let pid = Int(String(decoding: bytes[0..<count], as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) {
+            let bytes = Self.readAll(fd)
+            if let line = String(decoding: bytes, as: UTF8.self).split(separator: "\n").first,
+                let pid = Int(line.trimmingCharacters(in: .whitespaces))
+            {
                 holder = " (pid \(pid))"
             }
             _ = Glibc.close(fd)
@@ -223,12 +228,14 @@ extension PosixFileSystem {
                 "the session store '\(directory)' is in use by another process\(holder): a store belongs to one process at a time; give this one a directory of its own, or stop the other first",
                 errno: EWOULDBLOCK)
         }
-        // The pid is a hint for the message above (a failure to write it changes nothing else).
-        let pid = Array("\(getpid())\n".utf8)
-        if ftruncate(fd, 0) != 0 || pwrite(fd, pid, pid.count, 0) != pid.count {
-            // (Only the hint is lost; the lock itself is held.)
-        }
-        return PosixStoreLock(fd: fd)
+        return (PosixStoreLock(fd: fd), Self.readAll(fd))
+    }
+
+    /// What the file at `fd` holds (up to 64 KiB; empty when it cannot be read).
+    static func readAll(_ fd: Int32) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: 64 << 10)
+        let count = pread(fd, &bytes, bytes.count, 0)
+        return count > 0 ? Array(bytes[0..<count]) : []
     }
 }
 
@@ -243,5 +250,20 @@ final class PosixStoreLock: StoreLockHandle {
         guard !released.exchange(true, ordering: .acquiringAndReleasing) else { return }
         _ = flock(fd, LOCK_UN)
         _ = Glibc.close(fd)
+    }
+
+    func rewrite(_ holder: [UInt8]) -> Bool {
+        guard !released.load(ordering: .acquiring) else { return false }
+        guard case .success = retryingInterrupts({ ftruncate(fd, 0) }) else { return false }
+        var done = 0
+        while done < holder.count {
+            let result = holder.withUnsafeBytes { raw in
+                retryingInterrupts { pwrite(fd, raw.baseAddress! + done, holder.count - done, off_t(done)) }
+            }
+            guard case .success(let written) = result, written > 0 else { return false }
+            done += written
+        }
+        if case .success = retryingInterrupts({ fdatasync(fd) }) { return true }
+        return false
     }
 }
