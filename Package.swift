@@ -152,17 +152,32 @@ let package = Package(
             path: "Demo/PreviewKit",
             swiftSettings: strict
         ),
+        // preview-server's web page (Hummingbird 2): a target of its own, so that its routes are
+        // tested in process (Tests/PreviewWebTests).
+        .target(
+            name: "PreviewWeb",
+            dependencies: [
+                "PreviewKit", "Locks",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Ink", package: "Ink"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ],
+            path: "Demo/PreviewWeb",
+            swiftSettings: strict
+        ),
         .executableTarget(
             name: "preview-server",
             dependencies: [
-                "PreviewKit", "Messaging", "ProtocolCore", "SystemCalls", "Transport",
+                "PreviewKit", "PreviewWeb", "Messaging", "ProtocolCore", "SystemCalls", "Transport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "Ink", package: "Ink"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
             ],
             path: "Demo/preview-server",
@@ -221,6 +236,7 @@ let package = Package(
         ),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(name: "PreviewTests", dependencies: ["PreviewKit", "TestWaits"], swiftSettings: strict),
+        .testTarget(name: "PreviewWebTests", dependencies: ["PreviewWeb", "PreviewKit", "TestWaits"], swiftSettings: strict),
         // docs/PROTOCOL.md's application examples, rendered from what the code sends.
         .testTarget(
             name: "SpecExampleTests", dependencies: ["ChatKit", "PreviewKit", "ProtocolCore", "Messaging"],

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import Messaging
 import PreviewKit
+import PreviewWeb
 import ServiceLifecycle
 import Synchronization
 

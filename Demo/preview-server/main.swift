@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import Metrics
 import PreviewKit
+import PreviewWeb
 import Prometheus
 import ProtocolCore
 import ServiceLifecycle

@@ -7,9 +7,9 @@ import Synchronization
 /// directory at each request (a file deleted by hand is gone from the page, one copied in by hand
 /// is listed), with the pusher and time of those pushed since the server started; and the pages
 /// watching for new pushes (Server-Sent Events), told of each stored file at once.
-final class PreviewInbox: Sendable {
+package final class PreviewInbox: Sendable {
     /// One file as the page lists it (JSON).
-    struct Entry: Codable, Sendable, Equatable {
+    package struct Entry: Codable, Sendable, Equatable {
         /// The stored name (what `/files/` and `/render/` take, percent-encoded).
         let name: String
         /// The name as shown: control and bidirectional formatting characters visible as `\u{…}`
@@ -53,7 +53,7 @@ final class PreviewInbox: Sendable {
     }
     private let state = Mutex(State())
 
-    init(directory: String) {
+    package init(directory: String) {
         self.directory = directory
         state.withLock { state in
             let timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "preview-server.web.ping"))
@@ -68,7 +68,7 @@ final class PreviewInbox: Sendable {
 
     /// A file was stored: remembered with its pusher and told to every watching page.
     @discardableResult
-    func stored(_ file: StoredFile, at time: Date = Date()) -> Entry {
+    package func stored(_ file: StoredFile, at time: Date = Date()) -> Entry {
         let milliseconds = Int64(time.timeIntervalSince1970 * 1000)
         let pushed = Pushed(
             pusher: file.pusher.map { FileName.printable($0.name, limit: 64) }, pusherKey: file.pusher?.key,
@@ -139,7 +139,7 @@ final class PreviewInbox: Sendable {
 
     /// The server stops: every watch ends (their responses finish, so the HTTP server's graceful
     /// shutdown does not wait on them), and no new one starts.
-    func finish() {
+    package func finish() {
         let watchers = state.withLock { state in
             state.finished = true
             state.timer?.cancel()
@@ -155,9 +155,10 @@ final class PreviewInbox: Sendable {
         for watcher in watchers { watcher.yield(update) }
     }
 
-    /// A regular file of the inbox opened without following a symbolic link; nil otherwise.
+    /// A regular file of the inbox opened without following a symbolic link; nil otherwise. (Not
+    /// blocking on a FIFO someone made in the folder: opened nonblocking, and refused by `fstat`.)
     static func openRegularFile(_ path: String) -> FileHandle? {
-        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         var info = stat()
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {

@@ -3,6 +3,7 @@ import HTTPTypes
 import Hummingbird
 import Logging
 import NIOCore
+import NIOPosix
 import PreviewKit
 import Prometheus
 import ServiceLifecycle
@@ -15,21 +16,30 @@ import Synchronization
 /// - `GET /events`: Server-Sent Events, one `stored` event per file stored, at once.
 /// - `GET /files/NAME`: the file as it is (`ETag`, `Range`, `If-None-Match`: Hummingbird's
 ///   FileMiddleware), only a name in the inbox: anything with a `/` once decoded, `..`, the
-///   server's temporary files and anything but a regular file are refused.
+///   server's temporary files and anything but a regular file are refused; opened once, without
+///   following a link, and served from that descriptor (``InboxFiles``).
 /// - `GET /render/NAME`: a text or Markdown file rendered (``PageRendering``).
 /// - `GET /metrics`: Prometheus' text, when metrics are on.
 ///
 /// Every answer says `X-Content-Type-Options: nosniff`; what a pusher sent is served under a
 /// sandbox Content-Security-Policy (``WebSecurity``).
-struct PreviewWeb {
+package struct PreviewWeb {
     let inbox: PreviewInbox
     let name: String
     let allowScripts: Bool
     let registry: PrometheusCollectorRegistry?
     let logger: Logger
 
+    package init(inbox: PreviewInbox, name: String, allowScripts: Bool, registry: PrometheusCollectorRegistry?, logger: Logger) {
+        self.inbox = inbox
+        self.name = name
+        self.allowScripts = allowScripts
+        self.registry = registry
+        self.logger = logger
+    }
+
     /// The router of the page (or, with `pageless`, of `/metrics` alone: `--metrics-port`).
-    func router(pageless: Bool = false) -> Router<BasicRequestContext> {
+    package func router(pageless: Bool = false) -> Router<BasicRequestContext> {
         let router = Router()
         router.add(middleware: WebSecurity(allowScripts: allowScripts))
         if let registry {
@@ -40,23 +50,29 @@ struct PreviewWeb {
             }
         }
         guard !pageless else { return router }
-        router.add(middleware: InboxGuard(directory: inbox.directory))
+        router.add(middleware: InboxGuard())
         router.add(
-            middleware: FileMiddleware(inbox.directory, urlBasePath: "/files", logger: logger)
+            middleware: FileMiddleware(fileProvider: InboxFiles(directory: inbox.directory), urlBasePath: "/files")
                 .withAdditionalMediaTypes(forFileExtensions: Self.mediaTypes))
         router.get("/") { _, _ in Self.asset(WebAssets.page, "text/html; charset=utf-8") }
         router.get("/app.js") { _, _ in Self.asset(WebAssets.script, "text/javascript; charset=utf-8") }
         router.get("/app.css") { _, _ in Self.asset(WebAssets.style, "text/css; charset=utf-8") }
         let (inbox, name, allowScripts) = (self.inbox, self.name, self.allowScripts)
         router.get("/api/files") { _, _ in
-            let listing = Listing(name: FileName.printable(name, limit: 100), allowScripts: allowScripts, files: inbox.list())
+            // A readdir and an lstat per file: on NIO's thread pool, never on a cooperative thread.
+            let files = try await NIOThreadPool.singleton.runIfActive { inbox.list() }
+            let listing = Listing(name: FileName.printable(name, limit: 100), allowScripts: allowScripts, files: files)
             var headers = HTTPFields()
             headers[.contentType] = "application/json"
             headers[.cacheControl] = "no-store"
             return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: try JSONEncoder().encode(listing))))
         }
         router.get("/events") { _, _ in Self.events(inbox) }
-        router.get("/render/:name") { _, context in try Self.render(context.parameters.require("name"), in: inbox.directory) }
+        router.get("/render/:name") { _, context in
+            let name = try context.parameters.require("name")
+            // Up to 4 MiB read and rendered: on NIO's thread pool too.
+            return try await NIOThreadPool.singleton.runIfActive { try Self.render(name, in: inbox.directory) }
+        }
         return router
     }
 
@@ -133,12 +149,11 @@ struct PreviewWeb {
     }
 }
 
-/// Refuses every `/files/` request that is not for a regular file of the inbox by one plain name,
-/// before the FileMiddleware looks: `/files/../x`, `/files/%2e%2e/x`, `/files/a%2Fb`, the
-/// server's temporary files, its folder of interrupted pushes, symbolic links and folders.
+/// Refuses every `/files/` request that is not for one plain name of the inbox, with why, before
+/// the FileMiddleware looks: `/files/../x`, `/files/%2e%2e/x`, `/files/a%2Fb`, the server's
+/// temporary files and its folder of interrupted pushes; and every method but GET and HEAD.
+/// (Symbolic links, folders and FIFOs are refused by ``InboxFiles``, which opens the file.)
 struct InboxGuard<Context: RequestContext>: RouterMiddleware {
-    let directory: String
-
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let path = request.uri.path
         guard path.hasPrefix("/files/") || path == "/files" else { return try await next(request, context) }
@@ -148,11 +163,11 @@ struct InboxGuard<Context: RequestContext>: RouterMiddleware {
         guard let name = path.dropFirst("/files/".count).removingPercentEncoding, PreviewInbox.isListed(name) else {
             throw HTTPError(.badRequest, message: "not a file name of the inbox (one name, no '/' or '..')")
         }
-        var info = stat()
-        guard lstat(directory + "/" + name, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+        do {
+            return try await next(request, context)
+        } catch let error as HTTPError where error.status == .notFound {
             throw HTTPError(.notFound, message: "no such file in the inbox")
         }
-        return try await next(request, context)
     }
 }
 
@@ -205,11 +220,11 @@ struct WebSecurity<Context: RequestContext>: RouterMiddleware {
 
 /// The web page as a service of the daemon's service group: on graceful shutdown the pages'
 /// event streams end first (else the HTTP server's own shutdown would wait on them).
-struct WebService: Service {
+package struct WebService: Service {
     let application: Application<RouterResponder<BasicRequestContext>>
     let inbox: PreviewInbox?
 
-    func run() async throws {
+    package func run() async throws {
         try await withGracefulShutdownHandler {
             try await application.run()
         } onGracefulShutdown: {
@@ -219,7 +234,7 @@ struct WebService: Service {
 
     /// An application on `address`:`port` (0: the kernel's choice) that calls `running` with the
     /// port it got.
-    static func make(
+    package static func make(
         router: Router<BasicRequestContext>, address: String, port: UInt16, logger: Logger, inbox: PreviewInbox?,
         running: @escaping @Sendable (Int) -> Void
     ) -> WebService {

@@ -1,0 +1,205 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+import PreviewKit
+import TestWaits
+import Testing
+
+@testable import PreviewWeb
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The page's routes in process (issue 56, 3): the real router and Hummingbird server on
+/// loopback, asked over a plain socket — every guard of `/files/`, `/render/` and `/api/files`
+/// (traversal, links, folders, FIFOs, temporary files, methods, ranges, headers). What only a
+/// browser shows stays in the Chromium tests (PreviewIntegrationTests).
+@Suite(.serialized) struct RouteTests {
+    /// An inbox folder with a file, a link out of it, a folder, a FIFO and a temporary file.
+    final class Inbox {
+        let directory: String
+        let secret: String
+
+        init() throws {
+            directory = NSTemporaryDirectory() + "preview-web-\(UInt64.random(in: 0...UInt64.max))"
+            secret = directory + "-secret"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            try Data("the secret".utf8).write(to: URL(fileURLWithPath: secret))
+            try Data("0123456789abcdef".utf8).write(to: URL(fileURLWithPath: directory + "/a.txt"))
+            try Data("# Title\n".utf8).write(to: URL(fileURLWithPath: directory + "/notes.md"))
+            try FileManager.default.createSymbolicLink(atPath: directory + "/link.txt", withDestinationPath: secret)
+            try FileManager.default.createDirectory(atPath: directory + "/folder.txt", withIntermediateDirectories: false)
+            #expect(mkfifo(directory + "/pipe.txt", 0o600) == 0)
+            #expect(mkfifo(directory + "/pipe.md", 0o600) == 0)
+            try Data("half".utf8).write(to: URL(fileURLWithPath: directory + "/\(FileName.tempPrefix)x\(FileName.tempSuffix)"))
+        }
+
+        deinit {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: secret)
+        }
+    }
+
+    /// The page's server on 127.0.0.1 (a port the kernel picks) while `body` runs.
+    static func withServer(_ inbox: Inbox, _ body: (UInt16) async throws -> Void) async throws {
+        let logger = Logger(label: "preview-web-tests") { _ in SwiftLogNoOpLogHandler() }
+        let web = PreviewWeb(inbox: PreviewInbox(directory: inbox.directory), name: "Test", allowScripts: false, registry: nil, logger: logger)
+        let (ports, port) = AsyncStream.makeStream(of: Int.self)
+        let service = WebService.make(router: web.router(), address: "127.0.0.1", port: 0, logger: logger, inbox: nil) { port.yield($0) }
+        let server = Task { try await service.run() }
+        defer { server.cancel() }
+        var iterator = ports.makeAsyncIterator()
+        guard let listening = await iterator.next(), listening > 0 else {
+            Issue.record("the server did not start")
+            return
+        }
+        try await body(UInt16(listening))
+        server.cancel()
+        _ = await server.result
+    }
+
+    struct Answer {
+        let status: Int
+        let headers: [String: String]
+        let body: [UInt8]
+        var text: String { String(decoding: body, as: UTF8.self) }
+    }
+
+    /// One HTTP/1.1 request over a new connection (on a thread of its own: the socket blocks, up to
+    /// 10 s), the whole answer read until the server closes.
+    static func ask(_ port: UInt16, _ method: String = "GET", _ path: String, headers: [String: String] = [:]) async throws -> Answer {
+        let raw = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<[UInt8], any Error>) in
+            let thread = Thread {
+                continuation.resume(with: Result { try exchange(port, method, path, headers) })
+            }
+            thread.start()
+        }
+        guard let end = raw.indices.first(where: { raw[$0...].starts(with: Array("\r\n\r\n".utf8)) }) else {
+            throw TestFailure("no HTTP answer: \(String(decoding: raw, as: UTF8.self))")
+        }
+        let head = String(decoding: raw[..<end], as: UTF8.self).components(separatedBy: "\r\n")
+        let status = Int(head[0].split(separator: " ")[1]) ?? 0
+        var fields: [String: String] = [:]
+        for line in head.dropFirst() {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            fields[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        }
+        return Answer(status: status, headers: fields, body: Array(raw[(end + 4)...]))
+    }
+
+    struct TestFailure: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    private static func exchange(_ port: UInt16, _ method: String, _ path: String, _ headers: [String: String]) throws -> [UInt8] {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure("socket: \(errno)") }
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = UInt32(0x7f00_0001).bigEndian
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { throw TestFailure("connect: \(errno)") }
+        var request = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        for (name, value) in headers { request += "\(name): \(value)\r\n" }
+        let bytes = Array((request + "\r\n").utf8)
+        guard send(fd, bytes, bytes.count, 0) == bytes.count else { throw TestFailure("send: \(errno)") }
+        var answer: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = recv(fd, &buffer, buffer.count, 0)
+            if count == 0 { break }
+            guard count > 0 else { throw TestFailure("no answer within 10 s (errno \(errno)) to \(method) \(path); had: \(answer.count) bytes") }
+            answer += buffer[0..<count]
+        }
+        return answer
+    }
+
+    @Test func aFileIsServedWithItsHeadersRangesAndValidators() async throws {
+        let inbox = try Inbox()
+        try await Self.withServer(inbox) { port in
+            let whole = try await Self.ask(port, "GET", "/files/a.txt")
+            #expect(whole.status == 200 && whole.text == "0123456789abcdef")
+            #expect(whole.headers["x-content-type-options"] == "nosniff")
+            #expect(whole.headers["content-security-policy"]?.hasPrefix("sandbox;") == true, "\(whole.headers)")
+            #expect(whole.headers["content-type"]?.hasPrefix("text/plain") == true, "\(whole.headers)")
+            let etag = try #require(whole.headers["etag"])
+            let part = try await Self.ask(port, "GET", "/files/a.txt", headers: ["Range": "bytes=2-5"])
+            #expect(part.status == 206 && part.text == "2345" && part.headers["content-range"] == "bytes 2-5/16", "\(part.headers)")
+            let unchanged = try await Self.ask(port, "GET", "/files/a.txt", headers: ["If-None-Match": etag])
+            #expect(unchanged.status == 304 && unchanged.body.isEmpty)
+            let head = try await Self.ask(port, "HEAD", "/files/a.txt")
+            #expect(head.status == 200 && head.headers["content-length"] == "16" && head.body.isEmpty)
+        }
+    }
+
+    /// Names outside the inbox, the server's own files and other methods are refused with why.
+    @Test func namesOutsideTheInboxAndOtherMethodsAreRefused() async throws {
+        let inbox = try Inbox()
+        try await Self.withServer(inbox) { port in
+            for path in [
+                "/files/..%2F" + (inbox.secret as NSString).lastPathComponent, "/files/%2e%2e/etc/passwd", "/files/a%2Fb",
+                "/files/.lanmsg-partial", "/files/\(FileName.tempPrefix)x\(FileName.tempSuffix)", "/files/",
+            ] {
+                let answer = try await Self.ask(port, "GET", path)
+                #expect(answer.status == 400 || answer.status == 404, "\(path): \(answer.status) \(answer.text)")
+                #expect(!answer.text.contains("the secret") && !answer.text.contains("half"), "\(path) served")
+            }
+            let put = try await Self.ask(port, "DELETE", "/files/a.txt")
+            #expect(put.status == 405 && put.text.contains("read-only"), "\(put.status) \(put.text)")
+            #expect(FileManager.default.fileExists(atPath: inbox.directory + "/a.txt"))
+        }
+    }
+
+    /// A link out of the inbox, a folder and a FIFO are no files of it: 404 at once — a FIFO
+    /// opened for reading without O_NONBLOCK waits for a writer forever (`/render/` did).
+    @Test func linksFoldersAndFIFOsAreRefusedAtOnce() async throws {
+        let inbox = try Inbox()
+        try await Self.withServer(inbox) { port in
+            for path in ["/files/link.txt", "/files/folder.txt", "/files/pipe.txt", "/render/link.txt", "/render/pipe.md", "/render/folder.txt"] {
+                let answer = try await Self.ask(port, "GET", path)
+                #expect(answer.status == 404, "\(path): \(answer.status) \(answer.text)")
+                #expect(!answer.text.contains("the secret"), "\(path) served the file the link names")
+            }
+            let rendered = try await Self.ask(port, "GET", "/render/notes.md")
+            #expect(rendered.status == 200 && rendered.text.contains("<h1>Title</h1>"), "\(rendered.text)")
+            let listing = try await Self.ask(port, "GET", "/api/files")
+            let names = try JSONDecoder().decode(PreviewWeb.Listing.self, from: Data(listing.body)).files.map(\.name)
+            #expect(Set(names) == ["a.txt", "notes.md"], "\(names)")
+        }
+    }
+
+    /// What was opened is what is sent: a file replaced by a link to another after it was opened
+    /// and checked still sends its own bytes (the middleware's own provider opened by name again
+    /// after a check by name: a swap between them sent whatever the link named).
+    @Test func theCheckedFileIsTheOneSentEvenWhenItsNameIsSwapped() async throws {
+        let inbox = try Inbox()
+        let files = InboxFiles(directory: inbox.directory)
+        let id = try #require(files.getFileIdentifier("/a.txt"))
+        let attributes = try #require(try await files.getAttributes(id: id))
+        #expect(attributes.size == 16 && !attributes.isFolder)
+        try FileManager.default.removeItem(atPath: inbox.directory + "/a.txt")
+        try FileManager.default.createSymbolicLink(atPath: inbox.directory + "/a.txt", withDestinationPath: inbox.secret)
+        final class Collected: @unchecked Sendable { var bytes: [UInt8] = [] }  // one writer at a time
+        struct Writer: ResponseBodyWriter {
+            let collected: Collected
+            mutating func write(_ buffer: ByteBuffer) async throws { collected.bytes += buffer.readableBytesView }
+            consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}
+        }
+        let collected = Collected()
+        try await files.body(id, range: nil).write(Writer(collected: collected))
+        #expect(String(decoding: collected.bytes, as: UTF8.self) == "0123456789abcdef")
+        let part = Collected()
+        try await files.body(id, range: 10...15).write(Writer(collected: part))
+        #expect(String(decoding: part.bytes, as: UTF8.self) == "abcdef")
+        #expect(files.getFileIdentifier("/../x") == nil && files.getFileIdentifier("/a/b") == nil)
+    }
+}
