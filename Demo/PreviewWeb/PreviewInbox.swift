@@ -5,8 +5,9 @@ import Synchronization
 
 /// What the web page shows: the files in the inbox directory, newest first, read from the
 /// directory at each request (a file deleted by hand is gone from the page, one copied in by hand
-/// is listed), with the pusher and time of those pushed since the server started; and the pages
-/// watching for new pushes (Server-Sent Events), told of each stored file at once.
+/// is listed), with the pusher and time of those pushed since the server started (remembered while
+/// the file is there, at most ``maxRemembered``); and the pages watching for new pushes
+/// (Server-Sent Events), told of each stored file at once.
 package final class PreviewInbox: Sendable {
     /// One file as the page lists it (JSON).
     package struct Entry: Codable, Sendable, Equatable {
@@ -73,7 +74,14 @@ package final class PreviewInbox: Sendable {
         let pushed = Pushed(
             pusher: file.pusher.map { FileName.printable($0.name, limit: 64) }, pusherKey: file.pusher?.key,
             time: milliseconds)
-        state.withLock { $0.pushed[file.name] = pushed }
+        state.withLock { state in
+            state.pushed[file.name] = pushed
+            if state.pushed.count > Self.maxRemembered {
+                // The oldest tenth forgotten at once (a scan per 1,000 pushes, not per push).
+                let kept = state.pushed.sorted { $0.value.time > $1.value.time }.prefix(Self.maxRemembered * 9 / 10)
+                state.pushed = Dictionary(uniqueKeysWithValues: kept.map { ($0.key, $0.value) })
+            }
+        }
         let entry = Self.entry(name: file.name, size: file.size, pushed: pushed)
         tell(.stored(entry))
         return entry
@@ -83,8 +91,17 @@ package final class PreviewInbox: Sendable {
     /// folder of interrupted pushes, and anything that is not a regular file (a symbolic link, a
     /// folder).
     func list() -> [Entry] {
+        let started = Int64(Date().timeIntervalSince1970 * 1000)
         let pushed = state.withLock { $0.pushed }
         let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+        // Who pushed a file that is gone is forgotten (not one stored since the folder was read).
+        let present = Set(names)
+        let gone = pushed.filter { !present.contains($0.key) && $0.value.time < started }.map(\.key)
+        if !gone.isEmpty {
+            state.withLock { state in
+                for name in gone where state.pushed[name].map({ $0.time < started }) == true { state.pushed[name] = nil }
+            }
+        }
         var entries: [Entry] = []
         entries.reserveCapacity(names.count)
         for name in names where Self.isListed(name) {
@@ -136,6 +153,13 @@ package final class PreviewInbox: Sendable {
 
     /// Pages watching now.
     var watcherCount: Int { state.withLock { $0.watchers.count } }
+
+    /// Pushes remembered now (their pusher shown): the files still in the folder that were pushed
+    /// since the server started, at most ``maxRemembered``.
+    var rememberedCount: Int { state.withLock { $0.pushed.count } }
+    /// The most pushes remembered: beyond it the oldest tenth is forgotten (their files then show
+    /// as found in the folder).
+    static let maxRemembered = 10_000
 
     /// The server stops: every watch ends (their responses finish, so the HTTP server's graceful
     /// shutdown does not wait on them), and no new one starts.

@@ -2,10 +2,10 @@ import Foundation
 import Hummingbird
 import Logging
 import NIOCore
-import PreviewKit
 import TestWaits
 import Testing
 
+@testable import PreviewKit
 @testable import PreviewWeb
 
 #if canImport(Glibc)
@@ -201,5 +201,23 @@ import Testing
         try await files.body(id, range: 10...15).write(Writer(collected: part))
         #expect(String(decoding: part.bytes, as: UTF8.self) == "abcdef")
         #expect(files.getFileIdentifier("/../x") == nil && files.getFileIdentifier("/a/b") == nil)
+    }
+
+    /// Who pushed a file is remembered while the file is there: a file deleted by hand takes its
+    /// pusher with it at the next listing (the record grew for the life of the process).
+    @Test func whoPushedAFileIsForgottenWithTheFile() throws {
+        let inbox = try Inbox()
+        let pushes = PreviewInbox(directory: inbox.directory)
+        defer { pushes.finish() }
+        for name in ["a.txt", "notes.md"] {
+            var file = StoredFile(name: name, path: inbox.directory + "/" + name, sha256: "", size: 1)
+            file.pusher = StoredFile.Pusher(name: "Ann", key: "abcd")
+            pushes.stored(file, at: Date(timeIntervalSinceNow: -1))
+        }
+        #expect(pushes.rememberedCount == 2)
+        #expect(pushes.list().first { $0.name == "a.txt" }?.pusher == "Ann")
+        try FileManager.default.removeItem(atPath: inbox.directory + "/a.txt")
+        #expect(pushes.list().map(\.name) == ["notes.md"])
+        #expect(pushes.rememberedCount == 1)
     }
 }
