@@ -445,6 +445,26 @@ import Testing
         }
     }
 
+    /// A message the app handles after its session ended (a client's GOODBYE ended it while the
+    /// app was still working on what had arrived) writes no record: a `handled` after the session's
+    /// `ended` named a session no record began, and the next start refused the store as damaged
+    /// (the chaos test's collector, once in CI).
+    @Test func aMessageHandledAfterTheSessionEndedWritesNoRecord() {
+        let link = Link()
+        var machine = Self.attached(.written, link: link)
+        var effects = Effects()
+        machine.written(.begun(through: 0, epoch: 0), &effects)
+        guard case .deliver(let number, let epoch, _) = machine.received(on: link, onArrival: false, &effects) else {
+            return fail("not delivered")
+        }
+        var ended = Effects()
+        _ = machine.end(MessagingError(.stopped, "the client renewed its session"), keepStored: false, &ended)
+        #expect(ended.records.count == 1)
+        var late = Effects()
+        machine.handled(number, epoch: epoch, &late)
+        #expect(late.records.isEmpty, "\(late.records)")
+    }
+
     /// Issue 53, 3 (both stores cut back alike): a session restored from a store that may have
     /// lost its last records in a power loss (process-crash durability, another boot) never goes on
     /// as it stands, whatever the peer says — even a peer whose counts agree with it (both stores

@@ -60,6 +60,23 @@ import ProtocolCore
         #expect(String(decoding: session.messages.first!.payload, as: UTF8.self) == "{\"n\":2}")
     }
 
+    /// A late record of a session its `ended` record ended (written by a version that let a handled
+    /// count through after the end) applies to nothing; a record of a session no record began is
+    /// still damage.
+    @Test func aLateRecordOfAnEndedSessionIsNoDamage() throws {
+        let begun = Journal.Record.session(Journal.Snapshot(key: Self.key, positionID: Self.position))
+        let late: [(record: Journal.Record, offset: Int, length: Int)] = [
+            (begun, 0, 0), (.ended(Self.key), 1, 0), (.handled(Self.key, epoch: 0, through: 1), 2, 0),
+        ]
+        #expect(try Journal.replay(late).get().isEmpty)
+        let stray: [(record: Journal.Record, offset: Int, length: Int)] = [(.handled(Self.key, epoch: 0, through: 1), 7, 0)]
+        guard case .failure(.damagedRecord(7, let why)) = Journal.replay(stray) else {
+            Issue.record("a stray record passed")
+            return
+        }
+        #expect(why.contains("which no record began"))
+    }
+
     /// A crash interrupts the last write at any byte: every complete record before it is read back,
     /// the rest reported as torn (to be cut), never as damage.
     @Test func aTornLastRecordIsCutAtEveryOffset() throws {

@@ -20,10 +20,12 @@ extension SessionMachine {
         return .deliver(number: number, epoch: epoch, positionID: positionID)
     }
 
-    /// The app handled message `number` of `epoch` (an older epoch's: nothing).
+    /// The app handled message `number` of `epoch` (an older epoch's, or after the session ended:
+    /// nothing — a record after its `ended` would name a session no record began, and the next
+    /// start would refuse the store).
     mutating func handled(_ number: UInt64, epoch: UInt64, _ effects: inout Effects) {
         // Counted also while disconnected (the next SESSION frame tells it).
-        guard epoch == self.epoch, inbox.handle(number) else { return }
+        guard ended == nil, epoch == self.epoch, inbox.handle(number) else { return }
         handledAdvanced(&effects)
     }
 

@@ -186,6 +186,9 @@ extension Journal {
     /// A record of another epoch than its session's current one never applies.
     static func replay(_ records: [(record: Record, offset: Int, length: Int)]) -> Result<[Key: Restored], Damage> {
         var sessions: [Key: Restored] = [:]
+        // Sessions an `ended` record ended in this file: a late record of one (written by a
+        // version that let a handled count through after the end) applies to nothing.
+        var ended: Set<Key> = []
         for (record, offset, length) in records {
             let key = record.key
             switch record {
@@ -194,11 +197,13 @@ extension Journal {
                 continue
             case .ended:
                 sessions[key] = nil
+                ended.insert(key)
                 continue
             default:
                 break
             }
             guard let session = sessions[key] else {
+                if ended.contains(key) { continue }
                 return .failure(.damagedRecord(offset: offset, "it names session \(key), which no record began"))
             }
             guard record.epoch == session.snapshot.epoch else { continue }
