@@ -318,6 +318,43 @@ import Testing
         }
     }
 
+    /// What the peer's SESSION says it received is released like an ACK and recorded so: a session
+    /// resumed after every restart, never acknowledged in between, kept everything it ever sent in
+    /// its journal (the chaos test's kill phase: 33,116 message records, 277 released; the replay
+    /// at the next start outgrew the 20 s it had).
+    @Test func aResumeReleasesWhatThePeerReceivedAndRecordsIt() throws {
+        // Client side.
+        var client = Self.machine(.written)
+        var effects = Effects()
+        _ = client.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: Link(), &effects)
+        client.written(.begun(through: 0, epoch: 1), &effects)
+        for n in 1...5 { try Self.send(n, &client) }
+        client.written(.messages(through: 5, epoch: 1), &effects)
+        _ = Self.numbers(&client)
+        client.detach(client.channel!, &effects)
+        var resumed = Effects()
+        guard case .success(.resumed(2)) = client.clientOpened(SessionHello(id: Self.id.hex, received: 3, resumed: true, epoch: client.peerEpoch?.hex), on: Link(), &resumed)
+        else { return fail("not resumed") }
+        guard case .released(_, 1, 3)? = resumed.records.first else { return fail("client: \(resumed.records)") }
+        var again = Effects()
+        client.detach(client.channel!, &again)
+        _ = client.clientOpened(SessionHello(id: Self.id.hex, received: 3, resumed: true, epoch: client.peerEpoch?.hex), on: Link(), &again)
+        #expect(again.records.isEmpty, "nothing new released, nothing recorded: \(again.records)")
+        // Server side.
+        let link = Link()
+        var server = Self.attached(.written, link: link)
+        for n in 1...4 { try Self.send(n, &server) }
+        var written = Effects()
+        server.written(.messages(through: 4, epoch: 0), &written)
+        _ = Self.numbers(&server)
+        server.detach(link, &written)
+        var opened = Effects()
+        guard case .success(.resumed(1)) = server.serverOpen(SessionHello(id: Self.id.hex, received: 3, epoch: server.positionID.hex), isNew: false, on: Link(), &opened)
+        else { return fail("server: not resumed") }
+        guard case .released(_, 0, 3)? = opened.records.first else { return fail("server: \(opened.records)") }
+        #expect(server.outbox.count == 1)
+    }
+
     @Test func aServerThatForgotStartsANewEpochTheUnsentGoAndTheSentAreReported() throws {
         var machine = Self.machine(.written)
         let first = Link()

@@ -116,6 +116,20 @@ extension SessionMachine {
         return nil
     }
 
+    /// The peer's SESSION says it received up to `peerReceived`: releases what it has and returns
+    /// what to send again (nil: it claims what this side cannot continue). The release is recorded
+    /// like an ACK's — without it, a session resumed after every restart kept every message it ever
+    /// sent in its journal (compaction keeps what was never released), and the replay at the next
+    /// start grew without bound.
+    private mutating func resumeOutbox(peerReceived: UInt64, _ effects: inout Effects) -> [SessionOutbox<Frame>.Entry]? {
+        let before = outbox.acknowledged
+        guard let resend = outbox.resume(peerReceived: peerReceived, transmittable: durableThrough) else { return nil }
+        if stored, outbox.acknowledged > before {
+            effects.records.append(.released(id, epoch: storeEpoch, through: outbox.acknowledged))
+        }
+        return resend
+    }
+
     /// Client: the server's SESSION answer arrived on `link`. Attaches to it and resends what the
     /// server lacks, starts anew (the server did not know the session), or — when the answer
     /// claims a state this side cannot continue — renews the session under a new id. The answer
@@ -127,7 +141,7 @@ extension SessionMachine {
         if reply.resumed == true, everConnected {
             let reason = divergence(reply, mine: peerEpoch) ?? "it says it received \(reply.received) messages"
             guard divergence(reply, mine: peerEpoch) == nil,
-                let resend = outbox.resume(peerReceived: reply.received, transmittable: durableThrough)
+                let resend = resumeOutbox(peerReceived: reply.received, &effects)
             else {
                 return .success(.diverged(reason: reason, undelivered: renew(&effects)))
             }
@@ -217,7 +231,7 @@ extension SessionMachine {
         var resent: [SessionOutbox<Frame>.Entry] = []
         if !isNew {
             let reason = divergence(hello, mine: positionID)
-            if reason == nil, let entries = outbox.resume(peerReceived: hello.received, transmittable: durableThrough) {
+            if reason == nil, let entries = resumeOutbox(peerReceived: hello.received, &effects) {
                 resent = entries
                 resumes += 1
                 opened = .resumed(resent: entries.count)
