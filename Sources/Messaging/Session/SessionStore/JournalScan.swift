@@ -202,31 +202,34 @@ extension Journal {
             default:
                 break
             }
-            guard let session = sessions[key] else {
+            // (One lookup, the session changed in place through its slot: a `let` copy of it held
+            // while the dictionary's value was mutated kept a second reference to its message list,
+            // and every record copied the whole list — quadratic: a client's start on a 3.7 MB
+            // journal of 33,000 kept messages took 21 s in a debug build.)
+            guard let slot = sessions.index(forKey: key) else {
                 if ended.contains(key) { continue }
                 return .failure(.damagedRecord(offset: offset, "it names session \(key), which no record began"))
             }
-            guard record.epoch == session.snapshot.epoch else { continue }
-            let next = session.snapshot.nextNumber
-            // (Changed in place: a copy of a session with many messages per record would be quadratic.)
+            guard record.epoch == sessions.values[slot].snapshot.epoch else { continue }
+            let next = sessions.values[slot].snapshot.nextNumber
             switch record {
             case .session, .ended: break
             case .message(_, _, let number, let codecID, let typeID, let payload):
                 guard number == next else {
                     return .failure(.damagedRecord(offset: offset, "message #\(number) of session \(key) where #\(next) was next"))
                 }
-                sessions[key]!.snapshot.nextNumber += 1
-                sessions[key]!.append((number, codecID, typeID, payload, offset, length))
+                sessions.values[slot].snapshot.nextNumber += 1
+                sessions.values[slot].append((number, codecID, typeID, payload, offset, length))
             case .released(_, _, let through):
                 guard through < next else {
                     return .failure(.damagedRecord(offset: offset, "session \(key) released #\(through), beyond what it sent"))
                 }
-                sessions[key]!.snapshot.acknowledged = max(sessions[key]!.snapshot.acknowledged, through)
-                sessions[key]!.release(through: through)
+                sessions.values[slot].snapshot.acknowledged = max(sessions.values[slot].snapshot.acknowledged, through)
+                sessions.values[slot].release(through: through)
             case .handled(_, _, let through):
-                sessions[key]!.snapshot.handled = max(sessions[key]!.snapshot.handled, through)
+                sessions.values[slot].snapshot.handled = max(sessions.values[slot].snapshot.handled, through)
             case .connected:
-                sessions[key]!.snapshot.everConnected = true
+                sessions.values[slot].snapshot.everConnected = true
             }
         }
         return .success(sessions)
