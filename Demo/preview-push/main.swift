@@ -11,12 +11,14 @@ struct PreviewPushCommand: AsyncParsableCommand {
         abstract: "Push files to a preview server (_preview._tcp) on the local network.",
         discussion: """
             Without --to, the only previewer found is used; when several are found they are listed and \
-            nothing is sent. --host/--port skip discovery (an IPv6 link-local address needs its \
-            interface: fe80::1%eth0).
+            nothing is sent. --to NAME --to NAME … or --all push to several at once, side by side. \
+            --host/--port skip discovery (an IPv6 link-local address needs its interface: fe80::1%eth0).
 
-            Exit status: 0 every file stored (or --list found previewers); 1 a file failed (each has \
-            its result line), or --list found none; 2 nothing was sent: no previewer found or \
-            connected to, its key refused, or another push protocol version; 64 a usage error.
+            Exit status: 0 every file stored on every previewer (or --list found previewers); 1 a file \
+            failed (each has its result line), or --list found none; 2 nothing was sent: no previewer \
+            found or connected to, its key refused, or another push protocol version; 3 (several \
+            previewers) one or more could not be pushed to at all (each named), the others stored \
+            every file; 64 a usage error.
             """)
 
     @Argument(help: "Files to push.")
@@ -31,8 +33,17 @@ struct PreviewPushCommand: AsyncParsableCommand {
                 + "command. A save whose content the previewer already has (the SHA-256 of the last push) is not sent."))
     var watch = false
 
-    @Option(help: "The previewer's service name (see --list).")
-    var to: String?
+    @Option(
+        help: ArgumentHelp(
+            "The previewer's service name (see --list). Repeat it to push to several at once: one connection each, "
+                + "a result line per previewer and file.", valueName: "name"))
+    var to: [String] = []
+
+    @Flag(
+        help: ArgumentHelp(
+            "Push to every previewer found whose key this preview-push trusts (pushed to before). A previewer never "
+                + "pushed to is listed and skipped: push to it once with --to NAME, which shows its key."))
+    var all = false
 
     @Option(help: "Connect to this host or address instead of browsing (needs --port).")
     var host: String?
@@ -82,9 +93,13 @@ struct PreviewPushCommand: AsyncParsableCommand {
         if watch && (list || files.count != 1) { throw ValidationError("--watch takes exactly one file") }
         if !list && files.isEmpty { throw ValidationError("name at least one file to push (or use --list)") }
         if (host == nil) != (port == nil) { throw ValidationError("--host and --port go together") }
-        if host != nil && to != nil {
+        if host != nil && !to.isEmpty {
             throw ValidationError("--to (discovery) and --host (no discovery) exclude each other")
         }
+        if all && (host != nil || !to.isEmpty || list) {
+            throw ValidationError("--all finds the previewers itself: it excludes --to, --host and --list")
+        }
+        if Set(to).count != to.count { throw ValidationError("a previewer is named twice with --to") }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
         guard retryFor >= 0 else { throw ValidationError("--retry-for must be 0 or more") }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown log level '\(logLevel)'") }
@@ -115,83 +130,40 @@ struct PreviewPushCommand: AsyncParsableCommand {
             ? ServiceDiscovery(
                 logger: logger, programName: "preview-push", configuration: try discoveryConfiguration(logger: logger))
             : nil
+        if all || to.count > 1 {
+            try await pushToMany(discovery: discovery!, logger: logger)
+            return
+        }
         let target: ServiceTarget
         if let host, let port {
             target = .host(host, port: port)
         } else {
-            target = .service(name: to, type: PreviewProtocol.serviceType, discovery: discovery!)
+            target = .service(name: to.first, type: PreviewProtocol.serviceType, discovery: discovery!)
         }
-        var configuration = ClientConfiguration(
-            peerName: "preview-push",
-            reconnect: retryFor > 0 ? ReconnectPolicy(initialDelay: .milliseconds(200), maxDelay: .seconds(2)) : nil)
-        configuration.browseTimeout = timeoutDuration
-        configuration.resolveTimeout = timeoutDuration
-        configuration.channel.connectTimeout = timeoutDuration
-        configuration.channel.preSharedKey = try keyFile.map { try PreSharedKey(contentsOfFile: $0) }
-        let client: MessageClient
-        do {
-            client = try await MessageClient.connect(to: target, configuration: configuration, logger: logger)
-        } catch {
-            var message = error.message
-            if error.code == .ambiguousService { message += "; pick one with --to NAME (see --list)" }
-            fail("preview-push: \(message)")
+        let previewer: Previewer
+        switch await Previewer.connect(to: target, options: self, logger: logger) {
+        case .success(let connected): previewer = connected
+        case .failure(let unreachable):
+            fail("preview-push: \(unreachable.message)")
             await discovery?.shutdown()
             throw ExitCode(2)
         }
-        // A previewer of another push protocol version is not pushed to unless asked.
-        if let version = client.peer?.metadata[PreviewProtocol.TXTKey.protocolVersion], version != String(PreviewProtocol.version),
-            !ignoreVersion
-        {
-            fail(
-                "preview-push: '\(FileName.printable(client.peer?.name ?? "?"))' speaks push protocol version \(FileName.printable(version)), "
-                    + "this preview-push speaks \(PreviewProtocol.version); nothing was sent (update one of them, or push anyway with --ignore-version)")
-            await client.close()
-            await discovery?.shutdown()
-            throw ExitCode(2)
-        }
-        guard let channel = client.channel else {
-            fail("preview-push: the connection closed at once")
-            throw ExitCode(2)
-        }
-        let server = channel.peer.name
-        if let identity = channel.peerIdentity, identity.isFirstContact {
-            note(
-                "preview-push: first contact with '\(server)': its key is \(identity.fingerprint.full), comparison "
-                    + "code \(identity.comparisonCode). The server shows the same code when it is really the one you "
-                    + "mean; its key is remembered from now on, and a different key will be refused.")
-        }
+        let client = previewer.client
         let drain = Task { for await _ in client.events {} }
-        let pusher = ResumingPusher(client: client, retryFor: .milliseconds(Int64(retryFor * 1000)))
-        let retryFor = self.retryFor
         let interactive = isatty(STDERR_FILENO) == 1
         var failures = 0
         /// Pushes one file; its SHA-256 when stored.
         func push(_ file: String) async -> String? {
             let bar = ProgressBar(interactive: interactive)
-            if !interactive { say("pushing \(FileName.printable(file, limit: 300)) to '\(FileName.printable(server))'") }
-            do {
-                let result = try await pusher.push(
-                    path: file, bytesPerSecond: limitRate, timeout: timeoutDuration,
-                    resultTimeout: max(timeoutDuration, .seconds(120)),
-                    onRetry: { retry in
-                        note(
-                            "preview-push: \(FileName.printable(file, limit: 300)): \(retry.failure.message) after \(formatBytes(retry.sentBytes)); "
-                                + "retrying (attempt \(retry.attempt + 1), for up to \(Int(retryFor)) s)")
-                    },
-                    onResume: { offset in
-                        note("preview-push: \(FileName.printable(file, limit: 300)): resuming at \(formatBytes(offset)) (the previewer kept them)")
-                    },
-                    progress: { bar.update($0) })
-                bar.finish()
-                let seconds = bar.elapsedSeconds
-                let rate = seconds > 0 ? Double(result.size ?? 0) / seconds / 1_048_576 : 0
-                say(
-                    "stored \(FileName.printable(file, limit: 300)) on '\(FileName.printable(server))' as '\(FileName.printable(result.storedName ?? "?", limit: 300))' (\(result.size ?? 0) bytes, "
-                        + "sha256 \(result.sha256 ?? "?"), \(String(format: "%.1f", rate)) MiB/s)")
+            if !interactive { say("pushing \(FileName.printable(file, limit: 300)) to '\(FileName.printable(previewer.name))'") }
+            let outcome = await previewer.push(file, options: self, progress: { bar.update($0) })
+            bar.finish()
+            switch outcome {
+            case .stored(let result):
+                say(previewer.storedLine(file, result, seconds: bar.elapsedSeconds))
                 if verbose, let health = await client.health { note("preview-push: link: \(health)") }
                 return result.sha256
-            } catch {
-                bar.finish()
+            case .failed(let error):
                 failures += 1
                 fail("failed \(FileName.printable(file, limit: 300)): \(error.message) [\(error.code)]")
                 return nil
@@ -211,16 +183,20 @@ struct PreviewPushCommand: AsyncParsableCommand {
         }
     }
 
-    /// `--watch`: pushes `file`, then again after every save whose content differs from what was
-    /// last stored, until SIGINT or SIGTERM.
-    func watchAndPush(_ file: String, push: (String) async -> String?) async throws {
-        let watcher: FileWatcher
+    /// The watcher of `file`'s saves (`--watch`); exit status 2 when it cannot be watched.
+    func startWatching(_ file: String) throws -> FileWatcher {
         do {
-            watcher = try FileWatcher(path: file)
+            return try FileWatcher(path: file)
         } catch {
             fail("preview-push: --watch: \(error)")
             throw ExitCode(2)
         }
+    }
+
+    /// `--watch`: pushes `file`, then again after every save whose content differs from what was
+    /// last stored, until SIGINT or SIGTERM.
+    func watchAndPush(_ file: String, push: (String) async -> String?) async throws {
+        let watcher = try startWatching(file)
         defer { watcher.stop() }
         var stored = await push(file)
         note("preview-push: watching \(FileName.printable(file, limit: 300)): every save is pushed (Ctrl-C ends)")

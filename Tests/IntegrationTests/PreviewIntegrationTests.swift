@@ -628,6 +628,88 @@ struct PreviewIntegrationTests {
         #expect(entries(directory).isEmpty)
     }
 
+    /// Issue 56, 1: the same files to several previewers at once. `--to` three times: one
+    /// connection each, a result line per previewer and file, every copy whole; `--all`: the
+    /// previewers this pusher trusts, one never pushed to skipped with a note saying how to trust
+    /// it; a previewer that is gone fails alone (exit status 3, the others stored everything).
+    /// Also prints D3's figure: a 10 MiB push to one previewer and to three (not asserted).
+    @Test func pushesToSeveralPreviewersAtOnce() async throws {
+        let tag = UUID().uuidString.prefix(4)
+        let names = ["A", "B", "C", "D"].map { "Preview ITest Many \($0) \(tag)" }
+        let directories = try names.map { _ in try makeDirectory() }
+        let (source, data) = (try makeDirectory(), try makeDirectory())
+        defer {
+            for directory in directories { remove(directory) }
+            remove(source, data)
+        }
+        var servers: [Background] = []
+        defer { for server in servers { server.stop() } }
+        for (index, name) in names.enumerated() {
+            let server = try Harness.spawn(
+                onB: true,
+                [Harness.binary("preview-server"), "--directory", directories[index], "--name", name, "--identity",
+                    data + "/server-\(index)", "--log-level", "info"])
+            servers.append(server)
+            try await server.waitForOutput("published as", timeout: .seconds(15))
+        }
+        func push(_ files: [String], _ options: [String]) throws -> (status: Int32, output: String) {
+            try Harness.run(
+                ["env", "XDG_DATA_HOME=\(data)/pusher", Harness.binary("preview-push")] + files.map { source + "/" + $0 }
+                    + ["--timeout", "5", "--retry-for", "0"] + options, timeout: .seconds(120))
+        }
+        func to(_ indices: Int...) -> [String] { indices.flatMap { ["--to", names[$0]] } }
+        try makeFile(source + "/small.txt", size: 1000)
+        try makeFile(source + "/design.bin", size: 3 * 1024 * 1024, seed: 2)
+        try makeFile(source + "/later.txt", size: 500, seed: 3)
+        try makeFile(source + "/after.txt", size: 700, seed: 4)
+
+        let three = try push(["small.txt", "design.bin"], to(0, 1, 2))
+        #expect(three.status == 0, "\(three.output)")
+        for index in 0..<3 {
+            #expect(entries(directories[index]) == ["design.bin", "small.txt"], "\(names[index]): \(three.output)")
+            #expect(try sameBytes(source + "/design.bin", directories[index] + "/design.bin"))
+            #expect(three.output.contains("on '\(names[index])' as 'design.bin'"), "\(three.output)")
+            #expect(three.output.contains("first contact with '\(names[index])'"), "\(three.output)")
+        }
+        #expect(three.output.contains("3 previewers:"), "\(three.output)")
+
+        // --all: the three now trusted; D, never pushed to, is skipped and told how to trust it.
+        var all = (status: Int32(-1), output: "")
+        try await waitUntil("--all sees D too", timeout: .seconds(30)) {
+            all = try push(["later.txt"], ["--all"])
+            return all.output.contains(names[3])
+        }
+        #expect(all.status == 0, "\(all.output)")
+        #expect(all.output.contains("skipped '\(names[3])': never pushed to"), "\(all.output)")
+        #expect(all.output.contains("--to '\(names[3])'"), "\(all.output)")
+        for index in 0..<3 { #expect(entries(directories[index]).contains("later.txt"), "\(names[index]): \(all.output)") }
+        #expect(entries(directories[3]).isEmpty)
+
+        // C gone: it fails alone.
+        servers[2].stop()
+        let partly = try push(["after.txt"], to(0, 1, 2))
+        #expect(partly.status == 3, "\(partly.output)")
+        #expect(partly.output.contains("'\(names[2])' not reached"), "\(partly.output)")
+        for index in 0..<2 { #expect(entries(directories[index]).contains("after.txt"), "\(names[index]): \(partly.output)") }
+        #expect(!entries(directories[2]).contains("after.txt"))
+
+        // D3 (Benchmarks/preview-page.sh prints the same): a 10 MiB file to one, then to three.
+        try makeFile(source + "/big.bin", size: 10 * 1024 * 1024, seed: 5)
+        let clock = ContinuousClock()
+        var one = (status: Int32(-1), output: "")
+        let toOne = try clock.measure { one = try push(["big.bin"], to(0)) }
+        #expect(one.status == 0, "\(one.output)")
+        servers[2] = try Harness.spawn(
+            onB: true,
+            [Harness.binary("preview-server"), "--directory", directories[2], "--name", names[2], "--identity",
+                data + "/server-2", "--log-level", "info"])
+        try await servers[2].waitForOutput("published as", timeout: .seconds(15))
+        var many = (status: Int32(-1), output: "")
+        let toThree = try clock.measure { many = try push(["big.bin"], to(0, 1, 2)) }
+        #expect(many.status == 0, "\(many.output)")
+        print("MEASURED preview-push 10 MiB: to one previewer \(toOne), to three at once \(toThree) (process start to exit)")
+    }
+
     @Test func picksTheOnlyPreviewerAndFailsClearlyWhenAmbiguous() async throws {
         let directoryA = try makeDirectory()
         let directoryB = try makeDirectory()
