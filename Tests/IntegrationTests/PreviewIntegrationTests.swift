@@ -708,6 +708,25 @@ struct PreviewIntegrationTests {
         let toThree = try clock.measure { many = try push(["big.bin"], to(0, 1, 2)) }
         #expect(many.status == 0, "\(many.output)")
         print("MEASURED preview-push 10 MiB: to one previewer \(toOne), to three at once \(toThree) (process start to exit)")
+
+        // --watch with two: each save goes to both; a save both have is not sent again.
+        let draft = source + "/draft.md"
+        try Data("# Draft 1\n".utf8).write(to: URL(fileURLWithPath: draft))
+        let watcher = try Harness.spawn(
+            onB: false,
+            ["env", "XDG_DATA_HOME=\(data)/pusher", Harness.binary("preview-push"), "--watch", draft, "--timeout", "5"] + to(0, 1))
+        defer { watcher.stop() }
+        try await watcher.waitForOutput("watching", timeout: .seconds(15))
+        func drafts(_ index: Int) -> Int { entries(directories[index]).filter { $0.hasPrefix("draft") }.count }
+        #expect(drafts(0) == 1 && drafts(1) == 1, "\(watcher.text)")
+        try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: draft))
+        try await waitUntil("the second save stored on both") { drafts(0) == 2 && drafts(1) == 2 }
+        try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: draft))
+        try await watcher.waitForOutput("unchanged", timeout: .seconds(15))
+        kill(watcher.pid, SIGTERM)
+        #expect(watcher.wait(timeout: .seconds(15)) == 0, "\(watcher.text)")
+        #expect(drafts(0) == 2 && drafts(1) == 2, "\(watcher.text)")
+        #expect(watcher.text.contains("'\(names[0])' stored 2 of 2") && watcher.text.contains("'\(names[1])' stored 2 of 2"), "\(watcher.text)")
     }
 
     @Test func picksTheOnlyPreviewerAndFailsClearlyWhenAmbiguous() async throws {
