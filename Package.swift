@@ -184,7 +184,7 @@ let package = Package(
         .executableTarget(
             name: "preview-push",
             dependencies: [
-                "PreviewKit", "Messaging",
+                "PreviewKit", "Messaging", "Discovery",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],

@@ -74,11 +74,17 @@ preview_pid=$!
 pids+=($preview_pid)
 # preview-push browses until "Demo Preview" shows up (bounded by --timeout), then pushes.
 push_status=0
+push_log=$root/.build/demo/preview-push.log
+mkdir -p "$(dirname "$push_log")"
 timeout 60 "$bin/preview-push" "$preview_src/hello.txt" "$preview_src/notes.md" "$preview_src/sunset.png" \
-  --to "Demo Preview" --timeout 15 || push_status=$?
+  --to "Demo Preview" --timeout 15 > "$push_log" || push_status=$?
+cat "$push_log"
 echo "-- stored on the server side:"
 ls -l "$preview_dir"
-url="http://$web_address:8080/"
+# Beyond loopback the page answers only its link with a token, which the push's result brought
+# ("page of 'Demo Preview': http://…/t/TOKEN/"); on loopback it is open at /.
+url=$(sed -n "s/^page of 'Demo Preview': //p" "$push_log" | head -n 1)
+[ -n "$url" ] || url="http://$web_address:8080/"
 echo "-- the live page: $url (new pushes show there at once)"
 shot=$root/.build/demo/preview-page.png
 mkdir -p "$(dirname "$shot")"
@@ -86,7 +92,7 @@ rm -f "$shot"
 # The newest file (sunset.png) large, the others listed. (--timeout, not --virtual-time-budget: the
 # page's live event stream never ends, and virtual time waits for it.)
 timeout 60 chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
-  --window-size=1280,720 --timeout=3000 --screenshot="$shot" "$url" > "$shot.log" 2>&1 < /dev/null || true
+  --window-size=1280,720 --timeout=6000 --screenshot="$shot" "$url" > "$shot.log" 2>&1 < /dev/null || true
 if [ -s "$shot" ]; then
   echo "-- screenshot by headless Chromium: $shot"
 else

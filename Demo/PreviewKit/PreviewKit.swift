@@ -168,15 +168,32 @@ public struct PreviewResult: Codable, Sendable, Hashable {
     public var size: UInt64?
     /// Why the push failed (nil: stored).
     public var failure: PreviewFailure?
+    /// The previewer's web page, when it listens beyond loopback: where a browser opens it, with its
+    /// token (sent only with a stored result, over the encrypted channel, so only a pusher the
+    /// previewer accepts learns it). Absent from older previewers.
+    public var page: PageLink?
+
+    /// The page's port and its path with the token (`/t/TOKEN/`); the host is the previewer's
+    /// address the pusher reached.
+    public struct PageLink: Codable, Sendable, Hashable {
+        public var port: UInt16
+        public var path: String
+
+        public init(port: UInt16, path: String) {
+            self.port = port
+            self.path = path
+        }
+    }
 
     public init(
         offerID: String, storedName: String? = nil, sha256: String? = nil, size: UInt64? = nil,
-        failure: PreviewFailure? = nil
+        failure: PreviewFailure? = nil, page: PageLink? = nil
     ) {
         self.offerID = offerID
         self.storedName = storedName
         self.sha256 = sha256
         self.size = size
         self.failure = failure
+        self.page = page
     }
 }

@@ -38,10 +38,15 @@ public final class PreviewService: Sendable {
     ///   - offerExpiry: How long an accepted offer waits for its transfer before its space is released.
     ///   - logger: Where pushes are logged.
     ///   - onStored: Called after each stored file (update the TXT record, run a hook…).
+    /// The web page's link sent with each stored result (nil: none, or only on loopback).
+    private let page: @Sendable () -> PreviewResult.PageLink?
+
     public init(
         store: PreviewStore, partials: PartialTransfers? = nil, offerExpiry: Duration = .seconds(60), logger: Logger,
+        page: @escaping @Sendable () -> PreviewResult.PageLink? = { nil },
         onStored: @escaping @Sendable (StoredFile) async -> Void = { _ in }
     ) {
+        self.page = page
         self.store = store
         self.partials = partials
         self.offerExpiry = offerExpiry
@@ -281,7 +286,7 @@ public final class PreviewService: Sendable {
             let file: StoredFile
             if let resume, let partials {
                 file = try await receiveResumable(reservation, resume: resume, partials: partials, transfer: transfer)
-                let done = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size)
+                let done = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size, page: page())
                 state.withLock { $0.controller.stored(resume, done) }
             } else {
                 file = try await store.receive(reservation, chunks: transfer.chunks)
@@ -289,7 +294,7 @@ public final class PreviewService: Sendable {
             stored = file
             stored?.pusher = StoredFile.Pusher(
                 name: connection.peer.name, key: connection.channel.peerIdentity?.fingerprint.short)
-            result = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size)
+            result = PreviewResult(offerID: id, storedName: file.name, sha256: file.sha256, size: file.size, page: page())
         } catch {
             transfer.discard()
             logger.warning(

@@ -221,7 +221,7 @@ struct WebSecurity<Context: RequestContext>: RouterMiddleware {
 /// The web page as a service of the daemon's service group: on graceful shutdown the pages'
 /// event streams end first (else the HTTP server's own shutdown would wait on them).
 package struct WebService: Service {
-    let application: Application<RouterResponder<BasicRequestContext>>
+    let application: Application<PageGate<RouterResponder<BasicRequestContext>>>
     let inbox: PreviewInbox?
 
     package func run() async throws {
@@ -233,13 +233,13 @@ package struct WebService: Service {
     }
 
     /// An application on `address`:`port` (0: the kernel's choice) that calls `running` with the
-    /// port it got.
+    /// port it got. With a `token`, only paths under `/t/TOKEN/` are answered (``PageGate``).
     package static func make(
         router: Router<BasicRequestContext>, address: String, port: UInt16, logger: Logger, inbox: PreviewInbox?,
-        running: @escaping @Sendable (Int) -> Void
+        token: String? = nil, running: @escaping @Sendable (Int) -> Void
     ) -> WebService {
         let application = Application(
-            router: router, configuration: .init(address: .hostname(address, port: Int(port)), serverName: "preview-server"),
+            responder: PageGate(router.buildResponder(), token: token), configuration: .init(address: .hostname(address, port: Int(port)), serverName: "preview-server"),
             onServerRunning: { channel in running(channel.localAddress?.port ?? 0) }, logger: logger)
         return WebService(application: application, inbox: inbox)
     }

@@ -9,8 +9,8 @@ enum WebAssets {
         <meta charset="utf-8">
         <meta name="viewport" content="width=device-width, initial-scale=1">
         <title>Preview</title>
-        <link rel="stylesheet" href="/app.css">
-        <script src="/app.js" defer></script>
+        <link rel="stylesheet" href="app.css">
+        <script src="app.js" defer></script>
         </head>
         <body>
         <header>
@@ -88,7 +88,7 @@ enum WebAssets {
           return (unit === 0 ? value : value.toFixed(value < 10 ? 1 : 0)) + ' ' + units[unit];
         }
         function when(ms) { return new Date(ms).toLocaleString(); }
-        function fileURL(name) { return '/files/' + encodeURIComponent(name); }
+        function fileURL(name) { return 'files/' + encodeURIComponent(name); }
         function who(entry) { return entry.pusher ? entry.pusher + (entry.pusherKey ? ' (' + entry.pusherKey + ')' : '') : 'in the folder'; }
 
         function show(entry) {
@@ -125,7 +125,7 @@ enum WebAssets {
               // for HTML), no forms, no popups: what was pushed cannot touch this page.
               body.setAttribute('sandbox', entry.kind === 'html' && state.allowScripts ? 'allow-scripts' : '');
               body.addEventListener('load', visible, { once: true });
-              body.src = entry.kind === 'html' ? fileURL(entry.name) : '/render/' + encodeURIComponent(entry.name);
+              body.src = entry.kind === 'html' ? fileURL(entry.name) : 'render/' + encodeURIComponent(entry.name);
               break;
             default:
               body = element('p');
@@ -175,7 +175,7 @@ enum WebAssets {
         }
 
         function watch() {
-          const source = new EventSource('/events');
+          const source = new EventSource('events');
           let opened = 0;
           source.addEventListener('open', () => {
             setStatus('live', 'live');
@@ -194,7 +194,7 @@ enum WebAssets {
         }
 
         async function load() {
-          const response = await fetch('/api/files', { cache: 'no-store' });
+          const response = await fetch('api/files', { cache: 'no-store' });
           const listing = await response.json();
           state.allowScripts = listing.allowScripts;
           document.title = listing.name;

@@ -46,7 +46,7 @@ extension PreviewPushCommand {
         if !previewers.isEmpty {
             board.start(previewers.map(\.name))
             if watch, let file = files.first {
-                reports += try await watchMany(file, previewers, board)
+                reports += try await watchMany(file, previewers, board, discovery: discovery)
             } else {
                 // Each file hashed once, not once per previewer.
                 let contents = files.map { try? ResumingPusher.hash($0) }
@@ -55,7 +55,7 @@ extension PreviewPushCommand {
                         group.addTask {
                             var report = Report(name: previewer.name)
                             for (file, content) in zip(files, contents) {
-                                if await push(file, content: content, to: previewer, board) != nil { report.stored += 1 } else { report.failed += 1 }
+                                if await push(file, content: content, to: previewer, board, discovery: discovery) != nil { report.stored += 1 } else { report.failed += 1 }
                             }
                             return report
                         }
@@ -75,7 +75,10 @@ extension PreviewPushCommand {
 
     /// Pushes `file` to one previewer of several; its SHA-256 when stored. (`content`: the file
     /// hashed once for all of them; nil when it could not be read — each push says so.)
-    func push(_ file: String, content: (sha256: String, size: UInt64)?, to previewer: Previewer, _ board: ProgressBoard) async -> String? {
+    func push(
+        _ file: String, content: (sha256: String, size: UInt64)?, to previewer: Previewer, _ board: ProgressBoard,
+        discovery: ServiceDiscovery
+    ) async -> String? {
         if !board.interactive { say("pushing \(FileName.printable(file, limit: 300)) to '\(FileName.printable(previewer.name))'") }
         let started = ContinuousClock.now
         let outcome = await previewer.push(file, content: content, options: self, progress: { board.update(previewer.name, $0) })
@@ -85,6 +88,9 @@ extension PreviewPushCommand {
         case .stored(let result):
             board.finished(previewer.name, ok: true)
             board.print(previewer.storedLine(file, result, seconds: seconds), error: false)
+            if board.firstPage(of: previewer.name), let line = await previewer.pageLine(result, discovery: discovery) {
+                board.print(line, error: false)
+            }
             return result.sha256
         case .failed(let error):
             board.finished(previewer.name, ok: false)
@@ -97,7 +103,9 @@ extension PreviewPushCommand {
 
     /// `--watch` with several previewers: every save whose content a previewer does not have yet
     /// goes to it; all of them side by side.
-    func watchMany(_ file: String, _ previewers: [Previewer], _ board: ProgressBoard) async throws -> [Report] {
+    func watchMany(
+        _ file: String, _ previewers: [Previewer], _ board: ProgressBoard, discovery: ServiceDiscovery
+    ) async throws -> [Report] {
         let watcher = try startWatching(file)
         defer { watcher.stop() }
         var reports = previewers.map { Report(name: $0.name) }
@@ -114,7 +122,7 @@ extension PreviewPushCommand {
                             error: false)
                         continue
                     }
-                    group.addTask { (index, .some(await push(file, content: content, to: previewer, board))) }
+                    group.addTask { (index, .some(await push(file, content: content, to: previewer, board, discovery: discovery))) }
                 }
                 var results: [(Int, String??)] = []
                 for await result in group { results.append(result) }
@@ -209,6 +217,7 @@ final class ProgressBoard: Sendable {
         var percent: [String: String] = [:]
         var lastDraw: ContinuousClock.Instant?
         var drawn = false
+        var pagesShown: Set<String> = []
     }
 
     let interactive: Bool
@@ -231,6 +240,9 @@ final class ProgressBoard: Sendable {
         }
         if let line { FileHandle.standardError.write(Data(("\r\u{1B}[K" + line).utf8)) }
     }
+
+    /// True the first time it is asked for `name`: its page's link is printed once.
+    func firstPage(of name: String) -> Bool { state.withLock { $0.pagesShown.insert(name).inserted } }
 
     func finished(_ name: String, ok: Bool) { state.withLock { $0.percent[name] = ok ? "done" : "failed" } }
 

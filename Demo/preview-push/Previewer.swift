@@ -1,3 +1,4 @@
+import Discovery
 import Foundation
 import Logging
 import Messaging
@@ -100,6 +101,24 @@ struct Previewer: Sendable {
         } catch {
             return .failed(error)
         }
+    }
+
+    /// The line that tells where the previewer's page is (with its token), when its result
+    /// carries the link. The host is the address this push reached, unless that is a link-local
+    /// IPv6 address (a browser takes no zone): then the previewer's IPv4 or global IPv6 address,
+    /// resolved through `discovery` (as --list shows them).
+    func pageLine(_ result: PreviewResult, discovery: ServiceDiscovery?) async -> String? {
+        guard let page = result.page, let address = client.channel?.remoteAddress else { return nil }
+        var host = address.family == .ipv6 ? "[\(address.host)]" : address.host
+        if address.isLinkLocalIPv6, let discovery,
+            let resolved = try? await discovery.resolve(
+                ServiceIdentity(name: name, type: PreviewProtocol.serviceType), timeout: .seconds(2)),
+            let usable = resolved.addresses.first(where: { $0.ip.version == .ipv4 })
+                ?? resolved.addresses.first(where: { !$0.ip.isLinkLocal })
+        {
+            host = usable.ip.version == .ipv6 ? "[\(usable.ip)]" : "\(usable.ip)"
+        }
+        return "page of '\(FileName.printable(name))': http://\(host):\(page.port)\(FileName.printable(page.path, limit: 100))"
     }
 
     /// The line a stored push prints.

@@ -152,6 +152,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
         let drain = Task { for await _ in client.events {} }
         let interactive = isatty(STDERR_FILENO) == 1
         var failures = 0
+        var pageShown = false
         /// Pushes one file; its SHA-256 when stored.
         func push(_ file: String) async -> String? {
             let bar = ProgressBar(interactive: interactive)
@@ -161,6 +162,10 @@ struct PreviewPushCommand: AsyncParsableCommand {
             switch outcome {
             case .stored(let result):
                 say(previewer.storedLine(file, result, seconds: bar.elapsedSeconds))
+                if !pageShown, let line = await previewer.pageLine(result, discovery: discovery) {
+                    say(line)
+                    pageShown = true
+                }
                 if verbose, let health = await client.health { note("preview-push: link: \(health)") }
                 return result.sha256
             case .failed(let error):

@@ -23,6 +23,8 @@ final class PreviewDaemon: Service, Sendable {
     let inbox: PreviewInbox?
     /// The web page's port once it listens beyond loopback: published in TXT (`web`).
     let webPort = Mutex<UInt16?>(nil)
+    /// The web page's link (port, `/t/TOKEN/`) once it listens beyond loopback.
+    let pageLink = Mutex<PreviewResult.PageLink?>(nil)
     let logger: Logger
 
     init(
@@ -48,7 +50,10 @@ final class PreviewDaemon: Service, Sendable {
         let discovery = ServiceDiscovery(
             logger: logger, programName: "preview-server", configuration: discoveryConfiguration)
         let stopping = Mutex(false)
-        let service = PreviewService(store: store, partials: partials, logger: logger) { [weak self] file in
+        let service = PreviewService(
+            store: store, partials: partials, logger: logger, page: { [weak self] in self?.pageLink.withLock { $0 } }
+        ) {
+            [weak self] file in
             await self?.stored(file)
         }
 
@@ -135,9 +140,11 @@ final class PreviewDaemon: Service, Sendable {
         if let onReceive { Hook.run(onReceive, path: file.path, logger: logger) }
     }
 
-    /// The web page listens on `port` beyond loopback: the TXT record says so.
-    func webPageListening(port: UInt16) async {
+    /// The web page listens on `port` beyond loopback: the TXT record says so, and each stored
+    /// result carries the page's link (`path`: with its token) to the pusher.
+    func webPageListening(port: UInt16, path: String) async {
         webPort.withLock { $0 = port }
+        pageLink.withLock { $0 = PreviewResult.PageLink(port: port, path: path) }
         await updateTXT()
     }
 

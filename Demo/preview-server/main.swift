@@ -62,6 +62,9 @@ struct PreviewServerCommand: AsyncParsableCommand {
     @Option(help: "Identity file (default: $XDG_DATA_HOME/lanmsg/preview-server/identity, created mode 0600).")
     var identity: String?
 
+    /// The identity file (`--identity`, or the default); the page's token lives beside it.
+    var identityPath: String { identity ?? Identity.defaultPath(app: "preview-server") }
+
     @Option(
         help: ArgumentHelp(
             "Seconds an interrupted push is kept (in DIRECTORY/.lanmsg-partial) for the pusher to resume it "
@@ -174,7 +177,7 @@ struct PreviewServerCommand: AsyncParsableCommand {
         }
         let serverIdentity: Identity
         do {
-            serverIdentity = try Identity.loadOrCreate(at: identity ?? Identity.defaultPath(app: "preview-server"))
+            serverIdentity = try Identity.loadOrCreate(at: identityPath)
         } catch {
             throw ValidationError(error.message)
         }
@@ -220,13 +223,25 @@ struct PreviewServerCommand: AsyncParsableCommand {
         if let webPort, let inbox {
             let address = webAddress
             let published = !Self.isLoopback(address)
+            // Beyond loopback the page needs its link with a token (issue 56, 2), kept beside the
+            // identity so that links survive a restart.
+            var token: String?
+            if published {
+                do { token = try PageToken.loadOrCreate(at: identityPath + ".page-token") } catch { throw ValidationError(error.message) }
+            }
+            let path = token.map { "/t/\($0)/" } ?? "/"
             services.append(
                 .init(
                     service: WebService.make(
-                        router: web.router(), address: address, port: webPort, logger: logger, inbox: inbox
+                        router: web.router(), address: address, port: webPort, logger: logger, inbox: inbox, token: token
                     ) { port in
-                        Self.say("preview-server: web page at http://\(Self.urlHost(address)):\(port)/")
-                        if published { Task { await daemon.webPageListening(port: UInt16(port)) } }
+                        Self.say("preview-server: web page at http://\(Self.urlHost(address)):\(port)\(path)")
+                        if published {
+                            Self.say(
+                                "preview-server: the page answers only this link (its token is in \(identityPath).page-token; "
+                                    + "delete that file for a new one); pushers this previewer accepts get it with each result")
+                            Task { await daemon.webPageListening(port: UInt16(port), path: path) }
+                        }
                     }))
         }
         let group = ServiceGroup(

@@ -39,6 +39,19 @@ struct PreviewPageTests {
         defer { server.stop() }
         let line = try #require(server.text.split(separator: "\n").first { $0.contains("web page at http://") })
         let webPort = try #require(UInt16(line.split(separator: ":").last?.split(separator: "/").first ?? ""))
+        // Beyond loopback the page answers only its link with the token (issue 56, 2): without
+        // it 401, with another token 403, each a page saying where the link comes from.
+        let pageURL = String(line[try #require(line.range(of: "http://")).lowerBound...])
+        #expect(pageURL.hasPrefix("http://\(hostB):\(webPort)/t/") && pageURL.hasSuffix("/") && pageURL.count == "http://\(hostB):\(webPort)/t/".count + 33, "\(pageURL)")
+        func status(_ url: String) throws -> String {
+            try Harness.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", url]).output
+        }
+        #expect(try status("http://\(hostB):\(webPort)/") == "401")
+        #expect(try status("http://\(hostB):\(webPort)/files/") == "401")
+        #expect(try status("http://\(hostB):\(webPort)/t/\(String(repeating: "0", count: 32))/") == "403")
+        let refusal = try Harness.run(["curl", "-s", "--max-time", "10", "http://\(hostB):\(webPort)/api/files"]).output
+        #expect(refusal.contains("needs its link") && refusal.contains("preview-push"), "\(refusal)")
+        #expect(try status(pageURL) == "200")
 
         // The page's port is published in TXT (web=PORT): a pusher's --list shows its address.
         var txt = ""
@@ -60,7 +73,7 @@ struct PreviewPageTests {
         let push = (pushCommand + ["--host", hostB, "--port", String(port)]).joined(separator: " ")
         let started = ContinuousClock.now
         let result = try Harness.run(
-            [Self.python, Self.script, "check", "--url", "http://\(hostB):\(webPort)/", "--push", push, "--work", work,
+            [Self.python, Self.script, "check", "--url", pageURL, "--push", push, "--work", work,
                 "--inbox", directory, "--screenshots", Harness.environment["HARNESS_LOG_DIR"] ?? work],
             timeout: .seconds(240))
         let lines = result.output.split(separator: "\n").map(String.init)
@@ -71,6 +84,12 @@ struct PreviewPageTests {
         #expect(result.status == 0, "\(result.output)")
         let after = try listed()  // pushed to once: its key is remembered
         #expect(after.contains("\ttrusted\t"), "\(after)")
+        // A pusher the previewer accepts gets the page's link with its result.
+        let note = work + "/link-note.txt"
+        try Data("the link\n".utf8).write(to: URL(fileURLWithPath: note))
+        let linked = try Harness.run(pushCommand + [note, "--host", hostB, "--port", String(port)])
+        #expect(linked.status == 0, "\(linked.output)")
+        #expect(linked.output.contains("page of 'Preview ITest Page': \(pageURL)"), "\(linked.output)")
         for measured in lines where measured.hasPrefix("MEASURED") { print(measured) }
         print("MEASURED page: the browser checks took \(ContinuousClock.now - started)")
     }
@@ -89,10 +108,10 @@ struct PreviewPageTests {
         defer { server.stop() }
         #expect(server.text.contains("--allow-scripts: pushed HTML files run their scripts"))
         let line = try #require(server.text.split(separator: "\n").first { $0.contains("web page at http://") })
-        let webPort = try #require(UInt16(line.split(separator: ":").last?.split(separator: "/").first ?? ""))
+        let pageURL = String(line[try #require(line.range(of: "http://")).lowerBound...])
         let push = ["env", "XDG_DATA_HOME=\(data)", Harness.binary("preview-push"), "--host", hostB, "--port", String(port)]
         let result = try Harness.run(
-            [Self.python, Self.script, "scripted", "--url", "http://\(hostB):\(webPort)/", "--push",
+            [Self.python, Self.script, "scripted", "--url", pageURL, "--push",
                 push.joined(separator: " "), "--work", work, "--inbox", directory],
             timeout: .seconds(120))
         let found = result.output.split(separator: "\n").first { $0.hasPrefix("CHECK allow-scripts-sandboxed ") }

@@ -43,11 +43,11 @@ import Testing
     }
 
     /// The page's server on 127.0.0.1 (a port the kernel picks) while `body` runs.
-    static func withServer(_ inbox: Inbox, _ body: (UInt16) async throws -> Void) async throws {
+    static func withServer(_ inbox: Inbox, token: String? = nil, _ body: (UInt16) async throws -> Void) async throws {
         let logger = Logger(label: "preview-web-tests") { _ in SwiftLogNoOpLogHandler() }
         let web = PreviewWeb(inbox: PreviewInbox(directory: inbox.directory), name: "Test", allowScripts: false, registry: nil, logger: logger)
         let (ports, port) = AsyncStream.makeStream(of: Int.self)
-        let service = WebService.make(router: web.router(), address: "127.0.0.1", port: 0, logger: logger, inbox: nil) { port.yield($0) }
+        let service = WebService.make(router: web.router(), address: "127.0.0.1", port: 0, logger: logger, inbox: nil, token: token) { port.yield($0) }
         let server = Task { try await service.run() }
         defer { server.cancel() }
         var iterator = ports.makeAsyncIterator()
@@ -139,6 +139,57 @@ import Testing
             let head = try await Self.ask(port, "HEAD", "/files/a.txt")
             #expect(head.status == 200 && head.headers["content-length"] == "16" && head.body.isEmpty)
         }
+    }
+
+    /// Issue 56, 2: beyond loopback the page answers only under `/t/TOKEN/` — no token is 401,
+    /// another token (even one differing in its last digit) 403, each with a page saying where the
+    /// link comes from; under the token every route works as at `/` (the page's URLs are
+    /// relative), and its guards still hold.
+    @Test func withATokenOnlyItsLinkOpensThePage() async throws {
+        let inbox = try Inbox()
+        let token = "0123456789abcdef0123456789abcdef"
+        try await Self.withServer(inbox, token: token) { port in
+            for path in ["/", "/files/a.txt", "/api/files", "/app.js", "/events", "/x/\(token)/"] {
+                let answer = try await Self.ask(port, "GET", path)
+                #expect(answer.status == 401, "\(path): \(answer.status)")
+                #expect(answer.text.contains("needs its link") && !answer.text.contains("0123456789ab"), "\(path): \(answer.text)")
+            }
+            for wrong in ["0123456789abcdef0123456789abcdee", "0123456789abcdef", token + "0", ""] {
+                let answer = try await Self.ask(port, "GET", "/t/\(wrong)/files/a.txt")
+                #expect(answer.status == 403 && answer.text.contains("not this previewer's"), "\(wrong): \(answer.status) \(answer.text)")
+                #expect(answer.headers["x-content-type-options"] == "nosniff")
+            }
+            let page = try await Self.ask(port, "GET", "/t/\(token)/")
+            #expect(page.status == 200 && page.text.contains("src=\"app.js\""), "\(page.status)")
+            let file = try await Self.ask(port, "GET", "/t/\(token)/files/a.txt")
+            #expect(file.status == 200 && file.text == "0123456789abcdef", "\(file.status) \(file.text)")
+            #expect(file.headers["content-security-policy"]?.hasPrefix("sandbox;") == true, "\(file.headers)")
+            let listing = try await Self.ask(port, "GET", "/t/\(token)/api/files?x=1")
+            #expect(listing.status == 200 && listing.text.contains("a.txt"), "\(listing.status)")
+            let bare = try await Self.ask(port, "GET", "/t/\(token)")
+            #expect(bare.status == 308 && bare.headers["location"] == "/t/\(token)/", "\(bare.status) \(bare.headers)")
+            let escape = try await Self.ask(port, "GET", "/t/\(token)/files/..%2F" + (inbox.secret as NSString).lastPathComponent)
+            #expect(escape.status == 400 && !escape.text.contains("the secret"), "\(escape.status) \(escape.text)")
+        }
+        // Without a token (loopback) the page is open as before.
+        try await Self.withServer(inbox) { port in
+            let open = try await Self.ask(port, "GET", "/files/a.txt")
+            #expect(open.status == 200)
+        }
+    }
+
+    /// The token file: made once (0600, 32 hex digits), the same token after a restart, a damaged
+    /// file refused with what to do.
+    @Test func thePageTokenIsKeptInAFileOfItsOwn() throws {
+        let path = NSTemporaryDirectory() + "page-token-\(UInt64.random(in: 0...UInt64.max))"
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let first = try PageToken.loadOrCreate(at: path)
+        #expect(first.count == 32 && first.allSatisfy(\.isHexDigit))
+        #expect(try PageToken.loadOrCreate(at: path) == first)
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int)
+        #expect(mode == 0o600)
+        try Data("short\n".utf8).write(to: URL(fileURLWithPath: path))
+        #expect(throws: PreviewFailure.self) { try PageToken.loadOrCreate(at: path) }
     }
 
     /// Names outside the inbox, the server's own files and other methods are refused with why.

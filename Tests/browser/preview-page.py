@@ -120,7 +120,8 @@ def raw_get(url, path, headers=None):
     """GET `path` exactly as written (no normalisation of `..`): status, headers, body."""
     parsed = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
-    connection.putrequest("GET", path, skip_accept_encoding=True)
+    # The page's link may carry its token as a path prefix (/t/TOKEN/): every request goes under it.
+    connection.putrequest("GET", parsed.path.rstrip("/") + path, skip_accept_encoding=True)
     for name, value in (headers or {}).items():
         connection.putheader(name, value)
     connection.endheaders()
