@@ -43,6 +43,9 @@ func hex<S: Sequence>(_ bytes: S) -> String where S.Element == UInt8 {
     return String(decoding: out, as: UTF8.self)
 }
 
+/// SHA-256 of `bytes`, lowercase hex.
+public func sha256Hex(_ bytes: [UInt8]) -> String { hex(SHA256.hash(data: bytes)) }
+
 /// SHA-256 of a file, streamed in 1 MiB blocks (never holds the file).
 public func sha256OfFile(atPath path: String) throws(SystemCallError) -> (hex: String, size: UInt64) {
     let fd = try posix("open(\(path))") { open(path, O_RDONLY | O_CLOEXEC) }

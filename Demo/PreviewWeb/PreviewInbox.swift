@@ -5,8 +5,8 @@ import Synchronization
 
 /// What the web page shows: the files in the inbox directory, newest first, read from the
 /// directory at each request (a file deleted by hand is gone from the page, one copied in by hand
-/// is listed), with the pusher and time of those pushed since the server started (remembered while
-/// the file is there, at most ``maxRemembered``); and the pages watching for new pushes
+/// is listed), with the pusher and time of those pushed (remembered while the file is there, at
+/// most ``maxRemembered``, across restarts when it keeps a record file); and the pages watching for new pushes
 /// (Server-Sent Events), told of each stored file at once.
 package final class PreviewInbox: Sendable {
     /// One file as the page lists it (JSON).
@@ -42,11 +42,23 @@ package final class PreviewInbox: Sendable {
     /// away fails, and its watch ends (instead of waiting for the next push).
     static let pingInterval: DispatchTimeInterval = .seconds(20)
 
-    private struct Pushed: Sendable {
+    private struct Pushed: Sendable, Codable {
         let pusher: String?, pusherKey: String?, time: Int64
     }
+    /// One line of the record file: a push.
+    private struct RecordLine: Codable {
+        let name: String
+        let pushed: Pushed
+    }
+    /// Where who pushed what is kept across restarts (nil: in memory only): one JSON line per
+    /// push, appended; rewritten with only what is remembered when it opens and when it holds
+    /// twice ``maxRemembered`` lines. In the server's own folder, not the inbox, where a push could
+    /// take its name.
+    let recordPath: String?
     private struct State {
         var pushed: [String: Pushed] = [:]
+        /// Lines in the record file.
+        var recordLines = 0
         var watchers: [UInt64: AsyncStream<Update>.Continuation] = [:]
         var lastWatcher: UInt64 = 0
         var finished = false
@@ -54,8 +66,17 @@ package final class PreviewInbox: Sendable {
     }
     private let state = Mutex(State())
 
-    package init(directory: String) {
+    package init(directory: String, record: String? = nil) {
         self.directory = directory
+        recordPath = record
+        if let record {
+            let remembered = Self.readRecord(record, directory: directory)
+            state.withLock { state in
+                state.pushed = remembered
+                state.recordLines = remembered.count
+            }
+            Self.rewriteRecord(record, remembered)
+        }
         state.withLock { state in
             let timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "preview-server.web.ping"))
             timer.schedule(deadline: .now() + Self.pingInterval, repeating: Self.pingInterval, leeway: .seconds(1))
@@ -74,12 +95,23 @@ package final class PreviewInbox: Sendable {
         let pushed = Pushed(
             pusher: file.pusher.map { FileName.printable($0.name, limit: 64) }, pusherKey: file.pusher?.key,
             time: milliseconds)
-        state.withLock { state in
+        let rewrite: [String: Pushed]? = state.withLock { state in
             state.pushed[file.name] = pushed
             if state.pushed.count > Self.maxRemembered {
                 // The oldest tenth forgotten at once (a scan per 1,000 pushes, not per push).
                 let kept = state.pushed.sorted { $0.value.time > $1.value.time }.prefix(Self.maxRemembered * 9 / 10)
                 state.pushed = Dictionary(uniqueKeysWithValues: kept.map { ($0.key, $0.value) })
+            }
+            state.recordLines += 1
+            guard state.recordLines > 2 * Self.maxRemembered else { return nil }
+            state.recordLines = state.pushed.count
+            return state.pushed
+        }
+        if let recordPath {
+            if let rewrite {
+                Self.rewriteRecord(recordPath, rewrite)
+            } else {
+                Self.appendRecord(recordPath, RecordLine(name: file.name, pushed: pushed))
             }
         }
         let entry = Self.entry(name: file.name, size: file.size, pushed: pushed)
@@ -149,6 +181,49 @@ package final class PreviewInbox: Sendable {
             _ = self?.state.withLock { $0.watchers.removeValue(forKey: id) }
         }
         return stream
+    }
+
+    // MARK: The record file
+
+    /// What the record at `path` remembers of files still in `directory` (the latest line of each
+    /// name; a torn last line, left by a crash mid-append, is skipped), the newest
+    /// ``maxRemembered``.
+    private static func readRecord(_ path: String, directory: String) -> [String: Pushed] {
+        guard let data = FileManager.default.contents(atPath: path) else { return [:] }
+        let present = Set((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [])
+        var pushed: [String: Pushed] = [:]
+        let decoder = JSONDecoder()
+        for line in data.split(separator: UInt8(ascii: "\n")) {
+            guard let record = try? decoder.decode(RecordLine.self, from: Data(line)), present.contains(record.name) else { continue }
+            if pushed[record.name].map({ $0.time <= record.pushed.time }) ?? true { pushed[record.name] = record.pushed }
+        }
+        guard pushed.count > maxRemembered else { return pushed }
+        return Dictionary(uniqueKeysWithValues: pushed.sorted { $0.value.time > $1.value.time }.prefix(maxRemembered).map { ($0.key, $0.value) })
+    }
+
+    /// Replaces the record with `pushed` (a new file renamed over it: a crash leaves the old one or
+    /// the new one whole).
+    private static func rewriteRecord(_ path: String, _ pushed: [String: Pushed]) {
+        let encoder = JSONEncoder()
+        var data = Data()
+        for (name, entry) in pushed.sorted(by: { $0.value.time < $1.value.time }) {
+            guard let line = try? encoder.encode(RecordLine(name: name, pushed: entry)) else { continue }
+            data.append(line)
+            data.append(UInt8(ascii: "\n"))
+        }
+        let temporary = path + ".new"
+        guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else { return }
+        if rename(temporary, path) != 0 { unlink(temporary) }
+    }
+
+    /// Appends one push to the record.
+    private static func appendRecord(_ path: String, _ record: RecordLine) {
+        guard var line = try? JSONEncoder().encode(record) else { return }
+        line.append(UInt8(ascii: "\n"))
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
     }
 
     /// Pages watching now.

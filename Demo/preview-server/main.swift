@@ -190,7 +190,11 @@ struct PreviewServerCommand: AsyncParsableCommand {
             MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: made))
             registry = made
         }
-        let inbox = webPort.map { _ in PreviewInbox(directory: store.directory) }
+        // Who pushed which file, kept beside the identity (one record per inbox folder) so that
+        // the page still shows it after a restart.
+        let inbox = webPort.map { _ in
+            PreviewInbox(directory: store.directory, record: identityPath + ".pushed-" + Self.folderKey(store.directory))
+        }
         if allowScripts {
             logger.warning(
                 "--allow-scripts: pushed HTML files run their scripts in every viewer's browser (sandboxed: no same origin); anyone who can push can run code there")
@@ -252,6 +256,13 @@ struct PreviewServerCommand: AsyncParsableCommand {
 
     /// A line on standard error (where the metrics' and the page's addresses have always gone).
     static func say(_ line: String) { FileHandle.standardError.write(Data((line + "\n").utf8)) }
+
+    /// A short stable key of an inbox folder (its resolved path's SHA-256, 16 hex digits): the
+    /// name of its record of pushes.
+    static func folderKey(_ directory: String) -> String {
+        let resolved = URL(fileURLWithPath: directory).resolvingSymlinksInPath().path
+        return String(sha256Hex(Array(resolved.utf8)).prefix(16))
+    }
 
     /// An address as the host of a URL (an IPv6 address in brackets).
     static func urlHost(_ address: String) -> String { address.contains(":") ? "[\(address)]" : address }

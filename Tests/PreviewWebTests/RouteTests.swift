@@ -271,4 +271,35 @@ import Testing
         #expect(pushes.list().map(\.name) == ["notes.md"])
         #expect(pushes.rememberedCount == 1)
     }
+
+    /// Issue 56, 3: with a record file, who pushed a file survives a restart (the page said "in
+    /// the folder" for every file after one); a file gone meanwhile is dropped from the record, a
+    /// torn last line (a crash mid-append) is skipped, and the record is rewritten compact.
+    @Test func whoPushedAFileSurvivesARestartWithARecord() throws {
+        let inbox = try Inbox()
+        let record = inbox.directory + "-pushed"
+        defer { try? FileManager.default.removeItem(atPath: record) }
+        let first = PreviewInbox(directory: inbox.directory, record: record)
+        for (name, who) in [("a.txt", "Ann"), ("notes.md", "Bob"), ("a.txt", "Cy")] {
+            var file = StoredFile(name: name, path: inbox.directory + "/" + name, sha256: "", size: 1)
+            file.pusher = StoredFile.Pusher(name: who, key: "abcd")
+            first.stored(file, at: Date(timeIntervalSinceNow: -1))
+        }
+        first.finish()
+        let lines = try String(contentsOfFile: record, encoding: .utf8).split(separator: "\n")
+        #expect(lines.count == 3, "one line per push: \(lines)")
+        try FileManager.default.removeItem(atPath: inbox.directory + "/notes.md")
+        let handle = try #require(FileHandle(forWritingAtPath: record))
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data("{\"name\":\"a.t".utf8))  // torn
+        try handle.close()
+        let second = PreviewInbox(directory: inbox.directory, record: record)
+        defer { second.finish() }
+        #expect(second.list().first { $0.name == "a.txt" }?.pusher == "Cy", "the latest push of a name")
+        #expect(second.rememberedCount == 1, "notes.md is gone, and so is its pusher")
+        let compact = try String(contentsOfFile: record, encoding: .utf8).split(separator: "\n")
+        #expect(compact.count == 1 && compact[0].contains("Cy"), "\(compact)")
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: record)[.posixPermissions] as? Int)
+        #expect(mode == 0o600)
+    }
 }
