@@ -3,7 +3,9 @@
 #   - push completed -> visible in the page: p50/p99 over 100 pushes of a 100 kB PNG, from the
 #     moment preview-push prints the server's result to the page's event and to the image loaded
 #     (Date.now() in the page, the same clock);
-#   - the daemon's RSS with the page open and 1,000 files in the inbox.
+#   - the daemon's RSS with the page open and 1,000 files in the inbox;
+#   - D3: 50 pages open at once (event streams), the result to the event at the last one, the
+#     daemon's CPU and RSS (D3_PAGES, D3_PUSHES).
 # Runs in a private network namespace (loopback only): preview-server --web-port, preview-push and
 # headless Chromium (Selenium: Tests/browser/preview-page.py bench). Release builds unless BIN is
 # given (BIN=.build/debug for the debug ones).
@@ -36,3 +38,8 @@ grep -q "web page at" "$work/server.err" || { echo "preview-page: the server did
 timeout 900 "$PYTHON" Tests/browser/preview-page.py bench --url http://127.0.0.1:8080/ \
   --push "$BIN/preview-push --host 127.0.0.1 --port 9000" --work "$work/push" --inbox "$work/inbox" \
   --server-pid "$server" "$@"
+# D3 (issue 56): 50 pages open on the same previewer (50 event streams), 50 pushes: the result to
+# the event at the last page, p50/p99, and the daemon's CPU and RSS.
+timeout 600 "$PYTHON" Tests/browser/preview-page.py fanout --url http://127.0.0.1:8080/ \
+  --push "$BIN/preview-push --host 127.0.0.1 --port 9000" --work "$work/push" --inbox "$work/inbox" \
+  --server-pid "$server" --pages "${D3_PAGES:-50}" --pushes "${D3_PUSHES:-50}"

@@ -16,6 +16,7 @@ Every wait is bounded; the browser is always quit.
 """
 import argparse
 import http.client
+import json
 import os
 import shlex
 import shutil
@@ -426,9 +427,101 @@ def bench(arguments):
     return 0
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of `pid` so far, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+def fanout(arguments):
+    """D3: many pages open on one previewer (each page holds one event stream: `--pages` streams of
+    /events, read as a page's EventSource reads them), `--pushes` pushes of a 100 kB PNG: from the
+    pusher's result to the event at the first and at the last page (p50/p99), and the daemon's CPU
+    time and RSS meanwhile."""
+    import socket
+    import threading
+    parsed = urllib.parse.urlsplit(arguments.url)
+    prefix = parsed.path.rstrip("/")
+    arrivals, lock, opened, sockets = {}, threading.Lock(), threading.Semaphore(0), []
+
+    def reader():
+        connection = socket.create_connection((parsed.hostname, parsed.port), timeout=120)
+        sockets.append(connection)
+        connection.sendall(f"GET {prefix}/events HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+                           "Accept: text/event-stream\r\n\r\n".encode())
+        stream = connection.makefile("rb")
+        status = stream.readline()
+        while stream.readline() not in (b"\r\n", b""):
+            pass
+        if b" 200 " not in status:
+            raise RuntimeError(f"/events answered {status!r}")
+        opened.release()
+        try:
+            for line in stream:
+                if line.startswith(b"data:"):
+                    now = time.time() * 1000
+                    name = json.loads(line[5:])["name"]
+                    with lock:
+                        arrivals.setdefault(name, []).append(now)
+        except OSError:
+            pass  # closed at the end
+
+    threads = [threading.Thread(target=reader, daemon=True) for _ in range(arguments.pages)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        if not opened.acquire(timeout=30):
+            raise RuntimeError("not every event stream opened within 30 s")
+    pusher = Pusher(arguments.push)
+    cpu_before = cpu_seconds(arguments.server_pid) if arguments.server_pid else 0
+    started = time.time()
+    to_first, to_last = [], []
+    for index in range(arguments.pushes):
+        name = f"fanout-{index:03d}.png"
+        with open(f"{arguments.work}/{name}", "wb") as f:
+            f.write(noisy_png(183, 182, index))
+        stored_at = pusher.push(f"{arguments.work}/{name}")
+        deadline = time.time() + 30
+        while True:
+            with lock:
+                times = list(arrivals.get(name, []))
+            if len(times) >= arguments.pages:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"{name}: {len(times)} of {arguments.pages} pages heard of it within 30 s")
+            time.sleep(0.001)
+        to_first.append(min(times) - stored_at)
+        to_last.append(max(times) - stored_at)
+    elapsed = time.time() - started
+    cpu = cpu_seconds(arguments.server_pid) - cpu_before if arguments.server_pid else float("nan")
+
+    def pct(values, p):
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    print(f"MEASURED D3 {arguments.pages} pages open, {arguments.pushes} pushes of 100 kB: push result -> event at the "
+          f"last page p50 {pct(to_last, 50):.1f} ms, p99 {pct(to_last, 99):.1f} ms (first page p50 "
+          f"{pct(to_first, 50):.1f} ms, p99 {pct(to_first, 99):.1f} ms)", flush=True)
+    if arguments.server_pid:
+        print(f"MEASURED D3 daemon: {cpu:.2f} s CPU over {elapsed:.1f} s of pushes ({cpu / arguments.pushes * 1000:.1f} ms "
+              f"per push, receiving it and telling {arguments.pages} pages); RSS {rss_kib(arguments.server_pid) / 1024:.1f} MiB, "
+              f"peak {peak_rss_kib(arguments.server_pid) / 1024:.1f} MiB", flush=True)
+    for connection in sockets:
+        connection.close()
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["check", "scripted", "bench"])
+    parser.add_argument("mode", choices=["check", "scripted", "bench", "fanout"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--push", required=True, help="the preview-push command, without the file")
     parser.add_argument("--work", required=True, help="a scratch directory for the files pushed")
@@ -437,8 +530,9 @@ def main():
     parser.add_argument("--pushes", type=int, default=100)
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--server-pid", type=int)
+    parser.add_argument("--pages", type=int, default=50, help="fanout: event streams open at once")
     arguments = parser.parse_args()
-    sys.exit({"check": check, "scripted": scripted, "bench": bench}[arguments.mode](arguments))
+    sys.exit({"check": check, "scripted": scripted, "bench": bench, "fanout": fanout}[arguments.mode](arguments))
 
 
 if __name__ == "__main__":
