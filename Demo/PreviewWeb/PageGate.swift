@@ -7,7 +7,7 @@ import PreviewKit
 /// file of its own (mode 0600) so that links stay valid across restarts; delete the file for a
 /// new one (every old link stops working).
 package enum PageToken {
-    /// The token in `path`, created (O_EXCL, 0600) when there is none.
+    /// The token in `path`, created (mode 0600) when there is none.
     package static func loadOrCreate(at path: String) throws(PreviewFailure) -> String {
         if let text = try? String(contentsOfFile: path, encoding: .utf8) {
             let token = text.trimmingCharacters(in: .whitespacesAndNewlines)
@@ -19,14 +19,30 @@ package enum PageToken {
         }
         var generator = SystemRandomNumberGenerator()
         let token = (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
-        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
-            throw PreviewFailure(PreviewFailure.localFile, "cannot create the page token file '\(path)': \(String(cString: strerror(errno)))")
+        // Written whole under another name, synced, then renamed into place and the folder synced:
+        // a crash or power cut leaves no token file or a whole one — never an empty one that
+        // would stop the next start.
+        let temporary = path + ".new"
+        func failure(_ what: String) -> PreviewFailure {
+            PreviewFailure(PreviewFailure.localFile, "cannot \(what) the page token file '\(path)': \(String(cString: strerror(errno)))")
         }
-        defer { close(fd) }
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw failure("create") }
         let bytes = Array((token + "\n").utf8)
-        guard write(fd, bytes, bytes.count) == bytes.count, fsync(fd) == 0 else {
-            throw PreviewFailure(PreviewFailure.localFile, "cannot write the page token file '\(path)': \(String(cString: strerror(errno)))")
+        let written = write(fd, bytes, bytes.count) == bytes.count && fsync(fd) == 0
+        close(fd)
+        guard written else {
+            unlink(temporary)
+            throw failure("write")
+        }
+        guard rename(temporary, path) == 0 else {
+            unlink(temporary)
+            throw failure("rename into place")
+        }
+        let folder = open((path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if folder >= 0 {
+            fsync(folder)
+            close(folder)
         }
         return token
     }
