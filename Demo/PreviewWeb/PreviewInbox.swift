@@ -53,7 +53,9 @@ package final class PreviewInbox: Sendable {
     /// Where who pushed what is kept across restarts (nil: in memory only): one JSON line per
     /// push, appended; rewritten with only what is remembered when it opens and when it holds
     /// twice ``maxRemembered`` lines. In the server's own folder, not the inbox, where a push could
-    /// take its name.
+    /// take its name. Not synced: it only says who pushed a file, so a power cut may cost its last
+    /// lines (a torn or zero-filled line is skipped) or, after a rewrite whose data had not reached
+    /// the disk, all of it — those files then show as found in the folder; no push is lost.
     let recordPath: String?
     private struct State {
         var pushed: [String: Pushed] = [:]

@@ -111,10 +111,10 @@ extension PreviewPushCommand {
         var reports = previewers.map { Report(name: $0.name) }
         var stored: [String?] = Array(repeating: nil, count: previewers.count)
         /// Pushes `content` (the file hashed once for all; nil: it cannot be read, each push says
-        /// so) to the previewers whose last stored content is not its hash (`first`: all of them).
-        func round(_ content: (sha256: String, size: UInt64)?, first: Bool) async {
-            let sha = first ? nil : content?.sha256
-            let results = await withTaskGroup(of: (Int, String??).self) { group in
+        /// so) to the previewers whose last stored content is not its hash (at first: all).
+        func round(_ content: (sha256: String, size: UInt64)?) async {
+            let sha = content?.sha256
+            let results = await withTaskGroup(of: (Int, String?).self) { group in
                 for (index, previewer) in previewers.enumerated() {
                     if let sha, stored[index] == sha {
                         board.print(
@@ -122,14 +122,13 @@ extension PreviewPushCommand {
                             error: false)
                         continue
                     }
-                    group.addTask { (index, .some(await push(file, content: content, to: previewer, board, discovery: discovery))) }
+                    group.addTask { (index, await push(file, content: content, to: previewer, board, discovery: discovery)) }
                 }
-                var results: [(Int, String??)] = []
+                var results: [(Int, String?)] = []
                 for await result in group { results.append(result) }
                 return results
             }
-            for (index, result) in results {
-                guard case .some(let sha) = result else { continue }
+            for (index, sha) in results {
                 if let sha {
                     stored[index] = sha
                     reports[index].stored += 1
@@ -138,11 +137,11 @@ extension PreviewPushCommand {
                 }
             }
         }
-        await round(try? ResumingPusher.hash(file), first: true)
+        await round(try? ResumingPusher.hash(file))
         note("preview-push: watching \(FileName.printable(file, limit: 300)): every save is pushed to \(previewers.count) previewers (Ctrl-C ends)")
         for await _ in watcher.saves {
             do {
-                await round(try ResumingPusher.hash(file), first: false)
+                await round(try ResumingPusher.hash(file))
             } catch {
                 note("preview-push: \(FileName.printable(file, limit: 300)) cannot be read now (\(error.message)); waiting for the next save")
             }
@@ -170,14 +169,14 @@ extension PreviewPushCommand {
             }
             let key = resolved.txt["fp"].map { FileName.printable($0, limit: 24) }
             switch trust(of: service.name, key: key) {
-            case "trusted": names.append(service.name)
-            case "new":
+            case .trusted: names.append(service.name)
+            case .new:
                 note(
                     "preview-push: --all: skipped '\(name)': never pushed to from here (key \(key ?? "?")); push to it once with "
                         + "--to '\(name)' to see its comparison code and trust its key")
-            case "no key":
+            case .noKey:
                 note("preview-push: --all: skipped '\(name)': it publishes no key (plaintext); name it with --to to push to it")
-            default:
+            case .changed:
                 note("preview-push: --all: skipped '\(name)': its key changed since the last push here (a push is refused; see --list)")
             }
         }

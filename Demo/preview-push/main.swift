@@ -269,11 +269,25 @@ struct PreviewPushCommand: AsyncParsableCommand {
 
     /// What this preview-push's trust store says of a previewer's key: `trusted` (remembered on a
     /// first push), `new` (never pushed to), or `KEY CHANGED` (a push would be refused).
-    func trust(of name: String, key: String?) -> String {
-        guard let key else { return "no key" }
+    func trust(of name: String, key: String?) -> KeyTrust {
+        guard let key else { return .noKey }
         let store = TrustStore(path: TrustStore.defaultPath(app: "preview-push"))
-        guard let known = store.fingerprint(for: name) else { return "new" }
-        return known.short == key ? "trusted" : "KEY CHANGED (a push is refused)"
+        guard let known = store.fingerprint(for: name) else { return .new }
+        return known.short == key ? .trusted : .changed
+    }
+
+    /// Whether this preview-push knows a previewer's key; its description is --list's column.
+    enum KeyTrust: CustomStringConvertible {
+        case trusted, new, noKey, changed
+
+        var description: String {
+            switch self {
+            case .trusted: "trusted"
+            case .new: "new"
+            case .noKey: "no key"
+            case .changed: "KEY CHANGED (a push is refused)"
+            }
+        }
     }
 }
 

@@ -365,10 +365,11 @@ def scripted(arguments):
     return 1 if checks.failed else 0
 
 
-def rss_kib(pid):
+def rss_kib(pid, field="VmRSS"):
+    """A memory figure of `pid` in KiB from /proc: VmRSS now, VmHWM its peak."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return -1
 
@@ -432,14 +433,6 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
 
 
 def fanout(arguments):
@@ -513,7 +506,7 @@ def fanout(arguments):
     if arguments.server_pid:
         print(f"MEASURED D3 daemon: {cpu:.2f} s CPU over {elapsed:.1f} s of pushes ({cpu / arguments.pushes * 1000:.1f} ms "
               f"per push, receiving it and telling {arguments.pages} pages); RSS {rss_kib(arguments.server_pid) / 1024:.1f} MiB, "
-              f"peak {peak_rss_kib(arguments.server_pid) / 1024:.1f} MiB", flush=True)
+              f"peak {rss_kib(arguments.server_pid, 'VmHWM') / 1024:.1f} MiB", flush=True)
     for connection in sockets:
         connection.close()
     return 0
