@@ -13,28 +13,15 @@ let package = Package(
         .library(name: "Transport", targets: ["Transport"]),
         .library(name: "FastJSON", targets: ["FastJSON"]),
         .library(name: "MDNSCore", targets: ["MDNSCore"]),
-        .executable(name: "discovery-demo", targets: ["discovery-demo"]),
-        .executable(name: "lanmsg-echo", targets: ["lanmsg-echo"]),
-        .executable(name: "bonjour-chat", targets: ["bonjour-chat"]),
-        .executable(name: "preview-server", targets: ["preview-server"]),
-        .executable(name: "preview-push", targets: ["preview-push"]),
-        .executable(name: "lanmsg", targets: ["lanmsg"]),
+        // Not API (no 1.x promise): the package's lock and system-call loop, for the programs of Demo/Package.swift.
+        .library(name: "_ProgramSupport", targets: ["Locks", "SystemCalls", "ProtocolCore"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
-        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.0"),
         // The library reports through swift-metrics' API only; the app picks the back end.
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
-        // preview-server's opt-in Prometheus endpoint (a demo program, not the library).
-        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
-        // preview-server's web page (--web-port): a well-kept HTTP server and a Markdown renderer, in
-        // the daemon's target only, never in the library. (Hummingbird's manifest needs Swift 6.2:
-        // the programs do, the library products still build with 6.0.)
-        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
-        .package(url: "https://github.com/JohnSundell/Ink.git", from: "0.6.0"),
-        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.0.0"),
         // `swift package generate-documentation` (Tests/docs/build-docs.sh).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.4.0"),
     ],
@@ -102,106 +89,6 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
-        // Demo programs: thin, argument parsing + UI only.
-        .executableTarget(
-            name: "discovery-demo",
-            dependencies: [
-                "Discovery",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            ],
-            path: "Demo/discovery-demo",
-            swiftSettings: strict
-        ),
-        .executableTarget(
-            name: "lanmsg-echo",
-            dependencies: [
-                "Messaging",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            ],
-            path: "Demo/lanmsg-echo",
-            swiftSettings: strict
-        ),
-        // bonjour-chat: the room and the host's and member's decisions in ChatKit (controllers returning effects,
-        // unit-tested), terminal, sockets and timers in the executable.
-        .target(
-            name: "ChatKit",
-            dependencies: ["Messaging", .product(name: "Logging", package: "swift-log")],
-            path: "Demo/ChatKit",
-            swiftSettings: strict
-        ),
-        .executableTarget(
-            name: "bonjour-chat",
-            dependencies: [
-                "ChatKit", "Messaging", "SystemCalls",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            ],
-            path: "Demo/bonjour-chat",
-            swiftSettings: strict
-        ),
-        // preview-server / preview-push: shared protocol and file handling in PreviewKit.
-        .target(
-            name: "PreviewKit",
-            dependencies: [
-                "Messaging", "SystemCalls", "Locks",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Crypto", package: "swift-crypto"),
-            ],
-            path: "Demo/PreviewKit",
-            swiftSettings: strict
-        ),
-        // preview-server's web page (Hummingbird 2): a target of its own, so that its routes are
-        // tested in process (Tests/PreviewWebTests).
-        .target(
-            name: "PreviewWeb",
-            dependencies: [
-                "PreviewKit", "Locks",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Prometheus", package: "swift-prometheus"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "Ink", package: "Ink"),
-                .product(name: "HTTPTypes", package: "swift-http-types"),
-            ],
-            path: "Demo/PreviewWeb",
-            swiftSettings: strict
-        ),
-        .executableTarget(
-            name: "preview-server",
-            dependencies: [
-                "PreviewKit", "PreviewWeb", "Messaging", "ProtocolCore", "SystemCalls", "Transport",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Prometheus", package: "swift-prometheus"),
-            ],
-            path: "Demo/preview-server",
-            swiftSettings: strict
-        ),
-        .executableTarget(
-            name: "preview-push",
-            dependencies: [
-                "PreviewKit", "Messaging", "Discovery",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            ],
-            path: "Demo/preview-push",
-            swiftSettings: strict
-        ),
-        // lanmsg: `lanmsg doctor` checks why discovery or a connection does not work, and says what to do.
-        .executableTarget(
-            name: "lanmsg",
-            dependencies: [
-                "Messaging", "Discovery", "Transport", "ProtocolCore", "MDNSCore", "SystemCalls",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            ],
-            path: "Demo/lanmsg",
-            swiftSettings: strict
-        ),
         // libFuzzer harness over the protocol core (Tests/fuzz/run-fuzz-wire.sh builds it with
         // --sanitize=fuzzer and -DFUZZING; a plain build replays inputs given as files).
         .executableTarget(
@@ -232,13 +119,6 @@ let package = Package(
             path: "Tests/DiscoveryPeer",
             swiftSettings: strict
         ),
-        .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
-        .testTarget(name: "PreviewTests", dependencies: ["PreviewKit", "TestWaits"], swiftSettings: strict),
-        .testTarget(name: "PreviewWebTests", dependencies: ["PreviewWeb", "PreviewKit", "TestWaits"], swiftSettings: strict),
-        // docs/PROTOCOL.md's application examples, rendered from what the code sends.
-        .testTarget(
-            name: "SpecExampleTests", dependencies: ["ChatKit", "PreviewKit", "ProtocolCore", "Messaging"],
-            swiftSettings: strict),
         .testTarget(
             name: "DiscoveryTests",
             dependencies: ["Discovery", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")], swiftSettings: strict),

@@ -8,7 +8,7 @@
 #     daemon's CPU and RSS (D3_PAGES, D3_PUSHES).
 # Runs in a private network namespace (loopback only): preview-server --web-port, preview-push and
 # headless Chromium (Selenium: Tests/browser/preview-page.py bench). Release builds unless BIN is
-# given (BIN=.build/debug for the debug ones).
+# given (BIN=Demo/.build/debug for the debug ones).
 #   Benchmarks/preview-page.sh [--pushes N] [--files N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,9 +17,9 @@ if [ "${1:-}" != --inside ]; then
   [ "$(id -u)" = 0 ] || { echo "preview-page: run as root (it makes a network namespace)" >&2; exit 1; }
   python=$(Tests/harness/install-browser.sh)
   if [ -z "${BIN:-}" ]; then
-    swift build -c release --product preview-server 2>&1 | tail -n 1
-    swift build -c release --product preview-push 2>&1 | tail -n 1
-    BIN=$root/.build/release
+    swift build --package-path Demo -c release --product preview-server 2>&1 | tail -n 1
+    swift build --package-path Demo -c release --product preview-push 2>&1 | tail -n 1
+    BIN=$root/Demo/.build/release
   fi
   export BIN PYTHON=$python
   exec unshare --net -- "$0" --inside "$@"

@@ -13,7 +13,8 @@ if [ "${1:-}" != "--inside" ]; then
   # Headless Chromium, for the screenshot of preview-server's web page (part 2).
   Tests/harness/install-browser.sh --browser-only
   echo "== building"
-  swift build 2>&1 | tail -n 3
+  # The programs are a package of their own (Demo/Package.swift, the library one directory up).
+  swift build --package-path Demo 2>&1 | tail -n 3
   if avahi-browse -at >/dev/null 2>&1; then
     echo "== an avahi-daemon is reachable: running the demo on this machine"
     exec "$0" --inside local
@@ -28,7 +29,7 @@ if [ "${1:-}" != "--inside" ]; then
 fi
 
 mode=${2:-local}
-bin=$root/.build/debug
+bin=$root/Demo/.build/debug
 # In the sandbox, "the other host" is namespace host b; on a real machine, this one.
 other=()
 [ "$mode" = sandbox ] && other=(nsenter -t "$HARNESS_HOST_B_PID" -m -n --wd="$root" --)

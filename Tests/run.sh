@@ -55,6 +55,14 @@ bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
 swift build --build-tests 2>&1 | tail -n 20
 [ -x "$bin" ] || { echo "build failed: no $bin" >&2; exit 1; }
+# The programs (bonjour-chat, preview-server, preview-push, lanmsg, lanmsg-echo, discovery-demo) and
+# their tests are a package of their own (Demo/Package.swift, on the library by path): the
+# integration tests run its binaries (LANMSG_PROGRAMS_DIR).
+programs_bin=Demo/.build/debug/lan-messaging-programsPackageTests.xctest
+echo "== build (debug, tests: the programs' package)"
+swift build --build-tests --package-path Demo 2>&1 | tail -n 20
+[ -x "$programs_bin" ] || { echo "build failed: no $programs_bin" >&2; exit 1; }
+export LANMSG_PROGRAMS_DIR=$root/Demo/.build/debug
 stage_done "install + build"
 
 logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
@@ -63,8 +71,10 @@ logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
 # namespaces): the builds use the idle CPU, the tests keep theirs. Their stages wait for them.
 background_pids=()
 if [ "$tsan" = yes ]; then
-  nice -n 19 swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan \
-    > "$logs/build-tsan.log" 2>&1 &
+  # The library's test bundle, then the programs' (one after the other: two cores).
+  ( nice -n 19 swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan \
+    && nice -n 19 swift build --package-path Demo --product lan-messaging-programsPackageTests --sanitize=thread \
+      --scratch-path "$root/Demo/.build-tsan" ) > "$logs/build-tsan.log" 2>&1 &
   tsan_build_pid=$!; background_pids+=("$tsan_build_pid")
 fi
 if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
@@ -166,6 +176,8 @@ unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BA
 # (SoakTests runs in its own stage at the end: see "soak" below; SessionChaosTests in "chaos".)
 run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests --skip SoakTests --skip SessionChaosTests
+# The programs' unit tests: chat controllers, preview store and pusher, the page's routes, the spec's examples.
+run_suite unit-programs env "${unit_env[@]}" "$programs_bin" --testing-library swift-testing --no-parallel
 # Durable sessions against kill -9 (issue 42), short form: real processes (the session-chaos
 # program) on loopback, killed at random points, 8 cycles in each of 4 phases (about 20 s). The
 # long form: Tests/chaos/session-chaos.sh --cycles 100.
@@ -242,8 +254,8 @@ done
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
-  # The test bundle only (not the demo programs, snippets and fuzz target the unit tests never run),
-  # built in the background since the first build; what is left of it is waited for here.
+  # The test bundles only (not the programs, snippets and fuzz target the unit tests never run),
+  # built in the background since the first build; what is left of them is waited for here.
   if ! wait "$tsan_build_pid"; then echo "!! the ThreadSanitizer build failed"; status=1; fi
   tail -n 5 "$logs/build-tsan.log"
   stage_done "build (TSan, rest)"
@@ -260,6 +272,15 @@ if [ "$tsan" = yes ]; then
   [ -n "${TSAN_FILTER:-}" ] && tsan_filter=(--filter "$TSAN_FILTER")
   run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
+  # The programs' tests (all of them; TSAN_PROGRAMS_FILTER narrows them; a TSAN_FILTER alone
+  # leaves them out).
+  if [ -n "${TSAN_PROGRAMS_FILTER:-}" ] || [ -z "${TSAN_FILTER:-}" ]; then
+    programs_tsan_filter=()
+    [ -n "${TSAN_PROGRAMS_FILTER:-}" ] && programs_tsan_filter=(--filter "$TSAN_PROGRAMS_FILTER")
+    run_suite tsan-programs env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 \
+      Demo/.build-tsan/debug/lan-messaging-programsPackageTests.xctest --testing-library swift-testing --no-parallel \
+      ${programs_tsan_filter[@]+"${programs_tsan_filter[@]}"}
+  fi
 fi
 # The soak in its short form (issue 28; the hour is Benchmarks/soak.sh --minutes 60): 2 minutes of
 # churn, resumes, a flat-out requester and broadcasts in-process, judged for growth and for lost or

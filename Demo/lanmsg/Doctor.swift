@@ -1,4 +1,5 @@
-import Discovery
+@_spi(Programs) import Discovery
+@_spi(Programs) import ProtocolCore
 import Glibc
 import Logging
 import Messaging

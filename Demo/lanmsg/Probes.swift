@@ -1,8 +1,9 @@
-import Discovery
+@_spi(Programs) import Discovery
+import Dispatch
 import Glibc
 import MDNSCore
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 import SystemCalls
 
 // Low-level probes of the host for `lanmsg doctor`: interfaces, the D-Bus socket, who holds UDP
@@ -200,24 +201,24 @@ func multicastRoundTrip(_ interface: InterfaceInfo, ipv6: Bool, timeoutMilliseco
         return .failed(step: "query name", errno: EINVAL)
     }
     let packet = DNSMessage(id: token, questions: [DNSQuestion(name: name, type: DNSType.txt)]).encoded()
-    let started = uptimeNanoseconds()
+    let started = DispatchTime.now().uptimeNanoseconds
     let sent = (try? group.withSockAddr { address, length in sendto(fd, packet, packet.count, 0, address, length) }) ?? -1
     guard sent == packet.count else { return .failed(step: "send to the mDNS group", errno: errno) }
     var buffer = [UInt8](repeating: 0, count: 9000)
     let deadline = started + UInt64(timeoutMilliseconds) * 1_000_000
     // Bounded: at most 1,000 packets read (other mDNS traffic) and the timeout.
     for _ in 0..<1_000 {
-        let now = uptimeNanoseconds()
+        let now = DispatchTime.now().uptimeNanoseconds
         guard deadline > now + 1_000_000 else { return .silent }
         let left = (deadline - now) / 1_000_000
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         guard case .success(let ready) = retryingInterrupts({ poll(&poller, 1, Int32(left)) }), ready > 0 else { return .silent }
         let count = recv(fd, &buffer, buffer.count, 0)
         if count == packet.count, Array(buffer[0..<count]) == packet {
-            return .cameBack(micros: Int((uptimeNanoseconds() - started) / 1_000))
+            return .cameBack(micros: Int((DispatchTime.now().uptimeNanoseconds - started) / 1_000))
         }
     }
     return .silent
 }
 
-func errnoText(_ code: Int32) -> String { errnoString(code) }
+func errnoText(_ code: Int32) -> String { String(cString: strerror(code)) }

@@ -2,8 +2,8 @@ import ArgumentParser
 import Discovery
 import Foundation
 import Logging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 /// `lanmsg wide-area`: the instances registered in a unicast DNS domain, and removing the expired
 /// ones a crashed publisher left behind (BIND ignores update leases, so nobody else does).

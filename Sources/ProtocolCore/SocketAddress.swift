@@ -68,7 +68,7 @@ public struct SocketAddress: Sendable, Hashable, CustomStringConvertible {
 
     /// An IPv4 address from its 4 bytes (network order) or an IPv6 address from its 16 bytes.
     /// - Returns: nil for any other length.
-    package init?(bytes: [UInt8], port: UInt16, scopeID: UInt32 = 0) {
+    @_spi(Programs) public init?(bytes: [UInt8], port: UInt16, scopeID: UInt32 = 0) {
         switch bytes.count {
         case 4:
             let address = bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }

@@ -2,16 +2,16 @@ import Glibc
 
 /// An `errno` from a failed system call: the package's one errno type. Transport, Discovery and
 /// PreviewKit keep it in their own errors, with the call's name and what to do.
-@usableFromInline package struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
-    @usableFromInline package let code: Int32
+public struct Errno: Error, Sendable, Hashable, CustomStringConvertible {
+    public let code: Int32
 
-    @inlinable package init(_ code: Int32) { self.code = code }
+    @inlinable public init(_ code: Int32) { self.code = code }
 
     /// EAGAIN or EWOULDBLOCK: a nonblocking call found nothing to do.
-    @inlinable package var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
+    @inlinable public var wouldBlock: Bool { code == EAGAIN || code == EWOULDBLOCK }
 
     /// `"Connection refused (errno 111)"`.
-    @usableFromInline package var description: String { "\(String(cString: strerror(code))) (errno \(code))" }
+    public var description: String { "\(String(cString: strerror(code))) (errno \(code))" }
 }
 
 /// The package's one system-call loop: runs `body` (a C call returning -1 and setting `errno` on
@@ -19,7 +19,7 @@ import Glibc
 /// Inlinable: every socket read and write goes through it, and a generic call across the module
 /// boundary, unspecialized, cost each W2 round trip 3 µs (4 %).
 @inlinable @inline(__always)
-package func retryingInterrupts<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
+public func retryingInterrupts<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
     while true {
         let result = body()
         if result >= 0 { return .success(result) }

@@ -5,7 +5,7 @@ import Logging
 import Glibc
 
 /// Outbound TCP connects: nonblocking `connect` with a timeout, raced across addresses (RFC 8305).
-package enum TCPConnector {
+@_spi(Programs) public enum TCPConnector {
     /// Orders addresses for Happy Eyeballs: families interleaved, IPv6 first, relative order kept.
     package static func interleave(_ addresses: [SocketAddress]) -> [SocketAddress] {
         let v6 = addresses.filter { $0.family == .ipv6 }
@@ -29,7 +29,7 @@ package enum TCPConnector {
     /// - Throws: `TransportError.Code.connectFailed` when every address failed, or
     ///   `TransportError.Code.connectTimedOut` after `timeout`; `TransportError.connectFailures`
     ///   lists each address's failure.
-    package static func connect(
+    public static func connect(
         to addresses: [SocketAddress], attemptDelay: Duration = .milliseconds(250), timeout: Duration = .seconds(10),
         logger: Logger
     ) async throws -> (fd: FileDescriptor, address: SocketAddress) {

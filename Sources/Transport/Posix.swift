@@ -5,16 +5,16 @@ import SystemCalls
 import Glibc
 
 /// An open file descriptor (a socket, here). A value: whoever holds it decides when to close it.
-package struct FileDescriptor: Sendable, Hashable, CustomStringConvertible {
-    package let rawValue: Int32
+@_spi(Programs) public struct FileDescriptor: Sendable, Hashable, CustomStringConvertible {
+    public let rawValue: Int32
 
     package init(_ rawValue: Int32) { self.rawValue = rawValue }
 
     /// Closes the descriptor, ignoring EINTR (on Linux it is released even when close reports EINTR).
     /// The corresponding C function is `close`.
-    package func close() { _ = Glibc.close(rawValue) }
+    public func close() { _ = Glibc.close(rawValue) }
 
-    package var description: String { "fd \(rawValue)" }
+    public var description: String { "fd \(rawValue)" }
 }
 
 /// The result of a nonblocking system call.

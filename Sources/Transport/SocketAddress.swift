@@ -40,7 +40,7 @@ extension SocketAddress {
     }
 
     /// Calls `body` with a `sockaddr` pointer and length for this address.
-    package func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) throws(TransportError) -> R)
+    @_spi(Programs) public func withSockAddr<R>(_ body: (UnsafePointer<sockaddr>, socklen_t) throws(TransportError) -> R)
         throws(TransportError) -> R
     {
         switch storage {

@@ -3,8 +3,8 @@ import TestWaits
 import Testing
 
 @testable import Messaging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 #if canImport(Glibc)
     import Glibc

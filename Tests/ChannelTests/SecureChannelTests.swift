@@ -4,8 +4,8 @@ import Locks
 import Testing
 
 @testable import Messaging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 #if canImport(Glibc)
     import Glibc

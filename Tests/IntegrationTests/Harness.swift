@@ -33,8 +33,19 @@ enum Harness {
         return directory
     }
 
-    /// Path of a built executable product, e.g. `binary("bonjour-chat")`.
-    static func binary(_ name: String) -> String { binDir.appendingPathComponent(name).path }
+    /// The programs, built by their own package (Demo/Package.swift): its debug products, or
+    /// `LANMSG_PROGRAMS_DIR` (Tests/run.sh sets it).
+    static let programs: Set = ["bonjour-chat", "discovery-demo", "lanmsg", "lanmsg-echo", "preview-push", "preview-server"]
+    static var programsDir: URL {
+        if let directory = environment["LANMSG_PROGRAMS_DIR"] { return URL(fileURLWithPath: directory) }
+        return repoRoot.appendingPathComponent("Demo/.build/debug")
+    }
+
+    /// Path of a built executable, e.g. `binary("bonjour-chat")`: a program from Demo's package, a
+    /// test helper (discovery-peer, readme-board, session-chaos) from this one.
+    static func binary(_ name: String) -> String {
+        (programs.contains(name) ? programsDir : binDir).appendingPathComponent(name).path
+    }
 
     /// Runs a harness control command (avahi-kill, avahi-start, dbus-restart, ...) and waits for it.
     static func control(_ action: String, host: String) throws {

@@ -5,8 +5,8 @@ import Testing
 import Locks
 import Synchronization
 @testable import Messaging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 /// Runs a blocking call (raw socket reads) on a Dispatch thread, off Swift's cooperative pool.
 func offThePool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {

@@ -5,9 +5,9 @@
 #endif
 import Logging
 import Messaging
-import ProtocolCore
+@_spi(Programs) import ProtocolCore
 import SystemCalls
-import Transport
+@_spi(Programs) import Transport
 
 extension MessageChannel {
     /// Two channels joined inside this process by a socket pair (`AF_UNIX` stream), their

@@ -3,8 +3,8 @@ import Logging
 import Synchronization
 import Testing
 
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 #if canImport(Glibc)
     import Glibc

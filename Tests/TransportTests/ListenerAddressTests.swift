@@ -2,8 +2,8 @@ import Dispatch
 import Logging
 import Testing
 
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 #if canImport(Glibc)
     import Glibc

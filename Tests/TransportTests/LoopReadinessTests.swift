@@ -4,8 +4,8 @@ import Synchronization
 import TestWaits
 import Testing
 
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 #if canImport(Glibc)
     import Glibc

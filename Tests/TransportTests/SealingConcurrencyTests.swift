@@ -5,8 +5,8 @@ import Synchronization
 import TestWaits
 import Testing
 
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 /// Version 2 seals where frames are sent: a sender thread seals and writes its own frame when the
 /// connection is idle, the loop's flush seals everything queued behind it. Every transport message

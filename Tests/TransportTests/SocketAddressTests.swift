@@ -1,7 +1,7 @@
 import Testing
 
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 @Suite struct SocketAddressTests {
     @Test func parsing() throws {

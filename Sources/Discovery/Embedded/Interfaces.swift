@@ -7,28 +7,28 @@ import MDNSCore
 /// One network interface as `getifaddrs` shows it: the package's one interface scan, used by the
 /// embedded mDNS stack to choose its links and by `lanmsg doctor` to check them (so the doctor sees
 /// what the stack sees: IPv4 aliases folded into their interface, the flags of every entry).
-package struct InterfaceInfo: Hashable, Sendable {
-    package var name: String
-    package var index: Int32
-    package var flags: UInt32
+@_spi(Programs) public struct InterfaceInfo: Hashable, Sendable {
+    public var name: String
+    public var index: Int32
+    public var flags: UInt32
     /// Addresses in network byte order: 4 bytes each, 16 bytes each.
-    package var ipv4: [[UInt8]] = []
-    package var ipv6: [[UInt8]] = []
+    public var ipv4: [[UInt8]] = []
+    public var ipv6: [[UInt8]] = []
     /// Each address's prefix length (from its netmask), for the subnet it is on.
-    package var prefixLengths: [[UInt8]: Int] = [:]
+    public var prefixLengths: [[UInt8]: Int] = [:]
 
     /// Up and running (has a carrier): what the stack uses.
-    package var isUp: Bool { isAdministrativelyUp && hasCarrier }
+    public var isUp: Bool { isAdministrativelyUp && hasCarrier }
     /// Configured up (IFF_UP), with or without a carrier.
-    package var isAdministrativelyUp: Bool { flags & UInt32(IFF_UP) != 0 }
+    public var isAdministrativelyUp: Bool { flags & UInt32(IFF_UP) != 0 }
     /// The link has a carrier (IFF_RUNNING).
-    package var hasCarrier: Bool { flags & UInt32(IFF_RUNNING) != 0 }
-    package var isLoopback: Bool { flags & UInt32(IFF_LOOPBACK) != 0 }
-    package var canMulticast: Bool { flags & UInt32(IFF_MULTICAST) != 0 }
-    package var isPointToPoint: Bool { flags & UInt32(IFF_POINTOPOINT) != 0 }
+    public var hasCarrier: Bool { flags & UInt32(IFF_RUNNING) != 0 }
+    public var isLoopback: Bool { flags & UInt32(IFF_LOOPBACK) != 0 }
+    public var canMulticast: Bool { flags & UInt32(IFF_MULTICAST) != 0 }
+    public var isPointToPoint: Bool { flags & UInt32(IFF_POINTOPOINT) != 0 }
 
     /// Every interface with its addresses, sorted by index.
-    package static func scan() -> [InterfaceInfo] {
+    public static func scan() -> [InterfaceInfo] {
         var list: UnsafeMutablePointer<ifaddrs>?
         guard getifaddrs(&list) == 0, let first = list else { return [] }
         defer { freeifaddrs(list) }

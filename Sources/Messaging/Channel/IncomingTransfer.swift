@@ -1,6 +1,6 @@
 import Foundation
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 /// A streamed transfer arriving from the peer (for example a file).
 ///

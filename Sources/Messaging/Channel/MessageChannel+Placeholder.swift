@@ -2,9 +2,9 @@
     import Glibc
 #endif
 import Logging
-import ProtocolCore
+@_spi(Programs) import ProtocolCore
 import SystemCalls
-import Transport
+@_spi(Programs) import Transport
 
 extension MessageChannel {
     /// A channel that is closed from the start, on no socket: what a ``ServerConnection`` shows

@@ -2,9 +2,9 @@ import Dispatch
 import FastJSON
 import Locks
 import Logging
-import ProtocolCore
+@_spi(Programs) import ProtocolCore
 import Synchronization
-import Transport
+@_spi(Programs) import Transport
 
 /// A connected peer after a successful hello exchange: typed messages, request/response,
 /// streamed transfers, heartbeat.

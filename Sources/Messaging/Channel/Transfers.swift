@@ -1,7 +1,7 @@
 import Foundation
 import Locks
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 extension MessageChannel {
     /// The largest chunk a transfer to this peer may carry: its frame limit minus the 20 bytes of a

@@ -1,9 +1,9 @@
 import Dispatch
-import Discovery
+@_spi(Programs) import Discovery
 import Locks
 import Logging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 extension MessageClient {
     // MARK: Connecting

@@ -1,8 +1,8 @@
-import Discovery
+@_spi(Programs) import Discovery
 import Locks
 import Logging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 /// A server asked for by name whose key this client knows is looked for by that key (issue 43,
 /// 22): whatever the instance is called now, impostors refused and reported.

@@ -1,7 +1,7 @@
 import Locks
 import Logging
-import ProtocolCore
-import Transport
+@_spi(Programs) import ProtocolCore
+@_spi(Programs) import Transport
 
 #if canImport(Glibc)
     import Glibc

@@ -1,7 +1,7 @@
 import ChatKit
 import Foundation
-import Messaging
-import ProtocolCore
+@testable import Messaging
+@testable import ProtocolCore
 import Testing
 
 /// docs/PROTOCOL.md's bonjour-chat example, produced from the code: the hellos come from the hello

@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-import ProtocolCore
+@testable import ProtocolCore
 
 /// One row of a spec example table, rendered from a frame.
 struct SpecRow {
@@ -61,7 +61,7 @@ struct SpecRow {
 }
 
 func specPath() -> String {
-    URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../docs/PROTOCOL.md").path
+    URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../../docs/PROTOCOL.md").path
 }
 
 /// A TCP relay on 127.0.0.1 for one connection, keeping a copy of each direction.

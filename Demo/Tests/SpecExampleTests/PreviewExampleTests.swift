@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import Messaging
 import PreviewKit
-import ProtocolCore
+@testable import ProtocolCore
 import Testing
 
 /// docs/PROTOCOL.md's preview example is produced by this test from the code: a real push (the

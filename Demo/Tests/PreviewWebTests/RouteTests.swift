@@ -2,7 +2,7 @@ import Foundation
 import Hummingbird
 import Logging
 import NIOCore
-import TestWaits
+import DemoTestWaits
 import Testing
 
 @testable import PreviewKit

@@ -1,5 +1,5 @@
 import Synchronization
-import TestWaits
+import DemoTestWaits
 import Testing
 
 @testable import PreviewKit
