@@ -13,7 +13,9 @@ let package = Package(
         .library(name: "Transport", targets: ["Transport"]),
         .library(name: "FastJSON", targets: ["FastJSON"]),
         .library(name: "MDNSCore", targets: ["MDNSCore"]),
-        // Not API (no 1.x promise): the package's lock and system-call loop, for the programs of Demo/Package.swift.
+        // Not API (no 1.x promise): the package's lock, system-call loop and protocol core, for the
+        // programs (Demo/Package.swift: a package of their own, so that an app on the library never
+        // resolves what only they need — argument-parser, Hummingbird, Ink, swift-prometheus).
         .library(name: "_ProgramSupport", targets: ["Locks", "SystemCalls", "ProtocolCore"]),
     ],
     dependencies: [
