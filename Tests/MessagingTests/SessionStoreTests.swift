@@ -285,6 +285,44 @@ import ProtocolCore
         again.close()
     }
 
+    /// The room the writer keeps ahead of its records: zeros written past the last record (an
+    /// overwrite's `fdatasync` then writes no new length or extents). The file as a kill -9 leaves
+    /// it — records, then zeros — opens with every record and a notice that says the cut bytes are
+    /// zeros; a clean close leaves the file ending at its last record.
+    @Test func theRoomAheadOfTheRecordsIsCutAtOpenAndAtClose() throws {
+        let directory = Self.directory("room")
+        let killed = Self.directory("room-killed")
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: killed)
+        }
+        let journal = try Self.open(directory)
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        for number in 1...100 {
+            try journal.append(.message(Self.key, epoch: 0, number: UInt64(number), codecID: 1, typeID: "t", payload: [UInt8(number)]))
+        }
+        let end = journal.writer.state.size
+        let name = URL(fileURLWithPath: journal.path).lastPathComponent
+        // What a kill -9 now leaves: the file as the page cache has it.
+        let left = try [UInt8](Data(contentsOf: URL(fileURLWithPath: journal.path)))
+        #expect(left.count > end && left.count % (64 << 10) == 0, "\(left.count) bytes for records ending at \(end)")
+        #expect(!left[end...].contains { $0 != 0 })
+        try FileManager.default.createDirectory(atPath: killed, withIntermediateDirectories: true)
+        try Data(left).write(to: URL(fileURLWithPath: killed + "/" + name))
+        let notices = CapturedLog()
+        let reopened = try SessionJournal(SessionStore(directory: killed), role: .server, identity: "plaintext", logger: notices.logger())
+        #expect(reopened.opening.cutBytes == left.count - end && reopened.opening.droppedRecords == 0)
+        #expect(reopened.restored[Self.key]?.messages.map(\.payload) == (1...100).map { [UInt8($0)] })
+        #expect(notices.lines.contains { $0.level == .notice && $0.message.contains("at byte \(end)") && $0.message.contains("all zeros") }, "\(notices.lines.map(\.message))")
+        reopened.close()
+        journal.close()
+        let closed = try FileManager.default.attributesOfItem(atPath: journal.path)[.size] as? Int
+        #expect(closed == end, "a closed store ends at its last record")
+        let again = try Self.open(directory)
+        #expect(again.opening.cutBytes == 0 && again.restored[Self.key]?.messages.count == 100)
+        again.close()
+    }
+
     /// Issue 53, 3 (both stores cut back alike): a process-crash store last written in another
     /// boot of the machine by a process that did not close it may have lost its last records to
     /// the power, cut at a record where nothing in the file shows it. Its sessions are marked to

@@ -364,6 +364,7 @@ extension SessionJournal {
         writer.state.file = job.file!
         writer.state.header = job.header
         writer.state.size = job.size
+        writer.state.allocated = job.size
         if !writer.fixedFloor { writer.floor = Self.compactionFloor(fileSystem.freeSpace(at: directory)) }
         writer.compactAt = max(writer.floor, 2 * (writer.state.liveBytes + 256 * writer.state.sessions.count))
         shared.withLock { state in

@@ -86,6 +86,13 @@ extension Journal {
                 later += 1
                 laterSynced = max(laterSynced, synced)
                 probe += size
+            } else if bytes[probe] == 0 {
+                // A run of zeros (the room written ahead of the records, or a zero-filled tail):
+                // a record's 4-byte length has a nonzero byte, so none starts before 3 bytes ahead
+                // of the next nonzero byte.
+                var next = probe + 1
+                while next < bytes.count, bytes[next] == 0 { next += 1 }
+                probe = max(probe + 1, next - 3)
             } else {
                 probe += 1
             }

@@ -263,7 +263,10 @@ final class SessionJournal: Sendable {
             } catch {
                 throw failed("cannot cut and sync", error)
             }
-            if scan.torn > 0 {
+            if scan.torn > 0, scan.droppedRecords == 0, !bytes[scan.end...].contains(where: { $0 != 0 }) {
+                logger.notice(
+                    "session store: cut \(scan.torn) bytes at byte \(scan.end) of '\(path)', all zeros: the room the store writes ahead of its records (left by a process that stopped without closing the store), or a tail the disk zero-filled after a power loss; every record before it is kept. A session whose last records were lost with a power cut starts anew if its peer's count does not match, and what it had not acknowledged is reported")
+            } else if scan.torn > 0 {
                 let dropped = scan.droppedRecords == 0 ? "" : " (with \(scan.droppedRecords) complete records behind bytes that never arrived)"
                 logger.notice(
                     "session store: cut \(scan.torn) bytes at byte \(scan.end) of '\(path)'\(dropped): what was written after the last sync and did not reach the disk whole (a crash or a power loss); every record before it is kept. A session whose last records were among them starts anew if its peer's count does not match, and what it had not acknowledged is reported")
@@ -470,6 +473,15 @@ final class SessionJournal: Sendable {
             writer.compaction = nil
         }
         let file = writer.state.file
+        // The room written ahead of the records goes: a store closed cleanly ends with its last record.
+        if writer.state.allocated > writer.state.size {
+            do {
+                try file.truncate(to: writer.state.size)
+                writer.state.allocated = writer.state.size
+            } catch {
+                logger.warning("session store: cannot cut the room ahead of the records of '\(path)' while closing it: \(error); the next start cuts it")
+            }
+        }
         syncQueue.sync {
             do {
                 try file.sync()
