@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds once, runs every test: unit tests here, integration tests against
+# Installs what is missing, builds the library's package and the programs' (Demo/Package.swift) once,
+# runs every test: unit tests of both, integration tests against
 # real avahi-daemons in private network namespaces (Tests/harness/avahi-harness.sh), then the
 # embedded mDNS backend's tests in namespaces without avahi-daemon (against avahi, itself and
 # python-zeroconf), the chat and preview tests again on the embedded backend, and wide-area DNS-SD
@@ -55,26 +56,27 @@ bin=.build/debug/swift-lan-messagingPackageTests.xctest
 echo "== build (debug, tests)"
 swift build --build-tests 2>&1 | tail -n 20
 [ -x "$bin" ] || { echo "build failed: no $bin" >&2; exit 1; }
+logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
 # The programs (bonjour-chat, preview-server, preview-push, lanmsg, lanmsg-echo, discovery-demo) and
 # their tests are a package of their own (Demo/Package.swift, on the library by path): the
-# integration tests run its binaries (LANMSG_PROGRAMS_DIR).
+# integration tests run its binaries (LANMSG_PROGRAMS_DIR). Built in the background beside the unit
+# and chaos stages, which never run them (at nice 10: the tests keep their CPU), and waited for
+# before the programs' tests; their ThreadSanitizer build starts after it.
 programs_bin=Demo/.build/debug/lan-messaging-programsPackageTests.xctest
-echo "== build (debug, tests: the programs' package)"
-swift build --build-tests --package-path Demo 2>&1 | tail -n 20
-[ -x "$programs_bin" ] || { echo "build failed: no $programs_bin" >&2; exit 1; }
+echo "== build (debug, tests: the programs' package, in the background)"
+nice -n 10 swift build --build-tests --package-path Demo > "$logs/build-programs.log" 2>&1 &
+programs_build_pid=$!
 export LANMSG_PROGRAMS_DIR=$root/Demo/.build/debug
 stage_done "install + build"
 
-logs=$(mktemp -d /tmp/lan-tests.XXXXXX)
 # The ThreadSanitizer bundle and the wire fuzzer are built in the background at the lowest CPU
 # priority while the tests below run (most of their time is spent waiting on timers and the network
 # namespaces): the builds use the idle CPU, the tests keep theirs. Their stages wait for them.
-background_pids=()
+background_pids=("$programs_build_pid")
 if [ "$tsan" = yes ]; then
-  # The library's test bundle, then the programs' (one after the other: two cores).
-  ( nice -n 19 swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan \
-    && nice -n 19 swift build --package-path Demo --product lan-messaging-programsPackageTests --sanitize=thread \
-      --scratch-path "$root/Demo/.build-tsan" ) > "$logs/build-tsan.log" 2>&1 &
+  # The library's test bundle (the programs' after their debug build, below).
+  nice -n 19 swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path .build-tsan \
+    > "$logs/build-tsan.log" 2>&1 &
   tsan_build_pid=$!; background_pids+=("$tsan_build_pid")
 fi
 if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
@@ -176,13 +178,23 @@ unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BA
 # (SoakTests runs in its own stage at the end: see "soak" below; SessionChaosTests in "chaos".)
 run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests --skip SoakTests --skip SessionChaosTests
-# The programs' unit tests: chat controllers, preview store and pusher, the page's routes, the spec's examples.
-run_suite unit-programs env "${unit_env[@]}" "$programs_bin" --testing-library swift-testing --no-parallel
 # Durable sessions against kill -9 (issue 42), short form: real processes (the session-chaos
 # program) on loopback, killed at random points, 8 cycles in each of 4 phases (about 20 s). The
 # long form: Tests/chaos/session-chaos.sh --cycles 100.
 run_suite chaos env "${unit_env[@]}" LANMSG_CHAOS_CYCLES="${CHAOS_CYCLES:-8}" \
   "$bin" --testing-library swift-testing --no-parallel --filter SessionChaosTests
+echo "== build (the programs' package, waited for)"
+wait "$programs_build_pid" || { echo "!! the programs' build failed"; status=1; }
+tail -n 3 "$logs/build-programs.log"
+[ -x "$programs_bin" ] || { echo "build failed: no $programs_bin" >&2; tail -n 30 "$logs/build-programs.log" >&2; exit 1; }
+stage_done "build (programs, rest)"
+if [ "$tsan" = yes ]; then
+  nice -n 19 swift build --package-path Demo --product lan-messaging-programsPackageTests --sanitize=thread \
+    --scratch-path "$root/Demo/.build-tsan" > "$logs/build-tsan-programs.log" 2>&1 &
+  tsan_programs_build_pid=$!; background_pids+=("$tsan_programs_build_pid")
+fi
+# The programs' unit tests: chat controllers, preview store and pusher, the page's routes, the spec's examples.
+run_suite unit-programs env "${unit_env[@]}" "$programs_bin" --testing-library swift-testing --no-parallel
 
 if [ "$unit_only" = no ]; then
   browser_python=""
@@ -275,6 +287,8 @@ if [ "$tsan" = yes ]; then
   # The programs' tests (all of them; TSAN_PROGRAMS_FILTER narrows them; a TSAN_FILTER alone
   # leaves them out).
   if [ -n "${TSAN_PROGRAMS_FILTER:-}" ] || [ -z "${TSAN_FILTER:-}" ]; then
+    if ! wait "$tsan_programs_build_pid"; then echo "!! the programs' ThreadSanitizer build failed"; status=1; fi
+    tail -n 3 "$logs/build-tsan-programs.log"
     programs_tsan_filter=()
     [ -n "${TSAN_PROGRAMS_FILTER:-}" ] && programs_tsan_filter=(--filter "$TSAN_PROGRAMS_FILTER")
     run_suite tsan-programs env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 \
