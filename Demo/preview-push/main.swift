@@ -251,7 +251,8 @@ struct PreviewPushCommand: AsyncParsableCommand {
             let max = resolved.txt[PreviewProtocol.TXTKey.maxSize].flatMap(UInt64.init).map(formatBytes) ?? "?"
             let addresses = resolved.addresses.map(\.description).joined(separator: ", ")
             // The key's short form (TXT `fp`), whether this preview-push knows it (its trust store,
-            // trust on first use), and the web page when the previewer publishes one (TXT `web`).
+            // trust on first use), and the web page when the previewer publishes one (TXT `web`: only
+            // a page beyond loopback, which answers only its link with the token).
             let key = resolved.txt["fp"].map { FileName.printable($0, limit: 24) }
             let page = resolved.txt[PreviewProtocol.TXTKey.webPort].flatMap(UInt16.init).flatMap { port in
                 // An IPv4 address first, then a global IPv6 one: a browser takes neither a link-local
@@ -263,7 +264,7 @@ struct PreviewPushCommand: AsyncParsableCommand {
             }
             say(
                 "\(name)\t\(resolved.hostName):\(resolved.port)\tmax \(max), free \(free)\t\(addresses)\tpv \(FileName.printable(version))\tfound in \(service.foundIn)"
-                    + "\tkey \(key ?? "none (plaintext)")\t\(trust(of: service.name, key: key))\tpage \(page ?? "none")")
+                    + "\tkey \(key ?? "none (plaintext)")\t\(trust(of: service.name, key: key))\tpage \(page.map { "\($0) (needs its token: open the link a push prints)" } ?? "none")")
         }
     }
 

@@ -67,7 +67,7 @@ struct PreviewPageTests {
             return output.split(separator: "\n").first { $0.hasPrefix("Preview ITest Page\t") }.map(String.init) ?? output
         }
         let before = try listed()
-        #expect(before.contains("\tpage http://\(hostB):\(webPort)/") && before.contains("\tkey ") && before.contains("\tnew\t"), "\(before)")
+        #expect(before.contains("\tpage http://\(hostB):\(webPort)/ (needs its token: open the link a push prints)") && before.contains("\tkey ") && before.contains("\tnew\t"), "\(before)")
 
         #expect(FileManager.default.isExecutableFile(atPath: Self.python), "no browser venv at \(Self.python)")
         let push = (pushCommand + ["--host", hostB, "--port", String(port)]).joined(separator: " ")
