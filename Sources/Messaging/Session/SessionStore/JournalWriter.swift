@@ -299,17 +299,16 @@ extension SessionJournal {
         }
     }
 
-    /// Holding the role: writes zeros ahead of the records, through `end` and up to the next
-    /// multiple of a step (``step``; a quarter of a smaller file, at least 64 KiB). A record then
-    /// overwrites blocks the file already has, and its `fdatasync` writes the data alone — not the
-    /// file's new length and extents with it: on this machine's ext4, p50 102 µs against 184 µs for
-    /// an append (docs/PERFORMANCE.md). Recovery cuts zeros past the last record as it cuts any torn
+    /// Holding the role: writes zeros ahead of the records, past `end` up to the next multiple of a
+    /// step (``step``; a quarter of a smaller file, at least 64 KiB). A record then overwrites
+    /// blocks the file already has, and its `fdatasync` writes the data alone — not the file's new
+    /// length and block map with it (figures at ``step`` and in docs/PERFORMANCE.md). Recovery cuts zeros past the last record as it cuts any torn
     /// tail, and a clean close cuts them. When they cannot be written (a full disk) the records are
     /// appended as before, and the next step is tried a step later.
     private func allocateAhead(through end: Int) {
         let step = min(Self.step, max(64 << 10, writer.state.size / 4))
         let from = writer.state.allocated
-        let to = (end + step - 1) / step * step
+        let to = (end / step + 1) * step
         var offset = from
         do throws(StoreCallError) {
             while offset < to {
