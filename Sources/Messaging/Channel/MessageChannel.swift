@@ -36,7 +36,7 @@ public final class MessageChannel: @unchecked Sendable {
     public var messages: IncomingMessages { IncomingMessages(buffer: messageBuffer) }
     /// The messages' buffer, made on first use (by a consumer, or the first message no handler
     /// takes): an idle channel whose app uses handlers, or nothing yet, holds no buffer.
-    let lazyMessageBuffer = AtomicLazyReference<BoundedQueue<IncomingMessage>>()
+    let lazyMessageBuffer = LazyReference<BoundedQueue<IncomingMessage>>()
     var messageBuffer: BoundedQueue<IncomingMessage> {
         if let buffer = lazyMessageBuffer.load() { return buffer }
         return lazyMessageBuffer.storeIfNil(Self.inboundBuffer(driver, limit: configuration.incomingBufferLimit))
@@ -48,7 +48,7 @@ public final class MessageChannel: @unchecked Sendable {
     public var transfers: IncomingTransfers { IncomingTransfers(buffer: transferBuffer) }
     /// The transfers' buffer, made on first use: most channels never receive a transfer, and an
     /// idle channel should not pay for a second buffer.
-    let lazyTransferBuffer = AtomicLazyReference<BoundedQueue<IncomingTransfer>>()
+    let lazyTransferBuffer = LazyReference<BoundedQueue<IncomingTransfer>>()
     /// Whether anything ever read ``transfers`` (tests, like ``messagesWereRead``).
     var transfersWereRead: Bool { lazyTransferBuffer.load()?.hasConsumer ?? false }
     var transferBuffer: BoundedQueue<IncomingTransfer> {
@@ -65,7 +65,7 @@ public final class MessageChannel: @unchecked Sendable {
     /// raised; the loop merges them before it dispatches the next message. So `on` never waits for
     /// the loop, and a message that arrives after it returned reaches the handler.
     var handlers: [String: (IncomingMessage) -> Void] = [:]
-    let installs = AtomicLazyReference<PendingInstalls>()
+    let installs = LazyReference<PendingInstalls>()
     private let hasInstalls = Atomic<Bool>(false)
     /// The pace the peer asked for in its last PONG, in hundredths of a second (0: none; 16 bits
     /// hold the 10-minute maximum), between the 1-byte flag and the 32-bit limit: in their padding,
