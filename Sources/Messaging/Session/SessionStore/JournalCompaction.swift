@@ -365,6 +365,7 @@ extension SessionJournal {
         writer.state.header = job.header
         writer.state.size = job.size
         writer.state.allocated = job.size
+        writer.state.allocateAgainAt = 0
         if !writer.fixedFloor { writer.floor = Self.compactionFloor(fileSystem.freeSpace(at: directory)) }
         writer.compactAt = max(writer.floor, 2 * (writer.state.liveBytes + 256 * writer.state.sessions.count))
         shared.withLock { state in

@@ -49,6 +49,9 @@ final class JournalWriter: @unchecked Sendable {
         /// The file's length: zeros from `size` to here, written ahead of the records
         /// (``SessionJournal/allocateAhead(through:)``).
         var allocated: Int
+        /// After room could not be written ahead (a full disk): no new try before the records
+        /// reach here, a step further (0: none pending).
+        var allocateAgainAt = 0
         var sessions: [Journal.Key: Live]
         /// Bytes of kept messages.
         var liveBytes: Int
@@ -306,6 +309,7 @@ extension SessionJournal {
     /// tail, and a clean close cuts them. When they cannot be written (a full disk) the records are
     /// appended as before, and the next step is tried a step later.
     private func allocateAhead(through end: Int) {
+        guard end >= writer.state.allocateAgainAt else { return }
         let step = min(Self.step, max(64 << 10, writer.state.size / 4))
         let from = writer.state.allocated
         let to = (end / step + 1) * step
@@ -317,9 +321,12 @@ extension SessionJournal {
                 offset += count
             }
             writer.state.allocated = to
+            writer.state.allocateAgainAt = 0
         } catch {
-            try? writer.state.file.truncate(to: from)  // (zeros that were written take room a full disk lacks)
-            writer.state.allocated = end + step
+            // (Zeros that were written take room a full disk lacks. Should the cut fail too, zeros
+            // stay past `allocated`: written over by the next records, or cut at the next start.)
+            try? writer.state.file.truncate(to: from)
+            writer.state.allocateAgainAt = end + step
             logger.debug("session store: cannot write room ahead in '\(path)' (\(error)); records are appended")
         }
     }
