@@ -322,6 +322,8 @@ extension SessionJournal {
             }
             writer.state.allocated = to
             writer.state.allocateAgainAt = 0
+            // Records up to there are copies into the file's pages, no system call each.
+            writer.state.file.writesWillStayWithin(writer.state.size, to)
         } catch {
             // (Zeros that were written take room a full disk lacks. Should the cut fail too, zeros
             // stay past `allocated`: written over by the next records, or cut at the next start.)

@@ -1,4 +1,5 @@
 import Foundation
+import Locks
 import Synchronization
 import SystemCalls
 
@@ -48,9 +49,16 @@ protocol StoreFile: AnyObject, Sendable {
     func sync() throws(StoreCallError)
     /// `close(2)`.
     func close()
+    /// The caller wrote `[offset, end)` (zeros ahead of its records): the file has those bytes, and
+    /// the next writes inside them may be copies into memory shared with the file (`mmap`,
+    /// `MAP_SHARED`) instead of `pwrite` calls — the same page cache, so what a process crash and
+    /// ``sync()`` keep is the same. Optional: a file may ignore it.
+    func writesWillStayWithin(_ offset: Int, _ end: Int)
 }
 
 extension StoreFile {
+    func writesWillStayWithin(_ offset: Int, _ end: Int) {}
+
     /// All of `bytes` at `offset` (``write(_:at:)`` of an array).
     func write(_ bytes: [UInt8], at offset: Int) throws(StoreCallError) {
         let result = bytes.withUnsafeBytes { raw in Result { () throws(StoreCallError) in try write(raw, at: offset) } }
@@ -140,10 +148,44 @@ struct PosixFileSystem: StoreFileSystem {
 final class PosixFile: StoreFile {
     let fd: Int32
     let path: String
+    /// Where the file is mapped (``writesWillStayWithin(_:_:)``): writes inside it are copies, one
+    /// `memcpy` instead of a `pwrite` per batch of records (the per-message system call of a
+    /// session's journal at `.processCrash`). Taken by the journal's writer alone, the lock for the
+    /// close that may come from another queue.
+    private let window = Locked<Window?>(nil)
+
+    struct Window: @unchecked Sendable {
+        let base: UnsafeMutableRawPointer
+        /// The file offset of `base` (a page boundary) and the bytes mapped.
+        let offset: Int
+        let length: Int
+        var end: Int { offset + length }
+    }
 
     init(fd: Int32, path: String) {
         self.fd = fd
         self.path = path
+    }
+
+    deinit { unmap() }
+
+    func writesWillStayWithin(_ offset: Int, _ end: Int) {
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let start = offset / page * page
+        guard end > start else { return }
+        let mapped = mmap(nil, end - start, PROT_READ | PROT_WRITE, MAP_SHARED, fd, off_t(start))
+        window.withLock { window in
+            if let old = window { munmap(old.base, old.length) }
+            // (Not mapped — no address space, a file system without mmap: writes stay pwrite.)
+            window = mapped == MAP_FAILED || mapped == nil ? nil : Window(base: mapped!, offset: start, length: end - start)
+        }
+    }
+
+    private func unmap() {
+        window.withLock { window in
+            if let old = window { munmap(old.base, old.length) }
+            window = nil
+        }
     }
 
     func size() throws(StoreCallError) -> Int {
@@ -169,6 +211,12 @@ final class PosixFile: StoreFile {
     }
 
     func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreCallError) {
+        let copied = window.withLock { window -> Bool in
+            guard let window, offset >= window.offset, offset + bytes.count <= window.end else { return false }
+            (window.base + (offset - window.offset)).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
+            return true
+        }
+        if copied { return }
         var done = 0
         while done < bytes.count {
             switch retryingInterrupts({ pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + done)) }) {
@@ -180,6 +228,7 @@ final class PosixFile: StoreFile {
     }
 
     func truncate(to length: Int) throws(StoreCallError) {
+        unmap()  // (a page mapped past the end would fault: SIGBUS)
         if case .failure(let error) = retryingInterrupts({ ftruncate(fd, off_t(length)) }) {
             throw StoreCallError("ftruncate", path, error.code)
         }
@@ -189,7 +238,10 @@ final class PosixFile: StoreFile {
         if case .failure(let error) = retryingInterrupts({ fdatasync(fd) }) { throw StoreCallError("fdatasync", path, error.code) }
     }
 
-    func close() { _ = Glibc.close(fd) }
+    func close() {
+        unmap()
+        _ = Glibc.close(fd)
+    }
 }
 
 /// The lock a process holds on a store's directory while it uses the store.
