@@ -323,6 +323,52 @@ import ProtocolCore
         again.close()
     }
 
+    /// At `.processCrash` the writer copies records into a mapping of the room ahead (no `pwrite`
+    /// per batch); at `.powerLoss` it does not. A kill in the middle of a copy can leave a batch with
+    /// a hole of zeros before a complete record (glibc may store a short copy's tail first): its
+    /// records say nothing was synced past the batch's start, so the store opens with the batch cut
+    /// as a torn tail and every record before it — never refused as damage.
+    @Test func aCopyAKillCutShortIsATornTailAndOnlyProcessCrashMaps() throws {
+        let directory = Self.directory("mapped")
+        let killed = Self.directory("mapped-killed")
+        let power = Self.directory("mapped-power")
+        defer {
+            for path in [directory, killed, power] { try? FileManager.default.removeItem(atPath: path) }
+        }
+        let journal = try Self.open(directory)
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        for number in 1...100 {
+            try journal.append(.message(Self.key, epoch: 0, number: UInt64(number), codecID: 1, typeID: "t", payload: [UInt8(number)]))
+        }
+        #expect(MappedJournalFileTests.mapped(journal.path), "process-crash durability maps the room ahead")
+        let batchStart = journal.writer.state.size
+        let payload = [UInt8](repeating: 0xA5, count: 200)
+        try journal.append([
+            .message(Self.key, epoch: 0, number: 101, codecID: 1, typeID: "t", payload: payload),
+            .message(Self.key, epoch: 0, number: 102, codecID: 1, typeID: "t", payload: payload),
+        ])
+        let batchEnd = journal.writer.state.size
+        var left = try [UInt8](Data(contentsOf: URL(fileURLWithPath: journal.path)))
+        #expect(left[batchStart..<batchEnd].contains { $0 != 0 }, "the batch reached the page cache through the mapping")
+        // The copy cut short: the middle of the first record is still zeros, the second is whole.
+        for offset in (batchStart + 20)..<(batchStart + 120) { left[offset] = 0 }
+        try FileManager.default.createDirectory(atPath: killed, withIntermediateDirectories: true)
+        try Data(left).write(to: URL(fileURLWithPath: killed + "/" + URL(fileURLWithPath: journal.path).lastPathComponent))
+        let notices = CapturedLog()
+        let reopened = try SessionJournal(SessionStore(directory: killed), role: .server, identity: "plaintext", logger: notices.logger())
+        #expect(reopened.restored[Self.key]?.messages.map(\.payload) == (1...100).map { [UInt8($0)] })
+        #expect(reopened.opening.cutBytes == left.count - batchStart)
+        #expect(notices.lines.contains { $0.level == .notice && $0.message.contains("at byte \(batchStart)") }, "\(notices.lines.map(\.message))")
+        reopened.close()
+        journal.close()
+        // Power-loss durability writes with pwrite: no mapping.
+        let synced = try SessionJournal(SessionStore(directory: power, durability: .powerLoss), role: .server, identity: "plaintext", logger: testLogger())
+        try synced.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position)))
+        try synced.append(.message(Self.key, epoch: 0, number: 1, codecID: 1, typeID: "t", payload: [1]))
+        #expect(!MappedJournalFileTests.mapped(synced.path))
+        synced.close()
+    }
+
     /// Issue 53, 3 (both stores cut back alike): a process-crash store last written in another
     /// boot of the machine by a process that did not close it may have lost its last records to
     /// the power, cut at a record where nothing in the file shows it. Its sessions are marked to
