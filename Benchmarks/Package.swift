@@ -22,6 +22,8 @@ let package = Package(
         // --metrics: the cost of counting into a real swift-metrics back end (Prometheus).
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
+        // The X25519 floor of the handshake (issue 55), with the calls the library's handshake makes.
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.0"),
     ],
     targets: [
         .executableTarget(
@@ -51,6 +53,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             path: "Sources/bench-ours"
         ),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 7: every workload for our library and for the SwiftNIO peer, client and server as separate
-# processes on loopback (127.0.0.1), plus the C baseline for W3 and (as root, with avahi installed)
-# D1 in the two-host avahi harness. Prints one RESULT line per workload and implementation, the
+# processes on loopback (127.0.0.1), plus the C baseline for W3, the C loop beside W1 and W2 and the
+# handshake's X25519 floor (issue 55: c/roundtrip.c, bench-ours x25519), and (as root, with avahi
+# installed) D1 in the two-host avahi harness. Prints one RESULT line per workload and implementation, the
 # ratio ours/peer, then a table.
 #
 #   Benchmarks/run.sh                 everything (about 2-3 minutes on 2 cores after the build)
@@ -49,6 +50,7 @@ nice -n 5 swift build -c release 2>&1 | grep -v -e "prohibited flag" -e "^\[" ||
 BIN="$(swift build -c release --show-bin-path)"
 [ -x "$BIN/bench-ours" ] && [ -x "$BIN/bench-nio" ] || { echo "build failed" >&2; exit 1; }
 gcc -O2 -Wall -o "$BIN/c-bulk" c/bulk.c
+gcc -O2 -Wall -o "$BIN/c-roundtrip" c/roundtrip.c
 
 WORK="$(mktemp -d /tmp/bench-run.XXXXXX)"
 RESULTS="$WORK/results"
@@ -199,6 +201,28 @@ if [[ " ${IMPLS[*]} " == *" ours+noise "* ]]; then
     fi
 fi
 
+# The C loop (issue 55): W1's and W2's physical limits on this machine — blocking sockets on
+# loopback moving the same frames (100 bytes) with no codec, no envelope and no event loop:
+# 1,000,000 frames written 64 to a write(), and 100,000 round trips one at a time (c/roundtrip.c).
+run_c_loop() {
+    local w=$1 tag="$WORK/$1-c-loop" spid port
+    timeout -k 5 "$PROC_TIMEOUT" "$BIN/c-roundtrip" server > "$tag.server" 2> "$tag.server.err" &
+    spid=$!; STARTED+=("$spid")
+    if ! port=$(wait_ready "$tag.server" "$spid"); then echo "FAILED $w c: server did not start"; stop "$spid"; return 0; fi
+    timeout -k 5 "$PROC_TIMEOUT" "$BIN/c-roundtrip" client "$port" "$(echo "$w" | tr 'W' 'w')" 100 > "$tag.client" 2> "$tag.client.err" \
+        || echo "FAILED $w c: client exit $? $(tail -n 2 "$tag.client.err" | tr '\n' ' ')"
+    stop "$spid"
+    grep -h '^RESULT ' "$tag.client" | tee -a "$RESULTS" || true
+}
+
+# The handshake's X25519 floor (issue 55): its DH operations alone, one core (bench-ours x25519).
+# Beside W5's handshake rate: floor = 2 cores / (a plaintext connection's CPU + the DH work), the
+# plaintext connection's CPU being 2 cores / the plaintext rate of the same run.
+if [[ " ${IMPLS[*]} " == *" ours+noise "* ]] && printf '%s\n' "${WORKLOADS[@]}" | grep -qx W5; then
+    echo "== X25519"
+    "$BIN/bench-ours" x25519 | tee -a "$RESULTS"
+fi
+
 # W8 (issue 42): durable sessions, ours only (the NIO peer keeps nothing), plaintext. Each variant
 # is a server and a client with session stores (one directory each) under $WORK:
 #   memory, crash, power: 64 tasks each sending its share of 200,000 100-byte messages with `send`;
@@ -284,6 +308,7 @@ for w in "${WORKLOADS[@]}"; do
         run_w3
     else
         for impl in "${IMPLS[@]}"; do run_one "$w" "$impl"; done
+        if [ "$w" = W1 ] || [ "$w" = W2 ]; then run_c_loop "$w"; fi
     fi
     read -r key _ <<< "$(metric "$w")"
     for impl in "${IMPLS[@]}"; do
@@ -296,6 +321,8 @@ for w in "${WORKLOADS[@]}"; do
         [ "$w" = W2 ] && echo "RATIO W2 $impl/nio p99_us=$(ratio "$(value W2 "$impl" p99_us)" "$(value W2 nio p99_us)")"
         [ "$w" = W6 ] && echo "RATIO W6 $impl/nio p50_us=$(ratio "$(value W6 "$impl" p50_us)" "$(value W6 nio p50_us)") p99_us=$(ratio "$(value W6 "$impl" p99_us)" "$(value W6 nio p99_us)")"
         [ "$w" = W3 ] && echo "RATIO W3 $impl/c mib_per_s=$(ratio "$(value W3 "$impl" mib_per_s)" "$(value W3 c mib_per_s)")"
+        [ "$w" = W1 ] && echo "RATIO W1 $impl/c msgs_per_s=$(ratio "$(value W1 "$impl" msgs_per_s)" "$(value W1 c msgs_per_s)")"
+        [ "$w" = W2 ] && echo "RATIO W2 $impl/c p50_us=$(ratio "$(value W2 "$impl" p50_us)" "$(value W2 c p50_us)") p99_us=$(ratio "$(value W2 "$impl" p99_us)" "$(value W2 c p99_us)")"
     done
     # The encrypted pair: ours over Noise against NIO over TLS 1.3.
     if [[ " ${IMPLS[*]} " == *" nio+tls "* && " ${IMPLS[*]} " == *" ours+noise "* ]]; then
@@ -323,10 +350,16 @@ row() { # row WORKLOAD KEY
     o=$(value "$1" ours "$2"); f=$(value "$1" ours+foundation "$2"); n=$(value "$1" nio "$2")
     printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "$1" "$2" "${o:--}" "${f:--}" "${n:--}" "$(ratio "$o" "$n")" "$(ratio "$f" "$n")"
 }
+crow() { # crow WORKLOAD KEY: the C loop's figure, and ours against it
+    local c
+    c=$(value "$1" c "$2")
+    printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "$1" "C loop $2" "${c:--}" "" "" "$(ratio "$(value "$1" ours "$2")" "$c")" "(ours/C)"
+}
 for w in "${WORKLOADS[@]}"; do
     case "$w" in
-        W1|W4) row "$w" msgs_per_s ;;
-        W2) row W2 p50_us; row W2 p99_us; row W2 max_us ;;
+        W1) row W1 msgs_per_s; crow W1 msgs_per_s ;;
+        W4) row W4 msgs_per_s ;;
+        W2) row W2 p50_us; row W2 p99_us; row W2 max_us; crow W2 p50_us; crow W2 p99_us ;;
         W3) row W3 mib_per_s
             c=$(value W3 c mib_per_s)
             printf '%-4s %-16s %14s %16s %14s %8s %8s\n' "W3" "C baseline" "${c:--}" "" "" "$(ratio "$(value W3 ours mib_per_s)" "$c")" "(ours/C)" ;;
@@ -368,7 +401,12 @@ if [[ " ${IMPLS[*]} " == *" ours+noise "* ]]; then
             W3) p=$(value W3 ours mib_per_s)
                 limit=$(awk -v p="$p" -v c="$cipher" 'BEGIN { if (p == "" || c == "" || p + 0 == 0 || c + 0 == 0) print ""; else printf "%.0f", 1 / (1 / p + 1 / c) }')
                 erow W3 mib_per_s "$limit" ;;
-            W5) erow W5 bytes_per_conn; erow HS connections_per_s ;;
+            W5) erow W5 bytes_per_conn
+                # The limit of the handshake rate: 2 cores / (plaintext connection + DH work).
+                p=$(value HS ours connections_per_s); h=$(value X25519 ours+noise handshake_us)
+                floor=$(awk -v p="$p" -v h="$h" 'BEGIN { if (p == "" || h == "" || p + 0 == 0) print ""; else printf "%.0f", 2 / (2 / p + h / 1e6) }')
+                erow HS connections_per_s "$floor"
+                echo "     (HS limit: 2 cores / (plaintext connection 2/${p:--} s + the DH work ${h:--} us: X25519 $(value X25519 ours+noise dh_us) us, key generation $(value X25519 ours+noise keygen_us) us))" ;;
             W6) erow W6 requests_per_s; erow W6 p50_us; erow W6 p99_us ;;
         esac
     done

@@ -34,8 +34,8 @@ final class Counter: @unchecked Sendable {
 }
 
 let options = Options()
-guard options.words.count >= 2 || options.words.first == "cipher" || options.words.first == "fsync" else {
-    fail("usage: bench-ours server|client W1..W7 [--port P] [--codec foundation|fast] | bench-ours cipher")
+guard options.words.count >= 2 || ["cipher", "fsync", "x25519"].contains(options.words.first ?? "") else {
+    fail("usage: bench-ours server|client W1..W7 [--port P] [--codec foundation|fast] | bench-ours cipher | bench-ours fsync | bench-ours x25519")
 }
 let role = options.words[0]
 let workload = options.words.count > 1 ? options.words[1] : "CIPHER"
@@ -682,6 +682,7 @@ func runCipher() {
 do {
     if role == "cipher" { runCipher(); exit(0) }
     if role == "fsync" { runFsync(); exit(0) }
+    if role == "x25519" { runX25519Floor(); exit(0) }
     if role == "solo" && workload == "W8C" { try await runCompaction(); exit(0) }
     if role == "server" { try await runServer() } else { try await runClient() }
 } catch {
