@@ -30,16 +30,26 @@ public struct Sample: Codable, Sendable, Equatable {
     }
 }
 
-/// Workload sizes (exactly as issue 7 defines them).
+/// Workload sizes (exactly as issue 7 defines them). `Benchmarks/curves.sh` (issue 55) varies some
+/// of them through the environment, read by server and client alike: `BENCH_W3_SIZE` and
+/// `BENCH_W3_COUNT` (W3's message size and count), `BENCH_W4_CLIENTS` and `BENCH_W4_MESSAGES`,
+/// `BENCH_W5_CONNECTIONS`. Unset, they are issue 7's.
 public enum Workload {
     public static let w1Messages = 1_000_000
     public static let w2RoundTrips = 100_000
     public static let w2Warmup = 2_000
-    public static let w3Messages = 1024
-    public static let w3MessageSize = 1 << 20
-    public static let w4Clients = 50
-    public static let w4Messages = 20_000
-    public static let w5Connections = 5_000
+    public static let w3Messages = environment("BENCH_W3_COUNT", 1024)
+    public static let w3MessageSize = environment("BENCH_W3_SIZE", 1 << 20)
+    public static let w4Clients = environment("BENCH_W4_CLIENTS", 50)
+    public static let w4Messages = environment("BENCH_W4_MESSAGES", 20_000)
+    public static let w5Connections = environment("BENCH_W5_CONNECTIONS", 5_000)
+
+    /// A positive integer from the environment, or `standard`.
+    static func environment(_ name: String, _ standard: Int) -> Int {
+        guard let text = ProcessInfo.processInfo.environment[name] else { return standard }
+        guard let value = Int(text), value > 0 else { fatalError("\(name)=\(text): a positive integer, please") }
+        return value
+    }
     /// W6: request/reply calls, how many are outstanding at once, and when client RSS is sampled first.
     public static let w6Requests = 1_000_000
     public static let w6Outstanding = 100

@@ -545,7 +545,7 @@ func runClient() throws {
         let channel = try connect(port) { _ in W3Client(done: done) }.wait()
         let elapsed = try done.futureResult.wait()
         let mib = Double(Workload.w3Messages * Workload.w3MessageSize) / Double(1 << 20)
-        result("W3", impl, ["mib_per_s": fmt(mib / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        result("W3", impl, ["mib_per_s": fmt(mib / elapsed, 0), "seconds": fmt(elapsed, 3), "msgs_per_s": fmt(Double(Workload.w3Messages) / elapsed, 0)])
         try channel.close().wait()
     case "W4":
         let clients = options.int("clients", Workload.w4Clients)

@@ -473,7 +473,7 @@ func runClient() async throws {
         else { fail("W3: the server did not receive every byte") }
         let elapsed = seconds(since: start)
         let mib = Double(Workload.w3Messages * Workload.w3MessageSize) / Double(1 << 20)
-        result("W3", impl, ["mib_per_s": fmt(mib / elapsed, 0), "seconds": fmt(elapsed, 3)])
+        result("W3", impl, ["mib_per_s": fmt(mib / elapsed, 0), "seconds": fmt(elapsed, 3), "msgs_per_s": fmt(Double(Workload.w3Messages) / elapsed, 0)])
         channel.close()
     case "W4":
         let clients = options.int("clients", Workload.w4Clients)
