@@ -33,15 +33,7 @@ BIN="$(swift build -c release --show-bin-path)"
 WORK="$(mktemp -d /tmp/flame-run.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 
-wait_ready() {
-    local file=$1 pid=$2 i
-    for i in $(seq 1 300); do
-        if grep -q '^READY ' "$file" 2>/dev/null; then sed -n 's/^READY //p' "$file" | head -n 1; return 0; fi
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
+source "$HERE/ready.sh"  # wait_ready FILE PID
 stop() { # TERM, a bounded wait, then KILL
     local pid=$1 signal=${2:-TERM} i
     kill "-$signal" "$pid" 2>/dev/null || true

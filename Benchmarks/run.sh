@@ -85,16 +85,7 @@ impl_cmd() {
     esac
 }
 
-# wait_ready FILE PID: prints the port once the server wrote "READY <port>" (max 30 s)
-wait_ready() {
-    local file=$1 pid=$2 i
-    for i in $(seq 1 300); do
-        if grep -q '^READY ' "$file" 2>/dev/null; then sed -n 's/^READY //p' "$file" | head -n 1; return 0; fi
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
+source "$HERE/ready.sh"  # wait_ready FILE PID
 
 # stop PID: TERM, then wait (bounded), then KILL
 stop() {

@@ -17,35 +17,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io.h"
+
 /* W3's sizes; Benchmarks/curves.sh varies them (BENCH_W3_COUNT, BENCH_W3_SIZE, as the Swift
  * benchmarks read them). Messages under 64 KiB are written many to a write() and read 256 KiB at a
  * time, as a careful C program would move them; from 64 KiB on, one write and one read per message. */
 static int MESSAGES = 1024;
 static int MESSAGE_SIZE = 1 << 20;
 #define BATCH_BYTES (256 * 1024)
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
-static void read_full(int fd, void *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r <= 0) die("read");
-        got += (size_t)r;
-    }
-}
-
-static void write_full(int fd, const void *buf, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, (const char *)buf + done, n - done);
-        if (w <= 0) die("write");
-        done += (size_t)w;
-    }
-}
 
 static double now(void) {
     struct timespec ts;

@@ -27,34 +27,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "io.h"
+
 #define W2_WARMUP 2000
 #define W2_ROUND_TRIPS 100000
 #define W1_MESSAGES 1000000
 #define W1_BATCH 64
 #define MAX_SIZE 65536
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
-
-static void write_full(int fd, const void *buf, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, (const char *)buf + done, n - done);
-        if (w <= 0) die("write");
-        done += (size_t)w;
-    }
-}
-
-static void read_full(int fd, void *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r <= 0) die("read");
-        got += (size_t)r;
-    }
-}
 
 static uint64_t now_ns(void) {
     struct timespec ts;
