@@ -6,22 +6,28 @@
 #   size:        W3 (one connection, raw bytes) at 64 B, 1 KiB, 16 KiB, 256 KiB, 1 MiB per message
 #                (200,000 messages, at most 256 MiB, at least 1,024), beside the C loop (c/bulk.c);
 #                the median of CURVE_ROUNDS rounds (default 3)
+#   JSON size:   W1 (one-way `Sample`s, msgs/s), W7 (the same in a message session) and W2 (round
+#                trips, p50 and p99) with the Sample's name padded to about 100 B, 1 KiB, 16 KiB and
+#                256 KiB of JSON (W1/W7: 1,000,000 messages, at most 256 MiB; W2: 100,000 round
+#                trips, at most 64 MiB, at least 1,000)
 #   connections: W4 (the server broadcasts to N clients, delivered messages a second) and W5 (the
 #                server's memory per idle connection) at N = 1, 10, 100, 1,000, 10,000
 #                (W4: 2,000,000 deliveries in all, 20,000 per client at most)
 #
-#   Benchmarks/curves.sh                     everything (about 8 minutes on 2 cores after the build)
-#   CURVE_SIZES="64 1048576" CURVE_CONNECTIONS="1 100" Benchmarks/curves.sh   fewer points
+#   Benchmarks/curves.sh                     everything (about 12 minutes on 2 cores after the build)
+#   CURVE_SIZES="64 1048576" CURVE_CONNECTIONS="1 100" CURVE_JSON_SIZES="100" Benchmarks/curves.sh   fewer points
+#                                            (" " for none of a kind)
 #   IMPLS="ours nio" Benchmarks/curves.sh    fewer implementations (default: ours ours+noise nio nio+tls)
 #   CURVES_OUT=docs/curves Benchmarks/curves.sh   where the SVGs and the data go (default: under /tmp)
 #
-# Draws curves/size.svg, curves/connections.svg and curves/memory.svg with curves/plot.py, and
+# Draws size.svg, json.svg, latency.svg, connections.svg and memory.svg with curves/plot.py, and
 # keeps every RESULT line in curves.data beside them. Loopback only, as run.sh.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
 read -r -a SIZES <<< "${CURVE_SIZES:-64 1024 16384 262144 1048576}"
 read -r -a CONNECTIONS <<< "${CURVE_CONNECTIONS:-1 10 100 1000 10000}"
+read -r -a JSON_SIZES <<< "${CURVE_JSON_SIZES:-100 1024 16384 262144}"
 export IMPLS="${IMPLS:-ours ours+noise nio nio+tls}"
 OUT=${CURVES_OUT:-$(mktemp -d /tmp/curves.XXXXXX)}
 mkdir -p "$OUT"
@@ -39,6 +45,18 @@ for size in "${SIZES[@]}"; do
         || echo "FAILED: run.sh W3 at $size B (see $LOG)"
     # (each implementation's median: run.sh's RESULT W3 line marked "(median)")
     tail -n +"$((start + 1))" "$LOG" | awk -v s="$size" '$1 == "RESULT" && $2 == "W3" && /\(median\)/ { print "SIZE " s " " $0 }' | tee -a "$DATA"
+done
+for size in "${JSON_SIZES[@]}"; do
+    # (a Sample's JSON is about 80 bytes before its padding)
+    pad=$(( size > 80 ? size - 80 : 0 ))
+    messages=$(( (256 << 20) / size )); [ "$messages" -gt 1000000 ] && messages=1000000
+    trips=$(( (64 << 20) / size )); [ "$trips" -gt 100000 ] && trips=100000; [ "$trips" -lt 1000 ] && trips=1000
+    warmup=$(( trips / 10 )); [ "$warmup" -gt 2000 ] && warmup=2000
+    echo "== JSON messages of about $size B ($messages one-way, $trips round trips)"
+    start=$(wc -l < "$LOG")
+    BENCH_SAMPLE_PAD=$pad BENCH_W1_MESSAGES=$messages BENCH_W2_ROUND_TRIPS=$trips BENCH_W2_WARMUP=$warmup \
+        "$HERE/run.sh" W1 W2 W7 >> "$LOG" 2>&1 || echo "FAILED: run.sh W1 W2 W7 at $size B (see $LOG)"
+    tail -n +"$((start + 1))" "$LOG" | awk -v s="$size" '$1 == "RESULT" && ($2 == "W1" || $2 == "W2" || $2 == "W7") && $3 != "c" { print "JSON " s " " $0 }' | tee -a "$DATA"
 done
 for n in "${CONNECTIONS[@]}"; do
     messages=$(( 2000000 / n )); [ "$messages" -gt 20000 ] && messages=20000

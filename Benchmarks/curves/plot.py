@@ -12,8 +12,10 @@ import html
 import math
 import sys
 
-COLOURS = {"ours": "#d62728", "ours+noise": "#ff7f0e", "nio": "#1f77b4", "nio+tls": "#17becf", "c": "#555555"}
-NAMES = {"ours": "ours (plaintext)", "ours+noise": "ours (Noise)", "nio": "SwiftNIO", "nio+tls": "SwiftNIO + TLS 1.3",
+COLOURS = {"ours": "#d62728", "ours+noise": "#ff7f0e", "ours session": "#9467bd", "ours+noise session": "#e377c2",
+           "nio": "#1f77b4", "nio+tls": "#17becf", "c": "#555555"}
+NAMES = {"ours": "ours (plaintext)", "ours+noise": "ours (Noise)", "ours session": "ours, session (W7)",
+         "ours+noise session": "ours, Noise session", "nio": "SwiftNIO", "nio+tls": "SwiftNIO + TLS 1.3",
          "c": "C, blocking sockets"}
 
 def load(path):
@@ -46,7 +48,7 @@ def label(x, unit):
     return "%g" % x
 
 def chart(title, xlabel, ylabel, series, xunit, yunit, logy):
-    width, height, left, right, top, bottom = 760, 440, 80, 190, 44, 56
+    width, height, left, right, top, bottom = 820, 440, 80, 240, 44, 56
     xs = sorted({x for points in series.values() for x, _ in points})
     ys = [y for points in series.values() for _, y in points if y > 0]
     if not xs or not ys:
@@ -75,10 +77,10 @@ def chart(title, xlabel, ylabel, series, xunit, yunit, logy):
         out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (px, height - bottom + 18, label(x, xunit)))
     out.append('<text x="%d" y="%d" text-anchor="middle">%s</text>' % ((left + width - right) / 2, height - 14, html.escape(xlabel)))
     out.append('<text transform="translate(18,%d) rotate(-90)" text-anchor="middle">%s</text>' % ((top + height - bottom) / 2, html.escape(ylabel)))
-    for i, (impl, points) in enumerate(sorted(series.items(), key=lambda kv: list(NAMES).index(kv[0]) if kv[0] in NAMES else 99)):
+    for i, (impl, points) in enumerate(sorted(series.items(), key=lambda kv: (list(NAMES).index(kv[0]) if kv[0] in NAMES else 99, kv[0]))):
         points = sorted(p for p in points if p[1] > 0)
         colour = COLOURS.get(impl, "#999999")
-        dash = ' stroke-dasharray="5,4"' if impl in ("c",) else ""
+        dash = ' stroke-dasharray="5,4"' if impl == "c" or impl.endswith(" p99") else ""
         out.append('<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>' % (
             colour, dash, " ".join("%.1f,%.1f" % (fx(x), fy(y)) for x, y in points)))
         for x, y in points:
@@ -94,15 +96,30 @@ def main():
     if len(sys.argv) != 3:
         sys.exit("usage: plot.py curves.data OUT_DIR")
     rows = load(sys.argv[1])
-    def series(kind, workload, key, scale=1.0):
+    def series(kind, workload, key, suffix=""):
         result = {}
         for k, x, w, impl, values in rows:
             if k == kind and w == workload and key in values:
-                result.setdefault(impl, []).append((x, values[key] * scale))
+                result.setdefault(impl + suffix, []).append((x, values[key]))
         return result
+    json = series("JSON", "W1", "msgs_per_s")
+    json.update(series("JSON", "W7", "msgs_per_s", " session"))
+    latency = {}
+    for impl, points in series("JSON", "W2", "p50_us").items():
+        latency[impl + " p50"] = points
+    for impl, points in series("JSON", "W2", "p99_us").items():
+        latency[impl + " p99"] = points
+    for impl in list(latency):
+        base, _, which = impl.rpartition(" ")
+        COLOURS[impl] = COLOURS.get(base, "#999999")
+        NAMES[impl] = "%s %s" % (NAMES.get(base, base), which)
     charts = {
         "size.svg": chart("Throughput against message size (one connection, W3)", "message size", "MiB/s",
                           series("SIZE", "W3", "mib_per_s"), "bytes", "count", True),
+        "json.svg": chart("JSON messages against size (one connection: W1 one-way, W7 in a session)", "message size (JSON)",
+                          "messages a second", json, "bytes", "count", True),
+        "latency.svg": chart("Round trip against size (W2: one message in flight)", "message size (JSON)", "µs",
+                             latency, "bytes", "count", True),
         "connections.svg": chart("Broadcast throughput against connections (W4)", "connections",
                                  "messages delivered a second", series("CONN", "W4", "msgs_per_s"), "count", "count", True),
         "memory.svg": chart("Server memory per idle connection (W5)", "connections", "bytes per connection (RSS)",

@@ -21,33 +21,38 @@ public struct Sample: Codable, Sendable, Equatable {
         self.tags = tags
     }
 
-    /// The i-th sample: a 16-ASCII-character name, three short tags.
+    /// The i-th sample: a 16-ASCII-character name, three short tags. (`BENCH_SAMPLE_PAD=N`, for
+    /// Benchmarks/curves.sh: the name N bytes longer, a bigger message of the same shape.)
     public static func make(_ i: Int) -> Sample {
         let digits = String(i % 10000)
+        let name = "sample-name-" + String(repeating: "0", count: 4 - digits.count) + digits
         return Sample(
-            id: i, name: "sample-name-" + String(repeating: "0", count: 4 - digits.count) + digits,
+            id: i, name: padding.isEmpty ? name : name + padding,
             value: Double(i) * 0.25 + 0.5, tags: ["alpha", "beta", "gamma"])
     }
+
+    static let padding = String(repeating: "x", count: Workload.environment("BENCH_SAMPLE_PAD", 0, least: 0))
 }
 
 /// Workload sizes (exactly as issue 7 defines them). `Benchmarks/curves.sh` (issue 55) varies some
 /// of them through the environment, read by server and client alike: `BENCH_W3_SIZE` and
 /// `BENCH_W3_COUNT` (W3's message size and count), `BENCH_W4_CLIENTS` and `BENCH_W4_MESSAGES`,
-/// `BENCH_W5_CONNECTIONS`. Unset, they are issue 7's.
+/// `BENCH_W5_CONNECTIONS`, `BENCH_W1_MESSAGES` (W1's and W7's), `BENCH_W2_ROUND_TRIPS` and
+/// `BENCH_W2_WARMUP` (and ``Sample/make(_:)``'s `BENCH_SAMPLE_PAD`). Unset, they are issue 7's.
 public enum Workload {
-    public static let w1Messages = 1_000_000
-    public static let w2RoundTrips = 100_000
-    public static let w2Warmup = 2_000
+    public static let w1Messages = environment("BENCH_W1_MESSAGES", 1_000_000)
+    public static let w2RoundTrips = environment("BENCH_W2_ROUND_TRIPS", 100_000)
+    public static let w2Warmup = environment("BENCH_W2_WARMUP", 2_000)
     public static let w3Messages = environment("BENCH_W3_COUNT", 1024)
     public static let w3MessageSize = environment("BENCH_W3_SIZE", 1 << 20)
     public static let w4Clients = environment("BENCH_W4_CLIENTS", 50)
     public static let w4Messages = environment("BENCH_W4_MESSAGES", 20_000)
     public static let w5Connections = environment("BENCH_W5_CONNECTIONS", 5_000)
 
-    /// A positive integer from the environment, or `standard`.
-    static func environment(_ name: String, _ standard: Int) -> Int {
+    /// An integer of at least `least` from the environment, or `standard`.
+    static func environment(_ name: String, _ standard: Int, least: Int = 1) -> Int {
         guard let text = ProcessInfo.processInfo.environment[name] else { return standard }
-        guard let value = Int(text), value > 0 else { fatalError("\(name)=\(text): a positive integer, please") }
+        guard let value = Int(text), value >= least else { fatalError("\(name)=\(text): an integer of at least \(least), please") }
         return value
     }
     /// W6: request/reply calls, how many are outstanding at once, and when client RSS is sampled first.
