@@ -8,8 +8,8 @@
 #                                        directory under /tmp, printed at the end)
 #   FLAME_FREQ=1999                      samples a second (cpu-clock: this VM has no PMU events)
 #
-# Each process runs under `perf record -e cpu-clock -g` (the server attached by PID once it is
-# listening, the client from its start), `perf script` demangled by `swift demangle --simplified`,
+# Each process runs under `perf record -e cpu-clock -g` from its start (attaching by PID would miss
+# the threads Dispatch makes later), `perf script` demangled by `swift demangle --simplified`,
 # folded and drawn by flame/flame.py: <W>-server.svg, <W>-client.svg and the .folded stacks that
 # flamegraph.pl also reads. Loopback only; every process under `timeout`; stops only what it started.
 set -euo pipefail
@@ -33,14 +33,7 @@ BIN="$(swift build -c release --show-bin-path)"
 WORK="$(mktemp -d /tmp/flame-run.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 
-source "$HERE/ready.sh"  # wait_ready FILE PID
-stop() { # TERM, a bounded wait, then KILL
-    local pid=$1 signal=${2:-TERM} i
-    kill "-$signal" "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
+source "$HERE/processes.sh"  # wait_ready FILE PID, stop PID [SIGNAL]
 draw() { # draw DATA TITLE NAME
     perf script -i "$1" 2>/dev/null | swift demangle --simplified | python3 "$HERE/flame/flame.py" "$2" "$OUT/$3.svg" "$OUT/$3.folded"
     echo "   $OUT/$3.svg ($(wc -l < "$OUT/$3.folded") distinct stacks)"
@@ -71,7 +64,7 @@ for w in "${WORKLOADS[@]}"; do
     else
         timeout -k 5 120 perf record -q -e cpu-clock -F "$FREQ" -g -o "$WORK/$w-client.data" -- \
             "$BIN/bench-ours" "${extra[@]}" client "$bench" --port "$port" > "$WORK/$w.client" 2> "$WORK/$w.client.err" || true
-        [ -n "$spid" ] && stop "$spid"
+        stop "$spid"
         wait "$tpid" 2>/dev/null || true
     fi
     grep -h '^RESULT ' "$WORK/$w.server" "$WORK/$w.client" || true

@@ -85,16 +85,8 @@ impl_cmd() {
     esac
 }
 
-source "$HERE/ready.sh"  # wait_ready FILE PID
+source "$HERE/processes.sh"  # wait_ready FILE PID, stop PID [SIGNAL]
 
-# stop PID: TERM, then wait (bounded), then KILL
-stop() {
-    local pid=$1 i
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
 
 # run_one WORKLOAD IMPL: server and client as separate processes; RESULT lines go to $RESULTS
 run_one() {

@@ -58,13 +58,9 @@ static int server(void) {
             if (r <= 0) die("read");
             filled += (size_t)r;
             size_t at = 0;
-            while (filled - at >= 4) {
-                uint32_t size;
-                memcpy(&size, buf + at, 4);
-                size = ntohl(size);
-                if (size > (uint32_t)MESSAGE_SIZE) { fprintf(stderr, "bad size %u\n", size); return 1; }
-                if (filled - at < 4 + (size_t)size) break;
-                total += size;
+            long size;
+            while ((size = next_frame((unsigned char *)buf, at, filled, (uint32_t)MESSAGE_SIZE)) >= 0) {
+                total += (uint64_t)size;
                 counted += 1;
                 at += 4 + (size_t)size;
             }

@@ -77,15 +77,8 @@ static int serve(void) {
         if (r < 0) die("read");
         filled += (size_t)r;
         size_t at = 0;
-        while (filled - at >= 4) {
-            uint32_t size;
-            memcpy(&size, buffer + at, 4);
-            size = ntohl(size);
-            if (size == 0 || size > MAX_SIZE) {
-                fprintf(stderr, "bad frame length %u\n", size);
-                return 1;
-            }
-            if (filled - at < 4 + (size_t)size) break;
+        long size;
+        while ((size = next_frame(buffer, at, filled, MAX_SIZE)) >= 0) {
             unsigned char kind = buffer[at + 4];
             if (kind == 'E') {
                 write_full(fd, buffer + at, 4 + (size_t)size);

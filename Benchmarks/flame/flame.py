@@ -37,7 +37,7 @@ def frames_of(lines):
             name = name[: m.start()]
         name = re.sub(r"\+0x[0-9a-f]+$", "", name)
         if name == "[unknown]":
-            name = "[" + (dso or "unknown") + "]"
+            name = dso if dso.startswith("[") else "[" + (dso or "unknown") + "]"
         stack.append(name)
     if stack:
         yield stack
