@@ -16,7 +16,7 @@ let package = Package(
         // Not API (no 1.x promise): the package's lock, system-call loop and protocol core, for the
         // programs (Demo/Package.swift: a package of their own, so that an app on the library never
         // resolves what only they need — argument-parser, Hummingbird, Ink, swift-prometheus).
-        .library(name: "_ProgramSupport", targets: ["Locks", "SystemCalls", "ProtocolCore"]),
+        .library(name: "_ProgramSupport", targets: ["Locks", "SystemCalls", "ProtocolCore", "Scheduling"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
@@ -42,6 +42,8 @@ let package = Package(
         .systemLibrary(name: "CEpoll"),
         // The package's one lock type (a pthread mutex with its value in one allocation).
         .target(name: "Locks", swiftSettings: strict),
+        // The package's one source of time for timers (Dispatch's, or a manual clock in tests).
+        .target(name: "Scheduling", dependencies: ["Locks"], swiftSettings: strict),
         // The package's one system-call loop (EINTR retried) and errno type.
         .target(name: "SystemCalls", swiftSettings: strict),
         // Layer 0: mDNS / DNS-SD protocol logic without I/O (messages, cache, responder, querier).
@@ -50,7 +52,7 @@ let package = Package(
         .target(
             name: "Discovery",
             dependencies: [
-                "CAvahiClient", "MDNSCore", "Locks", "SystemCalls", .product(name: "Logging", package: "swift-log"),
+                "CAvahiClient", "MDNSCore", "Locks", "Scheduling", "SystemCalls", .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),  // TSIG's HMAC (wide-area DNS UPDATE)
             ],
@@ -71,7 +73,7 @@ let package = Package(
         .target(
             name: "Transport",
             dependencies: [
-                "ProtocolCore", "Locks", "SystemCalls", "CLanmsgAEAD", "CEpoll",
+                "ProtocolCore", "Locks", "Scheduling", "SystemCalls", "CLanmsgAEAD", "CEpoll",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
@@ -83,7 +85,7 @@ let package = Package(
         .target(
             name: "Messaging",
             dependencies: [
-                "Discovery", "Transport", "ProtocolCore", "Locks", "SystemCalls", "FastJSON",
+                "Discovery", "Transport", "ProtocolCore", "Locks", "Scheduling", "SystemCalls", "FastJSON",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -142,7 +144,7 @@ let package = Package(
         .testTarget(
             name: "MessagingTests",
             dependencies: [
-                "Messaging", "Transport", "ProtocolCore", "Discovery", "TestWaits",
+                "Messaging", "Transport", "ProtocolCore", "Discovery", "Scheduling", "TestWaits",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             swiftSettings: strict),

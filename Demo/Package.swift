@@ -159,7 +159,10 @@ let package = Package(
         // The tests' one wait for a condition (a link to the library's Tests/TestWaits).
         .target(name: "DemoTestWaits", path: "Tests/TestWaits", swiftSettings: strict),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
-        .testTarget(name: "PreviewTests", dependencies: ["PreviewKit", "DemoTestWaits"], swiftSettings: strict),
+        .testTarget(
+            name: "PreviewTests",
+            dependencies: ["PreviewKit", "DemoTestWaits", .product(name: "_ProgramSupport", package: library)],
+            swiftSettings: strict),
         .testTarget(name: "PreviewWebTests", dependencies: ["PreviewWeb", "PreviewKit", "DemoTestWaits"], swiftSettings: strict),
         // docs/PROTOCOL.md's application examples, rendered from what the code sends.
         .testTarget(

@@ -1,20 +1,20 @@
-import Dispatch
 import Locks
 import Logging
 import Messaging
+import Scheduling
 
 /// The server side of the push protocol on top of a ``MessageServer``: feed it every server event with
 /// ``handle(_:)``. It answers offers, receives the matching transfers into a ``PreviewStore`` (one job
 /// per push, so several clients push at once), sends each result, and can drain or abort in-flight
 /// pushes for a graceful shutdown. Its work runs as children of one root task (`PreviewWork`); an
-/// offer's expiry and the drain's deadline are Dispatch timers, not sleeping tasks.
+/// offer's expiry and the drain's deadline are timers of its scheduler, not sleeping tasks.
 public final class PreviewService: Sendable {
     /// The decisions (``PushController``) and the objects that carry them out, found by offer id:
     /// one lock, never held while anything is done.
     private struct State {
         var controller = PushController()
         /// Each waiting offer's expiry.
-        var expiries: [String: OneShotTimer] = [:]
+        var expiries: [String: ScheduledWork] = [:]
         /// Each push being received: its job and the channel it comes on.
         var receives: [String: (job: PreviewWork.Job, channel: MessageChannel)] = [:]
         /// Callers of ``waitForInFlight(timeout:)``, by number: resumed with true when the last push
@@ -29,6 +29,8 @@ public final class PreviewService: Sendable {
     public let partials: PartialTransfers?
     private let logger: Logger
     private let offerExpiry: Duration
+    /// The clock of the offers' expiry and the drain's deadline (Dispatch's; tests turn a manual one).
+    private let scheduler: any Scheduler
     private let onStored: @Sendable (StoredFile) async -> Void
     private let state = Locked(State())
     private let work = PreviewWork()
@@ -36,6 +38,7 @@ public final class PreviewService: Sendable {
     /// - Parameters:
     ///   - store: The directory and its limits.
     ///   - offerExpiry: How long an accepted offer waits for its transfer before its space is released.
+    ///   - scheduler: The clock of the expiry and of ``waitForInFlight(timeout:)`` (tests: a `ManualScheduler`).
     ///   - logger: Where pushes are logged.
     ///   - onStored: Called after each stored file (update the TXT record, run a hook…).
     /// The web page's link sent with each stored result (nil: none, or only on loopback).
@@ -44,8 +47,10 @@ public final class PreviewService: Sendable {
     public init(
         store: PreviewStore, partials: PartialTransfers? = nil, offerExpiry: Duration = .seconds(60), logger: Logger,
         page: @escaping @Sendable () -> PreviewResult.PageLink? = { nil },
+        scheduler: any Scheduler = DispatchScheduler(),
         onStored: @escaping @Sendable (StoredFile) async -> Void = { _ in }
     ) {
+        self.scheduler = scheduler
         self.page = page
         self.store = store
         self.partials = partials
@@ -164,7 +169,7 @@ public final class PreviewService: Sendable {
                 } catch {
                     return .refuse(error)
                 }
-                let timer = OneShotTimer(after: offerExpiry) { [weak self] in self?.expire(reservation.id) }
+                let timer = scheduler.schedule(after: offerExpiry) { [weak self] in self?.expire(reservation.id) }
                 let offset = state.withLock { state in
                     state.expiries[reservation.id] = timer
                     return state.controller.reserved(reservation, connection: connection.id, resume: resume)
@@ -196,7 +201,7 @@ public final class PreviewService: Sendable {
         let offerID = transfer.metadata[PreviewProtocol.offerMetadataKey]
         // One lock section: the decision, the offer's expiry taken, and — for a receive — its job
         // registered, so a retry or an abort that comes next finds the job (not a receive without one).
-        let (decision, expiry, job) = state.withLock { state -> (PushController.TransferDecision, OneShotTimer?, PreviewWork.Job?) in
+        let (decision, expiry, job) = state.withLock { state -> (PushController.TransferDecision, ScheduledWork?, PreviewWork.Job?) in
             let decision = state.controller.transferArrived(
                 typeID: transfer.typeID, offerID: offerID, connection: connection.id, totalSize: transfer.totalSize)
             switch decision {
@@ -323,10 +328,10 @@ public final class PreviewService: Sendable {
         state.withLock { $0.controller.beginDraining() }
     }
 
-    /// Waits until no push is in flight, at most `timeout` (a Dispatch timer), or until the calling
+    /// Waits until no push is in flight, at most `timeout` (a timer of its scheduler), or until the calling
     /// task is cancelled; returns whether none is left.
     public func waitForInFlight(timeout: Duration) async -> Bool {
-        let timer = Locked<OneShotTimer?>(nil)
+        let timer = Locked<ScheduledWork?>(nil)
         // This caller's waiter number, and whether it gave up (cancelled) before it had one.
         let number = Locked<(waiter: Int?, gaveUp: Bool)>((nil, false))
         let giveUp: @Sendable () -> Void = { [weak self] in
@@ -350,7 +355,7 @@ public final class PreviewService: Sendable {
                     return state.gaveUp
                 }
                 if gaveUp { return giveUp() }  // cancelled while registering
-                timer.withLock { $0 = OneShotTimer(after: timeout, giveUp) }
+                timer.withLock { $0 = scheduler.schedule(after: timeout, giveUp) }
             }
         } onCancel: {
             giveUp()

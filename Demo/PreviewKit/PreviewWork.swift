@@ -1,5 +1,5 @@
-import Dispatch
 import Locks
+import Scheduling
 
 /// ``PreviewService``'s background work as children of one root task (as `MessageServer`'s
 /// `ServerWork`): answering offers, sending results, receiving pushes. Nothing of it is an
@@ -124,47 +124,8 @@ final class PreviewWork: Sendable {
     }
 }
 
-/// A one-shot Dispatch timer (the service's waits are timers, not sleeping tasks): cancelled, it
-/// lets go of its handler at once. (A Dispatch source is safe to cancel from any thread.)
-final class OneShotTimer: @unchecked Sendable {
-    private let source: any DispatchSourceTimer
-
-    init(after duration: Duration, _ handler: @escaping @Sendable () -> Void) {
-        source = DispatchSource.makeTimerSource(queue: .global())
-        let (seconds, attoseconds) = duration.components
-        let nanoseconds = max(0, seconds) * 1_000_000_000 + max(0, attoseconds) / 1_000_000_000
-        source.schedule(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds)), leeway: .milliseconds(10))
-        source.setEventHandler(handler: handler)
-        source.activate()
-    }
-
-    func cancel() { source.cancel() }
-}
-
-/// Waits `duration` on a Dispatch timer, not a sleeping task; ends at once when the task is
-/// cancelled.
-func timerSleep(for duration: Duration) async {
-    let waiter = Locked<(CheckedContinuation<Void, Never>?, done: Bool)>((nil, false))
-    let finish: @Sendable () -> Void = {
-        let continuation = waiter.withLock { state -> CheckedContinuation<Void, Never>? in
-            state.done = true
-            defer { state.0 = nil }
-            return state.0
-        }
-        continuation?.resume()
-    }
-    let timer = OneShotTimer(after: duration, finish)
-    await withTaskCancellationHandler {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = waiter.withLock { state -> Bool in
-                if state.done || Task.isCancelled { return true }
-                state.0 = continuation
-                return false
-            }
-            if now { continuation.resume() }
-        }
-    } onCancel: {
-        finish()
-    }
-    timer.cancel()
+/// Waits `duration` on `scheduler`'s clock (a timer, not a sleeping task); ends at once when the
+/// task is cancelled.
+func timerSleep(for duration: Duration, on scheduler: any Scheduler = DispatchScheduler()) async {
+    await scheduler.sleep(for: duration)
 }

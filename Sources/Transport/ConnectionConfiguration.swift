@@ -1,4 +1,5 @@
 import ProtocolCore
+import Scheduling
 
 /// Frame-level settings shared by every connection made with one configuration.
 
@@ -39,6 +40,7 @@ public struct ConnectionConfiguration: Sendable {
         var closeLinger: Duration = .seconds(2)
         var readBufferSize: Int = 64 * 1024
         var metrics: TransportMetrics? = nil
+        var scheduler: any Scheduler = DispatchScheduler()
     }
 
     private var storage: SharedValues<Values>
@@ -72,6 +74,13 @@ public struct ConnectionConfiguration: Sendable {
     public var closeLinger: Duration {
         get { storage.box.values.closeLinger }
         set { storage.update { $0.closeLinger = newValue } }
+    }
+
+    /// The clock of the connection's timers that are not its loop's (`closed(within:)`;
+    /// the loop's deadlines are Dispatch's still). Tests turn a `ManualScheduler`.
+    package var scheduler: any Scheduler {
+        get { storage.box.values.scheduler }
+        set { storage.update { $0.scheduler = newValue } }
     }
 
     /// Size of the reusable read buffer (default 64 KiB).

@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import Logging
 import ProtocolCore
+import Scheduling
 import Synchronization
 
 import Glibc
@@ -216,14 +217,14 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
 
     /// Waits until the connection has closed and returns why, or nil when it is still open after
-    /// `timeout` (a Dispatch timer on the loop, not a sleeping task).
+    /// `timeout` (a timer on the loop from the configuration's scheduler, not a sleeping task).
     package func closed(within timeout: Duration) async -> CloseReason? {
         await withCheckedContinuation { continuation in
             queue.async {
                 if let reason = self.closeReason { return continuation.resume(returning: reason) }
                 let outcome = RaceOutcome()
                 self.closeWaiters.append { if outcome.finish() { continuation.resume(returning: $0) } }
-                self.queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) {
+                self.configuration.scheduler.schedule(after: timeout, on: self.queue) {
                     if outcome.expire() { continuation.resume(returning: nil) }
                 }
             }

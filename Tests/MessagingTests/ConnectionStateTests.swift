@@ -1,3 +1,4 @@
+import Scheduling
 import TestWaits
 import Testing
 
@@ -41,6 +42,37 @@ import Testing
             return
         }
         #expect(client.connectionState.description == "closed")
+        await server.server.stop()
+    }
+
+    /// The wait between attempts is on the client's clock: after a refused attempt (at most 500 ms
+    /// then, whatever the policy's hour), a server that appears meanwhile is not tried until the
+    /// clock is turned to the 500th millisecond, and then at once (it was a Dispatch timer only
+    /// real time could end).
+    @Test func theWaitBetweenAttemptsIsOnTheClientsClock() async throws {
+        let port = try freePort()
+        let clock = ManualScheduler()
+        var configuration = ClientConfiguration(
+            peerName: "patient", reconnect: ReconnectPolicy(initialDelay: .seconds(3_600), maxDelay: .seconds(3_600)))
+        configuration.waitsForServer = true
+        configuration.channel.scheduler = clock
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+        let states = EventLog<MessageClient.ConnectionState>()
+        let watcher = Task { for await state in client.connectionStates { states.append(state) } }
+        try await states.wait("waiting, refused") {
+            if case .waiting(let error) = $0 { error.message.contains("refused") } else { false }
+        }
+        #expect(await clock.waitForPending(1), "the back-off is not on the client's clock")
+        let server = try await LoopbackServer(configure: { $0.listener.port = port; $0.listener.families = [.ipv4] })
+        clock.advance(by: .milliseconds(499))
+        #expect(clock.pendingCount == 1, "the wait after a refusal ended before 500 ms")
+        #expect(!client.connectionState.isConnected)
+        clock.advance(by: .milliseconds(1))
+        #expect(clock.pendingCount == 0)
+        try await waitUntil("connected once the clock reached the retry") { client.connectionState.isConnected }
+        await client.close()
+        await watcher.value
         await server.server.stop()
     }
 }

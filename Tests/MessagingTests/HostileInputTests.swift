@@ -94,14 +94,24 @@ final class HostilePeer: @unchecked Sendable {
     }
 
     /// Reads until EOF (or the 10 s receive timeout); returns whether the server closed the socket.
+    /// At its EOF the peer ends its side too, as any peer does (the server's close then ends at
+    /// once instead of lingering 2 s for it).
     func serverClosed() -> Bool {
         var buffer = [UInt8](repeating: 0, count: 65536)
         for _ in 0..<10_000 {
             let n = recv(fd, &buffer, buffer.count, 0)
-            if n == 0 { return true }
+            if n == 0 {
+                endWriting()
+                return true
+            }
             if n < 0 { return errno == ECONNRESET }
         }
         return false
+    }
+
+    /// Ends this side of the connection (a FIN; the descriptor stays open until the peer goes).
+    func endWriting() {
+        if !closed.load(ordering: .relaxed) { shutdown(fd, Int32(SHUT_WR)) }
     }
 
     /// Closes with an RST (SO_LINGER 0).
@@ -281,6 +291,7 @@ final class HostilePeer: @unchecked Sendable {
         #expect(rejected.withLock { $0.count } == 2)
         #expect(rejected.withLock { $0 }.allSatisfy { $0.contains("decod") || $0.contains("JSON") || $0.contains("data") })
         #expect(harness.server.connections.count == 1)  // the peer was not dropped
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 

@@ -6,6 +6,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
+import Scheduling
 
 /// Message sessions on loopback: one-way messages in both directions arrive exactly once and in
 /// order across dropped connections; what cannot be resumed is reported, never lost silently.
@@ -189,10 +190,15 @@ import ProtocolCore
         await second.server.stop()
     }
 
-    /// A client that never comes back: after the grace period the server reports the messages it
-    /// sent and the client never acknowledged, then the connection's end.
+    /// A client that never comes back: after the grace period — an hour, on the server's manual
+    /// clock, and not a second less — the server reports the messages it sent and the client never
+    /// acknowledged, then the connection's end.
     @Test func aSessionThatExpiresReportsWhatTheClientNeverAcknowledged() async throws {
-        let harness = try await LoopbackServer(configure: { $0.session?.gracePeriod = .milliseconds(300) })
+        let clock = ManualScheduler()
+        let harness = try await LoopbackServer(configure: {
+            $0.session?.gracePeriod = .seconds(3_600)
+            $0.channel.scheduler = clock
+        })
         // A client that opens a session, receives, acknowledges nothing (a long ack delay) and is gone.
         var configuration = ClientConfiguration(peerName: "leaver")
         configuration.channel.offersSessions = true
@@ -213,6 +219,10 @@ import ProtocolCore
         channel.abort()
         try await harness.events.wait("interrupted") { if case .interrupted = $0 { true } else { false } }
         try await connection.send(Numbered(n: 4), type: "n")  // kept for a client that may come back
+        #expect(harness.server.timers.count == 1, "the grace period is armed")
+        clock.advance(by: .seconds(3_599))
+        #expect(connection.session?.isEnded == false, "ended before its grace period")
+        clock.advance(by: .seconds(1))
         let report = try await harness.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
         if case .undelivered(let to, let lost) = report {
             #expect(to == connection)

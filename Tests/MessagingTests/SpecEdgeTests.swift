@@ -19,7 +19,10 @@ extension HostilePeer {
             let ready = poll(&descriptor, 1, Int32(max(1, deadline.timeIntervalSinceNow * 1000)))
             if ready <= 0 { break }
             let n = recv(fd, &buffer, buffer.count, 0)
-            if n <= 0 { return (frames, true) }
+            if n <= 0 {
+                endWriting()  // (as serverClosed(): the server's close ends at once)
+                return (frames, true)
+            }
             decoder.append(contentsOf: buffer[0..<n])
             while let frame = try? decoder.next() { frames.append(frame) }
             if done(frames) { return (frames, false) }
@@ -179,6 +182,7 @@ extension HostilePeer {
         let (frames, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .goodbye } } }
         let goodbye = try #require(frames.first { $0.kind == .goodbye }, "\(frames.map(\.kind))")
         #expect(String(decoding: goodbye.payload, as: UTF8.self).contains("did not offer message sessions"))
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 
@@ -197,6 +201,7 @@ extension HostilePeer {
         let afterSession = frames.drop { $0.kind != .session }
         #expect(afterSession.contains { $0.kind == .ping }, "no PING after SESSION within 4 s: \(frames.map(\.kind))")
         #expect(Date().timeIntervalSince(started) < 1)
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 }

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Messaging
 import PreviewKit
+import Scheduling
 import Synchronization
 import Testing
 
@@ -53,6 +54,34 @@ import Testing
         #expect(directory.entries == ["doc (2).pdf", "doc.pdf", "empty.txt"])
         #expect(progress.values.last == UInt64(bytes.count))
         #expect(service.store.reservationCount == 0)
+        channel.close()
+        await server.stop()
+        await events.value
+    }
+
+    /// An accepted offer whose data never comes holds its space for the offer's expiry — a minute on
+    /// the service's manual clock, not a second less — then releases it.
+    @Test func anOfferWithoutDataIsReleasedWhenItsExpiryComes() async throws {
+        let directory = try TempDirectory()
+        defer { directory.remove() }
+        var configuration = ServerConfiguration(serviceType: PreviewProtocol.serviceType, serviceName: "Expiring")
+        configuration.publish = false
+        let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+        try await server.start()
+        let clock = ManualScheduler()
+        let store = try PreviewStore(directory: directory.path, maxSize: 1 << 20, logger: logger)
+        let service = PreviewService(store: store, offerExpiry: .seconds(60), logger: logger, scheduler: clock)
+        let events = Task { for await event in server.events { service.handle(event) } }
+        let channel = try await connect(server)
+        let reply = try await channel.request(
+            PreviewOffer(name: "never.pdf", size: 1000, sha256: String(repeating: "0", count: 64)), type: PreviewProtocol.TypeID.offer,
+            expecting: PreviewOfferReply.self, timeout: .seconds(10))
+        #expect(reply.accepted)
+        #expect(store.reservationCount == 1 && clock.pendingCount == 1)
+        clock.advance(by: .seconds(59))
+        #expect(store.reservationCount == 1, "released before its expiry")
+        clock.advance(by: .seconds(1))
+        #expect(store.reservationCount == 0, "still held after its expiry")
         channel.close()
         await server.stop()
         await events.value

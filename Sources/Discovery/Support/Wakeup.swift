@@ -1,23 +1,28 @@
 import Dispatch
 import Locks
+import Scheduling
 
-// Timers for Discovery's drivers and Messaging's client (`package`): Dispatch timers, never a
-// sleeping task (a cancelled wait ends at once, and no task of the cooperative pool is held by a wait).
+// Timers for Discovery's drivers and Messaging's client (`package`): a scheduler's timers (Dispatch's
+// unless a test turns a manual clock), never a sleeping task (a cancelled wait ends at once, and no
+// task of the cooperative pool is held by a wait).
 
 /// Sleeps for a while unless signalled first (a pending signal ends the next wait at once) or the
 /// task is cancelled.
 package final class Wakeup: Sendable {
     private struct State {
         var pending = false
-        var waiter: (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)?
+        var waiter: (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: ScheduledWork?)?
         var nextID = 0
     }
     private let state = Locked(State())
+    private let scheduler: any Scheduler
 
-    package init() {}
+    package init(scheduler: any Scheduler = DispatchScheduler()) {
+        self.scheduler = scheduler
+    }
 
     package func signal() {
-        let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)? in
+        let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: ScheduledWork?)? in
             guard let waiter = state.waiter else {
                 state.pending = true
                 return nil
@@ -25,7 +30,7 @@ package final class Wakeup: Sendable {
             state.waiter = nil
             return waiter
         }
-        waiter?.timer.cancel()
+        waiter?.timer?.cancel()
         waiter?.continuation.resume(returning: true)
     }
 
@@ -37,24 +42,24 @@ package final class Wakeup: Sendable {
         }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                let timer = DispatchSource.makeTimerSource(queue: .global())
                 let resumeNow = state.withLock { state -> Bool in
                     if state.pending || Task.isCancelled {
                         state.pending = false
                         return true
                     }
-                    state.waiter = (id, continuation, timer)
+                    state.waiter = (id, continuation, nil)
                     return false
                 }
-                if resumeNow {
-                    timer.activate()
-                    timer.cancel()
-                    continuation.resume(returning: true)
-                    return
+                if resumeNow { return continuation.resume(returning: true) }
+                // Armed after the waiter is registered (it cannot fire before); kept with it unless
+                // the wait already ended, then cancelled.
+                let timer = scheduler.schedule(after: duration) { [weak self] in self?.expire(id, signalled: false) }
+                let ended = state.withLock { state -> Bool in
+                    guard state.waiter?.id == id else { return true }
+                    state.waiter?.timer = timer
+                    return false
                 }
-                timer.setEventHandler { [weak self] in self?.expire(id, signalled: false) }
-                timer.schedule(deadline: .now() + duration.dispatchInterval)
-                timer.activate()
+                if ended { timer.cancel() }
             }
         } onCancel: {
             expire(id, signalled: false)
@@ -62,12 +67,12 @@ package final class Wakeup: Sendable {
     }
 
     private func expire(_ id: Int, signalled: Bool) {
-        let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: any DispatchSourceTimer)? in
+        let waiter = state.withLock { state -> (id: Int, continuation: CheckedContinuation<Bool, Never>, timer: ScheduledWork?)? in
             guard let waiter = state.waiter, waiter.id == id else { return nil }
             state.waiter = nil
             return waiter
         }
-        waiter?.timer.cancel()
+        waiter?.timer?.cancel()
         waiter?.continuation.resume(returning: signalled)
     }
 }
@@ -75,7 +80,7 @@ package final class Wakeup: Sendable {
 extension Wakeup {
     /// Waits `duration` on a Dispatch timer, or until the task is cancelled.
     package static func sleep(for duration: Duration) async {
-        _ = await Wakeup().wait(duration)
+        await DispatchScheduler().sleep(for: duration)
     }
 }
 

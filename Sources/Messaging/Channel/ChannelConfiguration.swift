@@ -1,5 +1,6 @@
 import Synchronization
 import ProtocolCore
+import Scheduling
 import Transport
 
 /// Settings of a ``MessageChannel``.
@@ -74,6 +75,15 @@ public struct ChannelConfiguration: Sendable {
     public var connection: ConnectionConfiguration {
         get { storage.box.values.connection }
         set { storage.update { $0.connection = newValue } }
+    }
+
+    /// The clock of the timers of the channels, and of the server or client, made with this
+    /// configuration (Dispatch's; tests turn a `ManualScheduler`). Kept in `connection` (its
+    /// `ConnectionDriver.closed(within:)` reads it there): setting `connection` afterwards
+    /// sets it back to the connection's.
+    package var scheduler: any Scheduler {
+        get { storage.box.values.connection.scheduler }
+        set { storage.update { $0.connection.scheduler = newValue } }
     }
 
     /// The protocol version this side speaks (tests change it to check the refusal).

@@ -3,6 +3,7 @@ import FastJSON
 import Locks
 import Logging
 import ProtocolCore
+import Scheduling
 import Synchronization
 import Transport
 
@@ -109,7 +110,7 @@ extension MessageChannel {
                 return
             }
             register(link, promise)
-            self.queue.asyncAfter(deadline: dispatchDeadline(after: timeout)) { [weak self] in
+            self.configuration.scheduler.schedule(after: timeout, on: self.queue) { [weak self] in
                 // (the link stays the channel's once made)
                 guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
                 waiter.fail(TransportError(.helloFailed, timeoutText))

@@ -2,6 +2,7 @@ import Dispatch
 @_spi(Programs) import Discovery
 import Locks
 import Logging
+import Scheduling
 @_spi(Programs) import ProtocolCore
 @_spi(Programs) import Transport
 
@@ -90,7 +91,7 @@ extension MessageClient {
     private func watchForStall(_ channel: MessageChannel, taken: UInt64) {
         guard !channel.stallCheckArmed else { return }  // one check at a time per channel
         channel.stallCheckArmed = true
-        channel.queue.asyncAfter(deadline: .now() + .seconds(1)) { [weak self, weak channel] in
+        configuration.channel.scheduler.schedule(after: .seconds(1), on: channel.queue) { [weak self, weak channel] in
             guard let channel else { return }
             channel.stallCheckArmed = false
             guard let self, channel.routeStopped else { return }  // reading again
@@ -141,7 +142,7 @@ extension MessageClient {
                 logger.info("connect failed", metadata: ["attempt": "\(attempt)", "error": "\(error.message)"])
                 // A busy server says when to come back: the wait is not sooner than that.
                 queue.push(reconnecting ? .reconnecting(attempt: attempt, delay: wait) : .waiting(error))
-                await Wakeup.sleep(for: wait)  // a Dispatch timer; cancelling the task ends it at once
+                await configuration.channel.scheduler.sleep(for: wait)  // a timer; cancelling the task ends it at once
             }
         }
     }

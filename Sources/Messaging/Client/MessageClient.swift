@@ -3,6 +3,7 @@ import Discovery
 import Locks
 import Logging
 import ProtocolCore
+import Scheduling
 import Synchronization
 import Transport
 
@@ -297,7 +298,7 @@ public final class MessageClient: Sendable {
         var keptInStore = false
         if let session {
             // Let the server acknowledge what it was sent, then end the session (GOODBYE ends it there).
-            let drained = await session.drained(within: .seconds(5))
+            let drained = await session.drained(within: .seconds(5), scheduler: configuration.channel.scheduler)
             if !drained {
                 logger.notice("closing with \(session.unacknowledgedCount) messages the server has not acknowledged")
             }
@@ -342,12 +343,11 @@ public final class MessageClient: Sendable {
         case .failure(let error): throw error
         case .wait: break
         }
-        let timer = DispatchWorkItem { [weak self] in
+        let timer = configuration.channel.scheduler.schedule(after: wait) { [weak self] in
             guard let self else { return }
             let (waiter, error) = lifecycle { ($0.waiterTimedOut(id), $0.timedOut(wait)) }
             waiter?.fail(error)
         }
-        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: wait), execute: timer)
         defer { timer.cancel() }
         return try await promise.value()
     }

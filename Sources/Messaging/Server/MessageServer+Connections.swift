@@ -330,10 +330,11 @@ extension MessageServer {
         logger.info(
             "connection lost; keeping its session for \(grace)",
             metadata: ["connection": "\(connection)", "reason": "\(reason)"])
-        queue.push(.interrupted(connection, reason))
+        // Armed before the app is told (a test that turns the clock on `.interrupted` finds it armed).
         timers.schedule(after: grace) { [weak self] in
             if connection.channel === channel { self?.endSession(connection, reason: .sessionExpired) }
         }
+        queue.push(.interrupted(connection, reason))
     }
 
     /// Ends a connection's session (reporting what was never acknowledged) and the connection.

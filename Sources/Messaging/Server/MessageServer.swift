@@ -1,6 +1,7 @@
 import Dispatch
 import Discovery
 import Locks
+import Scheduling
 import Logging
 import ProtocolCore
 import ServiceLifecycle
@@ -49,7 +50,7 @@ public final class MessageServer: Service, Sendable {
     /// The configuration of every accepted channel, made once: all of them share its storage.
     let acceptedChannel: ChannelConfiguration
     /// The grace periods' timers; ``stop()`` cancels what is left.
-    let timers = ServerTimers()
+    let timers: ServerTimers
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
@@ -64,7 +65,8 @@ public final class MessageServer: Service, Sendable {
         self.configuration = configuration
         self.publisher = publisher
         self.logger = logger
-        self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval)
+        self.refusals = RefusalLog(logger: logger, interval: configuration.refusalLogInterval, scheduler: configuration.channel.scheduler)
+        self.timers = ServerTimers(scheduler: configuration.channel.scheduler)
         self.state = Locked(State(admission: Self.admission(configuration)))
         self.refuser = Refuser(configuration: configuration.channel, logger: logger)
         let queue = BoundedQueue<ServerEvent>(limit: configuration.eventBufferLimit)
@@ -361,14 +363,13 @@ func sendWithDeadline(
 ) async throws {
     let outcome = RaceOutcome()
     let channel = connection.channel
-    let timer = DispatchWorkItem {
+    let timer = channel.configuration.scheduler.schedule(after: timeout, on: channel.queue) {
         guard outcome.expire() else { return }  // the send finished first
         if let session = connection.session {
             _ = session.end(MessagingError(.peerTooSlow, "\(connection) did not acknowledge messages for \(timeout)"))
         }
         channel.abort()
     }
-    channel.queue.asyncAfter(deadline: dispatchDeadline(after: timeout), execute: timer)
     do {
         try await send()
         if outcome.finish() {

@@ -1,6 +1,6 @@
-import Dispatch
 import Locks
 import Logging
+import Scheduling
 import Transport
 
 /// A server's refused connections and failed handshakes, logged as a summary: in each interval the
@@ -22,14 +22,17 @@ final class RefusalLog: Sendable {
     private let logger: Logger
     private let interval: Duration
     private let window = Locked<Window?>(nil)
+    /// The clock of the interval (the server's).
+    private let scheduler: any Scheduler
     /// How many sources a summary names.
     static let namedSources = 5
     /// How many sources an interval counts one by one.
     static let trackedSources = 1_024
 
-    init(logger: Logger, interval: Duration = .seconds(10)) {
+    init(logger: Logger, interval: Duration = .seconds(10), scheduler: any Scheduler = DispatchScheduler()) {
         self.logger = logger
         self.interval = interval
+        self.scheduler = scheduler
     }
 
     /// Counts a refusal; logs it in full when it is the first of its reason in this interval.
@@ -56,7 +59,7 @@ final class RefusalLog: Sendable {
             logger.warning("\(detail())", metadata: ["remote": "\(source.map { "\($0)" } ?? "?")", "reason": "\(reason)"])
         }
         if opened {
-            DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: interval)) { self.flush() }
+            scheduler.schedule(after: interval) { self.flush() }
         }
     }
 

@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import Logging
 import ProtocolCore
+import Scheduling
 import Synchronization
 import Transport
 
@@ -312,16 +313,17 @@ final class MessageSession: Sendable {
     }
 
     /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.
-    /// Returns whether everything was acknowledged. The deadline is a Dispatch timer; whichever of
-    /// it and the drain comes first completes the wait (a ``Promise``).
-    func drained(within timeout: Duration) async -> Bool {
+    /// Returns whether everything was acknowledged. The deadline is a timer of `scheduler`; whichever
+    /// of it and the drain comes first completes the wait (a ``Promise``).
+    func drained(within timeout: Duration, scheduler: any Scheduler = DispatchScheduler()) async -> Bool {
         let waiter = DrainWaiter()
         let due = apply { machine, effects -> Bool in
             machine.drain(waiter, &effects)
             return machine.drainIsDue
         }
         if due { return unacknowledgedCount == 0 }
-        DispatchQueue.global().asyncAfter(deadline: dispatchDeadline(after: timeout)) { waiter.succeed(()) }
+        let timer = scheduler.schedule(after: timeout) { waiter.succeed(()) }
+        defer { timer.cancel() }
         _ = try? await waiter.value()
         return unacknowledgedCount == 0
     }

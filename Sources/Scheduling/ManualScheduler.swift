@@ -1,0 +1,123 @@
+import Dispatch
+import Locks
+
+/// Time that moves only when told to (``advance(by:)``): the timers of the code under test run when
+/// the test turns the clock past them, in the order of their deadlines (then of their scheduling),
+/// each on its queue, and ``advance(by:)`` returns when they ran. A grace period of an hour takes as
+/// long as the work it triggers.
+///
+/// The anchor is NIO's `EmbeddedEventLoop.advanceTime(by:)`; unlike it, the work keeps its queue
+/// (a channel's loop), so the code under test runs where it runs in production.
+public final class ManualScheduler: Scheduler {
+    private struct Entry {
+        var deadline: UInt64
+        var order: UInt64
+        var queue: DispatchQueue?
+        var work: ScheduledWork
+    }
+
+    private struct Watcher {
+        var count: Int
+        var continuation: CheckedContinuation<Bool, Never>
+    }
+
+    private struct State {
+        var now: UInt64
+        var nextOrder: UInt64 = 0
+        var entries: [Entry] = []
+        var watchers: [UInt64: Watcher] = [:]
+        var nextWatcher: UInt64 = 0
+
+        var pending: Int { entries.reduce(0) { $0 + ($1.work.isPending ? 1 : 0) } }
+    }
+
+    private let state: Locked<State>
+
+    /// A clock at `start` nanoseconds (not 0: the package reads 0 as "no deadline" in places).
+    public init(start: UInt64 = 1_000_000_000) {
+        state = Locked(State(now: start))
+    }
+
+    public var now: UInt64 { state.withLock { $0.now } }
+
+    @discardableResult
+    public func schedule(after delay: Duration, on queue: DispatchQueue?, _ work: @escaping @Sendable () -> Void) -> ScheduledWork {
+        let scheduled = ScheduledWork(work)
+        let woken = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+            state.nextOrder += 1
+            state.entries.append(Entry(deadline: state.now &+ delay.schedulerNanoseconds, order: state.nextOrder, queue: queue, work: scheduled))
+            return Self.due(&state)
+        }
+        for continuation in woken { continuation.resume(returning: true) }
+        return scheduled
+    }
+
+    /// The work scheduled and neither run nor cancelled.
+    public var pendingCount: Int { state.withLock { $0.pending } }
+
+    /// When the earliest pending work is due (nil: none is).
+    public var nextDeadline: UInt64? {
+        state.withLock { state in state.entries.filter(\.work.isPending).map(\.deadline).min() }
+    }
+
+    /// Moves the clock `duration` forward, running every work that comes due on the way, earliest
+    /// first, each on its queue (waited for); work that those schedule within the window runs too.
+    /// Call it from none of the queues the work runs on.
+    public func advance(by duration: Duration) {
+        let target = state.withLock { $0.now &+ duration.schedulerNanoseconds }
+        advance(to: target)
+    }
+
+    /// Moves the clock to `target` (nanoseconds; an earlier one leaves it where it is), as
+    /// ``advance(by:)``.
+    public func advance(to target: UInt64) {
+        while let entry = state.withLock({ state -> Entry? in
+            state.entries.removeAll { !$0.work.isPending }
+            guard let index = state.entries.indices.filter({ state.entries[$0].deadline <= target })
+                .min(by: { (state.entries[$0].deadline, state.entries[$0].order) < (state.entries[$1].deadline, state.entries[$1].order) })
+            else { return nil }
+            let entry = state.entries.remove(at: index)
+            state.now = max(state.now, entry.deadline)
+            return entry
+        }) {
+            if let queue = entry.queue {
+                queue.sync { entry.work.run() }
+            } else {
+                entry.work.run()
+            }
+        }
+        state.withLock { $0.now = max($0.now, target) }
+    }
+
+    /// Waits until at least `count` works are pending — the code under test armed its timers — and
+    /// returns true; false when that has not happened within `timeout` of real time. Woken by the
+    /// scheduling itself, not a poll.
+    public func waitForPending(_ count: Int, within timeout: Duration = .seconds(10)) async -> Bool {
+        let id = state.withLock { state -> UInt64 in
+            state.nextWatcher += 1
+            return state.nextWatcher
+        }
+        let real = DispatchScheduler()
+        return await withCheckedContinuation { continuation in
+            let ready = state.withLock { state -> Bool in
+                if state.pending >= count { return true }
+                state.watchers[id] = Watcher(count: count, continuation: continuation)
+                return false
+            }
+            if ready { return continuation.resume(returning: true) }
+            real.schedule(after: timeout) { [weak self] in
+                let watcher = self?.state.withLock { $0.watchers.removeValue(forKey: id) }
+                watcher?.continuation.resume(returning: false)
+            }
+        }
+    }
+
+    /// The watchers whose count is reached, removed.
+    private static func due(_ state: inout State) -> [CheckedContinuation<Bool, Never>] {
+        guard !state.watchers.isEmpty else { return [] }
+        let pending = state.pending
+        let ready = state.watchers.filter { $0.value.count <= pending }
+        for id in ready.keys { state.watchers[id] = nil }
+        return ready.values.map(\.continuation)
+    }
+}

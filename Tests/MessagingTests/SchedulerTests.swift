@@ -1,0 +1,122 @@
+import Dispatch
+import Locks
+import Scheduling
+import Testing
+
+/// The package's one clock for timers: the manual one runs what comes due, in order, on its
+/// queue, only when turned; the Dispatch one is real time.
+@Suite struct SchedulerTests {
+    @Test func aManualClockRunsWhatComesDueInDeadlineOrderOnlyWhenTurned() {
+        let clock = ManualScheduler()
+        let ran = Locked<[String]>([])
+        let start = clock.now
+        clock.schedule(after: .seconds(3)) { ran.withLock { $0.append("c at \(clock.now - start)") } }
+        clock.schedule(after: .seconds(1)) { ran.withLock { $0.append("a at \(clock.now - start)") } }
+        clock.schedule(after: .seconds(1)) { ran.withLock { $0.append("b at \(clock.now - start)") } }  // same deadline: scheduled later, runs later
+        #expect(clock.pendingCount == 3)
+        #expect(clock.nextDeadline == start + 1_000_000_000)
+        clock.advance(by: .milliseconds(999))
+        #expect(ran.withLock { $0 }.isEmpty)
+        clock.advance(by: .milliseconds(1))
+        #expect(ran.withLock { $0 } == ["a at 1000000000", "b at 1000000000"])
+        clock.advance(by: .seconds(10))
+        #expect(ran.withLock { $0 } == ["a at 1000000000", "b at 1000000000", "c at 3000000000"])
+        #expect(clock.now - start == 11_000_000_000)
+        #expect(clock.pendingCount == 0)
+    }
+
+    /// Work that schedules more work inside the window turned runs it too, at its own time.
+    @Test func workScheduledByWorkRunsInTheSameTurnWhenDue() {
+        let clock = ManualScheduler()
+        let start = clock.now
+        let times = Locked<[UInt64]>([])
+        @Sendable func again(_ remaining: Int) {
+            times.withLock { $0.append(clock.now - start) }
+            if remaining > 0 { clock.schedule(after: .seconds(1)) { again(remaining - 1) } }
+        }
+        clock.schedule(after: .seconds(1)) { again(3) }
+        clock.advance(by: .milliseconds(3_500))
+        #expect(times.withLock { $0 } == [1_000_000_000, 2_000_000_000, 3_000_000_000])
+        #expect(clock.pendingCount == 1)
+        clock.advance(by: .seconds(1))
+        #expect(times.withLock { $0 }.count == 4)
+    }
+
+    /// Work for a queue runs on that queue (a channel's loop), and the turn waits for it.
+    @Test func workRunsOnItsQueue() {
+        let clock = ManualScheduler()
+        let queue = DispatchQueue(label: "loop")
+        let onQueue = Locked<Bool?>(nil)
+        clock.schedule(after: .seconds(5), on: queue) {
+            dispatchPrecondition(condition: .onQueue(queue))
+            onQueue.withLock { $0 = true }
+        }
+        clock.advance(by: .seconds(5))
+        #expect(onQueue.withLock { $0 } == true)
+    }
+
+    /// A cancelled work never runs and lets go of what it captured at once.
+    @Test func cancellingLetsGoOfTheWorkAtOnce() {
+        final class Captured: Sendable {}
+        let clock = ManualScheduler()
+        weak var weakCaptured: Captured?
+        let ran = Locked(false)
+        let work: ScheduledWork = {
+            let captured = Captured()
+            weakCaptured = captured
+            return clock.schedule(after: .seconds(3_600)) { _ = captured; ran.withLock { $0 = true } }
+        }()
+        #expect(weakCaptured != nil)
+        work.cancel()
+        #expect(weakCaptured == nil, "the cancelled work still holds what it captured")
+        #expect(clock.pendingCount == 0)
+        clock.advance(by: .seconds(7_200))
+        #expect(!ran.withLock { $0 })
+    }
+
+    /// A sleep on the manual clock ends when the clock is turned past it (not before), or at once
+    /// when its task is cancelled; `waitForPending` sees the sleep armed without polling.
+    @Test func aSleepEndsWhenTheClockIsTurnedOrTheTaskCancelled() async {
+        let clock = ManualScheduler()
+        let woke = Locked(false)
+        let sleeper = Task {
+            await clock.sleep(for: .seconds(60))
+            woke.withLock { $0 = true }
+        }
+        #expect(await clock.waitForPending(1))
+        clock.advance(by: .seconds(59))
+        #expect(!woke.withLock { $0 } && clock.pendingCount == 1)
+        clock.advance(by: .seconds(1))
+        await sleeper.value
+        #expect(woke.withLock { $0 })
+
+        let cancelled = Task { await clock.sleep(for: .seconds(3_600)) }
+        #expect(await clock.waitForPending(1))
+        cancelled.cancel()
+        await cancelled.value  // ends without a turn of the clock
+        #expect(clock.pendingCount == 0, "the cancelled sleep's timer was cancelled too")
+    }
+
+    /// `waitForPending` reports false when nothing is armed within its (real) time.
+    @Test func waitingForTimersThatNeverComeEnds() async {
+        let clock = ManualScheduler()
+        #expect(await clock.waitForPending(1, within: .milliseconds(50)) == false)
+    }
+
+    /// Real time: the work runs after its delay on Dispatch's clock; a sleep cancelled ends at once.
+    @Test func dispatchTimeRunsWorkAfterItsDelayAndEndsACancelledSleepAtOnce() async {
+        let clock = DispatchScheduler()
+        let start = clock.now
+        let ranAt = await withCheckedContinuation { (continuation: CheckedContinuation<UInt64, Never>) in
+            clock.schedule(after: .milliseconds(20)) { continuation.resume(returning: clock.now) }
+        }
+        #expect(ranAt - start >= 20_000_000)
+        let cancelledWork = Locked(false)
+        clock.schedule(after: .milliseconds(1)) { cancelledWork.withLock { $0 = true } }.cancel()
+        await withCheckedContinuation { continuation in clock.schedule(after: .milliseconds(5)) { continuation.resume() } }
+        #expect(!cancelledWork.withLock { $0 }, "a cancelled work ran")
+        let sleeper = Task { await clock.sleep(for: .seconds(3_600)) }
+        sleeper.cancel()
+        await sleeper.value  // an hour's sleep, ended by the cancellation
+    }
+}
