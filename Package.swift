@@ -125,7 +125,8 @@ let package = Package(
         ),
         .testTarget(
             name: "DiscoveryTests",
-            dependencies: ["Discovery", "MDNSCore", "Locks", .product(name: "Logging", package: "swift-log")], swiftSettings: strict),
+            dependencies: ["Discovery", "MDNSCore", "Locks", "Scheduling", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore", "FastJSON"], swiftSettings: strict),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore", "TestWaits"], swiftSettings: strict),

@@ -1,6 +1,7 @@
 import Dispatch
 import Locks
 import Logging
+import Scheduling
 
 /// One browse across the link and unicast DNS domains, in one event stream: `MergeMachine`'s
 /// decisions carried out on one serial queue.
@@ -20,8 +21,8 @@ final class MergedBrowse: Sendable {
         var resolves: [Int: Task<Void, Never>] = [:]
         var enumeration: Task<Void, Never>?
         var browses: [String: Task<Void, Never>] = [:]
-        var refreshTimer: (any DispatchSourceTimer)?
-        var graceTimer: (any DispatchSourceTimer)?
+        var refreshTimer: ScheduledWork?
+        var graceTimer: ScheduledWork?
     }
 
     let type: String
@@ -68,7 +69,7 @@ final class MergedBrowse: Sendable {
         case report(BrowseEvent)
         case startLink(any DiscoveryBackend, BrowseRequest, AsyncStream<BrowseEvent>.Continuation)
         case cancel(Task<Void, Never>)
-        case cancelTimer(any DispatchSourceTimer)
+        case cancelTimer(ScheduledWork)
         case finish
     }
 
@@ -156,18 +157,14 @@ final class MergedBrowse: Sendable {
     }
 
     /// Keeps `new` in `slot`; the timer it replaces is cancelled outside the lock.
-    private func replace(_ slot: inout (any DispatchSourceTimer)?, with new: any DispatchSourceTimer) -> [Effect] {
+    private func replace(_ slot: inout ScheduledWork?, with new: ScheduledWork) -> [Effect] {
         let old = slot
         slot = new
         return old.map { [.cancelTimer($0)] } ?? []
     }
 
-    /// A one-shot Dispatch timer on the queue.
-    private func timer(after delay: Duration, _ fire: @escaping @Sendable () -> Void) -> any DispatchSourceTimer {
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + delay.dispatchInterval)
-        timer.setEventHandler(handler: fire)
-        timer.activate()
-        return timer
+    /// A one-shot timer on the queue, on the wide area's clock (Dispatch's without one).
+    private func timer(after delay: Duration, _ fire: @escaping @Sendable () -> Void) -> ScheduledWork {
+        (wideArea?.scheduler ?? DispatchScheduler()).schedule(after: delay, on: queue, fire)
     }
 }

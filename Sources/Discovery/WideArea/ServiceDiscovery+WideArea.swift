@@ -1,5 +1,6 @@
 import Dispatch
 import Locks
+import Scheduling
 
 extension ServiceDiscovery {
     /// Resolves a service found in several places (the link and unicast domains) in all of them at
@@ -76,7 +77,7 @@ extension ServiceDiscovery {
                     last = resolved
                     continuation.yield(resolved)
                 }
-                await Wakeup.sleep(for: interval)
+                await wideArea.scheduler.sleep(for: interval)
             }
         }
     }

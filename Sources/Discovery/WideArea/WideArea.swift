@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import Logging
 import MDNSCore
+import Scheduling
 
 /// The wide-area side of one ``ServiceDiscovery``: unicast DNS-SD beside the link's mDNS. Holds the
 /// DNS client, the domains the network announces, the registrations (told when the host's addresses
@@ -11,6 +12,8 @@ final class WideArea: Sendable {
     let configuration: DiscoveryConfiguration
     let logger: Logger
     let hostLabel: String
+    /// The clock of the registrations' waits (Dispatch's; tests turn a manual one).
+    let scheduler: any Scheduler
 
     private struct State {
         var domains: (value: AnnouncedDomains, at: ContinuousClock.Instant)?
@@ -78,11 +81,18 @@ final class WideArea: Sendable {
         }
     }
 
-    init(configuration: DiscoveryConfiguration, logger: Logger, hostLabel: String) {
+    /// - Parameters:
+    ///   - dns: The DNS client (tests: one on a server in memory and its clock).
+    ///   - scheduler: The clock of the registrations' waits (tests: a `ManualScheduler`).
+    init(
+        configuration: DiscoveryConfiguration, logger: Logger, hostLabel: String, dns: UnicastDNS? = nil,
+        scheduler: any Scheduler = DispatchScheduler()
+    ) {
         self.configuration = configuration
         self.logger = logger
         self.hostLabel = hostLabel
-        self.dns = UnicastDNS(settings: configuration.wideArea, logger: logger)
+        self.dns = dns ?? UnicastDNS(settings: configuration.wideArea, logger: logger)
+        self.scheduler = scheduler
     }
 
     var settings: WideAreaConfiguration { configuration.wideArea }

@@ -1,5 +1,6 @@
 import Logging
 import MDNSCore
+import Scheduling
 
 /// An instance found in a unicast domain, with its TXT record (the browser reads it to hide expired
 /// instances and to tell who published it).
@@ -59,7 +60,7 @@ final class WideAreaBrowse: Sendable {
         let domainName = reader.domainName
         var machine = UnicastBrowseMachine()
         var generator = SystemRandomNumberGenerator()
-        let timer = Wakeup()
+        let timer = Wakeup(scheduler: wideArea.scheduler)
         var actions = machine.apply(.start)
         while !Task.isCancelled {
             var input: UnicastBrowseMachine.Input?
@@ -76,11 +77,11 @@ final class WideAreaBrowse: Sendable {
                     }
                     wideArea.forgetZone(of: domainName)
                 case .askSerial, .readNames, .readInstances:
-                    input = await reader.answer(action, now: UnicastDNS.now) {
+                    input = await reader.answer(action, now: wideArea.dns.clock) {
                         () async throws(DiscoveryError) -> [DNSServerAddress] in try await self.wideArea.zone(of: domainName).servers
                     }
                 case .wait:
-                    // A Dispatch timer, not a sleeping task; cancelling the browse ends it at once.
+                    // A timer of the wide area's clock, not a sleeping task; cancelling the browse ends it at once.
                     let interval = wideArea.settings.pollInterval
                     _ = await timer.wait(interval * Double.random(in: 0.8...1.0, using: &generator))
                     input = .woke

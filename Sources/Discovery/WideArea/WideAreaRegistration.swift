@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import Logging
 import MDNSCore
+import Scheduling
 
 /// This host as the wide-area side sees it: routable addresses and subnets.
 enum WideAreaHost {
@@ -104,7 +105,9 @@ final class WideAreaRegistration: Sendable {
     /// The domain given (nil: the network's default registration domain, found by the task).
     let configuredDomain: String?
     private let shared: Locked<Shared>
-    private let wakeup = Wakeup()
+    /// Its waits (between refreshes, before a retry), on the wide area's clock; a TXT change, an
+    /// address change or a stop ends them early.
+    private let wakeup: Wakeup
 
     var dns: UnicastDNS { wideArea.dns }
     /// The messages it sends.
@@ -129,6 +132,7 @@ final class WideAreaRegistration: Sendable {
         self.initialName = name
         self.configuredDomain = domain
         self.shared = Locked(Shared(txt: txt))
+        self.wakeup = Wakeup(scheduler: wideArea.scheduler)
     }
 
     /// The shared state as it is now (the one door for reads).
