@@ -223,9 +223,16 @@ package final class ConnectionDriver: @unchecked Sendable {
             queue.async {
                 if let reason = self.closeReason { return continuation.resume(returning: reason) }
                 let outcome = RaceOutcome()
-                self.closeWaiters.append { if outcome.finish() { continuation.resume(returning: $0) } }
-                self.configuration.scheduler.schedule(after: timeout, on: self.queue) {
+                // (Both on the loop: the timer cannot fire before the waiter is added; a close
+                // first cancels it, so it does not hold the continuation for the whole timeout.)
+                let timer = self.configuration.scheduler.schedule(after: timeout, on: self.queue) {
                     if outcome.expire() { continuation.resume(returning: nil) }
+                }
+                self.closeWaiters.append { reason in
+                    if outcome.finish() {
+                        timer.cancel()
+                        continuation.resume(returning: reason)
+                    }
                 }
             }
         }

@@ -235,14 +235,18 @@ import Scheduling
 
     /// A sender waiting because the session keeps its maximum goes on when a resume acknowledges
     /// what the server had received (no ACK frame would come for it: the chaos test hung on this).
+    /// The client's clock is manual: its close waits 5 s for the fifth's acknowledgement (which
+    /// the server sends after 120 s), turned by hand instead of waited for.
     @Test func aWaitingSenderGoesOnWhenAResumeAcknowledges() async throws {
         let received = Locked(0)
         let harness = try await LoopbackServer(
             configure: { $0.session?.ackDelay = .seconds(120) },  // no ACK frames for a few messages
             handle: { _, event in if case .received = event { received.withLock { $0 += 1 } } })
+        let clock = ManualScheduler()
         let client = try await harness.client("blocked") {
             Self.fastReconnect(&$0)
             $0.session?.maxUnacknowledgedMessages = 4
+            $0.channel.scheduler = clock
         }
         for n in 1...4 { try await client.send(Numbered(n: n), type: "n") }
         try await waitUntil("4 received") { received.withLock { $0 } == 4 }
@@ -260,7 +264,11 @@ import Scheduling
         try await waitUntil("the fifth admitted", timeout: .seconds(10)) { admitted.withLock { $0 } }
         try await fifth.value
         try await waitUntil("5 received") { received.withLock { $0 } == 5 }
-        await client.close()
+        #expect(clock.pendingCount == 0, "a timer of the client is left: \(clock.pendingCount)")
+        let closing = Task { await client.close() }
+        #expect(await clock.waitForPending(1), "the close does not wait for the acknowledgements on the client's clock")
+        clock.advance(by: .seconds(5))
+        await closing.value
         await harness.server.stop()
     }
 

@@ -103,6 +103,9 @@ extension MessageChannel {
         expire: @escaping @Sendable (SessionLink) -> Promise<T>?
     ) async throws -> T {
         let promise = Promise<T>()
+        // The deadline's timer, cancelled once the wait is over (it held the channel for the whole
+        // timeout after every answer, and a test's manual clock saw it pending).
+        let deadline = Locked<ScheduledWork?>(nil)
         queue.async {
             let link = self.machine.makeLink()
             if !link.gate.helloArrived, !self.driver.acceptsFrames {
@@ -110,13 +113,15 @@ extension MessageChannel {
                 return
             }
             register(link, promise)
-            self.configuration.scheduler.schedule(after: timeout, on: self.queue) { [weak self] in
+            let timer = self.configuration.scheduler.schedule(after: timeout, on: self.queue) { [weak self] in
                 // (the link stays the channel's once made)
                 guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
                 waiter.fail(TransportError(.helloFailed, timeoutText))
                 self.violation(timeoutText)  // said to the peer, then closed (not a silent drop)
             }
+            deadline.withLock { $0 = timer }
         }
+        defer { deadline.withLock { $0 }?.cancel() }
         return try await promise.value()
     }
 
