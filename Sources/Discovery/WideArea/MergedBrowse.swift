@@ -9,8 +9,9 @@ import Scheduling
 /// Every input — the link's events, a resolve's answer, the domains found, a domain browse's
 /// events, a timer — is queued and applied in order; the machine's actions are carried out on the
 /// same queue, outside the lock: events reported in the order decided, the link browse, a resolve
-/// per link service (bounded to a second), a `WideAreaBrowse` per domain, and Dispatch timers for
-/// the grace after the link's "all for now" and the next enumeration of the domains.
+/// per link service (bounded to a second), a `WideAreaBrowse` per domain, and timers (on the wide
+/// area's clock, Dispatch's without one) for the grace after the link's "all for now" and the next
+/// enumeration of the domains.
 final class MergedBrowse: Sendable {
     /// The machine and the handles of what its actions started (cancelled at stop).
     private struct Driver {
