@@ -184,7 +184,7 @@ judge_suite() {
 # start the embedded one.
 # LANMSG_WIDE_AREA=off: no wide-area DNS-SD query may leave the machine's own namespace either.
 unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BACKEND=avahi LANMSG_WIDE_AREA=off)
-# (SoakTests runs in its own stage at the end: see "soak" below; SessionChaosTests in "chaos".)
+# (SoakTests runs in its own stage after the namespace stages: see "soak" below; SessionChaosTests in "chaos".)
 run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests --skip SoakTests --skip SessionChaosTests
 # Durable sessions against kill -9 (issue 42), short form: real processes (the session-chaos
@@ -234,6 +234,16 @@ fi
 
 # The public API promise (README, "Versioning"): no public declaration of the products gone or
 # changed against Tests/api/baseline.txt, and an app written against 1.0's README still builds.
+# The soak in its short form (issue 28; the hour is Benchmarks/soak.sh --minutes 60, the 2 minutes
+# of earlier CI runs SOAK_SECONDS=120 Tests/run.sh): 60 s of churn, resumes, a flat-out requester and
+# broadcasts in-process, judged for growth from its middle to its end and for lost or duplicated
+# session messages. After the namespace stages and the builds (it keeps a core busy, which during
+# the unit stage slowed the background builds the later stages wait for), beside the API check,
+# the documentation and the fuzz smoke runs (fixed durations, none judged by time), and joined
+# before the ThreadSanitizer stage, whose timing-bound tests run alone.
+start_suite soak env "${unit_env[@]}" LANMSG_SOAK_SECONDS="${SOAK_SECONDS:-60}" \
+  "$bin" --testing-library swift-testing --no-parallel --filter SoakTests
+
 echo "== api (the 1.x promise)"
 if ! Tests/api/check-api.sh > "$logs/api.log" 2>&1; then
   echo "!! the public API check failed:"; grep -v "^new:" "$logs/api.log" | tail -n 30; status=1
@@ -268,6 +278,8 @@ for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/r
   stage_done "$(basename "$fuzz" .sh) (build + run)"
 done
 
+join_suite soak
+
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
   # The test bundles only (not the programs, snippets and fuzz target the unit tests never run),
@@ -278,7 +290,7 @@ if [ "$tsan" = yes ]; then
   stage_done "build (TSan, rest)"
   # Every unit test that runs code on more than one thread (TSAN_FILTER narrows it, e.g.
   # TSAN_FILTER=TransportTests). Left out: two suites that repeat paths for volume and take minutes
-  # under TSan, which the plain runs cover — the soak (its own stage below) and the 400 idle
+  # under TSan, which the plain runs cover — the soak (its own stage above) and the 400 idle
   # connections (their paths run under TSan in HeartbeatSweepTests, SessionTests and
   # ServerClientTests) — and the two targets of state machines without I/O (MDNSCore, ProtocolCore:
   # values in, values out, no queue, lock, atomic or task; about 26 s under TSan), whose code the
@@ -303,14 +315,6 @@ if [ "$tsan" = yes ]; then
       ${programs_tsan_filter[@]+"${programs_tsan_filter[@]}"}
   fi
 fi
-# The soak in its short form (issue 28; the hour is Benchmarks/soak.sh --minutes 60, the 2 minutes
-# of earlier CI runs SOAK_SECONDS=120 Tests/run.sh): 60 s of churn, resumes, a flat-out requester and
-# broadcasts in-process, judged for growth from its middle to its end and for lost or duplicated
-# session messages. Last, alone: it keeps a core busy, which during the unit stage
-# slowed the background builds the later stages wait for.
-run_suite soak env "${unit_env[@]}" LANMSG_SOAK_SECONDS="${SOAK_SECONDS:-60}" \
-  "$bin" --testing-library swift-testing --no-parallel --filter SoakTests
-
 if [ "$asan" = yes ]; then
   echo "== build (AddressSanitizer)"
   swift build --product swift-lan-messagingPackageTests --sanitize=address --scratch-path .build-asan 2>&1 | tail -n 5

@@ -51,6 +51,7 @@ import Transport
         let answer = try #require(Self.answer(frames), "\(frames.map(\.kind))")
         #expect(answer["resumed"] as? Bool == false && answer["received"] as? Int == 0, "\(answer)")
         #expect(!closed && !frames.contains { $0.kind == .goodbye })
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 
@@ -89,6 +90,7 @@ import Transport
         let (frames, _) = await offThePool { second.readFrames { Self.answer($0) != nil } }
         let answer = try #require(Self.answer(frames), "\(frames.map(\.kind))")
         #expect(answer["resumed"] as? Bool == (ending == "lost connection"), "\(ending): \(answer)")
+        second.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 
@@ -115,6 +117,7 @@ import Transport
         try await waitUntil("the one-way messages are delivered") { received.withLock { $0.contains("plain reply=false") } }
         #expect(received.withLock { $0 } == ["flagged reply=false", "both reply=true", "plain reply=false"])
         #expect(!closed && !frames.contains { $0.kind == .goodbye })
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 

@@ -117,6 +117,7 @@ extension HostilePeer {
         } else {
             #expect(frames.contains { $0.kind == .helloAck }, "\(keys): \(String(describing: Self.refusal(frames)))")
         }
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 
@@ -153,6 +154,7 @@ extension HostilePeer {
         #expect(frames.allSatisfy { (try? $0.encoded().count - 4) ?? 0 <= 1024 })
         try await waitUntil("the replier learns its reply did not fit") { replyFailed.withLock { $0 } != nil }
         #expect(replyFailed.withLock { $0 }?.contains("1024") == true)
+        peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
     }
 
