@@ -7,19 +7,29 @@ import Testing
 /// A client's connection state has its own stream, apart from its events: an app watches it
 /// without reading (or owing reads to) the message stream, and every state says why.
 @Suite struct ConnectionStateTests {
-    @Test func theStateStreamSaysWhyWhileNothingReadsTheEvents() async throws {
-        let port = try freePort()
-        var configuration = ClientConfiguration(
-            peerName: "watcher", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200)))
+    /// A client waiting for a server on `port` (nothing listens yet), its states collected from
+    /// `connectionStates` (nothing reads its events), once it said it waits after a refusal.
+    func waitingClient(port: UInt16, _ configuration: ClientConfiguration) async throws -> (
+        MessageClient, EventLog<MessageClient.ConnectionState>, Task<Void, Never>
+    ) {
+        var configuration = configuration
         configuration.waitsForServer = true
         let client = try await MessageClient.connect(
             to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
-        // Nothing reads client.events in this test.
         let states = EventLog<MessageClient.ConnectionState>()
         let watcher = Task { for await state in client.connectionStates { states.append(state) } }
         try await states.wait("waiting, refused") {
             if case .waiting(let error) = $0 { error.message.contains("refused") } else { false }
         }
+        return (client, states, watcher)
+    }
+
+    @Test func theStateStreamSaysWhyWhileNothingReadsTheEvents() async throws {
+        let port = try freePort()
+        let (client, states, watcher) = try await waitingClient(
+            port: port,
+            ClientConfiguration(
+                peerName: "watcher", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200))))
         var server = try await LoopbackServer(configure: { $0.listener.port = port; $0.listener.families = [.ipv4] })
         try await states.wait("connected") { if case .connected(let peer, _) = $0 { peer.name == "Test" } else { false } }
 
@@ -54,15 +64,8 @@ import Testing
         let clock = ManualScheduler()
         var configuration = ClientConfiguration(
             peerName: "patient", reconnect: ReconnectPolicy(initialDelay: .seconds(3_600), maxDelay: .seconds(3_600)))
-        configuration.waitsForServer = true
         configuration.channel.scheduler = clock
-        let client = try await MessageClient.connect(
-            to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
-        let states = EventLog<MessageClient.ConnectionState>()
-        let watcher = Task { for await state in client.connectionStates { states.append(state) } }
-        try await states.wait("waiting, refused") {
-            if case .waiting(let error) = $0 { error.message.contains("refused") } else { false }
-        }
+        let (client, _, watcher) = try await waitingClient(port: port, configuration)
         #expect(await clock.waitForPending(1), "the back-off is not on the client's clock")
         let server = try await LoopbackServer(configure: { $0.listener.port = port; $0.listener.families = [.ipv4] })
         clock.advance(by: .milliseconds(499))
