@@ -19,29 +19,48 @@ import Testing
         func notEstablishedMessage(_ service: PublishedService, timeout: Duration) -> String { "" }
     }
 
-    /// A zone on a server in memory, a manual clock, and one registration of "Lobby" by hosta.
+    /// A zone on a server in memory, a manual clock, and a registration of "Lobby" by each host
+    /// (its own wide area: its host name, address and key), not started.
     struct Lab {
-        let server = FakeDNSServer(zone: WideAreaWorld.zoneName, keys: [WideAreaWorld.key(for: "hosta")], now: 1_800_000_000)
+        let server: FakeDNSServer
         let clock = ManualScheduler()
-        let wideArea: WideArea
-        let registration: WideAreaRegistration
-        let handle: PublishedService
+        let wideAreas: [WideArea]
+        let registrations: [WideAreaRegistration]
+        let handles: [PublishedService]
+        var wideArea: WideArea { wideAreas[0] }
+        var registration: WideAreaRegistration { registrations[0] }
+        var handle: PublishedService { handles[0] }
 
-        init() {
+        init(hosts: [String] = ["hosta"]) {
             let logger = Logger(label: "wide-area-driver")
+            let server = FakeDNSServer(zone: WideAreaWorld.zoneName, keys: hosts.map { WideAreaWorld.key(for: $0) }, now: 1_800_000_000)
+            self.server = server
             let settings = WideAreaConfiguration(
                 domains: [WideAreaWorld.zoneName], servers: [server.address], pollInterval: .seconds(10), lease: .seconds(100))
-            var configuration = DiscoveryConfiguration(advertisedAddresses: [.v4(10, 81, 1, 10)])
-            configuration.wideArea = settings
-            let server = self.server
-            let dns = UnicastDNS(settings: settings, logger: logger, exchanger: server, clock: { server.now })
-            wideArea = WideArea(configuration: configuration, logger: logger, hostLabel: "hosta", dns: dns, scheduler: clock)
-            var txt = TXTRecord()
-            txt["fp"] = "hosta-fp"
-            handle = PublishedService(owner: NoBackend(), name: "Lobby", type: WideAreaWorld.type, port: 4242, txt: txt)
-            registration = WideAreaRegistration(
-                wideArea: wideArea, domain: WideAreaWorld.zoneName, name: "Lobby", type: WideAreaWorld.type, port: 4242, txt: txt,
-                key: WideAreaWorld.key(for: "hosta"), handle: handle, logger: logger)
+            var wideAreas: [WideArea] = []
+            var registrations: [WideAreaRegistration] = []
+            var handles: [PublishedService] = []
+            for (index, host) in hosts.enumerated() {
+                var configuration = DiscoveryConfiguration(advertisedAddresses: [.v4(10, 81, 1, UInt8(10 + index))])
+                configuration.wideArea = settings
+                let dns = UnicastDNS(settings: settings, logger: logger, exchanger: server, clock: { server.now })
+                let wideArea = WideArea(configuration: configuration, logger: logger, hostLabel: host, dns: dns, scheduler: clock)
+                var txt = TXTRecord()
+                txt["fp"] = "\(host)-fp"
+                let handle = PublishedService(owner: NoBackend(), name: "Lobby", type: WideAreaWorld.type, port: 4242, txt: txt)
+                wideAreas.append(wideArea)
+                handles.append(handle)
+                registrations.append(
+                    WideAreaRegistration(
+                        wideArea: wideArea, domain: WideAreaWorld.zoneName, name: "Lobby", type: WideAreaWorld.type, port: 4242,
+                        txt: txt, key: WideAreaWorld.key(for: host), handle: handle, logger: logger))
+            }
+            (self.wideAreas, self.registrations, self.handles) = (wideAreas, registrations, handles)
+        }
+
+        /// The name each host's publication says it registered.
+        var registeredNames: [String?] {
+            handles.map { handle in handle.state.withLock { try? $0.wideAreaStatus[WideAreaWorld.zoneName]?.get() } }
         }
 
         /// Moves the server's clock and the registration's together.
@@ -72,7 +91,7 @@ import Testing
         lab.registration.start()
         #expect(await lab.settled(), "the registration never waited on its clock")
         #expect(lab.instances == ["Lobby"] && lab.updateCount == 1)
-        #expect(lab.handle.state.withLock { $0.wideAreaStatus[WideAreaWorld.zoneName] }.map { (try? $0.get()) == "Lobby" } == true)
+        #expect(lab.registeredNames == ["Lobby"])
 
         lab.turn(seconds: 49)
         #expect(lab.updateCount == 1, "refreshed before half the lease")
@@ -122,5 +141,23 @@ import Testing
         task.cancel()
         await task.value
         #expect(lab.clock.pendingCount == 0, "the browse's wait outlived its cancellation")
+    }
+
+    /// Two real hosts register one name at the same moment (their tasks race): one keeps it, the
+    /// other is renamed "Lobby #2" and says so; both are refreshed for three leases' worth of turns
+    /// (the server drops a record whose lease ends), and both removed on stop.
+    @Test func twoRealHostsWithOneNameEndWithTwoNamesAndKeepThem() async throws {
+        let lab = Lab(hosts: ["hosta", "hostb"])
+        for registration in lab.registrations { registration.start() }
+        #expect(await lab.settled(drivers: 2), "the two registrations never both waited on the clock")
+        #expect(lab.instances == ["Lobby", "Lobby #2"])
+        #expect(Set(lab.registeredNames.compactMap { $0 }) == ["Lobby", "Lobby #2"], "\(lab.registeredNames)")
+        for _ in 0..<6 {
+            lab.turn(seconds: 50)
+            #expect(await lab.settled(drivers: 2))
+        }
+        #expect(lab.instances == ["Lobby", "Lobby #2"], "a registration was not kept through 300 s of 100 s leases")
+        for registration in lab.registrations { await registration.stop() }
+        #expect(lab.instances.isEmpty && lab.clock.pendingCount == 0)
     }
 }
