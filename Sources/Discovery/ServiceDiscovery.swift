@@ -1,5 +1,6 @@
 import Dispatch
 import Locks
+import Scheduling
 import Logging
 #if canImport(Glibc)
 import Glibc
@@ -288,7 +289,7 @@ public final class ServiceDiscovery: Sendable {
                     if done(sorted(), allForNow) { return }
                 }
             }
-            group.addTask { await Wakeup.sleep(for: timeout) }
+            group.addTask { await DispatchScheduler().sleep(for: timeout) }
             await group.next()  // the first to finish decides; the other is cancelled
             group.cancelAll()
         }

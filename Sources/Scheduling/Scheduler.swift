@@ -28,57 +28,7 @@ extension Scheduler {
     /// Waits `duration` on this scheduler's clock, or until the task is cancelled (then at once).
     /// A timer, not a sleeping task: no thread is held by the wait.
     public func sleep(for duration: Duration) async {
-        let waiter = SleepWaiter()
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                guard waiter.arm(continuation) else { return }
-                let timer = schedule(after: duration) { waiter.wake() }
-                waiter.attach(timer)
-            }
-        } onCancel: {
-            waiter.wake()
-        }
-    }
-}
-
-/// The sleeping task's continuation, resumed once: by its timer or by cancellation, whichever
-/// comes first (the other finds nothing to resume; a cancellation cancels the timer).
-private final class SleepWaiter: Sendable {
-    private struct State {
-        var continuation: CheckedContinuation<Void, Never>?
-        var timer: ScheduledWork?
-        var woken = false
-    }
-    private let state = Locked(State())
-
-    /// Keeps the continuation; false (and resumed) when the wait ended before it began.
-    func arm(_ continuation: CheckedContinuation<Void, Never>) -> Bool {
-        let ended = state.withLock { state -> Bool in
-            if state.woken { return true }
-            state.continuation = continuation
-            return false
-        }
-        if ended { continuation.resume() }
-        return !ended
-    }
-
-    func attach(_ timer: ScheduledWork) {
-        let cancelNow = state.withLock { state -> Bool in
-            if state.woken { return true }
-            state.timer = timer
-            return false
-        }
-        if cancelNow { timer.cancel() }
-    }
-
-    func wake() {
-        let (continuation, timer) = state.withLock { state in
-            state.woken = true
-            defer { state.continuation = nil; state.timer = nil }
-            return (state.continuation, state.timer)
-        }
-        timer?.cancel()
-        continuation?.resume()
+        _ = await Wakeup(scheduler: self).wait(duration)
     }
 }
 

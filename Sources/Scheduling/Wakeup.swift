@@ -1,10 +1,8 @@
-import Dispatch
 import Locks
-import Scheduling
 
-// Timers for Discovery's drivers and Messaging's client (`package`): a scheduler's timers (Dispatch's
-// unless a test turns a manual clock), never a sleeping task (a cancelled wait ends at once, and no
-// task of the cooperative pool is held by a wait).
+// The one wait of the package's drivers (Discovery's wide-area registration and browse) and of
+// `Scheduler.sleep`: a scheduler's timer, never a sleeping task (a cancelled wait ends at once,
+// and no task of the cooperative pool is held by a wait).
 
 /// Sleeps for a while unless signalled first (a pending signal ends the next wait at once) or the
 /// task is cancelled.
@@ -74,29 +72,5 @@ package final class Wakeup: Sendable {
         }
         waiter?.timer?.cancel()
         waiter?.continuation.resume(returning: signalled)
-    }
-}
-
-extension Wakeup {
-    /// Waits `duration` on a Dispatch timer, or until the task is cancelled.
-    package static func sleep(for duration: Duration) async {
-        await DispatchScheduler().sleep(for: duration)
-    }
-}
-
-/// `operation`'s result, or `onTimeout()` when it has not finished within `timeout` (a Dispatch
-/// timer; the operation is then cancelled, and awaited: it must end on cancellation).
-func withDeadline<T: Sendable>(
-    _ timeout: Duration, onTimeout: @escaping @Sendable () -> T, operation: @escaping @Sendable () async -> T
-) async -> T {
-    await withTaskGroup(of: T?.self) { group in
-        group.addTask { await operation() }
-        group.addTask {
-            await Wakeup.sleep(for: timeout)
-            return Task.isCancelled ? nil : onTimeout()
-        }
-        let first = await group.next() ?? nil
-        group.cancelAll()
-        return first ?? onTimeout()
     }
 }
