@@ -23,6 +23,8 @@ public final class ManualScheduler: Scheduler {
 
     private struct State {
         var now: UInt64
+        /// A seeded run's generator: jitter, and which of the works due at one instant goes first.
+        var generator: SeededChoices?
         var nextOrder: UInt64 = 0
         var entries: [Entry] = []
         var watchers: [UInt64: Watcher] = [:]
@@ -36,6 +38,22 @@ public final class ManualScheduler: Scheduler {
     /// A clock at `start` nanoseconds (not 0: the package reads 0 as "no deadline" in places).
     public init(start: UInt64 = 1_000_000_000) {
         state = Locked(State(now: start))
+    }
+
+    /// A clock for a simulation: `generator` (seeded: MDNSCore's `SplitMix64`) fixes the jitter
+    /// of its timers (``random(in:)``) and which of the works due at the same instant
+    /// ``runNext(through:)`` runs first — so that one seed is one run, event for event.
+    public init(start: UInt64 = 1_000_000_000, choosingWith generator: some RandomNumberGenerator & Sendable) {
+        state = Locked(State(now: start, generator: SeededChoices(base: generator)))
+    }
+
+    /// From the seed's generator when there is one (else the system's).
+    public func random(in range: ClosedRange<Double>) -> Double {
+        state.withLock { state in
+            guard var generator = state.generator else { return Double.random(in: range) }
+            defer { state.generator = generator }
+            return Double.random(in: range, using: &generator)
+        }
     }
 
     public var now: UInt64 { state.withLock { $0.now } }
@@ -54,6 +72,11 @@ public final class ManualScheduler: Scheduler {
 
     /// The work scheduled and neither run nor cancelled.
     public var pendingCount: Int { state.withLock { $0.pending } }
+
+    /// The deadlines of the pending works, earliest first (what a failing simulation prints).
+    public var pendingDeadlines: [UInt64] {
+        state.withLock { state in state.entries.filter(\.work.isPending).map(\.deadline).sorted() }
+    }
 
     /// When the earliest pending work is due (nil: none is).
     public var nextDeadline: UInt64? {
@@ -89,6 +112,34 @@ public final class ManualScheduler: Scheduler {
         state.withLock { $0.now = max($0.now, target) }
     }
 
+    /// Runs one work: the earliest pending one due by `target` (nanoseconds) — of several due at
+    /// that instant, the one the seed picks (without a seed, the first scheduled) — on its queue,
+    /// waited for, with the clock at its deadline. False when none is due by `target` (the clock
+    /// stays). A simulation's step: one event, then whatever it set off settles, then the next.
+    @discardableResult
+    public func runNext(through target: UInt64) -> Bool {
+        let next = state.withLock { state -> Entry? in
+            state.entries.removeAll { !$0.work.isPending }
+            guard let earliest = state.entries.map(\.deadline).min(), earliest <= target else { return nil }
+            let due = state.entries.indices.filter { state.entries[$0].deadline == earliest }  // in scheduling order
+            var pick = 0
+            if var generator = state.generator {
+                pick = Int.random(in: 0..<due.count, using: &generator)
+                state.generator = generator
+            }
+            let entry = state.entries.remove(at: due[pick])
+            state.now = max(state.now, entry.deadline)
+            return entry
+        }
+        guard let entry = next else { return false }
+        if let queue = entry.queue {
+            queue.sync { entry.work.run() }
+        } else {
+            entry.work.run()
+        }
+        return true
+    }
+
     /// Waits until at least `count` works are pending — the code under test armed its timers — and
     /// returns true; false when that has not happened within `timeout` of real time. Woken by the
     /// scheduling itself, not a poll.
@@ -120,4 +171,10 @@ public final class ManualScheduler: Scheduler {
         for id in ready.keys { state.watchers[id] = nil }
         return ready.values.map(\.continuation)
     }
+}
+
+/// The generator a simulation's clock was given (any seeded one).
+private struct SeededChoices: RandomNumberGenerator {
+    var base: any RandomNumberGenerator & Sendable
+    mutating func next() -> UInt64 { base.next() }
 }

@@ -16,9 +16,17 @@ public protocol Scheduler: Sendable {
     /// first. A negative delay is no delay; one beyond ten years counts as ten years.
     @discardableResult
     func schedule(after delay: Duration, on queue: DispatchQueue?, _ work: @escaping @Sendable () -> Void) -> ScheduledWork
+
+    /// A random number in `range` for a timer's jitter (a poll interval spread over 80–100 %): the
+    /// system's generator, or a seeded one of a simulation (``ManualScheduler/init(start:seed:)``),
+    /// so that a seed fixes when every jittered timer fires.
+    func random(in range: ClosedRange<Double>) -> Double
 }
 
 extension Scheduler {
+    /// The system's generator.
+    public func random(in range: ClosedRange<Double>) -> Double { Double.random(in: range) }
+
     /// `schedule(after:on:_:)` on no queue in particular.
     @discardableResult
     public func schedule(after delay: Duration, _ work: @escaping @Sendable () -> Void) -> ScheduledWork {

@@ -40,24 +40,21 @@ package final class Wakeup: Sendable {
         }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
+                // The timer is armed in the same critical section that registers the waiter: it
+                // cannot fire before (its expiry takes this lock), and a signal always finds it with
+                // the waiter and cancels it. (Armed after the section, a signal in between left it
+                // pending until the section after it cancelled it: a simulation counting the timers
+                // saw a driver waiting that was already working — issue 54, seed 2335.)
                 let resumeNow = state.withLock { state -> Bool in
                     if state.pending || Task.isCancelled {
                         state.pending = false
                         return true
                     }
-                    state.waiter = (id, continuation, nil)
+                    let timer = scheduler.schedule(after: duration) { [weak self] in self?.expire(id, signalled: false) }
+                    state.waiter = (id, continuation, timer)
                     return false
                 }
-                if resumeNow { return continuation.resume(returning: true) }
-                // Armed after the waiter is registered (it cannot fire before); kept with it unless
-                // the wait already ended, then cancelled.
-                let timer = scheduler.schedule(after: duration) { [weak self] in self?.expire(id, signalled: false) }
-                let ended = state.withLock { state -> Bool in
-                    guard state.waiter?.id == id else { return true }
-                    state.waiter?.timer = timer
-                    return false
-                }
-                if ended { timer.cancel() }
+                if resumeNow { continuation.resume(returning: true) }
             }
         } onCancel: {
             expire(id, signalled: false)

@@ -130,6 +130,24 @@ import Testing
         #expect(!machine.isRegistered)
     }
 
+    /// A refresh fails (the server was down) and the publication says so; the next refresh, once
+    /// the server answers, finds the records still there — and says the registration stands again,
+    /// once (found by the wide-area simulation, seed 2: the host stayed "failed" for good).
+    @Test func aRefreshThatSucceedsAfterAFailureSaysRegisteredAgain() {
+        var machine = Self.registered()
+        _ = machine.apply(.woke)
+        let down = DiscoveryError(.dnsUnreachable, "no answer within 3.0 seconds")
+        #expect(Self.split(machine.apply(.located(.failure(down)))).reports == [.failed(down, retryingIn: .seconds(1))])
+        #expect(machine.apply(.woke) == [.locate])
+        #expect(machine.apply(.located(.success(Self.plan))) == [.send(.refresh(Self.records("Lobby")), Self.plan)])
+        let back = machine.apply(.answered(.success(.done), records: Self.records("Lobby")))
+        #expect(back == [.report(.registered(name: "Lobby")), .wait(.seconds(50))])
+        // The next refresh says nothing: nothing changed.
+        _ = machine.apply(.woke)
+        _ = machine.apply(.located(.success(Self.plan)))
+        #expect(machine.apply(.answered(.success(.done), records: Self.records("Lobby"))) == [.wait(.seconds(50))])
+    }
+
     @Test func recordsGoneAtARefreshAreRegisteredAgain() {
         var machine = Self.registered()
         _ = machine.apply(.woke)

@@ -91,6 +91,31 @@ import Testing
         #expect(machine.visible.isEmpty && machine.hidden["Room"] != nil)
     }
 
+    /// A shown instance read again at its expiry: refreshed as it was (only `expires` moved), it
+    /// is kept silently; changed meanwhile (its TXT, or another host took the name within one
+    /// poll), it is said gone and then new, so that the app does not keep the old one (found by
+    /// the wide-area simulation, seed 20).
+    @Test func aShownInstanceThatChangedIsSaidRemovedThenAddedWhenReadAgain() {
+        var machine = UnicastBrowseMachine()
+        let room = Self.instance("Room", expires: 1_100)
+        _ = machine.apply(.start)
+        _ = machine.apply(Self.serial(7, now: 1_000))
+        _ = machine.apply(.names(.success(["Room"])))
+        _ = machine.apply(.read(.init(found: ["Room": room], failed: [])))
+        // Refreshed, nothing else changed: no event.
+        let refreshed = Self.instance("Room", expires: 1_300)
+        _ = machine.apply(.woke)
+        _ = machine.apply(Self.serial(7, now: 1_200))
+        #expect(machine.apply(.read(.init(found: ["Room": refreshed], failed: []))) == [.wait])
+        // Another owner (another fp) under the same name, refreshed past the old expiry.
+        var taken = Self.instance("Room", expires: 1_500)
+        taken.txt["fp"] = "someone-else"
+        _ = machine.apply(.woke)
+        _ = machine.apply(Self.serial(7, now: 1_400))
+        #expect(machine.apply(.read(.init(found: ["Room": taken], failed: []))) == [.removed(refreshed), .added(taken), .wait])
+        #expect(machine.visible["Room"] == taken)
+    }
+
     @Test func aServerThatDoesNotAnswerKeepsWhatWasSeenAndIsSaidOnce() {
         var machine = UnicastBrowseMachine()
         let lobby = Self.instance("Lobby", expires: nil)

@@ -1,5 +1,6 @@
 import Dispatch
 import Locks
+import MDNSCore
 import Scheduling
 import Testing
 
@@ -43,6 +44,35 @@ import Testing
     }
 
     /// Work for a queue runs on that queue (a channel's loop), and the turn waits for it.
+    /// A simulation's step: `runNext` runs one timer — the earliest; of several due at one
+    /// instant, the one the seeded generator picks — and the same seed picks the same order, the
+    /// same jitter. Unseeded, ties go in scheduling order.
+    @Test func aSeededClockRunsOneTimerAtATimeInTheSeedsOrder() {
+        func order(_ clock: ManualScheduler) -> (ran: [Int], jitter: Double, after: Bool) {
+            let ran = Locked<[Int]>([])
+            clock.schedule(after: .seconds(2)) { ran.withLock { $0.append(9) } }
+            for n in 0..<6 { clock.schedule(after: .seconds(1)) { ran.withLock { $0.append(n) } } }
+            var steps = 0
+            let target = clock.now + 1_000_000_000  // the six, not the one due a second later
+            while clock.runNext(through: target) { steps += 1 }
+            #expect(steps == 6, "the timer due later ran early, or one ran twice")
+            #expect(clock.now == 2_000_000_000, "the clock is not at the last timer's deadline")
+            let jitter = clock.random(in: 0.8...1.0)
+            #expect((0.8...1.0).contains(jitter))
+            let ranSix = ran.withLock { $0 }
+            return (ranSix, jitter, clock.runNext(through: target + 1_000_000_000) && ran.withLock { $0.last } == 9)
+        }
+        let first = order(ManualScheduler(start: 1_000_000_000, choosingWith: SplitMix64(seed: 3)))
+        let again = order(ManualScheduler(start: 1_000_000_000, choosingWith: SplitMix64(seed: 3)))
+        let other = order(ManualScheduler(start: 1_000_000_000, choosingWith: SplitMix64(seed: 4)))
+        let unseeded = order(ManualScheduler(start: 1_000_000_000))
+        #expect(first.ran.sorted() == Array(0..<6) && first.ran == again.ran && first.jitter == again.jitter)
+        #expect(first.ran != other.ran || first.jitter != other.jitter, "the seed decides nothing")
+        #expect(unseeded.ran == Array(0..<6))
+        #expect(first.ran != unseeded.ran || other.ran != unseeded.ran, "the seed never reorders timers due at one instant")
+        #expect(first.after && unseeded.after, "the later timer did not run at its own deadline")
+    }
+
     @Test func workRunsOnItsQueue() {
         let clock = ManualScheduler()
         let queue = DispatchQueue(label: "loop")

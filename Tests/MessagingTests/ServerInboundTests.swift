@@ -27,14 +27,35 @@ import Locks
         let client = try await harness.client("flood")
         let pad = String(repeating: "p", count: 4_000)
         let sent = Locked(0)
+        let sendFailure = Locked<String?>(nil)
         let sender = Task {
-            for n in 0..<count {
-                try await client.send(Item(n: n, pad: pad), type: "item")
-                sent.withLock { $0 += 1 }
+            do {
+                for n in 0..<count {
+                    try await client.send(Item(n: n, pad: pad), type: "item")
+                    sent.withLock { $0 += 1 }
+                }
+            } catch {
+                sendFailure.withLock { $0 = "\(error)" }
+                throw error
             }
         }
         // The app holds message 0; the events fill to their limit...
-        try await waitUntil("the events at their limit") { harness.server.bufferedEvents >= limit }
+        do {
+            try await waitUntil("the events at their limit") {
+                harness.server.bufferedEvents >= limit || sendFailure.withLock { $0 } != nil
+            }
+            if let failure = sendFailure.withLock({ $0 }) { throw TestFailure("a send failed: \(failure)") }
+        } catch {
+            // What the wait saw, so that a failure says where the flood stopped.
+            let health = await client.health
+            Issue.record(
+                """
+                \(error): sent \(sent.withLock { $0 }), at the app \(received.withLock { $0.count }), \
+                events \(harness.server.bufferedEvents), connections \(harness.server.connections.count), \
+                client connected \(client.channel != nil), health \(health.map { "\($0)" } ?? "none")
+                """)
+            throw error
+        }
         // ...and stay near it: the connection stopped being read (16 MB would cross loopback in far
         // less than this second; the socket buffers and the client's send queue hold a few MB).
         // What one read took is still delivered after the limit: encrypted, up to five Noise

@@ -183,7 +183,10 @@ struct RegistrationMachine: Sendable {
             return succeeded([.report(.replacedStale(name: name))])
         case (.refresh, .success(.done)):
             registered = records
-            return succeeded([])
+            // After a failure the publication said so (and still says it): registered again.
+            // (Said nothing until issue 54's simulation, seed 2, found a host that stayed "failed"
+            // for good after an outage shorter than its lease.)
+            return succeeded(lastFailure == nil ? [] : [.report(.registered(name: name))])
         case (.register, .success(.nameExists)):
             phase = .readingEarlier
             return [.readEarlier(name: name, plan)]

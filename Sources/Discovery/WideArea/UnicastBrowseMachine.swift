@@ -124,6 +124,14 @@ struct UnicastBrowseMachine: Sendable {
                 guard let old = visible[name] else { continue }
                 if let fresh = reads.found[name], !fresh.isExpired(now: now) {
                     visible[name] = fresh
+                    if !fresh.isSameService(as: old) {
+                        // Changed meanwhile — its TXT, its port, or its owner (stopped, and the name
+                        // taken by another host within one poll): said as gone, then as new, so
+                        // that nobody keeps the old host or TXT. (Kept silently until issue 54's
+                        // simulation, seed 20, saw a browse show a name's previous owner for good.)
+                        actions.append(.removed(old))
+                        actions.append(.added(fresh))
+                    }
                 } else if reads.failed.contains(name) {
                     continue  // not answered: asked again at the next poll
                 } else {

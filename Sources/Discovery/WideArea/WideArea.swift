@@ -16,9 +16,9 @@ final class WideArea: Sendable {
     let scheduler: any Scheduler
 
     private struct State {
-        var domains: (value: AnnouncedDomains, at: ContinuousClock.Instant)?
+        var domains: (value: AnnouncedDomains, at: UInt64)?
         var registrations: [ObjectIdentifier: WideAreaRegistration] = [:]
-        var zones: [DNSName: (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: ContinuousClock.Instant)] = [:]
+        var zones: [DNSName: (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: UInt64)] = [:]
         var monitor: NetlinkMonitor?
         var monitorSource: (any DispatchSourceRead)?
         var debounce: (any DispatchSourceTimer)?
@@ -32,7 +32,7 @@ final class WideArea: Sendable {
         /// Remember the domains found (nil: forget them, the network may have changed).
         case domains(AnnouncedDomains?)
         /// Remember where a zone's data is (nil: forget it after a failure).
-        case zone(DNSName, (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: ContinuousClock.Instant)?)
+        case zone(DNSName, (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: UInt64)?)
         /// A registration to tell of address changes; the first starts the netlink watch.
         case add(WideAreaRegistration)
         case remove(WideAreaRegistration)
@@ -54,7 +54,7 @@ final class WideArea: Sendable {
         state.withLock { state in
             switch change {
             case .domains(let value):
-                state.domains = value.map { ($0, ContinuousClock.now) }
+                state.domains = value.map { ($0, scheduler.now) }
             case .zone(let name, let entry):
                 state.zones[name] = entry
             case .add(let registration):
@@ -110,7 +110,7 @@ final class WideArea: Sendable {
     /// The domains to use, enumerated at most every `maxAge` (15 minutes: announced domains change
     /// with the network's configuration, rarely; asked again after interface changes).
     func domains(maxAge: Duration = .seconds(900)) async -> AnnouncedDomains {
-        if let cached = current.domains, ContinuousClock.now - cached.at < maxAge { return cached.value }
+        if let cached = current.domains, scheduler.now &- cached.at < maxAge.schedulerNanoseconds { return cached.value }
         var result = AnnouncedDomains(browse: settings.domains, registration: settings.domains)
         if settings.enumeratesDomains {
             let announced = await enumerate()
@@ -182,7 +182,7 @@ final class WideArea: Sendable {
     /// The zone holding `name` and the servers that have its data (cached for 15 minutes, and
     /// forgotten after a failure: the browser asks again after any poll that went wrong).
     func zone(of name: DNSName) async throws(DiscoveryError) -> (zone: UnicastDNS.Zone, servers: [DNSServerAddress]) {
-        if let cached = current.zones[name], ContinuousClock.now - cached.at < .seconds(900) {
+        if let cached = current.zones[name], scheduler.now &- cached.at < Duration.seconds(900).schedulerNanoseconds {
             return (cached.zone, cached.servers)
         }
         let zone = try await dns.zone(of: name)
@@ -190,7 +190,7 @@ final class WideArea: Sendable {
         // unreachable primary still leaves the zone readable through them.
         var servers = await dns.authoritativeServers(of: zone)
         for resolver in dns.resolvers() where !servers.contains(resolver) { servers.append(resolver) }
-        change(.zone(name, (zone, servers, ContinuousClock.now)))
+        change(.zone(name, (zone, servers, scheduler.now)))
         return (zone, servers)
     }
 

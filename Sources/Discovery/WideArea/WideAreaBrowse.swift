@@ -14,6 +14,16 @@ struct WideAreaInstance: Sendable, Hashable {
     var port: UInt16?
 
     func isExpired(now: UInt64) -> Bool { expires.map { $0 < now } ?? false }
+
+    /// The same service as `other` as an app sees it: name, host, port and TXT — all but the
+    /// `expires` value, which every refresh moves.
+    func isSameService(as other: WideAreaInstance) -> Bool {
+        var mine = txt
+        var theirs = other.txt
+        mine.remove(expiresKey)
+        theirs.remove(expiresKey)
+        return identity == other.identity && port == other.port && mine == theirs
+    }
 }
 
 /// What a unicast browse reports.
@@ -59,7 +69,6 @@ final class WideAreaBrowse: Sendable {
         }
         let domainName = reader.domainName
         var machine = UnicastBrowseMachine()
-        var generator = SystemRandomNumberGenerator()
         let timer = Wakeup(scheduler: wideArea.scheduler)
         var actions = machine.apply(.start)
         while !Task.isCancelled {
@@ -83,7 +92,7 @@ final class WideAreaBrowse: Sendable {
                 case .wait:
                     // A timer of the wide area's clock, not a sleeping task; cancelling the browse ends it at once.
                     let interval = wideArea.settings.pollInterval
-                    _ = await timer.wait(interval * Double.random(in: 0.8...1.0, using: &generator))
+                    _ = await timer.wait(interval * wideArea.scheduler.random(in: 0.8...1.0))
                     input = .woke
                 }
             }
