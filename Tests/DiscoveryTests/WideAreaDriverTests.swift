@@ -11,14 +11,6 @@ import Testing
 /// memory, on a manual clock: what `WideAreaWorld` checks with a copy of its loop, here with the
 /// driver itself (issue 54, 2). A minute of leases is a turn of the clock.
 @Suite struct WideAreaDriverTests {
-    /// The publication's owner (a backend): nothing to do for a wide-area-only publication.
-    final class NoBackend: PublicationOwner {
-        let queue = DispatchQueue(label: "no-backend")
-        func updateTXT(_ txt: TXTRecord, of service: PublishedService) -> Result<Void, DiscoveryError> { .success(()) }
-        func unpublish(_ service: PublishedService) {}
-        func notEstablishedMessage(_ service: PublishedService, timeout: Duration) -> String { "" }
-    }
-
     /// A zone on a server in memory, a manual clock, and a registration of "Lobby" by each host
     /// (its own wide area: its host name, address and key), not started.
     struct Lab {
@@ -47,7 +39,7 @@ import Testing
                 let wideArea = WideArea(configuration: configuration, logger: logger, hostLabel: host, dns: dns, scheduler: clock)
                 var txt = TXTRecord()
                 txt["fp"] = "\(host)-fp"
-                let handle = PublishedService(owner: NoBackend(), name: "Lobby", type: WideAreaWorld.type, port: 4242, txt: txt)
+                let handle = PublishedService(owner: WideAreaWorld.NoBackend(), name: "Lobby", type: WideAreaWorld.type, port: 4242, txt: txt)
                 wideAreas.append(wideArea)
                 handles.append(handle)
                 registrations.append(

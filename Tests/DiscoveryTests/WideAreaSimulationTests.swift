@@ -82,8 +82,9 @@ import Testing
     }
 }
 
-/// One seeded run (see ``WideAreaSimulationTests``).
-final class WideAreaSimulation: @unchecked Sendable {  // (used by one task at a time)
+/// One seeded run (see ``WideAreaSimulationTests``): a `WideAreaWorld` on a seeded clock, and the
+/// steps the seed picks.
+final class WideAreaSimulation {
     struct Outcome {
         var trace: [String]
         var failure: String?
@@ -91,115 +92,65 @@ final class WideAreaSimulation: @unchecked Sendable {  // (used by one task at a
         var timersFired: Int
     }
 
-    /// A host: its wide area and, while it runs, its registration and the publication it reports to.
-    final class Host {
-        let label: String
-        let wanted: String
-        let wideArea: WideArea
-        var registration: WideAreaRegistration?
-        var handle: PublishedService?
-        var txtVersion = 0
-
-        init(label: String, wanted: String, wideArea: WideArea) {
-            self.label = label
-            self.wanted = wanted
-            self.wideArea = wideArea
-        }
-
-        var isRunning: Bool { registration != nil }
-
-        /// The name its publication says it registered (nil: not registered, or failed).
-        var registeredName: String? {
-            handle?.state.withLock { try? $0.wideAreaStatus[WideAreaWorld.zoneName]?.get() }
-        }
-    }
-
+    static let stepsPerRun = 40
     static let lease: UInt64 = 100
     static let poll: UInt64 = 10
-    static let stepsPerRun = 40
 
     let seed: UInt64
     private var random: SplitMix64
-    let clock: ManualScheduler
-    let server: FakeDNSServer
-    let hosts: [Host]
-    let browseArea: WideArea
-    /// What the browse shows: instance name → its TXT's `fp` and `v`.
-    let seen = Locked<[String: String]>([:])
-    private var browseTask: Task<Void, Never>?
-    private let clockStart: UInt64 = 1_000_000_000
-    private let serverStart: UInt64 = 1_800_000_000
+    let world: WideAreaWorld
+    /// Each host's TXT version (its `v`).
+    private var versions = [0, 0, 0]
     private var trace: [String] = []
-    private var timersFired = 0
-    private let logger: Logger = {
-        var logger = Logger(label: "wide-area-simulation")
-        logger.logLevel = .critical
-        return logger
-    }()
 
     private init(seed: UInt64) {
         self.seed = seed
         random = SplitMix64(seed: seed ^ 0x5EED)
-        clock = ManualScheduler(start: clockStart, choosingWith: SplitMix64(seed: seed))
-        let labels = ["hosta", "hostb", "hostc", "observer"]
-        let server = FakeDNSServer(zone: WideAreaWorld.zoneName, keys: labels.map { WideAreaWorld.key(for: $0) }, now: serverStart)
-        self.server = server
-        let settings = WideAreaConfiguration(
-            domains: [WideAreaWorld.zoneName], servers: [server.address], pollInterval: .seconds(Int64(Self.poll)),
-            lease: .seconds(Int64(Self.lease)))
-        var areas: [WideArea] = []
-        for (index, label) in labels.enumerated() {
-            var configuration = DiscoveryConfiguration(advertisedAddresses: [.v4(10, 81, 1, UInt8(10 + index))])
-            configuration.wideArea = settings
-            let dns = UnicastDNS(settings: settings, logger: logger, exchanger: server, clock: { server.now })
-            areas.append(WideArea(configuration: configuration, logger: logger, hostLabel: label, dns: dns, scheduler: clock))
-        }
-        hosts = [
-            Host(label: "hosta", wanted: "Lobby", wideArea: areas[0]),
-            Host(label: "hostb", wanted: "Lobby", wideArea: areas[1]),
-            Host(label: "hostc", wanted: "Garden", wideArea: areas[2]),
-        ]
-        browseArea = areas[3]
+        world = WideAreaWorld(clock: ManualScheduler(start: WideAreaWorld.clockStart, choosingWith: SplitMix64(seed: seed)))
     }
 
     /// Runs `seed` to its end; the failure is the first broken invariant.
     static func run(seed: UInt64) async -> Outcome {
         let simulation = WideAreaSimulation(seed: seed)
         let failure = await simulation.play()
-        return Outcome(trace: simulation.trace, failure: failure, steps: stepsPerRun, timersFired: simulation.timersFired)
+        return Outcome(trace: simulation.trace, failure: failure, steps: stepsPerRun, timersFired: simulation.world.timersFired)
     }
 
     // MARK: The run
 
     private func play() async -> String? {
+        let world = self.world
+        world.onTimer = { [unowned self] deadline in trace.append("  timer at \(world.secondsSinceStart(deadline)) s") }
+        defer { world.onTimer = nil }
         do {
-            try await startBrowse()
-            for host in hosts { try await start(host) }
+            try await world.addBrowser()
+            for (label, instance) in [("hosta", "Lobby"), ("hostb", "Lobby"), ("hostc", "Garden")] {
+                var txt = TXTRecord()
+                txt["fp"] = "\(label)-fp"
+                txt["v"] = "0"
+                try await world.addHost(label, instance: instance, fingerprint: "\(label)-fp", start: false)
+                try await world.updateTXT(world.hosts.count - 1, txt)
+                try await world.start(world.hosts.count - 1)
+            }
             for step in 0..<Self.stepsPerRun {
                 let action = try await takeStep()
                 record("\(step): \(action)")
                 try checkSafety()
             }
-            // The end: the server up, nothing deleted any more, two leases and a poll turned.
-            if server.state.withLock({ $0.down }) {
-                server.state.withLock { $0.down = false }
+            // The end: the server up, nothing deleted any more, two leases and two polls turned.
+            if world.server.state.withLock({ $0.down }) {
+                world.server.state.withLock { $0.down = false }
                 record("end: server up")
             }
-            try await turn(seconds: 2 * Self.lease + 2 * Self.poll)
+            try await world.run(for: 2 * Self.lease + 2 * Self.poll)
             record("end: settled")
             try checkSafety()
             try checkConverged()
-            for host in hosts where host.isRunning { try await stop(host) }
-            browseTask?.cancel()
-            await browseTask?.value
-            browseTask = nil
-            guard clock.pendingCount == 0 else { throw Broken("\(clock.pendingCount) timers left after everything stopped") }
+            try await world.shutdown()
             return nil
-        } catch let broken as Broken {
-            browseTask?.cancel()
-            for host in hosts { host.registration?.beginStop() }
-            return broken.description
         } catch {
+            for browser in world.browsers { browser.task.cancel() }
+            for host in world.hosts { host.registration?.beginStop() }
             return "\(error)"
         }
     }
@@ -207,159 +158,68 @@ final class WideAreaSimulation: @unchecked Sendable {  // (used by one task at a
     /// One step the seed picks; returns what it did.
     private func takeStep() async throws -> String {
         let roll = Int.random(in: 0..<100, using: &random)
-        let host = hosts[Int.random(in: 0..<hosts.count, using: &random)]
+        let index = Int.random(in: 0..<world.hosts.count, using: &random)
+        let host = world.hosts[index]
         switch roll {
         case 0..<45:
             let seconds = UInt64.random(in: 1...60, using: &random)
-            try await turn(seconds: seconds)
+            try await world.run(for: seconds)
             return "turn \(seconds) s"
         case 45..<60:
             guard host.isRunning else { return "(\(host.label) already stopped)" }
-            try await stop(host)
+            try await world.stop(index)
             return "stop \(host.label)"
         case 60..<75:
             guard !host.isRunning else { return "(\(host.label) already running)" }
-            try await start(host)
+            try await world.start(index)
             return "start \(host.label)"
         case 75..<85:
-            guard let registration = host.registration else { return "(\(host.label) not running: no txt)" }
-            host.txtVersion += 1
-            registration.updateTXT(txt(host))
-            try await settle("after \(host.label)'s TXT change")
-            return "txt \(host.label) v\(host.txtVersion)"
+            guard host.isRunning else { return "(\(host.label) not running: no txt)" }
+            versions[index] += 1
+            var txt = host.txt
+            txt["v"] = "\(versions[index])"
+            try await world.updateTXT(index, txt)
+            return "txt \(host.label) v\(versions[index])"
         case 85..<95:
-            let down = server.state.withLock { state -> Bool in
+            let down = world.server.state.withLock { state -> Bool in
                 state.down.toggle()
                 return state.down
             }
             return down ? "server down" : "server up"
         default:
-            let name = DNSName("\(host.wanted).\(WideAreaWorld.type).\(WideAreaWorld.zoneName)")!
-            server.state.withLock { state in state.records.removeAll { $0.record.name == name } }
-            return "records of \(host.wanted) deleted"
+            let name = DNSName("\(host.instance).\(WideAreaWorld.type).\(WideAreaWorld.zoneName)")!
+            world.server.state.withLock { state in state.records.removeAll { $0.record.name == name } }
+            return "records of \(host.instance) deleted"
         }
-    }
-
-    /// Turns the clock `seconds`, one timer at a time (the server's clock with it), each followed
-    /// by what it set off.
-    private func turn(seconds: UInt64) async throws {
-        let target = clock.now + seconds * 1_000_000_000
-        while let deadline = clock.nextDeadline, deadline <= target {
-            server.advance(to: serverMilliseconds(at: deadline))
-            clock.runNext(through: deadline)
-            timersFired += 1
-            trace.append("  timer at \(secondsSinceStart(deadline)) s")
-            try await settle("after a timer at \(secondsSinceStart(deadline)) s")
-        }
-        server.advance(to: serverMilliseconds(at: target))
-        clock.advance(to: target)
-    }
-
-    private func start(_ host: Host) async throws {
-        var record = TXTRecord()
-        record["fp"] = "\(host.label)-fp"
-        let handle = PublishedService(owner: WideAreaDriverTests.NoBackend(), name: host.wanted, type: WideAreaWorld.type, port: 4242, txt: record)
-        let registration = WideAreaRegistration(
-            wideArea: host.wideArea, domain: WideAreaWorld.zoneName, name: host.wanted, type: WideAreaWorld.type, port: 4242,
-            txt: txt(host), key: WideAreaWorld.key(for: host.label), handle: handle, logger: logger)
-        host.handle = handle
-        host.registration = registration
-        registration.start()
-        try await settle("after \(host.label) started")
-    }
-
-    private func stop(_ host: Host) async throws {
-        await host.registration?.stop()
-        host.registration = nil
-        host.handle = nil
-        try checkWaits("after \(host.label) stopped")
-    }
-
-    private func startBrowse() async throws {
-        let seen = self.seen
-        let browse = WideAreaBrowse(wideArea: browseArea, domain: WideAreaWorld.zoneName, type: WideAreaWorld.type) { event in
-            switch event {
-            case .added(let instance): seen.withLock { $0[instance.identity.name] = "\(instance.txt["fp"] ?? "?") v\(instance.txt["v"] ?? "?")" }
-            case .removed(let instance): seen.withLock { $0[instance.identity.name] = nil }
-            case .allForNow: break
-            }
-        }
-        browseTask = browse.start()
-        try await settle("after the browse started")
-    }
-
-    private func txt(_ host: Host) -> TXTRecord {
-        var record = TXTRecord()
-        record["fp"] = "\(host.label)-fp"
-        record["v"] = "\(host.txtVersion)"
-        return record
     }
 
     // MARK: Invariants
 
-    struct Broken: Error, CustomStringConvertible {
-        let description: String
-        init(_ description: String) { self.description = description }
-    }
-
-    /// Timers the drivers should be waiting on: one per running registration and the browse's.
-    private var expectedWaits: Int { hosts.filter(\.isRunning).count + (browseTask == nil ? 0 : 1) }
-
-    /// Waits (real time, bounded) until every running driver waits on the clock again.
-    private func settle(_ when: String) async throws {
-        guard await clock.waitForPending(expectedWaits, within: .seconds(10)) else {
-            throw Broken("\(when): \(clock.pendingCount) timers pending, \(expectedWaits) expected — a driver never waited on the clock again")
-        }
-        try checkWaits(when)
-    }
-
-    private func checkWaits(_ when: String) throws {
-        let pending = clock.pendingDeadlines
-        guard pending.count == expectedWaits else {
-            let at = pending.map { secondsSinceStart($0) }.joined(separator: ", ")
-            throw Broken("\(when): \(pending.count) timers pending (due at \(at) s), \(expectedWaits) expected (a leaked or a missing wait)")
-        }
-    }
-
-    /// The instances in the zone: name → the hosts its SRV records point at, and its TXT `fp`s.
-    private var zone: [String: (targets: Set<String>, fps: Set<String>)] {
-        let service = DNSName("\(WideAreaWorld.type).\(WideAreaWorld.zoneName)")!
-        var result: [String: (targets: Set<String>, fps: Set<String>)] = [:]
-        for record in server.records(service, DNSType.ptr) {
-            guard case .ptr(let target) = record.data, let label = target.labels.first else { continue }
-            let name = String(decoding: label, as: UTF8.self)
-            var targets = Set<String>()
-            var fps = Set<String>()
-            for srv in server.records(target, DNSType.srv) {
-                if case .srv(_, _, _, let host) = srv.data, let first = host.labels.first { targets.insert(String(decoding: first, as: UTF8.self)) }
-            }
-            for txt in server.records(target, DNSType.txt) {
-                if case .txt(let strings) = txt.data {
-                    for string in strings where string.starts(with: Array("fp=".utf8)) { fps.insert(String(decoding: string.dropFirst(3), as: UTF8.self)) }
-                }
-            }
-            result[name] = (targets, fps)
-        }
-        return result
-    }
+    typealias Broken = WideAreaWorld.Broken
 
     /// No name in the zone holds two hosts' records (the update prerequisites' promise).
     private func checkSafety() throws {
-        for (name, records) in zone {
+        for (name, records) in world.zone {
             guard records.targets.count <= 1, records.fps.count <= 1 else {
                 throw Broken("'\(name)' holds two hosts' records: SRV → \(records.targets.sorted()), fp \(records.fps.sorted())")
             }
         }
     }
 
+    /// What the browse shows: instance name → its TXT's `fp` and `v`.
+    private var browsed: [String: String] {
+        world.browsers[0].shown.withLock { $0 }.mapValues { "\($0.txt["fp"] ?? "?") v\($0.txt["v"] ?? "?")" }
+    }
+
     private func checkConverged() throws {
-        let zone = self.zone
-        let running = hosts.filter(\.isRunning)
+        let zone = world.zone
         var claimed: [String: String] = [:]
-        for host in running {
+        var expected: [String: String] = [:]
+        for (index, host) in world.hosts.enumerated() where host.isRunning {
             guard let name = host.registeredName else { throw Broken("\(host.label) runs but says it is not registered") }
             if let other = claimed[name] { throw Broken("\(host.label) and \(other) both say they registered '\(name)'") }
             claimed[name] = host.label
+            expected[name] = "\(host.label)-fp v\(versions[index])"
             guard let records = zone[name] else { throw Broken("\(host.label) says '\(name)' but the zone has no such instance") }
             guard records.targets == [host.label], records.fps == ["\(host.label)-fp"] else {
                 throw Broken("'\(name)' of \(host.label) holds SRV → \(records.targets.sorted()), fp \(records.fps.sorted())")
@@ -368,10 +228,6 @@ final class WideAreaSimulation: @unchecked Sendable {  // (used by one task at a
         guard Set(zone.keys) == Set(claimed.keys) else {
             throw Broken("the zone holds \(zone.keys.sorted()), the running hosts registered \(claimed.keys.sorted()) (a stopped host left records)")
         }
-        let browsed = seen.withLock { $0 }
-        let expected = Dictionary(uniqueKeysWithValues: running.compactMap { host in
-            host.registeredName.map { ($0, "\(host.label)-fp v\(host.txtVersion)") }
-        })
         guard browsed == expected else {
             throw Broken("the browse shows \(browsed.sorted { $0.key < $1.key }), the zone \(zone.keys.sorted())")
         }
@@ -380,17 +236,9 @@ final class WideAreaSimulation: @unchecked Sendable {  // (used by one task at a
     // MARK: The trace
 
     private func record(_ action: String) {
-        let zone = self.zone.map { "\($0.key)=\($0.value.targets.sorted().joined(separator: "+"))" }.sorted().joined(separator: ",")
-        let browsed = seen.withLock { $0 }.keys.sorted().joined(separator: ",")
-        let status = hosts.map { host in "\(host.label):\(host.isRunning ? (host.registeredName ?? "-") : "off")" }.joined(separator: " ")
-        trace.append("t=\(secondsSinceStart(clock.now))s \(action) | zone [\(zone)] browse [\(browsed)] \(status)")
-    }
-
-    private func secondsSinceStart(_ nanoseconds: UInt64) -> String {
-        String(format: "%.3f", Double(nanoseconds &- clockStart) / 1e9)
-    }
-
-    private func serverMilliseconds(at nanoseconds: UInt64) -> UInt64 {
-        serverStart * 1_000 + (nanoseconds &- clockStart) / 1_000_000
+        let zone = world.zone.map { "\($0.key)=\($0.value.targets.sorted().joined(separator: "+"))" }.sorted().joined(separator: ",")
+        let shown = browsed.keys.sorted().joined(separator: ",")
+        let status = world.hosts.map { host in "\(host.label):\(host.isRunning ? (host.registeredName ?? "-") : "off")" }.joined(separator: " ")
+        trace.append("t=\(world.secondsSinceStart(world.clock.now))s \(action) | zone [\(zone)] browse [\(shown)] \(status)")
     }
 }

@@ -1,69 +1,131 @@
+import Dispatch
 import Locks
 import Logging
+import Scheduling
+import Synchronization
 
 @testable import Discovery
 @testable import MDNSCore
 
-/// Hosts that register and browse in one zone of a `FakeDNSServer`, on a fake clock, in the style
-/// of `FakeNetwork`: each host's `RegistrationMachine` and each browser's `UnicastBrowseMachine`
-/// have their actions carried out the way `WideAreaRegistration` and `WideAreaBrowse` carry them
-/// out — with the same code: the zone and update server found by `UnicastDNS`, the messages built
-/// by `RegistrationUpdates`, signed and their answers checked by `UnicastDNS.send`, the browse reads
-/// by `UnicastBrowseReader` — only the socket is the server in memory and a wait moves the clock.
-/// A host can crash (it just stops, its records left behind) or stop (it deletes them).
-final class WideAreaWorld {
-    struct Host {
-        var machine: RegistrationMachine
-        let updates: RegistrationUpdates
-        let key: TSIGKey
-        let name: DNSName
-        var txt: TXTRecord
-        /// When its wait ends (milliseconds); nil while it has an action to carry out.
-        var wakeAt: UInt64?
-        var next: RegistrationMachine.Action?
-        var reports: [(at: UInt64, report: RegistrationMachine.Report)] = []
-        var crashed = false
-        var finished = false
+/// Hosts that register and browse in one zone of a `FakeDNSServer`, on a manual clock, in the
+/// style of `FakeNetwork` — with the real drivers: each host's `WideAreaRegistration` and each
+/// browser's `WideAreaBrowse` run their own tasks and waits (issue 54, 2: until then this world
+/// carried out their machines' actions with a copy of their loops). Only the socket is the server
+/// in memory, and time moves when the world turns the clock: one timer at a time, and what it set
+/// off settles — every driver waits on the clock again — before the next. So a run is the same
+/// every time, and a seeded clock makes `WideAreaSimulation`'s runs replayable.
+///
+/// A host can crash (its link goes silent: nothing it sends arrives, its records are left behind)
+/// or stop (it deletes them); a stopped host can start again.
+final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at a time)
+    /// A host's path to the server; silenced, nothing it sends arrives (a crashed host, as the
+    /// server sees it).
+    final class Link: DNSExchanging {
+        let server: FakeDNSServer
+        let silenced = Atomic<Bool>(false)
 
-        func isDue(at now: UInt64) -> Bool {
-            next != nil && !crashed && !finished && wakeAt.map { $0 <= now } ?? true
+        init(server: FakeDNSServer) { self.server = server }
+
+        func exchange(_ bytes: [UInt8], id: UInt16, servers: [DNSServerAddress], timeout: Duration, tcp: Bool) async
+            -> Result<DNSReply, DNSExchangeError>
+        {
+            guard !silenced.load(ordering: .relaxed) else {
+                return .failure(DNSExchangeError(servers: servers, reason: "no answer within \(timeout)"))
+            }
+            return await server.exchange(bytes, id: id, servers: servers, timeout: timeout, tcp: tcp)
         }
     }
 
-    struct Browser {
-        var machine = UnicastBrowseMachine()
-        let reader: UnicastBrowseReader
-        var wakeAt: UInt64?
-        var next: UnicastBrowseMachine.Action?
-        var events: [(at: UInt64, action: UnicastBrowseMachine.Action)] = []
-        /// Where the zone is, and when that was learnt (WideArea keeps it for 15 minutes).
-        var zone: (servers: [DNSServerAddress], at: UInt64)?
+    final class Host {
+        let label: String
+        let instance: String
+        let key: TSIGKey
+        let wideArea: WideArea
+        let link: Link
+        var txt: TXTRecord
+        var registration: WideAreaRegistration?
+        var handle: PublishedService?
+        /// Every report of its registrations, with the server's time (seconds since the epoch).
+        let said = Locked<[(at: UInt64, report: RegistrationMachine.Report)]>([])
 
-        func isDue(at now: UInt64) -> Bool { next != nil && wakeAt.map { $0 <= now } ?? true }
+        init(label: String, instance: String, key: TSIGKey, wideArea: WideArea, link: Link, txt: TXTRecord) {
+            (self.label, self.instance, self.key, self.wideArea, self.link, self.txt) = (label, instance, key, wideArea, link, txt)
+        }
+
+        var reports: [(at: UInt64, report: RegistrationMachine.Report)] { said.withLock { $0 } }
+        var isRunning: Bool { registration != nil }
+        /// The name its publication says it registered (nil: not registered, or failed).
+        var registeredName: String? {
+            handle?.state.withLock { try? $0.wideAreaStatus[WideAreaWorld.zoneName]?.get() }
+        }
+    }
+
+    final class Browser {
+        let browse: WideAreaBrowse
+        let task: Task<Void, Never>
+        /// What it said, with the server's time.
+        let events: Locked<[(at: UInt64, event: WideAreaBrowseEvent)]>
+        let failures: Locked<[(at: UInt64, error: DiscoveryError)]>
+        /// What it shows now, by name.
+        let shown: Locked<[String: WideAreaInstance]>
+
+        init(
+            browse: WideAreaBrowse, task: Task<Void, Never>, events: Locked<[(at: UInt64, event: WideAreaBrowseEvent)]>,
+            failures: Locked<[(at: UInt64, error: DiscoveryError)]>, shown: Locked<[String: WideAreaInstance]>
+        ) {
+            (self.browse, self.task, self.events, self.failures, self.shown) = (browse, task, events, failures, shown)
+        }
+    }
+
+    /// The publication's owner (a backend): nothing to do for a wide-area-only publication.
+    final class NoBackend: PublicationOwner {
+        let queue = DispatchQueue(label: "no-backend")
+        func updateTXT(_ txt: TXTRecord, of service: PublishedService) -> Result<Void, DiscoveryError> { .success(()) }
+        func unpublish(_ service: PublishedService) {}
+        func notEstablishedMessage(_ service: PublishedService, timeout: Duration) -> String { "" }
+    }
+
+    /// Timer jitter at its top (a poll every 10 s, not 8–10 s) and timers due at one instant in
+    /// the order their seeds… last scheduled first: a world without a seed is one fixed run.
+    struct NoJitter: RandomNumberGenerator, Sendable {
+        mutating func next() -> UInt64 { .max }
+    }
+
+    struct Broken: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
     }
 
     static let zoneName = "lab.home.arpa"
     static let type = "_chat._tcp"
+    static let clockStart: UInt64 = 1_000_000_000
+    static let serverStart: UInt64 = 1_800_000_000
     let server: FakeDNSServer
-    let dns: UnicastDNS
     let settings: WideAreaConfiguration
+    let clock: ManualScheduler
+    let logger: Logger
     private(set) var hosts: [Host] = []
     private(set) var browsers: [Browser] = []
+    /// Timers fired so far.
+    private(set) var timersFired = 0
+    /// Called with the deadline of each timer fired (the simulation's trace).
+    var onTimer: ((UInt64) -> Void)?
 
     /// - Parameters:
-    ///   - keys: The host names whose keys the server knows (a key is named after its host).
+    ///   - knownHosts: The host names whose keys the server knows (a key is named after its host).
     ///   - policy: The server's update policy (key name, changed name).
+    ///   - clock: A seeded one for a simulation; else no jitter, fixed order.
     init(
         knownHosts: [String] = ["hosta", "hostb", "hostc"], lease: Duration = .seconds(100),
-        policy: @escaping @Sendable (DNSName, DNSName) -> Bool = { _, _ in true }
+        policy: @escaping @Sendable (DNSName, DNSName) -> Bool = { _, _ in true },
+        clock: ManualScheduler = ManualScheduler(start: WideAreaWorld.clockStart, choosingWith: NoJitter())
     ) {
-        let now: UInt64 = 1_800_000_000
-        server = FakeDNSServer(
-            zone: Self.zoneName, keys: knownHosts.map { Self.key(for: $0) }, now: now, policy: policy)
-        settings = WideAreaConfiguration(
-            domains: [Self.zoneName], servers: [server.address], pollInterval: .seconds(10), lease: lease)
-        let server = self.server
-        dns = UnicastDNS(settings: settings, logger: .init(label: "wide-area-world"), exchanger: server, clock: { server.now })
+        server = FakeDNSServer(zone: Self.zoneName, keys: knownHosts.map { Self.key(for: $0) }, now: Self.serverStart, policy: policy)
+        settings = WideAreaConfiguration(domains: [Self.zoneName], servers: [server.address], pollInterval: .seconds(10), lease: lease)
+        self.clock = clock
+        var logger = Logger(label: "wide-area-world")
+        logger.logLevel = .critical
+        self.logger = logger
     }
 
     /// The key of `host` (named `host.lab.home.arpa`, a secret of its own).
@@ -74,184 +136,189 @@ final class WideAreaWorld {
     var milliseconds: UInt64 { server.state.withLock { $0.milliseconds } }
     var seconds: UInt64 { milliseconds / 1_000 }
 
+    /// A wide area of its own for a host (its label, its address), reaching the server through `link`.
+    private func wideArea(label: String, index: Int, link: any DNSExchanging) -> WideArea {
+        var configuration = DiscoveryConfiguration(advertisedAddresses: [.v4(10, 81, 1, UInt8(10 + index))])
+        configuration.wideArea = settings
+        let server = self.server
+        let dns = UnicastDNS(settings: settings, logger: logger, exchanger: link, clock: { server.now })
+        return WideArea(configuration: configuration, logger: logger, hostLabel: label, dns: dns, scheduler: clock)
+    }
+
     // MARK: Hosts
 
-    /// A host that starts registering `instance` now; returns its index.
+    /// A host that starts registering `instance` now (and has, when this returns); its index.
     @discardableResult
-    func addHost(_ host: String, instance: String = "Lobby", key: TSIGKey? = nil, fingerprint: String? = nil) -> Int {
-        var machine = RegistrationMachine(name: instance, lease: settings.lease)
-        let actions = machine.apply(.start)
+    func addHost(
+        _ label: String, instance: String = "Lobby", key: TSIGKey? = nil, fingerprint: String? = nil, start: Bool = true
+    ) async throws -> Int {
+        let link = Link(server: server)
         var txt = TXTRecord()
-        txt["fp"] = fingerprint ?? "\(host)-fp"
+        txt["fp"] = fingerprint ?? "\(label)-fp"
         hosts.append(
             Host(
-                machine: machine,
-                updates: RegistrationUpdates(
-                    type: Self.type, port: 4242, ttl: settings.recordTTL, lease: settings.lease, domain: Self.zoneName),
-                key: key ?? Self.key(for: host), name: DNSName("\(host).\(Self.zoneName)")!, txt: txt))
-        take(actions, host: hosts.count - 1)
+                label: label, instance: instance, key: key ?? Self.key(for: label),
+                wideArea: wideArea(label: label, index: hosts.count, link: link), link: link, txt: txt))
+        if start { try await self.start(hosts.count - 1) }
         return hosts.count - 1
     }
 
-    /// The host stops as a process that crashes does: nothing more is sent.
-    func crash(_ index: Int) { hosts[index].crashed = true }
-
-    /// The host is stopped (its records deleted, as `stop()` does); runs until it finished.
-    func stop(_ index: Int) async {
-        precondition(hosts[index].next == nil || hosts[index].wakeAt != nil, "a stop is fed between two actions")
-        hosts[index].wakeAt = nil
-        take(hosts[index].machine.apply(.stop), host: index)
-        for _ in 0..<16 where !hosts[index].finished { await step(host: index) }
-    }
-
-    private func take(_ actions: [RegistrationMachine.Action], host index: Int) {
-        hosts[index].next = nil
-        for action in actions {
-            switch action {
-            case .report(let report): hosts[index].reports.append((seconds, report))
-            case .finished: hosts[index].finished = true
-            case .wait(let duration):
-                hosts[index].wakeAt = milliseconds + UInt64(duration.components.seconds) * 1_000
-                    + UInt64(duration.components.attoseconds / 1_000_000_000_000_000)
-                hosts[index].next = action
-            default: hosts[index].next = action
-            }
-        }
-    }
-
-    private func step(host index: Int) async {
-        guard let action = hosts[index].next, !hosts[index].crashed, !hosts[index].finished else { return }
+    /// Starts a host that is not running: a new registration (and publication) of its instance.
+    func start(_ index: Int) async throws {
         let host = hosts[index]
-        let input: RegistrationMachine.Input
-        switch action {
-        case .locate:
-            do throws(DiscoveryError) {
-                let zone = try await dns.zone(of: DNSName(Self.zoneName)!)
-                let servers = try await dns.updateServers(for: zone)
-                input = .located(.success(RegistrationPlan(zone: zone, servers: servers, host: host.name, addresses: [.v4(10, 81, 1, UInt8(10 + index))])))
-            } catch {
-                input = .located(.failure(error))
-            }
-        case .send, .readEarlier:
-            guard let answer = await host.updates.answer(action, dns: dns, key: host.key, txt: host.txt) else { return }
-            input = answer
-        case .wait:
-            guard let wakeAt = hosts[index].wakeAt, wakeAt <= milliseconds else { return }
-            hosts[index].wakeAt = nil
-            input = .woke
-        case .report, .finished:
-            return
-        }
-        take(hosts[index].machine.apply(input), host: index)
+        precondition(!host.isRunning, "\(host.label) runs already")
+        let handle = PublishedService(owner: NoBackend(), name: host.instance, type: Self.type, port: 4242, txt: host.txt)
+        let (server, said) = (self.server, host.said)
+        let registration = WideAreaRegistration(
+            wideArea: host.wideArea, domain: Self.zoneName, name: host.instance, type: Self.type, port: 4242, txt: host.txt,
+            key: host.key, handle: handle, logger: logger, onReport: { report in said.withLock { $0.append((server.now, report)) } })
+        host.handle = handle
+        host.registration = registration
+        registration.start()
+        try await settle("after \(host.label) started")
     }
+
+    /// The host crashes: from now on nothing it sends arrives (its task goes on, unheard).
+    func crash(_ index: Int) { hosts[index].link.silenced.store(true, ordering: .relaxed) }
+
+    /// The host is stopped (its records deleted, as `stop()` does), and has when this returns.
+    func stop(_ index: Int) async throws {
+        await hosts[index].registration?.stop()
+        hosts[index].registration = nil
+        hosts[index].handle = nil
+        try checkWaits("after \(hosts[index].label) stopped")
+    }
+
+    /// A new TXT for a running host (a refresh at once), settled.
+    func updateTXT(_ index: Int, _ txt: TXTRecord) async throws {
+        hosts[index].txt = txt
+        guard let registration = hosts[index].registration else { return }
+        registration.updateTXT(txt)
+        try await settle("after \(hosts[index].label)'s TXT change")
+    }
+
+    /// A host's reports, without their times.
+    func reports(_ index: Int) -> [RegistrationMachine.Report] { hosts[index].reports.map(\.report) }
 
     // MARK: Browsers
 
-    /// A browser of the zone's chat services, starting now.
+    /// A browser of the zone's chat services (its own wide area), started now and settled.
     @discardableResult
-    func addBrowser() -> Int {
-        var browser = Browser(reader: UnicastBrowseReader(dns: dns, domain: Self.zoneName, type: Self.type)!)
-        let actions = browser.machine.apply(.start)
-        browsers.append(browser)
-        take(actions, browser: browsers.count - 1)
+    func addBrowser() async throws -> Int {
+        let area = wideArea(label: "observer\(browsers.count)", index: 100 + browsers.count, link: server)
+        let server = self.server
+        let events = Locked<[(at: UInt64, event: WideAreaBrowseEvent)]>([])
+        let failures = Locked<[(at: UInt64, error: DiscoveryError)]>([])
+        let shown = Locked<[String: WideAreaInstance]>([:])
+        let browse = WideAreaBrowse(
+            wideArea: area, domain: Self.zoneName, type: Self.type,
+            onPollFailed: { error in failures.withLock { $0.append((server.now, error)) } }
+        ) { event in
+            events.withLock { $0.append((server.now, event)) }
+            switch event {
+            case .added(let instance): shown.withLock { $0[instance.identity.name] = instance }
+            case .removed(let instance): shown.withLock { $0[instance.identity.name] = nil }
+            case .allForNow: break
+            }
+        }
+        browsers.append(Browser(browse: browse, task: browse.start(), events: events, failures: failures, shown: shown))
+        try await settle("after a browser started")
         return browsers.count - 1
     }
 
-    private func take(_ actions: [UnicastBrowseMachine.Action], browser index: Int) {
-        browsers[index].next = nil
-        for action in actions {
-            switch action {
-            case .added, .removed, .allForNow, .pollFailed: browsers[index].events.append((seconds, action))
-            case .wait:
-                browsers[index].wakeAt = milliseconds + UInt64(settings.pollInterval.components.seconds) * 1_000
-                browsers[index].next = action
-            default: browsers[index].next = action
-            }
-        }
-    }
-
-    private func step(browser index: Int) async {
-        guard let action = browsers[index].next else { return }
-        let reader = browsers[index].reader
-        let input: UnicastBrowseMachine.Input
-        if case .wait = action {
-            guard let wakeAt = browsers[index].wakeAt, wakeAt <= milliseconds else { return }
-            browsers[index].wakeAt = nil
-            input = .woke
-        } else {
-            let (dns, server, now) = (self.dns, self.server, self.milliseconds)
-            // Where the zone is: kept for 15 minutes, as WideArea does, and asked again after a failure.
-            let known = browsers[index].zone.flatMap { now - $0.at < 900_000 ? $0.servers : nil }
-            let found = Locked<[DNSServerAddress]?>(nil)
-            guard let answer = await reader.answer(action, now: { server.now }, servers: {
-                () async throws(DiscoveryError) -> [DNSServerAddress] in
-                if let known { return known }
-                let servers = await dns.authoritativeServers(of: try await dns.zone(of: reader.domainName))
-                found.withLock { $0 = servers }
-                return servers
-            }) else { return }
-            if let servers = found.withLock({ $0 }) { browsers[index].zone = (servers, now) }
-            if case .serial(.failure, _) = answer { browsers[index].zone = nil }
-            input = answer
-        }
-        take(browsers[index].machine.apply(input), browser: index)
-    }
-
     /// The names a browser shows now.
-    func visible(_ index: Int) -> Set<String> { Set(browsers[index].machine.visible.keys) }
+    func visible(_ index: Int) -> Set<String> { Set(browsers[index].shown.withLock { $0.keys }) }
 
     /// When a browser said `name` was added (or removed), the first time after `since`.
     func when(_ index: Int, added: Bool, _ name: String, since: UInt64 = 0) -> UInt64? {
-        browsers[index].events.first { event in
+        browsers[index].events.withLock { $0 }.first { event in
             guard event.at >= since else { return false }
-            switch event.action {
+            switch event.event {
             case .added(let instance): return added && instance.identity.name == name
             case .removed(let instance): return !added && instance.identity.name == name
-            default: return false
+            case .allForNow: return false
             }
         }?.at
     }
 
     // MARK: Time
 
-    /// Runs everyone until `seconds` more have passed: carries out every action that is due, then
-    /// moves the clock to the next wake (the server's leases end on the way). Bounded.
-    func run(for duration: UInt64) async {
-        let end = milliseconds + duration * 1_000
-        for _ in 0..<100_000 {
-            // Every action that is due, one per host and browser a round (round robin: two hosts
-            // that start together locate, then send their updates, together).
-            for _ in 0..<1_000 {
-                var progressed = false
-                for index in hosts.indices where hosts[index].isDue(at: milliseconds) {
-                    await step(host: index)
-                    progressed = true
-                }
-                for index in browsers.indices where browsers[index].isDue(at: milliseconds) {
-                    await step(browser: index)
-                    progressed = true
-                }
-                if !progressed { break }
-            }
-            let wakes = hosts.filter { !$0.crashed && !$0.finished }.compactMap(\.wakeAt) + browsers.compactMap(\.wakeAt)
-            let next = min(wakes.min() ?? end, end)
-            if next >= end {
-                server.advance(to: end)
-                return
-            }
-            server.advance(to: next)
+    /// Turns the clock `seconds` forward, one timer at a time (the server's clock with it: leases
+    /// end on the way), each followed by what it set off.
+    func run(for seconds: UInt64) async throws {
+        let target = clock.now + seconds * 1_000_000_000
+        while let deadline = clock.nextDeadline, deadline <= target {
+            server.advance(to: serverMilliseconds(at: deadline))
+            clock.runNext(through: deadline)
+            timersFired += 1
+            onTimer?(deadline)
+            try await settle("after a timer at \(secondsSinceStart(deadline)) s")
+        }
+        server.advance(to: serverMilliseconds(at: target))
+        clock.advance(to: target)
+    }
+
+    /// Stops every host and browser; no timer may be left.
+    func shutdown() async throws {
+        for index in hosts.indices where hosts[index].isRunning { try await stop(index) }
+        for browser in browsers {
+            browser.task.cancel()
+            await browser.task.value
+        }
+        browsers = []
+        guard clock.pendingCount == 0 else { throw Broken("\(clock.pendingCount) timers left after everything stopped") }
+    }
+
+    /// The timers the drivers wait on: one per running registration (a crashed host's too) and
+    /// one per browser.
+    var expectedWaits: Int { hosts.filter(\.isRunning).count + browsers.count }
+
+    /// Waits (real time, bounded) until every driver waits on the clock again, and checks that
+    /// none waits twice.
+    func settle(_ when: String) async throws {
+        guard await clock.waitForPending(expectedWaits, within: .seconds(10)) else {
+            throw Broken("\(when): \(clock.pendingCount) timers pending, \(expectedWaits) expected — a driver never waited on the clock again")
+        }
+        try checkWaits(when)
+    }
+
+    func checkWaits(_ when: String) throws {
+        let pending = clock.pendingDeadlines
+        guard pending.count == expectedWaits else {
+            let at = pending.map { secondsSinceStart($0) }.joined(separator: ", ")
+            throw Broken("\(when): \(pending.count) timers pending (due at \(at) s), \(expectedWaits) expected (a leaked or a missing wait)")
         }
     }
 
-    /// The chat instances in the zone now (the PTR set's targets' first labels).
-    var instancesInZone: Set<String> {
-        let service = DNSName("\(Self.type).\(Self.zoneName)")!
-        return Set(server.records(service, DNSType.ptr).compactMap { record -> String? in
-            guard case .ptr(let target) = record.data, let label = target.labels.first else { return nil }
-            return String(decoding: label, as: UTF8.self)
-        })
+    func secondsSinceStart(_ nanoseconds: UInt64) -> String {
+        String(format: "%.3f", Double(nanoseconds &- Self.clockStart) / 1e9)
     }
 
-    /// A host's reports, without their times.
-    func reports(_ index: Int) -> [RegistrationMachine.Report] { hosts[index].reports.map(\.report) }
+    private func serverMilliseconds(at nanoseconds: UInt64) -> UInt64 {
+        Self.serverStart * 1_000 + (nanoseconds &- Self.clockStart) / 1_000_000
+    }
+
+    // MARK: The zone
+
+    /// The chat instances in the zone now (the PTR set's targets' first labels).
+    var instancesInZone: Set<String> { Set(zone.keys) }
+
+    /// The instances in the zone: name → the hosts its SRV records point at, and its TXT `fp`s.
+    var zone: [String: (targets: Set<String>, fps: Set<String>)] {
+        let service = DNSName("\(Self.type).\(Self.zoneName)")!
+        var result: [String: (targets: Set<String>, fps: Set<String>)] = [:]
+        for record in server.records(service, DNSType.ptr) {
+            guard case .ptr(let target) = record.data, let label = target.labels.first else { continue }
+            var targets = Set<String>()
+            var fps = Set<String>()
+            for srv in server.records(target, DNSType.srv) {
+                if case .srv(_, _, _, let host) = srv.data, let first = host.labels.first { targets.insert(String(decoding: first, as: UTF8.self)) }
+            }
+            for txt in server.records(target, DNSType.txt) {
+                if case .txt(let strings) = txt.data, let fp = TXTRecord(wireEntries: strings)["fp"] { fps.insert(fp) }
+            }
+            result[String(decoding: label, as: UTF8.self)] = (targets, fps)
+        }
+        return result
+    }
 }

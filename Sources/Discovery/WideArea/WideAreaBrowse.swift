@@ -46,11 +46,17 @@ final class WideAreaBrowse: Sendable {
     let domain: String
     let type: String
     let onEvent: @Sendable (WideAreaBrowseEvent) -> Void
+    /// Sees every failed poll (tests); nil in the library, which logs the first of a kind.
+    let onPollFailed: (@Sendable (DiscoveryError) -> Void)?
 
-    init(wideArea: WideArea, domain: String, type: String, onEvent: @escaping @Sendable (WideAreaBrowseEvent) -> Void) {
+    init(
+        wideArea: WideArea, domain: String, type: String, onPollFailed: (@Sendable (DiscoveryError) -> Void)? = nil,
+        onEvent: @escaping @Sendable (WideAreaBrowseEvent) -> Void
+    ) {
         self.wideArea = wideArea
         self.domain = domain
         self.type = type
+        self.onPollFailed = onPollFailed
         self.onEvent = onEvent
     }
 
@@ -79,6 +85,7 @@ final class WideAreaBrowse: Sendable {
                 case .removed(let instance): onEvent(.removed(instance))
                 case .allForNow: onEvent(.allForNow)
                 case .pollFailed(let error, let firstTime):
+                    onPollFailed?(error)
                     if firstTime {
                         // A missing domain is an empty one; other problems are logged once until they change.
                         logger.debug(

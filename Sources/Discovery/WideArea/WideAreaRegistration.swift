@@ -108,6 +108,9 @@ final class WideAreaRegistration: Sendable {
     /// Its waits (between refreshes, before a retry), on the wide area's clock; a TXT change, an
     /// address change or a stop ends them early.
     private let wakeup: Wakeup
+    /// Sees every report as the machine made it (tests: `WideAreaWorld` checks them with their
+    /// times); nil in the library.
+    let onReport: (@Sendable (RegistrationMachine.Report) -> Void)?
 
     var dns: UnicastDNS { wideArea.dns }
     /// The messages it sends.
@@ -121,7 +124,7 @@ final class WideAreaRegistration: Sendable {
 
     init(
         wideArea: WideArea, domain: String?, name: String, type: String, port: UInt16, txt: TXTRecord, key: TSIGKey,
-        handle: PublishedService, logger: Logger
+        handle: PublishedService, logger: Logger, onReport: (@Sendable (RegistrationMachine.Report) -> Void)? = nil
     ) {
         self.wideArea = wideArea
         self.type = type
@@ -133,6 +136,7 @@ final class WideAreaRegistration: Sendable {
         self.configuredDomain = domain
         self.shared = Locked(Shared(txt: txt))
         self.wakeup = Wakeup(scheduler: wideArea.scheduler)
+        self.onReport = onReport
     }
 
     /// The shared state as it is now (the one door for reads).
@@ -234,6 +238,7 @@ final class WideAreaRegistration: Sendable {
 
     /// Says what happened: the log, and the publication's events for the app.
     private func say(_ report: RegistrationMachine.Report, name: String) {
+        onReport?(report)
         switch report {
         case .registered(let name):
             logger.info(
