@@ -18,6 +18,16 @@ import Testing
         .serial(.success(.init(serial: value, servers: servers)), now: now)
     }
 
+    /// A machine whose first poll (serial 7, at 1,000 s) found and shows `instance`.
+    static func showing(_ instance: WideAreaInstance) -> UnicastBrowseMachine {
+        var machine = UnicastBrowseMachine()
+        _ = machine.apply(.start)
+        _ = machine.apply(serial(7, now: 1_000))
+        _ = machine.apply(.names(.success([instance.identity.name])))
+        _ = machine.apply(.read(.init(found: [instance.identity.name: instance], failed: [])))
+        return machine
+    }
+
     @Test func theFirstPollReadsEverythingAndEndsInAllForNow() {
         var machine = UnicastBrowseMachine()
         #expect(machine.apply(.start) == [.askSerial])
@@ -73,12 +83,8 @@ import Testing
     }
 
     @Test func aShownInstanceWhoseExpiryPassesIsReadAgainAndRemovedUnlessRefreshed() {
-        var machine = UnicastBrowseMachine()
         let room = Self.instance("Room", expires: 1_100)
-        _ = machine.apply(.start)
-        _ = machine.apply(Self.serial(7, now: 1_000))
-        _ = machine.apply(.names(.success(["Room"])))
-        _ = machine.apply(.read(.init(found: ["Room": room], failed: [])))
+        var machine = Self.showing(room)
         // Later, same serial (nobody refreshed), past the expiry: read again.
         _ = machine.apply(.woke)
         #expect(machine.apply(Self.serial(7, now: 1_200)) == [.readInstances(["Room"], servers: Self.servers)])
@@ -96,12 +102,8 @@ import Testing
     /// poll), it is said gone and then new, so that the app does not keep the old one (found by
     /// the wide-area simulation, seed 20).
     @Test func aShownInstanceThatChangedIsSaidRemovedThenAddedWhenReadAgain() {
-        var machine = UnicastBrowseMachine()
         let room = Self.instance("Room", expires: 1_100)
-        _ = machine.apply(.start)
-        _ = machine.apply(Self.serial(7, now: 1_000))
-        _ = machine.apply(.names(.success(["Room"])))
-        _ = machine.apply(.read(.init(found: ["Room": room], failed: [])))
+        var machine = Self.showing(room)
         // Refreshed, nothing else changed: no event.
         let refreshed = Self.instance("Room", expires: 1_300)
         _ = machine.apply(.woke)
