@@ -9,7 +9,8 @@ import Testing
 @testable import MDNSCore
 
 /// A deterministic simulation of the wide area (issue 54, 3 — its first part): the real
-/// `WideAreaRegistration`s of three hosts (two want the same name) and a real `WideAreaBrowse`,
+/// `WideAreaRegistration`s of three hosts (two want the same name), a real `WideAreaBrowse` and a
+/// real `MergedBrowse` (as `ServiceDiscovery` browses a unicast domain),
 /// against the DNS server in memory, on one seeded manual clock. The seed picks every step —
 /// a turn of the clock, a host stopped or restarted, a TXT change, the server down or back, a
 /// host's records deleted by an administrator — and, through the clock, the jitter of every poll
@@ -21,7 +22,8 @@ import Testing
 /// none leaked), and no name in the zone holds two hosts' records. At the end (the server up, two
 /// leases turned): the zone holds exactly one instance per running host, under the name that
 /// host says it registered, with its own TXT; the browse sees exactly that, each host's latest TXT
-/// with it (a TXT change reaches it within a lease: its `expires` passes); stopped hosts left
+/// with it (a TXT change reaches it within a lease: its `expires` passes), and the merged browse
+/// the same names; stopped hosts left
 /// nothing; and stopping everything leaves no timer.
 ///
 /// `LANMSG_SIM_SEEDS` (default 150) seeds from `LANMSG_SIM_FIRST_SEED` (default 1); one seed:
@@ -124,6 +126,7 @@ final class WideAreaSimulation {
         defer { world.onTimer = nil }
         do {
             try await world.addBrowser()
+            try await world.addMergedBrowser()
             for (label, instance) in [("hosta", "Lobby"), ("hostb", "Lobby"), ("hostc", "Garden")] {
                 var txt = TXTRecord()
                 txt["fp"] = "\(label)-fp"
@@ -146,6 +149,12 @@ final class WideAreaSimulation {
             record("end: settled")
             try checkSafety()
             try checkConverged()
+            // The library's merged browse of the domain (its own poll, the merge machine, a
+            // stream) ends up showing the same names.
+            let names = Set(browsed.keys)
+            guard await world.mergedShows(0, names) else {
+                throw Broken("the merged browse shows \(world.merged[0].shown.withLock { $0 }.sorted()), the browse \(names.sorted())")
+            }
             try await world.shutdown()
             return nil
         } catch {

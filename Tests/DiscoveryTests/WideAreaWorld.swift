@@ -77,6 +77,21 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         }
     }
 
+    /// A `MergedBrowse` of the zone (the library's browse of a unicast domain: its own
+    /// `WideAreaBrowse` and `MergeMachine`), and what its event stream says, read by a task.
+    final class Merged: Sendable {
+        let browse: MergedBrowse
+        let consumer: Task<Void, Never>
+        /// The names it shows now.
+        let shown: Locked<Set<String>>
+        /// A tick after each event the consumer took (one waiter at a time reads them).
+        let changes: AsyncStream<Void>
+
+        init(browse: MergedBrowse, consumer: Task<Void, Never>, shown: Locked<Set<String>>, changes: AsyncStream<Void>) {
+            (self.browse, self.consumer, self.shown, self.changes) = (browse, consumer, shown, changes)
+        }
+    }
+
     /// The publication's owner (a backend): nothing to do for a wide-area-only publication.
     final class NoBackend: PublicationOwner {
         let queue = DispatchQueue(label: "no-backend")
@@ -106,6 +121,7 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
     let logger: Logger
     private(set) var hosts: [Host] = []
     private(set) var browsers: [Browser] = []
+    private(set) var merged: [Merged] = []
     /// Timers fired so far.
     private(set) var timersFired = 0
     /// Called with the deadline of each timer fired (the simulation's trace).
@@ -226,6 +242,53 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         return browsers.count - 1
     }
 
+    /// A merged browse of the zone, as `ServiceDiscovery.browse(type:domain:)` starts one for a
+    /// unicast domain, started now and settled.
+    @discardableResult
+    func addMergedBrowser() async throws -> Int {
+        let area = wideArea(label: "merged\(merged.count)", index: 200 + merged.count, link: server)
+        let (stream, continuation) = AsyncStream.makeStream(of: BrowseEvent.self)
+        let browse = MergedBrowse(
+            type: Self.type, includesLink: false, domains: [Self.zoneName], wideArea: area, logger: logger, continuation: continuation)
+        let shown = Locked<Set<String>>([])
+        let (changes, tick) = AsyncStream.makeStream(of: Void.self)
+        let consumer = Task {
+            for await event in stream {
+                switch event {
+                case .added(let service), .updated(let service): _ = shown.withLock { $0.insert(service.identity.name) }
+                case .removed(let service): _ = shown.withLock { $0.remove(service.identity.name) }
+                case .allForNow, .failed: break
+                }
+                tick.yield()
+            }
+            tick.finish()
+        }
+        browse.start(backend: nil, request: BrowseRequest(type: Self.type, domain: Self.zoneName, interface: nil, ipVersion: .any))
+        merged.append(Merged(browse: browse, consumer: consumer, shown: shown, changes: changes))
+        try await settle("after a merged browser started")
+        return merged.count - 1
+    }
+
+    /// Waits (real time, bounded) until a merged browser shows `names`: its events cross a queue
+    /// and a stream after its browse's, so they are waited for, not read at once.
+    func mergedShows(_ index: Int, _ names: Set<String>, within timeout: Duration = .seconds(10)) async -> Bool {
+        let one = merged[index]
+        if one.shown.withLock({ $0 }) == names { return true }
+        return await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                for await _ in one.changes where one.shown.withLock({ $0 }) == names { return true }
+                return false
+            }
+            group.addTask {
+                try? await Task.sleep(for: timeout)  // the deadline
+                return false
+            }
+            let shows = await group.next() ?? false
+            group.cancelAll()
+            return shows
+        }
+    }
+
     /// The names a browser shows now.
     func visible(_ index: Int) -> Set<String> { Set(browsers[index].shown.withLock { $0.keys }) }
 
@@ -266,12 +329,17 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
             await browser.task.value
         }
         browsers = []
+        for one in merged {
+            one.browse.stop()
+            await one.consumer.value  // the stream ends after the stop has cancelled its browse
+        }
+        merged = []
         guard clock.pendingCount == 0 else { throw Broken("\(clock.pendingCount) timers left after everything stopped") }
     }
 
-    /// The timers the drivers wait on: one per running registration (a crashed host's too) and
-    /// one per browser.
-    var expectedWaits: Int { hosts.filter(\.isRunning).count + browsers.count }
+    /// The timers the drivers wait on: one per running registration (a crashed host's too), one
+    /// per browser and one per merged browser (its domain's browse).
+    var expectedWaits: Int { hosts.filter(\.isRunning).count + browsers.count + merged.count }
 
     /// Waits (real time, bounded) until every driver waits on the clock again, and checks that
     /// none waits twice.
