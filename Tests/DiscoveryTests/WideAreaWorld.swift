@@ -280,7 +280,7 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
                 return false
             }
             group.addTask {
-                try? await Task.sleep(for: timeout)  // the deadline
+                await DispatchScheduler().sleep(for: timeout)  // the deadline (real time; ends when cancelled)
                 return false
             }
             let shows = await group.next() ?? false
