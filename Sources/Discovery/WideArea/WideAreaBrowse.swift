@@ -15,8 +15,8 @@ struct WideAreaInstance: Sendable, Hashable {
 
     func isExpired(now: UInt64) -> Bool { expires.map { $0 < now } ?? false }
 
-    /// The same service as `other` as an app sees it: name, host, port and TXT — all but the
-    /// `expires` value, which every refresh moves.
+    /// The same service as `other` as an app sees it: name, port and TXT (whose `fp` names the
+    /// owner's key) — all but the `expires` value, which every refresh moves.
     func isSameService(as other: WideAreaInstance) -> Bool {
         var mine = txt
         var theirs = other.txt
