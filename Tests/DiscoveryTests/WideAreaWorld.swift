@@ -181,6 +181,17 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
 
     /// Starts a host that is not running: a new registration (and publication) of its instance.
     func start(_ index: Int) async throws {
+        launch(index)
+        try await settle("after \(hosts[index].label) started")
+    }
+
+    /// Starts several hosts at the same instant, their tasks racing, and settles once.
+    func startTogether(_ indices: [Int]) async throws {
+        for index in indices { launch(index) }
+        try await settle("after \(indices.map { hosts[$0].label }) started together")
+    }
+
+    private func launch(_ index: Int) {
         let host = hosts[index]
         precondition(!host.isRunning, "\(host.label) runs already")
         let handle = PublishedService(owner: NoBackend(), name: host.instance, type: Self.type, port: 4242, txt: host.txt)
@@ -191,7 +202,6 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         host.handle = handle
         host.registration = registration
         registration.start()
-        try await settle("after \(host.label) started")
     }
 
     /// The host crashes: from now on nothing it sends arrives (its task goes on, unheard).
