@@ -1,7 +1,4 @@
-import Dispatch
 import Foundation
-import Locks
-import Logging
 import Scheduling
 import Testing
 
@@ -27,7 +24,7 @@ import Testing
 /// nothing; and stopping everything leaves no timer.
 ///
 /// `LANMSG_SIM_SEEDS` (default 150) seeds from `LANMSG_SIM_FIRST_SEED` (default 1); one seed:
-/// `LANMSG_SIM_SEED=n` (prints its trace). The long run is in docs/TESTING.md.
+/// `LANMSG_SIM_SEED=n` (prints its trace). The long run: docs/DISCOVERY.md, "Tests and figures".
 @Suite struct WideAreaSimulationTests {
     @Test func everySeedKeepsTheInvariantsAndConverges() async throws {
         let environment = ProcessInfo.processInfo.environment
@@ -51,7 +48,7 @@ import Testing
                     """
                     seed \(seed) failed: \(failure)
                     replay: LANMSG_SIM_SEED=\(seed) .build/debug/swift-lan-messagingPackageTests.xctest \
-                    --testing-library swift-testing --filter WideAreaSimulationTests
+                    --testing-library swift-testing --filter WideAreaSimulationTests/everySeed
                     trace (\(seeds.count == 1 ? "all" : "the last 25") of \(run.trace.count) lines):
                     \(run.trace.suffix(seeds.count == 1 ? run.trace.count : 25).joined(separator: "\n"))
                     """)

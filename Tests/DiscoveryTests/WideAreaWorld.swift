@@ -100,8 +100,8 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         func notEstablishedMessage(_ service: PublishedService, timeout: Duration) -> String { "" }
     }
 
-    /// Timer jitter at its top (a poll every 10 s, not 8–10 s) and timers due at one instant in
-    /// the order their seeds… last scheduled first: a world without a seed is one fixed run.
+    /// A world without a seed is one fixed run: jitter at its top (a poll every 10 s, not 8–10 s),
+    /// and of the timers due at one instant the last scheduled fires first.
     struct NoJitter: RandomNumberGenerator, Sendable {
         mutating func next() -> UInt64 { .max }
     }
@@ -280,7 +280,8 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
     }
 
     /// Waits (real time, bounded) until a merged browser shows `names`: its events cross a queue
-    /// and a stream after its browse's, so they are waited for, not read at once.
+    /// and a stream after its browse's, so they are waited for, not read at once. Once per merged
+    /// browser when it times out (the cancelled wait ends its tick stream).
     func mergedShows(_ index: Int, _ names: Set<String>, within timeout: Duration = .seconds(10)) async -> Bool {
         let one = merged[index]
         if one.shown.withLock({ $0 }) == names { return true }
