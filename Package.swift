@@ -132,7 +132,7 @@ let package = Package(
         .testTarget(name: "TransportTests", dependencies: ["Transport", "ProtocolCore", "TestWaits"], swiftSettings: strict),
         // MessageChannel over real loopback sockets: hello, messages, requests, transfers, limits.
         .testTarget(
-            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore", "TestSupport", "TestWaits"],
+            name: "ChannelTests", dependencies: ["Messaging", "Transport", "ProtocolCore", "Scheduling", "TestSupport", "TestWaits"],
             swiftSettings: strict),
         // What the tests share that is no part of the products: the in-memory channel pair.
         .target(

@@ -41,6 +41,9 @@ public struct ConnectionConfiguration: Sendable {
         var readBufferSize: Int = 64 * 1024
         var metrics: TransportMetrics? = nil
         var scheduler: any Scheduler = DispatchScheduler()
+        /// `scheduler` unless it is Dispatch's (the loop's fast path: its uptime clock and timer
+        /// sources, no existential call).
+        var virtualClock: (any Scheduler)? = nil
     }
 
     private var storage: SharedValues<Values>
@@ -76,12 +79,21 @@ public struct ConnectionConfiguration: Sendable {
         set { storage.update { $0.closeLinger = newValue } }
     }
 
-    /// The clock of the connection's timers that are not its loop's (`closed(within:)`;
-    /// the loop's deadlines are Dispatch's still). Tests turn a `ManualScheduler`.
+    /// The clock of every timer of the connection: its deadlines (handshake, requests,
+    /// acknowledgements), the loop's sweep of its heartbeat, idle check and linger, when it last
+    /// heard a frame, `closed(within:)`. Dispatch's by default; tests turn a `ManualScheduler`.
     package var scheduler: any Scheduler {
         get { storage.box.values.scheduler }
-        set { storage.update { $0.scheduler = newValue } }
+        set {
+            storage.update {
+                $0.scheduler = newValue
+                $0.virtualClock = newValue is DispatchScheduler ? nil : newValue
+            }
+        }
     }
+
+    /// The scheduler when it is not Dispatch's (nil: Dispatch's uptime clock and timer sources).
+    package var virtualClock: (any Scheduler)? { storage.box.values.virtualClock }
 
     /// Size of the reusable read buffer (default 64 KiB).
     public var readBufferSize: Int {

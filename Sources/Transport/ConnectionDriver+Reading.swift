@@ -22,7 +22,7 @@ extension ConnectionDriver {
         guard !isClosed, readPauseCount > 0 else { return }
         readPauseCount -= 1
         if readPauseCount == 0 {
-            lastFrameTime = uptimeNanoseconds()
+            lastFrameTime = now
             watchSocket(true)
         }
     }
@@ -130,7 +130,7 @@ extension ConnectionDriver {
             }
             guard let frame else { return }
             configuration.metrics?.received(frame)
-            lastFrameTime = uptimeNanoseconds()
+            lastFrameTime = now
             handler?.connection(self, received: frame)
         }
     }

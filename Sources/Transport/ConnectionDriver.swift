@@ -94,6 +94,8 @@ package final class ConnectionDriver: @unchecked Sendable {
         var deadlines = Deadlines()
         var armed: UInt64 = 0
         var source: (any DispatchSourceTimer)?
+        /// The timer on a virtual clock (``ConnectionConfiguration/virtualClock``) instead of `source`.
+        var scheduled: ScheduledWork?
     }
     private var timing: Timing?
     /// The heartbeat, the idle check and the linger, served by the loop's one timer (``LoopSweep``).
@@ -103,7 +105,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         get { UInt64(idleFloorMilliseconds) * 1_000_000 }
         set { idleFloorMilliseconds = UInt32(clamping: newValue / 1_000_000) }
     }
-    /// When the last complete frame arrived (uptime ns).
+    /// When the last complete frame arrived (``now``).
     package internal(set) var lastFrameTime: UInt64 = 0
     /// Callers of ``closed()`` and ``closed(within:)``, told the reason at close.
     private var closeWaiters: [(CloseReason) -> Void] = []
@@ -134,6 +136,18 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
 
     package var queue: DispatchQueue { loop.queue }
+
+    /// Now on the connection's clock, in nanoseconds: Dispatch's uptime, or the virtual clock a
+    /// test turns (``ConnectionConfiguration/scheduler``). Every deadline of the connection, and
+    /// ``lastFrameTime``, is on it.
+    @inline(__always)
+    package var now: UInt64 { configuration.virtualClock?.now ?? uptimeNanoseconds() }
+
+    /// The loop's sweep for this connection's clock (the loop's own for Dispatch's). On the loop.
+    private var sweep: LoopSweep {
+        guard let clock = configuration.virtualClock else { return loop.sweep }
+        return loop.sweep(for: clock)
+    }
 
     /// The address this end is bound to, asked of the socket (not kept: 16 bytes in each of
     /// thousands of idle connections, for a value few ever read); nil once its descriptor is
@@ -176,7 +190,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         }
         self.handler = handler
         send.withLock { $0.writes.open() }
-        lastFrameTime = uptimeNanoseconds()
+        lastFrameTime = now
         // The loop's one epoll set tells when to read (``LoopReadiness``), not a read source of
         // this connection's own: that cost ~500 bytes for the connection's whole life.
         do throws(TransportError) {
@@ -282,7 +296,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         case .shutDownWrite, .stopAcceptingAndShutDownWrite:
             _ = shutdown(fd.rawValue, Int32(SHUT_WR))
             let linger = configuration.closeLinger.nanoseconds
-            setDeadline(.linger, at: uptimeNanoseconds() &+ linger, slack: linger / 8)
+            setDeadline(.linger, at: now &+ linger, slack: linger / 8)
         case .tearDown(let reason):
             closeNow(reason)
         }
@@ -302,9 +316,10 @@ package final class ConnectionDriver: @unchecked Sendable {
         let error = TransportError.closed(reason)
         for waiter in waiters { waiter(.failure(error)) }
         timing?.source?.cancel()
+        timing?.scheduled?.cancel()
         timing = nil
         coarseDeadlines.clearAll()
-        loop.sweep.remove(self)
+        sweep.remove(self)
         if readSlot >= 0 {
             loop.readiness.remove(readSlot, fd: fd.rawValue, watched: readPauseCount == 0)
             readSlot = -1
@@ -338,7 +353,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         guard !isClosed else { return }
         if CoarseDeadlines.holds(kind) {
             coarseDeadlines.set(kind, at: time, slack: slack)
-            loop.sweep.update(self)
+            sweep.update(self)
             return
         }
         if time == nil && timing == nil { return }
@@ -354,10 +369,19 @@ package final class ConnectionDriver: @unchecked Sendable {
             // No deadline left (an idle connection without heartbeat): no timer either, it costs
             // a few hundred bytes per connection.
             timing.source?.cancel()
+            timing.scheduled?.cancel()
             self.timing = nil
             return
         }
         guard earliest != timing.armed else { return }
+        if let clock = configuration.virtualClock {
+            timing.scheduled?.cancel()
+            timing.armed = earliest
+            timing.scheduled = clock.schedule(after: .nanoseconds(Int64(clamping: earliest &- min(earliest, clock.now))), on: queue) {
+                [weak self] in self?.timerFired()
+            }
+            return
+        }
         let source: any DispatchSourceTimer
         if let existing = timing.source {
             source = existing
@@ -376,7 +400,6 @@ package final class ConnectionDriver: @unchecked Sendable {
     private func timerFired() {
         guard let timing else { return }
         timing.armed = 0
-        let now = uptimeNanoseconds()
         for kind in timing.deadlines.expire(now: now) {
             guard !isClosed else { return }
             switch kind {
@@ -397,7 +420,7 @@ package final class ConnectionDriver: @unchecked Sendable {
             default: handler?.connection(self, deadlinePassed: kind)
             }
         }
-        if !isClosed { loop.sweep.update(self) }
+        if !isClosed { sweep.update(self) }
     }
 
     private func checkIdle(now: UInt64) {

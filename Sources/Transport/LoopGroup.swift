@@ -1,4 +1,5 @@
 import Dispatch
+import Scheduling
 import Synchronization
 
 import Glibc
@@ -53,6 +54,8 @@ package final class Loop: Sendable {
     package let executor: LoopExecutor
     /// The one timer for the coarse deadlines of this loop's connections.
     package let sweep: LoopSweep
+    /// The sweeps of connections on virtual clocks (tests' `ManualScheduler`s), by clock. On the loop.
+    private nonisolated(unsafe) var virtualSweeps: [ObjectIdentifier: LoopSweep] = [:]
     /// The one epoll set (and read source) for this loop's connections.
     package let readiness: LoopReadiness
 
@@ -66,6 +69,16 @@ package final class Loop: Sendable {
         sweep = LoopSweep(queue: queue)
         readiness = LoopReadiness(queue: queue)
         queue.setSpecific(key: Loop.key, value: ObjectIdentifier(self))
+    }
+
+    /// The sweep for connections on `clock` (a virtual clock: a class), made at first use. On the loop.
+    func sweep(for clock: any Scheduler) -> LoopSweep {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let key = ObjectIdentifier(clock as AnyObject)
+        if let sweep = virtualSweeps[key] { return sweep }
+        let sweep = LoopSweep(queue: queue, clock: clock)
+        virtualSweeps[key] = sweep
+        return sweep
     }
 
     /// Whether the calling code runs on this loop (also from a queue that targets it).

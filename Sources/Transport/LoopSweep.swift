@@ -1,5 +1,6 @@
 import Dispatch
 import ProtocolCore
+import Scheduling
 
 /// One timer for the coarse deadlines (heartbeat, idle check, linger) of all the connections of a loop.
 ///
@@ -10,14 +11,26 @@ import ProtocolCore
 /// one timer for the earliest; when it fires, every connection whose window is open (its deadline
 /// minus its slack, ``CoarseDeadlines``) is handled in the same wakeup, and those re-arm together.
 /// Confined to the loop's queue.
+///
+/// On Dispatch's uptime clock and a timer source; a loop keeps another sweep for the connections
+/// on each virtual clock a test gave them (``Loop/sweep(for:)``), whose timer is that clock's work.
 package final class LoopSweep: @unchecked Sendable {
     private let queue: DispatchQueue
+    /// nil: Dispatch's clock and `timer`.
+    private let clock: (any Scheduler)?
     private var members: [ConnectionDriver] = []
     private var timer: (any DispatchSourceTimer)?
-    /// When the timer fires (uptime ns); 0 when it is not armed.
+    /// The timer on `clock`.
+    private var scheduled: ScheduledWork?
+    /// When the timer fires (ns on the sweep's clock); 0 when it is not armed.
     private var armed: UInt64 = 0
 
-    init(queue: DispatchQueue) { self.queue = queue }
+    init(queue: DispatchQueue, clock: (any Scheduler)? = nil) {
+        self.queue = queue
+        self.clock = clock
+    }
+
+    private var now: UInt64 { clock?.now ?? uptimeNanoseconds() }
 
     /// Connections with a coarse deadline on this loop. On the loop.
     package var count: Int { members.count }
@@ -48,11 +61,21 @@ package final class LoopSweep: @unchecked Sendable {
             // No member: no timer (an idle process holds none).
             timer?.cancel()
             timer = nil
+            scheduled?.cancel()
+            scheduled = nil
             armed = 0
         }
     }
 
     private func arm(_ time: UInt64) {
+        if let clock {
+            scheduled?.cancel()
+            armed = time
+            scheduled = clock.schedule(after: .nanoseconds(Int64(clamping: time &- min(time, clock.now))), on: queue) {
+                [weak self] in self?.fire()
+            }
+            return
+        }
         let source: any DispatchSourceTimer
         if let timer {
             source = timer
@@ -69,7 +92,7 @@ package final class LoopSweep: @unchecked Sendable {
 
     private func fire() {
         armed = 0
-        let now = uptimeNanoseconds()
+        let now = self.now
         // Collected first: handling one may close it or others (they leave the array).
         let due = members.filter { $0.coarseDeadlines.isDue(now: now) }
         for driver in due { driver.sweepFired(now: now) }

@@ -1,4 +1,5 @@
 import Foundation
+import Scheduling
 import TestWaits
 import Testing
 
@@ -49,9 +50,12 @@ import Transport
 
     /// A PING that arrives when the server's own is due within half an interval is answered with
     /// the PONG and the server's PING in the same write; one that arrives early gets the PONG only.
+    /// On a clock the test turns (the server's heartbeat is its loop's sweep on that clock).
     @Test func aPingIsAnsweredWithOnesOwnWhenItIsDueSoon() async throws {
         try await withDeadline(60) {
+            let clock = ManualScheduler()
             var serverConfig = config("server")
+            serverConfig.scheduler = clock
             serverConfig.pingInterval = .seconds(4)
             serverConfig.heartbeatTimeout = .seconds(30)
             let server = try TestServer(serverConfig)
@@ -68,7 +72,7 @@ import Transport
             let sent = accepted.driver.queue.sync { accepted.driver.nextSequence }
             // 2.5 s after the hello it is 1.5 s away (the heartbeat's own window opens at 3.5 s):
             // the PONG and the server's PING, in this order, and nothing else was sent meanwhile.
-            try await Task.sleep(for: .milliseconds(2_500))
+            clock.advance(by: .milliseconds(2_500))
             #expect(accepted.driver.queue.sync { accepted.driver.nextSequence } == sent)
             try raw.write(Frame(kind: .ping, sequence: 3))
             let pong = try await blocking { try raw.readFrame() }

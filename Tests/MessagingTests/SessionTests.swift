@@ -247,6 +247,9 @@ import Scheduling
             Self.fastReconnect(&$0)
             $0.session?.maxUnacknowledgedMessages = 4
             $0.channel.scheduler = clock
+            // No heartbeat: its timer would be on the clock too, and the clock holds only what
+            // this test counts (the SESSION answer's deadline, the close's wait).
+            $0.channel.pingInterval = nil
         }
         for n in 1...4 { try await client.send(Numbered(n: n), type: "n") }
         try await waitUntil("4 received") { received.withLock { $0 } == 4 }

@@ -35,7 +35,7 @@ final class HelloExchange: ConnectionHandler, @unchecked Sendable {
                 self.driver.start(handler: self)
             }
             self.driver.setDeadline(
-                .handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
+                .handshake, at: self.driver.now &+ self.configuration.helloTimeout.nanoseconds)
             self.perform(self.machine.start())
         }
         return try await result.value()

@@ -31,7 +31,7 @@ extension MessageChannel {
     func healthOnLoop() -> ConnectionHealth {
         assertOnLoop()
         func duration(_ micros: UInt32) -> Duration? { rtt.samples == 0 ? nil : .microseconds(Int64(micros)) }
-        let silence = uptimeNanoseconds() &- driver.lastFrameTime
+        let silence = driver.now &- driver.lastFrameTime
         var health = ConnectionHealth(
             smoothedRTT: duration(rtt.smoothedMicros), rttVariation: duration(rtt.variationMicros),
             lastRTT: duration(rtt.lastMicros), sinceLastHeard: .nanoseconds(Int64(clamping: silence)),
@@ -49,7 +49,7 @@ extension MessageChannel {
     func ping() {
         assertOnLoop()
         driver.enqueue(Frame(kind: .ping), bypassLimit: true) { [self] result in
-            if case .success(let sequence) = result { rtt.pingSent(sequence: sequence, now: uptimeNanoseconds()) }
+            if case .success(let sequence) = result { rtt.pingSent(sequence: sequence, now: driver.now) }
         }
     }
 
@@ -57,7 +57,7 @@ extension MessageChannel {
     /// (``Heartbeat/pingsAlong(now:due:)``: an idle server's CPU is its wakeups, issue 28). On the loop.
     func pingAlongIfDueSoon() {
         guard let beat = heartbeat, let due = driver.coarseDeadlines[.heartbeat] else { return }
-        let now = uptimeNanoseconds()
+        let now = driver.now
         guard beat.pingsAlong(now: now, due: due) else { return }
         ping()
         armHeartbeat(beat, from: now)
@@ -81,7 +81,7 @@ extension MessageChannel {
         peerPaceCentiseconds = centiseconds
         guard let beat = heartbeat else { return }
         if centiseconds > 0 { logger.debug("the peer asks to be pinged every \(Duration.nanoseconds(Int64(beat.interval)))") }
-        armHeartbeat(beat, from: uptimeNanoseconds())
+        armHeartbeat(beat, from: driver.now)
     }
 
     /// The next heartbeat `beat.interval` after `now`; a paced heartbeat also lets the connection's
@@ -94,13 +94,13 @@ extension MessageChannel {
 
     func heartbeatTick() {
         guard let beat = heartbeat else { return }
-        switch beat.tick(now: uptimeNanoseconds(), lastHeard: driver.lastFrameTime, readingPaused: driver.isReadPaused) {
+        switch beat.tick(now: driver.now, lastHeard: driver.lastFrameTime, readingPaused: driver.isReadPaused) {
         case .timedOut:
             logger.warning("peer sent nothing for \(Duration.nanoseconds(Int64(beat.timeout))); closing (heartbeat timeout)")
             driver.tearDown(.heartbeatTimeout)
         case .ping:
             ping()
-            armHeartbeat(beat, from: uptimeNanoseconds())
+            armHeartbeat(beat, from: driver.now)
         }
     }
 }

@@ -15,7 +15,7 @@ extension MessageChannel: ConnectionHandler {
         case .message:
             deliverMessage(frame)
         case .reply(let request):
-            configuration.metrics?.requestAnswered(type: request.typeID, nanoseconds: uptimeNanoseconds() &- request.sentAt)
+            configuration.metrics?.requestAnswered(type: request.typeID, nanoseconds: driver.now &- request.sentAt)
             request.token.resume(returning: IncomingMessage(frame: frame, codecs: configuration.codecs))
         case .lateReply(let replyTo):
             logger.notice("dropping late reply '\(frame.typeID)' to request #\(replyTo), which timed out")
@@ -31,7 +31,7 @@ extension MessageChannel: ConnectionHandler {
             pingAlongIfDueSoon()
         case .pong:
             peerPaced(frame.pongPace)
-            if let reference = frame.reference, rtt.pongReceived(reference: reference, now: uptimeNanoseconds()),
+            if let reference = frame.reference, rtt.pongReceived(reference: reference, now: driver.now),
                 let watchers = sessionLink?.healthWatchers, !watchers.isEmpty
             {
                 let health = healthOnLoop()

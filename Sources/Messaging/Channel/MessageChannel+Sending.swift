@@ -270,7 +270,7 @@ extension MessageChannel {
     ) {
         assertOnLoop()
         if let deadline = machine.requestSent(
-            sequence, typeID: typeID, now: uptimeNanoseconds(), timeout: timeout.nanoseconds, token: continuation)
+            sequence, typeID: typeID, now: driver.now, timeout: timeout.nanoseconds, token: continuation)
         {
             driver.setDeadline(.request, at: deadline)
         }
@@ -278,7 +278,7 @@ extension MessageChannel {
 
     /// The request deadline passed: fail the requests that timed out, re-arm for the next one.
     func requestsTimedOut() {
-        let now = uptimeNanoseconds()
+        let now = driver.now
         let (expired, next) = machine.requestsExpired(now: now)
         for entry in expired {
             configuration.metrics?.requestTimeouts.increment()

@@ -21,7 +21,7 @@ extension MessageChannel {
         case .sendNow: sendAck()
         case .armDeadline:
             guard let session = sessionLink?.session else { return }
-            driver.setDeadline(.ack, at: uptimeNanoseconds() &+ session.configuration.ackDelay.nanoseconds)
+            driver.setDeadline(.ack, at: driver.now &+ session.configuration.ackDelay.nanoseconds)
         case .nothing: break
         }
     }

@@ -219,7 +219,7 @@ public final class MessageChannel: @unchecked Sendable {
         assertOnLoop()
         configuration.metrics?.open.increment()
         driver.setHandler(self)
-        if let beat = heartbeat { armHeartbeat(beat, from: uptimeNanoseconds()) }
+        if let beat = heartbeat { armHeartbeat(beat, from: driver.now) }
     }
 
     // MARK: Handlers

@@ -96,7 +96,7 @@ final class SecureExchange: ConnectionHandler, @unchecked Sendable {
     func run() async throws -> MessageChannel {
         driver.queue.async {
             self.driver.startRaw(handler: self)
-            self.driver.setDeadline(.handshake, at: uptimeNanoseconds() &+ self.configuration.helloTimeout.nanoseconds)
+            self.driver.setDeadline(.handshake, at: self.driver.now &+ self.configuration.helloTimeout.nanoseconds)
             if self.role == .client { self.driver.sendRaw(self.machine.start().bytes) }
         }
         switch try await result.value() {

@@ -69,7 +69,7 @@ final class Refuser: Sendable {
         let deadline = linger.nanoseconds
         driver.queue.async {
             driver.startRaw(handler: handler)
-            driver.setDeadline(.handshake, at: uptimeNanoseconds() &+ deadline)
+            driver.setDeadline(.handshake, at: driver.now &+ deadline)
             driver.sendRaw(bytes)
             driver.closeGracefully(reason: .helloFailed(refusal.message))
         }
