@@ -6,6 +6,7 @@ import Testing
 
 @testable import Messaging
 import ProtocolCore
+import Scheduling
 import Transport
 
 /// A server holding more connections than its heartbeat budget paces them (issue 28,
@@ -15,7 +16,9 @@ import Transport
 @Suite(.serialized) struct HeartbeatPacingTests {
     @Test func aBusyServerSlowsItsClientsHeartbeatAndKeepsThemOpen() async throws {
         // Budget 1 a second, 3 connections: a pace of 3 s where the channels ping every 100 ms,
-        // dead after 1 s, and the server's idle check closes after 300 ms without a frame.
+        // dead after 1 s, and the server's idle check closes after 300 ms without a frame. Every
+        // timer of both sides on one clock the test turns.
+        let clock = ManualScheduler()
         let metrics = TestMetrics()
         let harness = try await withMetricsFactory(metrics) {
             try await LoopbackServer(security: .plaintext) { configuration in
@@ -23,6 +26,7 @@ import Transport
                 configuration.channel.pingInterval = .milliseconds(100)
                 configuration.channel.heartbeatTimeout = .seconds(1)
                 configuration.channel.connection.idleTimeout = .milliseconds(300)
+                configuration.channel.scheduler = clock
                 configuration.session = nil
             }
         }
@@ -31,6 +35,7 @@ import Transport
         client.security = .plaintext
         client.pingInterval = .milliseconds(100)
         client.heartbeatTimeout = .seconds(1)
+        client.scheduler = clock
         var channels: [MessageChannel] = []
         for _ in 0..<3 {
             channels.append(
@@ -41,16 +46,22 @@ import Transport
         // The pace is a metric (lanmsg_heartbeat_pace_seconds): 3 connections at 1 a second.
         #expect(try metrics.expectGauge(MetricNames.heartbeatPace, [("role", "server")]).lastValue == 3)
         let start = channels.map { channel in channel.driver.queue.sync { channel.driver.nextSequence } }
-        // Two seconds: twice the configured timeout, nearly seven idle checks, twenty intervals.
-        try await Task.sleep(for: .seconds(2))
+        func nextPing(_ channel: MessageChannel) -> UInt64 {
+            channel.driver.queue.sync { channel.driver.coarseDeadlines[.heartbeat] } ?? 0
+        }
+        // The first interval: each client PINGs, and the server's PONG asks for its pace.
+        clock.advance(by: .milliseconds(100))
+        try await waitUntil("every client paced") { channels.allSatisfy { nextPing($0) > clock.now + 500_000_000 } }
+        // Then the rest of two seconds, an interval at a time: twice the configured timeout,
+        // nearly seven idle checks, twenty intervals.
+        for _ in 1..<20 { clock.advance(by: .milliseconds(100)) }
         for (index, channel) in channels.enumerated() {
             #expect(!channel.driver.queue.sync { channel.driver.isClosed }, "client \(index) was closed")
             let sent = channel.driver.queue.sync { channel.driver.nextSequence } - start[index]
             // At the configured 100 ms it would have sent about 20 PINGs; paced to 3 s, at most
             // the one that brought the pace back and one more.
             #expect(sent <= 3, "client \(index) sent \(sent) frames in 2 s")
-            let due = channel.driver.queue.sync { channel.driver.coarseDeadlines[.heartbeat] } ?? 0
-            #expect(due > uptimeNanoseconds() + 500_000_000, "client \(index)'s next PING is not paced")
+            #expect(nextPing(channel) > clock.now + 500_000_000, "client \(index)'s next PING is not paced")
         }
         #expect(harness.events.count { if case .closed = $0 { true } else { false } } == 0)
         for connection in harness.server.connections {
