@@ -173,6 +173,8 @@ package final class ConnectionDriver: @unchecked Sendable {
     }
     package var closeReason: CloseReason? { lifecycle.closeReason }
     package var isReadPaused: Bool { readPauseCount > 0 }
+    /// Bytes of a frame not yet complete, buffered (tests: a peer trickling a frame). On the loop.
+    package var partialFrameByteCount: Int { decoder.bufferedByteCount }
     package var isOpen: Bool { lifecycle.state == .open }
 
     // MARK: Lifecycle

@@ -5,6 +5,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
+import Scheduling
 import Transport
 
 /// Where the spec was silent or ambiguous (issue 43, "Decide and write down"): what a version-1
@@ -134,37 +135,46 @@ import Transport
 
     /// 18: "dead after the heartbeat timeout": a silent peer is closed after the timeout and before
     /// the timeout plus one ping interval (the check runs once per interval); bytes that complete no
-    /// frame are not a sign of life. Interval 0.5 s, timeout 1.5 s here.
+    /// frame are not a sign of life. At the defaults (ping every 5 s, dead after 15 s), on a clock the
+    /// test turns a second at a time: still open at 19.999 s, closed at 20 s — the first check more
+    /// than 15 s after the hello. Trickling: the 4-byte length of a 100-byte frame, then one byte of
+    /// it every second, each read by the server before the clock turns.
     @Test(arguments: [false, true])
     func aSilentPeerIsClosedWithinOneIntervalAfterTheTimeout(trickling: Bool) async throws {
-        let harness = try await LoopbackServer(security: .plaintext, configure: {
-            $0.channel.pingInterval = .milliseconds(500)
-            $0.channel.heartbeatTimeout = .milliseconds(1500)
-        })
+        let clock = ManualScheduler()
+        let harness = try await LoopbackServer(security: .plaintext, configure: { $0.channel.scheduler = clock })
+        #expect(harness.server.configuration.channel.pingInterval == .seconds(5))
+        #expect(harness.server.configuration.channel.heartbeatTimeout == .seconds(15))
         let peer = try HostilePeer(port: harness.port)
         hello(peer, sessions: false)
         let (acks, _) = await offThePool { peer.readFrames { $0.contains { $0.kind == .helloAck } } }
         #expect(acks.contains { $0.kind == .helloAck })
-        let started = ContinuousClock.now
-        let closedAt = await offThePool { () -> ContinuousClock.Instant? in
-            // The 4-byte length of a 100-byte frame, then one byte of it every 200 ms: never complete.
-            if trickling { peer.write([0, 0, 0, 100]) }
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            for _ in 0..<50 {
-                if trickling { peer.write([0x10]) }
-                var descriptor = pollfd(fd: peer.fd, events: Int16(POLLIN), revents: 0)
-                if poll(&descriptor, 1, 200) > 0 {
-                    let n = recv(peer.fd, &buffer, buffer.count, 0)
-                    if n == 0 || (n < 0 && errno == ECONNRESET) { return ContinuousClock.now }
-                    // PINGs (the server's heartbeat) are read and not answered.
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        let driver = connection.channel.driver
+        func isClosed() -> Bool { driver.queue.sync { driver.isClosed } }
+        if trickling { peer.write([0, 0, 0, 100]) }
+        for second in 1...20 {
+            if trickling {
+                peer.write([0x10])
+                try await waitUntil("byte \(second) of the frame read") {
+                    driver.queue.sync { driver.partialFrameByteCount } == 4 + second
                 }
             }
-            return nil
+            if second < 20 {
+                clock.advance(by: .seconds(1))
+            } else {
+                clock.advance(by: .milliseconds(999))
+                #expect(!isClosed(), "closed before the first check past the timeout (19.999 s)")
+                clock.advance(by: .milliseconds(1))
+            }
         }
-        let after = try #require(closedAt, "not closed within 10 s").duration(to: started) * -1
-        #expect(after >= .milliseconds(1400), "closed after \(after), before the 1.5 s timeout")
-        // The timeout plus one interval, and 1 s for a loaded machine.
-        #expect(after <= .milliseconds(3000), "closed after \(after)")
+        guard isClosed() else {
+            Issue.record("not closed at 20 s")
+            return await harness.server.stop()
+        }
+        #expect(await connection.channel.closed() == .heartbeatTimeout)
+        #expect(await offThePool { peer.serverClosed() })
         await harness.server.stop()
     }
 }
