@@ -5,6 +5,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
+import Scheduling
 import Transport
 
 extension HostilePeer {
@@ -304,6 +305,8 @@ extension HostilePeer {
 
     /// Connected once (the key is remembered), then the server comes back with another key: the
     /// reconnecting client says the key changed and stops (it used to retry forever, silently).
+    /// Its waits between attempts are on a clock the test turns: after it gave up none is armed,
+    /// and ten seconds more bring no attempt.
     @Test func aKeyChangeMetWhileReconnectingStopsTheClientWithAnEvent() async throws {
         let store = TrustStore(path: Self.directory() + "/known_peers")
         let first = try await LoopbackServer(security: .encrypted(identity: .ephemeral(), trust: .anyKey))
@@ -311,6 +314,9 @@ extension HostilePeer {
         var configuration = ClientConfiguration(peerName: "returner", reconnect: ReconnectPolicy(initialDelay: .milliseconds(50), maxDelay: .milliseconds(200)))
         configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .trustOnFirstUse(store))
         configuration.session = nil
+        let clock = ManualScheduler()
+        configuration.channel.scheduler = clock
+        configuration.channel.pingInterval = nil  // the clock holds the waits between attempts and a hello's deadline
         let client = try await MessageClient.connect(
             to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
         let events = EventLog<ClientEvent>()
@@ -319,12 +325,20 @@ extension HostilePeer {
         try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
         let second = try await LoopbackServer(
             security: .encrypted(identity: .ephemeral(), trust: .anyKey), configure: { $0.listener.port = port })
-        let gaveUp = try await events.wait(timeout: .seconds(10), "gave up") { if case .gaveUp = $0 { true } else { false } }
+        // Each wait between attempts (at most 200 ms) turned to its end; a hello's deadline (10 s)
+        // is left alone.
+        func gaveUpCount() -> Int { events.count { if case .gaveUp = $0 { true } else { false } } }
+        try await waitUntil("gave up") {
+            if let next = clock.nextDeadline, next <= clock.now + 200_000_000 { clock.advance(to: next) }
+            return gaveUpCount() > 0
+        }
+        let gaveUp = try await events.wait("gave up") { if case .gaveUp = $0 { true } else { false } }
         guard case .gaveUp(let error) = gaveUp else { return }
         #expect(error.code == .untrustedServer)
         #expect(error.message.contains("HAS CHANGED"))
         let reconnectsBefore = events.count { if case .reconnecting = $0 { true } else { false } }
-        try await Task.sleep(for: .milliseconds(500))  // it would retry every 200 ms if it still did
+        #expect(clock.pendingCount == 0, "a wait for another attempt is armed after the client gave up")
+        clock.advance(by: .seconds(10))  // it would retry every 200 ms if it still did
         #expect(events.count { if case .reconnecting = $0 { true } else { false } } == reconnectsBefore)
         reader.cancel()
         await client.close()
