@@ -72,7 +72,7 @@ package final class Loop: Sendable {
     }
 
     /// The sweep for connections on `clock`, made at first use and kept for the loop's life (tests
-    /// only: production connections use ``sweep``). On the loop. `clock` must be a class (as
+    /// only: production connections use `sweep`). On the loop. `clock` must be a class (as
     /// `ManualScheduler` is): a struct would be boxed anew at each call and find no sweep twice.
     func sweep(for clock: any Scheduler) -> LoopSweep {
         dispatchPrecondition(condition: .onQueue(queue))
