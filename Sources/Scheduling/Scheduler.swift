@@ -33,6 +33,13 @@ extension Scheduler {
         schedule(after: delay, on: nil, work)
     }
 
+    /// Runs `work` once at `deadline` on this scheduler's clock (nanoseconds, as ``now``), on
+    /// `queue`; a deadline already past runs at once.
+    @discardableResult
+    public func schedule(at deadline: UInt64, on queue: DispatchQueue?, _ work: @escaping @Sendable () -> Void) -> ScheduledWork {
+        schedule(after: .nanoseconds(Int64(clamping: deadline &- min(deadline, now))), on: queue, work)
+    }
+
     /// Waits `duration` on this scheduler's clock, or until the task is cancelled (then at once).
     /// A timer, not a sleeping task: no thread is held by the wait.
     public func sleep(for duration: Duration) async {

@@ -379,7 +379,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         if let clock = configuration.virtualClock {
             timing.scheduled?.cancel()
             timing.armed = earliest
-            timing.scheduled = clock.schedule(after: .nanoseconds(Int64(clamping: earliest &- min(earliest, clock.now))), on: queue) {
+            timing.scheduled = clock.schedule(at: earliest, on: queue) {
                 [weak self] in self?.timerFired()
             }
             return

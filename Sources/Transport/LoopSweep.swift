@@ -71,7 +71,7 @@ package final class LoopSweep: @unchecked Sendable {
         if let clock {
             scheduled?.cancel()
             armed = time
-            scheduled = clock.schedule(after: .nanoseconds(Int64(clamping: time &- min(time, clock.now))), on: queue) {
+            scheduled = clock.schedule(at: time, on: queue) {
                 [weak self] in self?.fire()
             }
             return

@@ -26,6 +26,24 @@ import Testing
         #expect(clock.pendingCount == 0)
     }
 
+    /// Work for an absolute time runs at that time; a time already past runs at the next turn,
+    /// without the clock moving (a deadline the connection's timer or the loop's sweep arms late).
+    @Test func workAtAnAbsoluteTimeRunsThenAndATimePastRunsAtOnce() {
+        let clock = ManualScheduler()
+        let start = clock.now
+        let ran = Locked<[String]>([])
+        clock.advance(by: .seconds(5))
+        clock.schedule(at: start + 7_000_000_000, on: nil) { ran.withLock { $0.append("later at \(clock.now - start)") } }
+        clock.schedule(at: start + 2_000_000_000, on: nil) { ran.withLock { $0.append("past at \(clock.now - start)") } }
+        #expect(clock.nextDeadline == start + 5_000_000_000)
+        clock.advance(by: .zero)
+        #expect(ran.withLock { $0 } == ["past at 5000000000"])
+        clock.advance(by: .milliseconds(1_999))
+        #expect(ran.withLock { $0 }.count == 1)
+        clock.advance(by: .milliseconds(1))
+        #expect(ran.withLock { $0 } == ["past at 5000000000", "later at 7000000000"])
+    }
+
     /// Work that schedules more work inside the window turned runs it too, at its own time.
     @Test func workScheduledByWorkRunsInTheSameTurnWhenDue() {
         let clock = ManualScheduler()
