@@ -35,8 +35,9 @@ public final class ServiceDiscovery: Sendable {
     let metrics = DiscoveryMetrics.make()
     /// Wide-area DNS-SD beside the link (nil when turned off).
     let wideArea: WideArea?
-    /// Merged browses and wide-area watches running, stopped by ``shutdown()``.
-    let wideAreaActivity = Locked<(browses: [ObjectIdentifier: MergedBrowse], watches: [Int: Task<Void, Never>], next: Int)>(
+    /// Merged browses and wide-area watches until they have ended (not only been stopped: a
+    /// stopped one stays until its last task ended), stopped and awaited by ``shutdown()``.
+    let wideAreaActivity = Locked<(browses: [Int: MergedBrowse], watches: [Int: Task<Void, Never>], next: Int)>(
         ([:], [:], 0))
 
     /// Creates the discovery object and starts its backend.
@@ -239,15 +240,16 @@ public final class ServiceDiscovery: Sendable {
             let unicast = domain.map { WideAreaConfiguration.normalize($0) ?? $0 }
             let linkRequest = BrowseRequest(
                 type: type, domain: nil, interface: request.interface, ipVersion: request.ipVersion)
+            let id = wideAreaActivity.withLock { activity -> Int in
+                activity.next += 1
+                return activity.next
+            }
             let merged = MergedBrowse(
                 type: type, includesLink: unicast == nil, domains: unicast.map { [$0] }, wideArea: wideArea,
-                logger: logger, continuation: continuation)
-            let id = ObjectIdentifier(merged)
+                logger: logger, continuation: continuation,
+                onStopped: { [weak self] in _ = self?.wideAreaActivity.withLock { $0.browses.removeValue(forKey: id) } })
             wideAreaActivity.withLock { $0.browses[id] = merged }
-            continuation.onTermination = { [weak self] _ in
-                merged.stop()
-                _ = self?.wideAreaActivity.withLock { $0.browses.removeValue(forKey: id) }
-            }
+            continuation.onTermination = { _ in merged.stop() }
             if unicast == nil {
                 selector.whenDecided { backend in merged.start(backend: backend, request: linkRequest) }
             } else {
@@ -360,16 +362,18 @@ public final class ServiceDiscovery: Sendable {
             ipVersion: try configuration.effectiveVersion(ipVersion))
         let (stream, continuation) = AsyncStream.makeStream(of: ResolvedService.self, bufferingPolicy: .bufferingNewest(16))
         if let wideArea, !Self.isLinkDomain(identity.domain) {
-            let task = watchWideArea(identity, wideArea: wideArea, ipVersion: request.ipVersion, continuation: continuation)
-            let id = wideAreaActivity.withLock { activity -> Int in
+            // Kept until its task ended (it removes itself then), so that shutdown awaits it even
+            // when its consumer stopped first.
+            let task = wideAreaActivity.withLock { activity -> Task<Void, Never> in
                 activity.next += 1
-                activity.watches[activity.next] = task
-                return activity.next
+                let id = activity.next
+                let task = watchWideArea(identity, wideArea: wideArea, ipVersion: request.ipVersion, continuation: continuation) {
+                    [weak self] in _ = self?.wideAreaActivity.withLock { $0.watches.removeValue(forKey: id) }
+                }
+                activity.watches[id] = task
+                return task
             }
-            continuation.onTermination = { [weak self] _ in
-                task.cancel()
-                _ = self?.wideAreaActivity.withLock { $0.watches.removeValue(forKey: id) }
-            }
+            continuation.onTermination = { _ in task.cancel() }
             return ServiceWatcher(stream: stream)
         }
         let stop = DeferredStop()
@@ -379,17 +383,16 @@ public final class ServiceDiscovery: Sendable {
     }
 
     /// Unpublishes everything, stops every browse and resolve, and disconnects from the daemon.
-    /// Idempotent. Afterwards no Dispatch source or timer of this object is left.
+    /// Idempotent. Afterwards no Dispatch source or timer of this object is left, and no task of
+    /// a wide-area browse or watch runs (each is awaited, not only cancelled).
     public func shutdown() async {
         let (browses, watches) = wideAreaActivity.withLock { activity in
-            defer {
-                activity.browses = [:]
-                activity.watches = [:]
-            }
-            return (Array(activity.browses.values), Array(activity.watches.values))
+            (Array(activity.browses.values), Array(activity.watches.values))
         }
         for browse in browses { browse.stop() }
         for watch in watches { watch.cancel() }
+        for browse in browses { await browse.stopped() }
+        for watch in watches { await watch.value }
         await wideArea?.shutdown()
         await selector.backend().shutdown()
     }

@@ -279,6 +279,16 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         return merged.count - 1
     }
 
+    /// A merged browse of the link (through `backend`) and the zone, not started, and its events:
+    /// for a test that drives it itself.
+    func mergedBrowse(link backend: any DiscoveryBackend) -> (MergedBrowse, AsyncStream<BrowseEvent>) {
+        let (stream, continuation) = AsyncStream.makeStream(of: BrowseEvent.self)
+        let browse = MergedBrowse(
+            type: Self.type, includesLink: true, domains: [Self.zoneName], wideArea: wideArea(label: "linked", index: 100, link: server),
+            logger: logger, continuation: continuation)
+        return (browse, stream)
+    }
+
     /// Waits (real time, bounded) until a merged browser shows `names`: its events cross a queue
     /// and a stream after its browse's, so they are waited for, not read at once. Once per merged
     /// browser when it times out (the cancelled wait ends its tick stream).
@@ -341,8 +351,8 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         }
         browsers = []
         for one in merged {
-            one.browse.stop()
-            await one.consumer.value  // the stream ends after the stop has cancelled its browse
+            await one.browse.stopped()  // its domain browse's task ended, not only cancelled
+            await one.consumer.value  // the stream ended at the stop
         }
         merged = []
         guard clock.pendingCount == 0 else { throw Broken("\(clock.pendingCount) timers left after everything stopped") }

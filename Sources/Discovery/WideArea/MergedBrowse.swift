@@ -8,11 +8,16 @@ import Scheduling
 ///
 /// Every input — the link's events, a resolve's answer, the domains found, a domain browse's
 /// events, a timer — is queued and applied in order; the machine's actions are carried out on the
-/// same queue, outside the lock: events reported in the order decided, the link browse, a resolve
-/// per link service (bounded to a second), a `WideAreaBrowse` per domain, and timers (on the wide
-/// area's clock, Dispatch's without one) for the grace after the link's "all for now" and the next
-/// enumeration of the domains.
-final class MergedBrowse: Sendable {
+/// same queue: events reported in the order decided, the link browse, a resolve per link service
+/// (bounded to a second), a `WideAreaBrowse` per domain, and timers (on the wide area's clock,
+/// Dispatch's without one) for the grace after the link's "all for now" and the next enumeration
+/// of the domains.
+///
+/// The queue is the only guard (no lock): every stored property below `queue` is read and written
+/// on it alone. Every task the browse starts is counted until it ends, so a stop can be awaited:
+/// ``stopped()`` returns once the browse stopped and every task it started (cancelled at the stop)
+/// has ended — a resolve that ignores its cancellation is waited for, within its second.
+final class MergedBrowse: @unchecked Sendable {
     /// The machine and the handles of what its actions started (cancelled at stop).
     private struct Driver {
         var machine: MergeMachine
@@ -24,6 +29,14 @@ final class MergedBrowse: Sendable {
         var browses: [String: Task<Void, Never>] = [:]
         var refreshTimer: ScheduledWork?
         var graceTimer: ScheduledWork?
+        /// Tasks started and not ended yet (cancelled ones included).
+        var running = 0
+        /// The stream was finished: nothing more starts.
+        var finished = false
+        /// What waits for the stop and the last task's end (``stopped()``).
+        var stopWaiters: [CheckedContinuation<Void, Never>] = []
+        /// `onStopped` was called.
+        var stopReported = false
     }
 
     let type: String
@@ -32,23 +45,26 @@ final class MergedBrowse: Sendable {
     let logger: Logger
     private let queue = DispatchQueue(label: "lanmsg.discovery.merged-browse")
     private let linkStop = DeferredStop()
-    private let driver: Locked<Driver>
+    /// Called once on the queue when the browse has stopped and its last task ended.
+    private let onStopped: @Sendable () -> Void
+    /// On `queue` only.
+    private var driver: Driver
 
     /// - Parameters:
     ///   - includesLink: Browse the link (mDNS through the backend).
     ///   - domains: The unicast domains to browse; nil: the configured and announced ones.
     init(
         type: String, includesLink: Bool, domains: [String]?, wideArea: WideArea?, logger: Logger,
-        continuation: AsyncStream<BrowseEvent>.Continuation
+        continuation: AsyncStream<BrowseEvent>.Continuation, onStopped: @escaping @Sendable () -> Void = {}
     ) {
         self.type = type
         self.wideArea = wideArea
         self.logger = logger
         self.continuation = continuation
+        self.onStopped = onStopped
         let retry = wideArea.map { max(.seconds(5), $0.settings.pollInterval * 3) } ?? .seconds(5)
-        self.driver = Locked(
-            Driver(
-                machine: MergeMachine(includesLink: includesLink, hasWideArea: wideArea != nil, fixedDomains: domains, domainRetry: retry)))
+        self.driver = Driver(
+            machine: MergeMachine(includesLink: includesLink, hasWideArea: wideArea != nil, fixedDomains: domains, domainRetry: retry))
     }
 
     /// Starts the link browse through `backend` (when included) and the domain browses; nothing
@@ -59,6 +75,21 @@ final class MergedBrowse: Sendable {
 
     func stop() {
         queue.async { self.handle(.stop) }
+    }
+
+    /// Stops the browse (if it was not already) and returns once every task it started has ended:
+    /// afterwards nothing of it runs or calls the backend, and no timer of it is left.
+    func stopped() async {
+        await withCheckedContinuation { (waiter: CheckedContinuation<Void, Never>) in
+            queue.async {
+                self.handle(.stop)
+                if self.driver.finished && self.driver.running == 0 {
+                    waiter.resume()
+                } else {
+                    self.driver.stopWaiters.append(waiter)
+                }
+            }
+        }
     }
 
     private func feed(_ input: MergeMachine.Input) {
@@ -77,13 +108,11 @@ final class MergedBrowse: Sendable {
     /// The one door: applies `input` and carries out the actions (on the queue).
     private func handle(_ input: MergeMachine.Input, backend: (any DiscoveryBackend)? = nil, request: BrowseRequest? = nil) {
         dispatchPrecondition(condition: .onQueue(queue))
-        // Under the lock only the machine and the handles change; every call out of this object
-        // (the stream, the backend, a task) is made after it, still on the queue, in order.
-        let effects = driver.withLock { driver -> [Effect] in
-            if let backend { driver.backend = backend }
-            if let request { driver.request = request }
-            return driver.machine.apply(input).flatMap { self.carryOut($0, &driver) }
-        }
+        // First the machine and the handles change; every call out of this object (the stream,
+        // the backend, a task) is made after, still on the queue, in order.
+        if let backend { driver.backend = backend }
+        if let request { driver.request = request }
+        let effects = driver.machine.apply(input).flatMap { carryOut($0) }
         for effect in effects {
             switch effect {
             case .report(let event): continuation.yield(event)
@@ -93,24 +122,52 @@ final class MergedBrowse: Sendable {
             case .finish:
                 linkStop.cancel()
                 continuation.finish()
+                driver.finished = true
+                endIfStopped()
             }
         }
     }
 
+    /// Starts `body` as a task counted until it ends (then, after a stop, the last one's end
+    /// completes the stop).
+    private func spawn(_ body: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
+        dispatchPrecondition(condition: .onQueue(queue))
+        driver.running += 1
+        return Task {
+            await body()
+            self.queue.async {
+                self.driver.running -= 1
+                self.endIfStopped()
+            }
+        }
+    }
+
+    /// After the stop, once no task runs: wakes what waits for the stop, once.
+    private func endIfStopped() {
+        guard driver.finished, driver.running == 0 else { return }
+        let waiters = driver.stopWaiters
+        driver.stopWaiters = []
+        for waiter in waiters { waiter.resume() }
+        if !driver.stopReported {
+            driver.stopReported = true
+            onStopped()
+        }
+    }
+
     /// Starts what `action` asks for and keeps its handle; returns what is left for outside the lock.
-    private func carryOut(_ action: MergeMachine.Action, _ driver: inout Driver) -> [Effect] {
+    private func carryOut(_ action: MergeMachine.Action) -> [Effect] {
         switch action {
         case .report(let event):
             return [.report(event)]
         case .startLink:
             guard let backend = driver.backend, let request = driver.request else { return [] }
             let (events, continuation) = AsyncStream.makeStream(of: BrowseEvent.self)
-            driver.linkTask = Task { for await event in events { self.feed(.link(event)) } }
+            driver.linkTask = spawn { for await event in events { self.feed(.link(event)) } }
             return [.startLink(backend, request, continuation)]
         case .resolve(let service, let generation):
             guard let backend = driver.backend, let request = driver.request else { return [] }
             // Read its fp and port without holding up the other events.
-            driver.resolves[generation] = Task {
+            driver.resolves[generation] = spawn {
                 let resolved = await backend.resolve(
                     ResolveRequest(
                         identity: service.identity, sightings: Array(service.seenOn), interface: request.interface,
@@ -124,7 +181,7 @@ final class MergedBrowse: Sendable {
             return driver.resolves.removeValue(forKey: generation).map { [.cancel($0)] } ?? []
         case .enumerateDomains:
             guard let wideArea else { return [] }
-            driver.enumeration = Task {
+            driver.enumeration = spawn {
                 let found = await wideArea.domains()
                 if Task.isCancelled { return }
                 self.feed(.domains(found.browse, unanswered: found.unanswered != nil))
@@ -137,7 +194,7 @@ final class MergedBrowse: Sendable {
             let browse = WideAreaBrowse(wideArea: wideArea, domain: domain, type: type) { [weak self] event in
                 self?.feed(.domain(domain, event))
             }
-            driver.browses[domain] = browse.start()
+            driver.browses[domain] = spawn { await browse.run() }
             return []
         case .stopDomain(let domain):
             return driver.browses.removeValue(forKey: domain).map { [.cancel($0)] } ?? []

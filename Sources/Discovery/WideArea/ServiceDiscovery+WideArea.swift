@@ -66,8 +66,12 @@ extension ServiceDiscovery {
 
     /// Watches a service in a unicast domain: resolves it again every record TTL (at least every
     /// poll interval), reporting each change.
-    func watchWideArea(_ identity: ServiceIdentity, wideArea: WideArea, ipVersion: IPVersion, continuation: AsyncStream<ResolvedService>.Continuation) -> Task<Void, Never> {
+    func watchWideArea(
+        _ identity: ServiceIdentity, wideArea: WideArea, ipVersion: IPVersion, continuation: AsyncStream<ResolvedService>.Continuation,
+        ended: @escaping @Sendable () -> Void
+    ) -> Task<Void, Never> {
         Task {
+            defer { ended() }
             var last: ResolvedService?
             let interval = min(wideArea.settings.pollInterval, .seconds(Int64(wideArea.settings.recordTTL)))
             while !Task.isCancelled {

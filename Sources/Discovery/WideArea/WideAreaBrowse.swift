@@ -68,7 +68,7 @@ final class WideAreaBrowse: Sendable {
     private var logger: Logger { wideArea.logger }
 
     /// Carries out `UnicastBrowseMachine`'s actions until the browse is stopped (cancelled).
-    private func run() async {
+    func run() async {
         guard let reader = UnicastBrowseReader(dns: wideArea.dns, domain: domain, type: type) else {
             onEvent(.allForNow)
             return
