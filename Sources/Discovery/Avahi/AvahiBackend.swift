@@ -387,15 +387,25 @@ extension AvahiBackend: DiscoveryBackend, PublicationOwner {
         return { [self] in queue.async { self.removeBrowse(session) } }
     }
 
+    /// One-shot and watching resolves running (for tests).
+    func resolvesRunning() async -> Int { await perform { [self] in resolves.count } }
+
+    /// Ends at once when the task is cancelled (`.shutDown`, "resolve of … was cancelled").
     func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
-        await withCheckedContinuation { continuation in
-            queue.async { [self] in
-                let session = ResolveSession(
-                    core: self, identity: request.identity, sightings: request.sightings, interface: request.interface,
-                    ipVersion: request.ipVersion,
-                    mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
-                addResolve(session)
+        let cancellation = QueueCancellation(queue: queue)
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                queue.async { [self] in
+                    let session = ResolveSession(
+                        core: self, identity: request.identity, sightings: request.sightings, interface: request.interface,
+                        ipVersion: request.ipVersion,
+                        mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
+                    addResolve(session)
+                    cancellation.started { [self] in removeResolve(session) }
+                }
             }
+        } onCancel: {
+            cancellation.cancel()
         }
     }
 

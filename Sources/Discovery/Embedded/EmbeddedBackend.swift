@@ -532,12 +532,24 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
         }
     }
 
+    /// One-shot and watching resolves running (for tests).
+    func resolvesRunning() async -> Int { await perform { [self] in resolves.count } }
+
+    /// Ends at once when the task is cancelled (`.shutDown`, "resolve of … was cancelled").
     func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
-        await withCheckedContinuation { continuation in
-            queue.async { [self] in
-                _ = addResolve(
-                    request, mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
+        let cancellation = QueueCancellation(queue: queue)
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                queue.async { [self] in
+                    guard
+                        let id = addResolve(
+                            request, mode: .once(timeout: timeout, completion: { continuation.resume(returning: $0) }))
+                    else { return }
+                    cancellation.started { [self] in resolves[id]?.stop(error: nil) }
+                }
             }
+        } onCancel: {
+            cancellation.cancel()
         }
     }
 

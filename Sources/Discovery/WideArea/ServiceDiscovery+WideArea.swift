@@ -1,5 +1,4 @@
 import Dispatch
-import Locks
 import Scheduling
 
 extension ServiceDiscovery {
@@ -11,21 +10,42 @@ extension ServiceDiscovery {
     ) async throws(DiscoveryError) -> ResolvedService {
         let version = try configuration.effectiveVersion(ipVersion)
         let places = service.locations
-        let collector = ResolveCollector(count: places.count)
-        let outcome: [Result<ResolvedService, DiscoveryError>?] = await withCheckedContinuation { continuation in
-            collector.start(continuation, timeout: timeout)
+        let clock: any Scheduler = wideArea?.scheduler ?? DispatchScheduler()
+        // Every place at once, in a group with two timers as children: the deadline, and half a
+        // second after the first answer. The first of them, or the last place's answer, ends the
+        // wait; what still runs is cancelled and awaited (the backends' resolves end on
+        // cancellation), so nothing of this call outlives it.
+        let outcome = await withTaskGroup(of: (index: Int, result: Result<ResolvedService, DiscoveryError>)?.self) { group in
             for (index, place) in places.enumerated() {
                 let sightings = Self.isLinkDomain(place.domain) ? Array(service.seenOn) : []
-                Task {
-                    let result: Result<ResolvedService, DiscoveryError>
+                group.addTask {
                     do throws(DiscoveryError) {
-                        result = .success(try await self.resolveOne(place, sightings: sightings, ipVersion: version, timeout: timeout))
+                        return (index, .success(try await self.resolveOne(place, sightings: sightings, ipVersion: version, timeout: timeout)))
                     } catch {
-                        result = .failure(error)
+                        return (index, .failure(error))
                     }
-                    collector.record(index, result)
                 }
             }
+            group.addTask {
+                await clock.sleep(for: timeout)
+                return nil
+            }
+            var results = [Result<ResolvedService, DiscoveryError>?](repeating: nil, count: places.count)
+            var graceStarted = false
+            while let next = await group.next() {
+                guard let (index, result) = next else { break }  // the deadline or the grace
+                results[index] = result
+                if results.allSatisfy({ $0 != nil }) { break }
+                if case .success = result, !graceStarted {
+                    graceStarted = true
+                    group.addTask {
+                        await clock.sleep(for: .milliseconds(500))
+                        return nil
+                    }
+                }
+            }
+            group.cancelAll()
+            return results
         }
         var merged: ResolvedService?
         var addresses: [ServiceAddress] = []
@@ -84,75 +104,6 @@ extension ServiceDiscovery {
                 await wideArea.scheduler.sleep(for: interval)
             }
         }
-    }
-}
-
-/// Gathers the answers of several resolves; ends when all answered, half a second after the first
-/// success, or at the timeout — whichever comes first (Dispatch timers).
-private final class ResolveCollector: Sendable {
-    typealias Results = [Result<ResolvedService, DiscoveryError>?]
-
-    private enum Input {
-        case start(CheckedContinuation<Results, Never>, timeout: Duration)
-        case record(Int, Result<ResolvedService, DiscoveryError>)
-        case timeUp
-    }
-
-    private struct State {
-        var results: Results
-        var continuation: CheckedContinuation<Results, Never>?
-        var graceStarted = false
-        /// The timeout and grace timers, cancelled when the answer is given.
-        var timers: [any DispatchSourceTimer] = []
-    }
-    private let state: Locked<State>
-
-    init(count: Int) { state = Locked(State(results: Array(repeating: nil, count: count))) }
-
-    func start(_ continuation: CheckedContinuation<Results, Never>, timeout: Duration) {
-        apply(.start(continuation, timeout: timeout))
-    }
-
-    func record(_ index: Int, _ result: Result<ResolvedService, DiscoveryError>) {
-        apply(.record(index, result))
-    }
-
-    /// The one door: the answer is given (once) after the lock is released.
-    private func apply(_ input: Input) {
-        let answer = state.withLock { state -> (CheckedContinuation<Results, Never>, Results, [any DispatchSourceTimer])? in
-            var done = false
-            switch input {
-            case .start(let continuation, let timeout):
-                state.continuation = continuation
-                state.timers.append(timer(after: timeout))
-            case .record(let index, let result):
-                state.results[index] = result
-                done = state.results.allSatisfy { $0 != nil }
-                if !done, case .success = result, !state.graceStarted {
-                    state.graceStarted = true
-                    state.timers.append(timer(after: .milliseconds(500)))
-                }
-            case .timeUp:
-                done = true
-            }
-            guard done, let continuation = state.continuation else { return nil }
-            defer {
-                state.continuation = nil
-                state.timers = []
-            }
-            return (continuation, state.results, state.timers)
-        }
-        guard let (continuation, results, timers) = answer else { return }
-        for timer in timers { timer.cancel() }
-        continuation.resume(returning: results)
-    }
-
-    private func timer(after delay: Duration) -> any DispatchSourceTimer {
-        let timer = DispatchSource.makeTimerSource(queue: .global())
-        timer.schedule(deadline: .now() + delay.dispatchInterval)
-        timer.setEventHandler { [weak self] in self?.apply(.timeUp) }
-        timer.activate()
-        return timer
     }
 }
 
