@@ -47,6 +47,7 @@ let package = Package(
         .executableTarget(
             name: "discovery-demo",
             dependencies: [
+                .product(name: "_ProgramSupport", package: library),  // Locked: the lock ThreadSanitizer sees
                 .product(name: "Discovery", package: library),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -57,6 +58,7 @@ let package = Package(
         .executableTarget(
             name: "lanmsg-echo",
             dependencies: [
+                .product(name: "_ProgramSupport", package: library),  // Locked: the lock ThreadSanitizer sees
                 .product(name: "Messaging", package: library),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -133,6 +135,7 @@ let package = Package(
             name: "preview-push",
             dependencies: [
                 "PreviewKit",
+                .product(name: "_ProgramSupport", package: library),
                 .product(name: "Messaging", package: library),
                 .product(name: "Discovery", package: library),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
 import PreviewKit
-import Synchronization
+import Locks
 
 /// What the web page shows: the files in the inbox directory, newest first, read from the
 /// directory at each request (a file deleted by hand is gone from the page, one copied in by hand
@@ -66,7 +66,7 @@ package final class PreviewInbox: Sendable {
         var finished = false
         var timer: (any DispatchSourceTimer)?
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     package init(directory: String, record: String? = nil) {
         self.directory = directory

@@ -7,7 +7,6 @@ import NIOPosix
 import PreviewKit
 import Prometheus
 import ServiceLifecycle
-import Synchronization
 
 /// `--web-port`: the live page (Hummingbird 2), read-only.
 ///

@@ -2,13 +2,13 @@ import ChatKit
 import Dispatch
 import Foundation
 import Messaging
-import Synchronization
+import Locks
 import SystemCalls
 
 /// Raw mode for the line editor. The original settings are restored on every way out: normal exit,
 /// errors (``ChatExit``), signals we handle, and `atexit` as the last resort.
 enum RawTerminal {
-    private static let saved = Mutex<termios?>(nil)
+    private static let saved = Locked<termios?>(nil)
 
     /// Turns off canonical input and echo on stdin (keeps ISIG so Ctrl-C is SIGINT, keeps output processing).
     static func enter() {
@@ -69,7 +69,7 @@ final class Console: Sendable {
     }
 
     let interactive: Bool
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(interactive: Bool) { self.interactive = interactive }
 

@@ -2,7 +2,7 @@ import ArgumentParser
 import Discovery
 import Foundation
 import Logging
-import Synchronization
+import Locks
 
 /// A small DNS-SD tool on the Discovery module: publish a service, or browse and resolve.
 @main
@@ -107,5 +107,5 @@ func emit(_ line: String) {
 }
 
 final class Counter: Sendable {
-    let value = Mutex(0)
+    let value = Locked(0)
 }

@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Messaging
-import Synchronization
+import Locks
 
 /// A tiny published echo server: replies to every request with the same type id and payload bytes,
 /// as codec 0 whatever the request's (or, when that would exceed the client's frame limit, once,
@@ -188,12 +188,12 @@ struct EchoServer: AsyncParsableCommand {
 /// second): the first refusal of an interval is printed in full by the caller, the others are
 /// counted and said in one line when the interval ends (a Dispatch timer; any context).
 final class RefusalSummary: @unchecked Sendable {
-    // @unchecked: `timer` is set once in init; a Dispatch source is thread-safe. The rest is a Mutex.
+    // @unchecked: `timer` is set once in init; a Dispatch source is thread-safe. The rest is under a lock.
     private struct State {
         var open = false
         var more = 0
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let timer: any DispatchSourceTimer
     private let seconds: Int64
     private let say: @Sendable (String) -> Void

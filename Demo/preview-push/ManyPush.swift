@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import Messaging
 import PreviewKit
-import Synchronization
+import Locks
 
 /// `--to A --to B …` and `--all`: the same files to several previewers at once — one connection
 /// each, pushing side by side; a result line per previewer and file; a previewer that cannot be
@@ -220,7 +220,7 @@ final class ProgressBoard: Sendable {
     }
 
     let interactive: Bool
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(interactive: Bool) { self.interactive = interactive }
 

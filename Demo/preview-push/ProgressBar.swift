@@ -1,6 +1,6 @@
 import Foundation
 import PreviewKit
-import Synchronization
+import Locks
 
 /// A one-line progress bar on standard error (bytes, rate, ETA), redrawn at most 10 times a second;
 /// silent when standard error is not a terminal.
@@ -13,7 +13,7 @@ final class ProgressBar: Sendable {
     }
 
     private let interactive: Bool
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(interactive: Bool) { self.interactive = interactive }
 

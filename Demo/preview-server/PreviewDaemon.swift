@@ -5,7 +5,7 @@ import Messaging
 import PreviewKit
 import PreviewWeb
 import ServiceLifecycle
-import Synchronization
+import Locks
 
 /// The daemon as a swift-service-lifecycle service: listen, publish, receive pushes; on graceful
 /// shutdown unpublish, stop accepting, drain (or abort) pushes in flight and stop.
@@ -22,9 +22,9 @@ final class PreviewDaemon: Service, Sendable {
     /// The web page's list and live updates (`--web-port`), told of each stored file.
     let inbox: PreviewInbox?
     /// The web page's port once it listens beyond loopback: published in TXT (`web`).
-    let webPort = Mutex<UInt16?>(nil)
+    let webPort = Locked<UInt16?>(nil)
     /// The web page's link (port, `/t/TOKEN/`) once it listens beyond loopback.
-    let pageLink = Mutex<PreviewResult.PageLink?>(nil)
+    let pageLink = Locked<PreviewResult.PageLink?>(nil)
     let logger: Logger
 
     init(
@@ -49,7 +49,7 @@ final class PreviewDaemon: Service, Sendable {
         let logger = self.logger
         let discovery = ServiceDiscovery(
             logger: logger, programName: "preview-server", configuration: discoveryConfiguration)
-        let stopping = Mutex(false)
+        let stopping = Locked(false)
         let service = PreviewService(
             store: store, partials: partials, logger: logger, page: { [weak self] in self?.pageLink.withLock { $0 } }
         ) {
@@ -168,7 +168,7 @@ final class PreviewDaemon: Service, Sendable {
 
 /// The current publication, for TXT updates from push tasks.
 final class PublicationBox: Sendable {
-    private let box = Mutex<PublishedService?>(nil)
+    private let box = Locked<PublishedService?>(nil)
     var value: PublishedService? { box.withLock { $0 } }
     func set(_ publication: PublishedService?) { box.withLock { $0 = publication } }
 }

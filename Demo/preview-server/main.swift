@@ -8,7 +8,7 @@ import PreviewWeb
 import Prometheus
 import ProtocolCore
 import ServiceLifecycle
-import Synchronization
+import Locks
 
 /// The viewer-side daemon: receives documents pushed by preview-push and stores them in a directory.
 struct PreviewServerCommand: AsyncParsableCommand {
@@ -284,7 +284,7 @@ struct PreviewServerCommand: AsyncParsableCommand {
         }
         // The paired keys live in memory (read once here); the handshake asks on the connection's
         // loop, where no file is read. A new pairing is written through (rare: the window only).
-        let pairedKeys = Mutex(Set(paired.entries.map(\.fingerprint)))
+        let pairedKeys = Locked(Set(paired.entries.map(\.fingerprint)))
         return .custom { peer in
             if pairedKeys.withLock({ $0.contains(peer.fingerprint) }) { return nil }
             guard ContinuousClock.now < pairingEnds else {

@@ -3,7 +3,7 @@ import Logging
 import Messaging
 import PreviewKit
 import Scheduling
-import Synchronization
+import Locks
 import Testing
 
 /// The push protocol end to end over loopback TCP, in process (no discovery, no harness).
@@ -145,7 +145,7 @@ import Testing
 
 /// Progress values, collected from the push's callback.
 final class ProgressLog: Sendable {
-    private let storage = Mutex<[UInt64]>([])
+    private let storage = Locked<[UInt64]>([])
     func append(_ value: UInt64) { storage.withLock { $0.append(value) } }
     var values: [UInt64] { storage.withLock { $0 } }
 }

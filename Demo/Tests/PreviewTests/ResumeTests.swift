@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import Messaging
 import PreviewKit
-import Synchronization
+import Locks
 import Testing
 
 /// Resumable transfers: the partial-transfer store on its own, then an interrupted push over
@@ -109,8 +109,8 @@ import Testing
         let drain = Task { for await _ in client.events {} }
         let bytes = pattern(8 << 20)
         let file = try source.write("big.bin", bytes)
-        let retries = Mutex<[ResumingPusher.Retry]>([])
-        let resumedAt = Mutex<[UInt64]>([])
+        let retries = Locked<[ResumingPusher.Retry]>([])
+        let resumedAt = Locked<[UInt64]>([])
         let pusher = ResumingPusher(client: client, retryFor: .seconds(20))
         let push = Task {
             try await pusher.push(
