@@ -1,8 +1,10 @@
 import Discovery
 import ChatKit
 import Foundation
+import Locks
 import Logging
 import Messaging
+import Scheduling
 
 /// Where `join` goes.
 enum JoinTarget: Sendable {
@@ -23,6 +25,11 @@ final class ChatSession {
     let stream: AsyncStream<LoopInput>
     let continuation: AsyncStream<LoopInput>.Continuation
     let key: PreSharedKey?
+    /// The clock of the session's timers (the publication check, the rejoin and bye deadlines).
+    let scheduler: any Scheduler = DispatchScheduler()
+    /// What the session started and owns: the event pumps, a room listing, and its timers —
+    /// cancelled at ``finish()``, the tasks awaited, so that nothing of the session outlives it.
+    private let owned = Locked<(tasks: [Task<Void, Never>], timers: [ScheduledWork])>(([], []))
 
     init(options: CommonOptions, nick: String, discovery configuration: DiscoveryConfiguration) {
         logger = options.logger()
@@ -50,11 +57,35 @@ final class ChatSession {
         InputReader.start(console: console, into: continuation)
     }
 
-    /// Clears the prompt, restores the terminal, stops discovery.
+    /// Clears the prompt, restores the terminal, ends what the session started (timers cancelled,
+    /// tasks cancelled and awaited), stops discovery.
     func finish() async {
         console.deactivate()
         RawTerminal.restore()
+        let (tasks, timers) = owned.withLock { owned in
+            defer { owned = ([], []) }
+            return owned
+        }
+        for timer in timers { timer.cancel() }
+        for task in tasks { task.cancel() }
+        for task in tasks { await task.value }
         await discovery.shutdown()
+    }
+
+    /// Starts `body` as a task the session owns (cancelled and awaited at ``finish()``).
+    func spawn(_ body: @escaping @Sendable () async -> Void) {
+        let task = Task { await body() }
+        owned.withLock { $0.tasks.append(task) }
+    }
+
+    /// Feeds `input` into the session's loop after `delay`, unless the session finished first.
+    func after(_ delay: Duration, feed input: LoopInput) {
+        let continuation = self.continuation
+        let timer = scheduler.schedule(after: delay) { continuation.yield(input) }
+        owned.withLock { owned in
+            owned.timers.removeAll { !$0.isPending }
+            owned.timers.append(timer)
+        }
     }
 
     func showHelp() {
@@ -110,7 +141,7 @@ final class ChatSession {
         let finder = RoomFinder(discovery: discovery)
         let formatter = self.formatter
         let continuation = self.continuation
-        Task {
+        spawn {
             let lines: [String]
             do {
                 let rooms = try await finder.list(timeout: .seconds(2))
@@ -152,7 +183,7 @@ final class ChatSession {
             return ChatExit(ExitStatus.cannotHost, "cannot host \(name): \(error.message)\(hint)")
         }
         let continuation = self.continuation
-        Task {
+        spawn {
             for await event in server.events { continuation.yield(.server(event)) }
         }
         startInput(prompt: controller.me.prompt)
@@ -164,8 +195,7 @@ final class ChatSession {
         let discovery = self.discovery
         let formatter = self.formatter
         let listening = server.port ?? port
-        Task {
-            try? await Task.sleep(for: .seconds(5))
+        let check = scheduler.schedule(after: .seconds(5)) {
             let state = discovery.daemonState
             guard state != .running else { return }
             continuation.yield(
@@ -177,6 +207,7 @@ final class ChatSession {
                         at: Date().timeIntervalSince1970)
                 ]))
         }
+        owned.withLock { $0.timers.append(check) }
         var connections: [MemberID: ServerConnection] = [:]
 
         /// Carries out the controller's effects in order; false once the room is closed.
@@ -354,7 +385,7 @@ final class ChatSession {
             return ChatExit(ExitStatus.connectionLost, "cannot join \(label): \(error.message)")
         }
         let continuation = self.continuation
-        Task {
+        spawn {
             for await event in client.events { continuation.yield(.client(event)) }
         }
         var controller = JoinController(
@@ -437,16 +468,10 @@ final class ChatSession {
                 case .showHelp: showHelp()
                 case .showFingerprints: showFingerprints(of: client.channel?.peerIdentity.map { [$0] } ?? [], as: "host")
                 case .showTrust(let room): showTrust(forget: room)
-                case .startRejoinTimer(let which, let after):
-                    Task {
-                        try? await Task.sleep(for: seconds(after))
-                        continuation.yield(.rejoinDeadline(which))
-                    }
+                case .startRejoinTimer(let which, let delay):
+                    after(seconds(delay), feed: .rejoinDeadline(which))
                 case .startByeTimer:
-                    Task {
-                        try? await Task.sleep(for: seconds(JoinController.byeTimeout))
-                        continuation.yield(.byeTimeout)
-                    }
+                    after(seconds(JoinController.byeTimeout), feed: .byeTimeout)
                 case .close: await client.close()
                 case .exit(let outcome):
                     await finish()
