@@ -1,5 +1,4 @@
 import Dispatch
-import Locks
 import Logging
 import Scheduling
 
@@ -96,7 +95,7 @@ final class MergedBrowse: @unchecked Sendable {
         queue.async { self.handle(input) }
     }
 
-    /// What an action leaves to be done outside the lock: every call out of this object.
+    /// What an action leaves to be done after the machine decided: every call out of this object.
     private enum Effect {
         case report(BrowseEvent)
         case startLink(any DiscoveryBackend, BrowseRequest, AsyncStream<BrowseEvent>.Continuation)
@@ -154,7 +153,7 @@ final class MergedBrowse: @unchecked Sendable {
         }
     }
 
-    /// Starts what `action` asks for and keeps its handle; returns what is left for outside the lock.
+    /// Starts what `action` asks for and keeps its handle; returns the calls out, made after.
     private func carryOut(_ action: MergeMachine.Action) -> [Effect] {
         switch action {
         case .report(let event):
@@ -214,7 +213,7 @@ final class MergedBrowse: @unchecked Sendable {
         }
     }
 
-    /// Keeps `new` in `slot`; the timer it replaces is cancelled outside the lock.
+    /// Keeps `new` in `slot`; the timer it replaces is cancelled after (a call out).
     private func replace(_ slot: inout ScheduledWork?, with new: ScheduledWork) -> [Effect] {
         let old = slot
         slot = new
