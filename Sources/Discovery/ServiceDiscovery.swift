@@ -304,7 +304,8 @@ public final class ServiceDiscovery: Sendable {
     /// AAAA records of its host. Returns as soon as every resolver has answered with both an IPv4 and
     /// an IPv6 address (only the family asked for, with `ipVersion`), else a quarter second after the
     /// first answer, so that the other address family can arrive too.
-    /// - Throws: ``DiscoveryError`` with code `.timedOut` when nothing answers within `timeout`.
+    /// - Throws: ``DiscoveryError`` with code `.timedOut` when nothing answers within `timeout`;
+    ///   `.shutDown` ("resolve of … was cancelled") at once when the calling task is cancelled.
     public func resolve(
         _ service: DiscoveredService, ipVersion: IPVersion = .any, timeout: Duration = .seconds(5)
     ) async throws(DiscoveryError) -> ResolvedService {
@@ -316,7 +317,8 @@ public final class ServiceDiscovery: Sendable {
     }
 
     /// Resolves a service known by name (no browse needed).
-    /// - Throws: ``DiscoveryError`` with code `.timedOut` when nothing answers within `timeout`.
+    /// - Throws: ``DiscoveryError`` with code `.timedOut` when nothing answers within `timeout`;
+    ///   `.shutDown` ("resolve of … was cancelled") at once when the calling task is cancelled.
     public func resolve(
         _ identity: ServiceIdentity, interface: InterfaceSelection = .any, ipVersion: IPVersion = .any,
         timeout: Duration = .seconds(5)
@@ -335,6 +337,8 @@ public final class ServiceDiscovery: Sendable {
                 return resolved
             } catch {
                 metrics?.count(.resolveFailed)
+                // Cancelled: said as the link's backends say it (its queries were cut short).
+                if Task.isCancelled { throw DiscoveryError(.shutDown, "resolve of \(identity) was cancelled") }
                 throw error
             }
         }

@@ -66,6 +66,8 @@ extension ServiceDiscovery {
         }
         guard let first = merged else {
             metrics?.count(.resolveFailed)
+            // Cancelled: said as a one-place resolve says it (the places' answers were cut short).
+            if Task.isCancelled { throw DiscoveryError(.shutDown, "resolve of \(service.identity) was cancelled") }
             throw lastError ?? DiscoveryError(.timedOut, "no answer from \(service.identity) within \(timeout)")
         }
         metrics?.count(.resolved)
