@@ -104,6 +104,15 @@ public final class ServiceDiscovery: Sendable {
         }
     }
 
+    /// A discovery object on `backend` and `wideArea` as given, nothing read from the environment
+    /// (tests: a fake link, and a `WideAreaWorld`'s wide area on its manual clock).
+    init(logger: Logger, configuration: DiscoveryConfiguration, backend: any DiscoveryBackend, wideArea: WideArea?) {
+        self.logger = logger
+        self.configuration = configuration
+        self.wideArea = wideArea
+        selector.decide(backend, reason: "given")
+    }
+
     deinit {
         wideArea?.beginShutdown()
         selector.whenDecided { $0.beginShutdown() }

@@ -17,7 +17,8 @@ public final class ManualScheduler: Scheduler {
     }
 
     private struct Watcher {
-        var count: Int
+        /// Reached when it says so of the pending works' deadlines (earliest first).
+        var condition: @Sendable (_ deadlines: [UInt64]) -> Bool
         var continuation: CheckedContinuation<Bool, Never>
     }
 
@@ -31,6 +32,8 @@ public final class ManualScheduler: Scheduler {
         var nextWatcher: UInt64 = 0
 
         var pending: Int { entries.reduce(0) { $0 + ($1.work.isPending ? 1 : 0) } }
+        /// The pending works' deadlines, earliest first.
+        var deadlines: [UInt64] { entries.filter(\.work.isPending).map(\.deadline).sorted() }
     }
 
     private let state: Locked<State>
@@ -75,7 +78,7 @@ public final class ManualScheduler: Scheduler {
 
     /// The deadlines of the pending works, earliest first (what a failing simulation prints).
     public var pendingDeadlines: [UInt64] {
-        state.withLock { state in state.entries.filter(\.work.isPending).map(\.deadline).sorted() }
+        state.withLock { $0.deadlines }
     }
 
     /// When the earliest pending work is due (nil: none is).
@@ -144,6 +147,15 @@ public final class ManualScheduler: Scheduler {
     /// returns true; false when that has not happened within `timeout` of real time. Woken by the
     /// scheduling itself, not a poll.
     public func waitForPending(_ count: Int, within timeout: Duration = .seconds(10)) async -> Bool {
+        await waitForPending(within: timeout) { $0.count >= count }
+    }
+
+    /// Waits until `condition` holds of the pending works' deadlines (nanoseconds, earliest first)
+    /// — e.g. a timer due at a given instant was armed — and returns true; false when it has not
+    /// within `timeout` of real time. Checked now and at each scheduling, not polled.
+    public func waitForPending(
+        within timeout: Duration = .seconds(10), where condition: @escaping @Sendable (_ deadlines: [UInt64]) -> Bool
+    ) async -> Bool {
         let id = state.withLock { state -> UInt64 in
             state.nextWatcher += 1
             return state.nextWatcher
@@ -151,8 +163,8 @@ public final class ManualScheduler: Scheduler {
         let real = DispatchScheduler()
         return await withCheckedContinuation { continuation in
             let ready = state.withLock { state -> Bool in
-                if state.pending >= count { return true }
-                state.watchers[id] = Watcher(count: count, continuation: continuation)
+                if condition(state.deadlines) { return true }
+                state.watchers[id] = Watcher(condition: condition, continuation: continuation)
                 return false
             }
             if ready { return continuation.resume(returning: true) }
@@ -163,11 +175,11 @@ public final class ManualScheduler: Scheduler {
         }
     }
 
-    /// The watchers whose count is reached, removed.
+    /// The watchers whose condition is reached, removed.
     private static func due(_ state: inout State) -> [CheckedContinuation<Bool, Never>] {
         guard !state.watchers.isEmpty else { return [] }
-        let pending = state.pending
-        let ready = state.watchers.filter { $0.value.count <= pending }
+        let deadlines = state.deadlines
+        let ready = state.watchers.filter { $0.value.condition(deadlines) }
         for id in ready.keys { state.watchers[id] = nil }
         return ready.values.map(\.continuation)
     }

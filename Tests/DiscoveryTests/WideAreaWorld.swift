@@ -153,7 +153,7 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
     var seconds: UInt64 { milliseconds / 1_000 }
 
     /// A wide area of its own for a host (its label, its address), reaching the server through `link`.
-    private func wideArea(label: String, index: Int, link: any DNSExchanging) -> WideArea {
+    func wideArea(label: String, index: Int, link: any DNSExchanging) -> WideArea {
         var configuration = DiscoveryConfiguration(advertisedAddresses: [.v4(10, 81, 1, UInt8(10 + index))])
         configuration.wideArea = settings
         let server = self.server

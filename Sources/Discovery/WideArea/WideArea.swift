@@ -267,7 +267,7 @@ final class WideArea: Sendable {
     func resolve(_ identity: ServiceIdentity, timeout: Duration) async throws(DiscoveryError) -> ResolvedService {
         // The chain is several queries; the whole of it is bounded by `timeout` (the queries in
         // flight are cancelled at the deadline).
-        let result = await withDeadline(timeout) { () -> Result<ResolvedService, DiscoveryError> in
+        let result = await withDeadline(timeout, on: scheduler) { () -> Result<ResolvedService, DiscoveryError> in
             .failure(DiscoveryError(.timedOut, "no complete answer for \(identity) within \(timeout)"))
         } operation: {
             do throws(DiscoveryError) {
