@@ -1,5 +1,6 @@
-import Locks
 import Dispatch
+import Locks
+import Scheduling
 
 /// A published service. Keep it to keep the service published; call ``unpublish()`` to withdraw it.
 ///
@@ -12,7 +13,7 @@ public final class PublishedService: Sendable {
         var established = false
         var failure: DiscoveryError?
         /// Callers of `established(timeout:)`, each with the timer that fails it at its deadline
-        /// (cancelled when the publication settles first).
+        /// (cancelled when the publication settles first, or the caller's task is cancelled).
         var waiters: [Int: Waiter] = [:]
         var nextWaiter = 0
         /// Re-registrations after stalled probing (for tests and diagnostics).
@@ -31,7 +32,19 @@ public final class PublishedService: Sendable {
 
     struct Waiter {
         let continuation: CheckedContinuation<Result<String, DiscoveryError>, Never>
-        let timer: any DispatchSourceTimer
+        /// Its deadline; nil for the instant between its registration and its timer's.
+        var timer: ScheduledWork?
+
+        /// Resumes the caller and stops its timer.
+        func resume(returning outcome: Result<String, DiscoveryError>) {
+            timer?.cancel()
+            continuation.resume(returning: outcome)
+        }
+    }
+
+    /// What a caller waits for: the link's announcement or the wide area's registration.
+    enum Wait {
+        case established, registered
     }
 
     let state: Locked<State>
@@ -50,9 +63,15 @@ public final class PublishedService: Sendable {
         set { state.withLock { $0.backendObject = newValue } }
     }
     let owner: any PublicationOwner
+    /// The clock of the waits' deadlines (tests: a `ManualScheduler`).
+    let scheduler: any Scheduler
 
-    init(owner: any PublicationOwner, name: String, type: String, port: UInt16, txt: TXTRecord) {
+    init(
+        owner: any PublicationOwner, name: String, type: String, port: UInt16, txt: TXTRecord,
+        scheduler: any Scheduler = DispatchScheduler()
+    ) {
         self.owner = owner
+        self.scheduler = scheduler
         self.type = type
         self.port = port
         self.state = Locked(State(name: name, txt: txt))
@@ -69,35 +88,16 @@ public final class PublishedService: Sendable {
     var stallRetries: Int { state.withLock { $0.stallRetries } }
 
     /// Waits until the service is announced and returns its (possibly new) name.
-    /// - Throws: ``DiscoveryError`` `.timedOut` after `timeout`, or the error that made the publication fail.
+    /// - Throws: ``DiscoveryError`` `.timedOut` after `timeout`, or the error that made the
+    ///   publication fail; `.shutDown` at once when the calling task is cancelled.
     @discardableResult
     public func established(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
-        let result: Result<String, DiscoveryError> = await withCheckedContinuation { continuation in
-            let timer = DispatchSource.makeTimerSource(queue: owner.queue)
-            let id: Int? = state.withLock { state in
-                if state.established { continuation.resume(returning: .success(state.name)); return nil }
-                if let failure = state.failure { continuation.resume(returning: .failure(failure)); return nil }
-                state.nextWaiter += 1
-                state.waiters[state.nextWaiter] = Waiter(continuation: continuation, timer: timer)
-                return state.nextWaiter
-            }
-            guard let id else {
-                timer.activate()  // an inactive source must not be released
-                timer.cancel()
-                return
-            }
-            timer.setEventHandler { [weak self] in
-                guard let self else { return }
-                let waiter = self.state.withLock { $0.waiters.removeValue(forKey: id) }
-                guard let waiter else { return }
-                waiter.timer.cancel()
-                waiter.continuation.resume(
-                    returning: .failure(DiscoveryError(.timedOut, self.owner.notEstablishedMessage(self, timeout: timeout))))
-            }
-            timer.schedule(deadline: .now() + timeout.dispatchInterval)
-            timer.activate()
-        }
-        return try result.get()
+        try await wait(.established, timeout: timeout) { state in
+            if state.established { return .success(state.name) }
+            return state.failure.map { .failure($0) }
+        } timedOut: { service in
+            DiscoveryError(.timedOut, service.owner.notEstablishedMessage(service, timeout: timeout))
+        }.get()
     }
 
     /// Wide-area: the name registered in each unicast DNS domain so far (empty without wide-area
@@ -109,45 +109,69 @@ public final class PublishedService: Sendable {
     /// Wide-area: waits until the service is registered in its unicast DNS domain and returns the
     /// name there.
     /// - Throws: the registration's error (``DiscoveryError`` `.updateRefused`, `.keyRejected`,
-    ///   `.clockSkew`, `.dnsUnreachable`, …) as soon as it fails, `.timedOut` after `timeout`, or
-    ///   `.notPublished` when the service is not published in any unicast domain.
+    ///   `.clockSkew`, `.dnsUnreachable`, …) as soon as it fails, `.timedOut` after `timeout`,
+    ///   `.notPublished` when the service is not published in any unicast domain, or `.shutDown`
+    ///   at once when the calling task is cancelled.
     @discardableResult
     public func registered(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
-        let result: Result<String, DiscoveryError> = await withCheckedContinuation { continuation in
-            let timer = DispatchSource.makeTimerSource(queue: owner.queue)
-            let id: Int? = state.withLock { state in
-                if let outcome = state.wideAreaStatus.values.first {
-                    continuation.resume(returning: outcome)
-                    return nil
-                }
-                if state.wideArea.isEmpty || state.wideAreaUnpublished {
-                    continuation.resume(returning: .failure(DiscoveryError(
-                        .notPublished,
-                        "'\(state.name)' is not published in a unicast DNS domain (no wide-area key configured)")))
-                    return nil
-                }
-                state.nextWaiter += 1
-                state.wideAreaWaiters[state.nextWaiter] = Waiter(continuation: continuation, timer: timer)
-                return state.nextWaiter
-            }
-            guard let id else {
-                timer.activate()
-                timer.cancel()
-                return
-            }
-            timer.setEventHandler { [weak self] in
-                guard let self else { return }
-                let waiter = self.state.withLock { $0.wideAreaWaiters.removeValue(forKey: id) }
-                guard let waiter else { return }
-                waiter.timer.cancel()
-                waiter.continuation.resume(
-                    returning: .failure(DiscoveryError(
-                        .timedOut, "'\(self.name)' was not registered in its unicast DNS domain within \(timeout)")))
-            }
-            timer.schedule(deadline: .now() + timeout.dispatchInterval)
-            timer.activate()
+        try await wait(.registered, timeout: timeout) { state in
+            if let outcome = state.wideAreaStatus.values.first { return outcome }
+            guard state.wideArea.isEmpty || state.wideAreaUnpublished else { return nil }
+            return .failure(
+                DiscoveryError(.notPublished, "'\(state.name)' is not published in a unicast DNS domain (no wide-area key configured)"))
+        } timedOut: { service in
+            DiscoveryError(.timedOut, "'\(service.name)' was not registered in its unicast DNS domain within \(timeout)")
+        }.get()
+    }
+
+    /// One caller's wait: the outcome at once when `settled` has one, else when the publication
+    /// records it, or `timedOut` at `timeout` (a timer of the scheduler, on the owner's queue), or
+    /// `.shutDown` when the calling task is cancelled — whichever comes first, once.
+    private func wait(
+        _ kind: Wait, timeout: Duration, settled: @escaping @Sendable (inout State) -> Result<String, DiscoveryError>?,
+        timedOut: @escaping @Sendable (PublishedService) -> DiscoveryError
+    ) async -> Result<String, DiscoveryError> {
+        let id = state.withLock { state in
+            state.nextWaiter += 1
+            return state.nextWaiter
         }
-        return try result.get()
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state -> Result<String, DiscoveryError>? in
+                    if let outcome = settled(&state) { return outcome }
+                    // Cancelled before it waited (the handler found no waiter to end).
+                    if Task.isCancelled { return .failure(cancelled(kind, name: state.name)) }
+                    state[kind][id] = Waiter(continuation: continuation)
+                    return nil
+                }
+                if let now { return continuation.resume(returning: now) }
+                let timer = scheduler.schedule(after: timeout, on: owner.queue) { [weak self] in
+                    guard let self else { return }
+                    self.end(kind, id, with: .failure(timedOut(self)))
+                }
+                // Ended already (settled, cancelled) between the two: its timer is not needed.
+                let waiting = state.withLock { state in
+                    guard state[kind][id] != nil else { return false }
+                    state[kind][id]?.timer = timer
+                    return true
+                }
+                if !waiting { timer.cancel() }
+            }
+        } onCancel: {
+            end(kind, id, with: .failure(cancelled(kind, name: name)))
+        }
+    }
+
+    /// Ends one caller's wait, if it still waits.
+    private func end(_ kind: Wait, _ id: Int, with outcome: Result<String, DiscoveryError>) {
+        state.withLock { $0[kind].removeValue(forKey: id) }?.resume(returning: outcome)
+    }
+
+    private func cancelled(_ kind: Wait, name: String) -> DiscoveryError {
+        switch kind {
+        case .established: DiscoveryError(.shutDown, "the wait for '\(name)' to be announced was cancelled")
+        case .registered: DiscoveryError(.shutDown, "the wait for '\(name)' to be registered in its unicast DNS domain was cancelled")
+        }
     }
 
     func attachWideArea(_ registrations: [WideAreaRegistration]) {
@@ -169,10 +193,7 @@ public final class PublishedService: Sendable {
             defer { state.wideAreaWaiters = [:] }
             return Array(state.wideAreaWaiters.values)
         }
-        for waiter in waiters {
-            waiter.timer.cancel()
-            waiter.continuation.resume(returning: .failure(DiscoveryError(.notPublished, "the service was unpublished")))
-        }
+        for waiter in waiters { waiter.resume(returning: .failure(DiscoveryError(.notPublished, "the service was unpublished"))) }
     }
 
     /// The discovery object went away: stop the wide-area registrations in the background.
@@ -201,10 +222,7 @@ public final class PublishedService: Sendable {
             return (Array(state.wideAreaWaiters.values), outcome)
         }
         guard let outcome else { return }
-        for waiter in waiters {
-            waiter.timer.cancel()
-            waiter.continuation.resume(returning: outcome)
-        }
+        for waiter in waiters { waiter.resume(returning: outcome) }
     }
 
     /// Replaces the TXT record while the service stays published. Remote resolvers that watch the
@@ -271,11 +289,26 @@ public final class PublishedService: Sendable {
             return (all, outcome)
         }
         if let result {
-            for waiter in waiters {
-                waiter.timer.cancel()
-                waiter.continuation.resume(returning: result)
-            }
+            for waiter in waiters { waiter.resume(returning: result) }
         }
         continuation.yield(event)
+    }
+}
+
+extension PublishedService.State {
+    /// The callers waiting for `kind`.
+    subscript(kind: PublishedService.Wait) -> [Int: PublishedService.Waiter] {
+        get {
+            switch kind {
+            case .established: waiters
+            case .registered: wideAreaWaiters
+            }
+        }
+        set {
+            switch kind {
+            case .established: waiters = newValue
+            case .registered: wideAreaWaiters = newValue
+            }
+        }
     }
 }

@@ -2,6 +2,7 @@ import Dispatch
 import Logging
 import Scheduling
 import Synchronization
+import TestWaits
 import Testing
 
 @testable import Discovery
@@ -177,7 +178,7 @@ import Testing
         let armed = await world.clock.waitForPending(1)  // the call's deadline
         try #require(armed)
         resolve.cancel()
-        guard case .failure(let error) = await resolve.value else { Issue.record("resolved after its cancellation"); return }
+        guard case .failure(let error) = try await value(of: resolve, "the cancelled resolve") else { Issue.record("resolved after its cancellation"); return }
         #expect(error.code == .shutDown && error.message.contains("was cancelled"), "\(error)")
         #expect(link.resolving.load(ordering: .sequentiallyConsistent) == 0, "the link's resolve outlived the call")
         #expect(world.clock.pendingCount == 0, "timers left: \(world.clock.pendingDeadlines)")
@@ -199,7 +200,7 @@ import Testing
         try #require(armed, "\(world.clock.pendingDeadlines)")
         byName.cancel()
         browsed.cancel()
-        for outcome in [await byName.value, await browsed.value] {
+        for outcome in [try await value(of: byName, "the cancelled resolve by name"), try await value(of: browsed, "the cancelled resolve")] {
             guard case .failure(let error) = outcome else { Issue.record("resolved after its cancellation"); continue }
             #expect(error.code == .shutDown && error.message.contains("was cancelled"), "\(error)")
         }

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// The tests' one wait for a condition (issue 46, 4: it was written four times, in three test
 /// targets): polls `condition` every 5 ms until it holds, or throws when `timeout` passes — a
 /// deadline on a condition, never a sleep standing in for one. No dependencies: every test target
@@ -18,4 +20,24 @@ package func waitUntil(_ what: String, seconds: Double, _ condition: () async ->
 /// A wait that ran out: what was waited for, and how long.
 package struct WaitTimedOut: Error, CustomStringConvertible {
     package let description: String
+}
+
+/// `task`'s value, or a `WaitTimedOut` when it has not ended within `timeout` of real time — for
+/// a test whose failure would otherwise be a wait that never ends (the task is left running).
+package func value<T: Sendable>(of task: Task<T, Never>, _ what: String, within timeout: Duration = .seconds(10)) async throws -> T {
+    let ended = EndFlag()
+    Task {
+        _ = await task.value
+        ended.flag.store(true, ordering: .sequentiallyConsistent)
+    }
+    do {
+        try await waitUntil(what, timeout: timeout) { ended.flag.load(ordering: .sequentiallyConsistent) }
+    } catch {
+        throw WaitTimedOut(description: "\(what) did not end within \(timeout)")
+    }
+    return await task.value
+}
+
+private final class EndFlag: Sendable {
+    let flag = Atomic<Bool>(false)
 }
