@@ -2,6 +2,7 @@ import ProtocolCore
 import Dispatch
 import Locks
 import Logging
+import Scheduling
 
 import Glibc
 
@@ -92,13 +93,16 @@ public final class Listener: @unchecked Sendable {
     private var backoff: Duration
     /// The accept call (tests pass one that fails with EMFILE).
     private let acceptCall: AcceptCall
+    /// The clock of the back-off and the blocks' expiry (tests: a `ManualScheduler`).
+    private let scheduler: any Scheduler
     /// Resumes accepting after an EMFILE/ENFILE pause.
-    private var backoffTimer: (any DispatchSourceTimer)?
+    private var backoffTimer: ScheduledWork?
     /// Number of times accepting was paused for lack of file descriptors (for tests and metrics).
     private(set) var acceptPauses = 0
-    /// Sources whose connection attempts the kernel drops (``block(_:for:)``), until an uptime in nanoseconds.
+    /// Sources whose connection attempts the kernel drops (``block(_:for:)``), until a time of the
+    /// scheduler's clock in nanoseconds.
     private var blocked: [HandshakeAdmission.Source: UInt64] = [:]
-    private var unblockTimer: (any DispatchSourceTimer)?
+    private var unblockTimer: ScheduledWork?
 
     /// The port the listener is bound to (the same for both families).
     public let port: UInt16
@@ -127,12 +131,14 @@ public final class Listener: @unchecked Sendable {
     package typealias AcceptCall =
         @Sendable (Int32, UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<socklen_t>) -> Int32
 
-    /// ``init(configuration:logger:onAccept:)`` with another accept call (tests simulate EMFILE).
+    /// ``init(configuration:logger:onAccept:)`` with another accept call (tests simulate EMFILE) and
+    /// the clock of its timers (the server's; tests: a `ManualScheduler`).
     package init(
         configuration: Configuration = .init(), logger: Logger, acceptCall: @escaping AcceptCall,
-        onAccept: @escaping @Sendable (AcceptedSocket) -> Void
+        scheduler: any Scheduler = DispatchScheduler(), onAccept: @escaping @Sendable (AcceptedSocket) -> Void
     ) throws(TransportError) {
         self.acceptCall = acceptCall
+        self.scheduler = scheduler
         self.configuration = configuration
         self.logger = logger
         self.onAccept = onAccept
@@ -331,13 +337,8 @@ public final class Listener: @unchecked Sendable {
             "accept: \(error.message); pausing accepts for \(delay) (raise the fd limit or close connections)")
         acceptSuspended = true
         for socket in sockets { socket.source?.suspend() }
-        let timer = backoffTimer ?? DispatchSource.makeTimerSource(queue: queue)
-        if backoffTimer == nil {
-            timer.setEventHandler { [weak self] in self?.resumeAccepting() }
-            timer.resume()
-            backoffTimer = timer
-        }
-        timer.schedule(deadline: .now() + .nanoseconds(Int(clamping: delay.nanoseconds)))
+        backoffTimer?.cancel()
+        backoffTimer = scheduler.schedule(after: delay, on: queue) { [weak self] in self?.resumeAccepting() }
     }
 
     private func resumeAccepting() {
@@ -387,7 +388,7 @@ public final class Listener: @unchecked Sendable {
     /// (the ones blocked longest are let go first). Callable from any context.
     package func block(_ source: HandshakeAdmission.Source, for duration: Duration) {
         guard source != .unknown else { return }
-        let until = uptimeNanoseconds() &+ duration.nanoseconds
+        let until = scheduler.now &+ duration.nanoseconds
         queue.async { [self] in
             guard !stopped else { return }
             blocked[source] = until
@@ -403,7 +404,7 @@ public final class Listener: @unchecked Sendable {
 
     /// Installs the filters for what is blocked now and arms the timer for the next expiry. On the queue.
     private func applyBlocks() {
-        let now = uptimeNanoseconds()
+        let now = scheduler.now
         blocked = blocked.filter { $0.value > now }
         let sources = Array(blocked.keys)
         for socket in sockets where !SourceFilter.apply(sources, to: socket.fd, family: socket.family) {
@@ -414,12 +415,7 @@ public final class Listener: @unchecked Sendable {
             unblockTimer = nil
             return
         }
-        let timer = unblockTimer ?? DispatchSource.makeTimerSource(queue: queue)
-        if unblockTimer == nil {
-            timer.setEventHandler { [weak self] in self?.applyBlocks() }
-            timer.resume()
-            unblockTimer = timer
-        }
-        timer.schedule(deadline: DispatchTime(uptimeNanoseconds: next))
+        unblockTimer?.cancel()
+        unblockTimer = scheduler.schedule(at: next, on: queue) { [weak self] in self?.applyBlocks() }
     }
 }

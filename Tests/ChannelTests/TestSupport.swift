@@ -4,6 +4,7 @@ import Testing
 
 @testable import Messaging
 @_spi(Programs) import ProtocolCore
+@_spi(Programs) import Scheduling
 @_spi(Programs) import Transport
 
 #if canImport(Glibc)
@@ -79,7 +80,7 @@ final class TestServer: Sendable {
 
     init(
         _ configuration: ChannelConfiguration = config("server"), families: Set<SocketAddress.Family> = [.ipv4, .ipv6],
-        acceptCall: @escaping Listener.AcceptCall = Listener.systemAccept
+        acceptCall: @escaping Listener.AcceptCall = Listener.systemAccept, scheduler: any Scheduler = DispatchScheduler()
     ) throws {
         var listenerConfiguration = Listener.Configuration()
         listenerConfiguration.loopbackOnly = true
@@ -87,7 +88,7 @@ final class TestServer: Sendable {
         let (stream, continuation) = AsyncStream.makeStream(of: Result<MessageChannel, TransportError>.self)
         channels = stream
         let logger = testLogger("server")
-        listener = try Listener(configuration: listenerConfiguration, logger: logger, acceptCall: acceptCall) { socket in
+        listener = try Listener(configuration: listenerConfiguration, logger: logger, acceptCall: acceptCall, scheduler: scheduler) { socket in
             Task {
                 do {
                     continuation.yield(

@@ -170,16 +170,19 @@ public final class MessageServer: Service, Sendable {
     /// 7). When it is taken, a kernel-assigned port, as without a store.
     private func listen(previous: UInt16?) throws(TransportError) -> Listener {
         let accept: @Sendable (AcceptedSocket) -> Void = { [weak self] socket in self?.accepted(socket) }
+        let clock = configuration.channel.scheduler  // its back-off and its blocks' expiry, on the server's clock
         if let previous, configuration.listener.port == 0, configuration.listener.address == nil {
             var again = configuration.listener
             again.port = previous
             do {
-                return try Listener(configuration: again, logger: logger, onAccept: accept)
+                return try Listener(
+                    configuration: again, logger: logger, acceptCall: Listener.systemAccept, scheduler: clock, onAccept: accept)
             } catch {
                 logger.notice("the port of the last run, \(previous), is taken (\(error.message)); listening on another")
             }
         }
-        return try Listener(configuration: configuration.listener, logger: logger, onAccept: accept)
+        return try Listener(
+            configuration: configuration.listener, logger: logger, acceptCall: Listener.systemAccept, scheduler: clock, onAccept: accept)
     }
 
     private static var stoppedWhileStarting: MessagingError {
