@@ -1,6 +1,7 @@
 import ProtocolCore
 import Dispatch
 import Logging
+import Scheduling
 
 import Glibc
 
@@ -33,11 +34,20 @@ import Glibc
         to addresses: [SocketAddress], attemptDelay: Duration = .milliseconds(250), timeout: Duration = .seconds(10),
         logger: Logger
     ) async throws -> (fd: FileDescriptor, address: SocketAddress) {
+        try await connect(to: addresses, attemptDelay: attemptDelay, timeout: timeout, scheduler: DispatchScheduler(), logger: logger)
+    }
+
+    /// ``connect(to:attemptDelay:timeout:logger:)`` with the attempt delay and the timeout on
+    /// `scheduler`'s clock (a channel's; tests: a `ManualScheduler`).
+    package static func connect(
+        to addresses: [SocketAddress], attemptDelay: Duration = .milliseconds(250), timeout: Duration = .seconds(10),
+        scheduler: any Scheduler, logger: Logger
+    ) async throws -> (fd: FileDescriptor, address: SocketAddress) {
         guard !addresses.isEmpty else {
             throw TransportError(.invalidArgument, "no addresses to connect to; resolve the service first")
         }
         let race = HappyEyeballsRace(
-            addresses: interleave(addresses), attemptDelay: attemptDelay, timeout: timeout, logger: logger)
+            addresses: interleave(addresses), attemptDelay: attemptDelay, timeout: timeout, scheduler: scheduler, logger: logger)
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
                 race.start(continuation)
@@ -69,14 +79,16 @@ final class HappyEyeballsRace: @unchecked Sendable {
     private var attempts: [Attempt] = []
     private var failures: [TransportError.ConnectFailure] = []
     private var continuation: CheckedContinuation<(fd: FileDescriptor, address: SocketAddress), any Error>?
+    private let scheduler: any Scheduler
     /// Starts the next attempt after the attempt delay.
-    private var nextAttempt: (any DispatchSourceTimer)?
+    private var nextAttempt: ScheduledWork?
     /// Ends the race after the overall timeout.
-    private var overallTimeout: (any DispatchSourceTimer)?
+    private var overallTimeout: ScheduledWork?
     private var finished = false
 
-    init(addresses: [SocketAddress], attemptDelay: Duration, timeout: Duration, logger: Logger) {
+    init(addresses: [SocketAddress], attemptDelay: Duration, timeout: Duration, scheduler: any Scheduler, logger: Logger) {
         self.pending = addresses
+        self.scheduler = scheduler
         self.attemptDelay = attemptDelay
         self.timeout = timeout
         self.logger = logger
@@ -99,6 +111,7 @@ final class HappyEyeballsRace: @unchecked Sendable {
             guard !self.finished else { return }
             self.finished = true
             self.cancelAll()
+            self.overallTimeout?.cancel()
             self.continuation?.resume(throwing: CancellationError())
             self.continuation = nil
         }
@@ -154,16 +167,12 @@ final class HappyEyeballsRace: @unchecked Sendable {
         nextAttempt = timer(after: attemptDelay) { $0.startNext() }
     }
 
-    /// A one-shot timer source on the race's queue; cancelled when no longer needed.
-    private func timer(after delay: Duration, _ action: @escaping (HappyEyeballsRace) -> Void) -> any DispatchSourceTimer {
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + .nanoseconds(Int(clamping: delay.nanoseconds)))
-        timer.setEventHandler { [weak self] in
+    /// A one-shot timer of the scheduler on the race's queue; cancelled when no longer needed.
+    private func timer(after delay: Duration, _ action: @escaping @Sendable (HappyEyeballsRace) -> Void) -> ScheduledWork {
+        scheduler.schedule(after: delay, on: queue) { [weak self] in
             guard let self else { return }
             action(self)
         }
-        timer.resume()
-        return timer
     }
 
     private func attemptReady(_ attempt: Attempt) {

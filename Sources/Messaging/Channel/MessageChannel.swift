@@ -146,7 +146,7 @@ public final class MessageChannel: @unchecked Sendable {
         try configuration.checkFrameLimit()
         let (fd, address) = try await TCPConnector.connect(
             to: addresses, attemptDelay: configuration.connectAttemptDelay, timeout: configuration.connectTimeout,
-            logger: logger)
+            scheduler: configuration.scheduler, logger: logger)
         logger.debug("connected to \(address); sending hello")
         let driver = ConnectionDriver(
             fd: fd, loop: configuration.loopGroup.next(), configuration: configuration.connection, logger: logger)
