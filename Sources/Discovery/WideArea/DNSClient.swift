@@ -1,5 +1,6 @@
 import Dispatch
 import MDNSCore
+import Scheduling
 import SystemCalls
 
 #if canImport(Glibc)
@@ -43,9 +44,13 @@ protocol DNSExchanging: Sendable {
 /// is truncated. Everything runs on one serial queue; `exchange` is the async entry point.
 final class DNSClient: DNSExchanging {
     let queue: DispatchQueue
+    /// The clock of the retransmissions and the exchanges' deadlines (the wide area's; tests: a
+    /// `ManualScheduler`).
+    let scheduler: any Scheduler
 
-    init(queue: DispatchQueue = DispatchQueue(label: "discovery.unicast-dns")) {
+    init(queue: DispatchQueue = DispatchQueue(label: "discovery.unicast-dns"), scheduler: any Scheduler = DispatchScheduler()) {
         self.queue = queue
+        self.scheduler = scheduler
     }
 
     /// Sends `bytes` (an encoded message with ID `id`) and returns the first reply with that ID.
@@ -60,7 +65,7 @@ final class DNSClient: DNSExchanging {
             return .failure(DNSExchangeError(servers: [], reason: "no DNS server is configured"))
         }
         let operation = DNSExchangeOperation(
-            queue: queue, request: bytes, id: id, servers: servers, timeout: timeout, tcpOnly: tcp)
+            queue: queue, scheduler: scheduler, request: bytes, id: id, servers: servers, timeout: timeout, tcpOnly: tcp)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 queue.async { operation.start(continuation) }
@@ -77,6 +82,7 @@ final class DNSClient: DNSExchanging {
 /// One exchange; confined to the client's queue.
 private final class DNSExchangeOperation: @unchecked Sendable {  // confined to `queue`
     let queue: DispatchQueue
+    let scheduler: any Scheduler
     let request: [UInt8]
     let id: UInt16
     let servers: [DNSServerAddress]
@@ -89,8 +95,8 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
     private var tcpOutput: [UInt8] = []
     private var tcpInput: [UInt8] = []
     private var writeSuspended = true
-    private var deadline: (any DispatchSourceTimer)?
-    private var retransmit: (any DispatchSourceTimer)?
+    private var deadline: ScheduledWork?
+    private var retransmit: ScheduledWork?
     private var attempt = 0
     private var failedServers: Set<DNSServerAddress> = []
     private var lastError: String?
@@ -99,10 +105,11 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
     static let intervals: [Duration] = [.milliseconds(700), .milliseconds(1400), .milliseconds(2800), .seconds(4)]
 
     init(
-        queue: DispatchQueue, request: [UInt8], id: UInt16, servers: [DNSServerAddress], timeout: Duration,
-        tcpOnly: Bool
+        queue: DispatchQueue, scheduler: any Scheduler, request: [UInt8], id: UInt16, servers: [DNSServerAddress],
+        timeout: Duration, tcpOnly: Bool
     ) {
         self.queue = queue
+        self.scheduler = scheduler
         self.request = request
         self.id = id
         self.servers = servers
@@ -116,14 +123,10 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
             return
         }
         self.continuation = continuation
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + timeout.dispatchInterval)
-        timer.setEventHandler { [self] in
+        deadline = scheduler.schedule(after: timeout, on: queue) { [self] in
             finish(.failure(DNSExchangeError(
                 servers: servers, reason: "no answer within \(timeout)\(lastError.map { " (\($0))" } ?? "")")))
         }
-        timer.resume()
-        deadline = timer
         if tcpOnly {
             startTCP(servers[0])
         } else {
@@ -174,11 +177,7 @@ private final class DNSExchangeOperation: @unchecked Sendable {  // confined to 
             return
         }
         retransmit?.cancel()
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + interval.dispatchInterval)
-        timer.setEventHandler { [weak self] in self?.sendNextUDP() }
-        timer.resume()
-        retransmit = timer
+        retransmit = scheduler.schedule(after: interval, on: queue) { [weak self] in self?.sendNextUDP() }
     }
 
     private func serverFailed(_ server: DNSServerAddress, _ reason: String) {

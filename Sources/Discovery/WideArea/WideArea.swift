@@ -91,7 +91,7 @@ final class WideArea: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.hostLabel = hostLabel
-        self.dns = dns ?? UnicastDNS(settings: configuration.wideArea, logger: logger)
+        self.dns = dns ?? UnicastDNS(settings: configuration.wideArea, logger: logger, client: DNSClient(scheduler: scheduler))
         self.scheduler = scheduler
     }
 
