@@ -2,6 +2,7 @@ import CoreMetrics
 import Foundation
 import Locks
 import MetricsTestKit
+import TestWaits
 import Testing
 
 @testable import Discovery
@@ -21,11 +22,7 @@ import Transport
     /// Waits (deadline-bounded) until `condition` holds; the metrics are counted on the
     /// connections' loops, after the event the test saw.
     func eventually(_ what: String, timeout: Duration = .seconds(10), _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while !condition() {
-            guard ContinuousClock.now < deadline else { throw TestFailure("\(what): not within \(timeout)") }
-            try await Task.sleep(for: .milliseconds(5))
-        }
+        try await waitUntil(what, timeout: timeout) { condition() }
     }
 
     func total(_ metrics: TestMetrics, _ label: String, _ dimensions: [(String, String)]) -> Int64 {

@@ -73,10 +73,7 @@ import Locks
         }
         try await client.send(KV(key: "x"), type: "kv.note")
         try await harness.events.wait("the note") { if case .received(_, let m) = $0 { m.typeID == "kv.note" } else { false } }
-        let deadline = ContinuousClock.now + .seconds(10)
-        while replyToOneWay.withLock({ $0 }) == nil && ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(5))
-        }
+        try await waitUntil("the reply to a one-way message refused", timeout: .seconds(10)) { replyToOneWay.withLock { $0 } != nil }
         let refusal = try #require(replyToOneWay.withLock { $0 } as? TransportError)
         #expect(refusal.code == .invalidArgument && refusal.message.contains("send()"))
         #expect(seen.withLock { $0.map(\.1) } == [true, false])

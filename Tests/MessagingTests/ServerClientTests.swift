@@ -4,6 +4,7 @@ import TestWaits
 import Testing
 
 import Locks
+import Scheduling
 @testable import Messaging
 import Transport
 
@@ -59,20 +60,57 @@ final class LoopbackServer: Sendable {
     }
 }
 
-/// Thread-safe log of events with deadline-bounded waits.
+/// Thread-safe log of events with deadline-bounded waits, woken by each event (not a poll).
 final class EventLog<Element: Sendable>: Sendable {
-    private let items = Locked<[Element]>([])
-    func append(_ element: Element) { items.withLock { $0.append(element) } }
-    var all: [Element] { items.withLock { $0 } }
-    func clear() { items.withLock { $0.removeAll() } }
+    private struct State {
+        var items: [Element] = []
+        /// Waiters for the next event, by id; each is resumed once (an event, or its deadline).
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var nextWaiter = 0
+    }
+
+    private let state = Locked(State())
+
+    func append(_ element: Element) {
+        let waiters = state.withLock { state in
+            state.items.append(element)
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    var all: [Element] { state.withLock { $0.items } }
+    func clear() { state.withLock { $0.items.removeAll() } }
 
     @discardableResult
     func wait(timeout: Duration = .seconds(10), _ what: String, where predicate: (Element) -> Bool) async throws -> Element {
         let deadline = ContinuousClock.now + timeout
         while true {
-            if let match = all.first(where: predicate) { return match }
-            guard ContinuousClock.now < deadline else { throw TestFailure("no \(what) within \(timeout); saw \(all.count) events") }
-            try await Task.sleep(for: .milliseconds(5))
+            let items = all
+            if let match = items.first(where: predicate) { return match }
+            let left = deadline - ContinuousClock.now
+            guard left > .zero else { throw TestFailure("no \(what) within \(timeout); saw \(items.count) events") }
+            await nextEvent(after: items.count, within: left)
+        }
+    }
+
+    /// Returns once there are more than `count` events, or when `limit` (real time) has passed.
+    private func nextEvent(after count: Int, within limit: Duration) async {
+        let id = state.withLock { state in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state in
+                guard state.items.count <= count else { return true }
+                state.waiters[id] = continuation
+                return false
+            }
+            if now { return continuation.resume() }
+            DispatchScheduler().schedule(after: limit) { [self] in
+                state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+            }
         }
     }
 
@@ -205,9 +243,7 @@ struct TestFailure: Error, CustomStringConvertible {
         // The reader is still served.
         let before = received.withLock { $0 }
         _ = await harness.server.broadcast([1, 2, 3], type: "after")
-        let deadline = ContinuousClock.now + .seconds(10)
-        while received.withLock({ $0 }) <= before && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
-        #expect(received.withLock { $0 } > before)
+        try await waitUntil("the broadcast after the reconnect received", timeout: .seconds(10)) { received.withLock { $0 } > before }
         consumer.cancel()
         await reader.close()
         stuck.close()
@@ -261,8 +297,7 @@ struct TestFailure: Error, CustomStringConvertible {
         configuration.listener.loopbackOnly = true
         let server = MessageServer(configuration: configuration, discovery: nil, logger: testLogger())
         let running = Task { try await server.run() }
-        let deadline = ContinuousClock.now + .seconds(10)
-        while server.port == nil && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        try await waitUntil("the server listening", timeout: .seconds(10)) { server.port != nil }
         let port = try #require(server.port)
         let client = try await MessageClient.connect(to: .host("::1", port: port), configuration: .init(peerName: "v6"), logger: testLogger())
         #expect(client.channel?.remoteAddress?.family == .ipv6)

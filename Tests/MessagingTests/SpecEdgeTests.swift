@@ -222,13 +222,9 @@ extension HostilePeer {
         let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
         guard case .accepted(let connection) = accepted else { return }
         let opened = ContinuousClock.now
-        var samples = 0
-        while ContinuousClock.now - opened < .seconds(3) {
-            samples = await connection.channel.health.samples
-            if samples > 0 { break }
-            try await Task.sleep(for: .milliseconds(10))
+        try await waitUntil("a round-trip sample on the server (3 s after the session opened)", timeout: .seconds(3)) {
+            await connection.channel.health.samples > 0
         }
-        #expect(samples > 0, "the server had no round-trip sample 3 s after the session opened")
         #expect(ContinuousClock.now - opened < .seconds(1))
         await client.close()
         await harness.server.stop()
@@ -378,11 +374,7 @@ extension HostilePeer {
         }
         // The replies may all arrive within the second the pump waits on the full queue; the
         // drops come once that second is over (2,000 broadcasts are more than the queue holds).
-        let deadline = ContinuousClock.now + .seconds(10)
-        while client.droppedMessages == 0 && ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        #expect(client.droppedMessages > 0)
+        try await waitUntil("messages dropped by the client's full queue", timeout: .seconds(10)) { client.droppedMessages > 0 }
         await client.close()
         await harness.server.stop()
     }
