@@ -129,7 +129,8 @@ public final class MessageClient: Sendable {
         do {
             journal = try SessionJournal(
                 storeConfiguration, role: .client,
-                identity: try configuration.channel.security.storeIdentity(server: false), logger: logger)
+                identity: try configuration.channel.security.storeIdentity(server: false), logger: logger,
+                scheduler: configuration.channel.scheduler)
         } catch {
             throw MessagingError(.sessionStoreUnusable, "cannot connect: \(error.message)", underlying: error)
         }

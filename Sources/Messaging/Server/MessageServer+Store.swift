@@ -16,7 +16,7 @@ extension MessageServer {
         do {
             journal = try SessionJournal(
                 storeConfiguration, role: .server, identity: try configuration.channel.security.storeIdentity(server: true),
-                logger: logger)
+                logger: logger, scheduler: configuration.channel.scheduler)
         } catch {
             throw MessagingError(.sessionStoreUnusable, "cannot start the server: \(error.message)", underlying: error)
         }

@@ -26,7 +26,7 @@ extension SessionJournal {
         let closedError = FileError(path, "the session store '\(path)' was closed")
         for (_, done) in syncWaiters { done(closedError) }
         for waiter in roomWaiters { waiter.resume() }
-        backgroundSync.source.cancel()
+        shared.withLock { $0.backgroundSyncTimer }?.cancel()
         // An empty batch: its drain sees the store closed and closes the file first.
         let filesClosed = DispatchSemaphore(value: 0)
         enqueue([]) { _ in filesClosed.signal() }

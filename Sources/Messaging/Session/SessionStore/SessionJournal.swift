@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Locks
 import Logging
+import Scheduling
 import Synchronization
 
 /// A ``SessionStore`` open in this process: one append-only file of ``Journal`` records in its
@@ -80,8 +81,9 @@ final class SessionJournal: Sendable {
     let compactionQueue = DispatchQueue(label: "lanmsg.session-store.compaction", qos: .utility)
     /// Bytes of kept messages (what ``SessionStore/maxBytes`` bounds).
     let liveBytes = Atomic<Int>(0)
-    /// The background sync of process-crash durability.
-    let backgroundSync: TimerSource
+    /// The clock of the background sync of process-crash durability (the server's or the client's;
+    /// tests: a `ManualScheduler`).
+    let scheduler: any Scheduler
 
     /// What the writer, the syncs and the callers share (under the lock; never held across a
     /// system call).
@@ -109,8 +111,9 @@ final class SessionJournal: Sendable {
         /// A compaction renamed its file into place: the directory must be synced before anything
         /// written since counts as on the disk.
         var directorySyncPending = false
-        /// The background sync is armed.
+        /// The background sync is armed, and its timer (nil for the instant between the two).
         var backgroundSyncArmed = false
+        var backgroundSyncTimer: ScheduledWork?
     }
 
     /// Opens (or creates) the store in `configuration.directory` for `role`, as `identity`.
@@ -122,9 +125,11 @@ final class SessionJournal: Sendable {
     ///   ``compactionFloor(_:)``'s.
     init(
         _ configuration: SessionStore, role: Journal.Role, identity: String, logger: Logger,
-        fileSystem: any StoreFileSystem = PosixFileSystem(), compactionFloor: Int? = nil
+        fileSystem: any StoreFileSystem = PosixFileSystem(), compactionFloor: Int? = nil,
+        scheduler: any Scheduler = DispatchScheduler()
     ) throws(FileError) {
         self.configuration = configuration
+        self.scheduler = scheduler
         self.logger = logger
         self.fileSystem = fileSystem
         directory = configuration.directory
@@ -171,14 +176,11 @@ final class SessionJournal: Sendable {
             storeLock.unlock()
             throw error
         }
-        backgroundSync = TimerSource(queue: syncQueue)
-        backgroundSync.source.setEventHandler { [weak self] in self?.runBackgroundSync() }
-        backgroundSync.source.resume()
         makeReserve()
     }
 
     deinit {
-        backgroundSync.source.cancel()
+        shared.withLock { $0.backgroundSyncTimer }?.cancel()
         if !writer.filesClosed { writer.state.file.close() }
         storeLock.unlock()
     }
@@ -415,27 +417,25 @@ final class SessionJournal: Sendable {
             state.backgroundSyncArmed = true
             return true
         }
-        if arm { backgroundSync.source.schedule(deadline: .now() + .seconds(1)) }
+        guard arm else { return }
+        let timer = scheduler.schedule(after: .seconds(1), on: syncQueue) { [weak self] in self?.runBackgroundSync() }
+        // Closed meanwhile: the timer is not needed. (Run already: cancelling it does nothing.)
+        let kept = shared.withLock { state -> Bool in
+            guard !state.closed else { return false }
+            state.backgroundSyncTimer = timer
+            return true
+        }
+        if !kept { timer.cancel() }
     }
 
     private func runBackgroundSync() {
         let due = shared.withLock { state -> Bool in
             state.backgroundSyncArmed = false
+            state.backgroundSyncTimer = nil
             guard !state.syncing, !state.closed, state.failure == nil, state.synced < state.written else { return false }
             state.syncing = true
             return true
         }
         if due { runSync() }
-    }
-}
-
-/// A Dispatch timer source owned by one object (a source is thread-safe: scheduled and cancelled
-/// from any thread).
-final class TimerSource: @unchecked Sendable {
-    let source: any DispatchSourceTimer
-
-    init(queue: DispatchQueue) {
-        source = DispatchSource.makeTimerSource(queue: queue)
-        source.schedule(deadline: .distantFuture)
     }
 }

@@ -1,0 +1,36 @@
+import Foundation
+import TestWaits
+import Testing
+
+import Locks
+@testable import Messaging
+import Scheduling
+
+/// Process-crash durability's background sync on the store's clock (issue 54, 1): armed by a
+/// write, it syncs a second later on that clock — a manual one here, so the test turns the second
+/// instead of waiting for it — once per second however many writes, and a closed store leaves no
+/// timer. The file is real (a temporary directory).
+@Suite struct JournalBackgroundSyncTests {
+    @Test func aWriteIsSyncedOneSecondLaterOnTheStoresClockOncePerSecond() async throws {
+        let clock = ManualScheduler()
+        let directory = SessionStoreTests.directory("background-sync")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let journal = try SessionJournal(
+            SessionStore(directory: directory), role: .server, identity: "plaintext", logger: testLogger(), scheduler: clock)
+        let start = clock.now
+        for number in UInt64(1)...3 {  // three writes: one timer
+            _ = try journal.append(.message(SessionStoreTests.key, epoch: 0, number: number, codecID: 0, typeID: "t", payload: [1]))
+        }
+        #expect(clock.pendingDeadlines == [start + 1_000_000_000], "one background sync, a second after the first write")
+        clock.advance(by: .milliseconds(999))
+        #expect(journal.syncCount == 0, "synced before its second")
+        clock.advance(by: .milliseconds(1))
+        try await waitUntil("the background sync", timeout: .seconds(10)) { journal.syncCount == 1 }
+        #expect(clock.pendingCount == 0)
+        // The next write arms it again; closing the store cancels it.
+        _ = try journal.append(.message(SessionStoreTests.key, epoch: 0, number: 4, codecID: 0, typeID: "t", payload: [1]))
+        #expect(clock.pendingCount == 1)
+        journal.close()
+        #expect(clock.pendingCount == 0, "a closed store left its background sync armed")
+    }
+}
