@@ -424,23 +424,9 @@ func serveEcho(_ channel: MessageChannel) {
     @Test func happyEyeballsTimesOutOnABlackHole() async throws {
         // A loopback listener that never accepts, with its backlog filled: further connects stay pending.
         try await withDeadline {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            defer { close(fd) }
-            let address = SocketAddress.ipv4Loopback(port: 0)
-            _ = try address.withSockAddr { (sa, len) throws(TransportError) in
-                try syscallValue("bind") { bind(fd, sa, len) }
-            }
-            listen(fd, 0)  // never accepts: after the backlog fills, connects hang in SYN_SENT
-            let port = SocketOps.localAddress(FileDescriptor(fd))!.port
-            var fillers: [Int32] = []
-            defer { for f in fillers { close(f) } }
-            for _ in 0..<8 {
-                let f = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-                _ = try? SocketAddress.ipv4Loopback(port: port).withSockAddr { (sa, len) throws(TransportError) in
-                    Glibc.connect(f, sa, len)
-                }
-                fillers.append(f)
-            }
+            let hole = try ConnectTimerTests.BlackHole()
+            defer { withExtendedLifetime(hole) {} }
+            let port = hole.port
             do {
                 let (fd, _) = try await TCPConnector.connect(
                     to: [.ipv4Loopback(port: port)], timeout: .milliseconds(300), logger: testLogger())
