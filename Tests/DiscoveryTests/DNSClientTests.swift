@@ -76,17 +76,21 @@ import Testing
 
     typealias Outcome = Result<DNSReply, DNSExchangeError>
 
-    static func exchange(_ client: DNSClient, _ servers: [DNSServerAddress], timeout: Duration = .seconds(5)) -> Task<Outcome, Never> {
-        Task { await client.exchange(query, id: id, servers: servers, timeout: timeout) }
+    /// The query asked of `peers` by a client on a manual clock; returns once it went out to the
+    /// first (the exchange's deadline and first retransmission armed).
+    static func asking(_ peers: [UDPPeer], timeout: Duration = .seconds(5)) async throws -> (clock: ManualScheduler, exchange: Task<Outcome, Never>) {
+        let clock = ManualScheduler()
+        let client = DNSClient(scheduler: clock)
+        let servers = peers.map(\.server)
+        let exchange = Task { await client.exchange(query, id: id, servers: servers, timeout: timeout) }
+        try #require(await clock.waitForPending(2), "the query was not sent: \(clock.pendingDeadlines)")
+        return (clock, exchange)
     }
 
     @Test func aQueryNobodyAnswersIsSentAgainToTheNextServerAt700msThenDoublingAndEndsAtItsTimeout() async throws {
-        let clock = ManualScheduler()
-        let client = DNSClient(scheduler: clock)
         let (first, second) = (UDPPeer(), UDPPeer())
-        let exchange = Self.exchange(client, [first.server, second.server], timeout: .seconds(5))
-        // The deadline and the first retransmission's timer; the query went to the first server.
-        try #require(await clock.waitForPending(2), "\(clock.pendingDeadlines)")
+        let (clock, exchange) = try await Self.asking([first, second], timeout: .seconds(5))
+        // The query went to the first server.
         #expect(first.received().map(\.bytes) == [Self.query])
         #expect(second.received().isEmpty)
         clock.advance(by: .milliseconds(699))
@@ -105,11 +109,8 @@ import Testing
     }
 
     @Test func theFirstReplyWithTheQuerysIDEndsTheExchangeAndItsTimers() async throws {
-        let clock = ManualScheduler()
-        let client = DNSClient(scheduler: clock)
         let server = UDPPeer()
-        let exchange = Self.exchange(client, [server.server])
-        try #require(await clock.waitForPending(2))
+        let (clock, exchange) = try await Self.asking([server])
         let asked = server.received()
         try #require(asked.count == 1)
         // A reply with another ID is ignored; the one with the query's ends the exchange.
@@ -125,11 +126,8 @@ import Testing
     }
 
     @Test func aCancelledExchangeEndsAtOnceAndLeavesNoTimer() async throws {
-        let clock = ManualScheduler()
-        let client = DNSClient(scheduler: clock)
         let server = UDPPeer()
-        let exchange = Self.exchange(client, [server.server])
-        try #require(await clock.waitForPending(2))
+        let (clock, exchange) = try await Self.asking([server])
         exchange.cancel()
         guard case .failure(let error) = try await value(of: exchange, "the cancelled exchange") else { Issue.record("answered"); return }
         #expect(error.reason == "cancelled")
