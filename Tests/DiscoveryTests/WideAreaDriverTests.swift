@@ -79,4 +79,36 @@ import Testing
         try await world.shutdown()
         #expect(world.instancesInZone.isEmpty)
     }
+
+    /// A burst of address changes (netlink says each): the registrations are told once, half a
+    /// second after the last change — a refresh at once, not at half the lease — and the wide
+    /// area's shutdown stops a debounce still pending.
+    @Test func aBurstOfAddressChangesRefreshesTheRegistrationOnceHalfASecondAfterTheLast() async throws {
+        let world = WideAreaWorld()
+        let host = try await world.addHost("hosta")
+        let area = world.hosts[host].wideArea
+        #expect(Self.updateCount(world) == 1)
+        // Three changes 200 ms apart: one debounce at a time, each replacing the one before.
+        for change in 0..<3 {
+            if change > 0 { world.clock.advance(by: .milliseconds(200)) }
+            area.addressesMayHaveChanged()
+            #expect(world.clock.pendingCount == world.expectedWaits + 1, "after change \(change): \(world.clock.pendingDeadlines)")
+        }
+        let due = world.clock.now + 500_000_000
+        #expect(world.clock.pendingDeadlines.contains(due), "\(world.clock.pendingDeadlines)")
+        world.clock.advance(by: .milliseconds(499))
+        #expect(world.clock.pendingCount == world.expectedWaits + 1, "the debounce fired early")
+        #expect(Self.updateCount(world) == 1, "refreshed before the burst was over")
+        world.clock.advance(by: .milliseconds(1))
+        try await world.settle("after the debounce")
+        #expect(Self.updateCount(world) == 2, "the registration was not refreshed after the addresses changed")
+        #expect(world.instancesInZone == ["Lobby"])
+
+        // A change, then the wide area stops before its debounce: nothing is left on the clock.
+        area.addressesMayHaveChanged()
+        #expect(world.clock.pendingCount == world.expectedWaits + 1)
+        await area.shutdown()
+        #expect(world.clock.pendingCount == 0, "timers left after the shutdown: \(world.clock.pendingDeadlines)")
+        #expect(world.instancesInZone.isEmpty, "the shutdown left the registration's records")
+    }
 }

@@ -158,7 +158,7 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         configuration.wideArea = settings
         let server = self.server
         let dns = UnicastDNS(settings: settings, logger: logger, exchanger: link, clock: { server.now })
-        return WideArea(configuration: configuration, logger: logger, hostLabel: label, dns: dns, scheduler: clock)
+        return WideArea(configuration: configuration, logger: logger, hostLabel: label, dns: dns, scheduler: clock, watchesAddresses: false)
     }
 
     // MARK: Hosts
@@ -201,6 +201,7 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
             key: host.key, handle: handle, logger: logger, onReport: { report in said.withLock { $0.append((server.now, report)) } })
         host.handle = handle
         host.registration = registration
+        host.wideArea.track(registration)  // told of address changes, as `WideArea.register` does
         registration.start()
     }
 

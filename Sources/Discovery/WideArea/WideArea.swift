@@ -12,8 +12,12 @@ final class WideArea: Sendable {
     let configuration: DiscoveryConfiguration
     let logger: Logger
     let hostLabel: String
-    /// The clock of the registrations' waits (Dispatch's; tests turn a manual one).
+    /// The clock of the registrations' waits and of the address changes' debounce (Dispatch's;
+    /// tests turn a manual one).
     let scheduler: any Scheduler
+    /// Whether the first registration starts the netlink watch of the host's addresses (tests of
+    /// the debounce call ``addressesMayHaveChanged()`` themselves).
+    private let watchesAddresses: Bool
 
     private struct State {
         var domains: (value: AnnouncedDomains, at: UInt64)?
@@ -21,7 +25,7 @@ final class WideArea: Sendable {
         var zones: [DNSName: (zone: UnicastDNS.Zone, servers: [DNSServerAddress], at: UInt64)] = [:]
         var monitor: NetlinkMonitor?
         var monitorSource: (any DispatchSourceRead)?
-        var debounce: (any DispatchSourceTimer)?
+        var debounce: ScheduledWork?
         var stopped = false
     }
 
@@ -37,7 +41,7 @@ final class WideArea: Sendable {
         case add(WideAreaRegistration)
         case remove(WideAreaRegistration)
         /// A burst of address changes: this timer acts after the last one (answers the one it replaces).
-        case debounce(any DispatchSourceTimer)
+        case debounce(ScheduledWork)
         /// The addresses changed: forget the domains (answers the registrations to tell).
         case addressesChanged
         /// Stop watching (answers the registrations, the sources to cancel).
@@ -47,10 +51,17 @@ final class WideArea: Sendable {
     /// The state as it is now (the one door for reads).
     private var current: State { state.withLock { $0 } }
 
-    /// The one door for changes; returns the registrations and the Dispatch sources the change
-    /// leaves to the caller (to tell, to cancel), outside the lock.
+    /// What a change leaves to the caller, outside the lock: registrations to tell, a Dispatch
+    /// source and timers to cancel.
+    private struct Leftovers {
+        var registrations: [WideAreaRegistration] = []
+        var sources: [any DispatchSourceProtocol] = []
+        var timers: [ScheduledWork] = []
+    }
+
+    /// The one door for changes; returns what the change leaves to the caller.
     @discardableResult
-    private func change(_ change: Change) -> (registrations: [WideAreaRegistration], cancel: [any DispatchSourceProtocol]) {
+    private func change(_ change: Change) -> Leftovers {
         state.withLock { state in
             switch change {
             case .domains(let value):
@@ -59,15 +70,16 @@ final class WideArea: Sendable {
                 state.zones[name] = entry
             case .add(let registration):
                 state.registrations[ObjectIdentifier(registration)] = registration
-                if state.monitor == nil, !state.stopped { startMonitor(&state) }
+                if watchesAddresses, state.monitor == nil, !state.stopped { startMonitor(&state) }
             case .remove(let registration):
                 state.registrations.removeValue(forKey: ObjectIdentifier(registration))
             case .debounce(let timer):
+                guard !state.stopped else { return Leftovers(timers: [timer]) }
                 defer { state.debounce = timer }
-                return ([], state.debounce.map { [$0] } ?? [])
+                return Leftovers(timers: state.debounce.map { [$0] } ?? [])
             case .addressesChanged:
                 state.domains = nil  // subnets may have changed too
-                return (Array(state.registrations.values), [])
+                return Leftovers(registrations: Array(state.registrations.values))
             case .stop:
                 state.stopped = true
                 defer {
@@ -75,19 +87,24 @@ final class WideArea: Sendable {
                     state.monitor = nil
                     state.debounce = nil
                 }
-                return (Array(state.registrations.values), [state.monitorSource, state.debounce].compactMap { $0 })
+                return Leftovers(
+                    registrations: Array(state.registrations.values), sources: state.monitorSource.map { [$0] } ?? [],
+                    timers: state.debounce.map { [$0] } ?? [])
             }
-            return ([], [])
+            return Leftovers()
         }
     }
 
     /// - Parameters:
     ///   - dns: The DNS client (tests: one on a server in memory and its clock).
-    ///   - scheduler: The clock of the registrations' waits (tests: a `ManualScheduler`).
+    ///   - scheduler: The clock of the registrations' waits and of the debounce (tests: a
+    ///     `ManualScheduler`).
+    ///   - watchesAddresses: Whether the first registration starts the netlink watch.
     init(
         configuration: DiscoveryConfiguration, logger: Logger, hostLabel: String, dns: UnicastDNS? = nil,
-        scheduler: any Scheduler = DispatchScheduler()
+        scheduler: any Scheduler = DispatchScheduler(), watchesAddresses: Bool = true
     ) {
+        self.watchesAddresses = watchesAddresses
         self.configuration = configuration
         self.logger = logger
         self.hostLabel = hostLabel
@@ -206,8 +223,13 @@ final class WideArea: Sendable {
         let registration = WideAreaRegistration(
             wideArea: self, domain: request.domain ?? settings.domains.first, name: name, type: request.type,
             port: request.port, txt: request.txt, key: key, handle: handle, logger: logger)
-        change(.add(registration))
+        track(registration)
         handle.attachWideArea([registration])
+    }
+
+    /// Tells `registration` of address changes from now on (the first starts the netlink watch).
+    func track(_ registration: WideAreaRegistration) {
+        change(.add(registration))
     }
 
     func forget(_ registration: WideAreaRegistration) {
@@ -229,16 +251,14 @@ final class WideArea: Sendable {
         state.monitorSource = source
     }
 
-    /// Changes come in bursts: act half a second after the last one.
-    private func addressesMayHaveChanged() {
-        let timer = DispatchSource.makeTimerSource(queue: dns.client.queue)
-        timer.schedule(deadline: .now() + .milliseconds(500))
-        timer.setEventHandler { [weak self] in
+    /// Netlink said the addresses changed. Changes come in bursts: the registrations are told (and
+    /// the announced domains forgotten) half a second after the last one, on the scheduler's clock.
+    func addressesMayHaveChanged() {
+        let timer = scheduler.schedule(after: .milliseconds(500), on: dns.client.queue) { [weak self] in
             guard let self else { return }
             for registration in self.change(.addressesChanged).registrations { registration.addressesChanged() }
         }
-        timer.resume()
-        for previous in change(.debounce(timer)).cancel { previous.cancel() }
+        for previous in change(.debounce(timer)).timers { previous.cancel() }
     }
 
     /// Deletes every registration's records (each bounded by the update timeout), then stops watching.
@@ -257,7 +277,9 @@ final class WideArea: Sendable {
     }
 
     private func stopMonitor() {
-        for source in change(.stop).cancel { source.cancel() }
+        let leftovers = change(.stop)
+        for source in leftovers.sources { source.cancel() }
+        for timer in leftovers.timers { timer.cancel() }
     }
 
     // MARK: Resolving
