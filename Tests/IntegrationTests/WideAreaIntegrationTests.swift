@@ -114,6 +114,33 @@ struct WideAreaIntegrationTests {
         try await publisher.wait("UNPUBLISHED")
     }
 
+    /// The host's addresses change under a running registration (netlink tells; an address added
+    /// to b's interface, then removed): its A records follow within seconds, not at the next
+    /// refresh of the 100 s lease.
+    @Test func anAddressAddedOrRemovedOnTheHostIsInTheZoneWithinSeconds() async throws {
+        let type = "_wa-moved._tcp"
+        let extra = "10.81.2.21"
+        let publisher = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_KEY": Lab.keyFile("hostb")])
+        try publisher.send("publish Moved \(type) 4243 fp=moved")
+        try await publisher.wait("REGISTERED Moved in \(Self.zone)")
+        #expect(try Lab.dig(Lab.Host.b.hostName, "A") == [Lab.Host.b.address])
+        try Lab.run(.b, ["ip", "addr", "add", "\(extra)/24", "dev", "eth0"])
+        defer { _ = try? Lab.run(.b, ["ip", "addr", "del", "\(extra)/24", "dev", "eth0"]) }
+        let added = ContinuousClock.now
+        try await Lab.waitUntil("the added address in the zone", timeout: .seconds(10)) {
+            try Set(Lab.dig(Lab.Host.b.hostName, "A")) == [Lab.Host.b.address, extra]
+        }
+        Harness.measured("address added → in the zone (debounce 0.5 s)", ContinuousClock.now - added)
+        try Lab.run(.b, ["ip", "addr", "del", "\(extra)/24", "dev", "eth0"])
+        let removed = ContinuousClock.now
+        try await Lab.waitUntil("the removed address gone from the zone", timeout: .seconds(10)) {
+            try Lab.dig(Lab.Host.b.hostName, "A") == [Lab.Host.b.address]
+        }
+        Harness.measured("address removed → gone from the zone", ContinuousClock.now - removed)
+        try publisher.send("unpublish")
+        try await publisher.wait("UNPUBLISHED")
+    }
+
     @Test func ourBrowserSeesAServiceRegisteredWithNsupdate() async throws {
         let type = "_wa-manual._tcp"
         let instance = "ByHand.\(type).\(Self.zone)."
