@@ -7,29 +7,19 @@ import Scheduling
 /// The name can change: when another service on the network has the same name, Avahi picks an
 /// alternative (`"Name #2"`) and ``events`` reports ``PublicationEvent/renamed(from:to:)``.
 public final class PublishedService: Sendable {
+    typealias Machine = PublicationMachine<Waiter, WideAreaRegistration>
+    typealias Wait = Machine.Wait
+
     struct State {
-        var name: String
-        var txt: TXTRecord
-        var established = false
-        var failure: DiscoveryError?
-        /// Callers of `established(timeout:)`, each with the timer that fails it at its deadline
-        /// (cancelled when the publication settles first, or the caller's task is cancelled).
-        var waiters: [Int: Waiter] = [:]
-        var nextWaiter = 0
-        /// Re-registrations after stalled probing (for tests and diagnostics).
-        var stallRetries = 0
+        var machine: Machine
         /// The backend's object for this publication (an Avahi `Publication`, an embedded
         /// `EmbeddedPublication`); set and read on `owner.queue`, held weakly.
         weak var backendObject: AnyObject?
-        /// Wide-area registrations of this service, one per domain.
-        var wideArea: [WideAreaRegistration] = []
-        /// Their outcome so far, by domain: the name registered, or the last failure.
-        var wideAreaStatus: [String: Result<String, DiscoveryError>] = [:]
-        /// Callers of `registered(timeout:)`.
-        var wideAreaWaiters: [Int: Waiter] = [:]
-        var wideAreaUnpublished = false
     }
 
+    /// A caller of `established(timeout:)` or `registered(timeout:)`, with the timer that ends its
+    /// wait at its deadline (stopped when the publication settles first, or the caller's task is
+    /// cancelled).
     struct Waiter {
         let continuation: CheckedContinuation<Result<String, DiscoveryError>, Never>
         /// Its deadline; nil for the instant between its registration and its timer's.
@@ -42,12 +32,7 @@ public final class PublishedService: Sendable {
         }
     }
 
-    /// What a caller waits for: the link's announcement or the wide area's registration.
-    enum Wait {
-        case established, registered
-    }
-
-    let state: Locked<State>
+    private let state: Locked<State>
     /// The publication's events: established, renamed, suspended, failed; with wide-area
     /// publishing also registered, registrationRenamed and registrationFailed. One consumer.
     public let events: AsyncStream<PublicationEvent>
@@ -74,28 +59,40 @@ public final class PublishedService: Sendable {
         self.scheduler = scheduler
         self.type = type
         self.port = port
-        self.state = Locked(State(name: name, txt: txt))
+        self.state = Locked(State(machine: Machine(name: name, txt: txt)))
         (events, continuation) = AsyncStream.makeStream(of: PublicationEvent.self)
     }
 
+    /// The machine as it is now (the one door for reads).
+    private var current: Machine { state.withLock { $0.machine } }
+
+    /// The one door for changes: an input to the machine, under the lock; what it returns is done
+    /// by the caller after the lock is released.
+    private func change<Result>(_ input: (inout Machine) -> Result) -> Result {
+        state.withLock { input(&$0.machine) }
+    }
+
     /// The current name (it changes after a collision).
-    public var name: String { state.withLock { $0.name } }
+    public var name: String { current.name }
     /// The current TXT record.
-    public var txt: TXTRecord { state.withLock { $0.txt } }
+    public var txt: TXTRecord { current.txt }
     /// Whether the service is currently announced on the network.
-    public var isEstablished: Bool { state.withLock { $0.established } }
+    public var isEstablished: Bool { current.established }
     /// How many times the registration was withdrawn and repeated because Avahi's probing stalled.
-    var stallRetries: Int { state.withLock { $0.stallRetries } }
+    var stallRetries: Int { current.stallRetries }
+
+    /// The backend announces `txt` now.
+    func txtChanged(_ txt: TXTRecord) { change { $0.txtChanged(txt) } }
+
+    /// The backend withdrew and repeated the registration because probing stalled.
+    func stallRetried() { change { $0.stallRetried() } }
 
     /// Waits until the service is announced and returns its (possibly new) name.
     /// - Throws: ``DiscoveryError`` `.timedOut` after `timeout`, or the error that made the
     ///   publication fail; `.shutDown` at once when the calling task is cancelled.
     @discardableResult
     public func established(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
-        try await wait(.established, timeout: timeout) { state in
-            if state.established { return .success(state.name) }
-            return state.failure.map { .failure($0) }
-        } timedOut: { service in
+        try await wait(.established, timeout: timeout) { service in
             DiscoveryError(.timedOut, service.owner.notEstablishedMessage(service, timeout: timeout))
         }.get()
     }
@@ -103,7 +100,7 @@ public final class PublishedService: Sendable {
     /// Wide-area: the name registered in each unicast DNS domain so far (empty without wide-area
     /// publishing, or before the first registration).
     public var wideAreaNames: [String: String] {
-        state.withLock { $0.wideAreaStatus.compactMapValues { try? $0.get() } }
+        current.wideAreaStatus.compactMapValues { try? $0.get() }
     }
 
     /// Wide-area: waits until the service is registered in its unicast DNS domain and returns the
@@ -114,115 +111,61 @@ public final class PublishedService: Sendable {
     ///   at once when the calling task is cancelled.
     @discardableResult
     public func registered(timeout: Duration = .seconds(10)) async throws(DiscoveryError) -> String {
-        try await wait(.registered, timeout: timeout) { state in
-            if let outcome = state.wideAreaStatus.values.first { return outcome }
-            guard state.wideArea.isEmpty || state.wideAreaUnpublished else { return nil }
-            return .failure(
-                DiscoveryError(.notPublished, "'\(state.name)' is not published in a unicast DNS domain (no wide-area key configured)"))
-        } timedOut: { service in
+        try await wait(.registered, timeout: timeout) { service in
             DiscoveryError(.timedOut, "'\(service.name)' was not registered in its unicast DNS domain within \(timeout)")
         }.get()
     }
 
-    /// One caller's wait: the outcome at once when `settled` has one, else when the publication
-    /// records it, or `timedOut` at `timeout` (a timer of the scheduler, on the owner's queue), or
-    /// `.shutDown` when the calling task is cancelled — whichever comes first, once.
+    /// One caller's wait: the outcome at once when the publication has one for `kind`, else when
+    /// it records one, or `timedOut` at `timeout` (a timer of the scheduler, on the owner's queue),
+    /// or `.shutDown` when the calling task is cancelled — whichever comes first, once.
     private func wait(
-        _ kind: Wait, timeout: Duration, settled: @escaping @Sendable (inout State) -> Result<String, DiscoveryError>?,
-        timedOut: @escaping @Sendable (PublishedService) -> DiscoveryError
+        _ kind: Wait, timeout: Duration, timedOut: @escaping @Sendable (PublishedService) -> DiscoveryError
     ) async -> Result<String, DiscoveryError> {
-        let id = state.withLock { state in
-            state.nextWaiter += 1
-            return state.nextWaiter
-        }
+        let id = change { $0.newWaiter() }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                let now = state.withLock { state -> Result<String, DiscoveryError>? in
-                    if let outcome = settled(&state) { return outcome }
-                    // Cancelled before it waited (the handler found no waiter to end).
-                    if Task.isCancelled { return .failure(cancelled(kind, name: state.name)) }
-                    state[kind][id] = Waiter(continuation: continuation)
-                    return nil
-                }
+                // (Cancelled before it waited: the handler found no waiter to end.)
+                let now = change { $0.wait(kind, id: id, Waiter(continuation: continuation), cancelled: Task.isCancelled) }
                 if let now { return continuation.resume(returning: now) }
                 let timer = scheduler.schedule(after: timeout, on: owner.queue) { [weak self] in
                     guard let self else { return }
                     self.end(kind, id, with: .failure(timedOut(self)))
                 }
                 // Ended already (settled, cancelled) between the two: its timer is not needed.
-                let waiting = state.withLock { state in
-                    guard state[kind][id] != nil else { return false }
-                    state[kind][id]?.timer = timer
-                    return true
-                }
-                if !waiting { timer.cancel() }
+                if !change({ $0.update(kind, id) { $0.timer = timer } }) { timer.cancel() }
             }
         } onCancel: {
-            end(kind, id, with: .failure(cancelled(kind, name: name)))
+            end(kind, id, with: .failure(current.cancellation(of: kind)))
         }
     }
 
     /// Ends one caller's wait, if it still waits.
     private func end(_ kind: Wait, _ id: Int, with outcome: Result<String, DiscoveryError>) {
-        state.withLock { $0[kind].removeValue(forKey: id) }?.resume(returning: outcome)
+        change { $0.end(kind, id) }?.resume(returning: outcome)
     }
 
-    private func cancelled(_ kind: Wait, name: String) -> DiscoveryError {
-        switch kind {
-        case .established: DiscoveryError(.shutDown, "the wait for '\(name)' to be announced was cancelled")
-        case .registered: DiscoveryError(.shutDown, "the wait for '\(name)' to be registered in its unicast DNS domain was cancelled")
-        }
-    }
-
-    func attachWideArea(_ registrations: [WideAreaRegistration]) {
-        state.withLock { $0.wideArea += registrations }
+    /// Registrations of the service in unicast domains, started (`start`: false in tests that
+    /// record their outcomes themselves).
+    func attachWideArea(_ registrations: [WideAreaRegistration], start: Bool = true) {
+        change { $0.attach(registrations) }
+        guard start else { return }
         for registration in registrations { registration.start() }
     }
 
     /// Stops and deletes the wide-area registrations (each bounded by its update timeout).
     func stopWideArea() async {
-        let registrations = state.withLock { state -> [WideAreaRegistration] in
-            state.wideAreaUnpublished = true
-            defer { state.wideArea = [] }
-            return state.wideArea
-        }
+        let registrations = change { $0.unpublishWideArea() }
         await withTaskGroup(of: Void.self) { group in
             for registration in registrations { group.addTask { await registration.stop() } }
         }
-        let waiters = state.withLock { state -> [Waiter] in
-            defer { state.wideAreaWaiters = [:] }
-            return Array(state.wideAreaWaiters.values)
-        }
-        for waiter in waiters { waiter.resume(returning: .failure(DiscoveryError(.notPublished, "the service was unpublished"))) }
+        let (waiters, outcome) = change { $0.wideAreaStopped() }
+        for waiter in waiters { waiter.resume(returning: outcome) }
     }
 
     /// The discovery object went away: stop the wide-area registrations in the background.
     func beginStopWideArea() {
-        let registrations = state.withLock { state -> [WideAreaRegistration] in
-            defer { state.wideArea = [] }
-            return state.wideArea
-        }
-        for registration in registrations { registration.beginStop() }
-    }
-
-    private func recordWideArea(_ event: PublicationEvent) {
-        let (waiters, outcome) = state.withLock { state -> ([Waiter], Result<String, DiscoveryError>?) in
-            let outcome: Result<String, DiscoveryError>
-            switch event {
-            case .registered(let name, let domain):
-                outcome = .success(name)
-                state.wideAreaStatus[domain] = outcome
-            case .registrationFailed(let domain, let error):
-                outcome = .failure(error)
-                state.wideAreaStatus[domain] = outcome
-            default:
-                return ([], nil)
-            }
-            defer { state.wideAreaWaiters = [:] }
-            return (Array(state.wideAreaWaiters.values), outcome)
-        }
-        guard let outcome else { return }
-        for waiter in waiters { waiter.resume(returning: outcome) }
+        for registration in change({ $0.detachWideArea() }) { registration.beginStop() }
     }
 
     /// Replaces the TXT record while the service stays published. Remote resolvers that watch the
@@ -230,7 +173,7 @@ public final class PublishedService: Sendable {
     /// - Throws: ``DiscoveryError`` `.invalidTXT` (nothing changed), or `.avahi` when the daemon refused it.
     public func updateTXT(_ txt: TXTRecord) async throws(DiscoveryError) {
         try txt.validate()
-        for registration in state.withLock({ $0.wideArea }) { registration.updateTXT(txt) }
+        for registration in current.wideArea { registration.updateTXT(txt) }
         let result: Result<Void, DiscoveryError> = await withCheckedContinuation { continuation in
             owner.queue.async { [self] in continuation.resume(returning: owner.updateTXT(txt, of: self)) }
         }
@@ -249,66 +192,13 @@ public final class PublishedService: Sendable {
         }
     }
 
+    /// A backend's or a wide-area registration's event: the callers it settles are resumed, then
+    /// the app's `events` get it.
     func record(_ event: PublicationEvent) {
-        switch event {
-        case .registered, .registrationRenamed, .registrationFailed:
-            recordWideArea(event)
-            continuation.yield(event)
-            return
-        default:
-            break
-        }
-        let waiters: [Waiter]
-        let result: Result<String, DiscoveryError>?
-        (waiters, result) = state.withLock { state in
-            switch event {
-            case .established(let name):
-                state.name = name
-                state.established = true
-                state.failure = nil
-            case .renamed(_, let to):
-                state.name = to
-                state.established = false
-            case .suspended:
-                state.established = false
-            case .failed(let error):
-                state.established = false
-                state.failure = error
-            case .registered, .registrationRenamed, .registrationFailed:
-                break
-            }
-            let outcome: Result<String, DiscoveryError>? =
-                switch event {
-                case .established(let name): .success(name)
-                case .failed(let error): .failure(error)
-                default: nil
-                }
-            guard outcome != nil else { return ([], nil) }
-            let all = Array(state.waiters.values)
-            state.waiters.removeAll()
-            return (all, outcome)
-        }
-        if let result {
-            for waiter in waiters { waiter.resume(returning: result) }
+        let (waiters, outcome) = change { $0.record(event) }
+        if let outcome {
+            for waiter in waiters { waiter.resume(returning: outcome) }
         }
         continuation.yield(event)
-    }
-}
-
-extension PublishedService.State {
-    /// The callers waiting for `kind`.
-    subscript(kind: PublishedService.Wait) -> [Int: PublishedService.Waiter] {
-        get {
-            switch kind {
-            case .established: waiters
-            case .registered: wideAreaWaiters
-            }
-        }
-        set {
-            switch kind {
-            case .established: waiters = newValue
-            case .registered: wideAreaWaiters = newValue
-            }
-        }
     }
 }

@@ -97,7 +97,7 @@ import Testing
         let registration = WideAreaRegistration(
             wideArea: world.wideArea(label: "hosta", index: 0, link: world.server), domain: WideAreaWorld.zoneName, name: "Lobby",
             type: "_chat._tcp", port: 4242, txt: TXTRecord(), key: WideAreaWorld.key(for: "hosta"), handle: service, logger: world.logger)
-        service.state.withLock { $0.wideArea = [registration] }
+        service.attachWideArea([registration], start: false)
 
         let timesOut = Self.registered(service)
         try #require(await clock.waitForPending(1))

@@ -56,7 +56,7 @@ final class WideAreaWorld: @unchecked Sendable {  // (driven by one test task at
         var isRunning: Bool { registration != nil }
         /// The name its publication says it registered (nil: not registered, or failed).
         var registeredName: String? {
-            handle?.state.withLock { try? $0.wideAreaStatus[WideAreaWorld.zoneName]?.get() }
+            handle?.wideAreaNames[WideAreaWorld.zoneName]
         }
     }
 

@@ -119,7 +119,7 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
 
     func updateTXT(_ newTXT: TXTRecord) -> Result<Void, DiscoveryError> {
         txt = newTXT
-        handle.state.withLock { $0.txt = newTXT }
+        handle.txtChanged(newTXT)
         guard let group, avahi_entry_group_is_empty(group) == 0 else { return .success(()) }  // applied at next register
         let result = withStringList(newTXT) { list -> Int32 in
             for interface in interfaces {
@@ -195,7 +195,7 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
         probeWatchdog = nil
         guard !stopped, let group, avahi_entry_group_get_state(group) == Int32(AVAHI_ENTRY_GROUP_REGISTERING.rawValue) else { return }
         stallRetries += 1
-        handle.state.withLock { $0.stallRetries += 1 }
+        handle.stallRetried()
         core.logger.notice(
             "service still probing, registering it again",
             metadata: [

@@ -583,7 +583,7 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
             return .failure(DiscoveryError(.notPublished, "service '\(service.name)' is no longer published"))
         }
         engine.updateTXT(publication.id, txt: txt.entries.map(\.bytes), now: Self.now())
-        service.state.withLock { $0.txt = txt }
+        service.txtChanged(txt)
         pump()
         return .success(())
     }
