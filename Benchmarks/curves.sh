@@ -12,7 +12,9 @@
 #                trips, at most 64 MiB, at least 1,000)
 #   connections: W4 (the server broadcasts to N clients, delivered messages a second) and W5 (the
 #                server's memory per idle connection) at N = 1, 10, 100, 1,000, 10,000
-#                (W4: 2,000,000 deliveries in all, 20,000 per client at most)
+#                (W4: 2,000,000 deliveries in all, 20,000 per client at most), and W2 (round trips,
+#                p50 and p99) with N connections at once, one round trip in flight each (100,000 in
+#                all, at least 10 per connection)
 #
 #   Benchmarks/curves.sh                     everything (about 12 minutes on 2 cores after the build)
 #   CURVE_SIZES="64 1048576" CURVE_CONNECTIONS="1 100" CURVE_JSON_SIZES="100" Benchmarks/curves.sh   fewer points
@@ -20,7 +22,8 @@
 #   IMPLS="ours nio" Benchmarks/curves.sh    fewer implementations (default: ours ours+noise nio nio+tls)
 #   CURVES_OUT=docs/curves Benchmarks/curves.sh   where the SVGs and the data go (default: under /tmp)
 #
-# Draws size.svg, json.svg, latency.svg, connections.svg and memory.svg with curves/plot.py, and
+# Draws size.svg, json.svg, latency.svg, connections.svg, memory.svg and latency-connections.svg
+# with curves/plot.py, and
 # keeps every RESULT line in curves.data beside them. Loopback only, as run.sh.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -65,6 +68,17 @@ for n in "${CONNECTIONS[@]}"; do
     BENCH_W4_CLIENTS=$n BENCH_W4_MESSAGES=$messages BENCH_W5_CONNECTIONS=$n "$HERE/run.sh" W4 W5 >> "$LOG" 2>&1 \
         || echo "FAILED: run.sh W4 W5 at $n connections (see $LOG)"
     tail -n +"$((start + 1))" "$LOG" | awk -v n="$n" '$1 == "RESULT" && ($2 == "W4" || $2 == "W5") { print "CONN " n " " $0 }' | tee -a "$DATA"
+done
+for n in "${CONNECTIONS[@]}"; do
+    # W2 with n connections at once, one round trip in flight each: 100,000 round trips split
+    # among them (at least 10 each), each connection warmed up by a tenth of its own (2 to 2,000).
+    each=$(( 100000 / n )); [ "$each" -lt 10 ] && each=10
+    warmup=$(( each / 10 )); [ "$warmup" -gt 2000 ] && warmup=2000; [ "$warmup" -lt 2 ] && warmup=2
+    echo "== round trips on $n connections at once ($each each)"
+    start=$(wc -l < "$LOG")
+    BENCH_W2_CONNECTIONS=$n BENCH_W2_ROUND_TRIPS=$(( each * n )) BENCH_W2_WARMUP=$warmup "$HERE/run.sh" W2 >> "$LOG" 2>&1 \
+        || echo "FAILED: run.sh W2 at $n connections (see $LOG)"
+    tail -n +"$((start + 1))" "$LOG" | awk -v n="$n" '$1 == "RESULT" && $2 == "W2" && $3 != "c" { print "CLAT " n " " $0 }' | tee -a "$DATA"
 done
 python3 "$HERE/curves/plot.py" "$DATA" "$OUT"
 echo "(curves: $OUT)"

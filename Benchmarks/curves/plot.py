@@ -4,8 +4,10 @@
     plot.py curves.data OUT_DIR
 
 curves.data lines: `SIZE <bytes> RESULT W3 <impl> mib_per_s=...` and `CONN <n> RESULT W4|W5 <impl>
-key=value...`. Writes size.svg (MiB/s against message size), connections.svg (delivered messages a
-second against connections) and memory.svg (server memory per idle connection against connections),
+key=value...` (and `JSON`, `CLAT <n> RESULT W2 ...`). Writes size.svg (MiB/s against message size),
+connections.svg (delivered messages a second against connections), memory.svg (server memory per
+idle connection against connections) and latency-connections.svg (round-trip p50 and p99 with n
+connections at once),
 log scales where the values span decades.
 """
 import html
@@ -109,7 +111,12 @@ def main():
         latency[impl + " p50"] = points
     for impl, points in series("JSON", "W2", "p99_us").items():
         latency[impl + " p99"] = points
-    for impl in list(latency):
+    crowd = {}
+    for impl, points in series("CLAT", "W2", "p50_us").items():
+        crowd[impl + " p50"] = points
+    for impl, points in series("CLAT", "W2", "p99_us").items():
+        crowd[impl + " p99"] = points
+    for impl in list(latency) + list(crowd):
         base, _, which = impl.rpartition(" ")
         COLOURS[impl] = COLOURS.get(base, "#999999")
         NAMES[impl] = "%s %s" % (NAMES.get(base, base), which)
@@ -122,6 +129,8 @@ def main():
                              latency, "bytes", "count", True),
         "connections.svg": chart("Broadcast throughput against connections (W4)", "connections",
                                  "messages delivered a second", series("CONN", "W4", "msgs_per_s"), "count", "count", True),
+        "latency-connections.svg": chart("Round trip against connections (W2, every connection with one in flight)",
+                                         "connections", "µs", crowd, "count", "count", True),
         "memory.svg": chart("Server memory per idle connection (W5)", "connections", "bytes per connection (RSS)",
                             series("CONN", "W5", "bytes_per_conn"), "count", "count", True),
     }

@@ -37,12 +37,16 @@ public struct Sample: Codable, Sendable, Equatable {
 /// Workload sizes (exactly as issue 7 defines them). `Benchmarks/curves.sh` (issue 55) varies some
 /// of them through the environment, read by server and client alike: `BENCH_W3_SIZE` and
 /// `BENCH_W3_COUNT` (W3's message size and count), `BENCH_W4_CLIENTS` and `BENCH_W4_MESSAGES`,
-/// `BENCH_W5_CONNECTIONS`, `BENCH_W1_MESSAGES` (W1's and W7's), `BENCH_W2_ROUND_TRIPS` and
-/// `BENCH_W2_WARMUP` (and ``Sample/make(_:)``'s `BENCH_SAMPLE_PAD`). Unset, they are issue 7's.
+/// `BENCH_W5_CONNECTIONS`, `BENCH_W1_MESSAGES` (W1's and W7's), `BENCH_W2_ROUND_TRIPS`,
+/// `BENCH_W2_WARMUP` and `BENCH_W2_CONNECTIONS` (and ``Sample/make(_:)``'s `BENCH_SAMPLE_PAD`). Unset, they are issue 7's.
 public enum Workload {
     public static let w1Messages = environment("BENCH_W1_MESSAGES", 1_000_000)
     public static let w2RoundTrips = environment("BENCH_W2_ROUND_TRIPS", 100_000)
     public static let w2Warmup = environment("BENCH_W2_WARMUP", 2_000)
+    /// W2's connections, each with one round trip in flight (`BENCH_W2_ROUND_TRIPS` split among
+    /// them, each warmed up by `BENCH_W2_WARMUP` of its own): the curve of latency against
+    /// connections (issue 55). 1: issue 7's W2.
+    public static let w2Connections = environment("BENCH_W2_CONNECTIONS", 1)
     public static let w3Messages = environment("BENCH_W3_COUNT", 1024)
     public static let w3MessageSize = environment("BENCH_W3_SIZE", 1 << 20)
     public static let w4Clients = environment("BENCH_W4_CLIENTS", 50)

@@ -293,17 +293,25 @@ final class W2Client: ChannelInboundHandler {
     let encoder = JSONEncoder()
     let decoder = JSONDecoder()
     let sample = Sample.make(42)
+    /// When to send the first request (BENCH_W2_CONNECTIONS: once every connection is made).
+    let start: EventLoopFuture<Void>?
     var latencies: [UInt64] = []
     var i = 0
     var t0: UInt64 = 0
-    init(n: Int, done: EventLoopPromise<[UInt64]>) {
+    init(n: Int, done: EventLoopPromise<[UInt64]>, start: EventLoopFuture<Void>? = nil) {
         self.n = n
         self.done = done
+        self.start = start
         latencies.reserveCapacity(n)
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        send(context)
+        if let start {
+            let bound = NIOLoopBound((handler: self, context: context), eventLoop: context.eventLoop)
+            start.hop(to: context.eventLoop).whenSuccess { bound.value.handler.send(bound.value.context) }
+        } else {
+            send(context)
+        }
         context.fireChannelActive()
     }
 
@@ -533,6 +541,34 @@ func runClient() throws {
         let elapsed = try done.futureResult.wait()
         result("W1", impl, ["msgs_per_s": fmt(Double(n) / elapsed, 0), "seconds": fmt(elapsed, 3)])
         try channel.close().wait()
+    case "W2" where Workload.w2Connections > 1:
+        // BENCH_W2_CONNECTIONS: every connection made first, then all of them at once, one round
+        // trip in flight each (as ours).
+        let connections = Workload.w2Connections
+        let each = max(1, options.int("messages", Workload.w2RoundTrips) / connections)
+        let go = group.next().makePromise(of: Void.self)
+        var channels: [any Channel] = []
+        var results: [EventLoopFuture<[UInt64]>] = []
+        for _ in 0..<connections {
+            let done = group.next().makePromise(of: [UInt64].self)
+            channels.append(try connect(port) { _ in W2Client(n: each, done: done, start: go.futureResult) }.wait())
+            results.append(done.futureResult)
+        }
+        let start = ContinuousClock.now
+        go.succeed()
+        var latencies: [UInt64] = []
+        latencies.reserveCapacity(each * connections)
+        for future in results { latencies += try future.wait() }
+        let elapsed = seconds(since: start)
+        let s = latencySummary(latencies)
+        let trips = Double(connections * (each + Workload.w2Warmup))
+        result(
+            "W2", impl,
+            [
+                "p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max), "connections": "\(connections)",
+                "round_trips_per_s": fmt(trips / elapsed, 0),
+            ])
+        for channel in channels { try channel.close().wait() }
     case "W2":
         let n = options.int("messages", Workload.w2RoundTrips)
         let done = group.next().makePromise(of: [UInt64].self)

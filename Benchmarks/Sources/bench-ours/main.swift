@@ -119,6 +119,7 @@ func runServer() async throws {
             done.continuation.finish()
         }
     case "W2":
+        let w2Closed = Counter()
         // Default: the reply is sent inline from an on(type:) handler with trySend (no task hop);
         // --w2-server stream: the messages AsyncSequence and `await reply(to:)` in a task.
         let inline = options.string("w2-server", "handler") == "handler"
@@ -140,7 +141,8 @@ func runServer() async throws {
                     fail("W2: the send queue of a ping-pong cannot be full")
                 }
             }
-            done.continuation.finish()
+            // (every connection of the run closed: BENCH_W2_CONNECTIONS of them)
+            if w2Closed.add() == Workload.w2Connections { done.continuation.finish() }
         }
     case "W3":
         // Default: an on(type:) handler, which runs on the channel's queue as each message arrives
@@ -439,11 +441,39 @@ func runClient() async throws {
         // Default, like the NIO peer's client (next request sent from channelRead): the reply is
         // handled by an on(type:) handler on the channel's queue, which sends the next request
         // with trySend. --w2-client stream: an async loop over `messages` with `await send`.
-        let channel = try await connect(port)
-        let latencies = try await handlerRoundTrips(channel, until: .count(options.int("messages", Workload.w2RoundTrips)))
+        let total = options.int("messages", Workload.w2RoundTrips)
+        let connections = Workload.w2Connections
+        guard connections > 1 else {
+            let channel = try await connect(port)
+            let latencies = try await handlerRoundTrips(channel, until: .count(total))
+            let s = latencySummary(latencies)
+            result("W2", impl, ["p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max)])
+            channel.close()
+            break
+        }
+        // BENCH_W2_CONNECTIONS: every connection made first, then all of them at once, one round
+        // trip in flight each; the percentiles of every round trip after each one's warm-up.
+        let each = max(1, total / connections)
+        var channels: [MessageChannel] = []
+        for _ in 0..<connections { channels.append(try await connect(port)) }
+        let start = ContinuousClock.now
+        let latencies = try await withThrowingTaskGroup(of: [UInt64].self) { group in
+            for channel in channels { group.addTask { try await handlerRoundTrips(channel, until: .count(each)) } }
+            var all: [UInt64] = []
+            all.reserveCapacity(each * connections)
+            for try await some in group { all += some }
+            return all
+        }
+        let elapsed = seconds(since: start)
         let s = latencySummary(latencies)
-        result("W2", impl, ["p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max)])
-        channel.close()
+        let trips = Double(connections * (each + Workload.w2Warmup))
+        result(
+            "W2", impl,
+            [
+                "p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max), "connections": "\(connections)",
+                "round_trips_per_s": fmt(trips / elapsed, 0),
+            ])
+        for channel in channels { channel.close() }
     case "W2":
         let n = options.int("messages", Workload.w2RoundTrips)
         let channel = try await connect(port)
