@@ -20,6 +20,7 @@
 #   CURVE_SIZES="64 1048576" CURVE_CONNECTIONS="1 100" CURVE_JSON_SIZES="100" Benchmarks/curves.sh   fewer points
 #                                            (" " for none of a kind)
 #   IMPLS="ours nio" Benchmarks/curves.sh    fewer implementations (default: ours ours+noise nio nio+tls)
+#   CURVE_KINDS="latency" Benchmarks/curves.sh   fewer kinds (default: size json connections latency)
 #   CURVES_OUT=docs/curves Benchmarks/curves.sh   where the SVGs and the data go (default: under /tmp)
 #
 # Draws size.svg, json.svg, latency.svg, connections.svg, memory.svg and latency-connections.svg
@@ -31,6 +32,8 @@ cd "$HERE"
 read -r -a SIZES <<< "${CURVE_SIZES:-64 1024 16384 262144 1048576}"
 read -r -a CONNECTIONS <<< "${CURVE_CONNECTIONS:-1 10 100 1000 10000}"
 read -r -a JSON_SIZES <<< "${CURVE_JSON_SIZES:-100 1024 16384 262144}"
+# Which kinds of curve (default all): size, json, connections (W4, W5), latency (W2 against connections).
+KINDS=" ${CURVE_KINDS:-size json connections latency} "
 export IMPLS="${IMPLS:-ours ours+noise nio nio+tls}"
 OUT=${CURVES_OUT:-$(mktemp -d /tmp/curves.XXXXXX)}
 mkdir -p "$OUT"
@@ -40,6 +43,11 @@ DATA="$OUT/curves.data"
 LOG="$OUT/curves.log"
 : > "$LOG"
 
+[[ "$KINDS" == *" size "* ]] || SIZES=()
+[[ "$KINDS" == *" json "* ]] || JSON_SIZES=()
+LATENCY_CONNECTIONS=("${CONNECTIONS[@]}")
+[[ "$KINDS" == *" latency "* ]] || LATENCY_CONNECTIONS=()
+[[ "$KINDS" == *" connections "* ]] || CONNECTIONS=()
 for size in "${SIZES[@]}"; do
     count=$(( (256 << 20) / size )); [ "$count" -gt 200000 ] && count=200000; [ "$count" -lt 1024 ] && count=1024
     echo "== size $size B x $count"
@@ -69,7 +77,7 @@ for n in "${CONNECTIONS[@]}"; do
         || echo "FAILED: run.sh W4 W5 at $n connections (see $LOG)"
     tail -n +"$((start + 1))" "$LOG" | awk -v n="$n" '$1 == "RESULT" && ($2 == "W4" || $2 == "W5") { print "CONN " n " " $0 }' | tee -a "$DATA"
 done
-for n in "${CONNECTIONS[@]}"; do
+for n in "${LATENCY_CONNECTIONS[@]}"; do
     # W2 with n connections at once, one round trip in flight each: 100,000 round trips split
     # among them (at least 10 each), each connection warmed up by a tenth of its own (2 to 2,000).
     each=$(( 100000 / n )); [ "$each" -lt 10 ] && each=10
