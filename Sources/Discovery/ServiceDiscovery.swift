@@ -35,6 +35,9 @@ public final class ServiceDiscovery: Sendable {
     let metrics = DiscoveryMetrics.make()
     /// Wide-area DNS-SD beside the link (nil when turned off).
     let wideArea: WideArea?
+    /// The clock of ``services(ofType:timeout:until:)``'s timeout (Dispatch's; tests turn a
+    /// manual one).
+    let scheduler: any Scheduler
     /// Merged browses and wide-area watches until they have ended (not only been stopped: a
     /// stopped one stays until its last task ended), stopped and awaited by ``shutdown()``.
     let wideAreaActivity = Locked<(browses: [Int: MergedBrowse], watches: [Int: Task<Void, Never>], next: Int)>(
@@ -56,6 +59,7 @@ public final class ServiceDiscovery: Sendable {
         let program = programName ?? CommandLine.arguments.first.map { String($0.split(separator: "/").last ?? "") } ?? "app"
         let name = program.isEmpty ? "app" : program
         self.logger = logger
+        scheduler = DispatchScheduler()
         var settings = configuration ?? DiscoveryConfiguration()
         if configuration == nil {
             let (fromEnvironment, problems) = DiscoveryConfiguration.fromEnvironment()
@@ -105,11 +109,16 @@ public final class ServiceDiscovery: Sendable {
     }
 
     /// A discovery object on `backend` and `wideArea` as given, nothing read from the environment
-    /// (tests: a fake link, and a `WideAreaWorld`'s wide area on its manual clock).
-    init(logger: Logger, configuration: DiscoveryConfiguration, backend: any DiscoveryBackend, wideArea: WideArea?) {
+    /// (tests: a fake link, and a `WideAreaWorld`'s wide area on its manual clock); `scheduler`
+    /// defaults to the wide area's clock, else Dispatch's.
+    init(
+        logger: Logger, configuration: DiscoveryConfiguration, backend: any DiscoveryBackend, wideArea: WideArea?,
+        scheduler: (any Scheduler)? = nil
+    ) {
         self.logger = logger
         self.configuration = configuration
         self.wideArea = wideArea
+        self.scheduler = scheduler ?? wideArea?.scheduler ?? DispatchScheduler()
         selector.decide(backend, reason: "given")
     }
 
@@ -300,7 +309,7 @@ public final class ServiceDiscovery: Sendable {
                     if done(sorted(), allForNow) { return }
                 }
             }
-            group.addTask { await DispatchScheduler().sleep(for: timeout) }
+            group.addTask { await self.scheduler.sleep(for: timeout) }
             await group.next()  // the first to finish decides; the other is cancelled
             group.cancelAll()
         }

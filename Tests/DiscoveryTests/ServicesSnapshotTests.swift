@@ -1,0 +1,109 @@
+import Logging
+import Scheduling
+import Synchronization
+import TestWaits
+import Testing
+
+@testable import Discovery
+
+/// `ServiceDiscovery.services(ofType:timeout:until:)` — the snapshot a "list" command takes — in
+/// virtual time (issue 54, 1): it returns at its timeout on the discovery object's clock (not a
+/// moment before) with what the browse showed then, or at once when `until` says so, and its
+/// browse and its timer end with it. The link is a backend whose browse events the test sends.
+@Suite struct ServicesSnapshotTests {
+    final class BrowsedLink: DiscoveryBackend {
+        private let browse = Mutex<AsyncStream<BrowseEvent>.Continuation?>(nil)
+        let stopped = Atomic<Int>(0)
+
+        var isBrowsing: Bool { browse.withLock { $0 != nil } }
+        func send(_ event: BrowseEvent) { _ = browse.withLock { $0 }?.yield(event) }
+
+        var kind: DiscoveryBackendKind { .embedded }
+        var currentState: DaemonState { .running }
+        var currentHostName: String { "browsed" }
+        func stateUpdates() -> AsyncStream<DaemonState> { AsyncStream { $0.finish() } }
+        func publish(_ request: PublishRequest) async -> Result<PublishedService, DiscoveryError> {
+            .failure(DiscoveryError(.shutDown, "not here"))
+        }
+        func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void {
+            browse.withLock { $0 = continuation }
+            return {
+                self.stopped.add(1, ordering: .sequentiallyConsistent)
+                continuation.finish()
+            }
+        }
+        func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
+            .failure(DiscoveryError(.timedOut, "not here"))
+        }
+        func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation) -> @Sendable () -> Void {
+            { continuation.finish() }
+        }
+        func shutdown() async {}
+        func beginShutdown() {}
+    }
+
+    static let type = "_chat._tcp"
+
+    static func service(_ name: String) -> DiscoveredService {
+        DiscoveredService(identity: ServiceIdentity(name: name, type: type), seenOn: [], isLocal: false, isOwn: false)
+    }
+
+    static func discovery(_ link: BrowsedLink, _ clock: ManualScheduler) -> ServiceDiscovery {
+        ServiceDiscovery(
+            logger: Logger(label: "services-snapshot"), configuration: DiscoveryConfiguration(), backend: link, wideArea: nil,
+            scheduler: clock)
+    }
+
+    /// Counts the events `until` was asked about (each after the snapshot took the event in).
+    final class Asked: Sendable {
+        let count = Atomic<Int>(0)
+        var value: Int { count.load(ordering: .sequentiallyConsistent) }
+    }
+
+    @Test func theSnapshotIsWhatTheBrowseShowedAtTheTimeout() async throws {
+        let clock = ManualScheduler()
+        let link = BrowsedLink()
+        let discovery = Self.discovery(link, clock)
+        let asked = Asked()
+        let snapshot = Task {
+            try await discovery.services(ofType: Self.type, timeout: .seconds(3)) { _, _ in
+                asked.count.add(1, ordering: .sequentiallyConsistent)
+                return false
+            }
+        }
+        try await waitUntil("the browse started") { link.isBrowsing }
+        try #require(await clock.waitForPending(1), "the timeout was never armed")
+        let start = clock.now
+        #expect(clock.pendingDeadlines == [start + 3_000_000_000])
+        for event: BrowseEvent in [.added(Self.service("Lobby")), .added(Self.service("Attic")), .removed(Self.service("Lobby")),
+            .added(Self.service("Cellar")), .allForNow]
+        {
+            link.send(event)
+        }
+        try await waitUntil("the five events taken in") { asked.value == 5 }
+        clock.advance(by: .milliseconds(2_999))
+        #expect(link.stopped.load(ordering: .sequentiallyConsistent) == 0, "the snapshot ended before its timeout")
+        clock.advance(by: .milliseconds(1))
+        let services = try await value(of: Task { try? await snapshot.value }, "the snapshot")
+        #expect(services?.map(\.name) == ["Attic", "Cellar"], "what the browse showed at the timeout, by name")
+        try await waitUntil("the browse stopped") { link.stopped.load(ordering: .sequentiallyConsistent) == 1 }
+        #expect(clock.pendingCount == 0)
+    }
+
+    @Test func untilEndsItAtOnceAndStopsTheTimer() async throws {
+        let clock = ManualScheduler()
+        let link = BrowsedLink()
+        let discovery = Self.discovery(link, clock)
+        let snapshot = Task { try await discovery.services(ofType: Self.type, timeout: .seconds(3)) { _, allForNow in allForNow } }
+        try await waitUntil("the browse started") { link.isBrowsing }
+        try #require(await clock.waitForPending(1), "the timeout was never armed")
+        let start = clock.now
+        link.send(.added(Self.service("Lobby")))
+        link.send(.allForNow)
+        let services = try await value(of: Task { try? await snapshot.value }, "the snapshot")
+        #expect(services?.map(\.name) == ["Lobby"])
+        #expect(clock.now == start, "the clock moved")
+        #expect(clock.pendingCount == 0, "the timeout's timer outlived the snapshot: \(clock.pendingDeadlines)")
+        try await waitUntil("the browse stopped") { link.stopped.load(ordering: .sequentiallyConsistent) == 1 }
+    }
+}
