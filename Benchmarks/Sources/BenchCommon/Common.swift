@@ -204,3 +204,17 @@ public func result(_ workload: String, _ impl: String, _ fields: KeyValuePairs<S
 }
 
 public func fmt(_ v: Double, _ digits: Int = 1) -> String { String(format: "%.\(digits)f", v) }
+
+/// W2's RESULT with `BENCH_W2_CONNECTIONS` above 1: the percentiles of every round trip after each
+/// connection's warm-up, and the round trips a second of all of them (warm-ups included) over
+/// `seconds`.
+public func resultW2(_ impl: String, _ latencies: [UInt64], connections: Int, each: Int, seconds: Double) {
+    let s = latencySummary(latencies)
+    let trips = Double(connections * (each + Workload.w2Warmup))
+    result(
+        "W2", impl,
+        [
+            "p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max), "connections": "\(connections)",
+            "round_trips_per_s": fmt(trips / seconds, 0),
+        ])
+}

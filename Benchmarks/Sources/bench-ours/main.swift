@@ -464,15 +464,7 @@ func runClient() async throws {
             for try await some in group { all += some }
             return all
         }
-        let elapsed = seconds(since: start)
-        let s = latencySummary(latencies)
-        let trips = Double(connections * (each + Workload.w2Warmup))
-        result(
-            "W2", impl,
-            [
-                "p50_us": fmt(s.p50), "p99_us": fmt(s.p99), "max_us": fmt(s.max), "connections": "\(connections)",
-                "round_trips_per_s": fmt(trips / elapsed, 0),
-            ])
+        resultW2(impl, latencies, connections: connections, each: each, seconds: seconds(since: start))
         for channel in channels { channel.close() }
     case "W2":
         let n = options.int("messages", Workload.w2RoundTrips)
