@@ -63,8 +63,9 @@ public final class PublishedService: Sendable {
         (events, continuation) = AsyncStream.makeStream(of: PublicationEvent.self)
     }
 
-    /// The machine as it is now (the one door for reads).
-    private var current: Machine { state.withLock { $0.machine } }
+    /// A value read off the machine as it is now (the one door for reads; nothing is copied but
+    /// the value).
+    private func read<Value>(_ value: (Machine) -> Value) -> Value { state.withLock { value($0.machine) } }
 
     /// The one door for changes: an input to the machine, under the lock; what it returns is done
     /// by the caller after the lock is released.
@@ -73,13 +74,13 @@ public final class PublishedService: Sendable {
     }
 
     /// The current name (it changes after a collision).
-    public var name: String { current.name }
+    public var name: String { read(\.name) }
     /// The current TXT record.
-    public var txt: TXTRecord { current.txt }
+    public var txt: TXTRecord { read(\.txt) }
     /// Whether the service is currently announced on the network.
-    public var isEstablished: Bool { current.established }
+    public var isEstablished: Bool { read(\.established) }
     /// How many times the registration was withdrawn and repeated because Avahi's probing stalled.
-    var stallRetries: Int { current.stallRetries }
+    var stallRetries: Int { read(\.stallRetries) }
 
     /// The backend announces `txt` now.
     func txtChanged(_ txt: TXTRecord) { change { $0.txtChanged(txt) } }
@@ -100,7 +101,7 @@ public final class PublishedService: Sendable {
     /// Wide-area: the name registered in each unicast DNS domain so far (empty without wide-area
     /// publishing, or before the first registration).
     public var wideAreaNames: [String: String] {
-        current.wideAreaStatus.compactMapValues { try? $0.get() }
+        read { $0.wideAreaStatus.compactMapValues { try? $0.get() } }
     }
 
     /// Wide-area: waits until the service is registered in its unicast DNS domain and returns the
@@ -136,7 +137,7 @@ public final class PublishedService: Sendable {
                 if !change({ $0.update(kind, id) { $0.timer = timer } }) { timer.cancel() }
             }
         } onCancel: {
-            end(kind, id, with: .failure(current.cancellation(of: kind)))
+            end(kind, id, with: .failure(read { $0.cancellation(of: kind) }))
         }
     }
 
@@ -173,7 +174,7 @@ public final class PublishedService: Sendable {
     /// - Throws: ``DiscoveryError`` `.invalidTXT` (nothing changed), or `.avahi` when the daemon refused it.
     public func updateTXT(_ txt: TXTRecord) async throws(DiscoveryError) {
         try txt.validate()
-        for registration in current.wideArea { registration.updateTXT(txt) }
+        for registration in read(\.wideArea) { registration.updateTXT(txt) }
         let result: Result<Void, DiscoveryError> = await withCheckedContinuation { continuation in
             owner.queue.async { [self] in continuation.resume(returning: owner.updateTXT(txt, of: self)) }
         }

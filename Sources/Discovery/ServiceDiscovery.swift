@@ -109,8 +109,8 @@ public final class ServiceDiscovery: Sendable {
     }
 
     /// A discovery object on `backend` and `wideArea` as given, nothing read from the environment
-    /// (tests: a fake link, and a `WideAreaWorld`'s wide area on its manual clock); `scheduler`
-    /// defaults to the wide area's clock, else Dispatch's.
+    /// (tests: a fake link, and a `WideAreaWorld`'s wide area on its manual clock); `scheduler` is
+    /// the snapshot's clock (default Dispatch's, even beside a wide area on a manual clock).
     init(
         logger: Logger, configuration: DiscoveryConfiguration, backend: any DiscoveryBackend, wideArea: WideArea?,
         scheduler: (any Scheduler)? = nil
@@ -118,7 +118,7 @@ public final class ServiceDiscovery: Sendable {
         self.logger = logger
         self.configuration = configuration
         self.wideArea = wideArea
-        self.scheduler = scheduler ?? wideArea?.scheduler ?? DispatchScheduler()
+        self.scheduler = scheduler ?? DispatchScheduler()
         selector.decide(backend, reason: "given")
     }
 

@@ -75,14 +75,15 @@ import Testing
         #expect(none.code == .notPublished)
         machine.attach(["example.org"])
         #expect(machine.wait(.registered, id: machine.newWaiter(), "b", cancelled: false) == nil)
-        #expect(machine.wait(.established, id: machine.newWaiter(), "link", cancelled: false) == nil)
+        let link = machine.newWaiter()
+        #expect(machine.wait(.established, id: link, "link", cancelled: false) == nil)
         // A rename in the domain settles nothing; the registration does, for its waiters only.
         #expect(machine.record(.registrationRenamed(domain: "example.org", from: "Lobby", to: "Lobby (2)")).waiters.isEmpty)
         let registered = machine.record(.registered(name: "Lobby (2)", domain: "example.org"))
         #expect(registered.waiters == ["b"])
         #expect(registered.outcome.flatMap { try? $0.get() } == "Lobby (2)")
         #expect(machine.wideAreaStatus["example.org"].flatMap { try? $0.get() } == "Lobby (2)")
-        #expect(machine.end(.established, 3) == "link", "the link's waiter was taken by the wide area's outcome")
+        #expect(machine.end(.established, link) == "link", "the link's waiter was taken by the wide area's outcome")
         // A failure in the domain is the outcome too (for the registration's waiters only).
         var fresh = Self.machine()
         fresh.attach(["example.org"])

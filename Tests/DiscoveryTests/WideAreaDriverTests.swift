@@ -110,5 +110,9 @@ import Testing
         await area.shutdown()
         #expect(world.clock.pendingCount == 0, "timers left after the shutdown: \(world.clock.pendingDeadlines)")
         #expect(world.instancesInZone.isEmpty, "the shutdown left the registration's records")
+        // A change netlink reported as the watch stopped arms nothing.
+        area.addressesMayHaveChanged()
+        #expect(world.clock.pendingCount == 0, "a debounce armed after the shutdown: \(world.clock.pendingDeadlines)")
+        try await world.shutdown()
     }
 }

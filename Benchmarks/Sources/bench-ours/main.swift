@@ -456,9 +456,17 @@ func runClient() async throws {
         let each = max(1, total / connections)
         var channels: [MessageChannel] = []
         for _ in 0..<connections { channels.append(try await connect(port)) }
+        let go = AsyncStream<Void>.makeStream()
+        let gate = Task { for await _ in go.stream {} }  // ends once every round-trip task was added
         let start = ContinuousClock.now
         let latencies = try await withThrowingTaskGroup(of: [UInt64].self) { group in
-            for channel in channels { group.addTask { try await handlerRoundTrips(channel, until: .count(each)) } }
+            for channel in channels {
+                group.addTask {
+                    await gate.value
+                    return try await handlerRoundTrips(channel, until: .count(each))
+                }
+            }
+            go.continuation.finish()
             var all: [UInt64] = []
             all.reserveCapacity(each * connections)
             for try await some in group { all += some }
@@ -467,6 +475,7 @@ func runClient() async throws {
         resultW2(impl, latencies, connections: connections, each: each, seconds: seconds(since: start))
         for channel in channels { channel.close() }
     case "W2":
+        guard Workload.w2Connections == 1 else { fail("W2: --w2-client stream runs one connection (BENCH_W2_CONNECTIONS=1)") }
         let n = options.int("messages", Workload.w2RoundTrips)
         let channel = try await connect(port)
         var iterator = channel.messages.makeAsyncIterator()
