@@ -16,7 +16,7 @@
 #                p50 and p99) with N connections at once, one round trip in flight each (100,000 in
 #                all, at least 10 per connection)
 #
-#   Benchmarks/curves.sh                     everything (about 12 minutes on 2 cores after the build)
+#   Benchmarks/curves.sh                     everything (about 20 minutes on 2 cores after the build)
 #   CURVE_SIZES="64 1048576" CURVE_CONNECTIONS="1 100" CURVE_JSON_SIZES="100" Benchmarks/curves.sh   fewer points
 #                                            (" " for none of a kind)
 #   IMPLS="ours nio" Benchmarks/curves.sh    fewer implementations (default: ours ours+noise nio nio+tls)
