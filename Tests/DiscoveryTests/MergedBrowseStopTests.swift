@@ -11,7 +11,7 @@ import Testing
 @Suite struct MergedBrowseStopTests {
     /// A link with one service on it, whose resolve takes `resolveTime` of real time and ignores
     /// its cancellation (as a backend may: Avahi's resolve ends at its own timeout).
-    final class SlowLink: DiscoveryBackend {
+    final class SlowLink: StubLink {
         let resolveTime: Duration
         let resolving = Atomic<Int>(0)
         let resolveStarted: AsyncStream<Void>
@@ -22,13 +22,6 @@ import Testing
             (resolveStarted, started) = AsyncStream.makeStream(of: Void.self)
         }
 
-        var kind: DiscoveryBackendKind { .embedded }
-        var currentState: DaemonState { .running }
-        var currentHostName: String { "slow" }
-        func stateUpdates() -> AsyncStream<DaemonState> { AsyncStream { $0.finish() } }
-        func publish(_ request: PublishRequest) async -> Result<PublishedService, DiscoveryError> {
-            .failure(DiscoveryError(.shutDown, "not here"))
-        }
         func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void {
             continuation.yield(
                 .added(DiscoveredService(identity: ServiceIdentity(name: "Lobby", type: request.type), seenOn: [], isLocal: false, isOwn: false)))
@@ -44,11 +37,6 @@ import Testing
             resolving.subtract(1, ordering: .sequentiallyConsistent)
             return .failure(DiscoveryError(.timedOut, "no answer"))
         }
-        func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation) -> @Sendable () -> Void {
-            { continuation.finish() }
-        }
-        func shutdown() async {}
-        func beginShutdown() {}
     }
 
     @Test func aStopIsAwaitedUntilTheLastTaskOfTheBrowseEnded() async throws {

@@ -18,7 +18,7 @@ import Testing
     /// task is cancelled — then it fails with an error of its own, not the real backends'
     /// `.shutDown`, so that a test tells the call's own report of a cancellation from the link's.
     /// One resolve at a time.
-    final class HeldLink: DiscoveryBackend {
+    final class HeldLink: StubLink {
         let address: IPAddress
         let resolving = Atomic<Int>(0)
         private let (releases, releaser) = AsyncStream.makeStream(of: Void.self)
@@ -27,16 +27,6 @@ import Testing
 
         func release() { releaser.yield() }
 
-        var kind: DiscoveryBackendKind { .embedded }
-        var currentState: DaemonState { .running }
-        var currentHostName: String { "held" }
-        func stateUpdates() -> AsyncStream<DaemonState> { AsyncStream { $0.finish() } }
-        func publish(_ request: PublishRequest) async -> Result<PublishedService, DiscoveryError> {
-            .failure(DiscoveryError(.shutDown, "not here"))
-        }
-        func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void {
-            { continuation.finish() }
-        }
         func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
             resolving.add(1, ordering: .sequentiallyConsistent)
             defer { resolving.subtract(1, ordering: .sequentiallyConsistent) }
@@ -49,11 +39,6 @@ import Testing
                     identity: request.identity, hostName: "held.local", port: 4242, txt: TXTRecord(),
                     addresses: [ServiceAddress(ip: address, interfaceIndex: 2, port: 4242)], isLocal: false))
         }
-        func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation) -> @Sendable () -> Void {
-            { continuation.finish() }
-        }
-        func shutdown() async {}
-        func beginShutdown() {}
     }
 
     /// A path to a DNS server that never answers: each exchange waits until its task is cancelled.

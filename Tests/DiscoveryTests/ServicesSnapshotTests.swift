@@ -11,20 +11,13 @@ import Testing
 /// moment before) with what the browse showed then, or at once when `until` says so, and its
 /// browse and its timer end with it. The link is a backend whose browse events the test sends.
 @Suite struct ServicesSnapshotTests {
-    final class BrowsedLink: DiscoveryBackend {
+    final class BrowsedLink: StubLink {
         private let browse = Mutex<AsyncStream<BrowseEvent>.Continuation?>(nil)
         let stopped = Atomic<Int>(0)
 
         var isBrowsing: Bool { browse.withLock { $0 != nil } }
         func send(_ event: BrowseEvent) { _ = browse.withLock { $0 }?.yield(event) }
 
-        var kind: DiscoveryBackendKind { .embedded }
-        var currentState: DaemonState { .running }
-        var currentHostName: String { "browsed" }
-        func stateUpdates() -> AsyncStream<DaemonState> { AsyncStream { $0.finish() } }
-        func publish(_ request: PublishRequest) async -> Result<PublishedService, DiscoveryError> {
-            .failure(DiscoveryError(.shutDown, "not here"))
-        }
         func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void {
             browse.withLock { $0 = continuation }
             return {
@@ -32,14 +25,6 @@ import Testing
                 continuation.finish()
             }
         }
-        func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
-            .failure(DiscoveryError(.timedOut, "not here"))
-        }
-        func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation) -> @Sendable () -> Void {
-            { continuation.finish() }
-        }
-        func shutdown() async {}
-        func beginShutdown() {}
     }
 
     static let type = "_chat._tcp"
