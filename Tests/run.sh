@@ -218,16 +218,27 @@ if [ "$unit_only" = no ]; then
   browser_python=""
   if wait "$browser_install_pid"; then browser_python=$(cat "$browser_python_file"); else echo "!! installing the browser failed"; fi
   rm -f "$browser_python_file"
-  # Everything but the embedded backend's suites (names starting "Embedded"), with avahi on both hosts.
-  run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" BROWSER_PYTHON="$browser_python" \
+  # Everything but the embedded backend's suites (names starting "Embedded") and the wide-area suite,
+  # with avahi on both hosts, in two labs side by side (each harness makes namespaces of its own, named
+  # after its PID, its own daemons and their log folder): the programs' suites (chat, preview and its
+  # page, trust; about 190 s alone) in the background, the rest — discovery against Avahi and its
+  # faults, chaos, the independent Noise client, doctor — in the foreground (about 260 s).
+  apps='IntegrationTests\.(ChatIntegrationTests|ChatEdgeIntegrationTests|PreviewIntegrationTests|PreviewPageTests|PreviewVersionIntegrationTests|TrustFollowsTheKeyTests)/'
+  mkdir -p "$logs/integration-apps-daemons"
+  start_suite integration-apps env HARNESS_LOG_DIR="$logs/integration-apps-daemons" BROWSER_PYTHON="$browser_python" \
+    Tests/harness/avahi-harness.sh run --hosts 2 -- \
+    "$root/$bin" --testing-library swift-testing --no-parallel --filter "$apps"
+  run_suite integration env HARNESS_LOG_DIR="$logs" NOISE_PYTHON="$noise_python" \
     Tests/harness/avahi-harness.sh run --hosts 2 -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter IntegrationTests --skip 'IntegrationTests\.Embedded' \
-    --skip WideAreaIntegrationTests
+    --skip WideAreaIntegrationTests --skip "$apps"
+  join_suite integration-apps
   # Wide-area DNS-SD across a router: BIND 9 in a DNS namespace, hosts on two subnets (Tests/harness/
   # widearea-harness.sh), avahi-daemon on host c for its wide-area browser. Its own namespaces and
   # daemons, and most of its 4 minutes spent waiting on leases and polls (the ghost test alone waits
-  # 2.5 minutes): it runs beside the two embedded-backend stages below and is joined after them. (Not beside
-  # the Avahi stage: its probe-stall test, the guard of Avahi's stuck-REGISTERING bug, is the most
+  # 2.5 minutes): it runs beside the two embedded-backend stages below and the API, documentation,
+  # fuzz and soak stages after them, and is joined before the ThreadSanitizer stage. (Not beside the
+  # Avahi stage: its probe-stall test, the guard of Avahi's stuck-REGISTERING bug, is the most
   # timing-bound of the suites and failed once with the wide-area suite running beside it.)
   start_suite widearea env HARNESS_LOG_DIR="$logs/widearea-daemons" DNSPYTHON="$dnspython" \
     Tests/harness/widearea-harness.sh run --avahi c -- \
@@ -250,7 +261,6 @@ if [ "$unit_only" = no ]; then
     Tests/harness/avahi-harness.sh run --hosts 2 --avahi none -- \
     "$root/$bin" --testing-library swift-testing --no-parallel --filter 'IntegrationTests\.Embedded'
   join_suite chat-preview-embedded
-  join_suite widearea
 fi
 
 # The public API promise (README, "Versioning"): no public declaration of the products gone or
@@ -300,6 +310,8 @@ for fuzz in Tests/fuzz/run-fuzz-json.sh Tests/fuzz/run-fuzz-wire.sh Tests/fuzz/r
 done
 
 join_suite soak
+# The wide-area suite, started before the embedded stages, ran beside them and the stages above.
+[ "$unit_only" = yes ] || join_suite widearea
 
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
