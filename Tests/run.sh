@@ -90,14 +90,11 @@ stage_done "install + build"
 # network. Their stages wait for them; each records when it finished (the table at the end).
 start_sanitizer_builds() {
   if [ "$tsan" = yes ]; then
-    # The library's test bundle, then the programs' in the same build directory (only their own
-    # modules are compiled again), one after the other.
-    ( set +e
-      "${background[@]}" swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path "$root/.build-tsan" \
-        > "$logs/build-tsan.log" 2>&1; echo $? > "$logs/build-tsan.rc"
-      "${background[@]}" swift build --package-path Demo --product lan-messaging-programsPackageTests --sanitize=thread \
-        --disable-build-manifest-caching --scratch-path "$root/.build-tsan" > "$logs/build-tsan-programs.log" 2>&1
-      echo $? > "$logs/build-tsan-programs.rc"; echo "$SECONDS" > "$logs/build-tsan.done" ) &
+    # The library's test bundle; the programs' (in the same build directory: only their own modules
+    # are compiled again) is built beside the library's TSan stage (started there).
+    ( "${background[@]}" swift build --product swift-lan-messagingPackageTests --sanitize=thread --scratch-path "$root/.build-tsan" \
+        > "$logs/build-tsan.log" 2>&1
+      rc=$?; echo "$rc" > "$logs/build-tsan.rc"; echo "$SECONDS" > "$logs/build-tsan.done"; exit $rc ) &
     tsan_build_pid=$!; background_pids+=("$tsan_build_pid")
   fi
   if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
@@ -316,10 +313,18 @@ join_suite soak
 if [ "$tsan" = yes ]; then
   echo "== build (ThreadSanitizer)"
   # The test bundles only (not the programs, snippets and fuzz target the unit tests never run),
-  # built in the background since the first build; what is left of them is waited for here.
+  # built in the background since the programs' build; what is left of the library's is waited for
+  # here. The programs' bundle is built beside the library's TSan stage (SCHED_IDLE: the tests keep
+  # their CPU; it needs 110 s of the stage's 130) and waited for after it.
   wait "$tsan_build_pid" || true
   if [ "$(cat "$logs/build-tsan.rc" 2>/dev/null)" != 0 ]; then echo "!! the ThreadSanitizer build failed"; status=1; fi
   tail -n 5 "$logs/build-tsan.log"
+  if [ -n "${TSAN_PROGRAMS_FILTER:-}" ] || [ -z "${TSAN_FILTER:-}" ]; then
+    ( "${background[@]}" swift build --package-path Demo --product lan-messaging-programsPackageTests --sanitize=thread \
+        --disable-build-manifest-caching --scratch-path "$root/.build-tsan" > "$logs/build-tsan-programs.log" 2>&1
+      rc=$?; echo "$rc" > "$logs/build-tsan-programs.rc"; echo "$SECONDS" > "$logs/build-tsan-programs.done"; exit $rc ) &
+    tsan_programs_build_pid=$!; background_pids+=("$tsan_programs_build_pid")
+  fi
   stage_done "build (TSan, rest)"
   # Every unit test that runs code on more than one thread (TSAN_FILTER narrows it, e.g.
   # TSAN_FILTER=TransportTests). Left out: two suites that repeat paths for volume and take minutes
@@ -342,6 +347,8 @@ if [ "$tsan" = yes ]; then
   # The programs' tests (all of them; TSAN_PROGRAMS_FILTER narrows them; a TSAN_FILTER alone
   # leaves them out).
   if [ -n "${TSAN_PROGRAMS_FILTER:-}" ] || [ -z "${TSAN_FILTER:-}" ]; then
+    wait "$tsan_programs_build_pid" || true
+    stage_done "build (TSan programs, rest)"
     if [ "$(cat "$logs/build-tsan-programs.rc" 2>/dev/null)" != 0 ]; then echo "!! the programs' ThreadSanitizer build failed"; status=1; fi
     tail -n 3 "$logs/build-tsan-programs.log"
     programs_tsan_filter=()
@@ -362,8 +369,8 @@ fi
 echo
 grep -h MEASURED "$logs"/*.log | sort -u || true
 echo "stage times:"; printf '  %s\n' "${timings[@]}"; echo "  total                    $SECONDS s"
-for build in programs tsan fuzz; do
-  [ ! -e "$logs/build-$build.done" ] || printf '  (background build %-8s finished at %4d s)\n' "$build" "$(cat "$logs/build-$build.done")"
+for build in programs tsan tsan-programs fuzz; do
+  [ ! -e "$logs/build-$build.done" ] || printf '  (background build %-13s finished at %4d s)\n' "$build" "$(cat "$logs/build-$build.done")"
 done
 echo "logs: $logs"
 if [ "$failed" != 0 ]; then
