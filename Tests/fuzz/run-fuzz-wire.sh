@@ -69,11 +69,17 @@ printf '\x00\x0a\x4d\x00\x01' > "$WORK/fuzz-txt.corpus/a-record"
 
 D="$REPO/Sources/Discovery"
 # The core target and its dependencies, instrumented, linked with the harness (Tests/fuzz/FuzzCore).
-if ! (cd "$REPO" && nice -n 5 swift build -c "${FUZZ_CONFIG:-release}" --product lanmsg-fuzz --sanitize=fuzzer --sanitize=address \
-      -Xswiftc -DFUZZING --scratch-path "$REPO/.build-fuzz") >"$WORK/lanmsg-fuzz.build.log" 2>&1; then
-  tail -n 30 "$WORK/lanmsg-fuzz.build.log" >&2; echo "fuzz-wire: build of lanmsg-fuzz failed" >&2; exit 2
+# FUZZ_WIRE_BINARY: a lanmsg-fuzz built just before from this tree (Tests/run.sh builds it in the
+# background), used as it is.
+if [ -n "${FUZZ_WIRE_BINARY:-}" ]; then
+  cp "$FUZZ_WIRE_BINARY" "$WORK/lanmsg-fuzz"
+else
+  if ! (cd "$REPO" && nice -n 5 swift build -c "${FUZZ_CONFIG:-release}" --product lanmsg-fuzz --sanitize=fuzzer --sanitize=address \
+        -Xswiftc -DFUZZING --scratch-path "$REPO/.build-fuzz") >"$WORK/lanmsg-fuzz.build.log" 2>&1; then
+    tail -n 30 "$WORK/lanmsg-fuzz.build.log" >&2; echo "fuzz-wire: build of lanmsg-fuzz failed" >&2; exit 2
+  fi
+  cp "$REPO/.build-fuzz/${FUZZ_CONFIG:-release}/lanmsg-fuzz" "$WORK/lanmsg-fuzz"
 fi
-cp "$REPO/.build-fuzz/${FUZZ_CONFIG:-release}/lanmsg-fuzz" "$WORK/lanmsg-fuzz"
 build fuzz-txt "$HERE/FuzzTXT.swift" "$D/TXTRecord.swift" "$D/DiscoveryError.swift" "$D/RecordParsing.swift" "$D/Types.swift"
 run lanmsg-fuzz 70000
 run fuzz-txt 4096
