@@ -218,8 +218,10 @@ if [ "$unit_only" = no ]; then
   # Everything but the embedded backend's suites (names starting "Embedded") and the wide-area suite,
   # with avahi on both hosts, in two labs side by side (each harness makes namespaces of its own, named
   # after its PID, its own daemons and their log folder): the programs' suites (chat, preview and its
-  # page, trust; about 190 s alone) in the background, the rest — discovery against Avahi and its
-  # faults, chaos, the independent Noise client, doctor — in the foreground (about 260 s).
+  # page, trust; 189–193 s in CI) in the background, the rest — discovery against Avahi and its
+  # faults, chaos, the independent Noise client, doctor — in the foreground (234–243 s; one lab took
+  # 422–468 s). The probe-stall test (foreground) passed with the programs' lab beside it in the three CI
+  # runs of 2026-12-04 that had it there.
   apps='IntegrationTests\.(ChatIntegrationTests|ChatEdgeIntegrationTests|PreviewIntegrationTests|PreviewPageTests|PreviewVersionIntegrationTests|TrustFollowsTheKeyTests)/'
   mkdir -p "$logs/integration-apps-daemons"
   start_suite integration-apps env HARNESS_LOG_DIR="$logs/integration-apps-daemons" BROWSER_PYTHON="$browser_python" \

@@ -8,7 +8,8 @@
 #
 # Seeds: the hex test vectors of docs/PROTOCOL.md and typical TXT records. Prints executions per
 # target; exits non-zero on a crash (inputs kept in the work dir, printed). FUZZ_WORK_DIR keeps the
-# corpus between runs.
+# corpus between runs; FUZZ_WIRE_BINARY runs a lanmsg-fuzz already built (Tests/run.sh's) instead of
+# building it.
 set -euo pipefail
 SECONDS_TO_RUN="${1:-30}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
