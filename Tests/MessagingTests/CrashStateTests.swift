@@ -64,8 +64,9 @@ import Testing
         }
         struct Session { var key: Journal.Key; var epoch: UInt32; var next: UInt64; var acknowledged: UInt64; var handled: UInt64 }
         var sessions: [Session] = []
-        func begin(_ key: Journal.Key, epoch: UInt32) -> Journal.Record {
-            .session(Journal.Snapshot(key: key, positionID: .random(), owner: "owner-\(key.low % 7)", epoch: epoch))
+        /// A session's beginning; `carrying` messages written before it (numbered from 1).
+        func begin(_ key: Journal.Key, epoch: UInt32, carrying: UInt64 = 0) -> Journal.Record {
+            .session(Journal.Snapshot(key: key, positionID: .random(), owner: "owner-\(key.low % 7)", nextNumber: carrying + 1, epoch: epoch))
         }
         var pendingSync: UInt64?
         for step in 0..<steps {
@@ -84,8 +85,28 @@ import Testing
                     batch = [.ended(session.key)]
                     next.remove(at: index)
                 case 8..<12:
+                    // A new epoch carrying the messages not released over, renumbered from 1, written
+                    // before the record that begins it (format 3: all or nothing).
+                    let carried = session.next - 1 - session.acknowledged
                     session = Session(key: session.key, epoch: session.epoch + 1, next: 1, acknowledged: 0, handled: 0)
-                    batch = [begin(session.key, epoch: session.epoch)]
+                    for _ in 0..<carried {
+                        let payload = (0..<Int.random(in: 1...200, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
+                        batch.append(.message(session.key, epoch: session.epoch, number: session.next, codecID: 1, typeID: "m", payload: payload))
+                        session.next += 1
+                    }
+                    batch.append(begin(session.key, epoch: session.epoch, carrying: carried))
+                case 43..<46:
+                    // A client renews its session: the new one's carried messages, its beginning, the
+                    // old one's end.
+                    let key = Journal.Key(high: UInt64(step), low: .random(in: 0...UInt64.max, using: &random))
+                    var renewed = Session(key: key, epoch: session.epoch + 1, next: 1, acknowledged: 0, handled: 0)
+                    for _ in 0..<(session.next - 1 - session.acknowledged) {
+                        batch.append(.message(key, epoch: renewed.epoch, number: renewed.next, codecID: 1, typeID: "m", payload: [UInt8(renewed.next & 0xff)]))
+                        renewed.next += 1
+                    }
+                    batch += [begin(key, epoch: renewed.epoch, carrying: renewed.next - 1), .ended(session.key)]
+                    next.remove(at: index)
+                    next.append(renewed)
                 case 12..<30 where session.next - 1 > session.acknowledged:
                     let through = UInt64.random(in: session.acknowledged + 1...session.next - 1, using: &random)
                     batch = [.released(session.key, epoch: session.epoch, through: through)]

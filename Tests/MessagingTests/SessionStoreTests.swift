@@ -157,10 +157,63 @@ import ProtocolCore
         #expect(scan.records.isEmpty && scan.torn > 0)
     }
 
+    /// Format 3: a session that begins again writes the messages it carries over before the record
+    /// that begins it, and they apply only with that record. Every prefix of such a change replays
+    /// to the session before it, whole, or after it, whole — a power loss keeping part of the
+    /// change never leaves a new epoch short of messages (found by the session simulation, seed
+    /// 318) — and so does a renewed session's (its carried messages, its beginning, the old one's
+    /// end). Staged messages that do not fit the record after them are damage.
+    @Test func anEpochChangeAppliesWholeOrNotAtAll() throws {
+        let old = Journal.Snapshot(key: Self.key, positionID: Self.position, nextNumber: 1)
+        var before: [Journal.Record] = [.session(old)]
+        for number in UInt64(1)...4 { before.append(.message(Self.key, epoch: 0, number: number, codecID: 1, typeID: "t", payload: [UInt8(number)])) }
+        before.append(.released(Self.key, epoch: 0, through: 1))
+        let carried = (UInt64(1)...3).map { Journal.Record.message(Self.key, epoch: 1, number: $0, codecID: 1, typeID: "t", payload: [UInt8($0 + 1)]) }
+        let change = carried + [.session(Journal.Snapshot(key: Self.key, positionID: Self.key, nextNumber: 4, epoch: 1))]
+        func replay(_ records: [Journal.Record]) throws -> [Journal.Key: Journal.Restored] {
+            try Journal.replay(records.map { ($0, 0, 0) }).get()
+        }
+        for length in 0...change.count {
+            let session = try #require(try replay(before + change.prefix(length))[Self.key])
+            if length < change.count {
+                #expect(session.snapshot.epoch == 0 && session.messages.map(\.payload) == [[2], [3], [4]], "prefix \(length)")
+            } else {
+                #expect(session.snapshot.epoch == 1 && session.snapshot.nextNumber == 4 && session.messages.map(\.number) == [1, 2, 3])
+                #expect(session.messages.map(\.payload) == [[2], [3], [4]])
+            }
+        }
+        let renewedKey = Journal.Key(high: 9, low: 9)
+        let renewal: [Journal.Record] =
+            (UInt64(1)...3).map { .message(renewedKey, epoch: 1, number: $0, codecID: 1, typeID: "t", payload: [UInt8($0 + 1)]) }
+            + [.session(Journal.Snapshot(key: renewedKey, positionID: renewedKey, nextNumber: 4, epoch: 1)), .ended(Self.key)]
+        for length in 0...renewal.count {
+            let sessions = try replay(before + renewal.prefix(length))
+            #expect((sessions[Self.key] != nil) == (length < renewal.count), "prefix \(length): the old session until its end")
+            #expect((sessions[renewedKey] != nil) == (length >= 4), "prefix \(length): the new one from its beginning, whole")
+            if let renewed = sessions[renewedKey] { #expect(renewed.messages.map(\.payload) == [[2], [3], [4]]) }
+        }
+        // A change whose beginning never reached the disk, and the process went on: the next change
+        // (carrying nothing, or other messages) applies alone, never with the stale ones.
+        let stale = Array(carried.prefix(2))
+        let bare = try #require(try replay(before + stale + [.session(Journal.Snapshot(key: Self.key, positionID: Self.key, epoch: 1))])[Self.key])
+        #expect(bare.snapshot.epoch == 1 && bare.messages.isEmpty && bare.snapshot.nextNumber == 1, "stale messages applied: \(bare.messages.map(\.number))")
+        let again = try #require(try replay(before + stale + change)[Self.key])
+        #expect(again.messages.map(\.payload) == [[2], [3], [4]] && again.snapshot.nextNumber == 4)
+        // A beginning that says it carries messages the records before it do not hold: damage.
+        let wrongEpoch = carried + [.session(Journal.Snapshot(key: Self.key, positionID: Self.key, nextNumber: 4, epoch: 2))]
+        let wrongCount = carried + [.session(Journal.Snapshot(key: Self.key, positionID: Self.key, nextNumber: 5, epoch: 1))]
+        let missing: [Journal.Record] = [.session(Journal.Snapshot(key: Self.key, positionID: Self.key, nextNumber: 4, epoch: 1))]
+        for records in [wrongEpoch, wrongCount, missing] {
+            if case .failure(.damagedRecord) = Journal.replay((before + records).map { ($0, 0, 0) }) {} else {
+                Issue.record("a beginning carrying messages the records before it do not hold passed")
+            }
+        }
+    }
+
     @Test func anotherVersionAndAnotherFileAreNamed() {
         var bytes = Self.file(messages: 1)
-        bytes[9] = 3  // version 3
-        #expect(Self.scan(bytes).failure == .otherVersion(3))
+        bytes[9] = 4  // version 4
+        #expect(Self.scan(bytes).failure == .otherVersion(4))
         #expect(Self.scan(Array("hello, world, not a journal".utf8)).failure == .notAJournal)
         if case .damagedHeader = Self.scan(Array(bytes[0..<10])).failure {} else { Issue.record("a cut header passed") }
     }
@@ -419,7 +472,30 @@ import ProtocolCore
         journal.close()
     }
 
-    /// A store written by the version before (format 1) is read and rewritten in format 2.
+    /// A store of format 2 (the records are the same; an epoch change wrote its snapshot before the
+    /// messages it carried) is read and rewritten in format 3 when it opens — so that a library of
+    /// format 2 refuses it afterwards instead of dropping what a format-3 epoch change carries.
+    @Test func aVersion2StoreIsReadAndRewritten() throws {
+        let directory = Self.directory("v2")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        var bytes = Self.file(messages: 3)
+        bytes[9] = 2
+        let headerSize = Self.header.encoded.count
+        bytes.replaceSubrange((headerSize - 4)..<headerSize, with: Self.bigEndian(CRC32C.checksum(Array(bytes[0..<headerSize - 4]))))
+        #expect(Self.scan(bytes).map(\.header.version) == .success(2))
+        try Data(bytes).write(to: URL(fileURLWithPath: directory + "/" + SessionJournal.fileName))
+        let journal = try Self.open(directory)
+        #expect(journal.opening.migrated)
+        #expect(journal.restored[Self.key]?.messages.map(\.number) == [2, 3] && journal.restored[Self.key]?.snapshot.handled == 7)
+        journal.close()
+        let again = try Self.open(directory)
+        #expect(!again.opening.migrated && again.restored[Self.key]?.messages.map(\.number) == [2, 3])
+        #expect(Array(try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]) == [0, 3])
+        again.close()
+    }
+
+    /// A store written by the version before (format 1) is read and rewritten in format 3.
     @Test func aVersion1StoreIsReadAndRewritten() throws {
         let directory = Self.directory("v1")
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -446,7 +522,7 @@ import ProtocolCore
         let again = try Self.open(directory)
         #expect(!again.opening.migrated && again.restored[Self.key]?.messages.map(\.payload) == [[2], [3], [4]])
         let header = try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]
-        #expect(Array(header) == [0, 2])
+        #expect(Array(header) == [0, 3])
         again.close()
     }
 

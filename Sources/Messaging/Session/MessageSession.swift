@@ -128,6 +128,7 @@ final class MessageSession: Sendable {
             if let error { sender.resume(throwing: error) } else { sender.resume() }
         }
         for drain in effects.drains { drain.succeed(()) }
+        for ready in effects.epochReady { ready() }
         if let (channel, step) = effects.ack { channel.performAck(step) }
     }
 
@@ -227,11 +228,23 @@ final class MessageSession: Sendable {
     /// ``SessionAcknowledgement/onArrival`` taken as handled at once.
     func received(on channel: MessageChannel) -> Arrival {
         let onArrival = configuration.acknowledgement == .onArrival
-        let (arrival, position) = apply { machine, effects -> (Machine.Arrival, String) in
-            (machine.received(on: channel, onArrival: onArrival, &effects), machine.positionText)
+        let (arrival, position, pending) = apply { machine, effects -> (Machine.Arrival, String, Bool) in
+            (machine.received(on: channel, onArrival: onArrival, &effects), machine.positionText, machine.epochPending)
         }
         guard case .deliver(let number, let epoch, _) = arrival else { return .ignore }
+        if pending { waitForEpochRecords() }
         return .deliver(SessionMessageToken(session: self, epoch: epoch, position: SessionPosition(session: position, number: number)))
+    }
+
+    /// Power-loss durability, a message of an epoch that just began: blocks (on the loop) until
+    /// the epoch's records are synced — once per epoch, one sync (``SessionMachine/epochPending``).
+    /// Nothing it waits for needs the loop: the records were written when the epoch began (by
+    /// whoever held the writer's role), and their sync runs on the store's queue; a failed write
+    /// or sync, or the session's end, releases it too.
+    private func waitForEpochRecords() {
+        let synced = DispatchSemaphore(value: 0)
+        apply { $0.waitForEpoch({ synced.signal() }, &$1) }
+        synced.wait()
     }
 
     /// The app handled message `number` of `epoch` (an older epoch's: nothing); the

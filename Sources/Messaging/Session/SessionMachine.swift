@@ -51,6 +51,8 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         /// Senders to resume, each with the error it gets (nil: go on).
         var senders: [(Sender, (any Error)?)] = []
         var drains: [Drain] = []
+        /// Callers waiting for the epoch's records (``waitForEpoch(_:_:)``) to go on, now.
+        var epochReady: [@Sendable () -> Void] = []
         /// Frames added to ``outgoing`` (the carrier counts them as unsent under its lock; the one
         /// that raises the count from zero sends them).
         var outgoingAdded = 0
@@ -139,6 +141,14 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     private var droppedOutgoing = 0
     /// The owner's key kept in the store's snapshots (a server's session: the client's).
     let owner: String?
+    /// Power-loss durability: the current epoch began (``startAnew(renewing:_:)``) and its records —
+    /// the position id its messages reach the app under — are not synced yet. A message of it is
+    /// handed to the app only once they are (``waitForEpoch(_:_:)``): after a power loss the epoch
+    /// would be gone, the session would start anew under another position id, and the messages
+    /// the app had would come again under it, which the app cannot recognise. (Found by the
+    /// session simulation, seed 310.) One sync per epoch.
+    var epochPending = false
+    var epochWaiters: [@Sendable () -> Void] = []
     /// Its store may have lost its last records (a power loss under process-crash durability):
     /// it cannot go on as it stands, and starts anew at its next connection.
     var mayHaveLost = false
@@ -158,7 +168,11 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// A session kept in a store by an earlier process: it continues where the store left it. Its
     /// kept messages count as transmitted when a connection ever carried it (they may have
     /// arrived): a peer that resumes gets what it lacks, a peer that forgot the session gets none
-    /// of them again (they are reported undelivered).
+    /// of them again (they are reported undelivered). So do they when the store may have lost its
+    /// last records (``Journal/Restored/mayHaveLost``): what was lost may be the very records that
+    /// said they went — a later epoch that renumbered and sent them — and the session starts anew
+    /// at its next connection, where messages counted as never sent go again under a new position:
+    /// the peer's app would get them twice (found by the session simulation, seed 19).
     init(restoring restored: Journal.Restored, maxCount: Int, maxBytes: Int, syncs: Bool, ackEvery: UInt64 = 32) {
         let snapshot = restored.snapshot
         self.init(id: snapshot.key, maxCount: maxCount, maxBytes: maxBytes, stored: true, syncs: syncs, owner: snapshot.owner, ackEvery: ackEvery)
@@ -168,7 +182,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         }
         outbox.restore(
             items, firstNumber: restored.messages.first?.number ?? snapshot.nextNumber, nextNumber: snapshot.nextNumber,
-            transmitted: snapshot.everConnected)
+            transmitted: snapshot.everConnected || restored.mayHaveLost)
         inbox = SessionInbox(restoredThrough: snapshot.handled, ackEvery: ackEvery)
         everConnected = snapshot.everConnected
         writtenThrough = snapshot.nextNumber - 1
@@ -271,6 +285,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         switch after {
         case .messages(let through, let epoch), .begun(let through, let epoch):
             guard epoch == self.epoch else { return }
+            if case .begun = after { epochDurable(&effects) }
             writtenThrough = max(writtenThrough, through)
             // Queued for the loop's next flush, not written by each sender: a sync releases a
             // batch, and writing each at once cost a `sendmsg` per message (49k for 50k in strace).
@@ -330,6 +345,9 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// A write of the store failed: the messages it did not take are not kept (their senders get
     /// `error`), and the next records start a new generation (the store failed the rest of this one).
     mutating func writeFailed(_ after: AfterWrite, generation failed: UInt32, error: any Error, _ effects: inout Effects) {
+        // (Whatever the generation: a batch refused for an earlier failure of its chain never
+        // reaches the disk either, and the messages waiting for the epoch go on in memory.)
+        if case .begun(_, let epoch) = after, epoch == self.epoch { epochDurable(&effects) }
         guard failed == generation else { return }
         generation &+= 1
         switch after {
@@ -353,6 +371,20 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         default:
             break
         }
+    }
+
+    /// `waiter` runs once the current epoch's records are synced (at once when they are, or with
+    /// power-loss durability never pending): the carrier hands a message of a new epoch to the app
+    /// only then.
+    mutating func waitForEpoch(_ waiter: @escaping @Sendable () -> Void, _ effects: inout Effects) {
+        if epochPending { epochWaiters.append(waiter) } else { effects.epochReady.append(waiter) }
+    }
+
+    /// The epoch's records are synced (or will never be: the store failed, the session ended).
+    mutating func epochDurable(_ effects: inout Effects) {
+        epochPending = false
+        effects.epochReady += epochWaiters
+        epochWaiters = []
     }
 
     /// Fails the senders waiting for their message (the session ended).

@@ -17,8 +17,11 @@ import ProtocolCore
 /// needs to tell bytes that never reached the disk whole from damage to bytes that did.
 enum Journal {
     static let magic: [UInt8] = Array("LANMSGSJ".utf8)
-    /// The version written; 1 is read too.
-    static let version: UInt16 = 2
+    /// The version written; 1 and 2 are read too (and the file rewritten in this one). 3: a session
+    /// that begins again writes the messages it carries over before its *session* record, and they
+    /// apply only with it (``Journal/Staged``) — a reader of version 2 would drop them, so it must
+    /// refuse such a file.
+    static let version: UInt16 = 3
     /// Bytes before a record's body.
     static let recordHeaderSize = 20
     /// Version 1's record header: length, its check, the body's check.
@@ -52,7 +55,7 @@ enum Journal {
         /// The CRC-32C of a record header's first twelve bytes when they are zeros.
         private static let zeroCheck = CRC32C.checksum([UInt8](repeating: 0, count: 12))
 
-        /// The header as written (version 2).
+        /// The header as written (``Journal/version``).
         var encoded: [UInt8] {
             var bytes = Journal.magic
             bytes.appendInteger(Journal.version)

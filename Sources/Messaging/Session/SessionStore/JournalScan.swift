@@ -117,7 +117,7 @@ extension Journal {
         guard bytes.starts(with: magic) else { return .failure(.notAJournal) }
         var reader = ByteReader(UnsafeRawBufferPointer(rebasing: bytes[magic.count...]))
         guard let version = reader.integer(UInt16.self) else { return .failure(.damagedHeader("cut short")) }
-        guard version == 1 || version == Journal.version else { return .failure(.otherVersion(version)) }
+        guard (1...Journal.version).contains(version) else { return .failure(.otherVersion(version)) }
         guard let roleByte = reader.byte(), let nameLength = reader.byte(), let name = reader.bytes(Int(nameLength)),
             let salt = version == 1 ? 0 : reader.integer(UInt64.self), let check = reader.integer(UInt32.self)
         else { return .failure(.damagedHeader("the file ends inside its header (it was cut short)")) }
@@ -164,6 +164,59 @@ extension Journal {
         return .record(record, size: headerSize + length, synced: synced)
     }
 
+    /// Messages written ahead of the record that begins their epoch (an epoch change, or a
+    /// renewed session, carrying kept messages over): held until that record comes, then applied
+    /// with it; dropped when it never comes (a power loss took it — the session stays as it was).
+    /// The *session* record says how many it carries: its `acknowledged` is the number before the
+    /// first of them and its `nextNumber` the one after the last (every other *session* record
+    /// has `acknowledged == nextNumber - 1`). The same rule for ``Journal/replay(_:)`` and the
+    /// writer's index.
+    struct Staged<Message> {
+        private var groups: [Key: (epoch: UInt32, next: UInt64, messages: [Message])] = [:]
+
+        /// Whether a message of `epoch` is staged: its session is not known (and did not end in
+        /// this file), or it is the epoch after the session's current one.
+        static func stages(_ epoch: UInt32, current: UInt32?, ended: Bool) -> Bool {
+            guard let current else { return !ended }
+            return epoch == current &+ 1
+        }
+
+        /// Stages a message. One that does not follow the group staged before it starts a new group:
+        /// the one before was a change whose *session* record never reached the disk (the process
+        /// went on after the crash, and changed the epoch again).
+        mutating func add(_ key: Key, epoch: UInt32, number: UInt64, _ message: Message) {
+            if var group = groups[key], group.epoch == epoch, number == group.next {
+                group.next += 1
+                group.messages.append(message)
+                groups[key] = group
+            } else {
+                groups[key] = (epoch, number + 1, [message])
+            }
+        }
+
+        /// The messages `snapshot` carries over, taken from those staged (nil: it carries none;
+        /// a group staged before it is dropped then), or why those staged do not fit it.
+        enum Taken {
+            case carried([Message])
+            case mismatch(String)
+        }
+
+        mutating func take(_ key: Key, for snapshot: Snapshot) -> Taken? {
+            let group = groups.removeValue(forKey: key)
+            guard snapshot.nextNumber > snapshot.acknowledged + 1 else { return nil }
+            guard let group, group.epoch == snapshot.epoch, group.next == snapshot.nextNumber,
+                group.next - UInt64(group.messages.count) == snapshot.acknowledged + 1
+            else {
+                let staged = group.map { "epoch \($0.epoch)'s #\($0.next - UInt64($0.messages.count))–#\($0.next - 1)" } ?? "none"
+                return .mismatch(
+                    "session \(key) begins epoch \(snapshot.epoch) carrying #\(snapshot.acknowledged + 1)–#\(snapshot.nextNumber - 1) over, and the messages before it are \(staged)")
+            }
+            return .carried(group.messages)
+        }
+
+        mutating func drop(_ key: Key) { groups[key] = nil }
+    }
+
     /// A session as the records left it: what a restarted process continues from.
     struct Restored: Sendable {
         typealias Message = (number: UInt64, codecID: UInt8, typeID: String, payload: [UInt8], offset: Int, length: Int)
@@ -191,20 +244,39 @@ extension Journal {
     /// Replays records into the sessions they leave, or says which record contradicts the ones
     /// before it (damage the checksums cannot see, such as a message out of its session's order).
     /// A record of another epoch than its session's current one never applies.
+    ///
+    /// A session that begins again (a new epoch, or a new session a client renewed into) writes
+    /// the messages it carries over *before* the record that begins it: they are staged
+    /// (``Staged``) and apply only with that record, so an epoch change is all or nothing — a
+    /// power loss that keeps part of it leaves the session as it was before, its messages with
+    /// it, never a new epoch short of some of them.
     static func replay(_ records: [(record: Record, offset: Int, length: Int)]) -> Result<[Key: Restored], Damage> {
         var sessions: [Key: Restored] = [:]
         // Sessions an `ended` record ended in this file: a late record of one (written by a
         // version that let a handled count through after the end) applies to nothing.
         var ended: Set<Key> = []
+        var staged = Staged<Restored.Message>()
         for (record, offset, length) in records {
             let key = record.key
             switch record {
             case .session(let snapshot):
-                sessions[key] = Restored(snapshot: snapshot)
+                var restored = Restored(snapshot: snapshot)
+                switch staged.take(key, for: snapshot) {
+                case .none: break
+                case .some(.carried(let carried)):
+                    for message in carried { restored.append(message) }
+                case .some(.mismatch(let why)): return .failure(.damagedRecord(offset: offset, why))
+                }
+                sessions[key] = restored
                 continue
             case .ended:
                 sessions[key] = nil
+                staged.drop(key)
                 ended.insert(key)
+                continue
+            case .message(_, let epoch, let number, let codecID, let typeID, let payload)
+            where Staged<Restored.Message>.stages(epoch, current: sessions[key]?.snapshot.epoch, ended: ended.contains(key)):
+                staged.add(key, epoch: epoch, number: number, (number, codecID, typeID, payload, offset, length))
                 continue
             default:
                 break

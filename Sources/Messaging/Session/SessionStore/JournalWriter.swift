@@ -53,6 +53,8 @@ final class JournalWriter: @unchecked Sendable {
         /// reach here, a step further (0: none pending).
         var allocateAgainAt = 0
         var sessions: [Journal.Key: Live]
+        /// Messages of an epoch whose beginning record has not been indexed yet (``Journal/Staged``).
+        var staged = Journal.Staged<(number: UInt64, offset: Int, length: Int)>()
         /// Bytes of kept messages.
         var liveBytes: Int
 
@@ -100,13 +102,29 @@ final class JournalWriter: @unchecked Sendable {
         let key = record.key
         switch record {
         case .session(let snapshot):
-            let old = state.sessions.updateValue(Live(snapshot: snapshot), forKey: key)
+            var live = Live(snapshot: snapshot)
+            // (The file passed the replay's rule when it was opened, and the writer writes a
+            // group and its beginning record in one batch: a mismatch cannot happen here.)
+            if case .carried(let carried)? = state.staged.take(key, for: snapshot) {
+                for message in carried {
+                    live.messages.append(message)
+                    live.bytes += message.length
+                }
+            }
+            state.liveBytes += live.bytes
+            let old = state.sessions.updateValue(live, forKey: key)
             state.liveBytes -= old?.bytes ?? 0
             return old?.bytes ?? 0
         case .ended:
+            state.staged.drop(key)
             let old = state.sessions.removeValue(forKey: key)
             state.liveBytes -= old?.bytes ?? 0
             return old?.bytes ?? 0
+        case .message(_, let epoch, let number, _, _, _)
+        where Journal.Staged<(number: UInt64, offset: Int, length: Int)>.stages(
+            epoch, current: state.sessions[key]?.snapshot.epoch, ended: false):
+            state.staged.add(key, epoch: epoch, number: number, (number, offset, length))
+            return 0
         default:
             break
         }

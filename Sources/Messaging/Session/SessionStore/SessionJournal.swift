@@ -158,13 +158,16 @@ final class SessionJournal: Sendable {
             restored = sessions
             restoredOrder = opened.order
             var state = opened.writer
-            if opened.header.version == 1 {
-                // Rewritten as version 2 at once (records of version 1 say nothing of syncs or epochs).
+            if opened.header.version < Journal.version {
+                // Rewritten in this version at once: records of version 1 say nothing of syncs or
+                // epochs; a file of version 2 must not be appended to in version 3's order (a
+                // version-2 reader would drop the messages an epoch change carries over).
                 state = try JournalCompaction.rewrite(
                     path: path, restored: opened.restored, order: opened.order, role: role, identity: identity,
                     old: state.file, fileSystem: fileSystem)
                 opening.migrated = true
-                logger.notice("session store: '\(path)' was in format version 1; rewritten as version \(Journal.version)")
+                logger.notice(
+                    "session store: '\(path)' was in format version \(opened.header.version); rewritten as version \(Journal.version)")
             }
             self.opening = opening
             writer = JournalWriter(
