@@ -357,9 +357,10 @@ if [ "$tsan" = yes ]; then
   # The crash-state explorer under TSan: 300 states per durability (the plain unit stage judges
   # 1,500; under TSan the same store code and threads run, what it adds is volume, 30 s of it).
   # Likewise the wide-area simulation: 30 seeds under TSan (the unit stage runs 150; 150 took 51 s
-  # here, 30 keep every driver, the Wakeup and the merged browse racing under the sanitizer).
+  # here, 30 keep every driver, the Wakeup and the merged browse racing under the sanitizer), and
+  # the session simulation 20 seeds (the unit stage runs 200; its journals sync on their queues).
   run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 LANMSG_CRASH_STATES="${TSAN_CRASH_STATES:-300}" \
-    LANMSG_SIM_SEEDS="${TSAN_SIM_SEEDS:-30}" \
+    LANMSG_SIM_SEEDS="${TSAN_SIM_SEEDS:-30}" LANMSG_SESSION_SIM_SEEDS="${TSAN_SESSION_SIM_SEEDS:-20}" \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
   # The programs' tests (all of them; TSAN_PROGRAMS_FILTER narrows them; a TSAN_FILTER alone
   # leaves them out).

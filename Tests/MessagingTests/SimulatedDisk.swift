@@ -168,11 +168,25 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
         lock.withLock { capacity.map { $0 - used } }
     }
 
-    func lock(_ directory: String, name: String) throws(FileError) -> (handle: any StoreLockHandle, previous: [UInt8]) { (NoLock(), []) }
+    /// What the store's lock file says (its holder: the boot and durability that wrote last; an
+    /// image's disk starts without one — set it to carry the lock file over).
+    private var holder: [UInt8] = []
+    var lockHolder: [UInt8] {
+        get { lock.withLock { holder } }
+        set { lock.withLock { holder = newValue } }
+    }
 
-    struct NoLock: StoreLockHandle {
+    func lock(_ directory: String, name: String) throws(FileError) -> (handle: any StoreLockHandle, previous: [UInt8]) {
+        (HolderLock(disk: self), lock.withLock { holder })
+    }
+
+    struct HolderLock: StoreLockHandle {
+        let disk: SimulatedDisk
         func unlock() {}
-        func rewrite(_ holder: [UInt8]) -> Bool { true }
+        func rewrite(_ holder: [UInt8]) -> Bool {
+            disk.lock.withLock { disk.holder = holder }
+            return true
+        }
     }
 
     // MARK: Files
@@ -297,7 +311,9 @@ extension SimulatedDisk.Image {
     func materialize(_ choice: Choice, using random: inout some RandomNumberGenerator) -> SimulatedDisk {
         var files: [String: [UInt8]] = [:]
         var content: [Int: [UInt8]] = [:]
-        for (number, inode) in inodes {
+        // (In a fixed order — the random choices follow it — so that a seed replays in any process:
+        // a dictionary's order changes with the process's hash seed.)
+        for (number, inode) in inodes.sorted(by: { $0.key < $1.key }) {
             var bytes = inode.disk
             let pending = inode.pending
             switch choice {
@@ -319,7 +335,7 @@ extension SimulatedDisk.Image {
             }
             content[number] = bytes
         }
-        for (path, directory) in directories {
+        for (path, directory) in directories.sorted(by: { $0.key < $1.key }) {
             var entries = directory.disk
             var count = 0
             switch choice {
