@@ -1,5 +1,6 @@
 import Foundation
 import Scheduling
+import TestWaits
 import Testing
 
 @testable import Discovery
@@ -27,15 +28,8 @@ import Testing
 /// `LANMSG_SIM_SEED=n` (prints its trace). The long run: docs/DISCOVERY.md, "Tests and figures".
 @Suite struct WideAreaSimulationTests {
     @Test func everySeedKeepsTheInvariantsAndConverges() async throws {
-        let environment = ProcessInfo.processInfo.environment
-        let seeds: [UInt64]
-        if let one = environment["LANMSG_SIM_SEED"].flatMap(UInt64.init) {
-            seeds = [one]
-        } else {
-            let first = environment["LANMSG_SIM_FIRST_SEED"].flatMap(UInt64.init) ?? 1
-            let count = environment["LANMSG_SIM_SEEDS"].flatMap(UInt64.init) ?? 150
-            seeds = Array(first..<(first + count))
-        }
+        let chosen = SimulationSeeds("LANMSG_SIM", default: 150)
+        let seeds = chosen.seeds
         let started = ContinuousClock.now
         var steps = 0
         var events = 0
@@ -45,16 +39,10 @@ import Testing
             events += run.timersFired
             if let failure = run.failure {
                 Issue.record(
-                    """
-                    seed \(seed) failed: \(failure)
-                    replay: LANMSG_SIM_SEED=\(seed) .build/debug/swift-lan-messagingPackageTests.xctest \
-                    --testing-library swift-testing --filter WideAreaSimulationTests/everySeed
-                    trace (\(seeds.count == 1 ? "all" : "the last 25") of \(run.trace.count) lines):
-                    \(run.trace.suffix(seeds.count == 1 ? run.trace.count : 25).joined(separator: "\n"))
-                    """)
+                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "WideAreaSimulationTests/everySeed", tail: 25)))
                 return
             }
-            if seeds.count == 1 { print(run.trace.joined(separator: "\n")) }
+            if chosen.single { print(run.trace.joined(separator: "\n")) }
         }
         let seconds = (ContinuousClock.now - started) / .seconds(1)
         print(

@@ -250,13 +250,8 @@ final class SessionSimulation {
             // As `MessageClient.makeSession`: the newest session goes on, older ones end.
             for key in journal.restoredOrder.dropLast() {
                 guard let old = journal.restored[key] else { continue }
-                var machine = restored(old)
-                var effects = Effects()
-                let (lost, _) = machine.end(MessagingError(.stopped, "the session store held more than one session"), keepStored: false, &effects)
-                side.reported.formUnion(lost.map(payload))
-                side.sessions[key] = machine
-                settle(side, key, effects)
-                side.sessions[key] = nil
+                side.sessions[key] = restored(old)
+                endSession(side, key, "the session store held more than one session")
                 count("client ended an older session")
             }
             if let newest = journal.restoredOrder.last, let old = journal.restored[newest] {
@@ -545,15 +540,7 @@ final class SessionSimulation {
             settle(client, newKey, effects)
             // The connection closes for a protocol error; its GOODBYE ends the old session at the
             // server (the frame goes before the close: it arrives if the server is there).
-            if var old = server.sessions[key] {
-                var ended = Effects()
-                let (lostThere, _) = old.end(MessagingError(.stopped, "the client renewed the session"), keepStored: false, &ended)
-                server.reported.formUnion(lostThere.map(payload))
-                server.sessions[key] = old
-                settle(server, key, ended)
-                server.sessions[key] = nil
-                if server.current == key { server.current = nil }
-            }
+            endSession(server, key, "the client renewed the session")
             cut()
             return text
         case .failure(let error):
@@ -564,6 +551,17 @@ final class SessionSimulation {
         }
         settle(client, newKey, effects)
         return text
+    }
+
+    /// Ends `key`'s session on `side`, not kept in its store: what it kept is reported undelivered.
+    func endSession(_ side: Side, _ key: Journal.Key, _ reason: String) {
+        guard side.sessions[key] != nil else { return }
+        var effects = Effects()
+        let (lost, _) = side.sessions[key]!.end(MessagingError(.stopped, reason), keepStored: false, &effects)
+        side.reported.formUnion(lost.map(payload))
+        settle(side, key, effects)
+        side.sessions[key] = nil
+        if side.current == key { side.current = nil }
     }
 
     /// The app handles the first message delivered to it: its own durable log first (with the

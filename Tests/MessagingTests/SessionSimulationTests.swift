@@ -1,4 +1,5 @@
 import Foundation
+import TestWaits
 import Testing
 
 @testable import Messaging
@@ -12,19 +13,12 @@ import Testing
 /// `LANMSG_SESSION_SIM_SEEDS` (default 200) seeds from `LANMSG_SESSION_SIM_FIRST_SEED` (default 1);
 /// one seed with its whole trace: `LANMSG_SESSION_SIM_SEED=n`. The long run:
 /// `LANMSG_SESSION_SIM_SEEDS=20000 .build/debug/swift-lan-messagingPackageTests.xctest
-/// --testing-library swift-testing --filter SessionSimulationTests/everySeed` (docs/DURABILITY in
-/// the README's tests section).
+/// --testing-library swift-testing --filter SessionSimulationTests/everySeed` (the DocC article
+/// "Message sessions", "The store on disk").
 @Suite struct SessionSimulationTests {
     @Test func everySeedKeepsTheInvariants() async throws {
-        let environment = ProcessInfo.processInfo.environment
-        let seeds: [UInt64]
-        if let one = environment["LANMSG_SESSION_SIM_SEED"].flatMap(UInt64.init) {
-            seeds = [one]
-        } else {
-            let first = environment["LANMSG_SESSION_SIM_FIRST_SEED"].flatMap(UInt64.init) ?? 1
-            let count = environment["LANMSG_SESSION_SIM_SEEDS"].flatMap(UInt64.init) ?? 200
-            seeds = Array(first..<(first + count))
-        }
+        let chosen = SimulationSeeds("LANMSG_SESSION_SIM", default: 200)
+        let seeds = chosen.seeds
         let started = ContinuousClock.now
         var steps = 0
         var counts: [String: Int] = [:]
@@ -34,16 +28,10 @@ import Testing
             counts.merge(run.counts, uniquingKeysWith: +)
             if let failure = run.failure {
                 Issue.record(
-                    """
-                    seed \(seed) failed: \(failure)
-                    replay: LANMSG_SESSION_SIM_SEED=\(seed) .build/debug/swift-lan-messagingPackageTests.xctest \
-                    --testing-library swift-testing --filter SessionSimulationTests/everySeed
-                    trace (\(seeds.count == 1 ? "all" : "the last 30") of \(run.trace.count) lines):
-                    \(run.trace.suffix(seeds.count == 1 ? run.trace.count : 30).joined(separator: "\n"))
-                    """)
+                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "SessionSimulationTests/everySeed", tail: 30)))
                 return
             }
-            if seeds.count == 1 { print(run.trace.joined(separator: "\n")) }
+            if chosen.single { print(run.trace.joined(separator: "\n")) }
         }
         let seconds = (ContinuousClock.now - started) / .seconds(1)
         let kinds = counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
