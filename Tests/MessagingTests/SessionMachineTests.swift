@@ -538,6 +538,26 @@ import Testing
         }
     }
 
+    /// A client whose store may have lost records renews its session when the server resumes it,
+    /// even when its store says it never connected: the lost records may be the epoch that did,
+    /// whose messages its app has (seed 934 of the session simulation: the server resent them, and
+    /// the app got them again under a new position). Without the loss, a client that never
+    /// connected takes the server's answer as the session's beginning.
+    @Test func aClientThatMayHaveLostRecordsRenewsWhenTheServerResumesEvenIfNeverConnected() throws {
+        for mayHaveLost in [false, true] {
+            var restored = Journal.Restored(
+                snapshot: Journal.Snapshot(key: Self.id, positionID: .random(), everConnected: false, nextNumber: 1, acknowledged: 0, handled: 0))
+            restored.mayHaveLost = mayHaveLost
+            var client = Machine(restoring: restored, maxCount: 100, maxBytes: 1 << 20, syncs: false)
+            var effects = Effects()
+            switch client.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: true, epoch: Journal.Key.random().hex, sent: 3), on: Link(), &effects) {
+            case .success(.diverged(let reason, _)): #expect(mayHaveLost && client.id != Self.id && reason.contains("may have lost"), "\(reason)")
+            case .success(.new): #expect(!mayHaveLost, "a store that may have lost records took a resumed session as new")
+            default: Issue.record("neither new nor renewed")
+            }
+        }
+    }
+
     /// A store that may have lost its last records may have lost the very ones that said its kept
     /// messages went (a later epoch renumbered and sent them, and its records are gone): restored
     /// so, the session reports them undelivered when it starts anew, and never sends them again

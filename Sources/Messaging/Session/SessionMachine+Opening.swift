@@ -138,7 +138,11 @@ extension SessionMachine {
         guard reply.id == id.hex else { return .failure(TransportError(.protocolViolation, "the SESSION answer names another session")) }
         defer { wakeRoomWaiters(&effects) }
         let wasConnected = everConnected
-        if reply.resumed == true, everConnected {
+        // A store that may have lost records may have lost the very epoch that connected — and
+        // its app got messages under that epoch's position: a server that resumes would send them
+        // again under a new one. So it renews (the server reports what it kept) even when the
+        // store says it never connected. (Found by the session simulation, seed 934.)
+        if reply.resumed == true, everConnected || mayHaveLost {
             let reason = divergence(reply, mine: peerEpoch) ?? "it says it received \(reply.received) messages"
             guard divergence(reply, mine: peerEpoch) == nil,
                 let resend = resumeOutbox(peerReceived: reply.received, &effects)
