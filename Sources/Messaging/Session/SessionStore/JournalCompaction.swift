@@ -203,8 +203,9 @@ final class JournalCompaction: @unchecked Sendable {
         try? fileSystem.remove(temporary)
     }
 
-    /// A version-1 file rewritten as version 2 from what was read of it (at the start, before any
-    /// writer): the new file is written, synced and renamed over the old one, the directory synced.
+    /// A file of an older format (1 or 2) rewritten in this one from what was read of it (at the
+    /// start, before any writer): the new file is written, synced and renamed over the old one, the
+    /// directory synced. Each session's messages keep its epoch (version 1 had none: 0).
     static func rewrite(
         path: String, restored: [Journal.Key: Journal.Restored], order: [Journal.Key], role: Journal.Role, identity: String,
         old: any StoreFile, fileSystem: any StoreFileSystem
@@ -224,7 +225,8 @@ final class JournalCompaction: @unchecked Sendable {
             for message in session.messages {
                 let start = bytes.count
                 Journal.Record.message(
-                    key, epoch: 0, number: message.number, codecID: message.codecID, typeID: message.typeID, payload: message.payload
+                    key, epoch: session.snapshot.epoch, number: message.number, codecID: message.codecID, typeID: message.typeID,
+                    payload: message.payload
                 ).encode(into: &bytes, header: header, synced: 0)
                 entry.messages.append((message.number, start, bytes.count - start))
                 entry.bytes += bytes.count - start

@@ -174,16 +174,27 @@ extension Journal {
     struct Staged<Message> {
         private var groups: [Key: (epoch: UInt32, next: UInt64, messages: [Message])] = [:]
 
-        /// Whether a message of `epoch` is staged: its session is not known (and did not end in
-        /// this file), or it is the epoch after the session's current one.
-        static func stages(_ epoch: UInt32, current: UInt32?, ended: Bool) -> Bool {
-            guard let current else { return !ended }
-            return epoch == current &+ 1
+        /// Whether message `number` of `epoch` is staged: its session's current epoch is behind
+        /// `epoch` (a change to come; messages of an epoch whose beginning failed to be written
+        /// too: a later change drops them) — or its session is not known (a renewal to come; not
+        /// one that ended in this file) and the message begins a group (carried messages are
+        /// numbered from 1) or continues one. Any other message of an unknown session is damage,
+        /// as before.
+        func stages(_ key: Key, epoch: UInt32, number: UInt64, current: UInt32?, ended: Bool) -> Bool {
+            if let current {
+                let ahead = epoch &- current
+                return ahead != 0 && ahead < 1 << 31
+            }
+            guard !ended else { return false }
+            if number == 1 { return true }
+            guard let group = groups[key] else { return false }
+            return group.epoch == epoch && group.next == number
         }
 
         /// Stages a message. One that does not follow the group staged before it starts a new group:
         /// the one before was a change whose *session* record never reached the disk (the process
-        /// went on after the crash, and changed the epoch again).
+        /// went on after the crash, and changed the epoch again), or messages of an epoch whose
+        /// beginning could not be written (the store failed it; the session went on in memory).
         mutating func add(_ key: Key, epoch: UInt32, number: UInt64, _ message: Message) {
             if var group = groups[key], group.epoch == epoch, number == group.next {
                 group.next += 1
@@ -275,7 +286,7 @@ extension Journal {
                 ended.insert(key)
                 continue
             case .message(_, let epoch, let number, let codecID, let typeID, let payload)
-            where Staged<Restored.Message>.stages(epoch, current: sessions[key]?.snapshot.epoch, ended: ended.contains(key)):
+            where staged.stages(key, epoch: epoch, number: number, current: sessions[key]?.snapshot.epoch, ended: ended.contains(key)):
                 staged.add(key, epoch: epoch, number: number, (number, codecID, typeID, payload, offset, length))
                 continue
             default:

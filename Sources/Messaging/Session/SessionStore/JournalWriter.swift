@@ -121,8 +121,7 @@ final class JournalWriter: @unchecked Sendable {
             state.liveBytes -= old?.bytes ?? 0
             return old?.bytes ?? 0
         case .message(_, let epoch, let number, _, _, _)
-        where Journal.Staged<(number: UInt64, offset: Int, length: Int)>.stages(
-            epoch, current: state.sessions[key]?.snapshot.epoch, ended: false):
+        where state.staged.stages(key, epoch: epoch, number: number, current: state.sessions[key]?.snapshot.epoch, ended: false):
             state.staged.add(key, epoch: epoch, number: number, (number, offset, length))
             return 0
         default:

@@ -49,7 +49,7 @@ final class SessionJournal: Sendable {
         var cutAt = 0
         /// Complete records among them, behind bytes that never arrived whole (cut with them).
         var droppedRecords = 0
-        /// The file was in format version 1 and was rewritten as version 2.
+        /// The file was in an older format version (1 or 2) and was rewritten in ``Journal/version``.
         var migrated = false
         /// The last process wrote in another boot of the machine with process-crash durability
         /// and did not close the store: its boot id (its last records may be lost).
@@ -317,7 +317,7 @@ final class SessionJournal: Sendable {
         case .otherVersion(let version):
             return FileError(
                 path,
-                "'\(path)' was written in session store format \(version); this library reads formats 1 and \(Journal.version). Run the version of the library that wrote it, or give this one another directory")
+                "'\(path)' was written in session store format \(version); this library reads formats 1 to \(Journal.version). Run the version of the library that wrote it, or give this one another directory")
         case .damagedHeader(let why):
             return FileError(path, "the session store '\(path)' is damaged: its header \(why); \(advice)")
         case .damagedRecord(let offset, let why):
