@@ -285,10 +285,6 @@ extension Journal {
                 staged.drop(key)
                 ended.insert(key)
                 continue
-            case .message(_, let epoch, let number, let codecID, let typeID, let payload)
-            where staged.stages(key, epoch: epoch, number: number, current: sessions[key]?.snapshot.epoch, ended: ended.contains(key)):
-                staged.add(key, epoch: epoch, number: number, (number, codecID, typeID, payload, offset, length))
-                continue
             default:
                 break
             }
@@ -296,11 +292,19 @@ extension Journal {
             // while the dictionary's value was mutated kept a second reference to its message list,
             // and every record copied the whole list — quadratic: a client's start on a 3.7 MB
             // journal of 33,000 kept messages took 21 s in a debug build.)
-            guard let slot = sessions.index(forKey: key) else {
+            let slot = sessions.index(forKey: key)
+            let current = slot.map { sessions.values[$0].snapshot.epoch }
+            if case .message(_, let epoch, let number, let codecID, let typeID, let payload) = record, current != epoch,
+                staged.stages(key, epoch: epoch, number: number, current: current, ended: ended.contains(key))
+            {
+                staged.add(key, epoch: epoch, number: number, (number, codecID, typeID, payload, offset, length))
+                continue
+            }
+            guard let slot else {
                 if ended.contains(key) { continue }
                 return .failure(.damagedRecord(offset: offset, "it names session \(key), which no record began"))
             }
-            guard record.epoch == sessions.values[slot].snapshot.epoch else { continue }
+            guard record.epoch == current else { continue }
             let next = sessions.values[slot].snapshot.nextNumber
             switch record {
             case .session, .ended: break

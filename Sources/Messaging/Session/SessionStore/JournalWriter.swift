@@ -120,17 +120,23 @@ final class JournalWriter: @unchecked Sendable {
             let old = state.sessions.removeValue(forKey: key)
             state.liveBytes -= old?.bytes ?? 0
             return old?.bytes ?? 0
-        case .message(_, let epoch, let number, _, _, _)
-        where state.staged.stages(key, epoch: epoch, number: number, current: state.sessions[key]?.snapshot.epoch, ended: false):
-            state.staged.add(key, epoch: epoch, number: number, (number, offset, length))
-            return 0
         default:
             break
         }
-        // Records of another epoch never apply (as in ``Journal/replay(_:)``).
+        // Records of another epoch never apply (as in ``Journal/replay(_:)``); a message of an
+        // epoch to come is staged.
         // (One lookup, the session changed in place: each record is one call, and a lookup per
         // field copied the session's index out and back — perf: 5 % of a crash-durable sender.)
-        guard let slot = state.sessions.index(forKey: key), state.sessions.values[slot].snapshot.epoch == record.epoch else { return 0 }
+        let slot = state.sessions.index(forKey: key)
+        let current = slot.map { state.sessions.values[$0].snapshot.epoch }
+        guard let slot, current == record.epoch else {
+            if case .message(_, let epoch, let number, _, _, _) = record,
+                state.staged.stages(key, epoch: epoch, number: number, current: current, ended: false)
+            {
+                state.staged.add(key, epoch: epoch, number: number, (number, offset, length))
+            }
+            return 0
+        }
         switch record {
         case .message(_, _, let number, _, _, _):
             modify(&state.sessions.values[slot]) { live in
