@@ -538,6 +538,33 @@ import Testing
         }
     }
 
+    /// A message the app handles while the client's SESSION frame is on its way (after it said
+    /// `received`) is acknowledged once the server's answer attaches the session — not left to the
+    /// next message the app handles (seed 7381 of the session simulation: the server kept it, and
+    /// resent it at every reconnect, for good in a quiet session).
+    @Test func whatWasHandledWhileTheAnswerWasOnItsWayIsAcknowledgedOnResume() throws {
+        var client = Self.machine()
+        let token = Journal.Key.random()
+        let first = Link()
+        var effects = Effects()
+        _ = client.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false, epoch: token.hex), on: first, &effects)
+        for _ in 1...2 { guard case .deliver = client.received(on: first, onArrival: false, &effects) else { return fail("not delivered") } }
+        client.handled(1, epoch: client.epoch, &effects)
+        #expect(client.takeAck(on: first) == 1)
+        client.detach(first, &effects)
+        #expect(client.clientHello().received == 1)
+        var handled = Effects()
+        client.handled(2, epoch: client.epoch, &handled)
+        #expect(handled.ack == nil, "no connection to acknowledge it on")
+        let second = Link()
+        var opened = Effects()
+        guard case .success(.resumed) = client.clientOpened(
+            SessionHello(id: Self.id.hex, received: 0, resumed: true, epoch: token.hex, sent: 2), on: second, &opened)
+        else { return fail("not resumed") }
+        #expect(opened.ack?.0 === second && opened.ack?.1 != SessionInbox.AckStep.nothing, "\(String(describing: opened.ack?.1))")
+        #expect(client.takeAck(on: second) == 2)
+    }
+
     /// A client whose store may have lost records renews its session when the server resumes it,
     /// even when its store says it never connected: the lost records may be the epoch that did,
     /// whose messages its app has (seed 934 of the session simulation: the server resent them, and

@@ -154,6 +154,11 @@ extension SessionMachine {
             resumes += 1
             reconnects += 1
             phase = .attached(link)
+            // What the app handled while the answer was on its way (after the SESSION frame said
+            // `received`) was stored with no connection to acknowledge it on: acknowledged now —
+            // else the server resends it, this side drops the copy, and nothing acknowledges it
+            // until the app handles another (found by the session simulation, seed 7381).
+            effects.ack = ackAction()
             return .success(.resumed(resent: resend.count))
         }
         switchOutgoing(to: link)
