@@ -17,7 +17,7 @@ NEW_BIN="$(cd "$HERE" && swift build -c release --show-bin-path)/bench-ours"
 OLD_BIN="$(cd "$OLD" && swift build -c release --show-bin-path)/bench-ours"
 WORK="$(mktemp -d /tmp/bench-compare.XXXXXX)"
 
-metric() { case "$1" in W1|W4|W7) echo msgs_per_s ;; W2) echo p50_us ;; W3) echo mib_per_s ;; W5) echo bytes_per_conn ;; W6) echo requests_per_s ;; esac; }
+metric() { case "$1" in W1|W4|W7|W8) echo msgs_per_s ;; W2) echo p50_us ;; W3) echo mib_per_s ;; W5) echo bytes_per_conn ;; W6) echo requests_per_s ;; esac; }
 
 one() { # one BIN WORKLOAD -> prints the metric value
   local bin=$1 w=$2 spid port
