@@ -633,7 +633,12 @@ import Testing
                 return fail("a new session")
             }
             #expect(client.epochPending == (store == .synced), "\(store)")
-            guard case .deliver = client.received(on: link, onArrival: false, &effects) else { return fail("not delivered") }
+            let arrival = client.received(on: link, onArrival: false, &effects)
+            if store == .synced {
+                #expect(arrival == .hold && client.inbox.delivered == 0, "held, not counted: \(arrival)")
+            } else {
+                #expect(arrival != .hold && client.inbox.delivered == 1, "\(store): \(arrival)")
+            }
             var waiting = Effects()
             client.waitForEpoch({}, &waiting)
             #expect(waiting.epochReady.count == (store == .synced ? 0 : 1), "\(store): waits only with power-loss durability")
@@ -644,6 +649,7 @@ import Testing
             var synced = Effects()
             client.synced(.begun(through: 0, epoch: client.epoch), &synced)
             #expect(synced.epochReady.count == 1 && !client.epochPending)
+            guard case .deliver(1, _, _) = client.received(on: link, onArrival: false, &effects) else { return fail("offered again: not delivered") }
             // A failed write of the epoch's records, or the session's end, releases the waiters too.
             var failing = Self.machine(.synced)
             var opened = Effects()

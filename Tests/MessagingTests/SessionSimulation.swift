@@ -445,16 +445,21 @@ final class SessionSimulation {
                 return "\(direction): message for no session"
             }
             var effects = Effects()
-            let arrival = receiver.sessions[key]!.received(on: link, onArrival: false, &effects)
+            var arrival = receiver.sessions[key]!.received(on: link, onArrival: false, &effects)
             let payload = Int(String(decoding: frame.payload, as: UTF8.self)) ?? -1
             settle(receiver, key, effects)
-            guard case .deliver(let number, let epoch, let position) = arrival else { return "\(direction): message ignored" }
-            // As the carrier: a message of an epoch whose records are not synced yet waits for them.
+            // As the channel: a message of an epoch whose records are not synced yet is held (not
+            // counted), with what follows it, until they are — then offered again.
             var waited = ""
-            if receiver.sessions[key]?.epochPending == true {
+            if arrival == .hold {
                 waited = " after " + (await sync(receiver))
-                if receiver.sessions[key]?.epochPending == true { fail("\(receiver.name): the epoch's records were synced, and it still waits") }
+                var again = Effects()
+                guard receiver.sessions[key] != nil else { return "\(direction): held, and its session is gone" }
+                arrival = receiver.sessions[key]!.received(on: link, onArrival: false, &again)
+                settle(receiver, key, again)
+                if arrival == .hold { fail("\(receiver.name): the epoch's records were synced, and the message is still held") }
             }
+            guard case .deliver(let number, let epoch, let position) = arrival else { return "\(direction): message ignored" }
             receiver.toHandle.append((key, number, epoch, position, payload))
             return "\(direction): \(payload % 1_000_000) delivered as #\(number) of epoch \(epoch)\(waited)"
         case .ack:

@@ -11,6 +11,8 @@ import Transport
 extension MessageChannel: ConnectionHandler {
     package func connection(_ connection: ConnectionDriver, received frame: Frame) {
         assertOnLoop()
+        // Behind a session message held for its epoch's records: in order, after it.
+        if let link = sessionLink, !link.heldForEpoch.isEmpty { return link.heldForEpoch.append(frame) }
         switch machine.received(frame, from: peer) {
         case .message:
             deliverMessage(frame)
@@ -20,11 +22,7 @@ extension MessageChannel: ConnectionHandler {
         case .lateReply(let replyTo):
             logger.notice("dropping late reply '\(frame.typeID)' to request #\(replyTo), which timed out")
         case .sessionMessage:
-            guard let session = sessionLink?.session else { return deliverMessage(frame) }
-            // Not delivered: this connection was replaced (the new one resends it), or the app has
-            // it already (resent after a reconnect before the app handled it).
-            guard case .deliver(let token) = session.received(on: self) else { return }
-            deliverMessage(frame, session: token)
+            receivedSessionMessage(frame)
         case .ping:
             let pace = configuration.heartbeatPacer?.pace ?? 0
             driver.enqueue(Frame.pong(reference: frame.sequence, pace: pace), bypassLimit: true) { _ in }
@@ -100,6 +98,7 @@ extension MessageChannel: ConnectionHandler {
         if let link = sessionLink {
             for watcher in link.healthWatchers { watcher.finish() }
             link.healthWatchers = []
+            link.heldForEpoch = []  // never counted: the peer sends the session message again
             link.session?.detach(self)
             link.session = nil  // (the session may hold this channel: no cycle after the close)
         }
@@ -110,6 +109,49 @@ extension MessageChannel: ConnectionHandler {
         if let route {
             self.route = nil
             route.closed(reason, self)  // after the last message
+        }
+    }
+
+    /// A session message (the channel machine saw it): numbered and delivered, dropped, or held.
+    private func receivedSessionMessage(_ frame: Frame) {
+        guard let link = sessionLink, let session = link.session else { return deliverMessage(frame) }
+        switch session.received(on: self) {
+        case .deliver(let token): deliverMessage(frame, session: token)
+        // Not delivered: this connection was replaced (the new one resends it), or the app has it
+        // already (resent after a reconnect before the app handled it).
+        case .ignore: break
+        case .hold: holdForEpoch(frame, link, session)
+        }
+    }
+
+    /// Power-loss durability, the first message of a session's new epoch, whose records are not
+    /// synced yet (`SessionMachine.epochPending`): it waits — not counted, not delivered — with
+    /// every frame after it, and the connection stops reading, until the sync; then they go on in
+    /// order. No thread waits: the sync's completion hops to the loop. A close meanwhile drops
+    /// them: the session message was never counted, and the peer sends it again.
+    private func holdForEpoch(_ frame: Frame, _ link: SessionLink, _ session: MessageSession) {
+        link.heldForEpoch = [frame]
+        Self.epochHolds.add(1, ordering: .relaxed)
+        driver.pauseReading()
+        session.whenEpochDurable { [self] in queue.async { self.releaseEpochHold() } }
+    }
+
+    /// How many times a channel of this process held a message for its epoch (tests).
+    package static let epochHolds = Atomic<Int>(0)
+
+    private func releaseEpochHold() {
+        assertOnLoop()
+        defer { driver.resumeReading() }  // (balances this hold's pause; a new hold paused again)
+        // (The link stays the channel's once made; a close emptied it.)
+        guard let link = sessionLink, !driver.isClosed else { return }
+        var frames = link.heldForEpoch
+        link.heldForEpoch = []
+        guard !frames.isEmpty else { return }
+        receivedSessionMessage(frames.removeFirst())
+        for (index, frame) in frames.enumerated() {
+            // Held again (a newer epoch): the rest waits behind it.
+            guard link.heldForEpoch.isEmpty else { return link.heldForEpoch += frames[index...] }
+            connection(driver, received: frame)
         }
     }
 

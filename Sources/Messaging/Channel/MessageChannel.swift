@@ -96,6 +96,10 @@ public final class MessageChannel: @unchecked Sendable {
         var gate: SessionGate<Promise<SessionHello>, Promise<MessageSession.Opened>>
         /// Consumers of ``healthUpdates``.
         var healthWatchers: [AsyncStream<ConnectionHealth>.Continuation] = []
+        /// A session message held until its epoch's records are synced (the first; the channel
+        /// machine has seen it), then the frames that came after it (not seen yet), in order —
+        /// ``MessageChannel/holdForEpoch(_:_:)``. Empty almost always. Loop-confined.
+        var heldForEpoch: [Frame] = []
 
         init(gate: SessionGate<Promise<SessionHello>, Promise<MessageSession.Opened>>) { self.gate = gate }
         var hasSession: Bool { session != nil }

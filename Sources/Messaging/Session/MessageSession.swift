@@ -222,29 +222,31 @@ final class MessageSession: Sendable {
         case ignore
         /// Deliver it with this token.
         case deliver(SessionMessageToken)
+        /// Hold it, and what follows it, until ``whenEpochDurable(_:)`` (not counted yet).
+        case hold
     }
 
     /// A one-way message arrived on `channel` (on its loop): numbered, and with
     /// ``SessionAcknowledgement/onArrival`` taken as handled at once.
     func received(on channel: MessageChannel) -> Arrival {
         let onArrival = configuration.acknowledgement == .onArrival
-        let (arrival, position, pending) = apply { machine, effects -> (Machine.Arrival, String, Bool) in
-            (machine.received(on: channel, onArrival: onArrival, &effects), machine.positionText, machine.epochPending)
+        let (arrival, position) = apply { machine, effects -> (Machine.Arrival, String) in
+            (machine.received(on: channel, onArrival: onArrival, &effects), machine.positionText)
+        }
+        switch arrival {
+        case .ignore: return .ignore
+        case .hold: return .hold
+        case .deliver: break
         }
         guard case .deliver(let number, let epoch, _) = arrival else { return .ignore }
-        if pending { waitForEpochRecords() }
         return .deliver(SessionMessageToken(session: self, epoch: epoch, position: SessionPosition(session: position, number: number)))
     }
 
-    /// Power-loss durability, a message of an epoch that just began: blocks (on the loop) until
-    /// the epoch's records are synced — once per epoch, one sync (``SessionMachine/epochPending``).
-    /// Nothing it waits for needs the loop: the records were written when the epoch began (by
-    /// whoever held the writer's role), and their sync runs on the store's queue; a failed write
-    /// or sync, or the session's end, releases it too.
-    private func waitForEpochRecords() {
-        let synced = DispatchSemaphore(value: 0)
-        apply { $0.waitForEpoch({ synced.signal() }, &$1) }
-        synced.wait()
+    /// Runs `body` (any thread) once the current epoch's records are synced — at once when they
+    /// are (``SessionMachine/epochPending``; a failed write or sync, or the session's end, runs it
+    /// too). The channel that held a message of a new epoch (``Arrival/hold``) offers it again then.
+    func whenEpochDurable(_ body: @escaping @Sendable () -> Void) {
+        apply { $0.waitForEpoch(body, &$1) }
     }
 
     /// The app handled message `number` of `epoch` (an older epoch's: nothing); the

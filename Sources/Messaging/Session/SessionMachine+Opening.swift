@@ -11,11 +11,17 @@ extension SessionMachine {
         case ignore
         /// Deliver it: its number in this epoch (whose position id is `positionID`).
         case deliver(number: UInt64, epoch: UInt64, positionID: Journal.Key)
+        /// Not counted yet: the epoch's records are not synced (``epochPending``). The carrier
+        /// holds it, and what follows it on the connection, until they are
+        /// (``waitForEpoch(_:_:)``), then offers it again.
+        case hold
     }
 
     /// A one-way message arrived on `link`: numbered; with `onArrival`, handled at once.
     mutating func received(on link: Link, onArrival: Bool, _ effects: inout Effects) -> Arrival {
-        guard channel === link, let number = inbox.receive() else { return .ignore }
+        guard channel === link else { return .ignore }
+        if epochPending { return .hold }
+        guard let number = inbox.receive() else { return .ignore }
         if onArrival, inbox.handle(number) { handledAdvanced(&effects) }
         return .deliver(number: number, epoch: epoch, positionID: positionID)
     }

@@ -143,10 +143,10 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     let owner: String?
     /// Power-loss durability: the current epoch began (``startAnew(renewing:_:)``) and its records —
     /// the position id its messages reach the app under — are not synced yet. A message of it is
-    /// handed to the app only once they are (``waitForEpoch(_:_:)``): after a power loss the epoch
-    /// would be gone, the session would start anew under another position id, and the messages
-    /// the app had would come again under it, which the app cannot recognise. (Found by the
-    /// session simulation, seed 310.) One sync per epoch.
+    /// not counted or handed to the app before they are (``Arrival/hold``, ``waitForEpoch(_:_:)``):
+    /// after a power loss the epoch would be gone, the session would start anew under another
+    /// position id, and the messages the app had would come again under it, which the app cannot
+    /// recognise. (Found by the session simulation, seed 310.) One sync per epoch.
     var epochPending = false
     var epochWaiters: [@Sendable () -> Void] = []
     /// Its store may have lost its last records (a power loss under process-crash durability):
@@ -374,8 +374,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     }
 
     /// `waiter` runs once the current epoch's records are synced (at once when they are, or with
-    /// power-loss durability never pending): the carrier hands a message of a new epoch to the app
-    /// only then.
+    /// power-loss durability never pending): the carrier offers a held message again then.
     mutating func waitForEpoch(_ waiter: @escaping @Sendable () -> Void, _ effects: inout Effects) {
         if epochPending { epochWaiters.append(waiter) } else { effects.epochReady.append(waiter) }
     }
