@@ -149,6 +149,9 @@ extension MessageChannel: ConnectionHandler {
         guard !frames.isEmpty else { return }
         receivedSessionMessage(frames.removeFirst())
         for (index, frame) in frames.enumerated() {
+            // Closed by one of them (a GOODBYE, a violation): the rest goes with the connection, as
+            // the driver's own delivery stops at a close.
+            guard !driver.isClosed else { return }
             // Held again (a newer epoch): the rest waits behind it.
             guard link.heldForEpoch.isEmpty else { return link.heldForEpoch += frames[index...] }
             connection(driver, received: frame)

@@ -236,10 +236,9 @@ final class MessageSession: Sendable {
         switch arrival {
         case .ignore: return .ignore
         case .hold: return .hold
-        case .deliver: break
+        case .deliver(let number, let epoch, _):
+            return .deliver(SessionMessageToken(session: self, epoch: epoch, position: SessionPosition(session: position, number: number)))
         }
-        guard case .deliver(let number, let epoch, _) = arrival else { return .ignore }
-        return .deliver(SessionMessageToken(session: self, epoch: epoch, position: SessionPosition(session: position, number: number)))
     }
 
     /// Runs `body` (any thread) once the current epoch's records are synced — at once when they
