@@ -137,6 +137,15 @@ import Testing
             Issue.record("an untrusted key is final"); return
         }
         #expect(changed.code == .untrustedServer)
+
+        // A session store that failed takes no more records in this process: final as well.
+        var failedStore = Machine(policy: ReconnectPolicy(), target: "h:1")
+        let storeLoop = failedStore.startLoop()
+        #expect(storeLoop)
+        guard case .giveUp(let stored) = failedStore.attemptFailed(MessagingError(.sessionStoreUnusable, "the store failed"), retryAfter: nil) else {
+            Issue.record("a failed store is final"); return
+        }
+        #expect(stored.code == .sessionStoreUnusable)
     }
 
     @Test func withoutAReconnectPolicyALostConnectionIsFinal() {

@@ -4,6 +4,7 @@ import TestWaits
 import Testing
 
 import Locks
+import ProtocolCore
 @testable import Messaging
 
 /// Sessions kept in a ``SessionStore`` outlive the process, on loopback in this process: a server
@@ -280,5 +281,42 @@ import Locks
         }
         #expect(second.port == nil, "nothing listens")
         await first.server.stop()
+    }
+}
+
+extension DurableSessionTests {
+    /// Power-loss durability promises that `send` returns once the message survives a power loss.
+    /// A sync that fails (`EIO` from `fdatasync`) cannot promise it: the send fails with
+    /// `sessionStoreFailed`, saying the store could not sync, and the message is not kept to go
+    /// later in this process. Before: the session took the failed sync as done — `send` returned
+    /// for a record a power loss could take (found by the session simulation's sync failures).
+    @Test func aSendWhoseSyncFailedThrowsAndItsMessageIsNotKept() async throws {
+        let disk = SimulatedDisk()
+        let journal = try SessionJournal(
+            SessionStore(directory: "/store", durability: .powerLoss), role: .client, identity: "plaintext", logger: testLogger(),
+            fileSystem: disk)
+        let session = MessageSession(id: MessageSession.makeID(), configuration: SessionConfiguration(), logger: testLogger(), store: journal)
+        try session.beginNow()
+        func frame(_ n: Int) -> Frame { Frame(kind: .message, codecID: 1, typeID: "reading", payload: Array("\(n)".utf8)) }
+        try await session.send(frame(1))
+        disk.failNext = ("fdatasync", EIO)
+        do {
+            try await session.send(frame(2))
+            Issue.record("send returned for a message whose sync failed")
+        } catch let error as MessagingError {
+            #expect(error.code == .sessionStoreFailed)
+            #expect(error.message.contains("cannot sync the session store"), "\(error.message)")
+            #expect((error.underlying as? FileError)?.errno == EIO)
+        }
+        #expect(session.unacknowledgedCount == 1, "only the synced message is kept")
+        #expect(session.keptMessages.map { String(decoding: $0.payload, as: UTF8.self) } == ["1"])
+        // The store takes no more: the next send fails at once, with the same reason.
+        do {
+            try await session.send(frame(3))
+            Issue.record("a store whose sync failed took another message")
+        } catch let error as MessagingError {
+            #expect(error.code == .sessionStoreFailed)
+        }
+        #expect(session.unacknowledgedCount == 1)
     }
 }

@@ -181,6 +181,83 @@ import Testing
         #expect(current.senders.count == 1 && current.senders.first?.1 == nil)
     }
 
+    /// Power-loss durability: a sync that failed covered records a power loss may take. Their
+    /// messages never went (they wait for their sync) and must not go: their senders get the
+    /// error (before: the machine took the failure as synced, sent them and let `send` return —
+    /// the session simulation's sync failures, then a power loss, lost messages whose `send` had
+    /// returned). What an earlier sync covered goes on; a sender that asks later gets the error.
+    @Test func aFailedSyncFailsTheSendersOfWhatItCoveredAndSendsNothingOfIt() throws {
+        let link = Link()
+        var machine = Self.attached(.synced, link: link)
+        for number in 1...4 { try Self.send(number, &machine) }
+        var effects = Effects()
+        let admitted = machine.generation
+        for number in 1...3 { machine.waitForTicket(UInt64(number), epoch: 0, generation: admitted, "sender \(number)", &effects) }
+        machine.written(.messages(through: 4, epoch: 0), &effects)
+        machine.synced(.messages(through: 1, epoch: 0), &effects)
+        #expect(effects.senders.map(\.0) == ["sender 1"] && Self.numbers(&machine) == [1])
+        var failed = Effects()
+        machine.syncFailed(.messages(through: 3, epoch: 0), error: CancellationError(), &failed)
+        #expect(failed.senders.map(\.0) == ["sender 2", "sender 3"] && failed.senders.allSatisfy { $0.1 is CancellationError })
+        #expect(failed.outgoingAdded == 0 && Self.numbers(&machine).isEmpty, "nothing not synced goes on the wire")
+        #expect(machine.outbox.count == 1 && machine.outbox.nextNumber == 2, "only the synced message is kept")
+        // The sender of message 4 asks after the failure: the error, not a wait that never ends.
+        guard case .failed(let late) = machine.ticket(4, epoch: 0, generation: admitted), late is CancellationError else {
+            return fail("the sender of a message the failed sync covered gets the error")
+        }
+        // The later sync callbacks of the failed store change nothing more.
+        var again = Effects()
+        machine.syncFailed(.messages(through: 4, epoch: 0), error: CancellationError(), &again)
+        #expect(again.senders.isEmpty && machine.outbox.count == 1 && machine.durableThrough == 1)
+    }
+
+    /// An epoch the store could not keep (its records' write or sync failed): nothing of it goes
+    /// or is delivered — the messages it carries stay kept, unsent, and a later failure never
+    /// drops them (they are in the store under the epoch before); a message held for it stays held
+    /// and the carrier closes the connection and fails the store. Before: the messages went "in
+    /// memory" and held ones were delivered under a position the store never had — after a
+    /// restart the peer sent them again under another (session simulation, seed 82: the client's
+    /// app got a message twice).
+    @Test func anEpochTheStoreCouldNotKeepSendsAndDeliversNothing() throws {
+        for failure in ["write", "sync"] {
+            let link = Link()
+            var client = Self.machine(.synced)
+            // Two messages kept before the first connection, written and synced.
+            try Self.send(1, &client)
+            try Self.send(2, &client)
+            var stored = Effects()
+            client.written(.messages(through: 2, epoch: 0), &stored)
+            client.synced(.messages(through: 2, epoch: 0), &stored)
+            var opened = Effects()
+            guard case .success(.new) = client.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: link, &opened) else {
+                return fail("a new session")
+            }
+            #expect(opened.afterWrite == .begun(through: 2, epoch: client.epoch) && client.epochPending)
+            #expect(client.received(on: link, onArrival: false, &opened) == .hold)
+            var waits = Effects()
+            client.waitForEpoch({}, &waits)
+            var failed = Effects()
+            if failure == "write" {
+                client.writeFailed(.begun(through: 2, epoch: client.epoch), generation: client.generation, error: CancellationError(), &failed)
+            } else {
+                client.written(.begun(through: 2, epoch: client.epoch), &failed)
+                client.syncFailed(.begun(through: 2, epoch: client.epoch), error: CancellationError(), &failed)
+            }
+            #expect(failed.epochNotStored?.link === link && failed.epochNotStored?.error is CancellationError, "\(failure)")
+            #expect(failed.epochReady.isEmpty && client.epochPending && client.epochWaiters.isEmpty, "\(failure): nothing released")
+            #expect(Self.numbers(&client).isEmpty && client.outbox.count == 2, "\(failure): the carried messages stay, unsent")
+            #expect(client.received(on: link, onArrival: false, &failed) == .hold && client.inbox.delivered == 0, "\(failure)")
+            // A later write or sync completion of the epoch sends nothing; a later failure drops none of them.
+            var later = Effects()
+            client.written(.messages(through: 2, epoch: client.epoch), &later)
+            client.synced(.messages(through: 2, epoch: client.epoch), &later)
+            #expect(Self.numbers(&client).isEmpty, "\(failure)")
+            client.syncFailed(.messages(through: 2, epoch: client.epoch), error: CancellationError(), &later)
+            client.writeFailed(.messages(through: 3, epoch: client.epoch), generation: client.generation, error: CancellationError(), &later)
+            #expect(client.outbox.count == 2, "\(failure): \(client.outbox.count)")
+        }
+    }
+
     @Test func aFullSessionOrStoreMakesTheSenderWait() throws {
         let link = Link()
         var machine = Self.attached(link: link, maxCount: 2)
@@ -659,7 +736,8 @@ import Testing
             failing.waitForEpoch({}, &waits)
             var failed = Effects()
             failing.writeFailed(.begun(through: 0, epoch: failing.epoch), generation: failing.generation &+ 7, error: CancellationError(), &failed)
-            #expect(failed.epochReady.count == 2 && !failing.epochPending, "a refused write of any generation releases them")
+            #expect(failed.epochReady.isEmpty && failing.epochPending, "a refused write (of any generation) releases nothing: the connection closes")
+            #expect(failed.epochNotStored?.link === link)
             var ending = Self.machine(.synced)
             _ = ending.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: link, &opened)
             ending.waitForEpoch({}, &waits)

@@ -1,4 +1,5 @@
 import Foundation
+import Locks
 import Logging
 import ProtocolCore
 import Scheduling
@@ -75,6 +76,11 @@ final class SessionSimulation {
         var mayLose: Set<Int> = []
         /// Payloads admitted and waiting for their `send` to return (lost with the process).
         var waiting: Set<Int> = []
+        /// A write or sync failure was armed on the disk since the store opened: a store that
+        /// refuses a write or a sync without one is a fault.
+        var injected = false
+        /// The store failed a sync: it takes no more records until the process starts again.
+        var storeFailed: Bool { journal?.shared.withLock { $0.failure != nil } ?? false }
 
         init(name: String, role: Journal.Role) {
             self.name = name
@@ -165,7 +171,8 @@ final class SessionSimulation {
             (12, "client sends"), (8, "server sends"), (6, "client handles"), (6, "server handles"),
             (4, "client syncs"), (4, "server syncs"), (3, "client ack deadline"), (3, "server ack deadline"),
             (2, "client killed"), (2, "server killed"), (1, "client power loss"), (1, "server power loss"),
-            (1, "both power loss"),
+            (1, "both power loss"), (1, "client write fails"), (1, "server write fails"), (1, "client sync fails"),
+            (1, "server sync fails"),
         ]
         if let connection {
             choices += [(14, "to server"), (14, "to client"), (3, "cut")]
@@ -189,6 +196,9 @@ final class SessionSimulation {
 
     /// Without faults: the next thing to settle, in a fixed order; nil when nothing is left.
     func settleStep() async -> String? {
+        // A process whose store failed a sync goes on in memory but acknowledges nothing it
+        // handles: its operator restarts it (the log said what failed).
+        for side in [client, server] where side.storeFailed { return await perform("\(side.name) killed") }
         guard let connection else { return await perform("connect") }
         if !connection.toServer.isEmpty { return await perform("to server") }
         if !connection.toClient.isEmpty { return await perform("to client") }
@@ -225,6 +235,8 @@ final class SessionSimulation {
             case "ack deadline": return ackDeadline(side)
             case "killed": return restart(side, powerLoss: false)
             case "power loss": return restart(side, powerLoss: true)
+            case "write fails": return await failNextCall(side, "write") { send(side) }
+            case "sync fails": return await failNextCall(side, "sync") { await sync(side) }
             default: return "?"
             }
         }
@@ -245,6 +257,7 @@ final class SessionSimulation {
         }
         side.sessions = [:]
         side.current = nil
+        side.injected = false
         let journal = side.journal!
         switch side.role {
         case .client:
@@ -322,21 +335,34 @@ final class SessionSimulation {
         while !queue.isEmpty {
             let effects = queue.removeFirst()
             if !effects.records.isEmpty {
-                do {
-                    let position = try side.journal.append(effects.records)
+                let generation = side.sessions[key]?.generation ?? 0
+                switch store(effects.records, of: side, chain: (key, generation)) {
+                case .success(let position):
                     if let after = effects.afterWrite, side.sessions[key] != nil {
                         var next = Effects()
                         side.sessions[key]!.written(after, &next)
                         if syncs { side.pendingSyncs.append((position, key, after)) }
                         queue.append(next)
                     }
-                } catch {
-                    fail("\(side.name)'s store refused a write: \(error.message)")
+                case .failure(let error):
+                    if !side.injected { fail("\(side.name)'s store refused a write: \(error.message)") }
+                    count("write refused")
+                    if let after = effects.afterWrite, side.sessions[key] != nil {
+                        var next = Effects()
+                        side.sessions[key]!.writeFailed(after, generation: generation, error: error, &next)
+                        queue.append(next)
+                    }
                 }
             }
             for (sender, error) in effects.senders {
                 side.waiting.remove(sender)
-                if error == nil { side.promised.append(sender) }
+                if error == nil { side.promised.append(sender) } else { count("send failed") }
+            }
+            if let (link, error) = effects.epochNotStored {
+                // As `MessageSession`: the store takes no more records, the connection closes.
+                count("epoch not stored")
+                side.journal.fail(error as? FileError ?? FileError("/store", "\(error)"))
+                if let link, link === connection?.link { cut() }
             }
             if let (link, step) = effects.ack, link === connection?.link {
                 switch step {
@@ -347,6 +373,27 @@ final class SessionSimulation {
             }
             flush(side, key)
         }
+    }
+
+    /// As ``MessageSession`` hands its records to the store: queued with their session's chain
+    /// (a failed write fails the rest of its generation), then written.
+    func store(_ records: [Journal.Record], of side: Side, chain: (key: Journal.Key, generation: UInt32)) -> Result<UInt64, FileError> {
+        let result = Locked<Result<UInt64, FileError>?>(nil)
+        side.journal.enqueue(records, chain: chain) { outcome in result.withLock { $0 = outcome } }
+        side.journal.write()
+        return result.withLock { $0 } ?? .failure(FileError("/store", "the write did not complete"))
+    }
+
+    /// The disk's next `pwrite` or `fdatasync` fails (`EIO`, or `ENOSPC` for a write — the store
+    /// retries that once) while `step` runs; one it does not make is not failed later.
+    func failNextCall(_ side: Side, _ what: String, _ step: () async -> String) async -> String {
+        let errno = what == "write" && Bool.random(using: &random) ? ENOSPC : EIO
+        side.disk.failNext = (what == "write" ? "pwrite" : "fdatasync", errno)
+        side.injected = true
+        let text = await step()
+        side.disk.failNext = nil
+        count("\(what) fails")
+        return "\(side.name)'s next \(what) fails (\(errno == EIO ? "EIO" : "ENOSPC")): \(text)"
     }
 
     func sendAck(_ side: Side, _ key: Journal.Key, _ link: SimulatedLink) {
@@ -405,6 +452,8 @@ final class SessionSimulation {
 
     func connect() -> String {
         guard let key = client.current, let machine = client.sessions[key] else { return "no client session" }
+        // As `MessageClient`: its store failed, it gave up (until the process restarts).
+        if client.storeFailed { return "the client does not connect: its store failed" }
         links += 1
         count("connect")
         connection = Connection(link: SimulatedLink(number: links))
@@ -455,6 +504,7 @@ final class SessionSimulation {
                 waited = " after " + (await sync(receiver))
                 var again = Effects()
                 guard receiver.sessions[key] != nil else { return "\(direction): held, and its session is gone" }
+                guard self.connection?.link === link else { return "\(direction): held\(waited), and the connection closed" }
                 arrival = receiver.sessions[key]!.received(on: link, onArrival: false, &again)
                 settle(receiver, key, again)
                 if arrival == .hold { fail("\(receiver.name): the epoch's records were synced, and the message is still held") }
@@ -485,6 +535,11 @@ final class SessionSimulation {
             fail("a hello with a bad id")
             return "to server: hello"
         }
+        // As `MessageServer`: a store that failed attaches no session until the process restarts.
+        if server.storeFailed {
+            cut()
+            return "to server: hello, refused: the server's store failed"
+        }
         let isNew = server.sessions[key] == nil
         if isNew {
             var machine = Machine(
@@ -495,7 +550,10 @@ final class SessionSimulation {
                 let position = try server.journal.append(begun.records)
                 if syncs { try await server.journal.synced(position) }
             } catch {
-                fail("the server could not store a new session: \(error)")
+                // As `MessageServer`: the connection closes with the reason; the client tries again.
+                if !server.injected { fail("the server could not store a new session: \(error)") }
+                cut()
+                return "to server: hello, refused: the server's store failed (\(error.message.prefix(40))…)"
             }
             server.sessions[key] = machine
         }
@@ -597,19 +655,25 @@ final class SessionSimulation {
 
     func sync(_ side: Side) async -> String {
         let position = side.journal.shared.withLock { $0.written }
+        var failure: FileError?
         do {
             try await side.journal.synced(position)
         } catch {
-            fail("\(side.name)'s sync failed: \(error.message)")
+            if !side.injected { fail("\(side.name)'s sync failed: \(error.message)") }
+            failure = error
         }
         let due = side.pendingSyncs.filter { $0.position <= position }
         side.pendingSyncs.removeAll { $0.position <= position }
         for item in due {
             var effects = Effects()
-            side.sessions[item.key]?.synced(item.after, &effects)
+            if let failure {
+                side.sessions[item.key]?.syncFailed(item.after, error: failure, &effects)
+            } else {
+                side.sessions[item.key]?.synced(item.after, &effects)
+            }
             settle(side, item.key, effects)
         }
-        return "\(side.name) syncs (\(due.count) waiting)"
+        return "\(side.name) syncs (\(due.count) waiting)\(failure == nil ? "" : ": failed")"
     }
 
     func ackDeadline(_ side: Side) -> String {

@@ -54,6 +54,12 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
     var callCount: Int { lock.withLock { calls } }
     /// The call that fails (by its number among all calls), and how.
     var failure: (call: Int, errno: Int32)?
+    /// The next call of this name (`pwrite`, `fdatasync`, …) fails, and how (then cleared).
+    var failNext: (name: String, errno: Int32)? {
+        get { lock.withLock { _failNext } }
+        set { lock.withLock { _failNext = newValue } }
+    }
+    private var _failNext: (name: String, errno: Int32)?
     /// Bytes the disk holds at most (the cache's sizes counted): writes past it fail with ENOSPC.
     var capacity: Int?
     /// Runs after every mutating call, with the disk's image then (under the disk's lock: copy, do
@@ -94,6 +100,10 @@ final class SimulatedDisk: StoreFileSystem, @unchecked Sendable {
         calls += 1
         trace.append("\(calls) \(name) \((path as NSString).lastPathComponent)")
         if let failure, failure.call == calls { throw StoreCallError(name, path, failure.errno) }
+        if let next = _failNext, next.name == name {
+            _failNext = nil
+            throw StoreCallError(name, path, next.errno)
+        }
     }
 
     private func changed() {

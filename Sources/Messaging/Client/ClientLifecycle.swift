@@ -99,8 +99,9 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
         guard !isClosed else { return .stop }
         lastFailure = error.message
         attempts += 1
-        if error.code == .untrustedServer {
-            // Final: a key this client does not trust stays untrusted however often it is met.
+        if error.code == .untrustedServer || error.code == .sessionStoreUnusable {
+            // Final: a key this client does not trust stays untrusted however often it is met,
+            // and a session store that failed takes no more records in this process.
             return .giveUp(error)
         }
         if let max = policy.maxAttempts, attempts >= max {

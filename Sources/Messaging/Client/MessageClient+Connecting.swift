@@ -205,6 +205,15 @@ extension MessageClient {
                 serverLacksSessions.store(true, ordering: .releasing)
                 return (channel, nil)
             }
+            if let failure = session.storeFailure {
+                // Final (the lifecycle gives up): the store takes no more records in this process,
+                // and the session's state in memory may be ahead of it.
+                channel.close(reason: "the client's session store failed")
+                throw MessagingError(
+                    .sessionStoreUnusable,
+                    "cannot continue the session: \(failure.message); the store takes no more records — restart the process once the disk is mended",
+                    underlying: failure)
+            }
             do {
                 let opened = try await channel.openSession(session, timeout: configuration.channel.helloTimeout)
                 channel.onLoopPing()

@@ -197,6 +197,9 @@ extension MessageServer {
                 do {
                     // A new session's first record (a restored one's are in the store already),
                     // in the store before the answer tells the client the session exists.
+                    // A store that failed keeps no session's new state: none attaches (its state
+                    // in memory may be ahead of the store's) until the process restarts.
+                    if let failure = session.storeFailure { throw failure }
                     if !restored { try await session.begin(everConnected: true) }
                     switch try await channel.attachSession(session, hello: hello, isNew: !restored) {
                     case .resumed(let count): resent = count

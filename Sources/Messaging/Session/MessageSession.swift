@@ -130,7 +130,16 @@ final class MessageSession: Sendable {
         for drain in effects.drains { drain.succeed(()) }
         for ready in effects.epochReady { ready() }
         if let (channel, step) = effects.ack { channel.performAck(step) }
+        if let (channel, error) = effects.epochNotStored {
+            let failure = error as? FileError ?? FileError(store?.path ?? "", "\(error)")
+            store?.fail(failure)
+            channel?.close(reason: "the session store failed: the session cannot go on until the process restarts")
+        }
     }
+
+    /// Why the session's store takes no more records, if it does not: the session does not
+    /// attach to a connection again in this process.
+    var storeFailure: FileError? { store?.failure }
 
     /// What a store write's completion does: feeds the machine that it is written (with
     /// power-loss durability, once a sync covers it), or that it failed.
@@ -141,9 +150,15 @@ final class MessageSession: Sendable {
                 guard let after else { return }
                 apply { $0.written(after, &$1) }
                 guard store?.configuration.durability.syncs == true else { return }
-                // (A failed sync is logged once by the store, which takes no more records: the
-                // next send fails. What it covered is kept in memory and goes on.)
-                store?.whenSynced(position) { [self] _ in apply { $0.synced(after, &$1) } }
+                // A failed sync is logged once by the store, which takes no more records: what it
+                // covered is not durable, so its messages do not go and their senders fail.
+                store?.whenSynced(position) { [self] error in
+                    if let error {
+                        apply { $0.syncFailed(after, error: error, &$1) }
+                    } else {
+                        apply { $0.synced(after, &$1) }
+                    }
+                }
             case .failure(let error):
                 if let after {
                     if case .handled = after {

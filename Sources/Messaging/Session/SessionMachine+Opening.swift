@@ -203,6 +203,8 @@ extension SessionMachine {
         let last = kept.last?.number ?? 0
         writtenThrough = stored ? 0 : last
         durableThrough = 0
+        carriedThrough = 0
+        epochRefused = false
         transmittedThrough = 0
         if stored {
             // The store starts over too: the kept messages under their new numbers, then the

@@ -58,6 +58,11 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         var outgoingAdded = 0
         /// What the channel does for the acknowledgement now.
         var ack: (Link, SessionInbox.AckStep)?
+        /// The store could not keep the epoch that began (its records were refused, or their sync
+        /// failed): the carrier makes the store take no more records and closes the session's
+        /// connection (`link`, if attached) with `error` — nothing goes or is delivered under an
+        /// epoch the store does not hold.
+        var epochNotStored: (link: Link?, error: any Error)?
     }
 
     /// A frame decided for the wire, sent after the lock is released, in the order decided.
@@ -90,6 +95,11 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     var writtenThrough: UInt64 = 0
     /// Messages up to this number may go on the wire: written, and with power-loss durability synced.
     var durableThrough: UInt64 = 0
+    /// The messages the current epoch carried when the store could not keep the epoch
+    /// (``epochNotStored(through:error:_:)``): kept, never sent, never dropped in this process.
+    var carriedThrough: UInt64 = 0
+    /// The store could not keep the current epoch: nothing of it goes on the wire.
+    var epochRefused = false
     /// The highest number handed to a connection in this epoch (what the peer may have counted):
     /// the `sent` of this side's SESSION frames. Messages numbered since, not yet sent — after a
     /// restart, before the first connection — are not in it: their numbers are new to the peer, and
@@ -270,6 +280,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
 
     /// The store holds the records of `after` now (the carrier's completion).
     mutating func written(_ after: AfterWrite, _ effects: inout Effects) {
+        guard !epochRefused else { return }
         switch after {
         case .messages(let through, let epoch), .begun(let through, let epoch):
             guard epoch == self.epoch, through > writtenThrough else { return }
@@ -282,6 +293,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
 
     /// A sync covers the records of `after` (power-loss durability).
     mutating func synced(_ after: AfterWrite, _ effects: inout Effects) {
+        guard !epochRefused else { return }
         switch after {
         case .messages(let through, let epoch), .begun(let through, let epoch):
             guard epoch == self.epoch else { return }
@@ -346,32 +358,88 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// `error`), and the next records start a new generation (the store failed the rest of this one).
     mutating func writeFailed(_ after: AfterWrite, generation failed: UInt32, error: any Error, _ effects: inout Effects) {
         // (Whatever the generation: a batch refused for an earlier failure of its chain never
-        // reaches the disk either, and the messages waiting for the epoch go on in memory.)
-        if case .begun(_, let epoch) = after, epoch == self.epoch { epochDurable(&effects) }
+        // reaches the disk either.)
+        if case .begun(let through, let epoch) = after, epoch == self.epoch { epochNotStored(through: through, error: error, &effects) }
         guard failed == generation else { return }
-        generation &+= 1
         switch after {
         case .messages(_, let epoch) where epoch == self.epoch:
-            failedGenerations.append((failed, epoch, writtenThrough, error))
-            if failedGenerations.count > 8 { failedGenerations.removeFirst() }
             // The tail above what was written was never in the store (and never sent).
-            let removed = outbox.removeNewest(after: writtenThrough)
-            // (Those above what was written: the end of the list, in number order.)
-            var first = ticketWaiters.count
-            while first > ticketHead, ticketWaiters[first - 1].epoch == epoch, ticketWaiters[first - 1].number > writtenThrough { first -= 1 }
-            for waiter in ticketWaiters[first...] { effects.senders.append((waiter.sender, error)) }
-            ticketWaiters.removeLast(ticketWaiters.count - first)
-            compactTicketWaiters()
-            if removed > 0 { wakeRoomWaiters(&effects) }
+            dropUnstored(after: writtenThrough, error: error, &effects)
+        default:
+            generation &+= 1
+        }
+    }
+
+    /// A sync of the store failed (power-loss durability; the store takes no more records): what
+    /// it covered may not survive a power loss, so none of it counts as stored. The messages not
+    /// synced never went on the wire (they wait for their sync): their senders get `error` and they
+    /// are not sent — as for a failed write, except that their records may still be in the file,
+    /// where a restart of the process finds them and sends them then (their numbers are used by
+    /// nothing else: the store refused every record since). A handled count not synced is never
+    /// acknowledged (the peer resends, the app sees the position again). A new epoch's record not
+    /// synced: as for a failed write (``epochNotStored(through:error:_:)``).
+    mutating func syncFailed(_ after: AfterWrite, error: any Error, _ effects: inout Effects) {
+        switch after {
+        case .messages(_, let epoch) where epoch == self.epoch:
+            guard writtenThrough > max(durableThrough, carriedThrough) || ticketWaiters.count > ticketHead else { return }
+            dropUnstored(after: durableThrough, error: error, &effects)
         case .begun(let through, let epoch) where epoch == self.epoch:
-            // The store cannot follow the new epoch: what it holds is stale. The messages go on in
-            // memory (a restart would resume the old session, whose peer then starts anew and
-            // reports what it lacks).
-            makeTransmittable(through: max(through, outbox.nextNumber - 1), queued: false, &effects)
+            epochNotStored(through: through, error: error, &effects)
         default:
             break
         }
     }
+
+    /// The store could not keep the epoch that began (its records were refused, or their sync
+    /// failed): it holds the session as it was before, and a restart continues from there. So
+    /// nothing of the new epoch may reach the peer or the app — a message delivered under its
+    /// position, or sent under its numbers, would come again under others after the restart
+    /// (found by the session simulation's store failures, seed 82: the client's app got a message
+    /// twice). The messages it carries stay kept, not sent (in the store under the old epoch: a
+    /// later failure never drops them); their senders that waited for the new numbers get
+    /// `error`; messages held for the epoch stay held and go with the connection, which the
+    /// carrier closes (``Effects/epochNotStored``), and the store takes no more records — the
+    /// process continues no session until it starts again.
+    private mutating func epochNotStored(through: UInt64, error: any Error, _ effects: inout Effects) {
+        epochRefused = true
+        carriedThrough = max(carriedThrough, through)
+        writtenThrough = max(writtenThrough, through)
+        var kept = ticketHead
+        for index in ticketWaiters.indices[ticketHead...] {
+            if ticketWaiters[index].epoch == epoch {
+                effects.senders.append((ticketWaiters[index].sender, error))
+            } else {
+                ticketWaiters[kept] = ticketWaiters[index]
+                kept += 1
+            }
+        }
+        ticketWaiters.removeLast(ticketWaiters.count - kept)
+        compactTicketWaiters()
+        epochWaiters = []  // (what they would offer again goes with the connection)
+        effects.epochNotStored = (channel, error)
+    }
+
+    /// The messages of this epoch above `kept` are not in the store: they leave the outbox, their
+    /// senders get `error`, and the store's generation ends (a sender of it that asks for its
+    /// ticket later gets the error too: ``ticket(_:epoch:generation:)``).
+    private mutating func dropUnstored(after stored: UInt64, error: any Error, _ effects: inout Effects) {
+        // (Never the messages an epoch the store could not keep carries: they are in it under the
+        // epoch before.)
+        let kept = max(stored, carriedThrough)
+        failedGenerations.append((generation, epoch, kept, error))
+        if failedGenerations.count > 8 { failedGenerations.removeFirst() }
+        generation &+= 1
+        writtenThrough = min(writtenThrough, kept)
+        let removed = outbox.removeNewest(after: kept)
+        // (Those above what was kept: the end of the list, in number order.)
+        var first = ticketWaiters.count
+        while first > ticketHead, ticketWaiters[first - 1].epoch == epoch, ticketWaiters[first - 1].number > kept { first -= 1 }
+        for waiter in ticketWaiters[first...] { effects.senders.append((waiter.sender, error)) }
+        ticketWaiters.removeLast(ticketWaiters.count - first)
+        compactTicketWaiters()
+        if removed > 0 { wakeRoomWaiters(&effects) }
+    }
+
 
     /// `waiter` runs once the current epoch's records are synced (at once when they are, or with
     /// power-loss durability never pending): the carrier offers a held message again then.

@@ -44,10 +44,15 @@ public struct MessagingError: Error, Sendable, CustomStringConvertible {
         /// start, the client does not connect. Another process holds it, or its file is damaged,
         /// of another format version, or holds another identity's sessions; the message names the
         /// file and what to do (the library never resets a store by itself); `underlying` is the
-        /// ``FileError``.
+        /// ``FileError``. Also, final (``ClientEvent/gaveUp(_:)``), when a connected client's store
+        /// failed (a sync failed, or it could not keep a session's new epoch): it takes no more
+        /// records in this process — restart it once the disk is mended.
         public static let sessionStoreUnusable = Code(kind: .sessionStoreUnusable)
         /// The session store could not keep a message (the disk is full, an I/O error): `send`
-        /// failed and nothing of the message was kept or sent. `underlying` is the ``FileError``.
+        /// failed and nothing of the message was kept or sent. With power-loss durability also when
+        /// the store's sync failed: the message was not sent, and its record may be in the file
+        /// (a process that opens the store again before a power loss sends it). `underlying` is
+        /// the ``FileError``.
         public static let sessionStoreFailed = Code(kind: .sessionStoreFailed)
 
         public var description: String { "\(kind)" }

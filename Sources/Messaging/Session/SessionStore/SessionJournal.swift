@@ -350,6 +350,23 @@ final class SessionJournal: Sendable {
         }
     }
 
+    /// Why the store takes no more records (a failed sync, or ``fail(_:)``), if it does not.
+    var failure: FileError? { shared.withLock { $0.failure } }
+
+    /// The store takes no more records from now on, for `error` (logged once): a session could
+    /// not keep what it began, and its state in memory is ahead of the store's — only a restart
+    /// of the process, from what the store holds, continues its sessions.
+    func fail(_ error: FileError) {
+        let first = shared.withLock { state -> Bool in
+            guard state.failure == nil else { return false }
+            state.failure = error
+            return true
+        }
+        if first {
+            logger.error("\(error.message); the session store takes no more records: restart the process once the disk is mended")
+        }
+    }
+
     /// Waits until everything appended up to `position` is on the disk.
     func synced(_ position: UInt64) async throws(FileError) {
         let error = await withCheckedContinuation { (continuation: CheckedContinuation<FileError?, Never>) in
