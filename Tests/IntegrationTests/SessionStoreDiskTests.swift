@@ -90,6 +90,105 @@ struct SessionStoreDiskTests {
     }
 }
 
+extension SessionStoreDiskTests {
+    /// A power-loss store whose `fdatasync` fails: a FUSE file system that answers `EIO` to fsync
+    /// while a flag file exists (Tests/harness/failing-fs.py, Debian's python3-fusepy), mounted in
+    /// the harness's mount namespace — the kernel's real path, `fdatasync` → FUSE → `EIO`. The
+    /// send whose sync failed fails with `sessionStoreFailed` ("cannot sync the session store")
+    /// and its message never reaches the server; every later send fails at once, also once the
+    /// disk answers again (a failed sync cannot be retried); and when the connection is lost the
+    /// client gives up (`sessionStoreUnusable`, final) instead of continuing a session its store
+    /// no longer follows. Before: the failed sync was taken as done — `send` returned and the
+    /// message went, though a power loss could take its record.
+    @Test func aStoreWhoseSyncFailsFailsItsSendsAndTheClientGivesUp() async throws {
+        let base = NSTemporaryDirectory() + "failing-sync-\(UUID().uuidString)"
+        let (backing, mountPoint, flag) = (base + "/backing", base + "/mount", base + "/fail-sync")
+        for directory in [backing, mountPoint] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        let script = Harness.repoRoot.appendingPathComponent("Tests/harness/failing-fs.py").path
+        let fileSystem = try Background(["/usr/bin/python3", script, backing, mountPoint, flag])
+        defer {
+            _ = try? Harness.run(["umount", mountPoint])
+            fileSystem.stop()
+            try? FileManager.default.removeItem(atPath: base)
+        }
+        try await waitForCondition("the FUSE file system mounted at \(mountPoint)", timeout: .seconds(10)) {
+            (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8))?.contains(" \(mountPoint) ") == true
+        }
+        let logger = Harness.logger("failing-sync")
+
+        var serverConfiguration = ServerConfiguration(serviceType: "_itest-fsync._tcp", serviceName: "fsync")
+        serverConfiguration.publish = false
+        serverConfiguration.listener.loopbackOnly = true
+        serverConfiguration.channel.security = .plaintext
+        let server = MessageServer(configuration: serverConfiguration, discovery: nil, logger: logger)
+        try await server.start()
+        let received = ReceivedCount()
+        let closed = ReceivedCount()
+        let connections = Locked<[ServerConnection]>([])
+        let pump = Task {
+            for await event in server.events {
+                switch event {
+                case .received(let connection, _):
+                    connections.value.withLock { $0.append(connection) }
+                    received.add()
+                case .closed: closed.add()
+                default: break
+                }
+            }
+        }
+
+        var configuration = ClientConfiguration(peerName: "sensor", reconnect: ReconnectPolicy())
+        configuration.channel.security = .plaintext
+        configuration.peerMemory = nil
+        configuration.session?.store = SessionStore(directory: mountPoint + "/store", durability: .powerLoss)
+        let client = try await MessageClient.connect(
+            to: .host("127.0.0.1", port: server.port!), configuration: configuration, logger: logger)
+        let gaveUp = Locked<MessagingError?>(nil)
+        let events = Task {
+            for await event in client.events {
+                if case .gaveUp(let error) = event { gaveUp.value.withLock { $0 = error } }
+            }
+        }
+        try await client.send(Reading(n: 1, pad: ""), type: "reading")
+        try await waitForCondition("reading 1 received") { received.value == 1 }
+
+        #expect(FileManager.default.createFile(atPath: flag, contents: nil))
+        var failure: MessagingError?
+        do {
+            try await client.send(Reading(n: 2, pad: ""), type: "reading")
+        } catch let error as MessagingError {
+            failure = error
+        }
+        let error = try #require(failure, "send returned though the store's fdatasync failed")
+        #expect(error.code == .sessionStoreFailed)
+        #expect(error.message.contains("cannot sync the session store"), "\(error.message)")
+        #expect((error.underlying as? FileError)?.errno == EIO)
+        // The disk answers again; the store takes nothing more all the same.
+        try FileManager.default.removeItem(atPath: flag)
+        do {
+            try await client.send(Reading(n: 3, pad: ""), type: "reading")
+            Issue.record("a store whose sync failed took another message")
+        } catch let later as MessagingError {
+            #expect(later.code == .sessionStoreFailed, "\(later)")
+        }
+
+        // The connection is lost: the client does not continue the session, it gives up.
+        let connection = try #require(connections.value.withLock { $0.first })
+        connection.close(reason: "the test closes it")
+        try await waitForCondition("the client gave up", timeout: .seconds(15)) { gaveUp.value.withLock { $0 } != nil }
+        let final = try #require(gaveUp.value.withLock { $0 })
+        #expect(final.code == .sessionStoreUnusable, "\(final)")
+        #expect(final.message.contains("restart the process"), "\(final.message)")
+        // Nothing of readings 2 and 3 reached the server (its events are in order: the close last).
+        try await waitForCondition("the server saw the connection close") { closed.value >= 1 }
+        #expect(received.value == 1)
+        await client.close()
+        await server.stop()
+        pump.cancel()
+        events.cancel()
+    }
+}
+
 /// The server's messages, acknowledged at once or held (then acknowledged together).
 final class HeldMessages: @unchecked Sendable {  // guarded by lock
     private let lock = NSLock()

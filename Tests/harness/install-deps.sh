@@ -22,6 +22,9 @@ command -v named >/dev/null || missing+=(bind9)            # the wide-area lab's
 command -v tsig-keygen >/dev/null || missing+=(bind9)
 command -v nsupdate >/dev/null || missing+=(bind9-dnsutils)  # nsupdate and dig: peers we did not write
 command -v dig >/dev/null || missing+=(bind9-dnsutils)
+# A FUSE file system whose fsync fails on demand (Tests/harness/failing-fs.py): the session store's
+# failed sync on the kernel's real path.
+[ -f /usr/lib/python3/dist-packages/fusepy.py ] || missing+=(python3-fusepy)
 for extra in "$@"; do command -v "$extra" >/dev/null || missing+=("$extra"); done
 [ ${#missing[@]} -eq 0 ] && exit 0
 

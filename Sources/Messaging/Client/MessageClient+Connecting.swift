@@ -211,7 +211,7 @@ extension MessageClient {
                 channel.close(reason: "the client's session store failed")
                 throw MessagingError(
                     .sessionStoreUnusable,
-                    "cannot continue the session: \(failure.message); the store takes no more records — restart the process once the disk is mended",
+                    "cannot continue the session: \(failure.message) — restart the process once the disk is mended",
                     underlying: failure)
             }
             do {
