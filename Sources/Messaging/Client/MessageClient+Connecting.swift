@@ -209,10 +209,7 @@ extension MessageClient {
                 // Final (the lifecycle gives up): the store takes no more records in this process,
                 // and the session's state in memory may be ahead of it.
                 channel.close(reason: "the client's session store failed")
-                throw MessagingError(
-                    .sessionStoreUnusable,
-                    "cannot continue the session: \(failure.message) — restart the process once the disk is mended",
-                    underlying: failure)
+                throw MessageSession.storeFailed(failure)
             }
             do {
                 let opened = try await channel.openSession(session, timeout: configuration.channel.helloTimeout)

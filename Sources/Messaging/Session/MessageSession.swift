@@ -141,6 +141,13 @@ final class MessageSession: Sendable {
     /// attach to a connection again in this process.
     var storeFailure: FileError? { store?.failure }
 
+    /// What a client reports when its store failed: final (it gives up), with what to do.
+    static func storeFailed(_ failure: FileError) -> MessagingError {
+        MessagingError(
+            .sessionStoreUnusable, "cannot continue the session: \(failure.message) — restart the process once the disk is mended",
+            underlying: failure)
+    }
+
     /// What a store write's completion does: feeds the machine that it is written (with
     /// power-loss durability, once a sync covers it), or that it failed.
     private func completion(_ after: Machine.AfterWrite?, generation: UInt32) -> @Sendable (Result<UInt64, FileError>) -> Void {
@@ -307,6 +314,8 @@ final class MessageSession: Sendable {
     ///   this side cannot continue: the session was renewed under a new id (what it had sent is in
     ///   the error, to report), and the connection must close for a protocol error.
     func clientOpened(_ reply: SessionHello, on channel: MessageChannel) -> Result<Opened, any Error> {
+        // The store failed while the SESSION was on its way: no attaching (final for the client).
+        if let failure = storeFailure { return .failure(Self.storeFailed(failure)) }
         switch apply({ $0.clientOpened(reply, on: channel, &$1) }) {
         case .success(.resumed(let resent)): return .success(.resumed(resent: resent))
         case .success(.new(let lost)): return .success(.new(undelivered: lost.map(Self.undelivered)))
@@ -320,7 +329,11 @@ final class MessageSession: Sendable {
     /// Server, on the loop: a client's SESSION for this session arrived on `channel` (the session
     /// was just made, `isNew`, or found). Attaches, answers and resends, or starts anew.
     func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Opened, TransportError> {
-        apply { $0.serverOpen(hello, isNew: isNew, on: channel, &$1) }.map { opened in
+        if storeFailure != nil {
+            // (The server checked before; the store failed since.)
+            return .failure(TransportError(.helloFailed, "the server cannot keep sessions now (its session store failed); try again later"))
+        }
+        return apply { $0.serverOpen(hello, isNew: isNew, on: channel, &$1) }.map { opened in
             switch opened {
             case .resumed(let resent): .resumed(resent: resent)
             case .new(let lost): .new(undelivered: lost.map(Self.undelivered))

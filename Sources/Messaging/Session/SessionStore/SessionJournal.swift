@@ -268,7 +268,7 @@ final class SessionJournal: Sendable {
             } catch {
                 throw failed("cannot cut and sync", error)
             }
-            if scan.torn > 0, scan.droppedRecords == 0, !bytes[scan.end...].contains(where: { $0 != 0 }) {
+            if scan.torn > 0, scan.droppedRecords == 0, Self.allZeros(bytes[scan.end...]) {
                 logger.notice(
                     "session store: cut \(scan.torn) bytes at byte \(scan.end) of '\(path)', all zeros: the room the store writes ahead of its records (left by a process that stopped without closing the store), or a tail the disk zero-filled after a power loss; every record before it is kept. A session whose last records were lost with a power cut starts anew if its peer's count does not match, and what it had not acknowledged is reported")
             } else if scan.torn > 0 {
@@ -347,6 +347,25 @@ final class SessionJournal: Sendable {
         case .ready(let error): done(error)
         case .waiting(true): syncQueue.async { [self] in runSync() }
         case .waiting(false): break
+        }
+    }
+
+    /// Whether every byte of `bytes` is zero — compared a page at a time (`memcmp`): the room a
+    /// store writes ahead of its records can be megabytes, and a byte at a time was most of a
+    /// debug build's opening (the session simulation opens stores thousands of times).
+    static func allZeros(_ bytes: ArraySlice<UInt8>) -> Bool {
+        let zeros = [UInt8](repeating: 0, count: 4096)
+        return bytes.withUnsafeBytes { raw in
+            zeros.withUnsafeBytes { zero in
+                guard let base = raw.baseAddress, let page = zero.baseAddress else { return true }
+                var offset = 0
+                while offset < raw.count {
+                    let count = min(zero.count, raw.count - offset)
+                    if memcmp(base + offset, page, count) != 0 { return false }
+                    offset += count
+                }
+                return true
+            }
         }
     }
 
