@@ -258,6 +258,66 @@ import Testing
             "MEASURED crash states (\(durability)): \(judged) judged over \(calls) system calls and \(compactions) compactions, \(failures.count) failed")
     }
 
+    /// The rewrite of a store of an older format at its opening (format 2 → 3: the new file
+    /// written and synced beside the old one, renamed over it, the directory synced) against a
+    /// power loss after any of its calls, every way the disk may go — also when one of its calls
+    /// fails (`EIO`, `ENOSPC`; the opening is then refused with the reason, and the old store
+    /// stays): every crash state opens and holds exactly what the old store held, the old file or
+    /// the new one whole, and a second opening finds it in the current format.
+    @Test(arguments: [SessionStore.Durability.processCrash, .powerLoss])
+    func everyCrashStateOfAFormatRewriteHoldsWhatTheOldStoreHeld(_ durability: SessionStore.Durability) throws {
+        let path = Self.directory + "/" + SessionJournal.fileName
+        let old = SessionStoreTests.version2Store()
+        let expected = try Self.open(SimulatedDisk(files: [path: old]), durability)
+        #expect(expected.opening.migrated)
+        let held = Self.digest(expected.restored)
+        expected.close()
+        #expect(held.contains("[2:1:t:") && held.contains(" h7 "), "\(held)")
+        // A probe counts the opening's calls; then each of them fails once, in turn.
+        let probe = SimulatedDisk(files: [path: old])
+        let before = probe.callCount
+        try Self.open(probe, durability).close()
+        let calls = probe.callCount - before
+        var (judged, refused) = (0, 0)
+        var failures: [String] = []
+        var random = SeededRandom(3)
+        for failing in [nil] + (1...calls).flatMap({ [($0, EIO), ($0, ENOSPC)] as [(Int, Int32)?] }) {
+            let disk = SimulatedDisk(files: [path: old])
+            let images = Locked<[SimulatedDisk.Image]>([])
+            disk.onChange = { image in images.withLock { $0.append(image) } }
+            if let (call, code) = failing { disk.failure = (disk.callCount + call, code) }
+            do {
+                try Self.open(disk, durability).close()
+            } catch {
+                refused += 1
+            }
+            for image in images.withLock({ $0 }) {
+                for choice in SimulatedDisk.Image.Choice.allCases {
+                    judged += 1
+                    let what = "after call \(image.calls)\(failing.map { " (call \($0.0) failing with \($0.1))" } ?? ""), \(choice)"
+                    do {
+                        let state = image.materialize(choice, using: &random)
+                        let journal = try Self.open(state, durability)
+                        if Self.digest(journal.restored) != held {
+                            failures.append("\(what): holds\n\(Self.digest(journal.restored))\ninstead of\n\(held)")
+                        }
+                        journal.close()
+                        let again = try Self.open(state, durability)
+                        if again.opening.migrated || Self.digest(again.restored) != held {
+                            failures.append("\(what): opened again, migrated \(again.opening.migrated), holds\n\(Self.digest(again.restored))")
+                        }
+                        again.close()
+                    } catch {
+                        failures.append("\(what): refused: \(error.message)")
+                    }
+                }
+            }
+        }
+        #expect(refused > 0, "no injected failure refused the opening")
+        #expect(failures.isEmpty, "\(failures.prefix(5).joined(separator: "\n\n"))")
+        print("MEASURED crash states of a format rewrite (\(durability)): \(judged) judged over \(calls) calls, \(refused) openings refused by a failed call, \(failures.count) failed")
+    }
+
     @Test(arguments: [SessionStore.Durability.processCrash, .powerLoss])
     func crashStatesAfterAFailedCallRecoverToo(_ durability: SessionStore.Durability) async throws {
         let probe = await Self.run(durability, seed: 7, steps: 60)

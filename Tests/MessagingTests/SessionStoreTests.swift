@@ -493,25 +493,31 @@ import ProtocolCore
     /// A store of format 2 (the records are the same; an epoch change wrote its snapshot before the
     /// messages it carried) is read and rewritten in format 3 when it opens — so that a library of
     /// format 2 refuses it afterwards instead of dropping what a format-3 epoch change carries.
+    /// A store of format version 2: one session at epoch 1 (as every client's session after its
+    /// first connection: the rewrite keeps it) keeping messages 2 and 3, its app's handled count 7.
+    static func version2Store() -> [UInt8] {
+        var bytes = header.encoded
+        for record: Journal.Record in [
+            .session(Journal.Snapshot(key: key, positionID: position, owner: "owner", nextNumber: 1, epoch: 1)),
+            .message(key, epoch: 1, number: 1, codecID: 1, typeID: "t", payload: [1]),
+            .message(key, epoch: 1, number: 2, codecID: 1, typeID: "t", payload: [2]),
+            .released(key, epoch: 1, through: 1),
+            .message(key, epoch: 1, number: 3, codecID: 1, typeID: "t", payload: [3]),
+            .handled(key, epoch: 1, through: 7),
+        ] {
+            record.encode(into: &bytes, header: header, synced: 0)
+        }
+        bytes[9] = 2
+        let headerSize = header.encoded.count
+        bytes.replaceSubrange((headerSize - 4)..<headerSize, with: bigEndian(CRC32C.checksum(Array(bytes[0..<headerSize - 4]))))
+        return bytes
+    }
+
     @Test func aVersion2StoreIsReadAndRewritten() throws {
         let directory = Self.directory("v2")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        // (Epoch 1, as every client's session after its first connection: the rewrite keeps it.)
-        var bytes = Self.header.encoded
-        for record: Journal.Record in [
-            .session(Journal.Snapshot(key: Self.key, positionID: Self.position, owner: "owner", nextNumber: 1, epoch: 1)),
-            .message(Self.key, epoch: 1, number: 1, codecID: 1, typeID: "t", payload: [1]),
-            .message(Self.key, epoch: 1, number: 2, codecID: 1, typeID: "t", payload: [2]),
-            .released(Self.key, epoch: 1, through: 1),
-            .message(Self.key, epoch: 1, number: 3, codecID: 1, typeID: "t", payload: [3]),
-            .handled(Self.key, epoch: 1, through: 7),
-        ] {
-            record.encode(into: &bytes, header: Self.header, synced: 0)
-        }
-        bytes[9] = 2
-        let headerSize = Self.header.encoded.count
-        bytes.replaceSubrange((headerSize - 4)..<headerSize, with: Self.bigEndian(CRC32C.checksum(Array(bytes[0..<headerSize - 4]))))
+        let bytes = Self.version2Store()
         #expect(Self.scan(bytes).map(\.header.version) == .success(2))
         try Data(bytes).write(to: URL(fileURLWithPath: directory + "/" + SessionJournal.fileName))
         let journal = try Self.open(directory)
