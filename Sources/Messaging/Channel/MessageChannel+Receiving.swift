@@ -131,13 +131,10 @@ extension MessageChannel: ConnectionHandler {
     /// them: the session message was never counted, and the peer sends it again.
     private func holdForEpoch(_ frame: Frame, _ link: SessionLink, _ session: MessageSession) {
         link.heldForEpoch = [frame]
-        Self.epochHolds.add(1, ordering: .relaxed)
+        session.epochHolds.add(1, ordering: .relaxed)
         driver.pauseReading()
         session.whenEpochDurable { [self] in queue.async { self.releaseEpochHold() } }
     }
-
-    /// How many times a channel of this process held a message for its epoch (tests).
-    package static let epochHolds = Atomic<Int>(0)
 
     private func releaseEpochHold() {
         assertOnLoop()

@@ -46,6 +46,8 @@ final class MessageSession: Sendable {
     /// sender at a time keeps the wire order the numbering order without holding the lock while
     /// sending, and an uncontended sender gives the role up without taking the lock again.
     let unsent = Atomic<Int>(0)
+    /// How many times a channel held a message of this session for its epoch's sync (tests).
+    let epochHolds = Atomic<Int>(0)
 
     /// - Parameters:
     ///   - serving: A server's session: the channel its ``ServerConnection`` serves first.
