@@ -150,7 +150,9 @@ extension MessageClient {
     /// Stops connecting for good: the session's unacknowledged messages are reported, the app
     /// gets ``ClientEvent/gaveUp(_:)``, every caller waiting for a connection gets `error`.
     private func giveUp(_ error: MessagingError) {
-        if let lost = session?.end(error), !lost.isEmpty { queue.push(.undelivered(lost)) }
+        // (A store that failed keeps the session for the restarted process, which sends what it
+        // holds: nothing of it is reported undelivered — the app would send it again.)
+        if let lost = session?.end(error, keepStored: session?.storeFailure != nil), !lost.isEmpty { queue.push(.undelivered(lost)) }
         session?.store?.close()
         queue.push(.gaveUp(error))
         let waiters = lifecycle { $0.giveUp(error) }

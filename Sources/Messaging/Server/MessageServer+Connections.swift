@@ -250,6 +250,14 @@ extension MessageServer {
             // Its loop has handed on every message it took (they come before the new channel's).
             _ = await old.closed()
             guard let session = connection.session, let hello else { return }
+            if let failure = session.storeFailure {
+                // As for a new connection: no session attaches while the store cannot keep it; the
+                // session waits for its client as after a lost connection.
+                logger.error("cannot resume the session of \(connection): \(failure.message)")
+                channel.close(reason: "the server cannot keep sessions now (its session store failed); try again later")
+                channelClosed(connection, channel, reason: await channel.closed())
+                return
+            }
             var resent = 0
             do {
                 switch try await channel.attachSession(session, hello: hello, isNew: false) {
@@ -346,7 +354,10 @@ extension MessageServer {
     func endSession(_ connection: ServerConnection, reason: CloseReason, keepStored: Bool = false) {
         if let session = connection.session {
             withState { $0.registry.sessionEnded(session.id, of: connection) }
-            let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"), keepStored: keepStored)
+            // A store that failed keeps the session for the restarted process, which sends what it
+            // holds: nothing of it is reported undelivered then (its end could not be stored).
+            let keep = keepStored || session.storeFailure != nil
+            let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"), keepStored: keep)
             if !lost.isEmpty {
                 logger.notice("\(lost.count) messages to \(connection) were never acknowledged")
                 queue.push(.undelivered(connection, lost))

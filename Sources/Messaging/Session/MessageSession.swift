@@ -124,6 +124,10 @@ final class MessageSession: Sendable {
 
     /// Carries out what an input left, with the lock released.
     private func run(_ effects: Machine.Effects, _ toDo: AfterLock) {
+        if let (_, error) = effects.epochNotStored {
+            // First: no sender resumed below may write into the store before it refuses.
+            store?.fail(error as? FileError ?? FileError(store?.path ?? "", "\(error)"))
+        }
         if toDo.write { store?.write() }
         if toDo.sendOutgoing { sendOutgoing() }
         for (sender, error) in effects.senders {
@@ -132,9 +136,7 @@ final class MessageSession: Sendable {
         for drain in effects.drains { drain.succeed(()) }
         for ready in effects.epochReady { ready() }
         if let (channel, step) = effects.ack { channel.performAck(step) }
-        if let (channel, error) = effects.epochNotStored {
-            let failure = error as? FileError ?? FileError(store?.path ?? "", "\(error)")
-            store?.fail(failure)
+        if let (channel, _) = effects.epochNotStored {
             channel?.close(reason: "the session store failed: the session cannot go on until the process restarts")
         }
     }

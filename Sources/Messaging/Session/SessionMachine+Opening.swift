@@ -203,7 +203,9 @@ extension SessionMachine {
         let last = kept.last?.number ?? 0
         writtenThrough = stored ? 0 : last
         durableThrough = 0
-        carriedThrough = 0
+        // (The carried messages are in the store, under the old epoch or the new: a failure of a
+        // later write never drops them, whatever order the writers' completions come in.)
+        carriedThrough = stored ? last : 0
         epochRefused = false
         transmittedThrough = 0
         if stored {
@@ -223,7 +225,9 @@ extension SessionMachine {
             effects.records.append(.session(snapshot))
             if let old { effects.records.append(.ended(old)) }
             effects.afterWrite = .begun(through: last, epoch: epoch)
-            epochPending = syncs
+            // Its first message reaches the app only once these records are in the store (written,
+            // or synced with power-loss durability): the position it carries must survive.
+            epochPending = true
         }
         return lost
     }

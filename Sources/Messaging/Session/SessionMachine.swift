@@ -100,6 +100,9 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     var carriedThrough: UInt64 = 0
     /// The store could not keep the current epoch: nothing of it goes on the wire.
     var epochRefused = false
+    /// The store failed for good (a sync failed, or it could not keep an epoch): no message of
+    /// this epoch not yet durable will be — a sender that asks for its ticket gets this.
+    var storeFailure: (any Error)?
     /// The highest number handed to a connection in this epoch (what the peer may have counted):
     /// the `sent` of this side's SESSION frames. Messages numbered since, not yet sent — after a
     /// restart, before the first connection — are not in it: their numbers are new to the peer, and
@@ -281,6 +284,8 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// The store holds the records of `after` now (the carrier's completion).
     mutating func written(_ after: AfterWrite, _ effects: inout Effects) {
         guard !epochRefused else { return }
+        // Process-crash durability: the epoch's records are in the store once written.
+        if !syncs, case .begun(_, let epoch) = after, epoch == self.epoch { epochDurable(&effects) }
         switch after {
         case .messages(let through, let epoch), .begun(let through, let epoch):
             guard epoch == self.epoch, through > writtenThrough else { return }
@@ -379,6 +384,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// acknowledged (the peer resends, the app sees the position again). A new epoch's record not
     /// synced: as for a failed write (``epochNotStored(through:error:_:)``).
     mutating func syncFailed(_ after: AfterWrite, error: any Error, _ effects: inout Effects) {
+        if storeFailure == nil { storeFailure = error }
         switch after {
         case .messages(_, let epoch) where epoch == self.epoch:
             guard writtenThrough > max(durableThrough, carriedThrough) || ticketWaiters.count > ticketHead else { return }
@@ -402,6 +408,7 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// process continues no session until it starts again.
     private mutating func epochNotStored(through: UInt64, error: any Error, _ effects: inout Effects) {
         epochRefused = true
+        if storeFailure == nil { storeFailure = error }
         carriedThrough = max(carriedThrough, through)
         writtenThrough = max(writtenThrough, through)
         var kept = ticketHead
@@ -495,6 +502,10 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
             return .failed(ended)
         } else if epoch != self.epoch || number <= durableThrough {
             return .ready
+        } else if let storeFailure {
+            // (Admitted before or after the store failed: its record will never be durable — and
+            // nothing else would end this wait.)
+            return .failed(storeFailure)
         }
         return .waiting
     }

@@ -222,7 +222,7 @@ extension SessionJournal {
         let batches = queue.takeAll()
         guard !batches.isEmpty else { return }
         let (stopped, closed) = shared.withLock { state -> (FileError?, Bool) in
-            (state.failure ?? (state.closed ? FileError(path, "the session store '\(path)' is closed") : nil), state.closed)
+            (state.failure ?? state.refused ?? (state.closed ? FileError(path, "the session store '\(path)' is closed") : nil), state.closed)
         }
         if closed { closeFiles() }
         if let stopped {

@@ -107,6 +107,8 @@ final class SessionJournal: Sendable {
         var roomWaiters: [CheckedContinuation<Void, Never>] = []
         /// A sync failed: the store takes no more (a failed fsync cannot be retried).
         var failure: FileError?
+        /// ``fail(_:)``: the store takes no new records (what was written still syncs).
+        var refused: FileError?
         var closed = false
         /// A compaction renamed its file into place: the directory must be synced before anything
         /// written since counts as on the disk.
@@ -370,15 +372,16 @@ final class SessionJournal: Sendable {
     }
 
     /// Why the store takes no more records (a failed sync, or ``fail(_:)``), if it does not.
-    var failure: FileError? { shared.withLock { $0.failure } }
+    var failure: FileError? { shared.withLock { $0.failure ?? $0.refused } }
 
-    /// The store takes no more records from now on, for `error` (logged once): a session could
+    /// The store takes no new records from now on, for `error` (logged once): a session could
     /// not keep what it began, and its state in memory is ahead of the store's — only a restart
-    /// of the process, from what the store holds, continues its sessions.
+    /// of the process, from what the store holds, continues its sessions. What was written before
+    /// still syncs (other sessions' senders are not failed for records the file holds).
     func fail(_ error: FileError) {
         let first = shared.withLock { state -> Bool in
-            guard state.failure == nil else { return false }
-            state.failure = error
+            guard state.failure == nil, state.refused == nil else { return false }
+            state.refused = error
             return true
         }
         if first {
