@@ -397,15 +397,32 @@ func sendWithDeadline(
 /// connections closed.
 final class ServerWork: Sendable {
     typealias Job = @Sendable () async -> Void
-    private let jobs: AsyncStream<Job>.Continuation
+    /// The jobs not started yet, handed over under a lock ThreadSanitizer sees; the stream only wakes
+    /// the root task. (The stream's own lock is inside the precompiled standard library: a socket
+    /// made on the listener's queue and read in its handshake job looked like a data race to
+    /// ThreadSanitizer — it stopped a CI run's TSan stage, 2026-12-04. See `Locked`.)
+    private let handoff: Locked<(jobs: [Job], finished: Bool)>
+    private let wakeups: AsyncStream<Void>.Continuation
     private let root: Task<Void, Never>
 
     init() {
-        let (stream, jobs) = AsyncStream.makeStream(of: Job.self)
-        self.jobs = jobs
+        let (stream, wakeups) = AsyncStream.makeStream(of: Void.self)
+        let handoff = Locked<(jobs: [Job], finished: Bool)>(([], false))
+        self.handoff = handoff
+        self.wakeups = wakeups
+        @Sendable func taken() -> [Job] {
+            handoff.withLock { state in
+                defer { state.jobs = [] }
+                return state.jobs
+            }
+        }
         root = Task {
             await withDiscardingTaskGroup { group in
-                for await job in stream { group.addTask(operation: job) }
+                for await _ in stream {
+                    for job in taken() { group.addTask(operation: job) }
+                }
+                // (A job handed over just before the intake ended, its wake-up after: it runs too.)
+                for job in taken() { group.addTask(operation: job) }
             }
         }
     }
@@ -413,17 +430,25 @@ final class ServerWork: Sendable {
     /// Runs `job` as a child of the root task; false once ``finish()`` was called.
     @discardableResult
     func run(_ job: @escaping Job) -> Bool {
-        if case .enqueued = jobs.yield(job) { return true }
-        return false
+        let accepted = handoff.withLock { state -> Bool in
+            guard !state.finished else { return false }
+            state.jobs.append(job)
+            return true
+        }
+        if accepted { wakeups.yield(()) }
+        return accepted
     }
 
     /// Takes no more jobs; the root task ends when the running ones have.
-    func finish() { jobs.finish() }
+    func finish() {
+        handoff.withLock { $0.finished = true }
+        wakeups.finish()
+    }
 
     /// Takes no more jobs, cancels the running ones (a handshake aborts its connection) and waits
     /// until they and the root task ended.
     func cancel() async {
-        jobs.finish()
+        finish()
         root.cancel()
         await root.value
     }
