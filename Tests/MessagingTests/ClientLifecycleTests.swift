@@ -130,22 +130,17 @@ import Testing
         else { Issue.record("\(machine.state)"); return }
         #expect(machine.state.isFinal)
 
-        var untrusting = Machine(policy: ReconnectPolicy(), target: "h:1")
-        let loop = untrusting.startLoop()
-        #expect(loop)
-        guard case .giveUp(let changed) = untrusting.attemptFailed(MessagingError(.untrustedServer, "the key changed"), retryAfter: nil) else {
-            Issue.record("an untrusted key is final"); return
+        // Final at once: a key this client does not trust, and a session store that failed (it
+        // takes no more records in this process).
+        for code in [MessagingError.Code.untrustedServer, .sessionStoreUnusable] {
+            var final = Machine(policy: ReconnectPolicy(), target: "h:1")
+            let loop = final.startLoop()
+            #expect(loop)
+            guard case .giveUp(let error) = final.attemptFailed(MessagingError(code, "\(code)"), retryAfter: nil) else {
+                Issue.record("\(code) is final"); return
+            }
+            #expect(error.code == code)
         }
-        #expect(changed.code == .untrustedServer)
-
-        // A session store that failed takes no more records in this process: final as well.
-        var failedStore = Machine(policy: ReconnectPolicy(), target: "h:1")
-        let storeLoop = failedStore.startLoop()
-        #expect(storeLoop)
-        guard case .giveUp(let stored) = failedStore.attemptFailed(MessagingError(.sessionStoreUnusable, "the store failed"), retryAfter: nil) else {
-            Issue.record("a failed store is final"); return
-        }
-        #expect(stored.code == .sessionStoreUnusable)
     }
 
     @Test func withoutAReconnectPolicyALostConnectionIsFinal() {

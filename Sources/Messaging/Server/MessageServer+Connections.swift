@@ -216,7 +216,7 @@ extension MessageServer {
                     if let error = error as? FileError {
                         // The store cannot keep it: the client is told and tries again later.
                         logger.error("cannot keep a new session: \(error.message)")
-                        channel.close(reason: "the server cannot keep sessions now (its session store failed); try again later")
+                        channel.close(reason: MessageSession.storeFailedReason)
                     }
                     endSession(connection, reason: await channel.closed())
                     return
@@ -254,7 +254,7 @@ extension MessageServer {
                 // As for a new connection: no session attaches while the store cannot keep it; the
                 // session waits for its client as after a lost connection.
                 logger.error("cannot resume the session of \(connection): \(failure.message)")
-                channel.close(reason: "the server cannot keep sessions now (its session store failed); try again later")
+                channel.close(reason: MessageSession.storeFailedReason)
                 channelClosed(connection, channel, reason: await channel.closed())
                 return
             }

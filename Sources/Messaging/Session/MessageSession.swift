@@ -145,6 +145,9 @@ final class MessageSession: Sendable {
     /// attach to a connection again in this process.
     var storeFailure: FileError? { store?.failure }
 
+    /// What a server says (GOODBYE) to a client whose session it cannot attach: its store failed.
+    static let storeFailedReason = "the server cannot keep sessions now (its session store failed); try again later"
+
     /// What a client reports when its store failed: final (it gives up), with what to do.
     static func storeFailed(_ failure: FileError) -> MessagingError {
         MessagingError(
@@ -267,9 +270,11 @@ final class MessageSession: Sendable {
         }
     }
 
-    /// Runs `body` (any thread) once the current epoch's records are synced — at once when they
-    /// are (``SessionMachine/epochPending``; a failed write or sync, or the session's end, runs it
-    /// too). The channel that held a message of a new epoch (``Arrival/hold``) offers it again then.
+    /// Runs `body` (any thread) once the current epoch's records are in the store (synced with
+    /// power-loss durability, written with process-crash durability) — at once when they are
+    /// (``SessionMachine/epochPending``), or when the session ends. A store that could not keep
+    /// them never runs it: the connection closes, and what it held goes with it. The channel that
+    /// held a message of a new epoch (``Arrival/hold``) offers it again then.
     func whenEpochDurable(_ body: @escaping @Sendable () -> Void) {
         apply { $0.waitForEpoch(body, &$1) }
     }
@@ -335,7 +340,7 @@ final class MessageSession: Sendable {
     func serverOpen(_ hello: SessionHello, isNew: Bool, on channel: MessageChannel) -> Result<Opened, TransportError> {
         if storeFailure != nil {
             // (The server checked before; the store failed since.)
-            return .failure(TransportError(.helloFailed, "the server cannot keep sessions now (its session store failed); try again later"))
+            return .failure(TransportError(.helloFailed, Self.storeFailedReason))
         }
         return apply { $0.serverOpen(hello, isNew: isNew, on: channel, &$1) }.map { opened in
             switch opened {

@@ -154,12 +154,13 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     private var droppedOutgoing = 0
     /// The owner's key kept in the store's snapshots (a server's session: the client's).
     let owner: String?
-    /// Power-loss durability: the current epoch began (``startAnew(renewing:_:)``) and its records —
-    /// the position id its messages reach the app under — are not synced yet. A message of it is
-    /// not counted or handed to the app before they are (``Arrival/hold``, ``waitForEpoch(_:_:)``):
+    /// With a store: the current epoch began (``startAnew(renewing:_:)``) and its records — the
+    /// position id its messages reach the app under — are not in the store yet (synced with
+    /// power-loss durability, written with process-crash durability). A message of it is not
+    /// counted or handed to the app before they are (``Arrival/hold``, ``waitForEpoch(_:_:)``):
     /// after a power loss the epoch would be gone, the session would start anew under another
     /// position id, and the messages the app had would come again under it, which the app cannot
-    /// recognise. (Found by the session simulation, seed 310.) One sync per epoch.
+    /// recognise. (Found by the session simulation, seed 310.) One sync (or write) per epoch.
     var epochPending = false
     var epochWaiters: [@Sendable () -> Void] = []
     /// Its store may have lost its last records (a power loss under process-crash durability):
@@ -447,14 +448,13 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         if removed > 0 { wakeRoomWaiters(&effects) }
     }
 
-
-    /// `waiter` runs once the current epoch's records are synced (at once when they are, or with
-    /// power-loss durability never pending): the carrier offers a held message again then.
+    /// `waiter` runs once the current epoch's records are in the store (at once when they are, or
+    /// without a store never pending): the carrier offers a held message again then.
     mutating func waitForEpoch(_ waiter: @escaping @Sendable () -> Void, _ effects: inout Effects) {
         if epochPending { epochWaiters.append(waiter) } else { effects.epochReady.append(waiter) }
     }
 
-    /// The epoch's records are synced (or will never be: the store failed, the session ended).
+    /// The epoch's records are in the store (or the session ended).
     mutating func epochDurable(_ effects: inout Effects) {
         epochPending = false
         effects.epochReady += epochWaiters
