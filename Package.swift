@@ -139,8 +139,11 @@ let package = Package(
             name: "TestSupport",
             dependencies: ["Messaging", "Transport", "ProtocolCore", "SystemCalls", .product(name: "Logging", package: "swift-log")],
             path: "Tests/TestSupport", swiftSettings: strict),
-        // The tests' one wait for a condition (no dependencies: every test target may use it).
-        .target(name: "TestWaits", path: "Tests/TestWaits", swiftSettings: strict),
+        // The tests' waits: for a condition, a value that tells its changes, a child process's output
+        // and exit (Locks and a C shim only: every test target may use it).
+        .target(name: "TestWaits", dependencies: ["Locks", "CTestShims"], path: "Tests/TestWaits", swiftSettings: strict),
+        // pidfd_open for the tests' child processes (a process's exit as an event).
+        .target(name: "CTestShims", path: "Tests/CTestShims"),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(
             name: "MessagingTests",
@@ -152,7 +155,7 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "Discovery", "MDNSCore", "Messaging", .product(name: "Logging", package: "swift-log"),
+                "Discovery", "MDNSCore", "Messaging", "TestWaits", .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),  // the README's example
             ],
             swiftSettings: strict

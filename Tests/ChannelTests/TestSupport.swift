@@ -51,14 +51,16 @@ func withDeadline<T: Sendable>(
         let work = Task {
             do { once.resume(.success(try await body())) } catch { once.resume(.failure(error)) }
         }
-        let deadline = Task {
-            do { try await Task.sleep(for: .seconds(seconds)) } catch { return }  // cancelled: the body ended
+        // The deadline is a Dispatch timer (no task sleeping beside every test), cancelled when
+        // the body ends.
+        let deadline = DispatchWorkItem {
             work.cancel()
             once.resume(.failure(TestTimeout(what: what)))
         }
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds, execute: deadline)
         Task {
             _ = await work.result
-            deadline.cancel()  // no sleeping deadline task left behind per test
+            deadline.cancel()
         }
     }
 }

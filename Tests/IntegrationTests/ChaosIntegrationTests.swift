@@ -1,5 +1,6 @@
 import Foundation
 import Messaging
+import TestWaits
 import Testing
 
 /// Message sessions under chaos on the veth link between the two hosts: the link flaps at random,
@@ -270,11 +271,7 @@ struct ChaosIntegrationTests {
     }
 }
 
-/// Waits (bounded) until `condition` holds, checking every 10 ms.
+/// Waits (bounded) until `condition` holds, checking every 10 ms (the tests' one poll, TestWaits).
 func waitFor(_ what: String, timeout: Duration, _ condition: () -> Bool) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while !condition() {
-        guard ContinuousClock.now < deadline else { throw HarnessError("not \(what) within \(timeout)") }
-        try await Task.sleep(for: .milliseconds(10))
-    }
+    try await waitUntil(what, timeout: timeout, every: .milliseconds(10), condition)
 }

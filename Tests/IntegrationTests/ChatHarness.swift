@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import TestWaits
 
 /// A process started by a chat test with a pipe on its stdin (so a test can type into a scripted
 /// `bonjour-chat`), output to a file. Stopped by PID when the test ends — also on failure, via deinit.
@@ -9,6 +10,8 @@ final class ChatProcess: Sendable {
     let outputPath: String
     private let input: Mutex<Int32>
     private let exitStatus = Mutex<Int32?>(nil)
+    /// Its output and its exit, as events.
+    let watch: ChildWatch
 
     /// Starts `arguments` on host "b" (through nsenter) or here, on host "a".
     convenience init(onB: Bool, _ arguments: [String]) throws {
@@ -20,6 +23,9 @@ final class ChatProcess: Sendable {
         signal(SIGPIPE, SIG_IGN)  // a child that exits must not take the test runner with it
         self.arguments = prefix + arguments
         outputPath = NSTemporaryDirectory() + "chat-itest-\(UUID().uuidString).out"
+        guard FileManager.default.createFile(atPath: outputPath, contents: nil) else {
+            throw HarnessError("cannot create \(outputPath)")
+        }
         var fds: [Int32] = [-1, -1]
         guard pipe(&fds) == 0 else { throw HarnessError("pipe: \(String(cString: strerror(errno)))") }
         for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
@@ -40,6 +46,16 @@ final class ChatProcess: Sendable {
         }
         pid = child
         input = Mutex(fds[1])
+        do {
+            watch = try ChildWatch(pid: child, outputPath: outputPath)
+        } catch {
+            close(fds[1])
+            terminate(child) {
+                var raw: Int32 = 0
+                return waitpid(child, &raw, WNOHANG) == child ? exitCode(waitStatus: raw) : nil
+            }
+            throw error
+        }
     }
 
     var text: String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
@@ -81,19 +97,17 @@ final class ChatProcess: Sendable {
     func waitForOutput(_ what: String, timeout: Duration = .seconds(15), where predicate: (String) -> Bool) async throws
         -> String
     {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            if let line = lines.first(where: predicate) { return line }
-            let exited = poll() != nil
-            if exited, let line = lines.first(where: predicate) { return line }
-            guard ContinuousClock.now < deadline, !exited else {
-                throw HarnessError(
-                    "no '\(what)' from \(arguments) within \(timeout)"
-                        + "\(exited ? " (it exited: \(poll()!))" : ""); output:\n\(text)"
-                )
-            }
-            try await Task.sleep(for: .milliseconds(20))
+        var found: String?
+        try? await waitUntil(what, timeout: timeout, wokenBy: watch.changes) {
+            found = lines.first(where: predicate)
+            return found != nil || poll() != nil
         }
+        if let line = found ?? lines.first(where: predicate) { return line }
+        let exited = poll()
+        throw HarnessError(
+            "no '\(what)' from \(arguments) within \(timeout)"
+                + "\(exited.map { " (it exited: \($0))" } ?? ""); output:\n\(text)"
+        )
     }
 
     /// Reaps the child if it exited; returns its status (128 + signal when killed).
@@ -109,11 +123,7 @@ final class ChatProcess: Sendable {
 
     /// Waits (bounded) for the exit status; nil if still running at the deadline.
     func waitForExit(timeout: Duration) async -> Int32? {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if let status = poll() { return status }
-            try? await Task.sleep(for: .milliseconds(20))
-        }
+        try? await waitUntil("\(arguments) exited", timeout: timeout, wokenBy: watch.changes) { poll() != nil }
         return poll()
     }
 
@@ -170,16 +180,17 @@ final class TmuxSession: Sendable {
     func waitForScreen(_ what: String, timeout: Duration = .seconds(15), _ predicate: ([String]) -> Bool) async throws
         -> [String]
     {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            let rows = (try? screen()) ?? []
-            if predicate(rows) { return rows }
-            guard ContinuousClock.now < deadline else {
-                throw HarnessError(
-                    "screen never showed \(what) within \(timeout); screen:\n\(rows.joined(separator: "\n"))")
+        // tmux tells no one of a redraw: the tests' one poll (TestWaits), every 50 ms.
+        var rows: [String] = []
+        do {
+            try await waitUntil("the screen shows \(what)", timeout: timeout, every: .milliseconds(50)) {
+                rows = (try? screen()) ?? []
+                return predicate(rows)
             }
-            try await Task.sleep(for: .milliseconds(50))
+        } catch is WaitTimedOut {
+            throw HarnessError("screen never showed \(what) within \(timeout); screen:\n\(rows.joined(separator: "\n"))")
         }
+        return rows
     }
 
     /// Ends this tmux server (its own socket only).

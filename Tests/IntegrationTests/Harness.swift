@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Synchronization
+import TestWaits
 import Testing
 
 /// The avahi namespace harness (Tests/harness/avahi-harness.sh), seen from a test running inside host "a".
@@ -86,23 +87,13 @@ enum Harness {
     }
 }
 
-/// Polls `poll` until it reports an exit status or `timeout` passes (then nil).
-func waitForExit(timeout: Duration, poll: () -> Int32?) -> Int32? {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if let status = poll() { return status }
-        usleep(5_000)
-    }
-    return poll()
-}
-
 /// SIGTERM to `pid` (only that one), then SIGKILL if `poll` reports no exit within 5 s.
 func terminate(_ pid: pid_t, poll: () -> Int32?) {
     guard poll() == nil else { return }
     kill(pid, SIGTERM)
-    if waitForExit(timeout: .seconds(5), poll: poll) == nil {
+    if waitForExit(pid, timeout: .seconds(5), reap: poll) == nil {
         kill(pid, SIGKILL)
-        _ = waitForExit(timeout: .seconds(5), poll: poll)
+        _ = waitForExit(pid, timeout: .seconds(5), reap: poll)
     }
 }
 
@@ -125,10 +116,15 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
     let exitStatus = Locked<Int32?>(nil)
     /// The child's peak resident set size in KiB (`wait4` rusage), once it exited.
     let peakRSSKiB = Locked<Int?>(nil)
+    /// Its output and its exit, as events.
+    let watch: ChildWatch
 
     init(_ arguments: [String]) throws {
         self.arguments = arguments
         outputPath = NSTemporaryDirectory() + "itest-\(UUID().uuidString).out"
+        guard FileManager.default.createFile(atPath: outputPath, contents: nil) else {
+            throw HarnessError("cannot create \(outputPath)")
+        }
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -141,19 +137,33 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
         let result = posix_spawn(&child, "/usr/bin/env", &actions, nil, argv, environ)
         guard result == 0 else { throw HarnessError("cannot start \(arguments): \(String(cString: strerror(result)))") }
         pid = child
+        do {
+            watch = try ChildWatch(pid: child, outputPath: outputPath)
+        } catch {
+            terminate(child) { Self.reap(child) }
+            throw error
+        }
     }
 
     var text: String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
 
-    /// Waits (bounded) until the output contains `needle`.
+    /// Waits (bounded) until the output contains `needle`, woken by each write and by the exit;
+    /// throws at once if the process exited without it.
     func waitForOutput(_ needle: String, timeout: Duration = .seconds(10)) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while !text.contains(needle) {
-            guard ContinuousClock.now < deadline, poll() == nil else {
-                throw HarnessError("no '\(needle)' from \(arguments) within \(timeout); output: \(text)")
+        do {
+            try await waitUntil("'\(needle)' in the output", timeout: timeout, wokenBy: watch.changes) {
+                text.contains(needle) || poll() != nil
             }
-            try await Task.sleep(for: .milliseconds(20))
+        } catch {}
+        guard text.contains(needle) else {
+            let exited = poll().map { " (it exited: \($0))" } ?? ""
+            throw HarnessError("no '\(needle)' from \(arguments) within \(timeout)\(exited); output: \(text)")
         }
+    }
+
+    private static func reap(_ pid: pid_t) -> Int32? {
+        var raw: Int32 = 0
+        return waitpid(pid, &raw, WNOHANG) == pid ? exitCode(waitStatus: raw) : nil
     }
 
     /// Reaps the child if it exited; returns its status.
@@ -172,7 +182,7 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
     }
 
     /// Waits for exit (bounded); nil if still running at the deadline.
-    func wait(timeout: Duration) -> Int32? { waitForExit(timeout: timeout, poll: poll) }
+    func wait(timeout: Duration) -> Int32? { waitForExit(pid, timeout: timeout, reap: poll) }
 
     /// SIGTERM, then SIGKILL if it does not go within 5 s. Only this PID.
     func stop() { terminate(pid, poll: poll) }
@@ -184,22 +194,23 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
 }
 
 /// Collects the elements of an async sequence in the background, so a test can wait (with a
-/// deadline) for the next element that matches, several times over one sequence.
+/// deadline) for the next element that matches, several times over one sequence — woken by each
+/// element, not by a poll.
 final class Collector<Element: Sendable>: Sendable {
-    let items = Locked<[Element]>([])
+    let items = Observed<[Element]>([])
     let task: Task<Void, Never>
 
     init<S: AsyncSequence & Sendable>(_ sequence: S) where S.Element == Element {
         let items = self.items
         task = Task {
             do {
-                for try await element in sequence { items.value.withLock { $0.append(element) } }
+                for try await element in sequence { items.update { $0.append(element) } }
             } catch {}
         }
     }
 
-    var all: [Element] { items.value.withLock { $0 } }
-    var count: Int { items.value.withLock { $0.count } }
+    var all: [Element] { items.value }
+    var count: Int { items.read { $0.count } }
 
     /// Waits for an element at index ≥ `start` that matches; returns it and its index.
     @discardableResult
@@ -207,16 +218,14 @@ final class Collector<Element: Sendable>: Sendable {
         from start: Int = 0, timeout: Duration = .seconds(10), _ what: String = "event",
         where predicate: (Element) -> Bool
     ) async throws -> (element: Element, index: Int) {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            let snapshot = all
-            if start < snapshot.count, let index = snapshot[start...].firstIndex(where: predicate) {
-                return (snapshot[index], index)
+        do {
+            let snapshot = try await items.wait(what, timeout: timeout) { items in
+                start < items.count && items[start...].contains(where: predicate)
             }
-            guard ContinuousClock.now < deadline else {
-                throw HarnessError("no \(what) within \(timeout); saw: \(snapshot)")
-            }
-            try await Task.sleep(for: .milliseconds(10))
+            let index = snapshot[start...].firstIndex(where: predicate)!
+            return (snapshot[index], index)
+        } catch is WaitTimedOut {
+            throw HarnessError("no \(what) within \(timeout); saw: \(all)")
         }
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Messaging
+import TestWaits
 import Testing
 
 /// preview-server on host "b", preview-push on host "a" (this process), across the veth link, with
@@ -96,13 +97,10 @@ struct PreviewIntegrationTests {
         try Harness.run(pushArguments(files, options), timeout: timeout)
     }
 
-    /// Waits (bounded) until `condition` holds.
+    /// Waits (bounded) until `condition` holds: the tests' one poll (TestWaits), every 20 ms — a
+    /// condition on files the server writes.
     func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while try !condition() {
-            guard ContinuousClock.now < deadline else { throw HarnessError("\(what) did not happen within \(timeout)") }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await TestWaits.waitUntil(what, timeout: timeout, every: .milliseconds(20), condition)
     }
 
     /// Bytes in the partial transfers.

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Messaging
+import TestWaits
 import Testing
 
 /// A session store on a small disk: a real `ENOSPC`, from a 256 KiB tmpfs mounted in the
@@ -55,7 +56,7 @@ struct SessionStoreDiskTests {
             try await client.send(Reading(n: n, pad: pad), type: "reading")
             if n % 20 == 0 { try await waitForCondition("acknowledged through \(n)") { client.unacknowledgedCount == 0 } }
         }
-        try await waitForCondition("2,000 received") { received.value == 2_000 }
+        try await received.wait("2,000 received") { $0 == 2_000 }
         try await waitForCondition("all acknowledged") { client.unacknowledgedCount == 0 }
 
         // Unacknowledged, they fill it: `send` fails, saying so, and keeps nothing.
@@ -77,11 +78,11 @@ struct SessionStoreDiskTests {
         #expect((error.underlying as? FileError)?.errno == ENOSPC)
         #expect(client.unacknowledgedCount == stored, "the failed one is not kept")
         // What `send` returned for arrives; once acknowledged, the room is back and sending goes on.
-        try await waitForCondition("\(2_000 + stored) received") { received.value == 2_000 + stored }
+        try await received.wait("\(2_000 + stored) received") { $0 == 2_000 + stored }
         held.release()
         try await waitForCondition("all acknowledged") { client.unacknowledgedCount == 0 }
         try await client.send(Reading(n: 4_001, pad: pad), type: "reading")
-        try await waitForCondition("one more received") { received.value == 2_001 + stored }
+        try await received.wait("one more received") { $0 == 2_001 + stored }
         await client.close()
         await server.stop()
         pump.cancel()
@@ -143,14 +144,14 @@ extension SessionStoreDiskTests {
         configuration.session?.store = SessionStore(directory: mountPoint + "/store", durability: .powerLoss)
         let client = try await MessageClient.connect(
             to: .host("127.0.0.1", port: server.port!), configuration: configuration, logger: logger)
-        let gaveUp = Locked<MessagingError?>(nil)
+        let gaveUp = Observed<MessagingError?>(nil)
         let events = Task {
             for await event in client.events {
-                if case .gaveUp(let error) = event { gaveUp.value.withLock { $0 = error } }
+                if case .gaveUp(let error) = event { gaveUp.update { $0 = error } }
             }
         }
         try await client.send(Reading(n: 1, pad: ""), type: "reading")
-        try await waitForCondition("reading 1 received") { received.value == 1 }
+        try await received.wait("reading 1 received") { $0 == 1 }
 
         #expect(FileManager.default.createFile(atPath: flag, contents: nil))
         var failure: MessagingError?
@@ -175,12 +176,12 @@ extension SessionStoreDiskTests {
         // The connection is lost: the client does not continue the session, it gives up.
         let connection = try #require(connections.value.withLock { $0.first })
         connection.close(reason: "the test closes it")
-        try await waitForCondition("the client gave up", timeout: .seconds(15)) { gaveUp.value.withLock { $0 } != nil }
-        let final = try #require(gaveUp.value.withLock { $0 })
+        try await gaveUp.wait("the client gave up", timeout: .seconds(15)) { $0 != nil }
+        let final = try #require(gaveUp.value)
         #expect(final.code == .sessionStoreUnusable, "\(final)")
         #expect(final.message.contains("restart the process"), "\(final.message)")
         // Nothing of readings 2 and 3 reached the server (its events are in order: the close last).
-        try await waitForCondition("the server saw the connection close") { closed.value >= 1 }
+        try await closed.wait("the server saw the connection close") { $0 >= 1 }
         #expect(received.value == 1)
         await client.close()
         await server.stop()
@@ -212,17 +213,19 @@ final class HeldMessages: @unchecked Sendable {  // guarded by lock
     }
 }
 
-final class ReceivedCount: @unchecked Sendable {  // guarded by lock
-    private let lock = NSLock()
-    private var count = 0
-    func add() { lock.withLock { count += 1 } }
-    var value: Int { lock.withLock { count } }
+/// A count a test waits on, woken by each `add` (not a poll).
+final class ReceivedCount: Sendable {
+    private let count = Observed(0)
+    func add() { count.update { $0 += 1 } }
+    var value: Int { count.value }
+
+    /// Waits (bounded) until the count satisfies `predicate`.
+    func wait(_ what: String, timeout: Duration = .seconds(20), until predicate: (Int) -> Bool) async throws {
+        try await count.wait(what, timeout: timeout, until: predicate)
+    }
 }
 
+/// The tests' one poll (TestWaits), every 10 ms.
 func waitForCondition(_ what: String, timeout: Duration = .seconds(20), _ condition: () async -> Bool) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while !(await condition()) {
-        guard ContinuousClock.now < deadline else { throw HarnessError("not \(what) within \(timeout)") }
-        try await Task.sleep(for: .milliseconds(10))
-    }
+    try await waitUntil(what, timeout: timeout, every: .milliseconds(10), condition)
 }

@@ -1,4 +1,5 @@
 import Foundation
+import TestWaits
 import Testing
 
 /// The routed lab of Tests/harness/widearea-harness.sh, seen from a test running inside host "a":
@@ -104,13 +105,9 @@ enum Lab {
         return path
     }
 
-    /// Polls `condition` every 50 ms until it holds or `timeout` passes (then throws).
+    /// Polls `condition` every 50 ms (each check may ask BIND) until it holds or `timeout` passes
+    /// (then throws): the tests' one poll (TestWaits).
     static func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            if try condition() { return }
-            guard ContinuousClock.now < deadline else { throw HarnessError("not within \(timeout): \(what)") }
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        try await TestWaits.waitUntil(what, timeout: timeout, every: .milliseconds(50), condition)
     }
 }

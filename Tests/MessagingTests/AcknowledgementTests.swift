@@ -69,7 +69,7 @@ import Locks
         } else {
             for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
             // The reader asks for the next event after the third: all three are handled.
-            try await waitUntil("3 received") { clientEvents.count { if case .received = $0 { true } else { false } } == 3 }
+            try await clientEvents.waitUntil("3 received") { $0.count { if case .received = $0 { true } else { false } } == 3 }
             await client.close()
             try await harness.events.wait("closed") { if case .closed = $0 { true } else { false } }
         }
@@ -83,7 +83,7 @@ import Locks
     /// With manual acknowledgement only `acknowledge()` counts, in any order: the sender hears of
     /// everything up to the first message not acknowledged. Each message carries its position.
     @Test func manualAcknowledgementInAnyOrderAdvancesOverWhatIsContiguous() async throws {
-        let received = Locked<[IncomingMessage]>([])
+        let received = Observed<[IncomingMessage]>([])
         let harness = try await LoopbackServer(
             configure: {
                 $0.session?.acknowledgement = .manual
@@ -92,7 +92,7 @@ import Locks
             handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message) } } })
         let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
         for n in 1...5 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("5 received") { received.withLock { $0.count } == 5 }
+        try await received.wait("5 received") { $0.count == 5 }
         let messages = received.withLock { $0 }
         let positions = messages.compactMap(\.sessionPosition)
         #expect(positions.map(\.number) == [1, 2, 3, 4, 5])

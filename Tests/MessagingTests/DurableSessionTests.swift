@@ -42,7 +42,7 @@ import ProtocolCore
         })
         let client = try await first.client("sensor", configure: SessionTests.fastReconnect)
         let events = EventLog<ClientEvent>()
-        let down = Locked<[Int]>([])
+        let down = Observed<[Int]>([])
         let reader = Task {
             for await event in client.events {
                 if case .received(let message) = event, let value = try? message.decode(Numbered.self) {
@@ -57,7 +57,7 @@ import ProtocolCore
         // The server's messages to the client, kept while it is away: one goes before the stop...
         let connection = try #require(first.server.connections.first)
         try await connection.send(Numbered(n: 100), type: "n")
-        try await waitUntil("the first down") { down.withLock { $0 } == [100] }
+        try await down.wait("the first down") { $0 == [100] }
         await first.server.stop()
         try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
 
@@ -74,7 +74,7 @@ import ProtocolCore
         guard case .accepted(let again) = accepted, case .resumed(let same, let resent) = resumed else { return }
         #expect(again == same && resent == 0 && again.hasSession)
         try await again.send(Numbered(n: 101), type: "n")
-        try await waitUntil("the second down") { down.withLock { $0 } == [100, 101] }
+        try await down.wait("the second down") { $0 == [100, 101] }
         let clientResumed = try await events.wait("client resumed") { if case .resumed = $0 { true } else { false } }
         if case .resumed(let clientResent) = clientResumed { #expect(clientResent == 5) }
         #expect(events.count { if case .undelivered = $0 { true } else { false } } == 0)
@@ -106,7 +106,7 @@ import ProtocolCore
                 SessionTests.fastReconnect(&$0)
                 $0.session?.store = store
             }
-            let down = Locked<[Int]>([])
+            let down = Observed<[Int]>([])
             let reader = Task {
                 for await event in client.events {
                     if case .received(let message) = event, let value = try? message.decode(Numbered.self) {
@@ -114,7 +114,7 @@ import ProtocolCore
                     }
                 }
             }
-            try await waitUntil("100 down") { down.withLock { $0.count } >= 100 }
+            try await down.wait("100 down") { $0.count >= 100 }
             #expect(down.withLock { $0 } == Array(1...100), "round \(rounds)")
             holds += client.session?.epochHolds.load(ordering: .relaxed) ?? 0
             await client.close()

@@ -285,8 +285,8 @@ final class HostilePeer: @unchecked Sendable {
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array("{not json".utf8)))
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":5,"n":"x"}"#.utf8)))
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":"ok","n":1}"#.utf8)))
-        try await waitUntil("three notes") {
-            harness.events.count { if case .received = $0 { true } else { false } } == 3
+        try await harness.events.waitUntil("three notes") {
+            $0.count { if case .received = $0 { true } else { false } } == 3
         }
         #expect(rejected.withLock { $0.count } == 2)
         #expect(rejected.withLock { $0 }.allSatisfy { $0.contains("decod") || $0.contains("JSON") || $0.contains("data") })
@@ -314,8 +314,8 @@ final class HostilePeer: @unchecked Sendable {
             var burst: [UInt8] = []
             for index in 0..<10_000 { burst += peer.frame(.message, codec: 0, type: "t", payload: [UInt8(index & 0xFF)]) }
             peer.write(burst)
-            try await waitUntil("10,000 received", timeout: .seconds(30)) {
-                harness.events.count { if case .received(let c, _) = $0 { c.peer.name == "hostile" } else { false } } == 10_000
+            try await harness.events.waitUntil("10,000 received", timeout: .seconds(30)) {
+                $0.count { if case .received(let c, _) = $0 { c.peer.name == "hostile" } else { false } } == 10_000
             }
         }
     }
@@ -329,8 +329,8 @@ final class HostilePeer: @unchecked Sendable {
                 peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 7, count: 64)).prefix(20)))
                 peers.append(peer)
             }
-            try await waitUntil("1000 accepted", timeout: .seconds(30)) {
-                harness.events.count { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } } == 1000
+            try await harness.events.waitUntil("1000 accepted", timeout: .seconds(30)) {
+                $0.count { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } } == 1000
             }
             // Meanwhile the real client is served normally.
             let reply = try await good.channel!.requestRaw([1], type: "echo")
@@ -338,8 +338,8 @@ final class HostilePeer: @unchecked Sendable {
             let start = ContinuousClock.now
             try await waitUntil("stalled peers freed", timeout: .seconds(30)) { harness.server.connections.count == 1 }
             print("MEASURED 1000 stalled half-frame peers freed after: \(ContinuousClock.now - start)")
-            try await waitUntil("1000 idle timeouts", timeout: .seconds(30)) {
-                harness.events.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } } == 1000
+            try await harness.events.waitUntil("1000 idle timeouts", timeout: .seconds(30)) {
+                $0.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } } == 1000
             }
             let stalled = peers
             #expect(await offThePool { stalled.allSatisfy { $0.serverClosed() } })

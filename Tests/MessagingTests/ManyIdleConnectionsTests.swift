@@ -37,7 +37,7 @@ import ProtocolCore
         client.pingInterval = .milliseconds(500)
         client.heartbeatTimeout = .seconds(5)
         let clientConfiguration = client
-        let received = Locked(0)
+        let received = Observed(0)
         let connectStart = ContinuousClock.now
         let channels = try await withThrowingTaskGroup(of: [MessageChannel].self) { group in
             for worker in 0..<8 {
@@ -73,7 +73,7 @@ import ProtocolCore
 
         let results = await server.broadcast("hello, everyone", type: "news")
         #expect(results.count == count && results.allSatisfy(\.succeeded))
-        try await waitUntil("the broadcast at every client") { received.withLock { $0 } == count }
+        try await received.wait("the broadcast at every client") { $0 == count }
 
         let stopStart = ContinuousClock.now
         await server.stop()

@@ -49,7 +49,7 @@ import Locks
     /// replying to a one-way message is refused at the replier.
     @Test func requestReplySemantics() async throws {
         let seen = Locked<[(String, Bool)]>([])
-        let replyToOneWay = Locked<(any Error)?>(nil)
+        let replyToOneWay = Observed<(any Error)?>(nil)
         let harness = try await LoopbackServer(handle: { _, event in
             guard case .received(let connection, let message) = event else { return }
             seen.withLock { $0.append((message.typeID, message.expectsReply)) }
@@ -74,7 +74,7 @@ import Locks
         }
         try await client.send(KV(key: "x"), type: "kv.note")
         try await harness.events.wait("the note") { if case .received(_, let m) = $0 { m.typeID == "kv.note" } else { false } }
-        try await waitUntil("the reply to a one-way message refused", timeout: .seconds(10)) { replyToOneWay.withLock { $0 } != nil }
+        try await replyToOneWay.wait("the reply to a one-way message refused", timeout: .seconds(10)) { $0 != nil }
         let refusal = try #require(replyToOneWay.withLock { $0 } as? TransportError)
         #expect(refusal.code == .invalidArgument && refusal.message.contains("send()"))
         #expect(seen.withLock { $0.map(\.1) } == [true, false])

@@ -172,8 +172,8 @@ final class CapturedLog: Sendable {
         #expect(frame.kind == .refuse)
         let refusal = try JSONDecoder().decode(Refusal.self, from: Data(frame.payload))
         #expect(refusal.code == "busy")
-        try await waitUntil("the second busy refusal") {
-            harness.events.count { if case .refused(_, let reason) = $0 { reason.hasPrefix("busy") } else { false } } >= 2
+        try await harness.events.waitUntil("the second busy refusal") {
+            $0.count { if case .refused(_, let reason) = $0 { reason.hasPrefix("busy") } else { false } } >= 2
         }
         // Slots free again: the latecomer gets in.
         for peer in stalled { peer.reset() }

@@ -62,59 +62,32 @@ final class LoopbackServer: Sendable {
 
 /// Thread-safe log of events with deadline-bounded waits, woken by each event (not a poll).
 final class EventLog<Element: Sendable>: Sendable {
-    private struct State {
-        var items: [Element] = []
-        /// Waiters for the next event, by id; each is resumed once (an event, or its deadline).
-        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
-        var nextWaiter = 0
-    }
+    private let items = Observed<[Element]>([])
 
-    private let state = Locked(State())
+    func append(_ element: Element) { items.update { $0.append(element) } }
 
-    func append(_ element: Element) {
-        let waiters = state.withLock { state in
-            state.items.append(element)
-            defer { state.waiters = [:] }
-            return Array(state.waiters.values)
-        }
-        for waiter in waiters { waiter.resume() }
-    }
-
-    var all: [Element] { state.withLock { $0.items } }
-    func clear() { state.withLock { $0.items.removeAll() } }
+    var all: [Element] { items.value }
+    func clear() { items.update { $0.removeAll() } }
 
     @discardableResult
     func wait(timeout: Duration = .seconds(10), _ what: String, where predicate: (Element) -> Bool) async throws -> Element {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            let items = all
-            if let match = items.first(where: predicate) { return match }
-            let left = deadline - ContinuousClock.now
-            guard left > .zero else { throw TestFailure("no \(what) within \(timeout); saw \(items.count) events") }
-            await nextEvent(after: items.count, within: left)
+        do {
+            return try await items.wait(what, timeout: timeout) { $0.contains(where: predicate) }.first(where: predicate)!
+        } catch is WaitTimedOut {
+            throw TestFailure("no \(what) within \(timeout); saw \(items.read { $0.count }) events")
         }
     }
 
-    /// Returns once there are more than `count` events, or when `limit` (real time) has passed.
-    private func nextEvent(after count: Int, within limit: Duration) async {
-        let id = state.withLock { state in
-            state.nextWaiter += 1
-            return state.nextWaiter
-        }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = state.withLock { state in
-                guard state.items.count <= count else { return true }
-                state.waiters[id] = continuation
-                return false
-            }
-            if now { return continuation.resume() }
-            DispatchScheduler().schedule(after: limit) { [self] in
-                state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
-            }
+    /// Waits until `predicate` holds for the whole log (e.g. a count of one kind of event).
+    func waitUntil(_ what: String, timeout: Duration = .seconds(10), _ predicate: ([Element]) -> Bool) async throws {
+        do {
+            try await items.wait(what, timeout: timeout, until: predicate)
+        } catch is WaitTimedOut {
+            throw TestFailure("not \(what) within \(timeout); saw \(items.read { $0.count }) events")
         }
     }
 
-    func count(where predicate: (Element) -> Bool) -> Int { all.filter(predicate).count }
+    func count(where predicate: (Element) -> Bool) -> Int { items.read { $0.filter(predicate).count } }
 }
 
 struct TestFailure: Error, CustomStringConvertible {
@@ -145,7 +118,7 @@ struct TestFailure: Error, CustomStringConvertible {
     }
 
     @Test func clientSendsABatchInOrder() async throws {
-        let received = Locked<[Int]>([])
+        let received = Observed<[Int]>([])
         let harness = try await LoopbackServer(handle: { _, event in
             if case .received(_, let message) = event, message.typeID == "note.batch" {
                 let note = try! message.decode(Note.self)
@@ -154,7 +127,7 @@ struct TestFailure: Error, CustomStringConvertible {
         })
         let client = try await harness.client("batcher")
         try await client.send(contentsOf: (0..<300).map { Note(text: "b", n: $0) }, type: "note.batch")
-        try await waitUntil("300 received") { received.withLock { $0.count } == 300 }
+        try await received.wait("300 received") { $0.count == 300 }
         #expect(received.withLock { $0 } == Array(0..<300))
         await client.close()
         await harness.server.stop()
@@ -217,7 +190,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let stuck = try await MessageChannel.connect(
             to: [.ipv4Loopback(port: harness.port)], configuration: stuckConfiguration, logger: testLogger())
         try await waitUntil("2 accepted") { harness.server.connections.count == 2 }
-        let received = Locked(0)
+        let received = Observed(0)
         let consumer = Task {
             for await event in reader.events {
                 if case .received = event { received.withLock { $0 += 1 } }
@@ -243,7 +216,7 @@ struct TestFailure: Error, CustomStringConvertible {
         // The reader is still served.
         let before = received.withLock { $0 }
         _ = await harness.server.broadcast([1, 2, 3], type: "after")
-        try await waitUntil("the broadcast after the reconnect received", timeout: .seconds(10)) { received.withLock { $0 } > before }
+        try await received.wait("the broadcast after the reconnect received", timeout: .seconds(10)) { $0 > before }
         consumer.cancel()
         await reader.close()
         stuck.close()
@@ -256,8 +229,8 @@ struct TestFailure: Error, CustomStringConvertible {
         let second = try await harness.client("two")
         // The client finishes its handshake before the server does (the client sends the last
         // message): wait until the server holds both, or the count below races the second's.
-        try await waitUntil("both accepted") {
-            harness.events.count { if case .accepted = $0 { true } else { false } } == 2
+        try await harness.events.waitUntil("both accepted") {
+            $0.count { if case .accepted = $0 { true } else { false } } == 2
         }
         // Told, not a bare close (issue 43, 8): REFUSE busy naming the limit, with when to retry.
         let started = ContinuousClock.now

@@ -18,7 +18,7 @@ import Locks
         let limit = 16
         let count = 4_000
         let (gate, open) = AsyncStream<Void>.makeStream()
-        let received = Locked<[Int]>([])
+        let received = Observed<[Int]>([])
         let harness = try await LoopbackServer(keepEvents: false, configure: { $0.eventBufferLimit = limit }) { _, event in
             guard case .received(_, let message) = event, let item = try? message.decode(Item.self) else { return }
             if item.n == 0 { for await _ in gate { break } }  // the app stops taking events
@@ -84,7 +84,7 @@ import Locks
 
         open.finish()  // the app reads again: reading resumes, every message arrives once, in order
         try await sender.value
-        try await waitUntil("every message at the app", timeout: .seconds(60)) { received.withLock { $0.count } == count }
+        try await received.wait("every message at the app", timeout: .seconds(60)) { $0.count == count }
         #expect(received.withLock { $0 } == Array(0..<count))
         await client.close()
         await harness.server.stop()
@@ -95,7 +95,7 @@ import Locks
     /// before the server routed the channel — and those sent later arrive as events, in order,
     /// each with its bytes, and nothing reads the channel's own ``MessageChannel/transfers``.
     @Test func transfersReachTheEventsFromTheLoopInOrder() async throws {
-        let bodies = Locked<[String: [UInt8]]>([:])
+        let bodies = Observed<[String: [UInt8]]>([:])
         let order = Locked<[String]>([])
         let harness = try await LoopbackServer(keepEvents: false, handle: { _, event in
             guard case .transfer(_, let transfer) = event else { return }
@@ -118,7 +118,7 @@ import Locks
         }
         try await push("first", 1)  // at once: possibly before the server installed the route
         try await push("second", 100_000)
-        try await waitUntil("both transfers collected") { bodies.withLock { $0.count } == 2 }
+        try await bodies.wait("both transfers collected") { $0.count == 2 }
         #expect(order.withLock { $0 } == ["first", "second"])
         #expect(bodies.withLock { $0["first"] } == [UInt8(truncatingIfNeeded: 5)])
         #expect(bodies.withLock { $0["second"] } == (0..<100_000).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 6) })

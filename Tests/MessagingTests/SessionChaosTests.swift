@@ -1,4 +1,5 @@
 import Foundation
+import TestWaits
 import Testing
 
 @testable import Messaging
@@ -225,6 +226,8 @@ import Testing
         var boot = UUID().uuidString
         private var process: Process?
         private var output = ""
+        /// Its output and its exit, as events.
+        private var watch: ChildWatch?
 
         init(name: String, arguments: [String]) {
             self.name = name
@@ -248,18 +251,21 @@ import Testing
             process.standardError = process.standardOutput
             try process.run()
             self.process = process
+            watch = try ChildWatch(pid: process.processIdentifier, outputPath: output)
             try await waitFor("READY", timeout: .seconds(20))
         }
 
         var text: String { (try? String(contentsOfFile: output, encoding: .utf8)) ?? "" }
 
+        /// Waits (bounded) until the output says `needle`, woken by each write and by the exit.
         func waitFor(_ needle: String, timeout: Duration) async throws {
-            let deadline = ContinuousClock.now + timeout
-            while !text.contains(needle) {
-                guard ContinuousClock.now < deadline, process?.isRunning == true else {
-                    throw TestFailure("\(name): no \(needle) within \(timeout); it said: \(text.suffix(2000))")
+            if let watch {
+                try? await waitUntil("\(name) said \(needle)", timeout: timeout, wokenBy: watch.changes) {
+                    text.contains(needle) || process?.isRunning != true
                 }
-                try await Task.sleep(for: .milliseconds(10))
+            }
+            guard text.contains(needle) else {
+                throw TestFailure("\(name): no \(needle) within \(timeout); it said: \(text.suffix(2000))")
             }
         }
 

@@ -17,12 +17,12 @@ import Locks
         let channel = try await MessageChannel.connect(
             to: [.ipv4Loopback(port: harness.port)], configuration: configuration, logger: testLogger())
         let start = ContinuousClock.now
-        let closed = Locked<(CloseReason, Duration)?>(nil)
+        let closed = Observed<(CloseReason, Duration)?>(nil)
         Task {
             let reason = await channel.closed()
             closed.withLock { $0 = (reason, ContinuousClock.now - start) }
         }
-        try await waitUntil("the server closed the connection", timeout: .seconds(5)) { closed.withLock { $0 != nil } }
+        try await closed.wait("the server closed the connection", timeout: .seconds(5)) { $0 != nil }
         let (reason, waited) = try #require(closed.withLock { $0 })
         guard case .goodbye(let text) = reason else {
             Issue.record("closed without saying why: \(reason)")

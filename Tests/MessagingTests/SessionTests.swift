@@ -20,14 +20,14 @@ import Scheduling
     /// 5,000 messages up and 2,000 down while the connection is cut 16 times from either side:
     /// each side receives every number once, in order; the server sees one client throughout.
     @Test func messagesSurviveDroppedConnectionsExactlyOnce() async throws {
-        let up = Locked<[Int]>([])
+        let up = Observed<[Int]>([])
         let harness = try await LoopbackServer(handle: { _, event in
             if case .received(_, let message) = event, let value = try? message.decode(Numbered.self) {
                 up.withLock { $0.append(value.n) }
             }
         })
         let client = try await harness.client("sender", configure: Self.fastReconnect)
-        let down = Locked<[Int]>([])
+        let down = Observed<[Int]>([])
         let clientEvents = EventLog<ClientEvent>()
         let reader = Task {
             for await event in client.events {
@@ -58,8 +58,8 @@ import Scheduling
             }
         }
         try await serverSender.value
-        try await waitUntil("every message up") { up.withLock { $0.count } >= 5_000 }
-        try await waitUntil("every message down") { down.withLock { $0.count } >= 2_000 }
+        try await up.wait("every message up") { $0.count >= 5_000 }
+        try await down.wait("every message down") { $0.count >= 2_000 }
         #expect(up.withLock { $0 } == Array(0..<5_000))
         #expect(down.withLock { $0 } == Array(0..<2_000))
         #expect(harness.events.count { if case .accepted = $0 { true } else { false } } == 1)
@@ -87,7 +87,7 @@ import Scheduling
     /// a protocol violation there, closing the connection (a reconnect).
     @Test func concurrentSendersKeepTheWireInNumberOrder() async throws {
         struct Tagged: Codable, Sendable { var task: Int; var n: Int }
-        let received = Locked<[Int: [Int]]>([:])
+        let received = Observed<[Int: [Int]]>([:])
         let harness = try await LoopbackServer(handle: { _, event in
             if case .received(_, let message) = event, let value = try? message.decode(Tagged.self) {
                 received.withLock { $0[value.task, default: []].append(value.n) }
@@ -103,7 +103,7 @@ import Scheduling
             }
             try await group.waitForAll()
         }
-        try await waitUntil("every message arrived") { received.withLock { $0.values.reduce(0) { $0 + $1.count } } >= 8_000 }
+        try await received.wait("every message arrived") { $0.values.reduce(0) { $0 + $1.count } >= 8_000 }
         for task in 0..<8 {
             #expect(received.withLock { $0[task] } == Array(0..<1_000), "task \(task): each once, in order")
         }
@@ -152,7 +152,7 @@ import Scheduling
     /// server never acknowledged, and sends the ones typed while it was away to the new server.
     @Test func aRestartedServerMeansExactlyTheUnacknowledgedAreReported() async throws {
         let port = try freePort()
-        let received = Locked<[Int]>([])
+        let received = Observed<[Int]>([])
         let configure: (inout ServerConfiguration) -> Void = {
             $0.listener.port = port
             $0.listener.families = [.ipv4]
@@ -171,7 +171,7 @@ import Scheduling
         let events = EventLog<ClientEvent>()
         let reader = Task { for await event in client.events { events.append(event) } }
         for n in 1...5 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("5 received") { received.withLock { $0.count } == 5 }
+        try await received.wait("5 received") { $0.count == 5 }
         #expect(client.unacknowledgedCount == 5)
         await first.server.stop()
         try await events.wait("disconnected") { if case .disconnected = $0 { true } else { false } }
@@ -182,7 +182,7 @@ import Scheduling
         guard case .undelivered(let lost) = report else { return }
         #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3, 4, 5])
         #expect(lost.map(\.number) == [1, 2, 3, 4, 5] && lost.allSatisfy(\.wasTransmitted))
-        try await waitUntil("the offline messages") { received.withLock { $0.count } == 8 }
+        try await received.wait("the offline messages") { $0.count == 8 }
         #expect(received.withLock { $0 } == [1, 2, 3, 4, 5, 6, 7, 8])
         #expect(!client.resumedSession)
         await client.close()
@@ -238,7 +238,7 @@ import Scheduling
     /// The client's clock is manual: its close waits 5 s for the fifth's acknowledgement (which
     /// the server sends after 120 s), turned by hand instead of waited for.
     @Test func aWaitingSenderGoesOnWhenAResumeAcknowledges() async throws {
-        let received = Locked(0)
+        let received = Observed(0)
         let harness = try await LoopbackServer(
             configure: { $0.session?.ackDelay = .seconds(120) },  // no ACK frames for a few messages
             handle: { _, event in if case .received = event { received.withLock { $0 += 1 } } })
@@ -252,8 +252,8 @@ import Scheduling
             $0.channel.pingInterval = nil
         }
         for n in 1...4 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("4 received") { received.withLock { $0 } == 4 }
-        let admitted = Locked(false)
+        try await received.wait("4 received") { $0 == 4 }
+        let admitted = Observed(false)
         let fifth = Task {
             try await client.send(Numbered(n: 5), type: "n")
             admitted.withLock { $0 = true }
@@ -264,9 +264,9 @@ import Scheduling
         #expect(client.unacknowledgedCount == 4 && !admitted.withLock { $0 })
         client.channel?.abort()
         // The resume said the server had all 4: room for the fifth.
-        try await waitUntil("the fifth admitted", timeout: .seconds(10)) { admitted.withLock { $0 } }
+        try await admitted.wait("the fifth admitted", timeout: .seconds(10)) { $0 }
         try await fifth.value
-        try await waitUntil("5 received") { received.withLock { $0 } == 5 }
+        try await received.wait("5 received") { $0 == 5 }
         // (the SESSION answer's deadline is cancelled by the task that waited for the answer,
         // which may run a moment after the server has the message: waited for, not read at once)
         try await waitUntil("no timer of the client left (\(clock.pendingCount) pending)") { clock.pendingCount == 0 }
@@ -338,7 +338,7 @@ extension SessionTests {
     /// never be sent): the limit the session reads is the connection's own, learnt in the hello.
     @Test func aMessageLargerThanThePeersLimitIsNotKept() async throws {
         struct Blob: Codable { var bytes: String }
-        let received = Locked<[String]>([])
+        let received = Observed<[String]>([])
         let harness = try await LoopbackServer(
             configure: { $0.channel.connection.maxFrameSize = 16 * 1024 },
             handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message.typeID) } } })
@@ -365,7 +365,7 @@ extension SessionTests {
             try await client.send(Blob(bytes: String(repeating: "x", count: fits + 1)), type: "edge")
         }
         try await client.send(Blob(bytes: "small"), type: "small")
-        try await waitUntil("the edge and the small message") { received.withLock { $0 } == ["edge", "small"] }
+        try await received.wait("the edge and the small message") { $0 == ["edge", "small"] }
         await client.close()
         await harness.server.stop()
     }

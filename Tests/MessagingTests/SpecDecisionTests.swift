@@ -100,7 +100,7 @@ import Transport
     /// message); a reference that names none of the receiver's requests is ignored (a MESSAGE
     /// flagged 0x03 with one is a request). The connection stays open through all of it.
     @Test func fieldsAControlFrameShouldNotHaveAreIgnored() async throws {
-        let received = Locked<[String]>([])
+        let received = Observed<[String]>([])
         let harness = try await LoopbackServer(security: .plaintext, handle: { _, event in
             if case .received(_, let message) = event {
                 received.withLock { $0.append("\(message.typeID) reply=\(message.expectsReply)") }
@@ -115,7 +115,7 @@ import Transport
         peer.write(bytes)
         let (frames, closed) = await offThePool { peer.readFrames(for: 3) { $0.contains { $0.kind == .pong } } }
         #expect(frames.contains { $0.kind == .pong && $0.reference == 2 }, "\(frames.map(\.kind))")
-        try await waitUntil("the one-way messages are delivered") { received.withLock { $0.contains("plain reply=false") } }
+        try await received.wait("the one-way messages are delivered") { $0.contains("plain reply=false") }
         #expect(received.withLock { $0 } == ["flagged reply=false", "both reply=true", "plain reply=false"])
         #expect(!closed && !frames.contains { $0.kind == .goodbye })
         peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)

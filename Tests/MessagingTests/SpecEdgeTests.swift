@@ -125,7 +125,7 @@ extension HostilePeer {
     /// Through `reply` (suspending) and `tryReply` (not): both answer `too_large` in place of the reply.
     @Test(arguments: [false, true])
     func theSmallestAllowedMaxFrameIsServedAndAnOversizedReplyBecomesAnErrorReply(withoutSuspending: Bool) async throws {
-        let replyFailed = Locked<String?>(nil)
+        let replyFailed = Observed<String?>(nil)
         let harness = try await server(handle: { _, event in
             guard case .received(let connection, let message) = event, message.expectsReply else { return }
             do {
@@ -153,7 +153,7 @@ extension HostilePeer {
         #expect(error.code == "too_large", "\(error)")
         #expect(try answer.encoded().count - 4 <= 1024)
         #expect(frames.allSatisfy { (try? $0.encoded().count - 4) ?? 0 <= 1024 })
-        try await waitUntil("the replier learns its reply did not fit") { replyFailed.withLock { $0 } != nil }
+        try await replyFailed.wait("the replier learns its reply did not fit") { $0 != nil }
         #expect(replyFailed.withLock { $0 }?.contains("1024") == true)
         peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()

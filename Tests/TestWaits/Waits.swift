@@ -1,19 +1,24 @@
 import Synchronization
 
-/// The tests' one wait for a condition (issue 46, 4: it was written four times, in three test
-/// targets): polls `condition` every 5 ms until it holds, or throws when `timeout` passes — a
-/// deadline on a condition, never a sleep standing in for one. No dependencies: every test target
-/// can use it, Transport's and Discovery's too.
-package func waitUntil(_ what: String, timeout: Duration = .seconds(20), _ condition: () async -> Bool) async throws {
+/// The tests' one poll for a condition (issue 46, 4: it was written four times, in three test
+/// targets; issue 54: four more copies in the integration tests, merged here): checks `condition`
+/// every `interval` (5 ms) until it holds, or throws when `timeout` passes — a deadline on a
+/// condition, never a sleep standing in for one. For a condition on state that cannot tell its
+/// changes (a library's counters, an external server); a value the test owns is an ``Observed``
+/// and is waited for with ``Observed/wait(_:timeout:until:)``, woken by its changes.
+package func waitUntil(
+    _ what: String, timeout: Duration = .seconds(20), every interval: Duration = .milliseconds(5),
+    _ condition: () async throws -> Bool
+) async throws {
     let deadline = ContinuousClock.now + timeout
-    while !(await condition()) {
+    while !(try await condition()) {
         guard ContinuousClock.now < deadline else { throw WaitTimedOut(description: "not \(what) within \(timeout)") }
-        try await Task.sleep(for: .milliseconds(5))
+        try await Task.sleep(for: interval)
     }
 }
 
 /// ``waitUntil(_:timeout:_:)`` with the deadline in seconds.
-package func waitUntil(_ what: String, seconds: Double, _ condition: () async -> Bool) async throws {
+package func waitUntil(_ what: String, seconds: Double, _ condition: () async throws -> Bool) async throws {
     try await waitUntil(what, timeout: .milliseconds(Int(seconds * 1_000)), condition)
 }
 

@@ -1,0 +1,88 @@
+import CTestShims
+import Dispatch
+import Glibc
+
+/// What a test waits for in a child process it started — more output in its file, its exit — as
+/// events, not polls: inotify on the output file (every write), and a pidfd (readable once the
+/// process has exited). Each event signals `changes`; a wait re-checks its condition then.
+package final class ChildWatch: @unchecked Sendable {  // immutable after init; the sources are thread-safe
+    package let changes = Observed<Int>()
+    private let output: any DispatchSourceRead
+    private let exit: any DispatchSourceRead
+
+    /// `outputPath` must exist (the parent creates it before the spawn). A process that has already
+    /// exited and been reaped (a `Foundation.Process` reaps its own) has no pidfd: the watch then
+    /// signals once, at once, and the waiter's condition sees the exit.
+    package init(pid: pid_t, outputPath: String) throws {
+        let queue = DispatchQueue(label: "itest.child-watch")
+        let changes = changes
+        let notify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        guard notify >= 0, inotify_add_watch(notify, outputPath, UInt32(IN_MODIFY | IN_CLOSE_WRITE)) >= 0 else {
+            let reason = String(cString: strerror(errno))
+            if notify >= 0 { close(notify) }
+            throw ChildWatchError(description: "cannot watch \(outputPath) (inotify): \(reason)")
+        }
+        var pidfd = ctestshims_pidfd_open(pid)
+        if pidfd < 0 {
+            guard errno == ESRCH else {
+                let reason = String(cString: strerror(errno))
+                close(notify)
+                throw ChildWatchError(description: "cannot watch process \(pid) (pidfd_open): \(reason)")
+            }
+            // gone already: a descriptor readable at once (a pipe whose writer is closed)
+            var ends: [Int32] = [-1, -1]
+            guard pipe(&ends) == 0 else {
+                close(notify)
+                throw ChildWatchError(description: "pipe: \(String(cString: strerror(errno)))")
+            }
+            close(ends[1])
+            _ = fcntl(ends[0], F_SETFD, FD_CLOEXEC)
+            pidfd = ends[0]
+        }
+        output = DispatchSource.makeReadSource(fileDescriptor: notify, queue: queue)
+        output.setEventHandler {
+            var events = [UInt8](repeating: 0, count: 4_096)
+            while read(notify, &events, events.count) > 0 {}  // drained: one signal per wake-up
+            changes.signal()
+        }
+        output.setCancelHandler { close(notify) }
+        exit = DispatchSource.makeReadSource(fileDescriptor: pidfd, queue: queue)
+        let exit = exit
+        exit.setEventHandler {
+            changes.signal()
+            exit.cancel()  // a pidfd stays readable: once is enough
+        }
+        exit.setCancelHandler { close(pidfd) }
+        output.resume()
+        exit.resume()
+    }
+
+    deinit {
+        output.cancel()
+        exit.cancel()
+    }
+}
+
+/// Waits (bounded) for `pid` — a child of ours, not yet reaped — to exit, woken by its pidfd
+/// (poll(2) on it), then reaps it through `reap`; nil if it still runs at the deadline.
+package func waitForExit(_ pid: pid_t, timeout: Duration, reap: () -> Int32?) -> Int32? {
+    if let status = reap() { return status }
+    let pidfd = ctestshims_pidfd_open(pid)
+    guard pidfd >= 0 else { return reap() }  // gone already (reaped by `reap` meanwhile)
+    defer { close(pidfd) }
+    let deadline = ContinuousClock.now + timeout
+    while true {
+        let left = deadline - ContinuousClock.now
+        guard left > .zero else { return reap() }
+        var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
+        let milliseconds = Int32(clamping: left.components.seconds * 1_000 + left.components.attoseconds / 1_000_000_000_000_000 + 1)
+        let ready = poll(&entry, 1, milliseconds)
+        if ready > 0 { return reap() }
+        if ready < 0 && errno != EINTR { return reap() }
+    }
+}
+
+/// A child process that cannot be watched.
+package struct ChildWatchError: Error, CustomStringConvertible {
+    package let description: String
+}

@@ -1,0 +1,93 @@
+import Dispatch
+import Foundation
+import TestWaits
+import Testing
+
+/// The tests' own waits: woken by the change they wait for, not by a poll, and bounded.
+@Suite struct TestWaitsTests {
+    /// A condition is checked once at the start and once per change — three changes, at most four
+    /// checks (a poll every 5 ms would check it about 60 times in the 300 ms the changes take).
+    @Test func aWaitOnAnObservedValueIsWokenByItsChangesOnly() async throws {
+        let value = Observed(0)
+        let checks = Observed(0)
+        for step in 1...3 {
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(100 * step)) { value.update { $0 = step } }
+        }
+        let seen = try await value.wait("three", timeout: .seconds(10)) { current in
+            checks.update { $0 += 1 }
+            return current == 3
+        }
+        #expect(seen == 3)
+        #expect(checks.value <= 4, "the condition was checked \(checks.value) times for 3 changes")
+    }
+
+    /// A wait that is never satisfied throws at its deadline (not before), saying what it waited
+    /// for and the last value.
+    @Test func aWaitThatIsNeverSatisfiedThrowsAtItsDeadline() async throws {
+        let value = Observed("start")
+        let started = ContinuousClock.now
+        do {
+            try await value.wait("the end", timeout: .milliseconds(200)) { $0 == "end" }
+            Issue.record("the wait returned")
+        } catch let error as WaitTimedOut {
+            #expect(ContinuousClock.now - started >= .milliseconds(200))
+            #expect(error.description.contains("the end") && error.description.contains("start"), "\(error)")
+        }
+    }
+
+    /// A child process's output and exit wake a wait on its `ChildWatch`: its line is seen after
+    /// a handful of checks (one per write, one for the exit), and its exit status is reaped.
+    @Test func aChildsOutputAndExitAreEvents() async throws {
+        let path = NSTemporaryDirectory() + "testwaits-\(UUID().uuidString).out"
+        #expect(FileManager.default.createFile(atPath: path, contents: nil))
+        defer { unlink(path) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_TRUNC, 0o644)
+        let words: [String] = ["/bin/sh", "-c", "sleep 0.3; echo hello; sleep 0.3; exit 3"]
+        let argv = words.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        #expect(posix_spawn(&pid, "/bin/sh", &actions, nil, argv, environ) == 0)
+        let child = pid
+        let reaped = Observed<Int32?>(nil)
+        let reap: @Sendable () -> Int32? = {
+            reaped.update { status in
+                var raw: Int32 = 0
+                if status == nil, waitpid(child, &raw, WNOHANG) == child { status = (raw >> 8) & 0xff }
+                return status
+            }
+        }
+        defer { if reap() == nil { kill(child, SIGKILL); _ = waitForExit(child, timeout: .seconds(5), reap: reap) } }
+        let watch = try ChildWatch(pid: child, outputPath: path)
+
+        let checks = Observed(0)
+        try await waitUntil("hello", timeout: .seconds(10), wokenBy: watch.changes) {
+            checks.update { $0 += 1 }
+            return ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").contains("hello")
+        }
+        #expect(checks.value <= 3, "checked \(checks.value) times for one write")
+        #expect(reap() == nil, "still running after its line")
+        try await waitUntil("exited", timeout: .seconds(10), wokenBy: watch.changes) { reap() != nil }
+        #expect(reap() == 3)
+    }
+
+    /// The synchronous wait for an exit (used when a test's process is stopped) returns at the exit,
+    /// not at its deadline, and nil at the deadline for a process that keeps running.
+    @Test func theSynchronousExitWaitReturnsAtTheExit() throws {
+        var pid: pid_t = 0
+        let words: [String] = ["/bin/sh", "-c", "sleep 0.2"]
+        let argv = words.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        #expect(posix_spawn(&pid, "/bin/sh", nil, nil, argv, environ) == 0)
+        let reap: () -> Int32? = {
+            var raw: Int32 = 0
+            return waitpid(pid, &raw, WNOHANG) == pid ? raw : nil
+        }
+        #expect(waitForExit(pid, timeout: .milliseconds(50), reap: reap) == nil, "still running at 50 ms")
+        let started = ContinuousClock.now
+        #expect(waitForExit(pid, timeout: .seconds(10), reap: reap) == 0)
+        #expect(ContinuousClock.now - started < .seconds(5), "returned at the exit, not at the deadline")
+    }
+}
