@@ -140,10 +140,8 @@ let package = Package(
             dependencies: ["Messaging", "Transport", "ProtocolCore", "SystemCalls", .product(name: "Logging", package: "swift-log")],
             path: "Tests/TestSupport", swiftSettings: strict),
         // The tests' waits: for a condition, a value that tells its changes, a child process's output
-        // and exit (Locks and a C shim only: every test target may use it).
-        .target(name: "TestWaits", dependencies: ["Locks", "CTestShims"], path: "Tests/TestWaits", swiftSettings: strict),
-        // pidfd_open for the tests' child processes (a process's exit as an event).
-        .target(name: "CTestShims", path: "Tests/CTestShims"),
+        // and exit (Locks only: every test target may use it).
+        .target(name: "TestWaits", dependencies: ["Locks"], path: "Tests/TestWaits", swiftSettings: strict),
         .testTarget(name: "FastJSONTests", dependencies: ["FastJSON"], swiftSettings: strict),
         .testTarget(
             name: "MessagingTests",

@@ -159,8 +159,10 @@ let package = Package(
             path: "lanmsg",
             swiftSettings: strict
         ),
-        // The tests' one wait for a condition (a link to the library's Tests/TestWaits).
-        .target(name: "DemoTestWaits", path: "Tests/TestWaits", swiftSettings: strict),
+        // The tests' waits (a link to the library's Tests/TestWaits; its lock from _ProgramSupport).
+        .target(
+            name: "DemoTestWaits", dependencies: [.product(name: "_ProgramSupport", package: library)], path: "Tests/TestWaits",
+            swiftSettings: strict),
         .testTarget(name: "ChatTests", dependencies: ["ChatKit"], swiftSettings: strict),
         .testTarget(
             name: "PreviewTests",

@@ -1,6 +1,17 @@
-import CTestShims
 import Dispatch
 import Glibc
+
+/// pidfd_open(2) (Linux 5.3, glibc 2.36): a descriptor that becomes readable once the process has
+/// exited. Looked up at run time — Swift's Glibc module has no `sys/pidfd.h`, and cannot call the
+/// variadic syscall(2). -1 with errno set on failure (ENOSYS when the C library lacks it).
+func pidfdOpen(_ pid: pid_t) -> Int32 {
+    typealias Open = @convention(c) (pid_t, UInt32) -> Int32
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "pidfd_open") else {  // RTLD_DEFAULT
+        errno = ENOSYS
+        return -1
+    }
+    return unsafeBitCast(symbol, to: Open.self)(pid, 0)
+}
 
 /// What a test waits for in a child process it started — more output in its file, its exit — as
 /// events, not polls: inotify on the output file (every write), and a pidfd (readable once the
@@ -22,7 +33,7 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
             if notify >= 0 { close(notify) }
             throw ChildWatchError(description: "cannot watch \(outputPath) (inotify): \(reason)")
         }
-        var pidfd = ctestshims_pidfd_open(pid)
+        var pidfd = pidfdOpen(pid)
         if pidfd < 0 {
             guard errno == ESRCH else {
                 let reason = String(cString: strerror(errno))
@@ -67,7 +78,7 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
 /// (poll(2) on it), then reaps it through `reap`; nil if it still runs at the deadline.
 package func waitForExit(_ pid: pid_t, timeout: Duration, reap: () -> Int32?) -> Int32? {
     if let status = reap() { return status }
-    let pidfd = ctestshims_pidfd_open(pid)
+    let pidfd = pidfdOpen(pid)
     guard pidfd >= 0 else { return reap() }  // gone already (reaped by `reap` meanwhile)
     defer { close(pidfd) }
     let deadline = ContinuousClock.now + timeout

@@ -6,18 +6,22 @@ import Testing
 /// The tests' own waits: woken by the change they wait for, not by a poll, and bounded.
 @Suite struct TestWaitsTests {
     /// A condition is checked once at the start and once per change — three changes, at most four
-    /// checks (a poll every 5 ms would check it about 60 times in the 300 ms the changes take).
+    /// checks (a poll every 5 ms would check it about 60 times in the 300 ms the changes take) —
+    /// and the change that makes it true ends the wait.
     @Test func aWaitOnAnObservedValueIsWokenByItsChangesOnly() async throws {
         let value = Observed(0)
         let checks = Observed(0)
         for step in 1...3 {
             DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(100 * step)) { value.update { $0 = step } }
         }
-        let seen = try await value.wait("three", timeout: .seconds(10)) { current in
+        let started = ContinuousClock.now
+        let seen = try await value.wait("three", timeout: .seconds(30)) { current in
             checks.update { $0 += 1 }
             return current == 3
         }
         #expect(seen == 3)
+        // (woken by the change at 300 ms, not by the deadline at 30 s, which would re-check too)
+        #expect(ContinuousClock.now - started < .seconds(15), "woken by the change, not the deadline")
         #expect(checks.value <= 4, "the condition was checked \(checks.value) times for 3 changes")
     }
 

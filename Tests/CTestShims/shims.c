@@ -1,5 +1,0 @@
-#include "CTestShims.h"
-#include <sys/syscall.h>
-#include <unistd.h>
-
-int ctestshims_pidfd_open(int pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
