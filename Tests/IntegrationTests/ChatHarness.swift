@@ -92,17 +92,22 @@ final class ChatProcess: Sendable {
         try await waitForOutput(needle, timeout: timeout) { $0.contains(needle) }
     }
 
-    /// Waits (bounded) until a line of output satisfies `predicate`; returns that line.
+    /// Waits (bounded) until a whole line of output satisfies `predicate`, woken by each write and
+    /// by the exit; returns that line.
     @discardableResult
     func waitForOutput(_ what: String, timeout: Duration = .seconds(15), where predicate: (String) -> Bool) async throws
         -> String
     {
+        // whole lines only (a write can end mid-line), or everything once the process exited
+        func finished() -> [String] {
+            completeLines(of: text, exited: poll() != nil).split(separator: "\n").map(String.init)
+        }
         var found: String?
         try? await waitUntil(what, timeout: timeout, wokenBy: watch.changes) {
-            found = lines.first(where: predicate)
+            found = finished().first(where: predicate)
             return found != nil || poll() != nil
         }
-        if let line = found ?? lines.first(where: predicate) { return line }
+        if let line = found ?? finished().first(where: predicate) { return line }
         let exited = poll()
         throw HarnessError(
             "no '\(what)' from \(arguments) within \(timeout)"

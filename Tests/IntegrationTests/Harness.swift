@@ -97,6 +97,12 @@ func terminate(_ pid: pid_t, poll: () -> Int32?) {
     }
 }
 
+/// `text` up to its last newline — the lines a process has finished writing — or all of it once the
+/// process exited.
+func completeLines(of text: String, exited: Bool) -> Substring {
+    exited ? text[...] : text[..<(text.lastIndex(of: "\n") ?? text.startIndex)]
+}
+
 /// A `waitpid` status as a shell would report it: the exit code, or 128 + the signal.
 func exitCode(waitStatus raw: Int32) -> Int32 {
     raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
@@ -147,15 +153,17 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
 
     var text: String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
 
-    /// Waits (bounded) until the output contains `needle`, woken by each write and by the exit;
-    /// throws at once if the process exited without it.
+    /// Waits (bounded) until a whole line of the output (one its newline ended; any text once the
+    /// process exited) contains `needle`, woken by each write and by the exit; throws at once if the
+    /// process exited without it. Whole lines: a write can end mid-line ("PORT " before its number).
     func waitForOutput(_ needle: String, timeout: Duration = .seconds(10)) async throws {
         do {
             try await waitUntil("'\(needle)' in the output", timeout: timeout, wokenBy: watch.changes) {
-                text.contains(needle) || poll() != nil
+                let exited = poll() != nil
+                return completeLines(of: text, exited: exited).contains(needle) || exited
             }
         } catch {}
-        guard text.contains(needle) else {
+        guard completeLines(of: text, exited: poll() != nil).contains(needle) else {
             let exited = poll().map { " (it exited: \($0))" } ?? ""
             throw HarnessError("no '\(needle)' from \(arguments) within \(timeout)\(exited); output: \(text)")
         }
