@@ -100,7 +100,8 @@ final class ChatProcess: Sendable {
     {
         // whole lines only (a write can end mid-line), or everything once the process exited
         func finished() -> [String] {
-            completeLines(of: text, exited: poll() != nil).split(separator: "\n").map(String.init)
+            let exited = poll() != nil  // before the text: a line written before the exit is in it
+            return completeLines(of: text, exited: exited).split(separator: "\n").map(String.init)
         }
         var found: String?
         try? await waitUntil(what, timeout: timeout, wokenBy: watch.changes) {

@@ -163,9 +163,10 @@ final class Background: @unchecked Sendable {  // pid is immutable; `exited` is 
                 return completeLines(of: text, exited: exited).contains(needle) || exited
             }
         } catch {}
-        guard completeLines(of: text, exited: poll() != nil).contains(needle) else {
-            let exited = poll().map { " (it exited: \($0))" } ?? ""
-            throw HarnessError("no '\(needle)' from \(arguments) within \(timeout)\(exited); output: \(text)")
+        let exited = poll() != nil  // before the text: a line written before the exit is in it
+        guard completeLines(of: text, exited: exited).contains(needle) else {
+            let status = poll().map { " (it exited: \($0))" } ?? ""
+            throw HarnessError("no '\(needle)' from \(arguments) within \(timeout)\(status); output: \(text)")
         }
     }
 

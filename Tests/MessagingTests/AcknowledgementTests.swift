@@ -69,7 +69,7 @@ import Locks
         } else {
             for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
             // The reader asks for the next event after the third: all three are handled.
-            try await clientEvents.waitUntil("3 received") { $0.count { if case .received = $0 { true } else { false } } == 3 }
+            try await clientEvents.waitForCount("3 received", 3) { if case .received = $0 { true } else { false } }
             await client.close()
             try await harness.events.wait("closed") { if case .closed = $0 { true } else { false } }
         }

@@ -285,9 +285,7 @@ final class HostilePeer: @unchecked Sendable {
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array("{not json".utf8)))
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":5,"n":"x"}"#.utf8)))
         peer.write(peer.frame(.message, codec: 1, type: "note", payload: Array(#"{"text":"ok","n":1}"#.utf8)))
-        try await harness.events.waitUntil("three notes") {
-            $0.count { if case .received = $0 { true } else { false } } == 3
-        }
+        try await harness.events.waitForCount("three notes", 3) { if case .received = $0 { true } else { false } }
         #expect(rejected.withLock { $0.count } == 2)
         #expect(rejected.withLock { $0 }.allSatisfy { $0.contains("decod") || $0.contains("JSON") || $0.contains("data") })
         #expect(harness.server.connections.count == 1)  // the peer was not dropped
@@ -314,9 +312,7 @@ final class HostilePeer: @unchecked Sendable {
             var burst: [UInt8] = []
             for index in 0..<10_000 { burst += peer.frame(.message, codec: 0, type: "t", payload: [UInt8(index & 0xFF)]) }
             peer.write(burst)
-            try await harness.events.waitUntil("10,000 received", timeout: .seconds(30)) {
-                $0.count { if case .received(let c, _) = $0 { c.peer.name == "hostile" } else { false } } == 10_000
-            }
+            try await harness.events.waitForCount("10,000 received", 10_000, timeout: .seconds(30)) { if case .received(let c, _) = $0 { c.peer.name == "hostile" } else { false } }
         }
     }
 
@@ -329,18 +325,14 @@ final class HostilePeer: @unchecked Sendable {
                 peer.write(Array(peer.frame(.message, codec: 0, type: "echo", payload: Array(repeating: 7, count: 64)).prefix(20)))
                 peers.append(peer)
             }
-            try await harness.events.waitUntil("1000 accepted", timeout: .seconds(30)) {
-                $0.count { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } } == 1000
-            }
+            try await harness.events.waitForCount("1000 accepted", 1000, timeout: .seconds(30)) { if case .accepted(let c) = $0 { c.peer.name == "hostile" } else { false } }
             // Meanwhile the real client is served normally.
             let reply = try await good.channel!.requestRaw([1], type: "echo")
             #expect(reply.payload == [1])
             let start = ContinuousClock.now
             try await waitUntil("stalled peers freed", timeout: .seconds(30)) { harness.server.connections.count == 1 }
             print("MEASURED 1000 stalled half-frame peers freed after: \(ContinuousClock.now - start)")
-            try await harness.events.waitUntil("1000 idle timeouts", timeout: .seconds(30)) {
-                $0.count { if case .closed(_, .idleTimeout) = $0 { true } else { false } } == 1000
-            }
+            try await harness.events.waitForCount("1000 idle timeouts", 1000, timeout: .seconds(30)) { if case .closed(_, .idleTimeout) = $0 { true } else { false } }
             let stalled = peers
             #expect(await offThePool { stalled.allSatisfy { $0.serverClosed() } })
         }, configure: {

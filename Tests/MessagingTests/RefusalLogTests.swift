@@ -172,9 +172,7 @@ final class CapturedLog: Sendable {
         #expect(frame.kind == .refuse)
         let refusal = try JSONDecoder().decode(Refusal.self, from: Data(frame.payload))
         #expect(refusal.code == "busy")
-        try await harness.events.waitUntil("the second busy refusal") {
-            $0.count { if case .refused(_, let reason) = $0 { reason.hasPrefix("busy") } else { false } } >= 2
-        }
+        try await harness.events.waitForCount("the second busy refusal", 2) { if case .refused(_, let reason) = $0 { reason.hasPrefix("busy") } else { false } }
         // Slots free again: the latecomer gets in.
         for peer in stalled { peer.reset() }
         try await handshakes(harness, 0)

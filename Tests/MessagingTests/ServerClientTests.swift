@@ -78,16 +78,36 @@ final class EventLog<Element: Sendable>: Sendable {
         }
     }
 
-    /// Waits until `predicate` holds for the whole log (e.g. a count of one kind of event).
-    func waitUntil(_ what: String, timeout: Duration = .seconds(10), _ predicate: ([Element]) -> Bool) async throws {
+    /// Waits until `predicate` holds for the whole log; with `checkingUnderLock` it runs under the
+    /// log's lock (no copy of the log per check; it must not read this log itself).
+    func waitUntil(
+        _ what: String, timeout: Duration = .seconds(10), checkingUnderLock: Bool = false, _ predicate: ([Element]) -> Bool
+    ) async throws {
         do {
-            try await items.wait(what, timeout: timeout, until: predicate)
+            if checkingUnderLock {
+                try await items.waitCheckingUnderLock(what, timeout: timeout, until: predicate)
+            } else {
+                try await items.wait(what, timeout: timeout, until: predicate)
+            }
         } catch is WaitTimedOut {
             throw TestFailure("not \(what) within \(timeout); saw \(items.read { $0.count }) events")
         }
     }
 
-    func count(where predicate: (Element) -> Bool) -> Int { items.read { $0.filter(predicate).count } }
+    /// Waits until at least `target` events match `predicate`, counting each event once (a log of
+    /// 10,000 events is not counted again at every wake-up).
+    func waitForCount(_ what: String, _ target: Int, timeout: Duration = .seconds(10), where predicate: (Element) -> Bool) async throws {
+        var counted = 0
+        var next = 0
+        try await waitUntil(what, timeout: timeout, checkingUnderLock: true) { items in
+            if next > items.count { (counted, next) = (0, 0) }  // cleared meanwhile: count again
+            counted += items[next...].count(where: predicate)
+            next = items.count
+            return counted >= target
+        }
+    }
+
+    func count(where predicate: (Element) -> Bool) -> Int { items.read { $0.count(where: predicate) } }
 }
 
 struct TestFailure: Error, CustomStringConvertible {
@@ -229,9 +249,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let second = try await harness.client("two")
         // The client finishes its handshake before the server does (the client sends the last
         // message): wait until the server holds both, or the count below races the second's.
-        try await harness.events.waitUntil("both accepted") {
-            $0.count { if case .accepted = $0 { true } else { false } } == 2
-        }
+        try await harness.events.waitForCount("both accepted", 2) { if case .accepted = $0 { true } else { false } }
         // Told, not a bare close (issue 43, 8): REFUSE busy naming the limit, with when to retry.
         let started = ContinuousClock.now
         await #expect {

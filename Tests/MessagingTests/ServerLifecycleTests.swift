@@ -207,18 +207,14 @@ enum TCPProbe {
         let stubborn = try HostilePeer(port: harness.port)
         stubborn.hello()
         let client = try await harness.client("polite")
-        try await harness.events.waitUntil("two accepted") {
-            $0.count { if case .accepted = $0 { true } else { false } } == 2
-        }
+        try await harness.events.waitForCount("two accepted", 2) { if case .accepted = $0 { true } else { false } }
         let start = ContinuousClock.now
         await harness.server.stop()
         let took = ContinuousClock.now - start
         // Aborted at the grace period's end, not after the 2-s linger.
         #expect(took < .milliseconds(1_500), "stop() took \(took)")
         // (The events reach the harness's log from its own task: waited for, not counted at once.)
-        try await harness.events.waitUntil("both reported closed") {
-            $0.count { if case .closed = $0 { true } else { false } } == 2
-        }
+        try await harness.events.waitForCount("both reported closed", 2) { if case .closed = $0 { true } else { false } }
         #expect(await offThePool { stubborn.serverClosed() })
         _ = client
     }

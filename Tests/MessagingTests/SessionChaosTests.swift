@@ -261,7 +261,7 @@ import Testing
         func waitFor(_ needle: String, timeout: Duration) async throws {
             if let watch {
                 try? await waitUntil("\(name) said \(needle)", timeout: timeout, wokenBy: watch.changes) {
-                    text.contains(needle) || process?.isRunning != true
+                    text.contains(needle) || watch.exited || process?.isRunning != true
                 }
             }
             guard text.contains(needle) else {

@@ -16,10 +16,18 @@ func pidfdOpen(_ pid: pid_t) -> Int32 {
 /// What a test waits for in a child process it started — more output in its file, its exit — as
 /// events, not polls: inotify on the output file (every write), and a pidfd (readable once the
 /// process has exited). Each event signals `changes`; a wait re-checks its condition then.
+///
+/// Where the kernel or C library has no pidfd (Linux before 5.3, glibc before 2.36, a seccomp
+/// filter), the exit is looked for every 20 ms instead: `changes` is signalled on that timer.
 package final class ChildWatch: @unchecked Sendable {  // immutable after init; the sources are thread-safe
     package let changes = Observed<Int>()
+    private let exitSeen = Observed(false)
     private let output: any DispatchSourceRead
-    private let exit: any DispatchSourceRead
+    private let exit: any DispatchSourceProtocol
+
+    /// Whether the process's exit was seen (its pidfd turned readable) — before whoever reaps it
+    /// (a `Foundation.Process`) says so. Never true on the 20-ms fallback.
+    package var exited: Bool { exitSeen.value }
 
     /// `outputPath` must exist (the parent creates it before the spawn). A process that has already
     /// exited and been reaped (a `Foundation.Process` reaps its own) has no pidfd: the watch then
@@ -33,23 +41,6 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
             if notify >= 0 { close(notify) }
             throw ChildWatchError(description: "cannot watch \(outputPath) (inotify): \(reason)")
         }
-        var pidfd = pidfdOpen(pid)
-        if pidfd < 0 {
-            guard errno == ESRCH else {
-                let reason = String(cString: strerror(errno))
-                close(notify)
-                throw ChildWatchError(description: "cannot watch process \(pid) (pidfd_open): \(reason)")
-            }
-            // gone already: a descriptor readable at once (a pipe whose writer is closed)
-            var ends: [Int32] = [-1, -1]
-            guard pipe(&ends) == 0 else {
-                close(notify)
-                throw ChildWatchError(description: "pipe: \(String(cString: strerror(errno)))")
-            }
-            close(ends[1])
-            _ = fcntl(ends[0], F_SETFD, FD_CLOEXEC)
-            pidfd = ends[0]
-        }
         output = DispatchSource.makeReadSource(fileDescriptor: notify, queue: queue)
         output.setEventHandler {
             var events = [UInt8](repeating: 0, count: 4_096)
@@ -57,13 +48,32 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
             changes.signal()
         }
         output.setCancelHandler { close(notify) }
-        exit = DispatchSource.makeReadSource(fileDescriptor: pidfd, queue: queue)
-        let exit = exit
-        exit.setEventHandler {
-            changes.signal()
-            exit.cancel()  // a pidfd stays readable: once is enough
+        var pidfd = pidfdOpen(pid)
+        if pidfd < 0, errno == ESRCH {
+            // gone already: a descriptor readable at once (a pipe whose writer is closed)
+            var ends: [Int32] = [-1, -1]
+            if pipe(&ends) == 0 {
+                close(ends[1])
+                _ = fcntl(ends[0], F_SETFD, FD_CLOEXEC)
+                pidfd = ends[0]
+            }
         }
-        exit.setCancelHandler { close(pidfd) }
+        if pidfd >= 0 {
+            let exit = DispatchSource.makeReadSource(fileDescriptor: pidfd, queue: queue)
+            let exitSeen = exitSeen
+            exit.setEventHandler {
+                exitSeen.update { $0 = true }
+                changes.signal()
+                exit.cancel()  // a pidfd stays readable: once is enough
+            }
+            exit.setCancelHandler { close(pidfd) }
+            self.exit = exit
+        } else {  // no pidfd here: look for the exit every 20 ms
+            let timer = DispatchSource.makeTimerSource(queue: queue)
+            timer.schedule(deadline: .now() + .milliseconds(20), repeating: .milliseconds(20))
+            timer.setEventHandler { changes.signal() }
+            self.exit = timer
+        }
         output.resume()
         exit.resume()
     }
@@ -78,10 +88,17 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
 /// (poll(2) on it), then reaps it through `reap`; nil if it still runs at the deadline.
 package func waitForExit(_ pid: pid_t, timeout: Duration, reap: () -> Int32?) -> Int32? {
     if let status = reap() { return status }
-    let pidfd = pidfdOpen(pid)
-    guard pidfd >= 0 else { return reap() }  // gone already (reaped by `reap` meanwhile)
-    defer { close(pidfd) }
     let deadline = ContinuousClock.now + timeout
+    let pidfd = pidfdOpen(pid)
+    guard pidfd >= 0 else {
+        if errno == ESRCH { return reap() }  // gone already (reaped by `reap` meanwhile)
+        while ContinuousClock.now < deadline {  // no pidfd here: look every 5 ms
+            if let status = reap() { return status }
+            usleep(5_000)
+        }
+        return reap()
+    }
+    defer { close(pidfd) }
     while true {
         let left = deadline - ContinuousClock.now
         guard left > .zero else { return reap() }

@@ -48,18 +48,41 @@ package final class Observed<Value: Sendable>: Sendable {
 
     /// Waits until `predicate` holds for the value — checked now and after every change — and
     /// returns the value it held for; throws ``WaitTimedOut`` (with the last value) when `timeout`
-    /// of real time passes first.
+    /// of real time passes first, or when the task is cancelled. `predicate` sees a copy, taken
+    /// under the lock and checked outside it (it may read this `Observed` again).
     @discardableResult
     package func wait(
         _ what: String, timeout: Duration = .seconds(20), until predicate: (Value) -> Bool
     ) async throws -> Value {
+        try await waitLoop(what, timeout) {
+            let (value, generation) = state.withLock { ($0.value, $0.generation) }
+            return (predicate(value) ? value : nil, generation)  // the copy ends here, not held while waiting
+        }
+    }
+
+    /// ``wait(_:timeout:until:)`` with `predicate` run under the lock: a large value (a log of
+    /// 10,000 events) is neither copied per check nor copied again by a change that comes while a
+    /// check holds it. `predicate` must not touch this `Observed`; it may keep state between its
+    /// calls (to look only at what is new).
+    @discardableResult
+    package func waitCheckingUnderLock(
+        _ what: String, timeout: Duration = .seconds(20), until predicate: (Value) -> Bool
+    ) async throws -> Value {
+        try await waitLoop(what, timeout) {
+            state.withLock { state in (predicate(state.value) ? state.value : nil, state.generation) }
+        }
+    }
+
+    /// Runs `check` (the value if the condition holds, and the generation it looked at) now and at
+    /// each change until it gives a value, the deadline passes or the task is cancelled.
+    private func waitLoop(_ what: String, _ timeout: Duration, _ check: () -> (Value?, Int)) async throws -> Value {
         let deadline = ContinuousClock.now + timeout
         while true {
-            let (value, generation) = state.withLock { ($0.value, $0.generation) }
-            if predicate(value) { return value }
+            let (held, generation) = check()
+            if let held { return held }
             let left = deadline - ContinuousClock.now
-            guard left > .zero else {
-                throw WaitTimedOut(description: "not \(what) within \(timeout); last: \(value)")
+            guard left > .zero, !Task.isCancelled else {
+                throw WaitTimedOut(description: "not \(what) within \(timeout)\(Task.isCancelled ? " (cancelled)" : ""); last: \(value)")
             }
             await changed(after: generation, within: left)
         }
@@ -68,24 +91,30 @@ package final class Observed<Value: Sendable>: Sendable {
     /// The number of changes so far (what ``changed(after:within:)`` compares with).
     package var generation: Int { state.withLock { $0.generation } }
 
-    /// Returns once the value changed after `generation`, or when `limit` (real time) has passed.
+    /// Returns once the value changed after `generation`, when `limit` (real time) has passed, or
+    /// when the task is cancelled.
     package func changed(after generation: Int, within limit: Duration) async {
         let id = state.withLock { state in
             state.nextWaiter += 1
             return state.nextWaiter
         }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = state.withLock { state in
-                guard state.generation == generation else { return true }
-                state.waiters[id] = continuation
-                return false
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = state.withLock { state in
+                    guard state.generation == generation, !Task.isCancelled else { return true }
+                    state.waiters[id] = continuation
+                    return false
+                }
+                if now { return continuation.resume() }
+                let (seconds, attoseconds) = limit.components
+                let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+                DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [state] in
+                    state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+                }
             }
-            if now { return continuation.resume() }
-            let (seconds, attoseconds) = limit.components
-            let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [state] in
-                state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
-            }
+        } onCancel: { [state] in
+            // (a waiter not registered yet sees the cancellation under the lock above)
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
         }
     }
 }
@@ -109,7 +138,9 @@ package func waitUntil(
         let generation = signal.generation  // read before the check: a change during it is not missed
         if await condition() { return }
         let left = deadline - ContinuousClock.now
-        guard left > .zero else { throw WaitTimedOut(description: "not \(what) within \(timeout)") }
+        guard left > .zero, !Task.isCancelled else {
+            throw WaitTimedOut(description: "not \(what) within \(timeout)\(Task.isCancelled ? " (cancelled)" : "")")
+        }
         await signal.changed(after: generation, within: left)
     }
 }

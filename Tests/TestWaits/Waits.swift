@@ -1,5 +1,3 @@
-import Synchronization
-
 /// The tests' one poll for a condition (issue 46, 4: it was written four times, in three test
 /// targets; issue 54: four more copies in the integration tests, merged here): checks `condition`
 /// every `interval` (5 ms) until it holds, or throws when `timeout` passes — a deadline on a
@@ -30,19 +28,15 @@ package struct WaitTimedOut: Error, CustomStringConvertible {
 /// `task`'s value, or a `WaitTimedOut` when it has not ended within `timeout` of real time — for
 /// a test whose failure would otherwise be a wait that never ends (the task is left running).
 package func value<T: Sendable>(of task: Task<T, Never>, _ what: String, within timeout: Duration = .seconds(10)) async throws -> T {
-    let ended = EndFlag()
+    let ended = Observed(false)
     Task {
         _ = await task.value
-        ended.flag.store(true, ordering: .sequentiallyConsistent)
+        ended.update { $0 = true }
     }
     do {
-        try await waitUntil(what, timeout: timeout) { ended.flag.load(ordering: .sequentiallyConsistent) }
+        try await ended.wait(what, timeout: timeout) { $0 }  // woken by the end, not polled
     } catch {
         throw WaitTimedOut(description: "\(what) did not end within \(timeout)")
     }
     return await task.value
-}
-
-private final class EndFlag: Sendable {
-    let flag = Atomic<Bool>(false)
 }

@@ -39,6 +39,30 @@ import Testing
         }
     }
 
+    /// Cancelling the task that waits ends the wait at once (it throws, saying so), not at its
+    /// deadline.
+    @Test func aCancelledWaitEndsAtOnce() async throws {
+        let value = Observed(0)
+        let checked = Observed(false)
+        let started = ContinuousClock.now
+        let waiting = Task { () -> String in
+            do {
+                try await value.wait("a value nobody sets", timeout: .seconds(30)) { current in
+                    defer { checked.update { $0 = true } }
+                    return current == 1
+                }
+                return "returned"
+            } catch {
+                return "\(error)"
+            }
+        }
+        try await checked.wait("the first check", timeout: .seconds(10)) { $0 }
+        waiting.cancel()
+        let outcome = await waiting.value
+        #expect(outcome.contains("cancelled"), "\(outcome)")
+        #expect(ContinuousClock.now - started < .seconds(15), "ended by the cancellation, not the 30-s deadline")
+    }
+
     /// A child process's output and exit wake a wait on its `ChildWatch`: its line is seen after
     /// a handful of checks (one per write, one for the exit), and its exit status is reaped.
     @Test func aChildsOutputAndExitAreEvents() async throws {
