@@ -20,7 +20,7 @@ import Testing
     /// One resolve at a time.
     final class HeldLink: StubLink {
         let address: IPAddress
-        let resolving = Atomic<Int>(0)
+        let resolving = Observed(0)  // resolves running now, as a wait can see it change
         private let (releases, releaser) = AsyncStream.makeStream(of: Void.self)
 
         init(address: IPAddress) { self.address = address }
@@ -28,8 +28,8 @@ import Testing
         func release() { releaser.yield() }
 
         func resolve(_ request: ResolveRequest, timeout: Duration) async -> Result<ResolvedService, DiscoveryError> {
-            resolving.add(1, ordering: .sequentiallyConsistent)
-            defer { resolving.subtract(1, ordering: .sequentiallyConsistent) }
+            resolving.update { $0 += 1 }
+            defer { resolving.update { $0 -= 1 } }
             var next = releases.makeAsyncIterator()
             guard await next.next() != nil, !Task.isCancelled else {  // nil: the task was cancelled
                 return .failure(DiscoveryError(.timedOut, "the held link's resolve was stopped"))
@@ -105,7 +105,7 @@ import Testing
         let armed = await world.clock.waitForPending { $0.contains(grace) }
         try #require(armed, "no timer half a second after the zone's answer: \(world.clock.pendingDeadlines)")
         // The link's resolve runs in a child task of its own, which may start after the zone answered.
-        try await waitUntil("the link resolving", timeout: .seconds(10)) { link.resolving.load(ordering: .sequentiallyConsistent) == 1 }
+        try await link.resolving.wait("the link resolving", timeout: .seconds(10)) { $0 == 1 }
         world.clock.advance(by: .milliseconds(499))
         #expect(!ended.isSet, "the resolve ended before its grace")
         world.clock.advance(by: .milliseconds(1))
@@ -113,7 +113,7 @@ import Testing
         #expect(resolved.addresses.map(\.ip) == [Self.zoneAddress], "only the zone answered in time")
         #expect(resolved.port == 4242)
         // The link's resolve was cancelled and awaited; the deadline's timer is gone.
-        #expect(link.resolving.load(ordering: .sequentiallyConsistent) == 0, "the link's resolve outlived the call")
+        #expect(link.resolving.value == 0, "the link's resolve outlived the call")
         #expect(world.clock.pendingCount == world.expectedWaits, "timers left: \(world.clock.pendingDeadlines)")
         try await world.shutdown()
     }
@@ -151,7 +151,7 @@ import Testing
         world.clock.advance(by: .milliseconds(1))
         guard case .failure(let error) = await resolve.value else { Issue.record("resolved with nothing answering"); return }
         #expect(error.code == .timedOut, "\(error)")
-        #expect(link.resolving.load(ordering: .sequentiallyConsistent) == 0, "the link's resolve outlived the call")
+        #expect(link.resolving.value == 0, "the link's resolve outlived the call")
         #expect(world.clock.pendingCount == 0, "timers left: \(world.clock.pendingDeadlines)")
     }
 
@@ -166,7 +166,7 @@ import Testing
         resolve.cancel()
         guard case .failure(let error) = try await value(of: resolve, "the cancelled resolve") else { Issue.record("resolved after its cancellation"); return }
         #expect(error.code == .shutDown && error.message.contains("was cancelled"), "\(error)")
-        #expect(link.resolving.load(ordering: .sequentiallyConsistent) == 0, "the link's resolve outlived the call")
+        #expect(link.resolving.value == 0, "the link's resolve outlived the call")
         #expect(world.clock.pendingCount == 0, "timers left: \(world.clock.pendingDeadlines)")
     }
 

@@ -13,15 +13,18 @@ import Testing
 @Suite struct ServicesSnapshotTests {
     final class BrowsedLink: StubLink {
         private let browse = Mutex<AsyncStream<BrowseEvent>.Continuation?>(nil)
-        let stopped = Atomic<Int>(0)
+        /// Browses started and stopped, as waits can see them change.
+        let started = Observed(0)
+        let stopped = Observed(0)
 
         var isBrowsing: Bool { browse.withLock { $0 != nil } }
         func send(_ event: BrowseEvent) { _ = browse.withLock { $0 }?.yield(event) }
 
         func startBrowse(_ request: BrowseRequest, continuation: AsyncStream<BrowseEvent>.Continuation) -> @Sendable () -> Void {
             browse.withLock { $0 = continuation }
+            started.update { $0 += 1 }
             return {
-                self.stopped.add(1, ordering: .sequentiallyConsistent)
+                self.stopped.update { $0 += 1 }
                 continuation.finish()
             }
         }
@@ -59,7 +62,7 @@ import Testing
                 return false
             }
         }
-        try await waitUntil("the browse started") { link.isBrowsing }
+        try await link.started.wait("the browse started") { $0 >= 1 }
         try #require(await clock.waitForPending(1), "the timeout was never armed")
         let start = clock.now
         #expect(clock.pendingDeadlines == [start + 3_000_000_000])
@@ -74,7 +77,7 @@ import Testing
         clock.advance(by: .milliseconds(1))
         let services = try await value(of: Task { try? await snapshot.value }, "the snapshot")
         #expect(services?.map(\.name) == ["Attic", "Cellar"], "what the browse showed at the timeout, by name")
-        try await waitUntil("the browse stopped") { link.stopped.load(ordering: .sequentiallyConsistent) == 1 }
+        try await link.stopped.wait("the browse stopped") { $0 == 1 }
         #expect(clock.pendingCount == 0)
         await discovery.shutdown()
     }
@@ -84,14 +87,14 @@ import Testing
         let link = BrowsedLink()
         let discovery = Self.discovery(link, clock)
         let snapshot = Task { try await discovery.services(ofType: Self.type, timeout: .seconds(3)) { _, allForNow in allForNow } }
-        try await waitUntil("the browse started") { link.isBrowsing }
+        try await link.started.wait("the browse started") { $0 >= 1 }
         try #require(await clock.waitForPending(1), "the timeout was never armed")
         link.send(.added(Self.service("Lobby")))
         link.send(.allForNow)
         let services = try await value(of: Task { try? await snapshot.value }, "the snapshot")
         #expect(services?.map(\.name) == ["Lobby"])
         #expect(clock.pendingCount == 0, "the timeout's timer outlived the snapshot: \(clock.pendingDeadlines)")
-        try await waitUntil("the browse stopped") { link.stopped.load(ordering: .sequentiallyConsistent) == 1 }
+        try await link.stopped.wait("the browse stopped") { $0 == 1 }
         await discovery.shutdown()
     }
 }

@@ -52,14 +52,14 @@ struct ChaosIntegrationTests {
         defer { Self.removeFaults() }
 
         // Everything the client sees, with the time it saw it.
-        let down = Locked<(next: Int, received: Int, duplicates: Int, outOfOrder: Int)>((0, 0, 0, 0))
+        let down = Observed<(next: Int, received: Int, duplicates: Int, outOfOrder: Int)>((0, 0, 0, 0))
         let timeline = Locked<[(ContinuousClock.Instant, ClientEvent)]>([])
         let reader = Task {
             for await event in client.events {
                 if case .received(let message) = event, message.typeID == "seq",
                     let value = try? message.decode(Numbered.self)
                 {
-                    down.value.withLock { state in
+                    down.update { state in
                         state.received += 1
                         if value.n < state.next { state.duplicates += 1 } else if value.n > state.next { state.outOfOrder += 1 }
                         state.next = max(state.next, value.n + 1)
@@ -99,7 +99,7 @@ struct ChaosIntegrationTests {
         }
         // Every message is kept until acknowledged: wait until the server acknowledged them all.
         try await waitFor("all \(Self.upCount) acknowledged", timeout: .seconds(200)) { client.unacknowledgedCount == 0 }
-        try await waitFor("all \(Self.downCount) down", timeout: .seconds(120)) { down.value.withLock { $0.received } >= Self.downCount }
+        try await down.wait("all \(Self.downCount) down", timeout: .seconds(120)) { $0.received >= Self.downCount }
         let elapsed = ContinuousClock.now - started
         stop.value.withLock { $0 = true }
         _ = await chaos.result
@@ -114,7 +114,7 @@ struct ChaosIntegrationTests {
         #expect(up.received == Self.upCount)
         #expect(up.duplicates == 0)
         #expect(up.outOfOrder == 0)
-        let seen = down.value.withLock { $0 }
+        let seen = down.value
         #expect(seen.received == Self.downCount)
         #expect(seen.duplicates == 0 && seen.outOfOrder == 0)
         #expect(!timeline.value.withLock { $0 }.contains { if case .undelivered = $0.1 { true } else { false } })

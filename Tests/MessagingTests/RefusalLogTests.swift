@@ -62,8 +62,8 @@ final class CapturedLog: Sendable {
         }
         try await waitUntil("all \(attempts) refused") { server.admissionCounts.refusals >= attempts }
         // Events: every one, or 100 a second at most (a flood must not cost the app a wake-up each).
-        try await waitUntil("their events") {
-            events.count { if case .refused = $0 { true } else { false } } >= min(attempts, MessageServer.refusedEventsPerSecond)
+        try await events.waitForCount("their events", min(attempts, MessageServer.refusedEventsPerSecond)) {
+            if case .refused = $0 { true } else { false }
         }
         harness.pump.cancel()
         await server.stop()  // ends the interval: the summary

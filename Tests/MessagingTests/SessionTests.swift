@@ -68,10 +68,8 @@ import Scheduling
         // retried and one completed resume may follow two cuts, so the count of `.resumed` events
         // is not fixed (6 of 16 cuts were seen under load); the events reach the logs through the
         // apps' event streams, after the channel swap.
-        try await waitUntil("a resumed event on each side") {
-            harness.events.count { if case .resumed = $0 { true } else { false } } >= 1
-                && clientEvents.count { if case .resumed = $0 { true } else { false } } >= 1
-        }
+        try await harness.events.waitForCount("a resumed event at the server", 1) { if case .resumed = $0 { true } else { false } }
+        try await clientEvents.waitForCount("a resumed event at the client", 1) { if case .resumed = $0 { true } else { false } }
         #expect(clientEvents.count { if case .undelivered = $0 { true } else { false } } == 0)
         let health = try #require(await client.health)
         #expect(health.resumes >= 1 && health.reconnects >= health.resumes)
