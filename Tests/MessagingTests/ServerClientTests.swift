@@ -78,32 +78,20 @@ final class EventLog<Element: Sendable>: Sendable {
         }
     }
 
-    /// Waits until `predicate` holds for the whole log; with `checkingUnderLock` it runs under the
-    /// log's lock (no copy of the log per check; it must not read this log itself).
-    func waitUntil(
-        _ what: String, timeout: Duration = .seconds(10), checkingUnderLock: Bool = false, _ predicate: ([Element]) -> Bool
-    ) async throws {
-        do {
-            if checkingUnderLock {
-                try await items.waitCheckingUnderLock(what, timeout: timeout, until: predicate)
-            } else {
-                try await items.wait(what, timeout: timeout, until: predicate)
-            }
-        } catch is WaitTimedOut {
-            throw TestFailure("not \(what) within \(timeout); saw \(items.read { $0.count }) events")
-        }
-    }
-
-    /// Waits until at least `target` events match `predicate`, counting each event once (a log of
-    /// 10,000 events is not counted again at every wake-up).
+    /// Waits until at least `target` events match `predicate`, counting each event once, under the
+    /// log's lock (a log of 10,000 events is neither copied nor counted again at every wake-up).
     func waitForCount(_ what: String, _ target: Int, timeout: Duration = .seconds(10), where predicate: (Element) -> Bool) async throws {
         var counted = 0
         var next = 0
-        try await waitUntil(what, timeout: timeout, checkingUnderLock: true) { items in
-            if next > items.count { (counted, next) = (0, 0) }  // cleared meanwhile: count again
-            counted += items[next...].count(where: predicate)
-            next = items.count
-            return counted >= target
+        do {
+            try await items.waitCheckingUnderLock(what, timeout: timeout) { items in
+                if next > items.count { (counted, next) = (0, 0) }  // cleared meanwhile: count again
+                counted += items[next...].count(where: predicate)
+                next = items.count
+                return counted >= target
+            }
+        } catch is WaitTimedOut {
+            throw TestFailure("not \(what) within \(timeout): \(counted) of \(target) among \(items.read { $0.count }) events")
         }
     }
 
