@@ -98,7 +98,7 @@ struct ChaosIntegrationTests {
             try await client.send(Numbered(n: n, text: Self.padding), type: "seq")
         }
         // Every message is kept until acknowledged: wait until the server acknowledged them all.
-        try await waitFor("all \(Self.upCount) acknowledged", timeout: .seconds(200)) { client.unacknowledgedCount == 0 }
+        try await waitUntil("all \(Self.upCount) acknowledged", timeout: .seconds(200)) { client.unacknowledgedCount == 0 }
         try await down.wait("all \(Self.downCount) down", timeout: .seconds(120)) { $0.received >= Self.downCount }
         let elapsed = ContinuousClock.now - started
         stop.value.withLock { $0 = true }
@@ -269,9 +269,4 @@ struct ChaosIntegrationTests {
         _ = try? Harness.run(["tc", "qdisc", "del", "dev", "va", "root"])
         _ = try? Harness.run(["nsenter", "-t", Harness.hostBPID, "-n", "--", "tc", "qdisc", "del", "dev", "vb", "root"])
     }
-}
-
-/// Waits (bounded) until `condition` holds, checking every 10 ms (the tests' one poll, TestWaits).
-func waitFor(_ what: String, timeout: Duration, _ condition: () -> Bool) async throws {
-    try await waitUntil(what, timeout: timeout, every: .milliseconds(10), condition)
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Messaging
+import TestWaits
 import Testing
 
 /// Issue 53, 7: a client whose server was killed (`kill -9`) and started again on its session store
@@ -39,7 +40,7 @@ struct SessionRecoveryTests {
         let client = try await MessageClient.connect(
             to: .service(name: "Ledger", type: type, discovery: discovery), configuration: configuration, logger: logger)
         for n in 0..<10 { try await client.send(Numbered(n: n), type: "seq") }
-        try await waitForCondition("the first 10 acknowledged") { client.unacknowledgedCount == 0 }
+        try await waitUntil("the first 10 acknowledged") { client.unacknowledgedCount == 0 }
 
         kill(server.pid, SIGKILL)
         _ = server.wait(timeout: .seconds(10))
@@ -50,11 +51,11 @@ struct SessionRecoveryTests {
         let restarted = ContinuousClock.now
         server = try Harness.spawn(onB: true, arguments)
         defer { server.stop() }
-        try await waitForCondition("the first kept message acknowledged", timeout: .seconds(30)) { client.unacknowledgedCount < 10_000 }
+        try await waitUntil("the first kept message acknowledged", timeout: .seconds(30)) { client.unacknowledgedCount < 10_000 }
         let first = ContinuousClock.now - restarted
         try await server.waitForOutput("listening on port")
         #expect(firstPort != nil && Self.port(in: server.text) == firstPort, "a server with a session store listens on the port it had")
-        try await waitForCondition("all acknowledged", timeout: .seconds(60)) { client.unacknowledgedCount == 0 }
+        try await waitUntil("all acknowledged", timeout: .seconds(60)) { client.unacknowledgedCount == 0 }
         let all = ContinuousClock.now - restarted
         // The restarted ledger counted the 10,000 once each, in order: its counts start with its
         // process at 0, so the first, 10, is its one jump.

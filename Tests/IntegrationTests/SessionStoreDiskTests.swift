@@ -54,10 +54,10 @@ struct SessionStoreDiskTests {
         // this disk after about 120).
         for n in 1...2_000 {
             try await client.send(Reading(n: n, pad: pad), type: "reading")
-            if n % 20 == 0 { try await waitForCondition("acknowledged through \(n)") { client.unacknowledgedCount == 0 } }
+            if n % 20 == 0 { try await waitUntil("acknowledged through \(n)") { client.unacknowledgedCount == 0 } }
         }
         try await received.wait("2,000 received") { $0 == 2_000 }
-        try await waitForCondition("all acknowledged") { client.unacknowledgedCount == 0 }
+        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
 
         // Unacknowledged, they fill it: `send` fails, saying so, and keeps nothing.
         held.hold()
@@ -80,7 +80,7 @@ struct SessionStoreDiskTests {
         // What `send` returned for arrives; once acknowledged, the room is back and sending goes on.
         try await received.wait("\(2_000 + stored) received") { $0 == 2_000 + stored }
         held.release()
-        try await waitForCondition("all acknowledged") { client.unacknowledgedCount == 0 }
+        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
         try await client.send(Reading(n: 4_001, pad: pad), type: "reading")
         try await received.wait("one more received") { $0 == 2_001 + stored }
         await client.close()
@@ -112,7 +112,7 @@ extension SessionStoreDiskTests {
             fileSystem.stop()
             try? FileManager.default.removeItem(atPath: base)
         }
-        try await waitForCondition("the FUSE file system mounted at \(mountPoint)", timeout: .seconds(10)) {
+        try await waitUntil("the FUSE file system mounted at \(mountPoint)", timeout: .seconds(10)) {
             (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8))?.contains(" \(mountPoint) ") == true
         }
         let logger = Harness.logger("failing-sync")
@@ -223,9 +223,4 @@ final class ReceivedCount: Sendable {
     func wait(_ what: String, timeout: Duration = .seconds(20), until predicate: (Int) -> Bool) async throws {
         try await count.wait(what, timeout: timeout, until: predicate)
     }
-}
-
-/// The tests' one poll (TestWaits), every 10 ms.
-func waitForCondition(_ what: String, timeout: Duration = .seconds(20), _ condition: () async -> Bool) async throws {
-    try await waitUntil(what, timeout: timeout, every: .milliseconds(10), condition)
 }
