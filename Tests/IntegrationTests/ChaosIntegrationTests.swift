@@ -98,7 +98,7 @@ struct ChaosIntegrationTests {
             try await client.send(Numbered(n: n, text: Self.padding), type: "seq")
         }
         // Every message is kept until acknowledged: wait until the server acknowledged them all.
-        try await waitUntil("all \(Self.upCount) acknowledged", timeout: .seconds(200)) { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(200)), "all \(Self.upCount) acknowledged")
         try await down.wait("all \(Self.downCount) down", timeout: .seconds(120)) { $0.received >= Self.downCount }
         let elapsed = ContinuousClock.now - started
         stop.value.withLock { $0 = true }

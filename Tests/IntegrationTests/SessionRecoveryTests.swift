@@ -40,22 +40,23 @@ struct SessionRecoveryTests {
         let client = try await MessageClient.connect(
             to: .service(name: "Ledger", type: type, discovery: discovery), configuration: configuration, logger: logger)
         for n in 0..<10 { try await client.send(Numbered(n: n), type: "seq") }
-        try await waitUntil("the first 10 acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "the first 10 acknowledged")
 
         kill(server.pid, SIGKILL)
         _ = server.wait(timeout: .seconds(10))
         // 10,000 orders while the ledger is away: kept by the client.
         for n in 10..<10_010 { try await client.send(Numbered(n: n), type: "seq") }
         #expect(client.unacknowledgedCount == 10_000)
+        let firstKept = try #require(client.sendProgress).sent - 9_999
 
         let restarted = ContinuousClock.now
         server = try Harness.spawn(onB: true, arguments)
         defer { server.stop() }
-        try await waitUntil("the first kept message acknowledged", timeout: .seconds(30)) { client.unacknowledgedCount < 10_000 }
+        try #require(await client.acknowledged(through: firstKept, within: .seconds(30)), "the first kept message acknowledged")
         let first = ContinuousClock.now - restarted
         try await server.waitForOutput("listening on port")
         #expect(firstPort != nil && Self.port(in: server.text) == firstPort, "a server with a session store listens on the port it had")
-        try await waitUntil("all acknowledged", timeout: .seconds(60)) { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(60)), "all acknowledged")
         let all = ContinuousClock.now - restarted
         // The restarted ledger counted the 10,000 once each, in order: its counts start with its
         // process at 0, so the first, 10, is its one jump.

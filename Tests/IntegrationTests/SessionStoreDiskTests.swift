@@ -54,10 +54,10 @@ struct SessionStoreDiskTests {
         // this disk after about 120).
         for n in 1...2_000 {
             try await client.send(Reading(n: n, pad: pad), type: "reading")
-            if n % 20 == 0 { try await waitUntil("acknowledged through \(n)") { client.unacknowledgedCount == 0 } }
+            if n % 20 == 0 { try #require(await client.acknowledged(within: .seconds(20)), "acknowledged through \(n)") }
         }
         try await received.wait("2,000 received") { $0 == 2_000 }
-        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged")
 
         // Unacknowledged, they fill it: `send` fails, saying so, and keeps nothing.
         held.hold()
@@ -80,7 +80,7 @@ struct SessionStoreDiskTests {
         // What `send` returned for arrives; once acknowledged, the room is back and sending goes on.
         try await received.wait("\(2_000 + stored) received") { $0 == 2_000 + stored }
         held.release()
-        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged")
         try await client.send(Reading(n: 4_001, pad: pad), type: "reading")
         try await received.wait("one more received") { $0 == 2_001 + stored }
         await client.close()

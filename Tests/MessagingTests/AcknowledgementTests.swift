@@ -27,12 +27,13 @@ import Locks
         })
         let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
         for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("4 acknowledged") { client.unacknowledgedCount == 6 }
+        try #require(await client.acknowledged(through: 4, within: .seconds(20)), "4 acknowledged")
+        #expect(client.unacknowledgedCount == 6, "and no more: the app is busy with message 5")
         let connection = try #require(harness.server.connections.first)
         let inbox = try #require(connection.session).inbox
         #expect(inbox.delivered == 10 && inbox.handled == 4 && inbox.acknowledged == 4)
         gate.open()
-        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged")
         await client.close()
         await harness.server.stop()
     }
@@ -104,11 +105,57 @@ import Locks
         #expect(client.unacknowledgedCount == 5)
         messages[0].acknowledge()
         #expect(session.inbox.handled == 3)
-        try await waitUntil("3 acknowledged") { client.unacknowledgedCount == 2 }
+        try #require(await client.acknowledged(through: 3, within: .seconds(20)), "3 acknowledged")
+        #expect(client.unacknowledgedCount == 2)
         messages[4].acknowledge()
         messages[3].acknowledge()
         messages[3].acknowledge()  // twice: nothing more
-        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged")
+        await client.close()
+        await harness.server.stop()
+    }
+
+    /// `acknowledged(through:within:)` ends when the peer acknowledges — by an ACK, or by a resumed
+    /// session's SESSION — and says `false` at its deadline or when its task is cancelled, losing
+    /// nothing; on both sides.
+    @Test func waitingForAcknowledgementsEndsAtTheAcknowledgementOrSaysFalse() async throws {
+        let received = Observed<[IncomingMessage]>([])
+        let harness = try await LoopbackServer(
+            configure: {
+                $0.session?.acknowledgement = .manual
+                $0.session?.ackDelay = .milliseconds(10)
+            },
+            handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message) } } })
+        let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
+        let events = EventLog<ClientEvent>()
+        let reader = Task { for await event in client.events { events.append(event) } }
+        for n in 1...4 { try await client.send(Numbered(n: n), type: "n") }
+        try await received.wait("4 received") { $0.count == 4 }
+        // Not acknowledged (the app has not handled them): false at the deadline, nothing lost.
+        #expect(await client.acknowledged(within: .milliseconds(100)) == false)
+        #expect(client.unacknowledgedCount == 4)
+        let cancelled = Task { await client.acknowledged(within: .seconds(60)) }
+        cancelled.cancel()
+        #expect(try await value(of: cancelled, "the cancelled wait", within: .seconds(10)) == false)
+
+        let first = Task { await client.acknowledged(through: 1, within: .seconds(60)) }
+        let all = Task { await client.acknowledged(within: .seconds(60)) }
+        received.withLock { $0 }[0].acknowledge()
+        #expect(try await value(of: first, "message 1 acknowledged", within: .seconds(20)))
+        #expect(client.unacknowledgedCount == 3)
+        // The connection drops; the app handles the rest meanwhile; the resume's SESSION says so.
+        client.channel?.abort()
+        for message in received.withLock({ $0 })[1...] { message.acknowledge() }
+        #expect(try await value(of: all, "all acknowledged across the resume", within: .seconds(20)))
+        #expect(client.unacknowledgedCount == 0 && client.unacknowledgedMessages.isEmpty)
+        try await events.wait("resumed") { if case .resumed = $0 { true } else { false } }
+
+        // The server's side: the client's app acknowledges as it reads (automatic).
+        let connection = try #require(harness.server.connections.first)
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        #expect(await connection.acknowledged(within: .seconds(20)))
+        #expect(connection.unacknowledgedCount == 0)
+        reader.cancel()
         await client.close()
         await harness.server.stop()
     }
@@ -141,7 +188,7 @@ import Locks
         #expect(resent == 8, "the server had handled 2 of 10")
         gate.open()
         for n in 11...12 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged")
         #expect(seen.withLock { $0 } == Array(1...12))
         #expect(positions.withLock { $0.map(\.number) } == Array(1...12))
         #expect(Set(positions.withLock { $0.map(\.session) }).count == 1, "one session across the reconnect")
@@ -162,13 +209,14 @@ import Locks
         guard case .accepted(let connection) = accepted else { return }
         for n in 1...20 { try await connection.send(Numbered(n: n), type: "n") }
         // 1 event (connected) + 20 messages in a buffer of 8: the 13 oldest messages are dropped.
-        try await waitUntil("the dropped ones acknowledged") { connection.unacknowledgedCount == 7 }
+        try #require(await connection.acknowledged(through: 13, within: .seconds(20)), "the dropped ones acknowledged")
+        #expect(connection.unacknowledgedCount == 7)
         #expect(client.droppedMessages == 13)
         do {
             var iterator = client.events.makeAsyncIterator()
             for _ in 0..<8 { _ = await iterator.next() }  // connected and 7 messages
             // The app is still handling the last one it took.
-            try await waitUntil("6 of them acknowledged") { connection.unacknowledgedCount == 1 }
+            try #require(await connection.acknowledged(through: 19, within: .seconds(20)), "6 of them acknowledged")
         }  // the iterator is gone (the loop ended before asking for more): the last one is not handled
         #expect(connection.unacknowledgedCount == 1)
         // It is handed out again, first, to the next loop; asking for more after it handles it.
@@ -182,7 +230,7 @@ import Locks
             var again = again
             _ = await again.next()
         }
-        try await waitUntil("the read ones acknowledged") { connection.unacknowledgedCount == 0 }
+        try #require(await connection.acknowledged(within: .seconds(20)), "the read ones acknowledged")
         more.cancel()
         await client.close()
         await harness.server.stop()
@@ -244,7 +292,7 @@ import Locks
         let client = try await MessageClient.connect(
             to: .host("127.0.0.1", port: server.port!), configuration: clientConfiguration, logger: testLogger())
         for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("all acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged")
         #expect(database.snapshot == Array(1...10), "\(database.snapshot)")
         #expect(loops.withLock { $0 } == 2, "the failed write ended the first loop")
         await client.close()

@@ -53,7 +53,8 @@ import ProtocolCore
             }
         }
         for n in 1...10 { try await client.send(Numbered(n: n), type: "n") }
-        try await waitUntil("5 acknowledged") { client.unacknowledgedCount == 5 }
+        try #require(await client.acknowledged(through: 5, within: .seconds(20)), "5 acknowledged")
+        #expect(client.unacknowledgedCount == 5, "and no more: the app is busy with message 6")
         // The server's messages to the client, kept while it is away: one goes before the stop...
         let connection = try #require(first.server.connections.first)
         try await connection.send(Numbered(n: 100), type: "n")
@@ -67,7 +68,7 @@ import ProtocolCore
                 seen.withLock { $0.append(value.n) }
             }
         })
-        try await waitUntil("all acknowledged by the new server") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all acknowledged by the new server")
         #expect(seen.withLock { $0 } == [6, 7, 8, 9, 10])
         let accepted = try await second.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
         let resumed = try await second.events.wait("resumed") { if case .resumed = $0 { true } else { false } }
@@ -157,7 +158,7 @@ import ProtocolCore
                     seen.withLock { $0.append(value.n) }
                 }
             })
-        try await waitUntil("all acknowledged") { second.unacknowledgedCount == 0 }
+        try #require(await second.acknowledged(within: .seconds(20)), "all acknowledged")
         #expect(seen.withLock { $0 } == Array(1...7))
         await second.close()
         // What the first connection wrote (the session begun again, its kept messages renumbered)

@@ -134,10 +134,15 @@ import Testing
         machine.written(.messages(through: 1, epoch: 0), &effects)
         machine.waitForTicket(2, epoch: 0, "sender 2", &effects)
         machine.waitForTicket(3, epoch: 0, "sender 3", &effects)
+        machine.waitForAcknowledgement(1, through: 1, "through 1", &effects)
+        machine.waitForAcknowledgement(2, through: 3, "through 3", &effects)
         let generation = machine.generation
         var failed = Effects()
         machine.writeFailed(.messages(through: 2, epoch: 0), generation: generation, error: CancellationError(), &failed)
         #expect(failed.senders.map(\.0) == ["sender 2", "sender 3"] && failed.senders.allSatisfy { $0.1 != nil })
+        // A wait for a dropped message ends (its number goes to the next message); the others wait on.
+        #expect(failed.acknowledgements.map(\.0) == ["through 3"] && failed.acknowledgements.map(\.1) == [false])
+        #expect(machine.acknowledgementWaiters.map(\.through) == [1])
         #expect(machine.outbox.count == 1 && machine.outbox.nextNumber == 2 && machine.generation == generation + 1)
         // The batch after it failed with it (same generation): nothing more.
         var again = Effects()
@@ -320,6 +325,94 @@ import Testing
         #expect(machine.channel === link && effects.drains.isEmpty)
         machine.detach(link, &effects)
         #expect(machine.channel == nil && effects.drains == ["drain"] && machine.outbox.count == 1)
+    }
+
+    // MARK: Waiting for acknowledgements
+
+    /// A waiter ends when the peer acknowledged its messages — by an ACK or by what a resume's
+    /// SESSION says it received — not before, and with `false` at its deadline or when the session ends.
+    @Test func anAcknowledgementWaiterEndsAtItsAcknowledgementOnlyOrFalseAtTheEnd() throws {
+        let link = Link()
+        var machine = Self.attached(link: link)
+        for n in 1...5 { try Self.send(n, &machine) }
+        _ = Self.numbers(&machine)
+        var effects = Effects()
+        machine.waitForAcknowledgement(1, through: 2, "through 2", &effects)
+        machine.waitForAcknowledgement(2, through: nil, "all", &effects)
+        machine.waitForAcknowledgement(3, through: 9, "beyond", &effects)
+        machine.waitForAcknowledgement(4, through: 0, "none", &effects)
+        #expect(effects.acknowledgements.map(\.0) == ["none"] && effects.acknowledgements.map(\.1) == [true])
+        var one = Effects()
+        _ = machine.acknowledged(1, on: link, &one)
+        #expect(one.acknowledgements.isEmpty, "only 1 of 2")
+        var three = Effects()
+        _ = machine.acknowledged(3, on: link, &three)
+        #expect(three.acknowledgements.map(\.0) == ["through 2"] && three.acknowledgements.map(\.1) == [true])
+        // A resume's SESSION acknowledges too.
+        var detached = Effects()
+        machine.detach(link, &detached)
+        #expect(detached.acknowledgements.isEmpty, "a lost connection ends no wait: the session resumes")
+        var opened = Effects()
+        guard case .success(.resumed(0)) = machine.serverOpen(SessionHello(id: Self.id.hex, received: 5, epoch: machine.positionID.hex), isNew: false, on: Link(), &opened)
+        else { return fail("not resumed") }
+        #expect(Set(opened.acknowledgements.map(\.0)) == ["all", "beyond"] && opened.acknowledgements.allSatisfy(\.1))
+        // A deadline ends a wait with false, once; the end of the session ends the others so.
+        try Self.send(6, &machine)
+        var waits = Effects()
+        machine.waitForAcknowledgement(5, through: nil, "deadline", &waits)
+        machine.waitForAcknowledgement(6, through: nil, "ended", &waits)
+        machine.cancelAcknowledgementWait(5, &waits)
+        machine.cancelAcknowledgementWait(5, &waits)
+        #expect(waits.acknowledgements.map(\.0) == ["deadline"] && waits.acknowledgements.map(\.1) == [false])
+        var ended = Effects()
+        _ = machine.end(MessagingError(.stopped, "closed"), keepStored: false, &ended)
+        #expect(ended.acknowledgements.map(\.0) == ["ended"] && ended.acknowledgements.map(\.1) == [false])
+        var after = Effects()
+        machine.waitForAcknowledgement(7, through: nil, "after the end", &after)
+        #expect(after.acknowledgements.map(\.1) == [false] && machine.acknowledgementWaiters.isEmpty)
+    }
+
+    /// A session that starts anew reports what it had transmitted undelivered: a waiter for one of
+    /// those ends with false; one whose messages never went waits for them under their new numbers.
+    @Test func anAcknowledgementWaiterFollowsANewEpochOrEndsForALostMessage() throws {
+        var machine = Self.machine()
+        let first = Link()
+        var effects = Effects()
+        _ = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: first, &effects)
+        try Self.send(1, &machine)
+        _ = Self.numbers(&machine)  // 1 went
+        machine.detach(first, &effects)
+        try Self.send(2, &machine)
+        try Self.send(3, &machine)  // 2 and 3 never went
+        var waits = Effects()
+        machine.waitForAcknowledgement(1, through: 1, "the sent one", &waits)
+        machine.waitForAcknowledgement(2, through: 3, "all", &waits)
+        var opened = Effects()
+        guard case .success(.new(let lost)) = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: Link(), &opened)
+        else { return fail("not opened") }
+        #expect(lost.map(\.number) == [1] && machine.outbox.kept.map(\.number) == [1, 2])
+        #expect(opened.acknowledgements.map(\.0) == ["the sent one", "all"] && opened.acknowledgements.map(\.1) == [false, false])
+
+        // Nothing lost: the unsent ones are waited for as 1 and 2 of the new epoch.
+        var fresh = Self.machine()
+        let link = Link()
+        _ = fresh.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: link, &effects)
+        fresh.detach(link, &effects)
+        try Self.send(1, &fresh)
+        try Self.send(2, &fresh)
+        try Self.send(3, &fresh)
+        var pending = Effects()
+        fresh.waitForAcknowledgement(3, through: 2, "first two", &pending)
+        let second = Link()
+        var anew = Effects()
+        guard case .success(.new(let none)) = fresh.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: second, &anew)
+        else { return fail("not opened") }
+        #expect(none.isEmpty && anew.acknowledgements.isEmpty && fresh.acknowledgementWaiters.first?.through == 2)
+        var acked = Effects()
+        _ = fresh.acknowledged(1, on: second, &acked)
+        #expect(acked.acknowledgements.isEmpty)
+        _ = fresh.acknowledged(2, on: second, &acked)
+        #expect(acked.acknowledgements.map(\.0) == ["first two"] && acked.acknowledgements.map(\.1) == [true])
     }
 
     // MARK: Receiving

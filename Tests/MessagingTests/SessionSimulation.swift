@@ -76,6 +76,11 @@ final class SessionSimulation {
         var mayLose: Set<Int> = []
         /// Payloads admitted and waiting for their `send` to return (lost with the process).
         var waiting: Set<Int> = []
+        /// The app's waits for acknowledgement (``SessionMachine/waitForAcknowledgement(_:through:_:_:)``,
+        /// one after each send, for everything kept then), by id: the payloads each covers (lost
+        /// with the process). One that ends acknowledged must find them all in the peer's log.
+        var acknowledgementWaits: [Int: Set<Int>] = [:]
+        var lastWaitID = 0
         /// A write or sync failure was armed on the disk since the store opened: a store that
         /// refuses a write or a sync without one is a fault.
         var injected = false
@@ -316,6 +321,7 @@ final class SessionSimulation {
         side.ackArmed = []
         side.pendingSyncs = []
         side.waiting = []
+        side.acknowledgementWaits = [:]
         open(side, fresh: false)
         return "\(side.name) \(powerLoss ? "power loss" : "killed")\(how)"
     }
@@ -356,6 +362,7 @@ final class SessionSimulation {
                     }
                 }
             }
+            for (waiter, acknowledged) in effects.acknowledgements { acknowledgementWaitEnded(side, waiter, acknowledged) }
             for (sender, error) in effects.senders {
                 side.waiting.remove(sender)
                 if error == nil { side.promised.append(sender) } else { count("send failed") }
@@ -441,11 +448,13 @@ final class SessionSimulation {
             var waited = Effects()
             side.sessions[key]?.waitForTicket(number, epoch: epoch, generation: generation, payload, &waited)
             settle(side, key, waited)
+            waitForAcknowledgement(side, key)
             return "\(side.name) sends \(payload - side.payloadBase) as #\(number)"
         case .kept(let number, _):
             side.sent += 1
             side.promised.append(payload)
             settle(side, key, effects)
+            waitForAcknowledgement(side, key)
             return "\(side.name) sends \(payload - side.payloadBase) as #\(number) (no store?)"
         case .waitForRoom, .waitForStore:
             return "\(side.name) waits for room"
@@ -625,6 +634,31 @@ final class SessionSimulation {
         return text
     }
 
+    /// The app waits until everything its session keeps now is acknowledged (draws nothing from
+    /// the seed: a seed's steps are what they were before the waits).
+    func waitForAcknowledgement(_ side: Side, _ key: Journal.Key) {
+        guard let machine = side.sessions[key], machine.ended == nil else { return }
+        side.lastWaitID += 1
+        side.acknowledgementWaits[side.lastWaitID] = Set(machine.outbox.kept.map(payload))
+        var effects = Effects()
+        side.sessions[key]!.waitForAcknowledgement(UInt64(side.lastWaitID), through: nil, side.lastWaitID, &effects)
+        settle(side, key, effects)
+    }
+
+    /// A wait ended: once; when acknowledged, its messages are in the peer's app's log.
+    func acknowledgementWaitEnded(_ side: Side, _ waiter: Int, _ acknowledged: Bool) {
+        guard let covered = side.acknowledgementWaits.removeValue(forKey: waiter) else {
+            return fail("\(side.name): acknowledgement wait \(waiter) ended twice")
+        }
+        count(acknowledged ? "acknowledgement wait acknowledged" : "acknowledgement wait not acknowledged")
+        guard acknowledged else { return }
+        let peer = side === client ? server : client
+        let missing = covered.subtracting(peer.log)
+        if !missing.isEmpty {
+            fail("\(side.name): acknowledgement wait \(waiter) ended acknowledged, but \(peer.name)'s app never got \(missing.sorted().prefix(5).map { $0 % 1_000_000 })")
+        }
+    }
+
     /// Ends `key`'s session on `side`, not kept in its store: what it kept is reported undelivered.
     func endSession(_ side: Side, _ key: Journal.Key, _ reason: String) {
         guard side.sessions[key] != nil else { return }
@@ -703,6 +737,13 @@ final class SessionSimulation {
     func check() {
         for side in [client, server] {
             for machine in side.sessions.values {
+                for waiter in machine.acknowledgementWaiters {
+                    if waiter.epoch != machine.epoch || machine.ended != nil {
+                        fail("\(side.name): an acknowledgement wait of epoch \(waiter.epoch) still waits in epoch \(machine.epoch)\(machine.ended != nil ? " of an ended session" : "")")
+                    } else if waiter.through <= machine.outbox.acknowledged {
+                        fail("\(side.name): an acknowledgement wait through \(waiter.through) still waits, \(machine.outbox.acknowledged) acknowledged")
+                    }
+                }
                 let inbox = machine.inbox
                 if !(inbox.acknowledged <= inbox.stored && inbox.stored <= inbox.handled && inbox.handled <= inbox.delivered) {
                     fail("\(side.name): inbox counts out of order: acknowledged \(inbox.acknowledged), stored \(inbox.stored), handled \(inbox.handled), delivered \(inbox.delivered)")
@@ -730,6 +771,9 @@ final class SessionSimulation {
         for other in server.sessions.keys where other != key {
             count("server session ended by its grace period")
             endSession(server, other, "its grace period passed")
+        }
+        for side in [client, server] where !side.acknowledgementWaits.isEmpty {
+            fail("\(side.name): \(side.acknowledgementWaits.count) acknowledgement waits never ended after everything settled")
         }
         for (sender, receiver) in [(client, server), (server, client)] {
             let logged = Set(receiver.log)

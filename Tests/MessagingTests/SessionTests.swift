@@ -119,7 +119,7 @@ import Scheduling
         let harness = try await LoopbackServer(configure: { $0.session?.ackDelay = .milliseconds(50) })
         let client = try await harness.client("counter", configure: Self.fastReconnect)
         for n in 0..<40 { try await client.send(Numbered(n: n), type: "n") }  // 32 by count, 8 by the deadline
-        try await waitUntil("all 40 acknowledged") { client.unacknowledgedCount == 0 }
+        try #require(await client.acknowledged(within: .seconds(20)), "all 40 acknowledged")
         await client.close()
         await harness.server.stop()
     }

@@ -148,9 +148,7 @@ import Transport
                         try await Task.sleep(for: .milliseconds(100))  // the load's pace
                     }
                     // Everything sent is acknowledged before closing (nothing lost on the way out).
-                    try await waitUntil("client \(id)'s messages acknowledged", timeout: .seconds(30)) {
-                        client.unacknowledgedCount == 0
-                    }
+                    try #require(await client.acknowledged(within: .seconds(30)), "client \(id)'s messages acknowledged")
                     await client.close()
                     drain.cancel()
                 }

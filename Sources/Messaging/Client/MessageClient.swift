@@ -212,6 +212,27 @@ public final class MessageClient: Sendable {
     /// ``SessionStore`` it says how far the store got (see ``SessionProgress``).
     public var sendProgress: SessionProgress? { session?.progress }
 
+    /// Waits until the server has acknowledged the one-way messages sent so far — or those through
+    /// `number`, a ``SessionProgress/sent`` of ``sendProgress`` — across reconnects and resumes:
+    /// an acknowledgement ends the wait, no timer polls. What `send` returning does not say: the
+    /// server has them (its app got them, or with ``SessionAcknowledgement/manual`` handled them).
+    ///
+    /// ```swift
+    /// try await client.send(Note(text: "saved"), type: "note")
+    /// guard await client.acknowledged(within: .seconds(5)) else { /* still kept, still sent on */ }
+    /// ```
+    ///
+    /// - Returns: `true` once they are all acknowledged (at once when they are already, and without
+    ///   a message session, which keeps nothing). `false` when `timeout` passed or the task was
+    ///   cancelled first — nothing is lost: they stay kept and go on being sent — or when they
+    ///   cannot be acknowledged any more: the client was closed, the session started anew and
+    ///   reported one of them undelivered (``ClientEvent/undelivered(_:)``), or its store failed
+    ///   and `send` threw for one of them.
+    public func acknowledged(through number: UInt64? = nil, within timeout: Duration) async -> Bool {
+        guard let session else { return true }
+        return await session.acknowledged(through: number, within: timeout, scheduler: configuration.channel.scheduler)
+    }
+
     /// Whether the current connection resumed the message session of an earlier one (set before
     /// ``ClientEvent/connected(_:via:)`` is reported).
     public var resumedSession: Bool { lifecycle { $0.resumed } }

@@ -62,6 +62,19 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
     /// `send` returns, ``SessionProgress/sent`` is that message's number (see ``SessionProgress``).
     public var sendProgress: SessionProgress? { session?.progress }
 
+    /// Waits until the client has acknowledged the one-way messages sent to it so far — or those
+    /// through `number`, a ``SessionProgress/sent`` of ``sendProgress`` — across its reconnects and
+    /// resumes (an acknowledgement ends the wait, no timer polls).
+    /// - Returns: `true` once they are all acknowledged (at once without a message session, which
+    ///   keeps nothing). `false` when `timeout` passed or the task was cancelled first (they stay
+    ///   kept and go on being sent), or when they cannot be acknowledged any more: the connection
+    ///   was closed, or the session started anew and reported one of them undelivered
+    ///   (``ServerEvent/undelivered(_:_:)``).
+    public func acknowledged(through number: UInt64? = nil, within timeout: Duration) async -> Bool {
+        guard let session else { return true }
+        return await session.acknowledged(through: number, within: timeout, scheduler: channel.configuration.scheduler)
+    }
+
     /// The connection's health: round-trip time, when the client was last heard from, resumes.
     public var health: ConnectionHealth {
         get async { await channel.health }

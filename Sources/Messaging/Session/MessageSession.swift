@@ -33,8 +33,9 @@ final class MessageSession: Sendable {
     /// Where the session is kept (nil: in memory only).
     let store: SessionJournal?
 
-    /// A ``drained(within:)`` caller: completed by the drain, the close or its deadline.
-    typealias DrainWaiter = Promise<Void>
+    /// A ``drained(within:)`` caller (completed by the drain, the close or its deadline), or an
+    /// ``acknowledged(through:within:scheduler:)`` caller (with whether its messages were all acknowledged).
+    typealias DrainWaiter = Promise<Bool>
     typealias Sender = CheckedContinuation<Void, any Error>
     typealias Machine = SessionMachine<MessageChannel, Sender, DrainWaiter>
 
@@ -133,7 +134,8 @@ final class MessageSession: Sendable {
         for (sender, error) in effects.senders {
             if let error { sender.resume(throwing: error) } else { sender.resume() }
         }
-        for drain in effects.drains { drain.succeed(()) }
+        for drain in effects.drains { drain.succeed(true) }
+        for (waiter, acknowledged) in effects.acknowledgements { waiter.succeed(acknowledged) }
         for ready in effects.epochReady { ready() }
         if let (channel, step) = effects.ack { channel.performAck(step) }
         if let (channel, _) = effects.epochNotStored {
@@ -373,10 +375,29 @@ final class MessageSession: Sendable {
             return machine.drainIsDue
         }
         if due { return unacknowledgedCount == 0 }
-        let timer = scheduler.schedule(after: timeout) { waiter.succeed(()) }
+        let timer = scheduler.schedule(after: timeout) { waiter.succeed(false) }
         defer { timer.cancel() }
         _ = try? await waiter.value()
         return unacknowledgedCount == 0
+    }
+
+    /// Waits (up to `timeout`, or until its task is cancelled) until the peer acknowledged this
+    /// epoch's messages through `number` (nil: all numbered so far), across reconnects and
+    /// resumes. Returns whether it did: false at the deadline or the cancellation, when the session
+    /// ended, when it started anew and reported one of them undelivered, or when the store dropped
+    /// one (its sender got the error). An acknowledgement, not a timer, ends the wait (the
+    /// machine's ``SessionMachine/acknowledgementWaiters``).
+    func acknowledged(through number: UInt64?, within timeout: Duration, scheduler: any Scheduler) async -> Bool {
+        let waiter = DrainWaiter()
+        let id = lastWaiterID.add(1, ordering: .relaxed).newValue
+        apply { $0.waitForAcknowledgement(id, through: number, waiter, &$1) }
+        let timer = scheduler.schedule(after: timeout) { [self] in apply { $0.cancelAcknowledgementWait(id, &$1) } }
+        defer { timer.cancel() }
+        return await withTaskCancellationHandler {
+            (try? await waiter.value()) ?? false
+        } onCancel: {
+            apply { $0.cancelAcknowledgementWait(id, &$1) }
+        }
     }
 
     static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage {

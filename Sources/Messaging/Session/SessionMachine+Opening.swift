@@ -130,8 +130,9 @@ extension SessionMachine {
     private mutating func resumeOutbox(peerReceived: UInt64, _ effects: inout Effects) -> [SessionOutbox<Frame>.Entry]? {
         let before = outbox.acknowledged
         guard let resend = outbox.resume(peerReceived: peerReceived, transmittable: durableThrough) else { return nil }
-        if stored, outbox.acknowledged > before {
-            effects.records.append(.released(id, epoch: storeEpoch, through: outbox.acknowledged))
+        if outbox.acknowledged > before {
+            if stored { effects.records.append(.released(id, epoch: storeEpoch, through: outbox.acknowledged)) }
+            wakeAcknowledgementWaiters(&effects)
         }
         return resend
     }
@@ -200,6 +201,8 @@ extension SessionMachine {
             }
         }
         ticketsRenumbered(&effects)
+        acknowledgementWaitersRenumbered(lost: lost, unsent: unsent, from: previous)
+        wakeAcknowledgementWaiters(&effects)
         let last = kept.last?.number ?? 0
         writtenThrough = stored ? 0 : last
         durableThrough = 0
@@ -290,6 +293,7 @@ extension SessionMachine {
         phase = .ended(reason)
         epochDurable(&effects)
         wakeDrainsIfDue(&effects)
+        wakeAcknowledgementWaiters(&effects)
         wakeRoomWaiters(&effects, with: reason)
         failTickets(with: reason, &effects)
         if stored && !keepStored { effects.records.append(.ended(id)) }

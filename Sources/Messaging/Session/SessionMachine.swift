@@ -51,6 +51,8 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         /// Senders to resume, each with the error it gets (nil: go on).
         var senders: [(Sender, (any Error)?)] = []
         var drains: [Drain] = []
+        /// Acknowledgement waiters to complete, each with whether its messages were all acknowledged.
+        var acknowledgements: [(Drain, Bool)] = []
         /// Callers waiting for the epoch's records (``waitForEpoch(_:_:)``) to go on, now.
         var epochReady: [@Sendable () -> Void] = []
         /// Frames added to ``outgoing`` (the carrier counts them as unsent under its lock; the one
@@ -127,6 +129,15 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         let sender: Sender
     }
     var drainWaiters: [Drain] = []
+    /// Callers waiting until the peer acknowledged the messages of `epoch` up to `through`
+    /// (``waitForAcknowledgement(_:through:_:_:)``), with the id their deadline or cancellation names.
+    var acknowledgementWaiters: [AcknowledgementWaiter] = []
+    struct AcknowledgementWaiter {
+        let id: UInt64
+        var epoch: UInt64
+        var through: UInt64
+        let waiter: Drain
+    }
     var reconnects = 0
     var resumes = 0
     /// Counts the times the session started anew on this side (its numbers start over): a token
@@ -445,7 +456,16 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         for waiter in ticketWaiters[first...] { effects.senders.append((waiter.sender, error)) }
         ticketWaiters.removeLast(ticketWaiters.count - first)
         compactTicketWaiters()
-        if removed > 0 { wakeRoomWaiters(&effects) }
+        if removed > 0 {
+            wakeRoomWaiters(&effects)
+            // Waiters for a dropped message: it never goes (its sender got the error), and its
+            // number goes to the next message.
+            acknowledgementWaiters.removeAll { waiter in
+                guard waiter.epoch == epoch, waiter.through > kept else { return false }
+                effects.acknowledgements.append((waiter.waiter, false))
+                return true
+            }
+        }
     }
 
     /// `waiter` runs once the current epoch's records are in the store (at once when they are, or
