@@ -42,7 +42,7 @@ import Transport
                 try await MessageChannel.connect(
                     to: [.ipv4Loopback(port: harness.port)], configuration: client, logger: testLogger()))
         }
-        try await waitUntil("3 connections on the server") { harness.server.connections.count == 3 }
+        try await harness.events.waitForCount("3 connections on the server", 3) { if case .accepted = $0 { true } else { false } }
         // The pace is a metric (lanmsg_heartbeat_pace_seconds): 3 connections at 1 a second.
         #expect(try metrics.expectGauge(MetricNames.heartbeatPace, [("role", "server")]).lastValue == 3)
         let start = channels.map { channel in channel.driver.queue.sync { channel.driver.nextSequence } }

@@ -87,7 +87,7 @@ import Locks
         let harness = try await LoopbackServer()
         let alice = try await harness.client("alice")
         let bob = try await harness.client("bob")
-        try await waitUntil("2 accepted") { harness.server.connections.count == 2 }
+        try await harness.events.waitForCount("2 accepted", 2) { if case .accepted = $0 { true } else { false } }
         let aliceConnection = try #require(harness.server.connections.first { $0.peer.name == "alice" })
         let results = await harness.server.broadcast(KV(key: "k"), type: "kv.changed", except: [aliceConnection])
         #expect(results.map(\.connection.peer.name) == ["bob"])
@@ -112,7 +112,7 @@ import Locks
         let alice = try await harness.client("alice")
         let bob = try await harness.client("bob")
         let carol = try await harness.client("carol")
-        try await waitUntil("3 accepted") { harness.server.connections.count == 3 }
+        try await harness.events.waitForCount("3 accepted", 3) { if case .accepted = $0 { true } else { false } }
         let members = harness.server.connections.filter { $0.peer.name != "bob" }
         let results = await harness.server.broadcast(KV(key: "k"), type: "kv.room", to: members + members.prefix(1))
         #expect(results.map(\.connection.peer.name).sorted() == ["alice", "carol"], "each member once, bob not at all")
@@ -142,7 +142,7 @@ import Locks
             clients.append(client)
             logs.append(log)
         }
-        try await waitUntil("3 accepted") { harness.server.connections.count == 3 }
+        try await harness.events.waitForCount("3 accepted", 3) { if case .accepted = $0 { true } else { false } }
         await harness.server.stop()
         await harness.pump.value  // the server's events ended: everything it reported is in the log
         let closed = harness.events.all.compactMap { event -> String? in

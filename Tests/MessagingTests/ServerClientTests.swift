@@ -169,7 +169,7 @@ struct TestFailure: Error, CustomStringConvertible {
         let harness = try await LoopbackServer()
         var clients: [MessageClient] = []
         for index in 0..<50 { clients.append(try await harness.client("c\(index)")) }
-        try await waitUntil("50 accepted") { harness.server.connections.count == 50 }
+        try await harness.events.waitForCount("50 accepted", 50) { if case .accepted = $0 { true } else { false } }
         let results = await harness.server.broadcast(Note(text: "to all", n: 7), type: "note.all")
         #expect(results.count == 50 && results.allSatisfy(\.succeeded))
         for client in clients {
@@ -197,7 +197,7 @@ struct TestFailure: Error, CustomStringConvertible {
         stuckConfiguration.security = harness.security
         let stuck = try await MessageChannel.connect(
             to: [.ipv4Loopback(port: harness.port)], configuration: stuckConfiguration, logger: testLogger())
-        try await waitUntil("2 accepted") { harness.server.connections.count == 2 }
+        try await harness.events.waitForCount("2 accepted", 2) { if case .accepted = $0 { true } else { false } }
         let received = Observed(0)
         let consumer = Task {
             for await event in reader.events {
