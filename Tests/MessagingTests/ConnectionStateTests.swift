@@ -43,7 +43,7 @@ import Testing
             }
         }
         server = try await LoopbackServer(configure: { $0.listener.port = port; $0.listener.families = [.ipv4] })
-        try await waitUntil("connected again") { client.connectionState.isConnected }
+        try await states.waitForCount("connected again", 2) { if case .connected = $0 { true } else { false } }
 
         await client.close()
         await watcher.value  // the stream ends with the close
@@ -65,7 +65,7 @@ import Testing
         var configuration = ClientConfiguration(
             peerName: "patient", reconnect: ReconnectPolicy(initialDelay: .seconds(3_600), maxDelay: .seconds(3_600)))
         configuration.channel.scheduler = clock
-        let (client, _, watcher) = try await waitingClient(port: port, configuration)
+        let (client, states, watcher) = try await waitingClient(port: port, configuration)
         #expect(await clock.waitForPending(1), "the back-off is not on the client's clock")
         let server = try await LoopbackServer(configure: { $0.listener.port = port; $0.listener.families = [.ipv4] })
         clock.advance(by: .milliseconds(499))
@@ -75,7 +75,7 @@ import Testing
         // "no timer pending" here: the new connection arms its own deadlines on this clock — the
         // SESSION answer's — as soon as it is made, and a CI run saw one armed before the check.)
         clock.advance(by: .milliseconds(1))
-        try await waitUntil("connected once the clock reached the retry") { client.connectionState.isConnected }
+        try await states.wait("connected once the clock reached the retry") { if case .connected = $0 { true } else { false } }
         await client.close()
         await watcher.value
         await server.server.stop()

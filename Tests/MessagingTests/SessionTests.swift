@@ -341,7 +341,7 @@ extension SessionTests {
             configure: { $0.channel.connection.maxFrameSize = 16 * 1024 },
             handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message.typeID) } } })
         let client = try await harness.client("large", configure: Self.fastReconnect)  // (a session needs one)
-        try await waitUntil("the session is open") { harness.server.connections.first?.session != nil }
+        try await harness.events.wait("the session is open") { if case .accepted(let connection) = $0 { connection.hasSession } else { false } }
         await #expect {
             try await client.send(Blob(bytes: String(repeating: "x", count: 20_000)), type: "big")
         } throws: { error in
