@@ -194,21 +194,31 @@ final class CapturedLog: Sendable {
     }
 
     /// Handshakes started per second from one address are bounded too: over the rate, a client is
-    /// refused busy with the server's retry hint (REFUSE `retry_ms`), and gets in once it is due.
+    /// refused busy with the server's retry hint (REFUSE `retry_ms`), and gets in once it is due —
+    /// not before. On the server's clock turned by hand: the hint is exact, no sleep.
     @Test func overTheRateIsRefusedWithARetryHint() async throws {
+        let clock = ManualScheduler()
         let harness = try await LoopbackServer(
             security: .encrypted(identity: .ephemeral(), trust: .anyKey),
-            configure: { $0.maxHandshakesPerSecondPerAddress = 2 })
+            configure: {
+                $0.maxHandshakesPerSecondPerAddress = 2
+                $0.channel.scheduler = clock
+            })
         #expect(await attempt(harness) == nil)
+        clock.advance(by: .milliseconds(100))
         #expect(await attempt(harness) == nil)
         let refused = await attempt(harness)
         #expect(refused?.code == .serverBusy, "\(String(describing: refused))")
         #expect(refused?.message.contains("127.0.0.1 started 2 handshakes in the last second") == true, "\(String(describing: refused?.message))")
+        // 2 a second: a token every 500 ms; 100 ms of them passed.
         let hint = try #require(refused?.retryAfter)
-        #expect(hint >= .milliseconds(100) && hint <= .milliseconds(600), "\(hint)")
-        try await Task.sleep(for: hint)  // the hint itself is what is tested: due now
+        #expect(hint == .milliseconds(400), "\(hint)")
+        clock.advance(by: hint - .milliseconds(1))
+        let early = await attempt(harness)
+        #expect(early?.code == .serverBusy, "a millisecond before the hint: \(String(describing: early))")
+        clock.advance(by: .milliseconds(1))
         let admitted = await attempt(harness)
-        #expect(admitted == nil, "refused after the hint: \(String(describing: admitted))")
+        #expect(admitted == nil, "refused at the hint: \(String(describing: admitted))")
         await harness.server.stop()
     }
 

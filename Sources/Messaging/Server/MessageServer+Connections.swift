@@ -17,14 +17,16 @@ extension MessageServer {
                 perSecond: configuration.maxHandshakesPerSecond,
                 perSecondPerSource: configuration.maxHandshakesPerSecondPerAddress,
                 blockAfterRefusals: configuration.floodBlockThreshold),
-            now: uptimeNanoseconds())
+            now: configuration.channel.scheduler.now)
     }
 
     func accepted(_ socket: AcceptedSocket) {
         let limit = configuration.maxConnections
         let remote = socket.remoteAddress
         let source = HandshakeAdmission.Source(remote)
-        let now = uptimeNanoseconds()  // read before the lock, not inside it
+        // The server's clock (its handshake rates, retry hints and blocks; Dispatch's uptime clock
+        // but in a simulation), read before the lock, not inside it.
+        let now = configuration.channel.scheduler.now
         let admission = withState {
             $0.admit(source, limit: limit, now: now, blockBase: configuration.floodBlockDuration.nanoseconds)
         }
@@ -95,7 +97,7 @@ extension MessageServer {
         // Under a flood, thousands of events a second would cost the app a wake-up each and grow
         // the queue when it does not keep up: past ``refusedEventsPerSecond``, or past the event
         // queue's limit, refusals are only counted (metrics) and summarised (log).
-        let now = uptimeNanoseconds()
+        let now = configuration.channel.scheduler.now
         let thisSecond = withState { $0.refused(now: now) }
         if thisSecond <= Self.refusedEventsPerSecond { queue.pushBelowLimit(.refused(remote: remote, reason: reason)) }
     }

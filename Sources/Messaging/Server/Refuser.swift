@@ -50,7 +50,7 @@ final class Refuser: Sendable {
             socket.close()
             return
         }
-        let now = uptimeNanoseconds()
+        let now = configuration.scheduler.now  // the server's clock
         let lingers = lingering.withLock { state -> Bool in
             guard state.count < Self.maxLingering, state.started.current(now: now) < Self.lingeringPerSecond else {
                 return false
