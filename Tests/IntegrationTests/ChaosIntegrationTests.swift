@@ -176,7 +176,7 @@ struct ChaosIntegrationTests {
             [Harness.binary("preview-push"), file, "--host", "10.77.0.2", "--port", "\(port)", "--limit-rate", "50000000",
              "--retry-for", "120", "--verbose"])
         defer { pusher.stop() }
-        try await preview.waitUntil("the push started", timeout: .seconds(60)) { preview.partialBytes(directory) > 0 }
+        try await preview.waitUntil("the push started", timeout: .seconds(60), watching: [directory]) { preview.partialBytes(directory) > 0 }
 
         var generator = SystemRandomNumberGenerator()
         var restartedAt: ContinuousClock.Instant?

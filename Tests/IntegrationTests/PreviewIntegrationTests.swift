@@ -30,7 +30,7 @@ struct PreviewIntegrationTests {
         let client = try Harness.spawn(
             onB: false,
             pushArguments([file], ["--host", Self.hostB, "--port", String(port), "--limit-rate", "4000000"] + extra))
-        try await waitUntil("a temporary file appears") { hasTempFile(directory) }
+        try await waitUntil("a temporary file appears", watching: [directory]) { hasTempFile(directory) }
         return client
     }
 
@@ -97,10 +97,24 @@ struct PreviewIntegrationTests {
         try Harness.run(pushArguments(files, options), timeout: timeout)
     }
 
-    /// Waits (bounded) until `condition` holds: the tests' one poll (TestWaits), every 20 ms — a
-    /// condition on files the server writes.
-    func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () throws -> Bool) async throws {
-        try await TestWaits.waitUntil(what, timeout: timeout, every: .milliseconds(20), condition)
+    /// Waits (bounded) until `condition` holds. On files in `directories`: checked at each change
+    /// in them (inotify, ``DirectoryWatch``), not on a timer. Otherwise (a command's answer, a
+    /// metric) the tests' one poll (TestWaits), every 20 ms.
+    func waitUntil(
+        _ what: String, timeout: Duration = .seconds(15), watching directories: [String] = [], _ condition: () throws -> Bool
+    ) async throws {
+        guard !directories.isEmpty else {
+            return try await TestWaits.waitUntil(what, timeout: timeout, every: .milliseconds(20), condition)
+        }
+        let watch = try DirectoryWatch(directories)
+        var failure: (any Error)?
+        try await TestWaits.waitUntil(what, timeout: timeout, wokenBy: watch.changes) {
+            do { return try condition() } catch {
+                failure = error
+                return true
+            }
+        }
+        if let failure { throw failure }
     }
 
     /// Bytes in the partial transfers.
@@ -433,10 +447,10 @@ struct PreviewIntegrationTests {
         defer { server.stop() }
         let file = source + "/slow.bin"
         let client = try await startSlowPush(file, size: 64 * 1024 * 1024, port: port, into: directory)
-        try await waitUntil("2 MB arrived") { partialBytes(directory) >= 2_000_000 }
+        try await waitUntil("2 MB arrived", watching: [directory]) { partialBytes(directory) >= 2_000_000 }
         kill(client.pid, SIGKILL)
         #expect(client.wait(timeout: .seconds(5)) != nil)
-        try await waitUntil("the server notices") { server.text.contains("push failed") }
+        try await server.waitForOutput("push failed", timeout: .seconds(15))  // the server notices
         #expect(entries(directory).isEmpty)
         #expect(partials(directory).count == 1)
         #expect(server.poll() == nil, "the server must keep running: \(server.text)")
@@ -488,7 +502,7 @@ struct PreviewIntegrationTests {
         let options = ["--host", Self.hostB, "--port", String(port), "--limit-rate", "12000000"]
         let first = try Harness.spawn(onB: false, pushArguments([fileA], options))
         let second = try Harness.spawn(onB: false, pushArguments([fileB], options))
-        try await waitUntil("both pushes are in flight together") {
+        try await waitUntil("both pushes are in flight together", watching: [directory]) {
             entries(directory).filter { $0.hasPrefix(".preview-") }.count + partials(directory).count == 2
         }
         #expect(first.wait(timeout: .seconds(60)) == 0, "\(first.text)")
@@ -593,13 +607,13 @@ struct PreviewIntegrationTests {
         try makeFile(file, size: 4096)
         let first = try push([file], ["--host", Self.hostB, "--port", String(port)])
         #expect(first.status == 0, "\(first.output)")
-        try await waitUntil("the hook writes its marker") {
+        try await waitUntil("the hook writes its marker", watching: [source]) {
             ((try? String(contentsOfFile: marker, encoding: .utf8)) ?? "").contains(directory + "/shown.txt")
         }
         try await server.waitForOutput("--on-receive failed")
         let second = try push([file], ["--host", Self.hostB, "--port", String(port)])
         #expect(second.status == 0, "\(second.output)")
-        try await waitUntil("the hook runs for the second file") {
+        try await waitUntil("the hook runs for the second file", watching: [source]) {
             ((try? String(contentsOfFile: marker, encoding: .utf8)) ?? "").contains(directory + "/shown (2).txt")
         }
         #expect(server.poll() == nil)
@@ -718,7 +732,7 @@ struct PreviewIntegrationTests {
         func drafts(_ index: Int) -> Int { entries(directories[index]).filter { $0.hasPrefix("draft") }.count }
         #expect(drafts(0) == 1 && drafts(1) == 1, "\(watcher.text)")
         try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: draft))
-        try await waitUntil("the second save stored on both") { drafts(0) == 2 && drafts(1) == 2 }
+        try await waitUntil("the second save stored on both", watching: directories) { drafts(0) == 2 && drafts(1) == 2 }
         try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: draft))
         try await watcher.waitForOutput("unchanged", timeout: .seconds(15))
         kill(watcher.pid, SIGTERM)

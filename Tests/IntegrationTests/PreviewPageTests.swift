@@ -138,13 +138,13 @@ struct PreviewPageTests {
         func stored() -> Int { test.entries(directory).count }
         #expect(stored() == 1)
         try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: file))  // in place
-        try await test.waitUntil("the second save stored") { stored() == 2 }
+        try await test.waitUntil("the second save stored", watching: [directory]) { stored() == 2 }
         try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: file))  // the same content again
         try await watcher.waitForOutput("unchanged", timeout: .seconds(15))
         #expect(stored() == 2, "\(test.entries(directory))")
         try Data("# Draft 3\n".utf8).write(to: URL(fileURLWithPath: work + "/.draft.md.swp"))
         #expect(rename(work + "/.draft.md.swp", file) == 0)  // a new file renamed over it
-        try await test.waitUntil("the renamed save stored") { stored() == 3 }
+        try await test.waitUntil("the renamed save stored", watching: [directory]) { stored() == 3 }
         let contents = test.entries(directory).compactMap { try? String(contentsOfFile: directory + "/" + $0, encoding: .utf8) }
         #expect(Set(contents) == ["# Draft 1\n", "# Draft 2\n", "# Draft 3\n"])
         kill(watcher.pid, SIGTERM)

@@ -101,6 +101,33 @@ import Testing
         #expect(reap() == 3)
     }
 
+    /// Changes in a watched directory wake a wait on its `DirectoryWatch` — also in a directory
+    /// created in it after the watch began (a server's hidden directory of partial transfers).
+    @Test func filesInAWatchedDirectoryAreEvents() async throws {
+        let root = NSTemporaryDirectory() + "testwaits-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let watch = try DirectoryWatch([root])
+        let file = root + "/.partial/data"
+        let checks = Observed(0)
+        let started = ContinuousClock.now
+        let waiter = Task {
+            try await waitUntil("the file in the new directory", timeout: .seconds(30), wokenBy: watch.changes) {
+                checks.update { $0 += 1 }
+                return FileManager.default.fileExists(atPath: file)
+            }
+        }
+        // The directory appears once the wait has checked; the file once the directory's event
+        // was taken (its watch is added before the wait is woken): only that watch sees the file.
+        try await checks.wait("the first check") { $0 >= 1 }
+        try FileManager.default.createDirectory(atPath: root + "/.partial", withIntermediateDirectories: false)
+        try await checks.wait("the check after the new directory") { $0 >= 2 }
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
+        try await waiter.value
+        #expect(ContinuousClock.now - started < .seconds(15), "woken by the file, not the 30-s deadline")
+        #expect(checks.value <= 4, "checked \(checks.value) times for a directory and one file")
+    }
+
     /// The synchronous wait for an exit (used when a test's process is stopped) returns at the exit,
     /// not at its deadline, and nil at the deadline for a process that keeps running.
     @Test func theSynchronousExitWaitReturnsAtTheExit() throws {
