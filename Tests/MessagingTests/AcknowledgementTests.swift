@@ -81,9 +81,8 @@ import Locks
         await harness.server.stop()
     }
 
-    /// With manual acknowledgement only `acknowledge()` counts, in any order: the sender hears of
-    /// everything up to the first message not acknowledged. Each message carries its position.
-    @Test func manualAcknowledgementInAnyOrderAdvancesOverWhatIsContiguous() async throws {
+    /// A server whose app acknowledges by hand (`.manual`), the messages it received, and a client.
+    static func manuallyAcknowledging() async throws -> (LoopbackServer, Observed<[IncomingMessage]>, MessageClient) {
         let received = Observed<[IncomingMessage]>([])
         let harness = try await LoopbackServer(
             configure: {
@@ -91,7 +90,13 @@ import Locks
                 $0.session?.ackDelay = .milliseconds(10)
             },
             handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message) } } })
-        let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
+        return (harness, received, try await harness.client("sender", configure: SessionTests.fastReconnect))
+    }
+
+    /// With manual acknowledgement only `acknowledge()` counts, in any order: the sender hears of
+    /// everything up to the first message not acknowledged. Each message carries its position.
+    @Test func manualAcknowledgementInAnyOrderAdvancesOverWhatIsContiguous() async throws {
+        let (harness, received, client) = try await Self.manuallyAcknowledging()
         for n in 1...5 { try await client.send(Numbered(n: n), type: "n") }
         try await received.wait("5 received") { $0.count == 5 }
         let messages = received.withLock { $0 }
@@ -119,14 +124,7 @@ import Locks
     /// session's SESSION — and says `false` at its deadline or when its task is cancelled, losing
     /// nothing; on both sides.
     @Test func waitingForAcknowledgementsEndsAtTheAcknowledgementOrSaysFalse() async throws {
-        let received = Observed<[IncomingMessage]>([])
-        let harness = try await LoopbackServer(
-            configure: {
-                $0.session?.acknowledgement = .manual
-                $0.session?.ackDelay = .milliseconds(10)
-            },
-            handle: { _, event in if case .received(_, let message) = event { received.withLock { $0.append(message) } } })
-        let client = try await harness.client("sender", configure: SessionTests.fastReconnect)
+        let (harness, received, client) = try await Self.manuallyAcknowledging()
         let events = EventLog<ClientEvent>()
         let reader = Task { for await event in client.events { events.append(event) } }
         for n in 1...4 { try await client.send(Numbered(n: n), type: "n") }
