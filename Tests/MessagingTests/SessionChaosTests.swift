@@ -117,10 +117,13 @@ import Testing
         // With cut stores the recovery recipe sends again, after each start, whatever its log
         // says was sent and neither its store nor a report accounts for — the whole history when
         // the store's session is one the log never saw (a renewal whose report a kill took): the
-        // calm's work grows with the cycles (a long run of 100 cycles drained at ~90 values/s
-        // for over 60 s), so the wait does too.
+        // calm's work grows with the cycles, so the wait does too. (The senders once paced
+        // themselves by the value, which stands still while owed values go again: at ~90 values a
+        // second such a drain outlasted 76 s in CI; the calm's time is in the MEASURED line.)
         let drain = Duration.seconds(60 + (phase.truncate ? 2 * Self.cycles : 0))
+        let calm = ContinuousClock.now
         for side in senders { try await side.waitFor("DRAINED", timeout: drain) }
+        let drained = ContinuousClock.now - calm
         for side in [client, server] { side.signal(SIGTERM) }
         for side in [client, server] { side.waitForExit() }
 
@@ -136,7 +139,9 @@ import Testing
             counts.undelivered += down.undelivered
         }
         let what = phase.truncate ? "reported undelivered (and sent again)" : "undelivered"
-        print("MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), \(what) \(counts.undelivered)")
+        print(
+            "MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), \(what) \(counts.undelivered);"
+                + " drained in \(String(format: "%.1f", Double(drained.components.seconds) + Double(drained.components.attoseconds) / 1e18)) s")
     }
 
     /// Checks one direction: the receiver's file holds each session's numbers 1…n once, in order,

@@ -200,10 +200,12 @@ func lostByTheStore(progress: SessionProgress?, kept: [UndeliveredMessage]) -> [
 }
 
 /// Sends values until SIGUSR1, a few hundred a second (with --recover, what is owed first); then
-/// returns once everything sent is acknowledged.
+/// returns once everything sent is acknowledged — woken by the acknowledgement
+/// (`acknowledged(within:)`: false, and waited for again, when a report made the sender owe more,
+/// the connection it waited on was replaced, or a second passed).
 func stream(
     _ send: @escaping @Sendable (Value) async throws -> Void, kept: @escaping @Sendable () -> [UndeliveredMessage],
-    progress: @escaping @Sendable () -> SessionProgress?
+    progress: @escaping @Sendable () -> SessionProgress?, acknowledged: @escaping @Sendable (Duration) async -> Bool
 ) async {
     if options.recover {
         let lost = lostByTheStore(progress: progress(), kept: kept())
@@ -211,13 +213,23 @@ func stream(
         owe(lost)
     }
     var value = firstValue(kept: kept())
+    // Paced by the sends, not by the values: a value goes up only with new ones, and while owed
+    // values were sent again it stood still — on a multiple of 20, every one of them waited 10 ms
+    // (~90 a second: a drain of thousands owed outlasted the test's wait).
+    var sends = 0
     while true {
         let again = owed.withLock { $0.isEmpty ? nil : $0.removeFirst() }
         if again == nil, stopSending.withLock({ $0 }) {
             // Stopped: done once everything is acknowledged and nothing is owed (a report may
             // still come and owe more).
             if kept().isEmpty { break }
-            try? await Task.sleep(for: .milliseconds(20))
+            let waited = ContinuousClock.now
+            let done = await acknowledged(.seconds(1))
+            if !(done && kept().isEmpty), ContinuousClock.now - waited < .milliseconds(20) {
+                // Ended at once with messages kept: the server's connection closed and the
+                // client's next one not accepted yet (it replaces the one waited on).
+                try? await Task.sleep(for: .milliseconds(20))
+            }
             continue
         }
         let next = again ?? value
@@ -233,7 +245,8 @@ func stream(
         let where_ = progress().map { "\($0.session) \($0.epoch) \($0.sent)" } ?? "- 0 0"
         sent.append("\(next) \(where_)")
         if again == nil { value += 1 } else { owedLog.append("-\(next)") }
-        if value % 20 == 0 { try? await Task.sleep(for: .milliseconds(10)) }
+        sends += 1
+        if sends % 20 == 0 { try? await Task.sleep(for: .milliseconds(10)) }
     }
 }
 
@@ -302,7 +315,8 @@ if options.role == "server" {
                 await stream({ value in
                     guard let connection = current.withLock({ $0 }) else { throw CancellationError() }
                     try await connection.send(value, type: "value")
-                }, kept: { current.withLock { $0 }?.unacknowledgedMessages ?? [] }, progress: { current.withLock { $0 }?.sendProgress })
+                }, kept: { current.withLock { $0 }?.unacknowledgedMessages ?? [] }, progress: { current.withLock { $0 }?.sendProgress },
+                    acknowledged: { await current.withLock { $0 }?.acknowledged(within: $0) ?? false })
                 say("DRAINED")
             }
         case .undelivered(_, let lost):
@@ -330,7 +344,9 @@ if options.role == "server" {
     say("READY")
     if options.send {
         Task {
-            await stream({ try await client.send($0, type: "value") }, kept: { client.unacknowledgedMessages }, progress: { client.sendProgress })
+            await stream(
+                { try await client.send($0, type: "value") }, kept: { client.unacknowledgedMessages }, progress: { client.sendProgress },
+                acknowledged: { await client.acknowledged(within: $0) })
             say("DRAINED")
         }
     }
