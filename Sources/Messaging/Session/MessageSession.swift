@@ -35,9 +35,9 @@ final class MessageSession: Sendable {
 
     /// A ``drained(within:)`` caller (completed by the drain, the close or its deadline), or an
     /// ``acknowledged(through:within:scheduler:)`` caller (with whether its messages were all acknowledged).
-    typealias DrainWaiter = Promise<Bool>
+    typealias Waiter = Promise<Bool>
     typealias Sender = CheckedContinuation<Void, any Error>
-    typealias Machine = SessionMachine<MessageChannel, Sender, DrainWaiter>
+    typealias Machine = SessionMachine<MessageChannel, Sender, Waiter>
 
     let state: Locked<Machine>
     /// The last id given to a sender waiting for room (what its cancellation looks for).
@@ -369,7 +369,7 @@ final class MessageSession: Sendable {
     /// Returns whether everything was acknowledged. The deadline is a timer of `scheduler`; whichever
     /// of it and the drain comes first completes the wait (a ``Promise``).
     func drained(within timeout: Duration, scheduler: any Scheduler = DispatchScheduler()) async -> Bool {
-        let waiter = DrainWaiter()
+        let waiter = Waiter()
         let due = apply { machine, effects -> Bool in
             machine.drain(waiter, &effects)
             return machine.drainIsDue
@@ -388,7 +388,7 @@ final class MessageSession: Sendable {
     /// one (its sender got the error). An acknowledgement, not a timer, ends the wait (the
     /// machine's ``SessionMachine/acknowledgementWaiters``).
     func acknowledged(through number: UInt64?, within timeout: Duration, scheduler: any Scheduler) async -> Bool {
-        let waiter = DrainWaiter()
+        let waiter = Waiter()
         let id = lastWaiterID.add(1, ordering: .relaxed).newValue
         apply { $0.waitForAcknowledgement(id, through: number, waiter, &$1) }
         let timer = scheduler.schedule(after: timeout) { [self] in apply { $0.cancelAcknowledgementWait(id, &$1) } }
