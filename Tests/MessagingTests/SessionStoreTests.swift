@@ -625,12 +625,17 @@ import ProtocolCore
         restored.close()
     }
 
+    /// Rounds of the small-disk tests below: 10 (20 for the four writers), or
+    /// `LANMSG_SMALL_DISK_ROUNDS` — CI's ThreadSanitizer stage runs 3 (6): the same compactions and
+    /// threads, a third of the volume (the 10 took 61 s of its 305 there, 16 s in the plain run).
+    static var smallDiskRounds: Int { Int(ProcessInfo.processInfo.environment["LANMSG_SMALL_DISK_ROUNDS"] ?? "") ?? 10 }
+
     /// A small disk and acknowledged messages only: nothing is ever kept for long, so no write may
     /// fail for the full disk — also when the compaction copying in the background is what filled
     /// it (CI failed a `send` so: the writer finished that compaction and gave up instead of
     /// writing again into the file it left).
     @Test(.timeLimit(.minutes(1)), arguments: [14, 16, 20]) func acknowledgedMessagesNeverFillASmallDisk(kib: Int) throws {
-        for round in 0..<10 {
+        for round in 0..<Self.smallDiskRounds {
             let disk = SimulatedDisk()
             disk.capacity = kib << 10
             let journal = try SessionJournal(
@@ -659,7 +664,7 @@ import ProtocolCore
     /// once hung here: the compaction's thread wrote what was queued, started the next compaction
     /// and waited for its copy, which its own queue would run after it).
     @Test(.timeLimit(.minutes(1))) func writersOnASmallDiskNeverWaitForever() async throws {
-        for round in 0..<20 {
+        for round in 0..<2 * Self.smallDiskRounds {
             let disk = SimulatedDisk()
             disk.capacity = 48 << 10
             let journal = try SessionJournal(
