@@ -5,6 +5,7 @@ import Testing
 
 import Locks
 import ProtocolCore
+import Scheduling
 @testable import Messaging
 
 /// Sessions kept in a ``SessionStore`` outlive the process, on loopback in this process: a server
@@ -227,8 +228,9 @@ import ProtocolCore
     }
 
     /// A session from before the restart whose client never comes back ends after the grace
-    /// period: the messages it kept are reported as never acknowledged, on a connection made for
-    /// the report (closed, `sessionExpired`), and the store forgets it.
+    /// period — an hour on the restarted server's manual clock, and not a second less: the
+    /// messages it kept are reported as never acknowledged, on a connection made for the report
+    /// (closed, `sessionExpired`), and the store forgets it.
     @Test func aRestoredSessionWhoseClientNeverComesBackIsReported() async throws {
         let store = Self.store("expiry")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
@@ -237,7 +239,7 @@ import ProtocolCore
             $0.listener.port = port
             $0.listener.families = [.ipv4]
             $0.session?.store = store
-            $0.session?.gracePeriod = .milliseconds(300)
+            $0.session?.gracePeriod = .seconds(3_600)
         }
         let first = try await LoopbackServer(configure: configure)
         // A client that opens a session, reads nothing (acknowledges nothing) and is gone.
@@ -254,7 +256,16 @@ import ProtocolCore
         await first.server.stop()
         channel.abort()
 
-        let second = try await LoopbackServer(configure: configure)
+        let clock = ManualScheduler()
+        let second = try await LoopbackServer(configure: {
+            configure(&$0)
+            $0.channel.scheduler = clock
+        })
+        #expect(second.server.timers.count == 1, "the restored session's grace period is armed")
+        clock.advance(by: .seconds(3_599))
+        #expect(second.events.count { if case .undelivered = $0 { true } else { false } } == 0, "reported before its grace period")
+        #expect(!second.server.withState { $0.restored.isEmpty }, "forgotten before its grace period")
+        clock.advance(by: .seconds(1))
         let report = try await second.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
         guard case .undelivered(let gone, let lost) = report else { return }
         #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3] && lost.allSatisfy(\.wasTransmitted))
