@@ -44,7 +44,11 @@ struct DoctorChecks {
 
     func checkAvahi() async {
         let discovery = ServiceDiscovery(logger: logger, backend: .avahi)
-        defer { Task { await discovery.shutdown() } }
+        await checkAvahi(discovery)
+        await discovery.shutdown()  // awaited: no task left behind to run (or not) as the process ends
+    }
+
+    private func checkAvahi(_ discovery: ServiceDiscovery) async {
         let state = await firstSettled(discovery.daemonStates(), within: timeout) ?? discovery.daemonState
         let startIt = "start it (`systemctl start avahi-daemon`; on Debian `apt-get install avahi-daemon`). "
             + "Without it, programs on this library's automatic backend use their embedded mDNS stack "
@@ -90,7 +94,11 @@ struct DoctorChecks {
                     : "see the port-5353 and mdns-packets checks below; run with --verbose for the library's logs"))
             return
         }
-        defer { Task { await publication.unpublish() } }
+        await browseForOurselves(discovery, name: name, type: type, check: check, through: stack)
+        await publication.unpublish()  // its goodbyes sent before the doctor goes on (and ends)
+    }
+
+    private func browseForOurselves(_ discovery: ServiceDiscovery, name: String, type: String, check: String, through stack: String) async {
         do {
             let browser = try discovery.browse(type: type)
             let seen: DiscoveredService? = await withDeadline(timeout) {
@@ -239,7 +247,11 @@ struct DoctorChecks {
 
     func checkService(name: String, type: String) async {
         let discovery = ServiceDiscovery(logger: logger)
-        defer { Task { await discovery.shutdown() } }
+        await checkService(name: name, type: type, discovery: discovery)
+        await discovery.shutdown()
+    }
+
+    private func checkService(name: String, type: String, discovery: ServiceDiscovery) async {
         let service: DiscoveredService
         do {
             service = try await MessageClient.find(name: name, type: type, discovery: discovery, timeout: timeout)

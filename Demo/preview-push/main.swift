@@ -225,7 +225,16 @@ struct PreviewPushCommand: AsyncParsableCommand {
     func listPreviewers(logger: Logger) async throws {
         let discovery = ServiceDiscovery(
             logger: logger, programName: "preview-push", configuration: try discoveryConfiguration(logger: logger))
-        defer { Task { await discovery.shutdown() } }
+        do {
+            try await listPreviewers(discovery)
+        } catch {
+            await discovery.shutdown()
+            throw error
+        }
+        await discovery.shutdown()  // awaited: no task left behind to run (or not) as the process ends
+    }
+
+    private func listPreviewers(_ discovery: ServiceDiscovery) async throws {
         let found = try await discovery.services(ofType: PreviewProtocol.serviceType, timeout: timeoutDuration) {
             _, allForNow in allForNow
         }
