@@ -149,6 +149,8 @@ class Session:
         self.receive_rekeys = 0
         self.next_seq = 1               # our next frame's sequence number
         self.expected_seq = 1           # the server's next frame's sequence number
+        self.acked = 0                  # the highest count the server's ACK frames acknowledged
+        self.wait_end = None            # when wait_for gives up (time.monotonic())
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.sock = None
         self.phase = "connecting"       # for error messages
@@ -411,6 +413,8 @@ class Session:
     def next_frame(self, answer_pings=True):
         """The server's next frame other than PING/PONG (PINGs are answered)."""
         while True:
+            if self.wait_end is not None and time.monotonic() > self.wait_end:
+                raise Failure("gave up after %gs %s (PINGs and other frames kept coming)" % (WAIT_LIMIT, self.phase))
             frame = self.parse_frame()
             if frame is None:
                 before = len(self.plain)
@@ -426,6 +430,10 @@ class Session:
                 continue
             if kind == PONG:
                 continue
+            if kind == ACK and len(frame[6]) == 8:
+                # Kept for wait_for_ack: an ACK may come between frames another wait reads (the
+                # server acknowledges a handled message while the messages it started go out).
+                self.acked = max(self.acked, struct.unpack(">Q", frame[6])[0])
             return frame
 
     def await_verdict(self):
@@ -570,9 +578,15 @@ def send_numbered(session, first, count):
     session.send_frames(frames)
 
 
+WAIT_LIMIT = 60.0  # what wait_for waits at most: the server's PINGs (every 5 s) keep each read short
+
+
 def wait_for(session, predicate, what):
-    """Reads frames until `predicate(frame)` is true; returns the frames read, that one last."""
+    """Reads frames until `predicate(frame)` is true; returns the frames read, that one last. Fails
+    after WAIT_LIMIT seconds: a wait for a frame that never comes must not last the whole run while
+    PINGs keep arriving."""
     seen = []
+    session.wait_end = time.monotonic() + WAIT_LIMIT
     while True:
         session.phase = "waiting for %s" % what
         frame = session.next_frame()
@@ -580,7 +594,17 @@ def wait_for(session, predicate, what):
         if frame[0] == GOODBYE:
             raise Failure("the server said GOODBYE while we waited for %s: %r" % (what, frame[6][:200]))
         if predicate(frame):
+            session.wait_end = None
             return seen
+
+
+def wait_for_ack(session, count, what):
+    """Waits until the server acknowledged `count` session messages on this connection — at once
+    when an ACK read before (by another wait) said so. An ACK of more than was sent is a failure."""
+    if session.acked < count:
+        wait_for(session, lambda frame: session.acked >= count, what)
+    if session.acked != count:
+        raise Failure("the server acknowledged %d messages, not the %d sent (%s)" % (session.acked, count, what))
 
 
 def first_connection(args, psk, expect, deadline, session_id):
@@ -593,7 +617,7 @@ def first_connection(args, psk, expect, deadline, session_id):
     if answer.get("resumed") is not False or answer.get("received") != 0:
         raise Failure("a new session must be answered with resumed false and received 0: %r" % answer)
     send_numbered(first, 0, 100)
-    wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
+    wait_for_ack(first, 100, "the ACK of 100 messages")
     _, down = first.frame(MESSAGE, codec=1, type_id="seq.down", payload=json_bytes({"n": 20}))
     first.send_frames(down)  # the 101st session message: the server sends 20 numbered messages down
     got = [json.loads(f[6])["n"] for f in wait_for(
@@ -624,11 +648,6 @@ def resume_connection(args, psk, expect, deadline, session_id, what):
     second.send_frames(stats)
     reply = wait_for(second, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
     return second, json.loads(reply[6])
-
-
-def ack_of(frame):
-    """The count an ACK frame acknowledges (-1 for any other frame)."""
-    return struct.unpack(">Q", frame[6])[0] if frame[0] == ACK and len(frame[6]) == 8 else -1
 
 
 def run_session(args, psk, expect, deadline):
@@ -669,7 +688,7 @@ def run_session_diverged(args, psk, expect, deadline):
     if answer.get("resumed") is not False or not is_hex32(epoch) or answer.get("sent") != 0:
         raise Failure("a new session must be answered resumed false with an epoch token and sent 0: %r" % answer)
     send_numbered(first, 0, 100)
-    wait_for(first, lambda frame: ack_of(frame) == 100, "the ACK of 100 messages")
+    wait_for_ack(first, 100, "the ACK of 100 messages")
     first.sock.close()
 
     def reconnect(extra, what):
@@ -690,7 +709,7 @@ def run_session_diverged(args, psk, expect, deadline):
                       "received 0, a new epoch token): %r" % answer)
     # The new epoch's messages 1..5 (values 1000..1004) are new messages: all counted, none dropped.
     send_numbered(fewer, 1000, 5)
-    wait_for(fewer, lambda frame: ack_of(frame) == 5, "the ACK of the new epoch's 5 messages")
+    wait_for_ack(fewer, 5, "the ACK of the new epoch's 5 messages")
     _, stats = fewer.frame(MESSAGE, codec=1, type_id="seq.stats", payload=b"{}", flags=EXPECTS_REPLY)
     fewer.send_frames(stats)
     reply = wait_for(fewer, lambda frame: frame[0] == MESSAGE and frame[5] is not None, "the seq.stats reply")[-1]
@@ -722,7 +741,7 @@ def run_session_restart(args, psk, expect, deadline):
         first = first_connection(args, psk, expect, deadline, session_id)
         # The ACK of the 101st (seq.down) may come after a moment: wait for it, so that the
         # server's store is known to hold 101 handled.
-        wait_for(first, lambda frame: ack_of(frame) == 101, "the ACK of 101 messages")
+        wait_for_ack(first, 101, "the ACK of 101 messages")
         first.sock.close()
         with open(args.session_state, "w") as state:
             json.dump({"id": session_id, "key": args.static_key.hex()}, state)
