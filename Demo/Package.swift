@@ -181,3 +181,14 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// CI's ThreadSanitizer bundle of the programs (Tests/run.sh builds it with LANMSG_TEST_BUNDLE=unit)
+// leaves out the page's route tests: they alone need Hummingbird, and with them the bundle compiled
+// SwiftNIO, Hummingbird, Ink and their dependencies under TSan — 485 of its 512 compile steps, most
+// of its build (214 s alone on 2 cores, 350 s beside the library's TSan stage) — to check the
+// routes' glue (requests from one thread, answers read whole). They run in the plain debug bundle
+// (the unit-programs stage), as every test does; the TSan bundle keeps ChatTests, PreviewTests
+// (PreviewKit: the store, pushes, resumes) and the spec examples.
+if Context.environment["LANMSG_TEST_BUNDLE"] == "unit" {
+    package.targets.removeAll { $0.name == "PreviewWebTests" }
+}
