@@ -280,8 +280,10 @@ struct DiscoveryIntegrationTests {
         }
 
         try Harness.control("avahi-kill", host: "a")
-        try await states.wait(timeout: .seconds(5), "failed state") { if case .failed = $0 { true } else { false } }
-        try await publication.wait(timeout: .seconds(5), "suspended") { $0 == .suspended }
+        // (The waits for the return start after these: the states began with `.running` and the
+        // publication's events with `.established` — waits from the start found those at once.)
+        let (_, failedAt) = try await states.wait(timeout: .seconds(5), "failed state") { if case .failed = $0 { true } else { false } }
+        let (_, suspendedAt) = try await publication.wait(timeout: .seconds(5), "suspended") { $0 == .suspended }
         let removedAt = browse.count
         try await browse.wait(timeout: .seconds(5), "removed on daemon loss") {
             if case .removed(let s) = $0 { s.name == "Survivor" } else { false }
@@ -289,9 +291,9 @@ struct DiscoveryIntegrationTests {
 
         let back = ContinuousClock.now  // includes the daemon's own start-up (~0.2 s)
         try Harness.control("avahi-start", host: "a")
-        try await states.wait(timeout: .seconds(10), "running again") { $0 == .running }
+        try await states.wait(from: failedAt + 1, timeout: .seconds(10), "running again") { $0 == .running }
         Harness.measured("daemon back → client running", ContinuousClock.now - back)
-        let (established, _) = try await publication.wait(timeout: .seconds(5), "re-established") {
+        let (established, _) = try await publication.wait(from: suspendedAt + 1, timeout: .seconds(5), "re-established") {
             if case .established = $0 { true } else { false }
         }
         Harness.measured("daemon back → our service re-established", ContinuousClock.now - back)
@@ -317,12 +319,12 @@ struct DiscoveryIntegrationTests {
         try await service.established()
         try Harness.control("dbus-stop", host: "a")
         // The client cannot be re-created while the bus is gone: failed with a retry, not a crash.
-        try await states.wait(timeout: .seconds(10), "failed without bus") {
+        let (_, failedAt) = try await states.wait(timeout: .seconds(10), "failed without bus") {
             if case .failed(let error) = $0 { error.code == .daemonUnavailable } else { false }
         }
         let back = ContinuousClock.now
         try Harness.control("dbus-restart", host: "a")
-        try await states.wait(timeout: .seconds(15), "running again") { $0 == .running }
+        try await states.wait(from: failedAt + 1, timeout: .seconds(15), "running again") { $0 == .running }
         try await service.established(timeout: .seconds(10))
         Harness.measured("bus + daemon back → service re-established", ContinuousClock.now - back)
     }

@@ -202,6 +202,9 @@ struct PreviewIntegrationTests {
         let (server, port) = try await startServer(
             directory: directory, name: "Preview ITest Metrics", ["--metrics-port", "0"])
         defer { server.stop() }
+        // (Printed by the metrics endpoint's own service once it listens: nothing orders it before
+        // "published as", which startServer waited for.)
+        try await server.waitForOutput("metrics at http://127.0.0.1:")
         let line = try #require(server.text.split(separator: "\n").first { $0.contains("metrics at http://127.0.0.1:") })
         let metricsPort = try #require(UInt16(line.split(separator: ":").last?.split(separator: "/").first ?? ""))
         let file = source + "/figures.pdf"
@@ -731,9 +734,9 @@ struct PreviewIntegrationTests {
         try await watcher.waitForOutput("watching", timeout: .seconds(15))
         func drafts(_ index: Int) -> Int { entries(directories[index]).filter { $0.hasPrefix("draft") }.count }
         #expect(drafts(0) == 1 && drafts(1) == 1, "\(watcher.text)")
-        try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: draft))
+        try saveInPlace("# Draft 2\n", to: draft)
         try await waitUntil("the second save stored on both", watching: directories) { drafts(0) == 2 && drafts(1) == 2 }
-        try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: draft))
+        try saveInPlace("# Draft 2\n", to: draft)
         try await watcher.waitForOutput("unchanged", timeout: .seconds(15))
         kill(watcher.pid, SIGTERM)
         #expect(watcher.wait(timeout: .seconds(15)) == 0, "\(watcher.text)")
@@ -817,5 +820,18 @@ struct PreviewVersionIntegrationTests {
             ["env", "XDG_DATA_HOME=\(data)", push, "--to", name, "--timeout", "2", "--retry-for", "0", "--ignore-version", file],
             timeout: .seconds(60))
         #expect(!asked.output.contains("speaks push protocol version 2"), "\(asked.output)")
+    }
+}
+
+/// Saves `text` over the file at `path` in place (the same file, as an editor that does not rename
+/// saves) with one write, then cuts what lies past it: not `Data.write`'s truncate-then-write — two
+/// changes, and a watcher whose 100-ms pause ended between them would hash and push an empty file.
+func saveInPlace(_ text: String, to path: String) throws {
+    let fd = open(path, O_WRONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw HarnessError("cannot open \(path) to save it in place: errno \(errno)") }
+    defer { close(fd) }
+    let bytes = Array(text.utf8)
+    guard pwrite(fd, bytes, bytes.count, 0) == bytes.count, ftruncate(fd, off_t(bytes.count)) == 0 else {
+        throw HarnessError("cannot save \(path) in place: errno \(errno)")
     }
 }

@@ -37,6 +37,7 @@ struct PreviewPageTests {
         let (server, port) = try await test.startServer(
             directory: directory, name: "Preview ITest Page", ["--web-port", "0", "--web-address", hostB])
         defer { server.stop() }
+        try await server.waitForOutput("web page at http://")  // (the page's own service: not ordered before "published as")
         let line = try #require(server.text.split(separator: "\n").first { $0.contains("web page at http://") })
         let webPort = try #require(UInt16(line.split(separator: ":").last?.split(separator: "/").first ?? ""))
         // Beyond loopback the page answers only its link with the token (issue 56, 2): without
@@ -107,6 +108,7 @@ struct PreviewPageTests {
             ["--web-port", "0", "--web-address", hostB, "--allow-scripts"])
         defer { server.stop() }
         #expect(server.text.contains("--allow-scripts: pushed HTML files run their scripts"))
+        try await server.waitForOutput("web page at http://")  // (the page's own service: not ordered before "published as")
         let line = try #require(server.text.split(separator: "\n").first { $0.contains("web page at http://") })
         let pageURL = String(line[try #require(line.range(of: "http://")).lowerBound...])
         let push = ["env", "XDG_DATA_HOME=\(data)", Harness.binary("preview-push"), "--host", hostB, "--port", String(port)]
@@ -137,9 +139,9 @@ struct PreviewPageTests {
         try await watcher.waitForOutput("watching", timeout: .seconds(15))
         func stored() -> Int { test.entries(directory).count }
         #expect(stored() == 1)
-        try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: file))  // in place
+        try saveInPlace("# Draft 2\n", to: file)
         try await test.waitUntil("the second save stored", watching: [directory]) { stored() == 2 }
-        try Data("# Draft 2\n".utf8).write(to: URL(fileURLWithPath: file))  // the same content again
+        try saveInPlace("# Draft 2\n", to: file)  // the same content again
         try await watcher.waitForOutput("unchanged", timeout: .seconds(15))
         #expect(stored() == 2, "\(test.entries(directory))")
         try Data("# Draft 3\n".utf8).write(to: URL(fileURLWithPath: work + "/.draft.md.swp"))
