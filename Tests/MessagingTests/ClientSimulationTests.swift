@@ -62,3 +62,39 @@ import Testing
         #expect(different)
     }
 }
+
+/// A server's `start()` and `stop()` as one deterministic simulation (``ServerSimulation``): the
+/// real ``ServerLifecycle`` driven as `MessageServer` drives it, up to two starts and two stops
+/// interleaved at every critical section and await, a seed picking the order and which step of
+/// `start()` fails. `LANMSG_SERVER_SIM_SEEDS` (default 2,000), `LANMSG_SERVER_SIM_SEED=n` for one
+/// seed with its trace.
+@Suite struct ServerSimulationTests {
+    @Test func everySeedReleasesWhatItOpened() {
+        let chosen = SimulationSeeds("LANMSG_SERVER_SIM", default: 2_000)
+        let started = ContinuousClock.now
+        var counts: [String: Int] = [:]
+        for seed in chosen.seeds {
+            let run = ServerSimulation.run(seed: seed)
+            counts.merge(run.counts, uniquingKeysWith: +)
+            if let failure = run.failure {
+                Issue.record(
+                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "ServerSimulationTests/everySeed", tail: 30)))
+                return
+            }
+            if chosen.single { print(run.trace.joined(separator: "\n")) }
+        }
+        let seconds = (ContinuousClock.now - started) / .seconds(1)
+        let kinds = counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        print(
+            "MEASURED server simulation: \(chosen.seeds.count) seeds in "
+                + String(format: "%.2f s: %.0f seeds/s", seconds, Double(chosen.seeds.count) / seconds) + " (\(kinds))")
+        if chosen.seeds.count >= 1_000 {
+            for kind in [
+                "started", "stopped", "stop before listening", "stop during the publish", "stop while stopping", "second start refused",
+                "start threw publishFailed", "start threw listenFailed", "stopped at the end",
+            ] {
+                #expect(counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
+            }
+        }
+    }
+}
