@@ -38,7 +38,8 @@ extension MessageClient {
         /// Whether the client is connected.
         public var isConnected: Bool { if case .connected = self { true } else { false } }
 
-        /// Whether no change follows (closed, or disconnected without reconnecting).
+        /// Whether the state stream ends here (closed, or disconnected without reconnecting): no
+        /// change follows but the app's close, which turns `disconnected` into `closed(nil)`.
         var isFinal: Bool {
             switch self {
             case .closed, .disconnected: true
