@@ -93,6 +93,10 @@ struct DoctorIntegrationTests {
         let peer = try await Peer.discovery(onB: false, backend: "embedded")
         var stopped = false
         defer { if !stopped { peer.process.stop() } }
+        // Its sockets open on its queue after it says its backend: a service it published (probed
+        // and announced on the link) proves they are bound to 5353 before the doctor looks.
+        try peer.send("publish DoctorBeside _itest-doctor5353._tcp 1")
+        try await peer.wait("PUBLISHED DoctorBeside")
         let (_, output) = try doctor()
         #expect(output.contains("warn  port-5353: several mDNS responders share UDP port 5353: "))
         #expect(output.contains("avahi-daemon (pid") && output.contains("discovery-peer (pid"))
