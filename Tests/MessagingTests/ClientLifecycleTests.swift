@@ -143,6 +143,22 @@ import Testing
         }
     }
 
+    /// The loop's failed attempt says give up, and the app's `close()` comes before the loop's
+    /// `giveUp` (two critical sections; `ClientSimulation` found it): the client stays closed by the
+    /// app — nothing to fail, no `closed(error)` after `closed(nil)`.
+    @Test func aGiveUpAfterTheAppsCloseChangesNothing() {
+        var machine = Machine(policy: ReconnectPolicy(maxAttempts: 1), target: "t")
+        _ = machine.startLoop()
+        guard case .giveUp(let final) = machine.attemptFailed(refused, retryAfter: nil) else { Issue.record("no give-up"); return }
+        _ = machine.addWaiter("a caller")
+        let (_, waiters) = machine.close()
+        #expect(waiters == ["a caller"])
+        let version = machine.stateVersion
+        #expect(machine.giveUp(final) == nil)
+        guard case .closed(nil) = machine.state else { Issue.record("\(machine.state)"); return }
+        #expect(machine.stateVersion == version)
+    }
+
     @Test func withoutAReconnectPolicyALostConnectionIsFinal() {
         var machine = Machine(policy: nil, target: "h:1")
         let channel = FakeChannel()

@@ -79,6 +79,10 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     /// The lifecycle's waiter id of each waiting caller.
     var waiterIDs: [Int: UInt64] = [:]
     var lastCaller = 0
+    /// The loop decided to give up; its `giveUp(_:)` has not run yet.
+    var pendingGiveUp: MessagingError?
+    /// A lost connection's close callback said reconnect; `startConnecting()` has not run yet.
+    var pendingLoopStart = false
     /// Callers told to wait that have not registered yet.
     var registering: [Int: Duration] = [:]
     /// The last attempt's failure, to check the wait after it.
@@ -148,9 +152,12 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         var choices: [(weight: Int, action: () -> Void)] = []
         // (a client that connects once at first exists when that connect returned)
         let exists = waitsForServer || !channels.isEmpty
-        if exists && !machine.isClosed { choices.append((3, callerAsks)) }
+        if exists && (!machine.isClosed || Int.random(in: 0..<8, using: &random) == 0) { choices.append((3, callerAsks)) }  // (an app may call after its close)
         if !registering.isEmpty { choices.append((3, callerRegisters)) }
         if attempting { choices.append((6, { self.attemptEnds(success: Int.random(in: 0..<3, using: &self.random) == 0) })) }
+        if attempting { choices.append((1, discoveryHasNotSeenIt)) }
+        if pendingGiveUp != nil { choices.append((4, givesUp)) }
+        if pendingLoopStart { choices.append((4, loopStarts)) }
         if machine.channel != nil { choices.append((2, connectionDrops)) }
         if channels.contains(where: { $0.closes > 0 }) { choices.append((1, staleClose)) }
         if exists && !machine.isClosed { choices.append((Int.random(in: 0..<30, using: &random) == 0 ? 1 : 0, appCloses)) }
@@ -172,10 +179,13 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
 
     // MARK: The carrier (MessageClient's code, step by step)
 
-    /// `startConnecting()`: a loop, unless closed.
+    /// `startConnecting()`: a loop, unless closed (one critical section: the loop started and its
+    /// task kept).
     func startConnecting() {
-        guard machine.startLoop() else { return }
-        if loopTask && !loopCancelled { fail("a second connect loop started while one runs") }
+        guard lifecycle({ $0.startLoop() }) else {
+            note("no connect loop: closed")
+            return
+        }
         loopTask = true
         loopCancelled = false
         loopFailures = 0
@@ -190,7 +200,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
             let channel = Channel(number: channels.count + 1)
             channels.append(channel)
             loopTask = false
-            switch machine.established(channel, peer: PeerInfo(name: "server"), via: nil, resumed: false) {
+            switch lifecycle({ $0.established(channel, peer: PeerInfo(name: "server"), via: nil, resumed: false) }) {
             case .closeIt:
                 closeChannel(channel)
                 note("attempt connected channel \(channel.number) after the close: closed it")
@@ -220,13 +230,12 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
             count("first connect failed")
             return
         }
-        if loopCancelled {  // `if Task.isCancelled { return }`
+        // `if Task.isCancelled { return }` — unless the app's close() came just after that check,
+        // before `attemptFailed` (then the lifecycle says stop).
+        if loopCancelled && Int.random(in: 0..<3, using: &random) != 0 {
             loopTask = false
             note("attempt failed after the close: the loop ends")
             return
-        }
-        if Int.random(in: 0..<4, using: &random) == 0 && !machine.isClosed {
-            machine.waiting(MessagingError(.serviceNotFound, "no service 'Lobby' yet"))  // discovery has not seen it
         }
         let error: MessagingError
         var hint: Duration?
@@ -243,22 +252,24 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         case .storeFailed: error = MessagingError(.sessionStoreUnusable, "the store failed")
         }
         loopFailures += 1
-        let decision = machine.attemptFailed(error, retryAfter: hint, refused: refused)
+        let decision = lifecycle { $0.attemptFailed(error, retryAfter: hint, refused: refused) }
+        if case .stop = decision {} else if machine.isClosed { fail("attempt failed after the close: \(decision), not stop") }
         switch decision {
         case .stop:
             loopTask = false
+            if !machine.isClosed { fail("the loop told to stop though the client is not closed") }
             note("attempt failed (\(failure)): closed meanwhile, the loop stops")
+            count("stop")
         case .giveUp(let final):
-            loopTask = false
             let finalFailure = failure == .untrusted || failure == .storeFailed
             let limit = policy?.maxAttempts  // (no policy: a waiting first connect backs off with the default, unlimited)
             if !finalFailure && (limit.map { loopFailures < $0 } ?? true) {
                 fail("gave up after \(loopFailures) failed attempts (\(failure)); its limit is \(limit.map(String.init) ?? "none")")
             }
-            let waiters = machine.giveUp(final)
-            note("attempt failed (\(failure)): gave up: \(final.message)")
-            count("gave up")
-            for id in waiters.sorted() { answer(id, "gave up") }
+            // `giveUp(_:)` runs in a critical section of its own, after the log line: the app's
+            // close() may come first (a step of the seed's).
+            pendingGiveUp = final
+            note("attempt failed (\(failure)): giving up: \(final.message)")
         case .retry(let wait, let reconnecting, let attempt):
             if failure == .untrusted || failure == .storeFailed { fail("retried after \(failure), which is final") }
             if let max = policy?.maxAttempts, loopFailures >= max { fail("retried after \(loopFailures) failures, its limit \(max)") }
@@ -280,6 +291,34 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         }
     }
 
+    /// The loop's `giveUp(_:)`: the lifecycle first — nil when the app closed the client since.
+    func givesUp() {
+        guard let final = pendingGiveUp else { return }
+        pendingGiveUp = nil
+        loopTask = false
+        guard let waiters = lifecycle({ $0.giveUp(final) }) else {
+            note("closed by the app before giving up: nothing reported")
+            count("give-up after close")
+            if case .closed(nil) = machine.state {} else { fail("\(machine.state) after a give-up that came after the close") }
+            return
+        }
+        note("gave up: \(final.message)")
+        count("gave up")
+        for id in waiters.sorted() { answer(id, "gave up") }
+    }
+
+    /// The close callback's `.reconnect` starts the loop (`startConnecting()`).
+    func loopStarts() {
+        pendingLoopStart = false
+        startConnecting()
+    }
+
+    /// Discovery has not seen the service yet, while an attempt waits for it.
+    func discoveryHasNotSeenIt() {
+        lifecycle { $0.waiting(MessagingError(.serviceNotFound, "no service 'Lobby' yet")) }
+        note("discovery has not seen the service yet")
+    }
+
     /// The connected channel ends (the peer went away, heartbeats unanswered, a reset).
     func connectionDrops() {
         guard let channel = machine.channel else { return }
@@ -291,13 +330,22 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
 
     /// The channel's close callback (`route(closed:)` in `attach`).
     func channelClosed(_ channel: Channel, reason: CloseReason) {
-        let next = machine.channelClosed(channel, reason: reason)
+        let next = lifecycle { $0.channelClosed(channel, reason: reason) }
         note("channel \(channel.number) closed (\(reason)): \(next)")
         switch next {
         case .nothing: break
-        case .reconnect: startConnecting()
+        case .reconnect: pendingLoopStart = true  // `startConnecting()`, after the close callback's own section
         case .finish: count("finished")
         }
+    }
+
+    /// Runs `body` on the lifecycle and checks the transition it made, as the client's watchers are
+    /// told after each critical section (`withState`).
+    @discardableResult
+    func lifecycle<R>(_ body: (inout Machine) -> R) -> R {
+        let result = body(&machine)
+        checkTransition()
+        return result
     }
 
     /// A channel that ended before reports its close again (or late): it must change nothing.
@@ -305,7 +353,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         let ended = channels.filter { $0.closes > 0 }
         let channel = ended.randomElement(using: &random)!
         let before = (machine.stateVersion, "\(machine.state)")
-        if machine.channelClosed(channel, reason: .localClose) != .nothing {
+        if lifecycle({ $0.channelClosed(channel, reason: .localClose) }) != .nothing {
             fail("channel \(channel.number), closed before, changed the lifecycle when it closed again")
         }
         if before != (machine.stateVersion, "\(machine.state)") { fail("a stale close changed the state") }
@@ -315,7 +363,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     /// `close()`: the lifecycle closed, the loop cancelled (its sleep ends at once; an attempt in
     /// flight may still end), the waiters failed, the channel closed.
     func appCloses() {
-        let (channel, waiters) = machine.close()
+        let (channel, waiters) = lifecycle { $0.close() }
         loopCancelled = true
         backOff?.cancel()
         backOff = nil
@@ -334,7 +382,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         let wait = [Duration.zero, .milliseconds(50), .milliseconds(400), .seconds(3)].randomElement(using: &random)!
         lastCaller += 1
         let id = lastCaller
-        switch machine.ready(waiting: wait) {
+        switch machine.ready(waiting: wait) {  // (reads only)
         case .channel(let channel):
             check(answered: channel, caller: id)
             note("caller \(id) got channel \(channel.number) at once")
@@ -355,7 +403,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         let id = registering.keys.sorted()[Int.random(in: 0..<registering.count, using: &random)]
         let wait = registering.removeValue(forKey: id)!
         callers[id] = Caller(wait: wait)
-        let (waiterID, now) = machine.addWaiter(id)
+        let (waiterID, now) = lifecycle { $0.addWaiter(id) }
         switch now {
         case .channel(let channel):
             callers[id] = nil
@@ -369,7 +417,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         }
         waiterIDs[id] = waiterID
         callers[id]?.timer = clock.schedule(after: wait) { [self] in
-            let waiter = machine.waiterTimedOut(waiterID)
+            let waiter = lifecycle { $0.waiterTimedOut(waiterID) }
             if let waiter {
                 if waiter != id { fail("waiter \(waiterID) was caller \(waiter), not \(id)") }
                 answer(id, "timed out after \(wait)")
@@ -387,6 +435,15 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     func checkRefusal(_ error: MessagingError, wait: Duration, caller: Int) {
         note("caller \(caller) (wait \(wait)) refused: \(error.message)")
         count("caller refused")
+        switch machine.state {
+        case .closed(nil):
+            if error.code != .stopped { fail("caller \(caller) of a closed client got \(error.code), not stopped") }
+            count("caller after close")
+        case .closed(let final?):
+            if error.code != final.code { fail("caller \(caller) of a client that gave up got \(error.code), not \(final.code)") }
+        default:
+            if error.code != .notConnected { fail("caller \(caller) got \(error.code), not notConnected") }
+        }
         if wait > .zero && (machine.loopRunning || (policy != nil && !machine.isClosed)) {
             fail("caller \(caller) refused at once (\(error.message)) though the client is connecting")
         }
@@ -420,7 +477,8 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
 
     // MARK: Checking
 
-    func check() {
+    /// After every call into the lifecycle: the state's change, if any, is legal and has a version.
+    func checkTransition() {
         let state = machine.state
         if machine.stateVersion != lastVersion {
             if !Self.legal(from: lastState, to: state) { fail("illegal transition \(lastState) → \(state)") }
@@ -430,17 +488,25 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
                 // (an attempt can fail and another fail before a check: never more than one per step here)
                 if attempt != expected { fail("reconnecting attempt \(attempt) after \(lastState); \(expected) expected") }
             }
-            if machine.stateVersion < lastVersion { fail("the state version went back") }
         } else if "\(state)" != "\(lastState)" {
             fail("the state changed \(lastState) → \(state) without a new version: watchers would miss it")
         }
         lastState = state
         lastVersion = machine.stateVersion
+        switch state {
+        case .disconnected: if policy != nil { fail("disconnected though it reconnects") }
+        case .reconnecting: if policy == nil { fail("reconnecting without a reconnect policy") }
+        default: break
+        }
+    }
+
+    /// After every step: the carrier's state agrees with the lifecycle's.
+    func check() {
+        checkTransition()
+        let state = machine.state
         if machine.channel != nil || machine.isClosed {
             if !callers.isEmpty { fail("\(callers.count) callers wait while \(state)") }
         }
-        if machine.channel != nil && attempting { fail("an attempt is in flight while connected") }
-        if machine.isClosed && backOff?.isPending == true { fail("a back-off is pending after the close") }
         let open = channels.filter { $0.closes == 0 }
         if open.count > 1 { fail("\(open.count) channels open") }
         if let one = open.first, machine.channel !== one { fail("channel \(one.number) open but not the client's") }
@@ -484,6 +550,10 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
             if firstConnectFailed { break }
             if !registering.isEmpty {
                 callerRegisters()
+            } else if pendingGiveUp != nil {
+                givesUp()
+            } else if pendingLoopStart {
+                loopStarts()
             } else if attempting {
                 attemptEnds(success: true)
             } else if clock.nextDeadline != nil {
@@ -501,6 +571,8 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         appCloses()
         check()
         while !registering.isEmpty { callerRegisters() }
+        if pendingGiveUp != nil { givesUp() }
+        if pendingLoopStart { loopStarts() }
         while attempting { attemptEnds(success: Bool.random(using: &random)) }
         check()
         if let deadline = clock.nextDeadline { fail("a timer pending after the close (due at \(deadline))") }

@@ -40,7 +40,7 @@ import Testing
             // A run that proves something: the seeds reached each kind of event.
             for kind in [
                 "connected", "connected after close", "dropped", "retry", "gave up", "closed", "finished", "first connect failed",
-                "caller waits", "caller refused", "caller answered",
+                "caller waits", "caller refused", "caller answered", "caller after close", "stop", "give-up after close",
             ] {
                 #expect(counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
             }

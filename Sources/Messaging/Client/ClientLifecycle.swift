@@ -186,8 +186,11 @@ struct ClientLifecycle<Channel: AnyObject, Waiter> {
         return (channel, Array(waiters.values))
     }
 
-    /// Stops connecting for good with `error`: returns the waiters to fail with it.
-    mutating func giveUp(_ error: MessagingError) -> [Waiter] {
+    /// Stops connecting for good with `error`: returns the waiters to fail with it — nil when the
+    /// app closed the client since the failed attempt said to give up (its `close()` failed them;
+    /// the state stays `closed(nil)`, and nothing of the give-up is reported).
+    mutating func giveUp(_ error: MessagingError) -> [Waiter]? {
+        guard !isClosed else { return nil }
         phase = .closed(error)
         lastFailure = error.message
         loopRunning = false

@@ -105,15 +105,14 @@ extension MessageClient {
     }
 
     /// Starts the background connect loop (waiting for the server, or reconnecting), unless closed.
+    /// The loop is started and its task kept in one critical section: kept in a second one, a loop
+    /// that connected and lost its connection in between had its newer loop's task overwritten by
+    /// this older (ended) one, and `close()` cancelled the ended task while the newer loop went on.
     func startConnecting() {
-        guard lifecycle({ $0.startLoop() }) else { return }
-        let task = Task { await self.connectLoop() }
-        let started = withState { state -> Bool in
-            guard !state.lifecycle.isClosed else { return false }
-            state.connecting = task
-            return true
+        withState { state in
+            guard state.lifecycle.startLoop() else { return }
+            state.connecting = Task { await self.connectLoop() }
         }
-        if !started { task.cancel() }
     }
 
     /// Tries until connected, closed, or out of attempts; the lifecycle decides after each
@@ -150,12 +149,18 @@ extension MessageClient {
     /// Stops connecting for good: the session's unacknowledged messages are reported, the app
     /// gets ``ClientEvent/gaveUp(_:)``, every caller waiting for a connection gets `error`.
     private func giveUp(_ error: MessagingError) {
+        // The lifecycle first: an app's `close()` since the failed attempt closed the client — its
+        // close ends the session and the events, and no give-up is reported after it (nor does the
+        // state turn from `closed` to `closed(error)`).
+        guard let waiters = lifecycle({ $0.giveUp(error) }) else {
+            logger.debug("closed by the app before giving up: \(error.message)")
+            return
+        }
         // (A store that failed keeps the session for the restarted process, which sends what it
         // holds: nothing of it is reported undelivered — the app would send it again.)
         if let lost = session?.end(error, keepStored: session?.storeFailure != nil), !lost.isEmpty { queue.push(.undelivered(lost)) }
         session?.store?.close()
         queue.push(.gaveUp(error))
-        let waiters = lifecycle { $0.giveUp(error) }
         for waiter in waiters { waiter.fail(error) }
         queue.finish()
     }
