@@ -221,6 +221,25 @@ enum TCPProbe {
 }
 
 extension StopGraceTests {
+    /// A `stop()` called while another runs returns when that one did — it returned at once, the
+    /// listener perhaps still open and a peer not yet aborted (`ServerSimulation` found it).
+    @Test func aSecondStopReturnsWhenTheFirstDid() async throws {
+        let harness = try await LoopbackServer(security: .plaintext) { $0.stopGracePeriod = .milliseconds(500) }
+        let stubborn = try HostilePeer(port: harness.port)  // holds the first stop for its grace period
+        stubborn.hello()
+        try await harness.events.waitForCount("accepted", 1) { if case .accepted = $0 { true } else { false } }
+        let first = Task { await harness.server.stop() }
+        try await waitUntil("the first stop runs") { harness.server.withState { $0.lifecycle.isStopping } }
+        await harness.server.stop()
+        let stoppedThen = harness.server.withState { $0.lifecycle.isStopped }
+        #expect(stoppedThen, "the second stop() returned while the first still ran")
+        await first.value
+        #expect(await offThePool { stubborn.serverClosed() })
+        await harness.server.stop()  // a third, after both: returns at once
+    }
+}
+
+extension StopGraceTests {
     /// The grace periods' timers belong to the server: a session whose client was lost waits for
     /// an hour, `stop()` cancels its timer, and the server is gone from memory once the app lets it
     /// go (a global Dispatch timer held it, and the session, for the whole hour).

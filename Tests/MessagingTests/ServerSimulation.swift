@@ -11,13 +11,16 @@ import Foundation
 /// publication).
 ///
 /// Checked after every step: a running server holds an open listener, its live publication and
-/// its unfinished work. Checked once every call returned: each listener opened was stopped (a
-/// second stop of the same listener is idempotent, and counted), each publication was withdrawn
-/// exactly once (never live behind a stopped server), each background work was finished, the
-/// store opened was closed exactly once; a `start()` returned normally exactly when the server
-/// ran, and a second `start()` said `.alreadyStarted`; the events ended once a `stop()` ran; a
-/// server that ran and was stopped ends stopped. At the end, a server still running is stopped and
-/// the same checks hold.
+/// its unfinished work. Checked when a `stop()` returns — the first, or one that came in while it
+/// ran and waited for it: nothing of the server is left (listener, publication, work, store),
+/// unless a `start()` is still under way (it undoes its own steps once it sees the stop: its
+/// publish may still be awaited). Checked once every call returned: each listener opened was
+/// stopped (a second stop of the same listener is idempotent, and counted), each publication was
+/// withdrawn exactly once (never live behind a stopped server), each background work was finished,
+/// the store closed; a `start()` returned normally exactly when the server ran, and a second
+/// `start()` said `.alreadyStarted`; the events ended once a `stop()` ran; a server that ran and
+/// was stopped ends stopped. At the end, a server still running is stopped and the same checks
+/// hold.
 final class ServerSimulation {
     final class Resource: CustomStringConvertible {
         let name: String
@@ -63,7 +66,6 @@ final class ServerSimulation {
     var listeners: [Resource] = []
     var publications: [Resource] = []
     var works: [Resource] = []
-    var stores: [Resource] = []
     var eventsFinished = 0
     var calls: [Call] = []
 
@@ -147,7 +149,6 @@ final class ServerSimulation {
             if hasStore {
                 if fails() { return startThrows(call, "sessionStoreUnusable") }
                 let opened = Resource("store")
-                stores.append(opened)
                 store = opened  // withState { $0.opened(journal) }
                 note(call, "store opened")
             }
@@ -215,8 +216,9 @@ final class ServerSimulation {
         case 0:
             switch machine.stopRequested() {
             case .none:
-                call.done = true
-                note(call, "another stop is under way")
+                // Another stop runs: this one waits until it returned (resumed at its end).
+                call.pc = 10
+                note(call, "another stop is under way: waits for it")
                 count("stop while stopping")
             case .finishEvents:
                 eventsFinished += 1
@@ -229,6 +231,10 @@ final class ServerSimulation {
                 call.pc = 1
                 note(call, "stopping \(listener.map { "\($0)" } ?? "no listener"), \(publication.map { "\($0)" } ?? "no publication")")
             }
+        case 10:
+            guard machine.isStopped else { return }  // still waiting
+            stopReturned(call)
+            note(call, "returns after the other stop")
         case 1:
             if let publication = call.captured.publication { release(publication) }  // await unpublish
             call.pc = 2
@@ -239,10 +245,25 @@ final class ServerSimulation {
             closeStore()
             machine.stopped()
             eventsFinished += 1
-            call.done = true
+            stopReturned(call)
             note(call, "stopped")
             count("stopped")
         }
+    }
+
+    /// A `stop()` returns: nothing of the server runs — unless a `start()` is still under way
+    /// (it undoes its own steps when it sees the stop; checked once everything returned).
+    func stopReturned(_ call: Call) {
+        call.done = true
+        guard calls.allSatisfy({ !$0.isStart || $0.done }) else {
+            count("stop returned while a start runs")
+            return
+        }
+        if let open = listeners.first(where: { $0.releases == 0 }) { fail("\(call.name) returned with \(open) open") }
+        if let live = publications.first(where: { $0.releases == 0 }) { fail("\(call.name) returned with \(live) published") }
+        if let work = works.first(where: { $0.releases == 0 }) { fail("\(call.name) returned with \(work) running") }
+        if store != nil { fail("\(call.name) returned with the store open") }
+        if !machine.isStopped { fail("\(call.name) returned, the server is \(machine.phase)") }
     }
 
     // MARK: Resources
@@ -274,7 +295,7 @@ final class ServerSimulation {
         let running = machine.isRunning
         let started = calls.filter { $0.isStart && $0.result == "ok" }
         if started.count > 1 { fail("\(started.count) starts returned normally") }
-        let stopped = calls.contains { !$0.isStart && $0.done && $0.pc >= 3 }
+        let stopped = calls.contains { !$0.isStart && $0.done && $0.pc >= 3 && $0.pc != 10 }
         if !started.isEmpty && !running && !stopped { fail("start returned normally but the server is not running") }
         if started.isEmpty && running { fail("the server runs though no start returned normally") }
         if calls.filter(\.isStart).count > 1 && !calls.contains(where: { $0.result == "alreadyStarted" }) {
@@ -290,7 +311,6 @@ final class ServerSimulation {
             if store != nil { fail("the store left open") }
         }
         for publication in publications where publication.releases > 1 { fail("\(publication) withdrawn \(publication.releases) times") }
-        for opened in stores where opened.releases > 1 { fail("the store closed \(opened.releases) times") }
         if finalStop { count("stopped at the end") }
     }
 }

@@ -276,7 +276,9 @@ extension MessageServer {
     /// Stops: unpublishes, stops accepting, closes every connection gracefully (flushing queued
     /// messages) within the grace period, aborts what is left and the handshakes still in progress,
     /// reports every connection's `.closed`, and ends ``events``. When it returns, nothing of the
-    /// server runs. Idempotent; a `stop()` during ``start()`` makes `start()` undo what it did.
+    /// server runs (a `stop()` called while another runs returns when that one did). Idempotent; a
+    /// `stop()` during ``start()`` makes `start()` undo what it did: a `start()` still awaiting its
+    /// publication when `stop()` returns withdraws it, closes its listener and throws `.stopped`.
     public func stop() async {
         let (action, connections) = withState { state in
             let action = state.lifecycle.stopRequested()
@@ -285,7 +287,18 @@ extension MessageServer {
         }
         let listener: Listener?, publication: (any ServicePublication)?, running: ServerWork?
         switch action {
-        case .none: return
+        case .none:
+            // Another stop() runs: this one returns when it did (it returned at once, with the
+            // listener and the connections perhaps still open).
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let stopped = withState { state -> Bool in
+                    guard !state.lifecycle.isStopped else { return true }
+                    state.stopWaiters.append(continuation)
+                    return false
+                }
+                if stopped { continuation.resume() }
+            }
+            return
         case .finishEvents:
             queue.finish()
             return
@@ -346,6 +359,11 @@ extension MessageServer {
         queue.finish()
         refusals.flush()
         logger.info("server stopped")
+        let waiting = withState { state in
+            defer { state.stopWaiters = [] }
+            return state.stopWaiters
+        }
+        for stop in waiting { stop.resume() }
     }
 
     /// Runs the server as a swift-service-lifecycle service: starts it, and on graceful shutdown

@@ -18,6 +18,8 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
     var admission: HandshakeAdmission
     /// The session store while the server runs (``SessionConfiguration/store``).
     var store: SessionJournal?
+    /// The `stop()` calls that came in while another stop ran: resumed when it returns.
+    var stopWaiters: [CheckedContinuation<Void, Never>] = []
     /// The sessions the store held at the start that no client has resumed yet, by session id.
     private(set) var restored: [String: Journal.Restored] = [:]
     /// This second (uptime) and the refused events reported in it.
