@@ -29,25 +29,12 @@ import Testing
 @Suite struct WideAreaSimulationTests {
     @Test func everySeedKeepsTheInvariantsAndConverges() async throws {
         let chosen = SimulationSeeds("LANMSG_SIM", default: 150)
-        let seeds = chosen.seeds
-        let started = ContinuousClock.now
-        var steps = 0
-        var events = 0
-        for seed in seeds {
-            let run = await WideAreaSimulation.run(seed: seed)
-            steps += run.steps
-            events += run.timersFired
-            if let failure = run.failure {
-                Issue.record(
-                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "WideAreaSimulationTests/everySeed", tail: 25)))
-                return
-            }
-            if chosen.single { print(run.trace.joined(separator: "\n")) }
+        let result = await chosen.runEach(filter: "WideAreaSimulationTests/everySeed", tail: 25) { await WideAreaSimulation.run(seed: $0) }
+        guard let totals = result.totals else {
+            Issue.record(Comment(rawValue: result.failure ?? ""))
+            return
         }
-        let seconds = (ContinuousClock.now - started) / .seconds(1)
-        print(
-            "MEASURED wide-area simulation: \(seeds.count) seeds, \(steps) steps, \(events) timers fired in "
-                + String(format: "%.2f s: %.1f seeds/s", seconds, Double(seeds.count) / seconds))
+        print(totals.measured("wide-area simulation"))
     }
 
     /// One seed run twice gives the same trace, line for line (the clock's time, the action, the
@@ -72,11 +59,12 @@ import Testing
 /// One seeded run (see ``WideAreaSimulationTests``): a `WideAreaWorld` on a seeded clock, and the
 /// steps the seed picks.
 final class WideAreaSimulation {
-    struct Outcome {
+    struct Outcome: SimulationOutcome {
         var trace: [String]
         var failure: String?
         var steps: Int
         var timersFired: Int
+        var counts: [String: Int] { ["timers fired": timersFired] }
     }
 
     static let stepsPerRun = 40

@@ -1,6 +1,7 @@
 import Foundation
 import ProtocolCore
 import Scheduling
+import TestWaits
 
 @testable import Messaging
 
@@ -40,7 +41,7 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     }
     typealias Machine = ClientLifecycle<Channel, Int>
 
-    struct Outcome {
+    struct Outcome: SimulationOutcome {
         var failure: String?
         var trace: [String] = []
         var steps = 0

@@ -15,27 +15,15 @@ import Testing
 /// `LANMSG_CLIENT_SIM_SEEDS=200000 .build/debug/swift-lan-messagingPackageTests.xctest
 /// --testing-library swift-testing --filter ClientSimulationTests/everySeed`.
 @Suite struct ClientSimulationTests {
-    @Test func everySeedKeepsTheInvariants() {
+    @Test func everySeedKeepsTheInvariants() async {
         let chosen = SimulationSeeds("LANMSG_CLIENT_SIM", default: 500)
-        let started = ContinuousClock.now
-        var steps = 0
-        var counts: [String: Int] = [:]
-        for seed in chosen.seeds {
-            let run = ClientSimulation.run(seed: seed)
-            steps += run.steps
-            counts.merge(run.counts, uniquingKeysWith: +)
-            if let failure = run.failure {
-                Issue.record(
-                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "ClientSimulationTests/everySeed", tail: 30)))
-                return
-            }
-            if chosen.single { print(run.trace.joined(separator: "\n")) }
+        let result = await chosen.runEach(filter: "ClientSimulationTests/everySeed", tail: 30) { ClientSimulation.run(seed: $0) }
+        guard let totals = result.totals else {
+            Issue.record(Comment(rawValue: result.failure ?? ""))
+            return
         }
-        let seconds = (ContinuousClock.now - started) / .seconds(1)
-        let kinds = counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-        print(
-            "MEASURED client simulation: \(chosen.seeds.count) seeds, \(steps) steps in "
-                + String(format: "%.2f s: %.0f seeds/s", seconds, Double(chosen.seeds.count) / seconds) + " (\(kinds))")
+        print(totals.measured("client simulation"))
+        let counts = totals.counts
         if chosen.seeds.count >= 500 {
             // A run that proves something: the seeds reached each kind of event.
             for kind in [
@@ -69,25 +57,15 @@ import Testing
 /// `start()` fails. `LANMSG_SERVER_SIM_SEEDS` (default 2,000), `LANMSG_SERVER_SIM_SEED=n` for one
 /// seed with its trace.
 @Suite struct ServerSimulationTests {
-    @Test func everySeedReleasesWhatItOpened() {
+    @Test func everySeedReleasesWhatItOpened() async {
         let chosen = SimulationSeeds("LANMSG_SERVER_SIM", default: 2_000)
-        let started = ContinuousClock.now
-        var counts: [String: Int] = [:]
-        for seed in chosen.seeds {
-            let run = ServerSimulation.run(seed: seed)
-            counts.merge(run.counts, uniquingKeysWith: +)
-            if let failure = run.failure {
-                Issue.record(
-                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "ServerSimulationTests/everySeed", tail: 30)))
-                return
-            }
-            if chosen.single { print(run.trace.joined(separator: "\n")) }
+        let result = await chosen.runEach(filter: "ServerSimulationTests/everySeed", tail: 30) { ServerSimulation.run(seed: $0) }
+        guard let totals = result.totals else {
+            Issue.record(Comment(rawValue: result.failure ?? ""))
+            return
         }
-        let seconds = (ContinuousClock.now - started) / .seconds(1)
-        let kinds = counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-        print(
-            "MEASURED server simulation: \(chosen.seeds.count) seeds in "
-                + String(format: "%.2f s: %.0f seeds/s", seconds, Double(chosen.seeds.count) / seconds) + " (\(kinds))")
+        print(totals.measured("server simulation"))
+        let counts = totals.counts
         if chosen.seeds.count >= 1_000 {
             for kind in [
                 "started", "stopped", "stop before listening", "stop during the publish", "stop while stopping", "second start refused",

@@ -1,4 +1,5 @@
 import Foundation
+import TestWaits
 
 @testable import Messaging
 
@@ -30,9 +31,10 @@ final class ServerSimulation {
     }
     typealias Machine = ServerLifecycle<Resource, Resource, Resource>
 
-    struct Outcome {
+    struct Outcome: SimulationOutcome {
         var failure: String?
         var trace: [String] = []
+        var steps = 0
         var counts: [String: Int] = [:]
     }
 
@@ -114,6 +116,7 @@ final class ServerSimulation {
             }
             let call = live[Int.random(in: 0..<live.count, using: &random)]
             if call.isStart { startStep(call) } else { stopStep(call) }
+            outcome.steps += 1
             check()
         }
         guard outcome.failure == nil else { return }

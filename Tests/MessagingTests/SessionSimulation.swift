@@ -3,6 +3,7 @@ import Locks
 import Logging
 import ProtocolCore
 import Scheduling
+import TestWaits
 
 @testable import Messaging
 
@@ -44,7 +45,7 @@ final class SessionSimulation {
     typealias Machine = SessionMachine<SimulatedLink, Int, Int>
     typealias Effects = Machine.Effects
 
-    struct Outcome {
+    struct Outcome: SimulationOutcome {
         var failure: String?
         var trace: [String] = []
         var steps = 0

@@ -18,26 +18,13 @@ import Testing
 @Suite struct SessionSimulationTests {
     @Test func everySeedKeepsTheInvariants() async throws {
         let chosen = SimulationSeeds("LANMSG_SESSION_SIM", default: 200)
-        let seeds = chosen.seeds
-        let started = ContinuousClock.now
-        var steps = 0
-        var counts: [String: Int] = [:]
-        for seed in seeds {
-            let run = await SessionSimulation.run(seed: seed)
-            steps += run.steps
-            counts.merge(run.counts, uniquingKeysWith: +)
-            if let failure = run.failure {
-                Issue.record(
-                    Comment(rawValue: chosen.failure(seed: seed, failure, trace: run.trace, filter: "SessionSimulationTests/everySeed", tail: 30)))
-                return
-            }
-            if chosen.single { print(run.trace.joined(separator: "\n")) }
+        let result = await chosen.runEach(filter: "SessionSimulationTests/everySeed", tail: 30) { await SessionSimulation.run(seed: $0) }
+        guard let totals = result.totals else {
+            Issue.record(Comment(rawValue: result.failure ?? ""))
+            return
         }
-        let seconds = (ContinuousClock.now - started) / .seconds(1)
-        let kinds = counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-        print(
-            "MEASURED session simulation: \(seeds.count) seeds, \(steps) steps in "
-                + String(format: "%.2f s: %.1f seeds/s", seconds, Double(seeds.count) / seconds) + " (\(kinds))")
+        print(totals.measured("session simulation"))
+        let (seeds, counts) = (chosen.seeds, totals.counts)
         if seeds.count >= 50 {
             // A run that proves something: the seeds reached each kind of event.
             for kind in ["killed", "power loss", "cut", "store may have lost records", "server started anew", "client renewed its session"] {
