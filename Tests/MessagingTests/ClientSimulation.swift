@@ -51,11 +51,10 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     /// A caller of `connectedChannel(within:)`/`send`/`request` waiting for a connection.
     struct Caller {
         let wait: Duration
-        var answer: String?
         var timer: ScheduledWork?
     }
 
-    enum Failure: CaseIterable {
+    enum Failure {
         case refused, busy, timeout, untrusted, storeFailed
     }
 
@@ -70,15 +69,11 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     // The carrier, as MessageClient keeps it.
     /// The connect loop's attempt in flight (an `establish` awaiting).
     var attempting = false
-    /// The connect loop exists (its task; cancelled by `close()`).
-    var loopTask = false
     var loopCancelled = false
     /// The loop's back-off sleep.
     var backOff: ScheduledWork?
     var channels: [Channel] = []
     var callers: [Int: Caller] = [:]
-    /// The lifecycle's waiter id of each waiting caller.
-    var waiterIDs: [Int: UInt64] = [:]
     var lastCaller = 0
     /// The loop decided to give up; its `giveUp(_:)` has not run yet.
     var pendingGiveUp: MessagingError?
@@ -86,15 +81,11 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     var pendingLoopStart = false
     /// Callers told to wait that have not registered yet.
     var registering: [Int: Duration] = [:]
-    /// The last attempt's failure, to check the wait after it.
-    var lastHint: Duration?
-    var lastRefused = false
     /// Failed attempts of the running loop, counted here.
     var loopFailures = 0
     // What the checks compare with.
     var lastState: MessageClient.ConnectionState = .connecting
     var lastVersion: UInt64 = 0
-    var settling = false
 
     init(seed: UInt64) {
         self.seed = seed
@@ -187,7 +178,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
             note("no connect loop: closed")
             return
         }
-        loopTask = true
         loopCancelled = false
         loopFailures = 0
         attempting = true
@@ -200,7 +190,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         if success {
             let channel = Channel(number: channels.count + 1)
             channels.append(channel)
-            loopTask = false
             switch lifecycle({ $0.established(channel, peer: PeerInfo(name: "server"), via: nil, resumed: false) }) {
             case .closeIt:
                 closeChannel(channel)
@@ -234,7 +223,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         // `if Task.isCancelled { return }` — unless the app's close() came just after that check,
         // before `attemptFailed` (then the lifecycle says stop).
         if loopCancelled && Int.random(in: 0..<3, using: &random) != 0 {
-            loopTask = false
             note("attempt failed after the close: the loop ends")
             return
         }
@@ -257,7 +245,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         if case .stop = decision {} else if machine.isClosed { fail("attempt failed after the close: \(decision), not stop") }
         switch decision {
         case .stop:
-            loopTask = false
             if !machine.isClosed { fail("the loop told to stop though the client is not closed") }
             note("attempt failed (\(failure)): closed meanwhile, the loop stops")
             count("stop")
@@ -296,7 +283,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     func givesUp() {
         guard let final = pendingGiveUp else { return }
         pendingGiveUp = nil
-        loopTask = false
         guard let waiters = lifecycle({ $0.giveUp(final) }) else {
             note("closed by the app before giving up: nothing reported")
             count("give-up after close")
@@ -368,7 +354,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
         loopCancelled = true
         backOff?.cancel()
         backOff = nil
-        if attempting == false { loopTask = false }
         for id in waiters.sorted() { answer(id, "closed") }
         if let channel {
             closeChannel(channel)
@@ -416,7 +401,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
             return
         case .wait: break
         }
-        waiterIDs[id] = waiterID
         callers[id]?.timer = clock.schedule(after: wait) { [self] in
             let waiter = lifecycle { $0.waiterTimedOut(waiterID) }
             if let waiter {
@@ -453,15 +437,13 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
 
     /// A waiting caller is answered (once: the promise takes only the first).
     func answer(_ id: Int, _ how: String, channel: Channel? = nil) {
-        guard var caller = callers[id] else {
+        guard let caller = callers[id] else {
             fail("caller \(id) answered (\(how)) but it was not waiting — answered twice?")
             return
         }
         if let channel { check(answered: channel, caller: id) }
-        caller.answer = how
         caller.timer?.cancel()  // `defer { timer.cancel() }`
         callers[id] = nil
-        waiterIDs[id] = nil
         note("caller \(id): \(how)")
         count("caller answered")
     }
@@ -545,7 +527,6 @@ final class ClientSimulation: @unchecked Sendable {  // one thread: the test's, 
     /// The faults stop: attempts succeed, every timer runs; a reconnecting client ends connected;
     /// then the app closes it and nothing may be left.
     func settle() {
-        settling = true
         for _ in 0..<1_000 {
             guard outcome.failure == nil else { return }
             if firstConnectFailed { break }
