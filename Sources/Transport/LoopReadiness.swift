@@ -52,6 +52,13 @@ package final class LoopReadiness: @unchecked Sendable {
         source.cancel()
     }
 
+    /// The epoll descriptor, -1 before the first connection (tests read the kernel's view of the
+    /// set from `/proc/self/fdinfo`). On the loop.
+    package var descriptor: Int32 {
+        dispatchPrecondition(condition: .onQueue(queue))
+        return epoll
+    }
+
     /// How many connections are registered (diagnostics and tests). On the loop.
     package var count: Int {
         dispatchPrecondition(condition: .onQueue(queue))

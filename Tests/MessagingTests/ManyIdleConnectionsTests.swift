@@ -58,12 +58,30 @@ import ProtocolCore
         try await waitUntil("\(count) connections on the server") { server.connections.count == count }
         print("MEASURED \(count) idle encrypted connections: connected in \(ContinuousClock.now - connectStart)")
 
-        // Six heartbeat rounds (3 s): nobody is dropped, nobody falls silent.
-        let idleEnd = ContinuousClock.now + .seconds(3)
-        while ContinuousClock.now < idleEnd {
-            #expect(server.connections.count == count)
-            try await Task.sleep(for: .milliseconds(200))
+        // Six heartbeat rounds (about 3 s), counted, not waited out: both ends of every connection
+        // take six round-trip samples (a PONG each), told by their `healthUpdates`; nobody is
+        // dropped meanwhile, nobody falls silent. (It was a 3-s window checked every 200 ms.)
+        let rounds = 6
+        let heartbeatsDone = Observed(0)
+        let ends = server.connections.map(\.channel) + channels
+        #expect(ends.count == 2 * count)
+        let watchers = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for end in ends {
+                    group.addTask {
+                        for await health in end.healthUpdates where health.samples >= rounds {
+                            heartbeatsDone.update { $0 += 1 }
+                            return
+                        }
+                    }
+                }
+            }
         }
+        defer { watchers.cancel() }
+        try await heartbeatsDone.wait("\(rounds) heartbeat rounds at both ends of every connection", timeout: .seconds(60)) {
+            $0 == ends.count
+        }
+        #expect(server.connections.count == count)
         #expect(events.count { if case .closed = $0 { true } else { false } } == 0)
         let silent = await withTaskGroup(of: Bool.self) { group in
             for connection in server.connections { group.addTask { await connection.health.sinceLastHeard >= .seconds(2) } }

@@ -43,10 +43,14 @@ import Locks
         // hands: when the channel's 16th push came before the app took message 0, the queue
         // stopped the channel at 16 and then held 15 (reading resumes at half), which a wait for
         // 16 waited out for 20 s (twice in CI and the 20-run check, described by this failure
-        // message: "sent 1322, at the app 0, events 15").
+        // message: "sent 1322, at the app 0, events 15") — and the connection stops being read.
+        func readingPaused() -> Bool {
+            guard let channel = harness.server.connections.first?.channel else { return false }
+            return channel.queue.sync { channel.driver.isReadPaused }
+        }
         do {
-            try await waitUntil("the events at their limit") {
-                harness.server.bufferedEvents >= limit - 1 || sendFailure.withLock { $0 } != nil
+            try await waitUntil("the events at their limit and the connection no longer read") {
+                (harness.server.bufferedEvents >= limit - 1 && readingPaused()) || sendFailure.withLock { $0 } != nil
             }
             if let failure = sendFailure.withLock({ $0 }) { throw TestFailure("a send failed: \(failure)") }
         } catch {
@@ -60,21 +64,19 @@ import Locks
                 """)
             throw error
         }
-        // ...and stay near it: the connection stopped being read (16 MB would cross loopback in far
-        // less than this second; the socket buffers and the client's send queue hold a few MB).
+        // ...and stay there: the connection is not read while the app takes nothing, so what the
+        // events hold now is all they get (checked again after a turn of the connection's loop).
         // What one read took is still delivered after the limit: encrypted, up to five Noise
         // transport messages (the rest of one and four more, `ConnectionDriver.secureReadExtra`),
         // 82 of these 4 kB messages. Messages that came before the server routed the connection
         // wait in the channel's own buffer (its `incomingBufferLimit`, 64, then one read) and
         // join the events at once. (The bound was `limit + 64` until a run read 68 messages past
-        // the limit in one turn: 84.)
+        // the limit in one turn: 84.) (This was a one-second window sampled every 20 ms.)
         let oneRead = 5 * 65_537 / 4_000 + 1
         let bound = max(limit, ChannelConfiguration(name: "x").incomingBufferLimit) + oneRead
-        var most = 0
-        for _ in 0..<50 {
-            most = max(most, harness.server.bufferedEvents)
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        let atPause = harness.server.bufferedEvents
+        #expect(readingPaused(), "reading resumed while the app took none")
+        let most = max(atPause, harness.server.bufferedEvents)
         #expect(most <= bound, "the events grew to \(most) (at most \(bound)) while the app took none")
         #expect(sent.withLock { $0 } < count, "every message was sent while the app took none")
         let connection = try #require(harness.server.connections.first)
