@@ -30,10 +30,20 @@ import Transport
             #expect(drivers.allSatisfy { driver in driver.loop.run { driver.loop.sweep.count } >= 1 })
             // Both sides of every pair take samples (a PING that goes along with a PONG still
             // gets its own PONG).
-            for (client, accepted) in pairs {
-                try await waitUntil("three samples on both sides") {
-                    samples(client) >= 3 && samples(accepted) >= 3
+            // (Woken by each sample, the channels' `healthUpdates`, not polled; in a scope of its
+            // own, so that nothing here holds a channel when the test checks it is freed.)
+            do {
+                let ends = pairs.flatMap { [$0.client, $0.accepted] }
+                let sampled = Task {
+                    await withTaskGroup(of: Void.self) { group in
+                        for end in ends {
+                            group.addTask { for await health in end.healthUpdates where health.samples >= 3 { return } }
+                        }
+                    }
                 }
+                defer { sampled.cancel() }
+                try await value(of: sampled, "three samples on both sides of every pair", within: .seconds(20))
+                #expect(ends.allSatisfy { samples($0) >= 3 })
             }
             let freed = WeakDriver(pairs[0].accepted.driver)
             for (client, _) in pairs { client.close() }

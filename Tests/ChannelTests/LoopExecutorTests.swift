@@ -10,18 +10,17 @@ import Transport
 /// sends pile up in the inbox and are written when it suspends.
 @Suite struct LoopExecutorTests {
     /// Receives `n` messages and checks they carry 0, 1, 2, … in order.
-    final class InOrder: @unchecked Sendable {
-        private let lock = NSLock()
-        private var next = 0  // guarded by lock
-        private var wrong = 0  // guarded by lock
+    final class InOrder: Sendable {
+        /// The next value expected and how many came out of order; a wait is woken by each arrival.
+        let state = Observed((next: 0, wrong: 0))
         func receive(_ value: Int) {
-            lock.withLock {
-                if value != next { wrong += 1 }
-                next += 1
+            state.update { state in
+                if value != state.next { state.wrong += 1 }
+                state.next += 1
             }
         }
-        var received: Int { lock.withLock { next } }
-        var outOfOrder: Int { lock.withLock { wrong } }
+        var received: Int { state.value.next }
+        var outOfOrder: Int { state.value.wrong }
     }
 
     @Test func aTaskOnTheLoopExecutorRunsOnTheLoopAndItsSendsArriveInOrder() async throws {
@@ -47,7 +46,7 @@ import Transport
             }
             #expect(everySendOnTheLoop)
             #expect(client.maxQueuedBytes > 0)  // the queue was used (frames piled up), not only direct writes
-            try await waitUntil("all \(count) messages received") { order.received == count }
+            try await order.state.wait("all \(count) messages received") { $0.next == count }
             #expect(order.outOfOrder == 0)
             // Awaiting the channel from the loop executor works too (a request answered by the peer).
             accepted.on(type: "echo", as: String.self) { text, message in

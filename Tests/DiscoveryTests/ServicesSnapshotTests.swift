@@ -45,8 +45,9 @@ import Testing
     /// A count shared with a task: the events `until` was asked about (each after the snapshot took
     /// the event in), the snapshot's end.
     final class Count: Sendable {
-        let count = Atomic<Int>(0)
-        var value: Int { count.load(ordering: .sequentiallyConsistent) }
+        let count = Observed(0)  // a wait is woken by each change, not polled
+        var value: Int { count.value }
+        func add() { count.update { $0 += 1 } }
     }
 
     @Test func theSnapshotIsWhatTheBrowseShowedAtTheTimeout() async throws {
@@ -56,9 +57,9 @@ import Testing
         let asked = Count()
         let ended = Count()
         let snapshot = Task {
-            defer { ended.count.add(1, ordering: .sequentiallyConsistent) }
+            defer { ended.add() }
             return try await discovery.services(ofType: Self.type, timeout: .seconds(3)) { _, _ in
-                asked.count.add(1, ordering: .sequentiallyConsistent)
+                asked.add()
                 return false
             }
         }
@@ -71,7 +72,7 @@ import Testing
         {
             link.send(event)
         }
-        try await waitUntil("the five events taken in") { asked.value == 5 }
+        try await asked.count.wait("the five events taken in") { $0 == 5 }
         clock.advance(by: .milliseconds(2_999))
         #expect(clock.pendingCount == 1 && ended.value == 0, "the snapshot ended before its timeout")
         clock.advance(by: .milliseconds(1))

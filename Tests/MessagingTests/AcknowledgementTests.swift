@@ -13,9 +13,9 @@ import Locks
 
     /// A gate the server's event loop waits at while it handles one message.
     final class Gate: Sendable {
-        private let opened = Locked(false)
-        func open() { opened.withLock { $0 = true } }
-        func pass() async throws { try await waitUntil("the gate opens", timeout: .seconds(30)) { self.opened.withLock { $0 } } }
+        private let opened = Observed(false)  // woken by the opening, not polled
+        func open() { opened.update { $0 = true } }
+        func pass() async throws { try await opened.wait("the gate opens", timeout: .seconds(30)) { $0 } }
     }
 
     /// The server's app is busy with message 5 of 10 (its loop iteration has not ended): the client

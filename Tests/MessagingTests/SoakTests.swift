@@ -28,13 +28,13 @@ import Transport
 
     /// What the server received of the numbered messages: per client the next number expected.
     final class Check: Sendable {
-        private struct State {
+        struct State {
             var next: [Int: Int] = [:]
             var received = 0
             var duplicates = 0
             var gaps = 0
         }
-        private let state = Locked(State())
+        let state = Observed(State())  // a wait is woken by each arrival, not polled
         func received(_ numbered: Numbered) {
             state.withLock { state in
                 state.received += 1
@@ -203,7 +203,7 @@ import Transport
         }
         // Every message sent reached the server exactly once.
         let total = sent.withLock { $0.values.reduce(0, +) }
-        try await waitUntil("all \(total) session messages received", timeout: .seconds(30)) { check.counts.received >= total }
+        try await check.state.waitCheckingUnderLock("all \(total) session messages received", timeout: .seconds(30)) { $0.received >= total }
         let (received, duplicates, gaps) = check.counts
         let outcome = tally.withLock { $0 }
         print(
