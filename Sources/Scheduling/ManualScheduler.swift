@@ -63,7 +63,7 @@ public final class ManualScheduler: Scheduler {
 
     @discardableResult
     public func schedule(after delay: Duration, on queue: DispatchQueue?, _ work: @escaping @Sendable () -> Void) -> ScheduledWork {
-        let scheduled = ScheduledWork(work)
+        let scheduled = ScheduledWork(work, onCancel: { [weak self] in self?.pendingChanged() })
         let woken = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
             state.nextOrder += 1
             state.entries.append(Entry(deadline: state.now &+ delay.schedulerNanoseconds, order: state.nextOrder, queue: queue, work: scheduled))
@@ -71,6 +71,13 @@ public final class ManualScheduler: Scheduler {
         }
         for continuation in woken { continuation.resume(returning: true) }
         return scheduled
+    }
+
+    /// A work ran or was cancelled: the watchers whose condition holds now are woken (a wait for
+    /// no timer left is woken by the cancellation that left none, not polled).
+    private func pendingChanged() {
+        let woken = state.withLock { Self.due(&$0) }
+        for continuation in woken { continuation.resume(returning: true) }
     }
 
     /// The work scheduled and neither run nor cancelled.
@@ -111,6 +118,7 @@ public final class ManualScheduler: Scheduler {
             } else {
                 entry.work.run()
             }
+            pendingChanged()
         }
         state.withLock { $0.now = max($0.now, target) }
     }
@@ -140,6 +148,7 @@ public final class ManualScheduler: Scheduler {
         } else {
             entry.work.run()
         }
+        pendingChanged()
         return true
     }
 

@@ -51,18 +51,23 @@ extension Scheduler {
 /// (and what it captured) at once, not when its time comes; after it ran, cancelling does nothing.
 public final class ScheduledWork: Sendable {
     private let work: Locked<(@Sendable () -> Void)?>
+    /// Told when a cancellation took the work (a scheduler that keeps count of what is pending).
+    private let onCancel: (@Sendable () -> Void)?
 
-    /// Work to run through ``run()``: for the schedulers.
-    public init(_ work: @escaping @Sendable () -> Void) {
+    /// Work to run through ``run()``: for the schedulers. `onCancel` runs after a ``cancel()`` that
+    /// took the work (not one after it ran), outside the work's lock.
+    public init(_ work: @escaping @Sendable () -> Void, onCancel: (@Sendable () -> Void)? = nil) {
         self.work = Locked(work)
+        self.onCancel = onCancel
     }
 
     /// Cancels the work: it will not run (nothing if it ran or is running).
     public func cancel() {
-        _ = work.withLock { work in
+        let taken = work.withLock { work in
             defer { work = nil }
             return work
         }
+        if taken != nil { onCancel?() }
     }
 
     /// Whether it is still to run (neither run nor cancelled).

@@ -353,10 +353,10 @@ func serveEcho(_ channel: MessageChannel) {
             var clientConfig = config("client")
             clientConfig.pingInterval = nil  // only answers the server's pings
             let (client, accepted) = try await server.connectedPair(clientConfig)
-            // Wait for enough pings to span several heartbeat timeouts (counted by sequence numbers).
-            try await waitUntil("many pings") {
-                accepted.driver.queue.sync { accepted.driver.nextSequence } > 40
-            }
+            // Wait for enough pings to span several heartbeat timeouts: 40 answered, each a
+            // round-trip sample (told by `healthUpdates`, not polled).
+            for await health in accepted.healthUpdates where health.samples >= 40 { break }
+            #expect(accepted.driver.queue.sync { accepted.driver.nextSequence } > 40)
             try await client.send(Chat(text: "still here"), type: "chat")
             var messages = accepted.messages.makeAsyncIterator()
             #expect(await messages.next()?.typeID == "chat")

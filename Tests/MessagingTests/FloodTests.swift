@@ -21,7 +21,8 @@ final class Flooder: Sendable {
         var unanswered = 0  // no connection or no answer within 200 ms
     }
 
-    private let counts = Locked(Counts())
+    /// A test's wait on them is woken by each attempt's outcome, not polled.
+    let counts = Observed(Counts())
     private let stopped = Locked(false)
     private let done = DispatchGroup()
 
@@ -33,7 +34,7 @@ final class Flooder: Sendable {
                 defer { done.leave() }
                 while !stopped.withLock({ $0 }), ContinuousClock.now < end {
                     let outcome = Self.attempt(port: port, source: source)
-                    let total = counts.withLock { counts -> Int in
+                    let total = counts.update { counts -> Int in
                         counts.attempts += 1
                         switch outcome {
                         case .answered: counts.answered += 1
@@ -48,7 +49,7 @@ final class Flooder: Sendable {
         }
     }
 
-    var current: Counts { counts.withLock { $0 } }
+    var current: Counts { counts.value }
 
     /// Stops the threads and waits for them (bounded: each attempt takes at most 400 ms).
     func stop() async -> Counts {
@@ -117,7 +118,7 @@ final class Flooder: Sendable {
         // The server blocks the source in the step that refuses its 200th attempt, so that
         // refusal's REFUSE may still be on its way to the flooder when the block is seen (a CI run
         // read 199 here).
-        try await waitUntil("the flooder read 200 refusals", timeout: .seconds(10)) { flooder.current.busy >= 200 }
+        try await flooder.counts.wait("the flooder read 200 refusals", timeout: .seconds(10)) { $0.busy >= 200 }
         let atBlock = flooder.current
         // Meanwhile, and while it is blocked, the established client is answered and newcomers from
         // another address get in.
@@ -129,11 +130,11 @@ final class Flooder: Sendable {
             let newcomer = try await connect()
             newcomer.close()
         }
-        try await waitUntil("blocked attempts unanswered", timeout: .seconds(10)) { flooder.current.unanswered > atBlock.unanswered + 5 }
+        try await flooder.counts.wait("blocked attempts unanswered", timeout: .seconds(10)) { $0.unanswered > atBlock.unanswered + 5 }
         // The block ends by itself: the source's attempts reach the server again (refused busy).
         try await waitUntil("the block lifted", timeout: .seconds(10)) { server.blockedSources.isEmpty }
         let atLift = flooder.current
-        try await waitUntil("attempts answered again", timeout: .seconds(10)) { flooder.current.busy > atLift.busy }
+        try await flooder.counts.wait("attempts answered again", timeout: .seconds(10)) { $0.busy > atLift.busy }
         // Flooding again soon after: blocked again, twice as long, after a sixteenth of the
         // refusals (on probation).
         try await waitUntil("blocked again", timeout: .seconds(20)) {

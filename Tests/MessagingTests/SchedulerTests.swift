@@ -145,6 +145,32 @@ import Testing
         #expect(clock.pendingCount == 0, "the cancelled sleep's timer was cancelled too")
     }
 
+    /// A wait for no timer left is woken by the cancellation (or the run) that left none — on
+    /// another thread, while the waiter sleeps — and not by the one before it.
+    @Test func aWaitForNoTimerLeftIsWokenByTheCancellationThatLeftNone() async {
+        let clock = ManualScheduler()
+        let first = clock.schedule(after: .seconds(1)) {}
+        let second = clock.schedule(after: .seconds(2)) {}
+        let woke = Locked(false)
+        let waiter = Task {
+            let none = await clock.waitForPending(within: .seconds(20)) { $0.isEmpty }
+            woke.withLock { $0 = true }
+            return none
+        }
+        first.cancel()
+        #expect(clock.pendingCount == 1)
+        #expect(await clock.waitForPending(within: .milliseconds(50)) { $0.isEmpty } == false, "woken with one timer left")
+        #expect(!woke.withLock { $0 })
+        DispatchQueue.global().async { second.cancel() }
+        #expect(await waiter.value, "the cancellation that left no timer did not wake the wait (it ran out)")
+        first.cancel()  // a second cancel changes nothing
+        let third = clock.schedule(after: .seconds(1)) {}
+        let ran = Task { await clock.waitForPending(within: .seconds(20)) { $0.isEmpty } }
+        #expect(await clock.waitForPending(1))
+        clock.advance(by: .seconds(1))
+        #expect(await ran.value && !third.isPending, "the run that left no timer did not wake the wait")
+    }
+
     /// `waitForPending` reports false when nothing is armed within its (real) time.
     @Test func waitingForTimersThatNeverComeEnds() async {
         let clock = ManualScheduler()

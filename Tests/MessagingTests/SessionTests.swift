@@ -13,6 +13,21 @@ import Scheduling
 @Suite struct SessionTests {
     struct Numbered: Codable, Sendable, Equatable { var n: Int }
 
+    /// Cuts the client's connection `old` and returns once the client is connected on a new one —
+    /// woken by its ``MessageClient/connectionStates`` (subscribed before the cut), not polled.
+    static func cut(_ client: MessageClient, _ old: MessageChannel, within timeout: Duration = .seconds(20)) async throws {
+        let states = client.connectionStates
+        old.abort()
+        let reconnected = Task {
+            for await state in states {
+                if case .connected = state, let channel = client.channel, channel !== old { return true }
+            }
+            return false  // closed
+        }
+        defer { reconnected.cancel() }
+        #expect(try await value(of: reconnected, "a new connection", within: timeout), "the client closed instead")
+    }
+
     static func fastReconnect(_ configuration: inout ClientConfiguration) {
         configuration.reconnect = ReconnectPolicy(initialDelay: .milliseconds(10), maxDelay: .milliseconds(50))
     }
@@ -53,8 +68,7 @@ import Scheduling
         for n in 0..<5_000 {
             try await client.send(Numbered(n: n), type: "n")
             if n % 625 == 300, let old = client.channel {  // the client's side drops it
-                old.abort()
-                try await waitUntil("a new connection") { client.channel.map { $0 !== old } ?? false }
+                try await Self.cut(client, old)
             }
         }
         try await serverSender.value
@@ -136,9 +150,7 @@ import Scheduling
         let first = try #require(client.channel)
         var loops = [ObjectIdentifier(first.driver.loop)]
         for _ in 0..<3 {
-            let old = try #require(client.channel)
-            old.abort()
-            try await waitUntil("a new connection") { client.channel.map { $0 !== old } ?? false }
+            try await Self.cut(client, try #require(client.channel))
             loops.append(ObjectIdentifier(try #require(client.channel).driver.loop))
         }
         #expect(Set(loops).count == 1)
@@ -267,7 +279,8 @@ import Scheduling
         try await received.wait("5 received") { $0 == 5 }
         // (the SESSION answer's deadline is cancelled by the task that waited for the answer,
         // which may run a moment after the server has the message: waited for, not read at once)
-        try await waitUntil("no timer of the client left (\(clock.pendingCount) pending)") { clock.pendingCount == 0 }
+        let none = await clock.waitForPending(within: .seconds(20)) { $0.isEmpty }  // woken by the cancellation, not polled
+        try #require(none, "no timer of the client left (\(clock.pendingCount) pending)")
         let closing = Task { await client.close() }
         #expect(await clock.waitForPending(1), "the close does not wait for the acknowledgements on the client's clock")
         clock.advance(by: .seconds(5))
@@ -311,14 +324,15 @@ import Scheduling
         var updates = try #require(client.channel).healthUpdates.makeAsyncIterator()
         let first = try #require(await updates.next())
         #expect(first.samples >= 1 && first.smoothedRTT != nil)
-        try await waitUntil("three RTT samples") { (await client.health?.samples ?? 0) >= 3 }
+        while let next = await updates.next(), next.samples < 3 {}  // each sample as it is taken, not polled
+        #expect((await client.health?.samples ?? 0) >= 3)
         let health = try #require(await client.health)
         let rtt = try #require(health.smoothedRTT)
         #expect(rtt > .zero && rtt < .seconds(1))
         #expect(health.rttVariation != nil && health.sinceLastHeard < .seconds(5))
         #expect(health.reconnects == 0)
-        client.channel?.abort()
-        try await waitUntil("resumed") { (await client.health?.resumes ?? 0) == 1 }
+        try await Self.cut(client, try #require(client.channel))
+        #expect(await client.health?.resumes == 1)  // (counted before the client is connected again)
         #expect(await client.health?.reconnects == 1)
         let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
         if case .accepted(let connection) = accepted {

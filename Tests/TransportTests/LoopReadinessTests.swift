@@ -19,12 +19,12 @@ import Testing
 @Suite(.serialized, .timeLimit(.minutes(1))) struct LoopReadinessTests {
     /// Counts the frames a driver received and tells its close.
     final class Counter: ConnectionHandler, Sendable {
-        let frames = Atomic<Int>(0)
+        let frames = Observed(0)  // woken by each frame, not polled
         let lastPayload = Mutex<[UInt8]>([])
         let closeReason = Mutex<CloseReason?>(nil)
 
         func connection(_ connection: ConnectionDriver, received frame: Frame) {
-            frames.add(1, ordering: .relaxed)
+            frames.update { $0 += 1 }
             lastPayload.withLock { $0 = frame.payload }
         }
         func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {}
@@ -78,7 +78,7 @@ import Testing
                 _ = try? sender.trySend(Frame(kind: .message, typeID: "n", payload: [UInt8(truncatingIfNeeded: index)]))
             }
         }
-        try await waitUntil("every connection read") { pairs.allSatisfy { $0.bEvents.frames.load(ordering: .relaxed) == 1 } }
+        for pair in pairs { try await pair.bEvents.frames.wait("every connection read") { $0 == 1 } }
         for (index, pair) in pairs.enumerated() {
             #expect(pair.bEvents.lastPayload.withLock { $0 } == [UInt8(truncatingIfNeeded: index)])
         }

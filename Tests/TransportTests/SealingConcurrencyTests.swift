@@ -16,16 +16,25 @@ import Testing
 /// keys (the handshake is Messaging's; the sealing is Transport's — issue 46, 4).
 @Suite("Sealing from several threads at once", .timeLimit(.minutes(2)))
 struct SealingConcurrencyTests {
-    /// Counts frames and payload bytes received.
+    /// Counts frames and payload bytes received, and tells the close: a test waits on it woken by
+    /// each change, not by a poll.
     final class Counter: ConnectionHandler, Sendable {
-        let frames = Atomic<Int>(0)
-        let bytes = Atomic<Int>(0)
+        struct Counts: Sendable {
+            var frames = 0
+            var bytes = 0
+            var closed = false
+        }
+        let counts = Observed(Counts())
+        var frames: Int { counts.value.frames }
+        var bytes: Int { counts.value.bytes }
         func connection(_ connection: ConnectionDriver, received frame: Frame) {
-            frames.add(1, ordering: .relaxed)
-            bytes.add(frame.payload.count, ordering: .relaxed)
+            counts.update {
+                $0.frames += 1
+                $0.bytes += frame.payload.count
+            }
         }
         func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {}
-        func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {}
+        func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) { counts.update { $0.closed = true } }
     }
 
     /// Two drivers over a socket pair whose transport is on: what one seals, the other opens.
@@ -90,11 +99,11 @@ struct SealingConcurrencyTests {
         }
         await withCheckedContinuation { continuation in group.notify(queue: .global()) { continuation.resume() } }
         #expect(failures.withLock { $0 }.isEmpty)
-        try await waitUntil("every message received, or a connection closed", seconds: 60) {
-            received.frames.load(ordering: .relaxed) == threads * perThread || !accepted.loop.run { accepted.isOpen }
+        try await received.counts.wait("every message received, or the connection closed", timeout: .seconds(60)) {
+            $0.frames == threads * perThread || $0.closed
         }
-        #expect(received.frames.load(ordering: .relaxed) == threads * perThread)
-        #expect(received.bytes.load(ordering: .relaxed) == sent.load(ordering: .relaxed))
+        #expect(received.frames == threads * perThread)
+        #expect(received.bytes == sent.load(ordering: .relaxed))
         // (The lifecycle belongs to each connection's loop: read it there.)
         let open = client.loop.run { client.isOpen } && accepted.loop.run { accepted.isOpen }
         #expect(open, "a connection closed: a message failed to open")
