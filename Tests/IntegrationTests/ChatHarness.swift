@@ -153,10 +153,20 @@ final class ChatProcess: Sendable {
 /// A tmux server of its own (private socket) running one command in a 120×30 window.
 final class TmuxSession: Sendable {
     let socket = "chat-itest-\(UUID().uuidString.prefix(8))"
+    /// A directory of its own where tmux copies the pane's output (`pipe-pane`): each write wakes a
+    /// wait for the screen. tmux updates its copy of the screen when it reads the program's output
+    /// and copies that output to the pipe after, so a capture taken when the file changed shows it.
+    private let outputDirectory: String
+    private let outputWatch: DirectoryWatch?
 
     init(_ command: [String]) throws {
         let line = command.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
+        outputDirectory = NSTemporaryDirectory() + "chat-itest-pane-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: outputDirectory, withIntermediateDirectories: true)
+        outputWatch = try? DirectoryWatch([outputDirectory])
         try tmux(["new-session", "-d", "-x", "120", "-y", "30", "-s", "chat", line])
+        // (Output before the pipe opens is on the screen already: a wait checks the screen first.)
+        try tmux(["pipe-pane", "-o", "-t", "chat", "cat >> '\(outputDirectory)/pane'"])
     }
 
     @discardableResult
@@ -186,12 +196,20 @@ final class TmuxSession: Sendable {
     func waitForScreen(_ what: String, timeout: Duration = .seconds(15), _ predicate: ([String]) -> Bool) async throws
         -> [String]
     {
-        // tmux tells no one of a redraw: the tests' one poll (TestWaits), every 50 ms.
+        // Checked now and at each write of the pane's output (its copy in `outputDirectory`, told by
+        // inotify), not on a timer; were the copy not watched, every 50 ms.
         var rows: [String] = []
         do {
-            try await waitUntil("the screen shows \(what)", timeout: timeout, every: .milliseconds(50)) {
-                rows = (try? screen()) ?? []
-                return predicate(rows)
+            if let outputWatch {
+                try await waitUntil("the screen shows \(what)", timeout: timeout, wokenBy: outputWatch.changes) {
+                    rows = (try? screen()) ?? []
+                    return predicate(rows)
+                }
+            } else {
+                try await waitUntil("the screen shows \(what)", timeout: timeout, every: .milliseconds(50)) {
+                    rows = (try? screen()) ?? []
+                    return predicate(rows)
+                }
             }
         } catch is WaitTimedOut {
             throw HarnessError("screen never showed \(what) within \(timeout); screen:\n\(rows.joined(separator: "\n"))")
@@ -199,8 +217,11 @@ final class TmuxSession: Sendable {
         return rows
     }
 
-    /// Ends this tmux server (its own socket only).
-    func kill() { _ = try? Harness.run(["tmux", "-L", socket, "kill-server"], timeout: .seconds(10)) }
+    /// Ends this tmux server (its own socket only) and removes the copy of its output.
+    func kill() {
+        _ = try? Harness.run(["tmux", "-L", socket, "kill-server"], timeout: .seconds(10))
+        try? FileManager.default.removeItem(atPath: outputDirectory)
+    }
 
     deinit { kill() }
 }
