@@ -63,11 +63,13 @@ public final class ScheduledWork: Sendable {
 
     /// Cancels the work: it will not run (nothing if it ran or is running).
     public func cancel() {
-        let taken = work.withLock { work in
+        // (The closure taken is released here, before the scheduler is told: what it held is
+        // gone when a wait for "no timer left" wakes.)
+        let tookIt = work.withLock { work in
             defer { work = nil }
-            return work
+            return work != nil
         }
-        if taken != nil { onCancel?() }
+        if tookIt { onCancel?() }
     }
 
     /// Whether it is still to run (neither run nor cancelled).

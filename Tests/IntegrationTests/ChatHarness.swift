@@ -152,25 +152,33 @@ final class ChatProcess: Sendable {
 
 /// A tmux server of its own (private socket) running one command in a 120×30 window.
 final class TmuxSession: Sendable {
-    let socket = "chat-itest-\(UUID().uuidString.prefix(8))"
+    let socket: String
     /// A directory of its own where tmux copies the pane's output (`pipe-pane`): each write wakes a
-    /// wait for the screen. tmux updates its copy of the screen when it reads the program's output
-    /// and copies that output to the pipe after, so a capture taken when the file changed shows it.
+    /// wait for the screen. tmux parses the program's output into its screen when it reads it and
+    /// only queues the copy, written to the pipe on a later turn of its event loop: a capture taken
+    /// when the file changed shows that output. (nil: the pipe did not open; the waits poll.)
     private let outputDirectory: String
     private let outputWatch: DirectoryWatch?
 
     init(_ command: [String]) throws {
         let line = command.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
-        outputDirectory = NSTemporaryDirectory() + "chat-itest-pane-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: outputDirectory, withIntermediateDirectories: true)
-        outputWatch = try? DirectoryWatch([outputDirectory])
-        try tmux(["new-session", "-d", "-x", "120", "-y", "30", "-s", "chat", line])
+        let socket = "chat-itest-\(UUID().uuidString.prefix(8))"
+        let directory = NSTemporaryDirectory() + "chat-itest-pane-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try Self.tmux(socket, ["new-session", "-d", "-x", "120", "-y", "30", "-s", "chat", line])
         // (Output before the pipe opens is on the screen already: a wait checks the screen first.)
-        try tmux(["pipe-pane", "-o", "-t", "chat", "cat >> '\(outputDirectory)/pane'"])
+        _ = try? Self.tmux(socket, ["pipe-pane", "-o", "-t", "chat", "cat >> '\(directory)/pane'"])
+        let piped = (try? Self.tmux(socket, ["display-message", "-p", "-t", "chat", "#{pane_pipe}"]))?.hasPrefix("1") ?? false
+        self.socket = socket
+        outputDirectory = directory
+        outputWatch = piped ? try? DirectoryWatch([directory]) : nil
     }
 
     @discardableResult
-    func tmux(_ arguments: [String]) throws -> String {
+    func tmux(_ arguments: [String]) throws -> String { try Self.tmux(socket, arguments) }
+
+    @discardableResult
+    static func tmux(_ socket: String, _ arguments: [String]) throws -> String {
         let result = try Harness.run(["tmux", "-L", socket] + arguments, timeout: .seconds(10))
         guard result.status == 0 else {
             throw HarnessError("tmux \(arguments) failed (\(result.status)): \(result.output)")

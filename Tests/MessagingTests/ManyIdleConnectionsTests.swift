@@ -63,9 +63,11 @@ import ProtocolCore
 
         // Six heartbeat rounds (about 3 s), counted, not waited out: both ends of every connection
         // take six round-trip samples (a PONG each), told by their `healthUpdates`; nobody is
-        // dropped meanwhile, nobody falls silent. (It was a 3-s window checked every 200 ms.)
+        // dropped meanwhile, nobody falls silent. (It was a 3-s window checked every 200 ms.) An
+        // end whose updates ended — closed — is counted too, and fails the checks after at once.
         let rounds = 6
         let heartbeatsDone = Observed(0)
+        let endsClosed = Observed(0)
         let ends = server.connections.map(\.channel) + channels
         #expect(ends.count == 2 * count)
         let watchers = Task {
@@ -76,6 +78,8 @@ import ProtocolCore
                             heartbeatsDone.update { $0 += 1 }
                             return
                         }
+                        if !Task.isCancelled { endsClosed.update { $0 += 1 } }
+                        heartbeatsDone.update { $0 += 1 }
                     }
                 }
             }
@@ -84,6 +88,7 @@ import ProtocolCore
         try await heartbeatsDone.wait("\(rounds) heartbeat rounds at both ends of every connection", timeout: .seconds(60)) {
             $0 == ends.count
         }
+        #expect(endsClosed.value == 0, "\(endsClosed.value) connections closed during the heartbeat rounds")
         #expect(server.connections.count == count)
         #expect(events.count { if case .closed = $0 { true } else { false } } == 0)
         let silent = await withTaskGroup(of: Bool.self) { group in

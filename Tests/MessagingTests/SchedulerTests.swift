@@ -2,6 +2,7 @@ import Dispatch
 import Locks
 import MDNSCore
 import Scheduling
+import TestWaits
 import Testing
 
 /// The package's one clock for timers: the manual one runs what comes due, in order, on its
@@ -146,29 +147,42 @@ import Testing
     }
 
     /// A wait for no timer left is woken by the cancellation (or the run) that left none — on
-    /// another thread, while the waiter sleeps — and not by the one before it.
-    @Test func aWaitForNoTimerLeftIsWokenByTheCancellationThatLeftNone() async {
+    /// another thread, while the waiter sleeps — and not by the one before it. (The condition
+    /// counts its checks: the first is made when the wait registers, in the same critical section,
+    /// so a count of one means the waiter sleeps; every later one is a change re-checked.)
+    @Test func aWaitForNoTimerLeftIsWokenByTheCancellationThatLeftNone() async throws {
         let clock = ManualScheduler()
         let first = clock.schedule(after: .seconds(1)) {}
         let second = clock.schedule(after: .seconds(2)) {}
-        let woke = Locked(false)
+        let checks = Observed(0)
         let waiter = Task {
-            let none = await clock.waitForPending(within: .seconds(20)) { $0.isEmpty }
-            woke.withLock { $0 = true }
-            return none
+            await clock.waitForPending(within: .seconds(20)) { deadlines in
+                checks.signal()
+                return deadlines.isEmpty
+            }
         }
-        first.cancel()
-        #expect(clock.pendingCount == 1)
-        #expect(await clock.waitForPending(within: .milliseconds(50)) { $0.isEmpty } == false, "woken with one timer left")
-        #expect(!woke.withLock { $0 })
-        DispatchQueue.global().async { second.cancel() }
+        try await checks.wait("the wait registered") { $0 >= 1 }
+        first.cancel()  // re-checked at once, on this thread: one timer left, the wait goes on
+        #expect(checks.value == 2 && clock.pendingCount == 1)
+        let cancelled = Task.detached { second.cancel() }  // another thread
+        await cancelled.value
         #expect(await waiter.value, "the cancellation that left no timer did not wake the wait (it ran out)")
+        #expect(checks.value == 3)
         first.cancel()  // a second cancel changes nothing
+        #expect(checks.value == 3)
+
         let third = clock.schedule(after: .seconds(1)) {}
-        let ran = Task { await clock.waitForPending(within: .seconds(20)) { $0.isEmpty } }
-        #expect(await clock.waitForPending(1))
+        let runChecks = Observed(0)
+        let ran = Task {
+            await clock.waitForPending(within: .seconds(20)) { deadlines in
+                runChecks.signal()
+                return deadlines.isEmpty
+            }
+        }
+        try await runChecks.wait("the second wait registered") { $0 >= 1 }
         clock.advance(by: .seconds(1))
         #expect(await ran.value && !third.isPending, "the run that left no timer did not wake the wait")
+        #expect(runChecks.value == 2)
     }
 
     /// `waitForPending` reports false when nothing is armed within its (real) time.

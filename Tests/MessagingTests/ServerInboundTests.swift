@@ -4,6 +4,7 @@ import Testing
 
 import Locks
 @testable import Messaging
+@_spi(Programs) import Transport
 
 /// A server's events are its connections' one inbound queue: a channel hands each message from its
 /// loop straight into them (no buffer of its own, no task per connection in between), and while
@@ -65,7 +66,7 @@ import Locks
             throw error
         }
         // ...and stay there: the connection is not read while the app takes nothing, so what the
-        // events hold now is all they get (checked again after a turn of the connection's loop).
+        // events hold now is all they get (checked again, with the socket out of the loop's epoll set).
         // What one read took is still delivered after the limit: encrypted, up to five Noise
         // transport messages (the rest of one and four more, `ConnectionDriver.secureReadExtra`),
         // 82 of these 4 kB messages. Messages that came before the server routed the connection
@@ -74,7 +75,12 @@ import Locks
         // the limit in one turn: 84.) (This was a one-second window sampled every 20 ms.)
         let oneRead = 5 * 65_537 / 4_000 + 1
         let bound = max(limit, ChannelConfiguration(name: "x").incomingBufferLimit) + oneRead
+        // Paused is more than a flag: the socket is out of its loop's epoll set, as the kernel lists
+        // it, so nothing more is read from it however much the client sends.
         let atPause = harness.server.bufferedEvents
+        let serverChannel = try #require(harness.server.connections.first?.channel)
+        let (epoll, socket) = serverChannel.queue.sync { (serverChannel.driver.loop.readiness.descriptor, serverChannel.driver.fd.rawValue) }
+        #expect(try !epollWatchedDescriptors(epoll).contains(socket), "the connection's socket is still watched for reading")
         #expect(readingPaused(), "reading resumed while the app took none")
         let most = max(atPause, harness.server.bufferedEvents)
         #expect(most <= bound, "the events grew to \(most) (at most \(bound)) while the app took none")

@@ -44,8 +44,8 @@ import Transport
                 state.next[numbered.client] = max(expected, numbered.n + 1)
             }
         }
-        var counts: (received: Int, duplicates: Int, gaps: Int) { state.withLock { ($0.received, $0.duplicates, $0.gaps) } }
-        var next: [Int: Int] { state.withLock { $0.next } }
+        var counts: (received: Int, duplicates: Int, gaps: Int) { state.read { ($0.received, $0.duplicates, $0.gaps) } }
+        var next: [Int: Int] { state.read { $0.next } }
     }
 
     struct Sample: CustomStringConvertible {

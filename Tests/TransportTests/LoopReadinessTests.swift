@@ -1,5 +1,4 @@
 import Dispatch
-import Foundation
 import Logging
 import Synchronization
 import TestWaits
@@ -47,15 +46,6 @@ import Testing
         return (a, b, aEvents, bEvents)
     }
 
-
-    /// The descriptors an epoll set watches, as the kernel lists them in `/proc/self/fdinfo`.
-    static func watched(by epoll: Int32) throws -> Set<Int32> {
-        let text = try String(contentsOfFile: "/proc/self/fdinfo/\(epoll)", encoding: .utf8)
-        return Set(text.split(separator: "\n").compactMap { line in
-            guard line.hasPrefix("tfd:") else { return nil }
-            return line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first.flatMap { Int32($0) }
-        })
-    }
 
     /// More sockets readable at once than one turn serves (three turns' worth): every one is read,
     /// and every slot is given back when the connections close.
@@ -107,11 +97,11 @@ import Testing
         // no events asked for — EPOLLHUP always is — so out of the set is what "not reported" takes.)
         let epoll = loop.run { loop.readiness.descriptor }
         let bSocket = b.fd.rawValue
-        #expect(try Self.watched(by: epoll).contains(bSocket), "the positive control: a reading socket is in the set")
+        #expect(try epollWatchedDescriptors(epoll).contains(bSocket), "the positive control: a reading socket is in the set")
         loop.run { b.pauseReading() }
         a.abort(.localClose)
         _ = await a.closed()
-        #expect(try !Self.watched(by: epoll).contains(bSocket), "a paused socket is still in the epoll set")
+        #expect(try !epollWatchedDescriptors(epoll).contains(bSocket), "a paused socket is still in the epoll set")
         let turns = loop.run { loop.readiness.turns }
         loop.run {}  // a turn of the loop's queue later, the set was not read again for it
         #expect(loop.run { loop.readiness.turns } == turns)
