@@ -54,9 +54,15 @@ public final class ScheduledWork: Sendable {
     /// Told when a cancellation took the work (a scheduler that keeps count of what is pending).
     private let onCancel: (@Sendable () -> Void)?
 
-    /// Work to run through ``run()``: for the schedulers. `onCancel` runs after a ``cancel()`` that
-    /// took the work (not one after it ran), outside the work's lock.
-    public init(_ work: @escaping @Sendable () -> Void, onCancel: (@Sendable () -> Void)? = nil) {
+    /// Work to run through ``run()``: for the schedulers.
+    public convenience init(_ work: @escaping @Sendable () -> Void) {
+        self.init(work, onCancel: nil)
+    }
+
+    /// Work to run through ``run()``, for a scheduler that keeps count of what is pending:
+    /// `onCancel` runs after a ``cancel()`` that took the work (not one after it ran), outside the
+    /// work's lock.
+    public init(_ work: @escaping @Sendable () -> Void, onCancel: (@Sendable () -> Void)?) {
         self.work = Locked(work)
         self.onCancel = onCancel
     }

@@ -154,13 +154,17 @@ import Testing
         let clock = ManualScheduler()
         let first = clock.schedule(after: .seconds(1)) {}
         let second = clock.schedule(after: .seconds(2)) {}
-        let checks = Observed(0)
-        let waiter = Task {
-            await clock.waitForPending(within: .seconds(20)) { deadlines in
-                checks.signal()
-                return deadlines.isEmpty
+        /// A wait for no timer left whose condition counts its checks in `checks`.
+        func waitForNone(counting checks: Observed<Int>) -> Task<Bool, Never> {
+            Task {
+                await clock.waitForPending(within: .seconds(20)) { deadlines in
+                    checks.signal()
+                    return deadlines.isEmpty
+                }
             }
         }
+        let checks = Observed(0)
+        let waiter = waitForNone(counting: checks)
         try await checks.wait("the wait registered") { $0 >= 1 }
         first.cancel()  // re-checked at once, on this thread: one timer left, the wait goes on
         #expect(checks.value == 2 && clock.pendingCount == 1)
@@ -173,12 +177,7 @@ import Testing
 
         let third = clock.schedule(after: .seconds(1)) {}
         let runChecks = Observed(0)
-        let ran = Task {
-            await clock.waitForPending(within: .seconds(20)) { deadlines in
-                runChecks.signal()
-                return deadlines.isEmpty
-            }
-        }
+        let ran = waitForNone(counting: runChecks)
         try await runChecks.wait("the second wait registered") { $0 >= 1 }
         clock.advance(by: .seconds(1))
         #expect(await ran.value && !third.isPending, "the run that left no timer did not wake the wait")
