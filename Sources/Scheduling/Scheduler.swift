@@ -55,8 +55,9 @@ public final class ScheduledWork: Sendable {
     private let onCancel: (@Sendable () -> Void)?
 
     /// Work to run through ``run()``: for the schedulers.
-    public convenience init(_ work: @escaping @Sendable () -> Void) {
-        self.init(work, onCancel: nil)
+    public init(_ work: @escaping @Sendable () -> Void) {
+        self.work = Locked(work)
+        self.onCancel = nil
     }
 
     /// Work to run through ``run()``, for a scheduler that keeps count of what is pending:
