@@ -137,7 +137,7 @@ let package = Package(
         // What the tests share that is no part of the products: the in-memory channel pair.
         .target(
             name: "TestSupport",
-            dependencies: ["Messaging", "Transport", "ProtocolCore", "SystemCalls", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Messaging", "Transport", "ProtocolCore", "SystemCalls", "TestWaits", .product(name: "Logging", package: "swift-log")],
             path: "Tests/TestSupport", swiftSettings: strict),
         // The tests' waits: for a condition, a value that tells its changes, a child process's output
         // and exit (Locks only: every test target may use it).
@@ -146,7 +146,7 @@ let package = Package(
         .testTarget(
             name: "MessagingTests",
             dependencies: [
-                "Messaging", "Transport", "ProtocolCore", "Discovery", "Scheduling", "TestWaits",
+                "Messaging", "Transport", "ProtocolCore", "Discovery", "Scheduling", "TestWaits", "TestSupport",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             swiftSettings: strict),

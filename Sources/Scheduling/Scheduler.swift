@@ -70,12 +70,14 @@ public final class ScheduledWork: Sendable {
 
     /// Cancels the work: it will not run (nothing if it ran or is running).
     public func cancel() {
-        // (The closure taken is released here, before the scheduler is told: what it held is
-        // gone when a wait for "no timer left" wakes.)
-        let tookIt = work.withLock { work in
+        var taken = work.withLock { work in
             defer { work = nil }
-            return work != nil
+            return work
         }
+        // Released here, outside the lock (what it captured may cancel again as it goes) and
+        // before the scheduler is told: a wait for "no timer left" finds it gone.
+        let tookIt = taken != nil
+        taken = nil
         if tookIt { onCancel?() }
     }
 

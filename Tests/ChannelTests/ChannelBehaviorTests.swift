@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import TestWaits
 import Testing
 
@@ -355,7 +356,7 @@ func serveEcho(_ channel: MessageChannel) {
             let (client, accepted) = try await server.connectedPair(clientConfig)
             // Wait for enough pings to span several heartbeat timeouts: 40 answered, each a
             // round-trip sample (told by `healthUpdates`, not polled).
-            for await health in accepted.healthUpdates where health.samples >= 40 { break }
+            #expect(try await waitForHeartbeatSamples(40, on: [accepted], within: .seconds(20)) == 0, "the connection closed")
             #expect(accepted.driver.queue.sync { accepted.driver.nextSequence } > 40)
             try await client.send(Chat(text: "still here"), type: "chat")
             var messages = accepted.messages.makeAsyncIterator()

@@ -1,5 +1,6 @@
 import Foundation
 import Scheduling
+import TestSupport
 import TestWaits
 import Testing
 
@@ -34,15 +35,7 @@ import Transport
             // own, so that nothing here holds a channel when the test checks it is freed.)
             do {
                 let ends = pairs.flatMap { [$0.client, $0.accepted] }
-                let sampled = Task {
-                    await withTaskGroup(of: Void.self) { group in
-                        for end in ends {
-                            group.addTask { for await health in end.healthUpdates where health.samples >= 3 { return } }
-                        }
-                    }
-                }
-                defer { sampled.cancel() }
-                try await value(of: sampled, "three samples on both sides of every pair", within: .seconds(20))
+                #expect(try await waitForHeartbeatSamples(3, on: ends, within: .seconds(20)) == 0, "a connection closed")
                 #expect(ends.allSatisfy { samples($0) >= 3 })
             }
             let freed = WeakDriver(pairs[0].accepted.driver)

@@ -5,6 +5,7 @@ import Testing
 import Locks
 @testable import Messaging
 import ProtocolCore
+import TestSupport
 
 /// Many idle encrypted connections on one server with heartbeats running (issue 28), in a short
 /// form (the full one, 19,000 connections with its figures, is `Benchmarks/idle.sh`): they all stay
@@ -64,31 +65,11 @@ import ProtocolCore
         // Six heartbeat rounds (about 3 s), counted, not waited out: both ends of every connection
         // take six round-trip samples (a PONG each), told by their `healthUpdates`; nobody is
         // dropped meanwhile, nobody falls silent. (It was a 3-s window checked every 200 ms.) An
-        // end whose updates ended — closed — is counted too, and fails the checks after at once.
-        let rounds = 6
-        let heartbeatsDone = Observed(0)
-        let endsClosed = Observed(0)
+        // end whose updates ended — closed — is counted, and fails the test at once.
         let ends = server.connections.map(\.channel) + channels
         #expect(ends.count == 2 * count)
-        let watchers = Task {
-            await withTaskGroup(of: Void.self) { group in
-                for end in ends {
-                    group.addTask {
-                        for await health in end.healthUpdates where health.samples >= rounds {
-                            heartbeatsDone.update { $0 += 1 }
-                            return
-                        }
-                        if !Task.isCancelled { endsClosed.update { $0 += 1 } }
-                        heartbeatsDone.update { $0 += 1 }
-                    }
-                }
-            }
-        }
-        defer { watchers.cancel() }
-        try await heartbeatsDone.wait("\(rounds) heartbeat rounds at both ends of every connection", timeout: .seconds(60)) {
-            $0 == ends.count
-        }
-        #expect(endsClosed.value == 0, "\(endsClosed.value) connections closed during the heartbeat rounds")
+        let closed = try await waitForHeartbeatSamples(6, on: ends, within: .seconds(60))
+        #expect(closed == 0, "\(closed) connections closed during the heartbeat rounds")
         #expect(server.connections.count == count)
         #expect(events.count { if case .closed = $0 { true } else { false } } == 0)
         let silent = await withTaskGroup(of: Bool.self) { group in

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import TestSupport
 import TestWaits
 import Testing
 
@@ -324,7 +325,8 @@ import Scheduling
         var updates = try #require(client.channel).healthUpdates.makeAsyncIterator()
         let first = try #require(await updates.next())
         #expect(first.samples >= 1 && first.smoothedRTT != nil)
-        while let next = await updates.next(), next.samples < 3 {}  // each sample as it is taken, not polled
+        // Each sample as it is taken, not polled (with a deadline).
+        #expect(try await waitForHeartbeatSamples(3, on: [try #require(client.channel)], within: .seconds(20)) == 0)
         #expect((await client.health?.samples ?? 0) >= 3)
         let health = try #require(await client.health)
         let rtt = try #require(health.smoothedRTT)
