@@ -17,27 +17,30 @@ final class SimulatedLink: SessionLink {
     init(number: Int) { self.number = number }
 }
 
-/// A deterministic simulation of one durable session (issue 54, 3 — its session part): a client
-/// and a server, each a real ``SessionMachine`` (the server's one per session id it knows) with its
-/// real ``SessionJournal`` on a ``SimulatedDisk``, joined by a connection in memory, driven by a
-/// seed. The seed picks every step: either app sends a numbered message, a frame in flight
-/// arrives, an app handles a delivered message, a store syncs, an acknowledgement deadline passes,
-/// the connection is cut (what is in flight is lost) or made again, a process is killed (`kill -9`:
+/// A deterministic simulation of durable sessions (issue 54, 3 — its session part): one server and
+/// one to three clients, each a real ``SessionMachine`` (the server's one per session id it knows,
+/// all in its one store) with its real ``SessionJournal`` on a ``SimulatedDisk``, each client joined
+/// to the server by a connection in memory, driven by a seed. The seed picks every step: an app
+/// sends a numbered message (the server's to one client's session), a frame in flight arrives, an
+/// app handles a delivered message, a store syncs, an acknowledgement deadline passes, a
+/// connection is cut (what is in flight is lost) or made again, a process is killed (`kill -9`:
 /// the page cache survives) or the power fails (the disk keeps what ``SimulatedDisk/materialize``
 /// leaves: nothing unsynced, a prefix, a torn or zero-filled write, a subset; the machine boots
-/// again). Durability (process crash or power loss) is the seed's too.
+/// again) — a client's alone, the server's (all its sessions' records in one file, every
+/// connection cut), or both at once. Durability (process crash or power loss) is the seed's too.
 ///
 /// Each app keeps what it handled in its own durable log, with the message's position (the
 /// library's promise: a message delivered again carries the position it had). Checked after every
 /// step: a position never names two messages (the session never reuses a number for another
-/// message, also after a store lost records); each app's log holds the peer's messages in the order
-/// they were sent, each once; ACKs never claim more than was sent; every inbox counts in order
-/// (acknowledged ≤ stored ≤ handled ≤ delivered); a store always opens again. At the end (the
-/// faults stop, the connection is made and everything in flight settles): both sides' sessions on
-/// that connection, nothing left unacknowledged in them, and — once the server's other sessions
-/// ended with their grace period — every message whose `send` returned is in the peer's log or
-/// was reported undelivered, except, with process-crash durability, those a power loss could take
-/// (its promise is the process's crash, not the machine's).
+/// message, also after a store lost records); each app's log holds each peer's messages in the
+/// order they were sent, each once (the server's: each client's in its order); ACKs never claim
+/// more than was sent; every inbox counts in order (acknowledged ≤ stored ≤ handled ≤ delivered); a
+/// store always opens again. At the end (the faults stop, every client connects and everything in
+/// flight settles): each client's session and the server's of its id on that client's connection,
+/// nothing left unacknowledged in them, and — once the server's other sessions ended with their
+/// grace period — every message whose `send` returned is in its receiver's log or was reported
+/// undelivered, except, with process-crash durability, those a power loss could take (its promise
+/// is the process's crash, not the machine's).
 ///
 /// Randomness comes from the seed only (the sessions' random ids never decide a step, and are not
 /// in the trace): a seed replays event for event.
@@ -57,12 +60,16 @@ final class SessionSimulation {
     final class Side {
         let name: String
         let role: Journal.Role
+        /// A client's number (1, 2, 3); the server's is 0.
+        let number: Int
         var disk = SimulatedDisk()
         var journal: SessionJournal!
         var boot = 1
         var sessions: [Journal.Key: Machine] = [:]
-        /// The client's session; the server's session of the client (the last one opened).
+        /// The client's session.
         var current: Journal.Key?
+        /// The server's session of each client (the last one it opened), by the client's number.
+        var currentOf: [Int: Journal.Key] = [:]
         /// Writes whose sync lets their messages go or their count be acknowledged.
         var pendingSyncs: [(position: UInt64, key: Journal.Key, after: Machine.AfterWrite)] = []
         /// Delivered to the app, not handled yet (lost with the process).
@@ -70,8 +77,12 @@ final class SessionSimulation {
         var ackArmed: [Journal.Key] = []
         // The app's durable state.
         var log: [Int] = []
+        var logged: Set<Int> = []
+        /// The last payload logged from each sender (its code: ``SessionSimulation/code(_:)``).
+        var lastFrom: [Int: Int] = [:]
         var positions: [String: Int] = [:]
-        var sent = 0
+        /// The messages sent, by the code of their sender and receiver.
+        var sent: [Int: Int] = [:]
         var promised: [Int] = []
         var reported: Set<Int> = []
         var mayLose: Set<Int> = []
@@ -79,7 +90,7 @@ final class SessionSimulation {
         var waiting: Set<Int> = []
         /// The app's waits for acknowledgement (``SessionMachine/waitForAcknowledgement(_:through:_:_:)``,
         /// one after each send, for everything kept then), by id: the payloads each covers (lost
-        /// with the process). One that ends acknowledged must find them all in the peer's log.
+        /// with the process). One that ends acknowledged must find them all in the receiver's log.
         var acknowledgementWaits: [Int: Set<Int>] = [:]
         var lastWaitID = 0
         /// A write or sync failure was armed on the disk since the store opened: a store that
@@ -88,15 +99,14 @@ final class SessionSimulation {
         /// The store failed a sync: it takes no more records until the process starts again.
         var storeFailed: Bool { journal?.shared.withLock { $0.failure != nil } ?? false }
 
-        init(name: String, role: Journal.Role) {
+        init(name: String, role: Journal.Role, number: Int) {
             self.name = name
             self.role = role
+            self.number = number
         }
-
-        /// The payloads this side sends: client 1_000_001…, server 2_000_001….
-        var payloadBase: Int { role == .client ? 1_000_000 : 2_000_000 }
     }
 
+    /// A client's connection to the server.
     struct Connection {
         let link: SimulatedLink
         var toServer: [Frame] = []
@@ -109,24 +119,29 @@ final class SessionSimulation {
     var random: SeededRandom
     let steps: Int
     let syncs: Bool
-    let client = Side(name: "client", role: .client)
-    let server = Side(name: "server", role: .server)
-    var connection: Connection?
+    let clients: [Side]
+    let server = Side(name: "server", role: .server, number: 0)
+    var sides: [Side] { clients + [server] }
+    /// Each client's connection, by its number.
+    var connections: [Int: Connection] = [:]
     var links = 0
     var outcome = Outcome()
     let logger = Logger(label: "session-simulation", factory: { _ in SwiftLogNoOpLogHandler() })
     static let maxCount = 12
     static let ackEvery: UInt64 = 3
 
-    init(seed: UInt64, steps: Int = 300) {
+    /// `clients`: how many clients share the server (1–3; the first is called "client" when
+    /// alone, else they are "client1", "client2", …).
+    init(seed: UInt64, steps: Int = 300, clients: Int = 1) {
         self.seed = seed
         self.steps = steps
         random = SeededRandom(seed)
         syncs = Bool.random(using: &random)
+        self.clients = (1...max(1, clients)).map { Side(name: clients > 1 ? "client\($0)" : "client", role: .client, number: $0) }
     }
 
-    static func run(seed: UInt64, steps: Int = 300) async -> Outcome {
-        let simulation = SessionSimulation(seed: seed, steps: steps)
+    static func run(seed: UInt64, steps: Int = 300, clients: Int = 1) async -> Outcome {
+        let simulation = SessionSimulation(seed: seed, steps: steps, clients: clients)
         await simulation.run()
         return simulation.outcome
     }
@@ -137,12 +152,23 @@ final class SessionSimulation {
 
     func count(_ kind: String) { outcome.counts[kind, default: 0] += 1 }
 
+    // MARK: Payloads
+
+    /// A payload names its sender and receiver: `code × 1,000,000 + n`, the n-th message of that
+    /// code — a client's code is its number (1–3), the server's to client c is 10 + c.
+    static func code(from sender: Side, to client: Int) -> Int { sender.role == .client ? sender.number : 10 + client }
+
+    /// The side whose app must log `payload`.
+    func receiver(of payload: Int) -> Side {
+        let code = payload / 1_000_000
+        return code < 10 ? server : clients[code - 11]
+    }
+
     // MARK: Running
 
     func run() async {
-        outcome.trace.append("seed \(seed): durability \(syncs ? "power-loss" : "process-crash")")
-        open(client, fresh: true)
-        open(server, fresh: true)
+        outcome.trace.append("seed \(seed): durability \(syncs ? "power-loss" : "process-crash")\(clients.count > 1 ? ", \(clients.count) clients" : "")")
+        for side in sides { open(side, fresh: true) }
         for step in 1...steps where outcome.failure == nil {
             let action = await takeStep()
             outcome.steps += 1
@@ -173,80 +199,83 @@ final class SessionSimulation {
         return text.replacing(/[0-9a-f]{8}…/, with: "…")
     }
 
+    /// What a side can do, and how often the seed picks it.
+    static let sideSteps: [(client: Int, server: Int, verb: String)] = [
+        (12, 8, "sends"), (6, 6, "handles"), (4, 4, "syncs"), (3, 3, "ack deadline"), (2, 2, "killed"), (1, 1, "power loss"),
+        (1, 1, "write fails"), (1, 1, "sync fails"),
+    ]
+
     /// One step the seed picks among those possible now.
     func takeStep() async -> String {
-        var choices: [(weight: Int, name: String)] = [
-            (12, "client sends"), (8, "server sends"), (6, "client handles"), (6, "server handles"),
-            (4, "client syncs"), (4, "server syncs"), (3, "client ack deadline"), (3, "server ack deadline"),
-            (2, "client killed"), (2, "server killed"), (1, "client power loss"), (1, "server power loss"),
-            (1, "both power loss"), (1, "client write fails"), (1, "server write fails"), (1, "client sync fails"),
-            (1, "server sync fails"),
-        ]
-        if let connection {
-            choices += [(14, "to server"), (14, "to client"), (3, "cut")]
-            if connection.toServer.isEmpty { choices.removeAll { $0.name == "to server" } }
-            if connection.toClient.isEmpty { choices.removeAll { $0.name == "to client" } }
-        } else {
-            choices.append((10, "connect"))
+        var choices: [(weight: Int, side: Side, verb: String)] = []
+        for side in sides {
+            for step in Self.sideSteps { choices.append((side.role == .client ? step.client : step.server, side, step.verb)) }
+        }
+        for client in clients {
+            choices.append((1, client, "power loss with the server"))
+            if let connection = connections[client.number] {
+                if !connection.toServer.isEmpty { choices.append((14, client, "to server")) }
+                if !connection.toClient.isEmpty { choices.append((14, client, "to client")) }
+                choices.append((3, client, "cut"))
+            } else {
+                choices.append((10, client, "connects"))
+            }
         }
         let total = choices.reduce(0) { $0 + $1.weight }
         var pick = Int.random(in: 0..<total, using: &random)
-        var name = choices[0].name
+        var chosen = choices[0]
         for choice in choices {
             if pick < choice.weight {
-                name = choice.name
+                chosen = choice
                 break
             }
             pick -= choice.weight
         }
-        return await perform(name)
+        return await perform(chosen.verb, chosen.side)
     }
 
     /// Without faults: the next thing to settle, in a fixed order; nil when nothing is left.
     func settleStep() async -> String? {
         // A process whose store failed a sync goes on in memory but acknowledges nothing it
         // handles: its operator restarts it (the log said what failed).
-        for side in [client, server] where side.storeFailed { return await perform("\(side.name) killed") }
-        guard let connection else { return await perform("connect") }
-        if !connection.toServer.isEmpty { return await perform("to server") }
-        if !connection.toClient.isEmpty { return await perform("to client") }
-        for side in [client, server] {
-            if !side.toHandle.isEmpty { return await perform("\(side.name) handles") }
-            if !side.pendingSyncs.isEmpty { return await perform("\(side.name) syncs") }
-            if !side.ackArmed.isEmpty { return await perform("\(side.name) ack deadline") }
+        for side in sides where side.storeFailed { return await perform("killed", side) }
+        for client in clients where connections[client.number] == nil { return await perform("connects", client) }
+        for client in clients {
+            if connections[client.number]?.toServer.isEmpty == false { return await perform("to server", client) }
+            if connections[client.number]?.toClient.isEmpty == false { return await perform("to client", client) }
+        }
+        for side in sides {
+            if !side.toHandle.isEmpty { return await perform("handles", side) }
+            if !side.pendingSyncs.isEmpty { return await perform("syncs", side) }
+            if !side.ackArmed.isEmpty { return await perform("ack deadline", side) }
         }
         return nil
     }
 
-    func side(_ name: Substring) -> Side { name == "client" ? client : server }
-
-    func perform(_ name: String) async -> String {
-        let words = name.split(separator: " ", maxSplits: 1)
-        switch name {
-        case "connect": return connect()
+    /// `side` does `verb` (the connection's steps are its client's).
+    func perform(_ verb: String, _ side: Side) async -> String {
+        switch verb {
+        case "connects": return connect(side)
         case "cut":
             count("cut")
-            cut()
-            return "cut"
-        case "both power loss":
+            cut(side.number)
+            return "\(side.name): cut"
+        case "power loss with the server":
             // Both on one machine (as two processes of one host, or a client and server in one
             // rack losing power together): both stores may lose the same tail.
-            return restart(client, powerLoss: true) + ", " + restart(server, powerLoss: true)
-        case "to server": return await deliver(toServer: true)
-        case "to client": return await deliver(toServer: false)
-        default:
-            let side = side(words[0])
-            switch words[1] {
-            case "sends": return send(side)
-            case "handles": return handle(side)
-            case "syncs": return await sync(side)
-            case "ack deadline": return ackDeadline(side)
-            case "killed": return restart(side, powerLoss: false)
-            case "power loss": return restart(side, powerLoss: true)
-            case "write fails": return await failNextCall(side, "write") { send(side) }
-            case "sync fails": return await failNextCall(side, "sync") { await sync(side) }
-            default: return "?"
-            }
+            count("both power loss")
+            return restart(side, powerLoss: true) + ", " + restart(server, powerLoss: true)
+        case "to server": return await deliver(side, toServer: true)
+        case "to client": return await deliver(side, toServer: false)
+        case "sends": return send(side)
+        case "handles": return handle(side)
+        case "syncs": return await sync(side)
+        case "ack deadline": return ackDeadline(side)
+        case "killed": return restart(side, powerLoss: false)
+        case "power loss": return restart(side, powerLoss: true)
+        case "write fails": return await failNextCall(side, "write") { send(side) }
+        case "sync fails": return await failNextCall(side, "sync") { await sync(side) }
+        default: return "?"
         }
     }
 
@@ -265,6 +294,7 @@ final class SessionSimulation {
         }
         side.sessions = [:]
         side.current = nil
+        side.currentOf = [:]
         side.injected = false
         let journal = side.journal!
         switch side.role {
@@ -286,7 +316,7 @@ final class SessionSimulation {
                 do {
                     try journal.append(.session(machine.snapshot))
                 } catch {
-                    return fail("the client's new session was not stored: \(error.message)")
+                    return fail("\(side.name)'s new session was not stored: \(error.message)")
                 }
                 side.sessions[machine.id] = machine
                 side.current = machine.id
@@ -304,7 +334,11 @@ final class SessionSimulation {
     /// The process ends (`kill -9`, or the power) and starts again at once.
     func restart(_ side: Side, powerLoss: Bool) -> String {
         count(powerLoss ? "power loss" : "killed")
-        if connection != nil { cut() }
+        // Its connections end: a client's one, or all of the server's.
+        for client in clients where side === server || side === client { cut(client.number) }
+        if side === server, Set(server.sessions.values.compactMap(\.owner)).count > 1 {
+            count(powerLoss ? "server power loss holding several clients' sessions" : "server killed holding several clients' sessions")
+        }
         var how = ""
         if powerLoss {
             let choices: [SimulatedDisk.Image.Choice] = [.nothing, .prefix, .torn, .zeros, .subset]
@@ -336,6 +370,9 @@ final class SessionSimulation {
     // MARK: Effects
 
     func payload(_ entry: SessionOutbox<Frame>.Entry) -> Int { Int(String(decoding: entry.item.payload, as: UTF8.self)) ?? -1 }
+
+    /// The number of the client whose connection `link` is, if it is open.
+    func client(on link: SimulatedLink) -> Int? { connections.first { $0.value.link === link }?.key }
 
     /// Carries out what an input of `key`'s machine on `side` decided, as ``MessageSession`` does:
     /// records to the store (then written, or synced later), senders resumed, the ACK, frames out.
@@ -372,9 +409,9 @@ final class SessionSimulation {
                 // As `MessageSession`: the store takes no more records, the connection closes.
                 count("epoch not stored")
                 side.journal.fail(error as? FileError ?? FileError("/store", "\(error)"))
-                if let link, link === connection?.link { cut() }
+                if let link, let number = client(on: link) { cut(number) }
             }
-            if let (link, step) = effects.ack, link === connection?.link {
+            if let (link, step) = effects.ack, client(on: link) != nil {
                 switch step {
                 case .sendNow: sendAck(side, key, link)
                 case .armDeadline: if !side.ackArmed.contains(key) { side.ackArmed.append(key) }
@@ -407,7 +444,7 @@ final class SessionSimulation {
     }
 
     func sendAck(_ side: Side, _ key: Journal.Key, _ link: SimulatedLink) {
-        if let count = side.sessions[key]?.takeAck(on: link) { push(Frame.ack(count), from: side) }
+        if let count = side.sessions[key]?.takeAck(on: link) { push(Frame.ack(count), from: side, on: link) }
     }
 
     /// Frames `key`'s machine decided go on the connection they were decided for, if it is open.
@@ -416,24 +453,37 @@ final class SessionSimulation {
         var batch: [Machine.Outgoing] = []
         let (driver, epoch, _) = side.sessions[key]!.takeOutgoing(&batch)
         guard !batch.isEmpty else { return }
-        if let connection, driver === connection.link.sessionDriver {
-            for item in batch { push(item.frame, from: side) }
+        if let connection = connections.values.first(where: { driver === $0.link.sessionDriver }) {
+            for item in batch { push(item.frame, from: side, on: connection.link) }
         } else {
             side.sessions[key]!.notTransmitted(batch.compactMap(\.number), driver: driver, epoch: epoch)
         }
     }
 
-    func push(_ frame: Frame, from side: Side) {
-        if side === client { connection?.toServer.append(frame) } else { connection?.toClient.append(frame) }
+    /// `frame` goes on `link` (if it is still open) from `side` to the other end.
+    func push(_ frame: Frame, from side: Side, on link: SimulatedLink) {
+        guard let number = client(on: link) else { return }
+        if side === server { connections[number]!.toClient.append(frame) } else { connections[number]!.toServer.append(frame) }
     }
 
     // MARK: Steps
 
+    /// A client sends on its session; the server on the session of a client the seed picks.
     func send(_ side: Side) -> String {
-        guard let key = side.current, let machine = side.sessions[key], machine.ended == nil else { return "\(side.name) has no session to send on" }
-        let payload = side.payloadBase + side.sent + 1
+        var key = side.current
+        var to = side.number
+        if side === server {
+            let reachable = clients.filter { server.currentOf[$0.number] != nil }
+            guard !reachable.isEmpty else { return "server has no session to send on" }
+            to = reachable[Int.random(in: 0..<reachable.count, using: &random)].number
+            key = server.currentOf[to]
+        }
+        guard let key, let machine = side.sessions[key], machine.ended == nil else { return "\(side.name) has no session to send on" }
+        let code = Self.code(from: side, to: to)
+        let payload = code * 1_000_000 + side.sent[code, default: 0] + 1
         let frame = Frame(kind: .message, codecID: 1, typeID: "sim", payload: Array(String(payload).utf8))
         let generation = machine.generation
+        let named = "\(side.name) sends \(payload % 1_000_000)\(side === server && clients.count > 1 ? " to \(clients[to - 1].name)" : "")"
         var effects = Effects()
         let admission: Machine.Admission
         do {
@@ -443,64 +493,67 @@ final class SessionSimulation {
         }
         switch admission {
         case .storing(let number, let epoch):
-            side.sent += 1
+            side.sent[code, default: 0] += 1
             side.waiting.insert(payload)
             settle(side, key, effects)
             var waited = Effects()
             side.sessions[key]?.waitForTicket(number, epoch: epoch, generation: generation, payload, &waited)
             settle(side, key, waited)
             waitForAcknowledgement(side, key)
-            return "\(side.name) sends \(payload - side.payloadBase) as #\(number)"
+            return "\(named) as #\(number)"
         case .kept(let number, _):
-            side.sent += 1
+            side.sent[code, default: 0] += 1
             side.promised.append(payload)
             settle(side, key, effects)
             waitForAcknowledgement(side, key)
-            return "\(side.name) sends \(payload - side.payloadBase) as #\(number) (no store?)"
+            return "\(named) as #\(number) (no store?)"
         case .waitForRoom, .waitForStore:
             return "\(side.name) waits for room"
         }
     }
 
-    func connect() -> String {
-        guard let key = client.current, let machine = client.sessions[key] else { return "no client session" }
+    func connect(_ client: Side) -> String {
+        guard let key = client.current, let machine = client.sessions[key] else { return "\(client.name): no session" }
         // As `MessageClient`: its store failed, it gave up (until the process restarts).
-        if client.storeFailed { return "the client does not connect: its store failed" }
+        if client.storeFailed { return "\(client.name) does not connect: its store failed" }
         links += 1
         count("connect")
-        connection = Connection(link: SimulatedLink(number: links))
+        let link = SimulatedLink(number: links)
+        connections[client.number] = Connection(link: link)
         let hello = client.sessions[key]!.clientHello()
-        push(HandshakeStateMachine.jsonFrame(.session, hello), from: client)
-        return "connect #\(links) (hello: received \(hello.received), sent \(hello.sent ?? 0), epoch \(machine.epoch))"
+        push(HandshakeStateMachine.jsonFrame(.session, hello), from: client, on: link)
+        return "\(client.name) connects #\(links) (hello: received \(hello.received), sent \(hello.sent ?? 0), epoch \(machine.epoch))"
     }
 
-    func cut() {
-        guard let link = connection?.link else { return }
-        connection = nil
-        for side in [client, server] {
+    /// Client `number`'s connection ends (if it is open): what is in flight on it is lost.
+    func cut(_ number: Int) {
+        guard let link = connections.removeValue(forKey: number)?.link else { return }
+        for side in [clients[number - 1], server] {
             for key in Array(side.sessions.keys) {
                 var effects = Effects()
                 side.sessions[key]!.detach(link, &effects)
                 settle(side, key, effects)
             }
-            side.ackArmed = []
+            // (The server's other connections keep their armed deadlines.)
+            side.ackArmed.removeAll { side.sessions[$0]?.channel == nil }
         }
     }
 
-    func deliver(toServer: Bool) async -> String {
-        guard var connection else { return "no connection" }
+    /// The first frame in flight on `client`'s connection one way arrives.
+    func deliver(_ client: Side, toServer: Bool) async -> String {
+        guard var connection = connections[client.number] else { return "\(client.name): no connection" }
         let frame = toServer ? connection.toServer.removeFirst() : connection.toClient.removeFirst()
-        self.connection = connection
+        connections[client.number] = connection
         let link = connection.link
         let receiver = toServer ? server : client
-        let direction = toServer ? "to server" : "to client"
+        let direction = toServer ? "\(client.name) → server" : "server → \(client.name)"
         switch frame.kind {
         case .session:
             guard let hello = try? JSONDecoder().decode(SessionHello.self, from: Data(frame.payload)) else {
                 fail("a SESSION frame did not decode")
                 return direction
             }
-            return toServer ? await serverHello(hello, link) : clientAnswer(hello, link)
+            return toServer ? await serverHello(hello, link, from: client) : clientAnswer(hello, link, client)
         case .message:
             guard let key = toServer ? connection.serverKey : client.current, receiver.sessions[key] != nil else {
                 return "\(direction): message for no session"
@@ -516,7 +569,7 @@ final class SessionSimulation {
                 waited = " after " + (await sync(receiver))
                 var again = Effects()
                 guard receiver.sessions[key] != nil else { return "\(direction): held, and its session is gone" }
-                guard self.connection?.link === link else { return "\(direction): held\(waited), and the connection closed" }
+                guard connections[client.number]?.link === link else { return "\(direction): held\(waited), and the connection closed" }
                 arrival = receiver.sessions[key]!.received(on: link, onArrival: false, &again)
                 settle(receiver, key, again)
                 if arrival == .hold { fail("\(receiver.name): the epoch's records were synced, and the message is still held") }
@@ -542,20 +595,22 @@ final class SessionSimulation {
 
     /// The server: a client's SESSION (as `MessageServer` does: a new session's first record is in
     /// the store, synced with power-loss durability, before the answer).
-    func serverHello(_ hello: SessionHello, _ link: SimulatedLink) async -> String {
+    func serverHello(_ hello: SessionHello, _ link: SimulatedLink, from client: Side) async -> String {
+        let direction = "\(client.name) → server"
         guard let key = Journal.Key(hex: hello.id) else {
             fail("a hello with a bad id")
-            return "to server: hello"
+            return "\(direction): hello"
         }
         // As `MessageServer`: a store that failed attaches no session until the process restarts.
         if server.storeFailed {
-            cut()
-            return "to server: hello, refused: the server's store failed"
+            cut(client.number)
+            return "\(direction): hello, refused: the server's store failed"
         }
         let isNew = server.sessions[key] == nil
         if isNew {
             var machine = Machine(
-                id: key, maxCount: Self.maxCount, maxBytes: 1 << 20, stored: true, syncs: syncs, owner: "client", ackEvery: Self.ackEvery)
+                id: key, maxCount: Self.maxCount, maxBytes: 1 << 20, stored: true, syncs: syncs, owner: client.name,
+                ackEvery: Self.ackEvery)
             var begun = Effects()
             machine.begin(everConnected: true, &begun)
             do {
@@ -564,16 +619,16 @@ final class SessionSimulation {
             } catch {
                 // As `MessageServer`: the connection closes with the reason; the client tries again.
                 if !server.injected { fail("the server could not store a new session: \(error)") }
-                cut()
-                return "to server: hello, refused: the server's store failed (\(error.message.prefix(40))…)"
+                cut(client.number)
+                return "\(direction): hello, refused: the server's store failed (\(error.message.prefix(40))…)"
             }
             server.sessions[key] = machine
         }
         var effects = Effects()
         let opened = server.sessions[key]!.serverOpen(hello, isNew: isNew, on: link, &effects)
-        connection?.serverKey = key
-        server.current = key
-        var text = "to server: hello (received \(hello.received), sent \(hello.sent ?? 0)): "
+        connections[client.number]?.serverKey = key
+        server.currentOf[client.number] = key
+        var text = "\(direction): hello (received \(hello.received), sent \(hello.sent ?? 0)): "
         switch opened {
         case .success(.resumed(let resent)): text += "resumed, \(resent) resent"
         case .success(.new(let lost)):
@@ -586,7 +641,7 @@ final class SessionSimulation {
         case .failure(let error):
             text += "refused: \(error.message)"
             settle(server, key, effects)
-            cut()
+            cut(client.number)
             return text
         }
         settle(server, key, effects)
@@ -594,13 +649,14 @@ final class SessionSimulation {
     }
 
     /// The client: the server's SESSION answer.
-    func clientAnswer(_ reply: SessionHello, _ link: SimulatedLink) -> String {
-        guard let key = client.current else { return "to client: answer for no session" }
+    func clientAnswer(_ reply: SessionHello, _ link: SimulatedLink, _ client: Side) -> String {
+        let direction = "server → \(client.name)"
+        guard let key = client.current else { return "\(direction): answer for no session" }
         // As `MessageSession.clientOpened`: the client's store failed while the SESSION was on its
         // way — no attaching; the client gives up (until the process restarts).
         if client.storeFailed {
-            cut()
-            return "to client: answer, refused: the client's store failed"
+            cut(client.number)
+            return "\(direction): answer, refused: the client's store failed"
         }
         var effects = Effects()
         let opened = client.sessions[key]!.clientOpened(reply, on: link, &effects)
@@ -609,7 +665,7 @@ final class SessionSimulation {
             client.sessions[newKey] = client.sessions.removeValue(forKey: key)
             client.current = newKey
         }
-        var text = "to client: answer (received \(reply.received), resumed \(reply.resumed ?? false)): "
+        var text = "\(direction): answer (received \(reply.received), resumed \(reply.resumed ?? false)): "
         switch opened {
         case .success(.resumed(let resent)): text += "resumed, \(resent) resent"
         case .success(.new(let lost)), .success(.restarted(_, let lost)):
@@ -623,12 +679,12 @@ final class SessionSimulation {
             // The connection closes for a protocol error; its GOODBYE ends the old session at the
             // server (the frame goes before the close: it arrives if the server is there).
             endSession(server, key, "the client renewed the session")
-            cut()
+            cut(client.number)
             return text
         case .failure(let error):
             text += "refused: \(error.message)"
             settle(client, newKey, effects)
-            cut()
+            cut(client.number)
             return text
         }
         settle(client, newKey, effects)
@@ -646,17 +702,16 @@ final class SessionSimulation {
         settle(side, key, effects)
     }
 
-    /// A wait ended: once; when acknowledged, its messages are in the peer's app's log.
+    /// A wait ended: once; when acknowledged, its messages are in their receiver's app's log.
     func acknowledgementWaitEnded(_ side: Side, _ waiter: Int, _ acknowledged: Bool) {
         guard let covered = side.acknowledgementWaits.removeValue(forKey: waiter) else {
             return fail("\(side.name): acknowledgement wait \(waiter) ended twice")
         }
         count(acknowledged ? "acknowledgement wait acknowledged" : "acknowledgement wait not acknowledged")
         guard acknowledged else { return }
-        let peer = side === client ? server : client
-        let missing = covered.subtracting(peer.log)
+        let missing = covered.filter { !receiver(of: $0).logged.contains($0) }
         if !missing.isEmpty {
-            fail("\(side.name): acknowledgement wait \(waiter) ended acknowledged, but \(peer.name)'s app never got \(missing.sorted().prefix(5).map { $0 % 1_000_000 })")
+            fail("\(side.name): acknowledgement wait \(waiter) ended acknowledged, but \(receiver(of: missing.min()!).name)'s app never got \(missing.sorted().prefix(5).map { $0 % 1_000_000 })")
         }
     }
 
@@ -669,6 +724,7 @@ final class SessionSimulation {
         settle(side, key, effects)
         side.sessions[key] = nil
         if side.current == key { side.current = nil }
+        side.currentOf = side.currentOf.filter { $0.value != key }
     }
 
     /// The app handles the first message delivered to it: its own durable log first (with the
@@ -684,10 +740,16 @@ final class SessionSimulation {
             }
             text += ": seen before (same position), skipped"
         } else {
-            if let last = side.log.last, item.payload <= last {
+            let code = item.payload / 1_000_000
+            if let last = side.lastFrom[code], item.payload <= last {
                 fail("\(side.name): \(item.payload % 1_000_000) arrived after \(last % 1_000_000) under a new position: a duplicate or out of order")
             }
+            if receiver(of: item.payload) !== side {
+                fail("\(side.name): got \(item.payload % 1_000_000), a message for \(receiver(of: item.payload).name): sessions crossed")
+            }
             side.log.append(item.payload)
+            side.logged.insert(item.payload)
+            side.lastFrom[code] = item.payload
             side.positions[tag] = item.payload
         }
         var effects = Effects()
@@ -719,24 +781,24 @@ final class SessionSimulation {
         return "\(side.name) syncs (\(due.count) waiting)\(failure == nil ? "" : ": failed")"
     }
 
+    /// The deadline of every armed ACK passes (each on its session's connection, if still open).
     func ackDeadline(_ side: Side) -> String {
-        guard let link = connection?.link else {
-            side.ackArmed = []
-            return "\(side.name): ack deadline, no connection"
-        }
         let armed = side.ackArmed
         side.ackArmed = []
+        var sent = 0
         for key in armed {
-            side.sessions[key]?.ackDeadlinePassed(on: link)
+            guard let link = side.sessions[key]?.channel, client(on: link) != nil else { continue }
+            side.sessions[key]!.ackDeadlinePassed(on: link)
             sendAck(side, key, link)
+            sent += 1
         }
-        return "\(side.name) ack deadline (\(armed.count))"
+        return "\(side.name) ack deadline (\(armed.count)\(sent == armed.count ? "" : ", \(armed.count - sent) off their connection"))"
     }
 
     // MARK: Checking
 
     func check() {
-        for side in [client, server] {
+        for side in sides {
             for machine in side.sessions.values {
                 for waiter in machine.acknowledgementWaiters {
                     if waiter.epoch != machine.epoch || machine.ended != nil {
@@ -754,31 +816,33 @@ final class SessionSimulation {
     }
 
     func finalCheck() {
-        // Settled on one connection: the client's session attached, and the server's of the same id.
-        guard let key = client.current, let mine = client.sessions[key], let link = connection?.link else {
-            return fail("settled without a client session on a connection")
-        }
-        if mine.channel !== link || server.sessions[key]?.channel !== link {
-            fail("settled, but the client's session and the server's of its id are not both on the connection")
-        }
-        for side in [client, server] {
-            if let key = side.current, let machine = side.sessions[key], machine.outbox.count > 0 {
-                fail("\(side.name): \(machine.outbox.count) messages still unacknowledged after everything settled")
+        // Settled: each client's session on its connection, and the server's of the same id on it.
+        var keys: Set<Journal.Key> = []
+        for client in clients {
+            guard let key = client.current, let mine = client.sessions[key], let link = connections[client.number]?.link else {
+                return fail("settled without \(client.name)'s session on a connection")
+            }
+            keys.insert(key)
+            if mine.channel !== link || server.sessions[key]?.channel !== link {
+                fail("settled, but \(client.name)'s session and the server's of its id are not both on its connection")
+            }
+            let theirs = server.sessions[key]?.outbox.count ?? 0
+            for (side, left) in [(client, mine.outbox.count), (server, theirs)] where left > 0 {
+                fail("\(side.name): \(left) messages still unacknowledged on \(client.name)'s session after everything settled")
             }
         }
         // The server's other sessions (the client renewed or ended them where the server did not
         // hear it: a GOODBYE lost with a cut, an older session ended at the client's restart) end
         // when their grace period passes, as `MessageServer` ends them: what they kept is reported.
-        for other in server.sessions.keys where other != key {
+        for other in server.sessions.keys.sorted(by: { $0.hex < $1.hex }) where !keys.contains(other) {
             count("server session ended by its grace period")
             endSession(server, other, "its grace period passed")
         }
-        for side in [client, server] where !side.acknowledgementWaits.isEmpty {
+        for side in sides where !side.acknowledgementWaits.isEmpty {
             fail("\(side.name): \(side.acknowledgementWaits.count) acknowledgement waits never ended after everything settled")
         }
-        for (sender, receiver) in [(client, server), (server, client)] {
-            let logged = Set(receiver.log)
-            let missing = sender.promised.filter { !logged.contains($0) && !sender.reported.contains($0) && !sender.mayLose.contains($0) }
+        for sender in sides {
+            let missing = sender.promised.filter { !receiver(of: $0).logged.contains($0) && !sender.reported.contains($0) && !sender.mayLose.contains($0) }
             if !missing.isEmpty {
                 fail("\(sender.name): \(missing.count) sent messages neither arrived nor were reported undelivered: \(missing.prefix(5).map { $0 % 1_000_000 })")
             }
@@ -786,13 +850,15 @@ final class SessionSimulation {
     }
 
     var status: String {
-        func describe(_ side: Side) -> String {
-            guard let key = side.current, let machine = side.sessions[key] else { return "\(side.name) -" }
+        func describe(_ side: Side, _ key: Journal.Key?) -> String {
+            guard let key, let machine = side.sessions[key] else { return "\(side.name) -" }
             let inbox = machine.inbox
             let attached = machine.channel != nil ? "+" : "-"
             return "\(side.name)\(attached) e\(machine.epoch) out \(machine.outbox.acknowledged)/\(machine.outbox.nextNumber - 1) in \(inbox.acknowledged)/\(inbox.handled)/\(inbox.delivered) log \(side.log.count)"
         }
-        let wire = connection.map { "wire \($0.toServer.count)/\($0.toClient.count)" } ?? "no connection"
-        return "\(describe(client)) | \(describe(server)) | \(wire)"
+        return clients.map { client in
+            let wire = connections[client.number].map { "wire \($0.toServer.count)/\($0.toClient.count)" } ?? "no connection"
+            return "\(describe(client, client.current)) | \(describe(server, server.currentOf[client.number])) | \(wire)"
+        }.joined(separator: " || ")
     }
 }

@@ -4,11 +4,11 @@ import Testing
 
 @testable import Messaging
 
-/// The durable session as one deterministic simulation (``SessionSimulation``): a client and a
-/// server with their real session machines and real journals on simulated disks, a connection in
-/// memory, and a seed that picks every step — sends, arrivals, handling, syncs, acknowledgement
-/// deadlines, cuts, `kill -9` and power losses with what a disk may keep. The invariants are
-/// checked after every step and once everything settled (see ``SessionSimulation``).
+/// The durable session as one deterministic simulation (``SessionSimulation``): a client (or
+/// three) and a server with their real session machines and real journals on simulated disks,
+/// connections in memory, and a seed that picks every step — sends, arrivals, handling, syncs,
+/// acknowledgement deadlines, cuts, `kill -9` and power losses with what a disk may keep. The
+/// invariants are checked after every step and once everything settled (see ``SessionSimulation``).
 ///
 /// `LANMSG_SESSION_SIM_SEEDS` (default 200) seeds from `LANMSG_SESSION_SIM_FIRST_SEED` (default 1);
 /// one seed with its whole trace: `LANMSG_SESSION_SIM_SEED=n`. The long run:
@@ -31,6 +31,35 @@ import Testing
                 #expect(counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
             }
         }
+    }
+
+    /// Three clients share the server: its one store holds their sessions side by side, a
+    /// server's crash or power loss takes all their connections and may lose the tail of any of
+    /// them, and a client's own losses must leave the others' sessions whole. Each seed runs 600
+    /// steps (the same invariants; a message reaches the app it was sent to, and no other).
+    /// `LANMSG_SESSIONS_SIM_SEEDS` (default 100), `LANMSG_SESSIONS_SIM_SEED=n` for one seed with
+    /// its trace.
+    @Test func severalClientsShareTheServersStore() async throws {
+        let chosen = SimulationSeeds("LANMSG_SESSIONS_SIM", default: 100)
+        let result = await chosen.runEach(filter: "SessionSimulationTests/severalClients", tail: 30) {
+            await SessionSimulation.run(seed: $0, steps: 600, clients: 3)
+        }
+        guard let totals = result.totals else {
+            Issue.record(Comment(rawValue: result.failure ?? ""))
+            return
+        }
+        print(totals.measured("sessions simulation, 3 clients"))
+        if chosen.seeds.count >= 50 {
+            for kind in [
+                "server power loss holding several clients' sessions", "server killed holding several clients' sessions", "both power loss",
+                "store may have lost records", "server started anew", "client renewed its session",
+            ] {
+                #expect(totals.counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
+            }
+        }
+        let first = await SessionSimulation.run(seed: 54, steps: 600, clients: 3)
+        let second = await SessionSimulation.run(seed: 54, steps: 600, clients: 3)
+        #expect(first.trace == second.trace, "seed 54 with three clients gave two runs")
     }
 
     /// One seed run twice gives the same trace, line for line — and another seed another one.
