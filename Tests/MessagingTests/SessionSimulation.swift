@@ -23,7 +23,10 @@ final class SimulatedLink: SessionLink {
 /// to the server by a connection in memory, driven by a seed. The seed picks every step: an app
 /// sends a numbered message (the server's to one client's session), a frame in flight arrives, an
 /// app handles a delivered message, a store syncs, an acknowledgement deadline passes, a
-/// connection is cut (what is in flight is lost) or made again, a process is killed (`kill -9`:
+/// connection is cut (what is in flight is lost) or made again, a connection goes half-open (the
+/// client's end closed, the server's not: what the client wrote may still arrive — a late hello
+/// too — until the server notices, or until the client resumes on a new connection and the server
+/// hands on what the old one's loop took and aborts it), a process is killed (`kill -9`:
 /// the page cache survives) or the power fails (the disk keeps what ``SimulatedDisk/materialize``
 /// leaves: nothing unsynced, a prefix, a torn or zero-filled write, a subset; the machine boots
 /// again) — a client's alone, the server's (all its sessions' records in one file, every
@@ -124,6 +127,13 @@ final class SessionSimulation {
     var sides: [Side] { clients + [server] }
     /// Each client's connection, by its number.
     var connections: [Int: Connection] = [:]
+    /// Connections whose client's end closed while the server's end has not noticed yet (a
+    /// half-open connection: a client's link went down, its process closed the socket): the
+    /// server's sessions may still be attached to them, what the server writes on them is lost,
+    /// and what the client wrote before its end closed may still arrive — until the server notices
+    /// (its heartbeat), or the client's session resumes on a new connection (the server aborts the
+    /// old one then, after the frames its loop already took).
+    var stale: [(client: Int, connection: Connection)] = []
     var links = 0
     var outcome = Outcome()
     let logger = Logger(label: "session-simulation", factory: { _ in SwiftLogNoOpLogHandler() })
@@ -216,10 +226,15 @@ final class SessionSimulation {
             if let connection = connections[client.number] {
                 if !connection.toServer.isEmpty { choices.append((14, client, "to server")) }
                 if !connection.toClient.isEmpty { choices.append((14, client, "to client")) }
-                choices.append((3, client, "cut"))
+                choices.append((2, client, "cut"))
+                choices.append((1, client, "half-open cut"))
             } else {
                 choices.append((10, client, "connects"))
             }
+            if stale.contains(where: { $0.client == client.number && !$0.connection.toServer.isEmpty }) {
+                choices.append((6, client, "stale to server"))
+            }
+            if stale.contains(where: { $0.client == client.number }) { choices.append((2, client, "server notices")) }
         }
         let total = choices.reduce(0) { $0 + $1.weight }
         var pick = Int.random(in: 0..<total, using: &random)
@@ -239,6 +254,7 @@ final class SessionSimulation {
         // A process whose store failed a sync goes on in memory but acknowledges nothing it
         // handles: its operator restarts it (the log said what failed).
         for side in sides where side.storeFailed { return await perform("killed", side) }
+        if let first = stale.first { return await perform("server notices", clients[first.client - 1]) }
         for client in clients where connections[client.number] == nil { return await perform("connects", client) }
         for client in clients {
             if connections[client.number]?.toServer.isEmpty == false { return await perform("to server", client) }
@@ -260,6 +276,17 @@ final class SessionSimulation {
             count("cut")
             cut(side.number)
             return "\(side.name): cut"
+        case "half-open cut":
+            count("half-open cut")
+            halfOpenCut(side.number)
+            return "\(side.name): its end closed, the server's open"
+        case "stale to server": return await deliverStale(side)
+        case "server notices":
+            guard let index = stale.firstIndex(where: { $0.client == side.number }) else { return "\(side.name): no half-open connection" }
+            count("server noticed a half-open connection")
+            let lost = stale[index].connection.toServer.count
+            dropStale(index)
+            return "the server notices \(side.name)'s half-open connection (\(lost) frames lost)"
         case "power loss with the server":
             // Both on one machine (as two processes of one host, or a client and server in one
             // rack losing power together): both stores may lose the same tail.
@@ -336,6 +363,7 @@ final class SessionSimulation {
         count(powerLoss ? "power loss" : "killed")
         // Its connections end: a client's one, or all of the server's.
         for client in clients where side === server || side === client { cut(client.number) }
+        if side === server { while !stale.isEmpty { dropStale(0) } }
         if side === server, Set(server.sessions.values.compactMap(\.owner)).count > 1 {
             count(powerLoss ? "server power loss holding several clients' sessions" : "server killed holding several clients' sessions")
         }
@@ -374,6 +402,19 @@ final class SessionSimulation {
     /// The number of the client whose connection `link` is, if it is open.
     func client(on link: SimulatedLink) -> Int? { connections.first { $0.value.link === link }?.key }
 
+    /// Where a half-open connection is in ``stale``.
+    func staleIndex(_ link: SimulatedLink) -> Int? { stale.firstIndex { $0.connection.link === link } }
+
+    /// Whether `side`'s end of `link` is open (the server's end of a half-open connection is).
+    func reaches(_ link: SimulatedLink, from side: Side) -> Bool {
+        client(on: link) != nil || (side === server && staleIndex(link) != nil)
+    }
+
+    /// `link` closes at both ends (as a close or an abort does).
+    func close(_ link: SimulatedLink) {
+        if let number = client(on: link) { cut(number) } else if let index = staleIndex(link) { dropStale(index) }
+    }
+
     /// Carries out what an input of `key`'s machine on `side` decided, as ``MessageSession`` does:
     /// records to the store (then written, or synced later), senders resumed, the ACK, frames out.
     func settle(_ side: Side, _ key: Journal.Key, _ first: Effects) {
@@ -409,9 +450,9 @@ final class SessionSimulation {
                 // As `MessageSession`: the store takes no more records, the connection closes.
                 count("epoch not stored")
                 side.journal.fail(error as? FileError ?? FileError("/store", "\(error)"))
-                if let link, let number = client(on: link) { cut(number) }
+                if let link, reaches(link, from: side) { close(link) }
             }
-            if let (link, step) = effects.ack, client(on: link) != nil {
+            if let (link, step) = effects.ack, reaches(link, from: side) {
                 switch step {
                 case .sendNow: sendAck(side, key, link)
                 case .armDeadline: if !side.ackArmed.contains(key) { side.ackArmed.append(key) }
@@ -455,6 +496,8 @@ final class SessionSimulation {
         guard !batch.isEmpty else { return }
         if let connection = connections.values.first(where: { driver === $0.link.sessionDriver }) {
             for item in batch { push(item.frame, from: side, on: connection.link) }
+        } else if side === server, stale.contains(where: { driver === $0.connection.link.sessionDriver }) {
+            // Written on a half-open connection: the kernel took them, nobody will read them.
         } else {
             side.sessions[key]!.notTransmitted(batch.compactMap(\.number), driver: driver, epoch: epoch)
         }
@@ -539,23 +582,65 @@ final class SessionSimulation {
         }
     }
 
+    /// Client `number`'s end of its connection closes; the server's stays open (``stale``): what
+    /// the client wrote may still arrive, what the server writes is lost.
+    func halfOpenCut(_ number: Int) {
+        guard let connection = connections.removeValue(forKey: number) else { return }
+        let client = clients[number - 1]
+        for key in Array(client.sessions.keys) {
+            var effects = Effects()
+            client.sessions[key]!.detach(connection.link, &effects)
+            settle(client, key, effects)
+        }
+        client.ackArmed.removeAll { client.sessions[$0]?.channel == nil }
+        stale.append((number, Connection(link: connection.link, toServer: connection.toServer, serverKey: connection.serverKey)))
+    }
+
+    /// The server's end of a half-open connection closes (its heartbeat noticed, or a resume
+    /// aborted it): what was still in flight on it is lost.
+    func dropStale(_ index: Int) {
+        let link = stale.remove(at: index).connection.link
+        for key in Array(server.sessions.keys) {
+            var effects = Effects()
+            server.sessions[key]!.detach(link, &effects)
+            settle(server, key, effects)
+        }
+        server.ackArmed.removeAll { server.sessions[$0]?.channel == nil }
+    }
+
+    /// The first frame still in flight on a half-open connection of `client` arrives at the server.
+    func deliverStale(_ client: Side) async -> String {
+        guard let index = stale.firstIndex(where: { $0.client == client.number && !$0.connection.toServer.isEmpty }) else {
+            return "\(client.name): nothing in flight on a half-open connection"
+        }
+        let frame = stale[index].connection.toServer.removeFirst()
+        let connection = stale[index].connection
+        count(frame.kind == .session ? "a hello arrived on a half-open connection" : "a frame arrived on a half-open connection")
+        return await arrive(frame, on: connection.link, serverKey: connection.serverKey, client, toServer: true, "\(client.name) ⇢ server (half-open)")
+    }
+
     /// The first frame in flight on `client`'s connection one way arrives.
     func deliver(_ client: Side, toServer: Bool) async -> String {
         guard var connection = connections[client.number] else { return "\(client.name): no connection" }
         let frame = toServer ? connection.toServer.removeFirst() : connection.toClient.removeFirst()
         connections[client.number] = connection
-        let link = connection.link
-        let receiver = toServer ? server : client
         let direction = toServer ? "\(client.name) → server" : "server → \(client.name)"
+        return await arrive(frame, on: connection.link, serverKey: connection.serverKey, client, toServer: toServer, direction)
+    }
+
+    /// `frame` arrives on `link` (`client`'s connection, or a half-open one of it) at the server or
+    /// at the client.
+    func arrive(_ frame: Frame, on link: SimulatedLink, serverKey: Journal.Key?, _ client: Side, toServer: Bool, _ direction: String) async -> String {
+        let receiver = toServer ? server : client
         switch frame.kind {
         case .session:
             guard let hello = try? JSONDecoder().decode(SessionHello.self, from: Data(frame.payload)) else {
                 fail("a SESSION frame did not decode")
                 return direction
             }
-            return toServer ? await serverHello(hello, link, from: client) : clientAnswer(hello, link, client)
+            return toServer ? await serverHello(hello, link, from: client, direction) : clientAnswer(hello, link, client)
         case .message:
-            guard let key = toServer ? connection.serverKey : client.current, receiver.sessions[key] != nil else {
+            guard let key = toServer ? serverKey : client.current, receiver.sessions[key] != nil else {
                 return "\(direction): message for no session"
             }
             var effects = Effects()
@@ -569,7 +654,7 @@ final class SessionSimulation {
                 waited = " after " + (await sync(receiver))
                 var again = Effects()
                 guard receiver.sessions[key] != nil else { return "\(direction): held, and its session is gone" }
-                guard connections[client.number]?.link === link else { return "\(direction): held\(waited), and the connection closed" }
+                guard reaches(link, from: receiver) else { return "\(direction): held\(waited), and the connection closed" }
                 arrival = receiver.sessions[key]!.received(on: link, onArrival: false, &again)
                 settle(receiver, key, again)
                 if arrival == .hold { fail("\(receiver.name): the epoch's records were synced, and the message is still held") }
@@ -578,7 +663,7 @@ final class SessionSimulation {
             receiver.toHandle.append((key, number, epoch, position, payload))
             return "\(direction): \(payload % 1_000_000) delivered as #\(number) of epoch \(epoch)\(waited)"
         case .ack:
-            guard let key = toServer ? connection.serverKey : client.current, receiver.sessions[key] != nil,
+            guard let key = toServer ? serverKey : client.current, receiver.sessions[key] != nil,
                 let count = frame.acknowledgedCount
             else { return "\(direction): ACK for no session" }
             var effects = Effects()
@@ -595,16 +680,35 @@ final class SessionSimulation {
 
     /// The server: a client's SESSION (as `MessageServer` does: a new session's first record is in
     /// the store, synced with power-loss durability, before the answer).
-    func serverHello(_ hello: SessionHello, _ link: SimulatedLink, from client: Side) async -> String {
-        let direction = "\(client.name) → server"
+    func serverHello(_ hello: SessionHello, _ link: SimulatedLink, from client: Side, _ direction: String) async -> String {
         guard let key = Journal.Key(hex: hello.id) else {
             fail("a hello with a bad id")
             return "\(direction): hello"
         }
+        // As `MessageServer` resuming a session attached to another connection: that one was lost
+        // without a sign (or is the newer one, if this hello is a late one from a half-open
+        // connection); its loop hands on the frames it took already, then it is aborted.
+        var handedOn = ""
+        if let old = server.sessions[key]?.channel, old !== link, reaches(old, from: server) {
+            count("resumed over a connection lost unnoticed")
+            let inFlight = self.client(on: old).map { connections[$0]!.toServer } ?? staleIndex(old).map { stale[$0].connection.toServer } ?? []
+            let taken = Int.random(in: 0...inFlight.count, using: &random)
+            var arrived: [String] = []
+            for frame in inFlight.prefix(taken) where reaches(old, from: server) {
+                if let number = self.client(on: old) { connections[number]!.toServer.removeFirst() } else if let index = staleIndex(old) {
+                    stale[index].connection.toServer.removeFirst()
+                }
+                let serverKey = self.client(on: old).flatMap { connections[$0]?.serverKey } ?? staleIndex(old).flatMap { stale[$0].connection.serverKey }
+                arrived.append(await arrive(frame, on: old, serverKey: serverKey, client, toServer: true, "(old)"))
+            }
+            close(old)
+            handedOn = " [the old connection aborted after \(taken) of \(inFlight.count) frames in flight: \(arrived.joined(separator: "; "))]"
+            guard server.sessions[key] != nil else { return "\(direction): hello\(handedOn), and its session ended" }
+        }
         // As `MessageServer`: a store that failed attaches no session until the process restarts.
         if server.storeFailed {
-            cut(client.number)
-            return "\(direction): hello, refused: the server's store failed"
+            close(link)
+            return "\(direction): hello\(handedOn), refused: the server's store failed"
         }
         let isNew = server.sessions[key] == nil
         if isNew {
@@ -619,16 +723,18 @@ final class SessionSimulation {
             } catch {
                 // As `MessageServer`: the connection closes with the reason; the client tries again.
                 if !server.injected { fail("the server could not store a new session: \(error)") }
-                cut(client.number)
+                close(link)
                 return "\(direction): hello, refused: the server's store failed (\(error.message.prefix(40))…)"
             }
             server.sessions[key] = machine
         }
         var effects = Effects()
         let opened = server.sessions[key]!.serverOpen(hello, isNew: isNew, on: link, &effects)
-        connections[client.number]?.serverKey = key
+        if let number = self.client(on: link) { connections[number]?.serverKey = key } else if let index = staleIndex(link) {
+            stale[index].connection.serverKey = key
+        }
         server.currentOf[client.number] = key
-        var text = "\(direction): hello (received \(hello.received), sent \(hello.sent ?? 0)): "
+        var text = "\(direction): hello (received \(hello.received), sent \(hello.sent ?? 0))\(handedOn): "
         switch opened {
         case .success(.resumed(let resent)): text += "resumed, \(resent) resent"
         case .success(.new(let lost)):
@@ -641,7 +747,7 @@ final class SessionSimulation {
         case .failure(let error):
             text += "refused: \(error.message)"
             settle(server, key, effects)
-            cut(client.number)
+            close(link)
             return text
         }
         settle(server, key, effects)
@@ -787,7 +893,7 @@ final class SessionSimulation {
         side.ackArmed = []
         var sent = 0
         for key in armed {
-            guard let link = side.sessions[key]?.channel, client(on: link) != nil else { continue }
+            guard let link = side.sessions[key]?.channel, reaches(link, from: side) else { continue }
             side.sessions[key]!.ackDeadlinePassed(on: link)
             sendAck(side, key, link)
             sent += 1
@@ -857,7 +963,9 @@ final class SessionSimulation {
             return "\(side.name)\(attached) e\(machine.epoch) out \(machine.outbox.acknowledged)/\(machine.outbox.nextNumber - 1) in \(inbox.acknowledged)/\(inbox.handled)/\(inbox.delivered) log \(side.log.count)"
         }
         return clients.map { client in
-            let wire = connections[client.number].map { "wire \($0.toServer.count)/\($0.toClient.count)" } ?? "no connection"
+            let halfOpen = stale.filter { $0.client == client.number }.count
+            let wire = (connections[client.number].map { "wire \($0.toServer.count)/\($0.toClient.count)" } ?? "no connection")
+                + (halfOpen > 0 ? " +\(halfOpen) half-open" : "")
             return "\(describe(client, client.current)) | \(describe(server, server.currentOf[client.number])) | \(wire)"
         }.joined(separator: " || ")
     }

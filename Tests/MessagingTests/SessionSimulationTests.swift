@@ -27,7 +27,11 @@ import Testing
         let (seeds, counts) = (chosen.seeds, totals.counts)
         if seeds.count >= 50 {
             // A run that proves something: the seeds reached each kind of event.
-            for kind in ["killed", "power loss", "cut", "store may have lost records", "server started anew", "client renewed its session"] {
+            for kind in [
+                "killed", "power loss", "cut", "store may have lost records", "server started anew", "client renewed its session",
+                "half-open cut", "resumed over a connection lost unnoticed", "server noticed a half-open connection",
+                "a frame arrived on a half-open connection", "a hello arrived on a half-open connection",
+            ] {
                 #expect(counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
             }
         }
