@@ -53,6 +53,8 @@ struct ChaosIntegrationTests {
 
         // Everything the client sees, with the time it saw it.
         let down = Observed<(next: Int, received: Int, duplicates: Int, outOfOrder: Int)>((0, 0, 0, 0))
+        // What paces the faults: messages sent up and received down (and whether the run is over).
+        let progress = Observed<(messages: Int, over: Bool)>((0, false))
         let timeline = Locked<[(ContinuousClock.Instant, ClientEvent)]>([])
         let reader = Task {
             for await event in client.events {
@@ -64,6 +66,7 @@ struct ChaosIntegrationTests {
                         if value.n < state.next { state.duplicates += 1 } else if value.n > state.next { state.outOfOrder += 1 }
                         state.next = max(state.next, value.n + 1)
                     }
+                    progress.update { $0.messages += 1 }
                 } else {
                     timeline.value.withLock { $0.append((.now, event)) }
                 }
@@ -71,15 +74,20 @@ struct ChaosIntegrationTests {
         }
         defer { reader.cancel() }
 
-        // The faults, until `stop` (or 240 s): a link flap or a connection kill every few seconds.
-        let stop = Locked(false)
+        // The faults, until the run is over (or 240 s): a link flap or a connection kill after every
+        // 500–5,000 messages more (up and down) — at points of progress, not of time: a fault comes
+        // only once the one before was got over. (A link stays down 0.2–2 s: the fault is that
+        // time without a link, against a 2-s heartbeat timeout.)
         let faults = Locked<[(kind: String, restored: ContinuousClock.Instant)]>([])
         let chaos = Task.detached {
             var generator = SystemRandomNumberGenerator()
             let end = ContinuousClock.now + .seconds(240)
-            while !stop.value.withLock({ $0 }) && ContinuousClock.now < end {
-                try? await Task.sleep(for: .milliseconds(Int.random(in: 500...3_000, using: &generator)))
-                if stop.value.withLock({ $0 }) { break }
+            while ContinuousClock.now < end {
+                let target = progress.value.messages + Int.random(in: 500...5_000, using: &generator)
+                let left = end - ContinuousClock.now
+                guard let now = try? await progress.wait("\(target) messages", timeout: left, until: { $0.messages >= target || $0.over }),
+                    !now.over
+                else { break }
                 if Bool.random(using: &generator) {
                     try? Harness.control("link-down", host: "a")
                     try? await Task.sleep(for: .milliseconds(Int.random(in: 200...2_000, using: &generator)))
@@ -96,12 +104,13 @@ struct ChaosIntegrationTests {
         try await client.send(Numbered(n: Self.downCount), type: "seq.down")
         for n in 0..<Self.upCount {
             try await client.send(Numbered(n: n, text: Self.padding), type: "seq")
+            progress.update { $0.messages += 1 }
         }
         // Every message is kept until acknowledged: wait until the server acknowledged them all.
         try #require(await client.acknowledged(within: .seconds(200)), "all \(Self.upCount) acknowledged")
         try await down.wait("all \(Self.downCount) down", timeout: .seconds(120)) { $0.received >= Self.downCount }
         let elapsed = ContinuousClock.now - started
-        stop.value.withLock { $0 = true }
+        progress.update { $0.over = true }
         _ = await chaos.result
         let droppedBeforeRemoval = Self.droppedPackets()
         Self.removeFaults()
@@ -181,7 +190,12 @@ struct ChaosIntegrationTests {
         var generator = SystemRandomNumberGenerator()
         var restartedAt: ContinuousClock.Instant?
         for flap in 1...5 {
-            try await Task.sleep(for: .milliseconds(Int.random(in: 1_000...2_500, using: &generator)))
+            // A flap after every 40–120 MB more reached the server (at points of progress, not of
+            // time; at once if the push is done), the link down 0.2–2 s (the fault is that time).
+            let target = preview.partialBytes(directory) + UInt64(Int.random(in: 40...120, using: &generator) << 20)
+            try await preview.waitUntil("\(target >> 20) MB kept before flap \(flap)", timeout: .seconds(60), watching: [directory]) {
+                preview.partialBytes(directory) >= target || FileManager.default.fileExists(atPath: directory + "/big.bin")
+            }
             try Harness.control("link-down", host: "a")
             try await Task.sleep(for: .milliseconds(Int.random(in: 200...2_000, using: &generator)))
             try Harness.control("link-up", host: "a")

@@ -7,9 +7,11 @@ import Testing
 /// Durable sessions against `kill -9`, with real processes and real files (issue 42): a sensor
 /// (client) streams numbered values to a collector (server); each keeps its sessions in a store,
 /// the collector writes each value to its file and then lets the library acknowledge it (the
-/// program is Tests/SessionChaos). Killed at random points — the receiver, then the sender (every
-/// other time while the receiver is away), then either or both while values flow both ways, then
-/// the same with power-loss durability — the
+/// program is Tests/SessionChaos). Killed at random points of progress — after 5–300 values more
+/// reached the receivers' files, or (one cycle in eight) as soon as the restarted sides said READY,
+/// mid-resume — the receiver, then the sender (every other time while the receiver is away and
+/// the sender went on for 1–40 values), then either or both while values flow both ways, then the
+/// same with power-loss durability — the
 /// files must hold every value exactly once, in order, and the senders must report nothing
 /// undelivered.
 ///
@@ -70,12 +72,25 @@ import Testing
         }
         try await server.start()
         try await client.start()
+        // Kills land at points of progress, not of time: after the receivers took a number of
+        // values more (their files, told by inotify) — and a restart after which nothing moves
+        // fails here, with what the sides said.
+        let receivers = [root + "/server"] + (phase.bothWays ? [root + "/client"] : [])
+        let watch = try DirectoryWatch([root + "/server", root + "/client"])
+        var taken = LineCounts(receivers.map { $0 + "/received.log" })
         var kills = (server: 0, client: 0)
         var cut = 0
         var powerLosses = 0
+        var atOnce = 0
         var generator = SystemRandomNumberGenerator()
         for _ in 0..<Self.cycles {
-            try await Task.sleep(for: .milliseconds(Int.random(in: 100...600, using: &generator)))
+            // One cycle in eight kills as soon as the sides said READY (mid-resume); the others
+            // after 5–300 values more.
+            if Int.random(in: 0..<8, using: &generator) == 0 {
+                atOnce += 1
+            } else {
+                try await taken.waitForMore(Int.random(in: 5...300, using: &generator), watch: watch, sides: [server, client])
+            }
             let victims: [Side]
             switch phase.victim {
             case .receiver: victims = [server]
@@ -88,7 +103,9 @@ import Testing
             if away {
                 server.signal(SIGTERM)
                 server.waitForExit()
-                try await Task.sleep(for: .milliseconds(Int.random(in: 50...300, using: &generator)))
+                // The sender goes on while the receiver is away: 1–40 values more in its file.
+                var sent = LineCounts([root + "/client/sent.log"])
+                try await sent.waitForMore(Int.random(in: 1...40, using: &generator), watch: watch, sides: [client])
             }
             for side in victims { side.kill() }
             if phase.truncate {
@@ -110,8 +127,9 @@ import Testing
                 try await side.start()
             }
         }
-        // Calm: the senders stop, everything they sent is acknowledged, then both end.
-        try await Task.sleep(for: .milliseconds(300))
+        // Calm, once the last restarts moved on: the senders stop, everything they sent is
+        // acknowledged, then both end.
+        try await taken.waitForMore(5, watch: watch, sides: [server, client])
         let senders = phase.bothWays ? [client, server] : [client]
         for side in senders { side.signal(SIGUSR1) }
         // With cut stores the recovery recipe sends again, after each start, whatever its log
@@ -129,7 +147,7 @@ import Testing
 
         let check = phase.truncate ? Self.checkRecovered : Self.check
         var counts = check(root + "/server", root + "/client", "sensor → collector")
-        var report = "\(phase.name): \(Self.cycles) cycles (\(kills.server) collector kills, \(kills.client) sensor kills"
+        var report = "\(phase.name): \(Self.cycles) cycles (\(kills.server) collector kills, \(kills.client) sensor kills, \(atOnce) at once after READY"
             + (phase.truncate ? ", \(cut) bytes cut, \(powerLosses) as power losses" : "") + "), \(counts.arrived) values up"
         if phase.bothWays {
             let down = check(root + "/client", root + "/server", "collector → sensor")
@@ -221,6 +239,53 @@ import Testing
         #expect(lost.isEmpty, "\(direction): \(lost.count) sent values never arrived, the first \(lost.prefix(10))")
         #expect(!sent.isEmpty, "\(direction): nothing was sent")
         return (values.count, lost.count, lines(receiver + "/duplicates.log").count, lines(sender + "/undelivered.log").count)
+    }
+
+    /// The lines in some files the sides append to (their received or sent values), counted as
+    /// they grow: only what was appended since the last count is read (a file that shrank — cut
+    /// with a store, or rewritten at a start — is counted again from its beginning).
+    struct LineCounts {
+        let paths: [String]
+        var offsets: [Int]
+        var lines: [Int]
+
+        init(_ paths: [String]) {
+            self.paths = paths
+            offsets = Array(repeating: 0, count: paths.count)
+            lines = Array(repeating: 0, count: paths.count)
+            _ = count()
+        }
+
+        /// Counts what was appended; returns the lines in all the files.
+        mutating func count() -> Int {
+            for index in paths.indices {
+                guard let handle = FileHandle(forReadingAtPath: paths[index]) else { continue }
+                defer { try? handle.close() }
+                let size = Int((try? handle.seekToEnd()) ?? 0)
+                if size < offsets[index] { (offsets[index], lines[index]) = (0, 0) }
+                guard size > offsets[index], (try? handle.seek(toOffset: UInt64(offsets[index]))) != nil,
+                    let data = try? handle.read(upToCount: size - offsets[index])
+                else { continue }
+                offsets[index] += data.count
+                lines[index] += data.reduce(0) { $0 + ($1 == 10 ? 1 : 0) }
+            }
+            return lines.reduce(0, +)
+        }
+
+        /// Waits until the files hold `more` lines than now, woken by their writes (the watch);
+        /// 60 s without them is a failure that says what the sides said.
+        mutating func waitForMore(_ more: Int, watch: DirectoryWatch, sides: [Side]) async throws {
+            let target = count() + more
+            var counts = self
+            do {
+                try await waitUntil("\(more) lines more in \(paths.map { ($0 as NSString).lastPathComponent })", timeout: .seconds(60), wokenBy: watch.changes) {
+                    counts.count() >= target
+                }
+            } catch {
+                throw TestFailure("\(error); the sides said: " + sides.map { "\($0.name): \($0.text.suffix(1_500))" }.joined(separator: "\n"))
+            }
+            self = counts
+        }
     }
 
     /// One program: started, killed with SIGKILL, started again on the same directory.
