@@ -199,8 +199,8 @@ unit_env=(DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus LANMSG_DISCOVERY_BA
 run_suite unit env "${unit_env[@]}" \
   "$bin" --testing-library swift-testing --no-parallel --skip IntegrationTests --skip SoakTests --skip SessionChaosTests
 # Durable sessions against kill -9 (issue 42), short form: real processes (the session-chaos
-# program) on loopback, killed at random points, 8 cycles in each of 4 phases (about 20 s). The
-# long form: Tests/chaos/session-chaos.sh --cycles 100.
+# program) on loopback, killed at random points of progress, 8 cycles in each of 7 phases (13 s
+# here on 2026-12-05). The long form: Tests/chaos/session-chaos.sh --cycles 100.
 run_suite chaos env "${unit_env[@]}" LANMSG_CHAOS_CYCLES="${CHAOS_CYCLES:-8}" \
   "$bin" --testing-library swift-testing --no-parallel --filter SessionChaosTests
 echo "== build (the programs' package, waited for)"
@@ -363,13 +363,15 @@ if [ "$tsan" = yes ]; then
   # 1,500; under TSan the same store code and threads run, what it adds is volume, 30 s of it).
   # Likewise the wide-area simulation: 30 seeds under TSan (the unit stage runs 150; 150 took 51 s
   # here, 30 keep every driver, the Wakeup and the merged browse racing under the sanitizer), and
-  # the session simulation 20 seeds (the unit stage runs 200; its journals sync on their queues),
+  # the session simulation 20 seeds (the unit stage runs 200; its journals sync on their queues)
+  # and 10 of its three-client form (the unit stage runs 100),
   # and the small-disk journals 3 rounds (the unit stage runs 10; 61 s of the stage under TSan).
   # The client's and the server's lifecycle simulations are one thread's pure code: 50 and 200
   # seeds (the unit stage runs 500 and 2,000).
   run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 LANMSG_CRASH_STATES="${TSAN_CRASH_STATES:-300}" \
     LANMSG_SMALL_DISK_ROUNDS="${TSAN_SMALL_DISK_ROUNDS:-3}" LANMSG_CLIENT_SIM_SEEDS=50 LANMSG_SERVER_SIM_SEEDS=200 \
     LANMSG_SIM_SEEDS="${TSAN_SIM_SEEDS:-30}" LANMSG_SESSION_SIM_SEEDS="${TSAN_SESSION_SIM_SEEDS:-20}" \
+    LANMSG_SESSIONS_SIM_SEEDS="${TSAN_SESSIONS_SIM_SEEDS:-10}" \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
   # The programs' tests (all but the page's route tests, above; TSAN_PROGRAMS_FILTER narrows them; a
   # TSAN_FILTER alone leaves them out).

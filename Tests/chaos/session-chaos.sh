@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The chaos test of durable sessions in its long form (issue 42): a sensor and a collector, real
-# processes with session stores on loopback, killed with SIGKILL at random points — N cycles of the
+# processes with session stores on loopback, killed with SIGKILL at random points of progress (after
+# 5–300 values more, or at once after a restart) — N cycles of the
 # receiver, N of the sender, N of either or both while values flow both ways, N of the same with
 # power-loss durability. Every value must arrive exactly once, in order, and nothing may be reported
 # undelivered. Prints one MEASURED line per phase. (Tests/run.sh runs it with 8 cycles.)
@@ -13,7 +14,7 @@ cycles=100
 while [ $# -gt 0 ]; do
   case $1 in
     --cycles) cycles=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
