@@ -14,7 +14,7 @@ cycles=100
 while [ $# -gt 0 ]; do
   case $1 in
     --cycles) cycles=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
