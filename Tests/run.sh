@@ -364,7 +364,7 @@ if [ "$tsan" = yes ]; then
   # Likewise the wide-area simulation: 30 seeds under TSan (the unit stage runs 150; 150 took 51 s
   # here, 30 keep every driver, the Wakeup and the merged browse racing under the sanitizer), and
   # the session simulation 20 seeds (the unit stage runs 200; its journals sync on their queues)
-  # and 10 of its three-client form (the unit stage runs 100),
+  # and 10 of its three-client form (the unit stage runs 40),
   # and the small-disk journals 3 rounds (the unit stage runs 10; 61 s of the stage under TSan).
   # The client's and the server's lifecycle simulations are one thread's pure code: 50 and 200
   # seeds (the unit stage runs 500 and 2,000).

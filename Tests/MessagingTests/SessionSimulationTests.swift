@@ -41,10 +41,10 @@ import Testing
     /// server's crash or power loss takes all their connections and may lose the tail of any of
     /// them, and a client's own losses must leave the others' sessions whole. Each seed runs 600
     /// steps (the same invariants; a message reaches the app it was sent to, and no other).
-    /// `LANMSG_SESSIONS_SIM_SEEDS` (default 100), `LANMSG_SESSIONS_SIM_SEED=n` for one seed with
-    /// its trace.
+    /// `LANMSG_SESSIONS_SIM_SEEDS` (default 40: 9 s of the unit stage), `LANMSG_SESSIONS_SIM_SEED=n`
+    /// for one seed with its trace.
     @Test func severalClientsShareTheServersStore() async throws {
-        let chosen = SimulationSeeds("LANMSG_SESSIONS_SIM", default: 100)
+        let chosen = SimulationSeeds("LANMSG_SESSIONS_SIM", default: 40)
         let result = await chosen.runEach(filter: "SessionSimulationTests/severalClients", tail: 30) {
             await SessionSimulation.run(seed: $0, steps: 600, clients: 3)
         }
@@ -53,7 +53,7 @@ import Testing
             return
         }
         print(totals.measured("sessions simulation, 3 clients"))
-        if chosen.seeds.count >= 50 {
+        if chosen.seeds.count >= 40 {
             for kind in [
                 "server power loss holding several clients' sessions", "server killed holding several clients' sessions", "both power loss",
                 "store may have lost records", "server started anew", "client renewed its session",
