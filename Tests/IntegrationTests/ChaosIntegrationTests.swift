@@ -53,8 +53,11 @@ struct ChaosIntegrationTests {
 
         // Everything the client sees, with the time it saw it.
         let down = Observed<(next: Int, received: Int, duplicates: Int, outOfOrder: Int)>((0, 0, 0, 0))
-        // What paces the faults: messages sent up and received down (and whether the run is over).
+        // What paces the faults: messages sent up and received down, counted 50 at a time (and
+        // whether the run is over). Up, a message counts when its `send` returns: after the session's
+        // first 4,096 (the most it keeps unacknowledged), each such return follows an acknowledgement.
         let progress = Observed<(messages: Int, over: Bool)>((0, false))
+        defer { progress.update { $0.over = true } }  // (a failure below also ends the faults)
         let timeline = Locked<[(ContinuousClock.Instant, ClientEvent)]>([])
         let reader = Task {
             for await event in client.events {
@@ -66,7 +69,7 @@ struct ChaosIntegrationTests {
                         if value.n < state.next { state.duplicates += 1 } else if value.n > state.next { state.outOfOrder += 1 }
                         state.next = max(state.next, value.n + 1)
                     }
-                    progress.update { $0.messages += 1 }
+                    if value.n % 50 == 0 { progress.update { $0.messages += 50 } }
                 } else {
                     timeline.value.withLock { $0.append((.now, event)) }
                 }
@@ -104,7 +107,7 @@ struct ChaosIntegrationTests {
         try await client.send(Numbered(n: Self.downCount), type: "seq.down")
         for n in 0..<Self.upCount {
             try await client.send(Numbered(n: n, text: Self.padding), type: "seq")
-            progress.update { $0.messages += 1 }
+            if n % 50 == 0 { progress.update { $0.messages += 50 } }
         }
         // Every message is kept until acknowledged: wait until the server acknowledged them all.
         try #require(await client.acknowledged(within: .seconds(200)), "all \(Self.upCount) acknowledged")

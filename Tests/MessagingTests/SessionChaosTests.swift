@@ -73,11 +73,17 @@ import Testing
         try await server.start()
         try await client.start()
         // Kills land at points of progress, not of time: after the receivers took a number of
-        // values more (their files, told by inotify) — and a restart after which nothing moves
-        // fails here, with what the sides said.
+        // values more (their files, told by inotify; with --recover a value sent again that the
+        // receiver had is a line of duplicates.log) — and a restart after which nothing moves
+        // fails here, with what the sides said. (With cut stores the values owed grow with the
+        // cycles, and so may the time before a new one arrives: the wait grows as the drain's.)
         let receivers = [root + "/server"] + (phase.bothWays ? [root + "/client"] : [])
         let watch = try DirectoryWatch([root + "/server", root + "/client"])
-        var taken = LineCounts(receivers.map { $0 + "/received.log" })
+        let bound = Duration.seconds(60 + (phase.truncate ? 2 * Self.cycles : 0))
+        func takenBy(_ receivers: [String]) -> LineCounts {
+            LineCounts(receivers.flatMap { [$0 + "/received.log", $0 + "/duplicates.log"] }, within: bound)
+        }
+        var taken = takenBy(receivers)
         var kills = (server: 0, client: 0)
         var cut = 0
         var powerLosses = 0
@@ -104,7 +110,7 @@ import Testing
                 server.signal(SIGTERM)
                 server.waitForExit()
                 // The sender goes on while the receiver is away: 1–40 values more in its file.
-                var sent = LineCounts([root + "/client/sent.log"])
+                var sent = LineCounts([root + "/client/sent.log"], within: bound)
                 try await sent.waitForMore(Int.random(in: 1...40, using: &generator), watch: watch, sides: [client])
             }
             for side in victims { side.kill() }
@@ -127,9 +133,12 @@ import Testing
                 try await side.start()
             }
         }
-        // Calm, once the last restarts moved on: the senders stop, everything they sent is
-        // acknowledged, then both end.
-        try await taken.waitForMore(5, watch: watch, sides: [server, client])
+        // Calm, once the last restarts moved on (each way): the senders stop, everything they sent
+        // is acknowledged, then both end.
+        for receiver in receivers {
+            var each = takenBy([receiver])
+            try await each.waitForMore(5, watch: watch, sides: [server, client])
+        }
         let senders = phase.bothWays ? [client, server] : [client]
         for side in senders { side.signal(SIGUSR1) }
         // With cut stores the recovery recipe sends again, after each start, whatever its log
@@ -246,11 +255,14 @@ import Testing
     /// with a store, or rewritten at a start — is counted again from its beginning).
     struct LineCounts {
         let paths: [String]
+        /// How long a wait for more lines may take before it is a failure.
+        let bound: Duration
         var offsets: [Int]
         var lines: [Int]
 
-        init(_ paths: [String]) {
+        init(_ paths: [String], within bound: Duration) {
             self.paths = paths
+            self.bound = bound
             offsets = Array(repeating: 0, count: paths.count)
             lines = Array(repeating: 0, count: paths.count)
             _ = count()
@@ -273,12 +285,12 @@ import Testing
         }
 
         /// Waits until the files hold `more` lines than now, woken by their writes (the watch);
-        /// 60 s without them is a failure that says what the sides said.
+        /// `bound` without them is a failure that says what the sides said.
         mutating func waitForMore(_ more: Int, watch: DirectoryWatch, sides: [Side]) async throws {
             let target = count() + more
             var counts = self
             do {
-                try await waitUntil("\(more) lines more in \(paths.map { ($0 as NSString).lastPathComponent })", timeout: .seconds(60), wokenBy: watch.changes) {
+                try await waitUntil("\(more) lines more in \(paths.map { ($0 as NSString).lastPathComponent })", timeout: bound, wokenBy: watch.changes) {
                     counts.count() >= target
                 }
             } catch {

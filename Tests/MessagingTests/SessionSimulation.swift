@@ -282,7 +282,7 @@ final class SessionSimulation {
             return "\(side.name): its end closed, the server's open"
         case "stale to server": return await deliverStale(side)
         case "server notices":
-            guard let index = stale.firstIndex(where: { $0.client == side.number }) else { return "\(side.name): no half-open connection" }
+            guard let index = pickStale(of: side, withFrames: false) else { return "\(side.name): no half-open connection" }
             count("server noticed a half-open connection")
             let lost = stale[index].connection.toServer.count
             dropStale(index)
@@ -361,8 +361,17 @@ final class SessionSimulation {
     /// The process ends (`kill -9`, or the power) and starts again at once.
     func restart(_ side: Side, powerLoss: Bool) -> String {
         count(powerLoss ? "power loss" : "killed")
-        // Its connections end: a client's one, or all of the server's.
-        for client in clients where side === server || side === client { cut(client.number) }
+        // Its connections end: all of the server's; a client's one — half-open when its machine
+        // lost power (no FIN or RST leaves it: the server's end stays open until it notices), closed
+        // at both ends when its process was killed (its kernel closes the socket).
+        for client in clients where side === server || side === client {
+            if side === client && powerLoss {
+                if connections[client.number] != nil { count("half-open by a client's power loss") }
+                halfOpenCut(client.number)
+            } else {
+                cut(client.number)
+            }
+        }
         if side === server { while !stale.isEmpty { dropStale(0) } }
         if side === server, Set(server.sessions.values.compactMap(\.owner)).count > 1 {
             count(powerLoss ? "server power loss holding several clients' sessions" : "server killed holding several clients' sessions")
@@ -608,9 +617,17 @@ final class SessionSimulation {
         server.ackArmed.removeAll { server.sessions[$0]?.channel == nil }
     }
 
+    /// One of `client`'s half-open connections (the seed picks; each is independent of the others),
+    /// with frames in flight if `withFrames`.
+    func pickStale(of client: Side, withFrames: Bool) -> Int? {
+        let candidates = stale.indices.filter { stale[$0].client == client.number && (!withFrames || !stale[$0].connection.toServer.isEmpty) }
+        guard !candidates.isEmpty else { return nil }
+        return candidates[Int.random(in: 0..<candidates.count, using: &random)]
+    }
+
     /// The first frame still in flight on a half-open connection of `client` arrives at the server.
     func deliverStale(_ client: Side) async -> String {
-        guard let index = stale.firstIndex(where: { $0.client == client.number && !$0.connection.toServer.isEmpty }) else {
+        guard let index = pickStale(of: client, withFrames: true) else {
             return "\(client.name): nothing in flight on a half-open connection"
         }
         let frame = stale[index].connection.toServer.removeFirst()
@@ -703,7 +720,10 @@ final class SessionSimulation {
             }
             close(old)
             handedOn = " [the old connection aborted after \(taken) of \(inFlight.count) frames in flight: \(arrived.joined(separator: "; "))]"
-            guard server.sessions[key] != nil else { return "\(direction): hello\(handedOn), and its session ended" }
+            guard server.sessions[key] != nil else {
+                close(link)
+                return "\(direction): hello\(handedOn), and its session ended"
+            }
         }
         // As `MessageServer`: a store that failed attaches no session until the process restarts.
         if server.storeFailed {
@@ -850,8 +870,11 @@ final class SessionSimulation {
             if let last = side.lastFrom[code], item.payload <= last {
                 fail("\(side.name): \(item.payload % 1_000_000) arrived after \(last % 1_000_000) under a new position: a duplicate or out of order")
             }
-            if receiver(of: item.payload) !== side {
-                fail("\(side.name): got \(item.payload % 1_000_000), a message for \(receiver(of: item.payload).name): sessions crossed")
+            // Sessions crossed: a message for another app, or (at the server) one that came on the
+            // session of another client (its owner, kept in the store with it).
+            let owner = side === server ? side.sessions[item.key]?.owner : nil
+            if receiver(of: item.payload) !== side || (owner != nil && code < 10 && owner != clients[code - 1].name) {
+                fail("\(side.name): got \(item.payload % 1_000_000) from code \(code) on a session of \(owner ?? side.name): sessions crossed")
             }
             side.log.append(item.payload)
             side.logged.insert(item.payload)

@@ -56,7 +56,8 @@ import Testing
         if chosen.seeds.count >= 40 {
             for kind in [
                 "server power loss holding several clients' sessions", "server killed holding several clients' sessions", "both power loss",
-                "store may have lost records", "server started anew", "client renewed its session",
+                "store may have lost records", "server started anew", "client renewed its session", "half-open cut",
+                "resumed over a connection lost unnoticed", "a hello arrived on a half-open connection",
             ] {
                 #expect(totals.counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
             }
