@@ -23,8 +23,10 @@ import Testing
         let closeReason = Mutex<CloseReason?>(nil)
 
         func connection(_ connection: ConnectionDriver, received frame: Frame) {
-            frames.update { $0 += 1 }
+            // The payload first: a waiter woken by the count reads it at once (counted first, it
+            // found the payload not yet set once in 20 runs of the unit stage).
             lastPayload.withLock { $0 = frame.payload }
+            frames.update { $0 += 1 }
         }
         func connection(_ connection: ConnectionDriver, deadlinePassed kind: Deadlines.Kind) {}
         func connection(_ connection: ConnectionDriver, closedWith reason: CloseReason) {
