@@ -24,6 +24,8 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
     private let exitSeen = Observed(false)
     private let output: any DispatchSourceRead
     private let exit: any DispatchSourceProtocol
+    /// The queue the sources' handlers run on, and where they are cancelled.
+    private let queue: DispatchQueue
 
     /// Whether the process's exit was seen (its pidfd turned readable) — before whoever reaps it
     /// (a `Foundation.Process`) says so. Never true on the 20-ms fallback.
@@ -34,6 +36,7 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
     /// signals once, at once, and the waiter's condition sees the exit.
     package init(pid: pid_t, outputPath: String) throws {
         let queue = DispatchQueue(label: "itest.child-watch")
+        self.queue = queue
         let changes = changes
         let notify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
         guard notify >= 0, inotify_add_watch(notify, outputPath, UInt32(IN_MODIFY | IN_CLOSE_WRITE)) >= 0 else {
@@ -79,8 +82,23 @@ package final class ChildWatch: @unchecked Sendable {  // immutable after init; 
     }
 
     deinit {
-        output.cancel()
-        exit.cancel()
+        // Cancelled on the sources' own queue, where the exit handler cancels the exit source
+        // itself: never two threads tearing one source down at once. (Cancelled from here while
+        // that handler ran, libdispatch's epoll backend once trapped in the long chaos run —
+        // "_dispatch_source_refs_finalize_unregistration", the source finalized twice.)
+        let sources = Sources(output: output, exit: exit)
+        queue.async { sources.cancel() }
+    }
+
+    /// The two sources, handed to their queue to be cancelled there (Dispatch's sources are
+    /// thread-safe; Swift does not know it).
+    private struct Sources: @unchecked Sendable {
+        let output: any DispatchSourceRead
+        let exit: any DispatchSourceProtocol
+        func cancel() {
+            output.cancel()
+            exit.cancel()
+        }
     }
 }
 
