@@ -2,6 +2,7 @@ import Locks
 import Dispatch
 import Logging
 import MDNSCore
+import Scheduling
 
 #if canImport(Glibc)
     import Glibc
@@ -9,8 +10,10 @@ import MDNSCore
 
 /// The embedded mDNS backend: ``MDNSEngine`` (the protocol, no I/O) driven by Dispatch on one
 /// serial queue — a read source per socket (IPv4, IPv6), a read source on a netlink socket for
-/// interface changes, one timer at the engine's next deadline (cancelled when there is none).
-/// No helper thread, no polling.
+/// interface changes (both through its ``EmbeddedLinkLayer``), one timer at the engine's next
+/// deadline (cancelled when there is none; every timer on its ``Scheduler``). No helper thread, no
+/// polling. Given a simulated link layer and a ``ManualScheduler``, several backends run in one
+/// process in virtual time.
 ///
 /// Thread-safety: every mutable field is confined to `queue`; `published` is a lock for the values
 /// read from outside (state, host name, state observers).
@@ -20,17 +23,19 @@ final class EmbeddedBackend: @unchecked Sendable {
     let programName: String
     let configuration: DiscoveryConfiguration
     let published: Locked<PublishedState>
+    /// The sockets, the interface list and the watch on it.
+    let linkLayer: any EmbeddedLinkLayer
+    /// The clock of the engine and of every timer below.
+    let scheduler: any Scheduler
 
     // queue-confined
     private var engine: MDNSEngine
-    private var sockets: [AddressFamily: MDNSSocket] = [:]
-    private var readSources: [AddressFamily: any DispatchSourceRead] = [:]
-    private var netlink: NetlinkMonitor?
-    private var netlinkSource: (any DispatchSourceRead)?
-    private var rescanTimer: (any DispatchSourceTimer)?
-    private var timer: (any DispatchSourceTimer)?
+    private var sockets: [AddressFamily: any EmbeddedPort] = [:]
+    private var interfaceWatch: (any EmbeddedInterfaceWatch)?
+    private var rescanTimer: ScheduledWork?
+    private var timer: ScheduledWork?
     private var timerDeadline: MDNSInstant?
-    private var retryTimer: (any DispatchSourceTimer)?
+    private var retryTimer: ScheduledWork?
     private var retryDelay: Duration = .milliseconds(250)
     private var joined: Set<LinkID> = []
     private var localAddresses: Set<[UInt8]> = []
@@ -44,10 +49,16 @@ final class EmbeddedBackend: @unchecked Sendable {
     /// Datagrams over 9,000 bytes dropped.
     private(set) var truncated = 0
 
-    init(logger: Logger, programName: String, configuration: DiscoveryConfiguration) {
+    init(
+        logger: Logger, programName: String, configuration: DiscoveryConfiguration,
+        linkLayer: any EmbeddedLinkLayer = SystemLinkLayer(), scheduler: any Scheduler = DispatchScheduler(),
+        seed: UInt64? = nil
+    ) {
         self.logger = logger
         self.programName = programName
         self.configuration = configuration
+        self.linkLayer = linkLayer
+        self.scheduler = scheduler
         let label = configuration.hostName.flatMap { $0.isEmpty ? nil : $0 } ?? Self.hostLabel()
         published = Locked(PublishedState(hostName: label))
         var settings = MDNSConfiguration(hostName: label)
@@ -58,8 +69,9 @@ final class EmbeddedBackend: @unchecked Sendable {
             default: address.bytes
             }
         }
-        var seed = SystemRandomNumberGenerator()
-        engine = MDNSEngine(configuration: settings, now: Self.now(), seed: seed.next())
+        var system = SystemRandomNumberGenerator()
+        engine = MDNSEngine(
+            configuration: settings, now: MDNSInstant(nanoseconds: scheduler.now), seed: seed ?? system.next())
     }
 
     /// The kernel's host name, first label only (`alpha` of `alpha.example.org`).
@@ -69,7 +81,8 @@ final class EmbeddedBackend: @unchecked Sendable {
         return label.isEmpty ? "host" : label
     }
 
-    static func now() -> MDNSInstant { MDNSInstant(nanoseconds: DispatchTime.now().uptimeNanoseconds) }
+    /// Now on the scheduler's clock (Dispatch's uptime clock for the real one).
+    func now() -> MDNSInstant { MDNSInstant(nanoseconds: scheduler.now) }
 
     /// Opens the sockets (on the queue) and starts claiming the host name.
     func start() {
@@ -101,14 +114,7 @@ final class EmbeddedBackend: @unchecked Sendable {
         var lastError: DiscoveryError?
         for family in families where sockets[family] == nil {
             do {
-                let socket = try MDNSSocket.open(family)
-                sockets[family] = socket
-                let source = DispatchSource.makeReadSource(fileDescriptor: socket.fd, queue: queue)
-                source.setEventHandler { [weak self] in self?.readable(family) }
-                // The descriptor is closed only once the source is cancelled (no use after close).
-                source.setCancelHandler { socket.close() }
-                source.resume()
-                readSources[family] = source
+                sockets[family] = try linkLayer.open(family, queue: queue) { [weak self] in self?.readable(family) }
             } catch {
                 logger.warning(
                     "embedded mDNS: cannot open a socket",
@@ -125,14 +131,11 @@ final class EmbeddedBackend: @unchecked Sendable {
             return
         }
         retryDelay = .milliseconds(250)
-        if netlink == nil, let monitor = NetlinkMonitor() {
-            netlink = monitor
-            let source = DispatchSource.makeReadSource(fileDescriptor: monitor.fd, queue: queue)
-            source.setEventHandler { [weak self] in self?.interfacesChanged() }
-            source.setCancelHandler { monitor.close() }
-            source.resume()
-            netlinkSource = source
-        } else if netlink == nil {
+        if interfaceWatch == nil,
+            let watch = linkLayer.watchInterfaces(queue: queue, changed: { [weak self] in self?.interfacesChanged() })
+        {
+            interfaceWatch = watch
+        } else if interfaceWatch == nil {
             logger.notice("embedded mDNS: no netlink socket; interfaces are scanned at start only")
         }
         setState(engine.hostIsEstablished ? .running : .registering)
@@ -141,40 +144,30 @@ final class EmbeddedBackend: @unchecked Sendable {
 
     private func scheduleRetry() {
         retryTimer?.cancel()
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + retryDelay.dispatchInterval)
-        retryDelay = min(retryDelay * 2, .seconds(5))
-        timer.setEventHandler { [weak self] in
+        retryTimer = scheduler.schedule(after: retryDelay, on: queue) { [weak self] in
             guard let self else { return }
-            self.retryTimer?.cancel()
             self.retryTimer = nil
             self.openSockets()
         }
-        timer.resume()
-        retryTimer = timer
+        retryDelay = min(retryDelay * 2, .seconds(5))
     }
 
     /// A netlink notification: rescan shortly after (changes come in bursts).
     private func interfacesChanged() {
         wakeups += 1
-        netlink?.drain()
+        interfaceWatch?.drain()
         guard rescanTimer == nil, !stopped else { return }
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.schedule(deadline: .now() + .milliseconds(100))
-        timer.setEventHandler { [weak self] in
+        rescanTimer = scheduler.schedule(after: .milliseconds(100), on: queue) { [weak self] in
             guard let self else { return }
-            self.rescanTimer?.cancel()
             self.rescanTimer = nil
             self.rescan()
         }
-        timer.resume()
-        rescanTimer = timer
     }
 
     /// Reads the interfaces, joins and leaves the group where they changed, tells the engine.
     private func rescan() {
         guard !stopped else { return }
-        let interfaces = InterfaceInfo.scan()
+        let interfaces = linkLayer.interfaces()
         localAddresses = Set(interfaces.flatMap { $0.ipv4 + $0.ipv6 })
         let links = InterfaceInfo.links(from: interfaces, configuration: configuration, families: Set(sockets.keys))
         let wanted = Set(links.map(\.id))
@@ -198,7 +191,7 @@ final class EmbeddedBackend: @unchecked Sendable {
         logger.debug(
             "embedded mDNS links",
             metadata: ["links": "\(usable.map { "\($0.name)/\($0.id.family)" }.joined(separator: " "))"])
-        engine.setLinks(usable, now: Self.now())
+        engine.setLinks(usable, now: now())
         pump()
     }
 
@@ -223,7 +216,7 @@ final class EmbeddedBackend: @unchecked Sendable {
             if logger.logLevel <= .trace {
                 trace("received", datagram.bytes, link: source.link, peer: "\(datagram.address):\(datagram.port)")
             }
-            engine.receive(datagram.bytes, from: source, now: Self.now())
+            engine.receive(datagram.bytes, from: source, now: now())
         }
         pump()
     }
@@ -270,20 +263,16 @@ final class EmbeddedBackend: @unchecked Sendable {
             return
         }
         if timer != nil, timerDeadline == deadline { return }
-        if timer == nil {
-            let source = DispatchSource.makeTimerSource(queue: queue)
-            source.setEventHandler { [weak self] in self?.timerFired() }
-            source.resume()
-            timer = source
-        }
+        timer?.cancel()
         timerDeadline = deadline
-        timer?.schedule(deadline: DispatchTime(uptimeNanoseconds: deadline.nanoseconds), leeway: .milliseconds(2))
+        timer = scheduler.schedule(at: deadline.nanoseconds, on: queue) { [weak self] in self?.timerFired() }
     }
 
     private func timerFired() {
         wakeups += 1
+        timer = nil
         timerDeadline = nil
-        engine.advance(now: Self.now())
+        engine.advance(now: now())
         pump()
     }
 
@@ -358,7 +347,7 @@ final class EmbeddedBackend: @unchecked Sendable {
         let service = MDNSService(
             instance: name, type: type, port: request.port, txt: request.txt.entries.map(\.bytes),
             links: Self.linkFilter(interface: request.interface, ipVersion: request.ipVersion))
-        let id = engine.publish(service, now: Self.now())
+        let id = engine.publish(service, now: now())
         let handle = PublishedService(
             owner: self, name: engine.publicationName(id) ?? name, type: request.type, port: request.port,
             txt: request.txt)
@@ -373,7 +362,7 @@ final class EmbeddedBackend: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         guard !stopped else { return }
         // Goodbyes first, while the sockets are open.
-        engine.shutdown(now: Self.now())
+        engine.shutdown(now: now())
         pump()
         stopped = true
         for publication in publications.values { publication.handle.continuation.finish() }
@@ -382,12 +371,10 @@ final class EmbeddedBackend: @unchecked Sendable {
         publications.removeAll()
         browses.removeAll()
         resolves.removeAll()
-        for (_, source) in readSources { source.cancel() }
-        readSources.removeAll()
+        for (_, socket) in sockets { socket.close() }
         sockets.removeAll()
-        netlinkSource?.cancel()
-        netlinkSource = nil
-        netlink = nil
+        interfaceWatch?.close()
+        interfaceWatch = nil
         for pending in [timer, rescanTimer, retryTimer] { pending?.cancel() }
         timer = nil
         rescanTimer = nil
@@ -400,11 +387,11 @@ final class EmbeddedBackend: @unchecked Sendable {
     var diagnostics: EmbeddedDiagnostics {
         EmbeddedDiagnostics(
             wakeups: wakeups,
-            liveSources: readSources.count + (netlinkSource == nil ? 0 : 1) + (timer == nil ? 0 : 1)
+            liveSources: sockets.count + (interfaceWatch == nil ? 0 : 1) + (timer == nil ? 0 : 1)
                 + (rescanTimer == nil ? 0 : 1) + (retryTimer == nil ? 0 : 1),
             engine: engine.counters, cacheCount: engine.cache.count, cacheEvictions: engine.cache.evictions,
             truncated: truncated, links: engine.links.keys.sorted(), hostName: engine.hostName,
-            nextDeadline: engine.nextDeadline().map { $0.milliseconds(since: Self.now()) })
+            nextDeadline: engine.nextDeadline().map { $0.milliseconds(since: now()) })
     }
 
     fileprivate func removeBrowse(_ id: Int) {
@@ -444,7 +431,7 @@ final class EmbeddedBackend: @unchecked Sendable {
             return nil
         }
         let id = engine.startResolve(
-            instance: instance, links: LinkFilter(interfaceIndex: request.interface), now: Self.now())
+            instance: instance, links: LinkFilter(interfaceIndex: request.interface), now: now())
         let resolve = EmbeddedResolve(
             backend: self, id: id, identity: request.identity, ipVersion: request.ipVersion, mode: mode)
         resolves[id] = resolve
@@ -520,7 +507,7 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
             }
             let id = engine.startBrowse(
                 type: type, links: Self.linkFilter(interface: request.interface, ipVersion: request.ipVersion),
-                now: Self.now())
+                now: now())
             browses[id] = EmbeddedBrowse(type: request.type, continuation: continuation)
             box.withLock { $0 = id }
             pump()
@@ -582,7 +569,7 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
         else {
             return .failure(DiscoveryError(.notPublished, "service '\(service.name)' is no longer published"))
         }
-        engine.updateTXT(publication.id, txt: txt.entries.map(\.bytes), now: Self.now())
+        engine.updateTXT(publication.id, txt: txt.entries.map(\.bytes), now: now())
         service.txtChanged(txt)
         pump()
         return .success(())
@@ -592,7 +579,7 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
         guard let publication = service.backendObject as? EmbeddedPublication,
             publications.removeValue(forKey: publication.id) != nil
         else { return }
-        engine.unpublish(publication.id, now: Self.now())
+        engine.unpublish(publication.id, now: now())
         service.continuation.finish()
         pump()
     }
@@ -686,8 +673,8 @@ final class EmbeddedResolve: @unchecked Sendable {  // confined to the backend's
     let mode: Mode
     private var latest: ResolvedService?
     private var complete = false
-    private var graceTimer: (any DispatchSourceTimer)?
-    private var timeoutTimer: (any DispatchSourceTimer)?
+    private var graceTimer: ScheduledWork?
+    private var timeoutTimer: ScheduledWork?
     private var lastYielded: ResolvedService?
     private var done = false
 
@@ -701,9 +688,7 @@ final class EmbeddedResolve: @unchecked Sendable {  // confined to the backend's
 
     func armTimeout() {
         guard case .once(let timeout, _) = mode else { return }
-        let timer = DispatchSource.makeTimerSource(queue: backend.queue)
-        timer.schedule(deadline: .now() + timeout.dispatchInterval)
-        timer.setEventHandler { [weak self] in
+        timeoutTimer = backend.scheduler.schedule(after: timeout, on: backend.queue) { [weak self] in
             guard let self else { return }
             if let latest = self.latest {
                 self.finish(.success(latest))
@@ -716,8 +701,6 @@ final class EmbeddedResolve: @unchecked Sendable {  // confined to the backend's
                         )))
             }
         }
-        timer.resume()
-        timeoutTimer = timer
     }
 
     /// New data from the engine's cache.
@@ -753,14 +736,10 @@ final class EmbeddedResolve: @unchecked Sendable {  // confined to the backend's
                 finish(.success(service))
             } else if graceTimer == nil {
                 // Wait a quarter second for the TXT record or the other address family.
-                let timer = DispatchSource.makeTimerSource(queue: backend.queue)
-                timer.schedule(deadline: .now() + .milliseconds(250))
-                timer.setEventHandler { [weak self] in
+                graceTimer = backend.scheduler.schedule(after: .milliseconds(250), on: backend.queue) { [weak self] in
                     guard let self, let latest = self.latest else { return }
                     self.finish(.success(latest))
                 }
-                timer.resume()
-                graceTimer = timer
             }
         case .watch(let continuation):
             if service != lastYielded {
