@@ -2,6 +2,7 @@ import Locks
 import CAvahiClient
 import Dispatch
 import Logging
+import Scheduling
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -25,6 +26,9 @@ final class AvahiBackend: @unchecked Sendable {
     let configuration: DiscoveryConfiguration
     let poll: DispatchPoll
     let published: Locked<PublishedState>
+    /// The clock of the backend's timers: the connection retry's back-off, a publication's probe
+    /// watchdog, a resolve's timeout and grace, the automatic choice's wait for the daemon.
+    let scheduler: any Scheduler
     /// Told every state change (queue-confined); the automatic backend choice listens here.
     var stateHook: ((DaemonState) -> Void)?
     /// The automatic choice is probing whether a daemon answers: a failure to reach it is the
@@ -34,7 +38,7 @@ final class AvahiBackend: @unchecked Sendable {
 
     // queue-confined
     private(set) var client: OpaquePointer?
-    private var retryTimer: (any DispatchSourceTimer)?
+    private var retryTimer: ScheduledWork?
     private var retryDelay: Duration = .milliseconds(250)
     /// How long a publication may probe before it is registered again (see `Publication`).
     var probeStallTimeout: Duration = .seconds(5)
@@ -47,10 +51,14 @@ final class AvahiBackend: @unchecked Sendable {
     /// Sightings of every service seen by any browse, for resolves.
     var sightings: [ServiceIdentity: Set<DiscoveredService.Sighting>] = [:]
 
-    init(logger: Logger, programName: String, configuration: DiscoveryConfiguration = DiscoveryConfiguration()) {
+    init(
+        logger: Logger, programName: String, configuration: DiscoveryConfiguration = DiscoveryConfiguration(),
+        scheduler: any Scheduler = DispatchScheduler()
+    ) {
         self.logger = logger
         self.programName = programName
         self.configuration = configuration
+        self.scheduler = scheduler
         self.poll = DispatchPoll(queue: queue)
         self.published = Locked(PublishedState(hostName: kernelHostName()))
     }
@@ -110,18 +118,13 @@ final class AvahiBackend: @unchecked Sendable {
 
     private func scheduleRetry() {
         retryTimer?.cancel()
-        let timer = DispatchSource.makeTimerSource(queue: queue)
         let delay = retryDelay
         retryDelay = min(retryDelay * 2, .seconds(5))
-        timer.schedule(deadline: .now() + delay.dispatchInterval)
-        timer.setEventHandler { [weak self] in
+        retryTimer = scheduler.schedule(after: delay, on: queue) { [weak self] in
             guard let self else { return }
-            self.retryTimer?.cancel()
             self.retryTimer = nil
             self.connect()
         }
-        timer.resume()
-        retryTimer = timer
     }
 
     func clientStateChanged(_ client: OpaquePointer, _ state: AvahiClientState) {
@@ -460,7 +463,7 @@ final class AutomaticChoice: @unchecked Sendable {  // every field is touched on
     let core: AvahiBackend
     let selector: BackendSelector
     let started = DispatchTime.now()
-    var timer: (any DispatchSourceTimer)?
+    var timer: ScheduledWork?
     var decided = false
 
     private init(core: AvahiBackend, selector: BackendSelector) {
@@ -474,13 +477,9 @@ final class AutomaticChoice: @unchecked Sendable {  // every field is touched on
         core.queue.async {
             core.stateHook = { [choice] state in choice.observe(state) }
             core.probing = true
-            let timer = DispatchSource.makeTimerSource(queue: core.queue)
-            timer.schedule(deadline: .now() + configuration.avahiTimeout.dispatchInterval)
-            timer.setEventHandler { [choice] in
+            choice.timer = core.scheduler.schedule(after: configuration.avahiTimeout, on: core.queue) { [choice] in
                 choice.chooseEmbedded(because: "no avahi-daemon answered within \(configuration.avahiTimeout)")
             }
-            timer.resume()
-            choice.timer = timer
             core.connect()
         }
     }

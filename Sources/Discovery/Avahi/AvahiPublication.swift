@@ -1,6 +1,7 @@
 import CAvahiClient
 import Dispatch
 import Locks
+import Scheduling
 
 /// The Avahi side of a publication: one entry group. Confined to the core's queue.
 final class Publication: @unchecked Sendable {  // confined to core.queue
@@ -18,7 +19,7 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
     var group: OpaquePointer?
     var stopped = false
     /// Armed while the group probes (REGISTERING); see ``probingStalled()``.
-    private var probeWatchdog: (any DispatchSourceTimer)?
+    private var probeWatchdog: ScheduledWork?
     /// Re-registrations after a stalled probe, since the last time the group was established.
     private var stallRetries = 0
 
@@ -177,11 +178,7 @@ final class Publication: @unchecked Sendable {  // confined to core.queue
             let later = min(stallRetries - Publication.maxStallRetries, 4)
             wait = min(max(core.probeStallTimeout, .seconds(5)) * (1 << later), .seconds(60))
         }
-        let timer = DispatchSource.makeTimerSource(queue: core.queue)
-        timer.schedule(deadline: .now() + wait.dispatchInterval)
-        timer.setEventHandler { [weak self] in self?.probingStalled() }
-        timer.resume()
-        probeWatchdog = timer
+        probeWatchdog = core.scheduler.schedule(after: wait, on: core.queue) { [weak self] in self?.probingStalled() }
     }
 
     private func cancelProbeWatchdog() {

@@ -1,5 +1,6 @@
 import CAvahiClient
 import Dispatch
+import Scheduling
 
 /// One resolve (one-shot or watching): service resolvers on every interface / IP version the service
 /// was seen on, plus A/AAAA record browsers on its host to collect every address.
@@ -41,8 +42,8 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
     private var addresses: [ServiceAddress] = []
     private var failures = 0
     private var lastFailure: DiscoveryError?
-    private var graceTimer: (any DispatchSourceTimer)?
-    private var timeoutTimer: (any DispatchSourceTimer)?
+    private var graceTimer: ScheduledWork?
+    private var timeoutTimer: ScheduledWork?
     private var lastYielded: ResolvedService?
     private var done = false
 
@@ -74,9 +75,7 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
 
     func armTimeout() {
         guard case .once(let timeout, _) = mode else { return }
-        let timer = DispatchSource.makeTimerSource(queue: core.queue)
-        timer.schedule(deadline: .now() + timeout.dispatchInterval)
-        timer.setEventHandler { [weak self] in
+        timeoutTimer = core.scheduler.schedule(after: timeout, on: core.queue) { [weak self] in
             guard let self else { return }
             if self.addresses.isEmpty {
                 let hint = self.found.isEmpty
@@ -87,8 +86,6 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
                 self.finish(.success(self.snapshot()))
             }
         }
-        timer.resume()
-        timeoutTimer = timer
     }
 
     func start() {
@@ -213,14 +210,10 @@ final class ResolveSession: @unchecked Sendable {  // confined to core.queue
                 return
             }
             guard graceTimer == nil else { return }
-            let timer = DispatchSource.makeTimerSource(queue: core.queue)
-            timer.schedule(deadline: .now() + Self.grace.dispatchInterval)
-            timer.setEventHandler { [weak self] in
+            graceTimer = core.scheduler.schedule(after: Self.grace, on: core.queue) { [weak self] in
                 guard let self else { return }
                 self.finish(.success(self.snapshot()))
             }
-            timer.resume()
-            graceTimer = timer
         case .watch(let continuation):
             guard !addresses.isEmpty else { return }
             let current = snapshot()
