@@ -74,6 +74,39 @@ import Testing
         await world.shutdown()
     }
 
+    /// A cable pulled for longer than the records live, then plugged back: the host whose cable
+    /// it was drops what it saw there at once (its interface watch, its rescan); the others drop
+    /// its service when its records run out; plugged back, it announces itself and asks again at
+    /// once — each side sees the other within seconds, not at its next scheduled query.
+    @Test func aCablePulledForAnHourAndAHalfAndPluggedBackIsSeenAgainAtOnce() async throws {
+        let world = EmbeddedWorld()
+        let alpha = await world.add(1, hostName: "alpha")
+        let bravo = await world.add(2, hostName: "bravo")
+        world.run(seconds: 3)
+        _ = try await world.publish("Kitchen", on: alpha, port: 1)
+        _ = try await world.publish("Hall", on: bravo, port: 2)
+        var seenByAlpha = await world.browse(on: alpha)
+        var seenByBravo = await world.browse(on: bravo)
+        world.run(seconds: 3)
+        #expect(await seenByAlpha.take().added.sorted() == ["Hall", "Kitchen"])
+        #expect(await seenByBravo.take().added.sorted() == ["Hall", "Kitchen"])
+
+        world.link.setCarrier(1, false)
+        world.run(seconds: 1)
+        // (its own service too: it was seen through the link, by its own looped-back announcements)
+        #expect(await seenByAlpha.take().removed.sorted() == ["Hall", "Kitchen"], "alpha's link is gone, and what it saw there")
+        #expect(await seenByBravo.take().isEmpty)
+        world.run(seconds: 5_400)
+        #expect(await seenByBravo.take().removed == ["Kitchen"], "Kitchen's records ran out at bravo")
+        #expect(await seenByAlpha.take().isEmpty)
+
+        world.link.setCarrier(1, true)
+        world.run(seconds: 2)
+        #expect(await seenByAlpha.take().added.sorted() == ["Hall", "Kitchen"], "alpha asked again as soon as its link came back")
+        #expect(await seenByBravo.take().added == ["Kitchen"], "alpha announced itself as soon as its link came back")
+        await world.shutdown()
+    }
+
     @Test func twoHostsClaimingOneHostNameAndOneServiceNameEndWithTwoOfEach() async throws {
         let world = EmbeddedWorld()
         let first = await world.add(1, hostName: "twin")

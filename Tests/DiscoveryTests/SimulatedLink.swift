@@ -13,8 +13,10 @@ import SystemCalls
 /// link-local IPv6 address fe80::N. A multicast datagram reaches every socket of its family that
 /// joined the group on that interface — the sender's own too, as `IP_MULTICAST_LOOP` makes the real
 /// sockets do — a unicast one the socket of the host with that address; each `delay` later, on the
-/// shared ``ManualScheduler``, on the receiving backend's queue. A host cut off (power lost, cable
-/// pulled) neither sends nor receives; a host can be told to fail its next socket opens.
+/// shared ``ManualScheduler``, on the receiving backend's queue. A host cut off (power lost)
+/// neither sends nor receives; a host whose cable is pulled does not either, and its interface
+/// loses its carrier — its backend's interface watch is told, as netlink tells the real one. A
+/// host can be told to fail its next socket opens.
 ///
 /// The backends are the real `EmbeddedBackend`s — engine, browses, resolves, timers, retries —
 /// with only the sockets and the interface scan replaced (`EmbeddedLinkLayer`). The Avahi and
@@ -25,8 +27,10 @@ final class SimulatedLink: Sendable {
 
     private struct Host {
         var connected = true
+        var carrier = true
         var failOpens = 0
         var ports: [AddressFamily: SimulatedPort] = [:]
+        var watch: SimulatedWatch?
     }
     private struct State {
         var hosts: [UInt8: Host] = [:]
@@ -54,6 +58,18 @@ final class SimulatedLink: Sendable {
     /// Cuts host `number` off the link, or puts it back.
     func setConnected(_ number: UInt8, _ connected: Bool) {
         state.withLock { $0.hosts[number]?.connected = connected }
+    }
+
+    /// Pulls host `number`'s cable (or plugs it back): it is cut off, its interface loses its
+    /// carrier (IFF_RUNNING), and its interface watch is told a moment later.
+    func setCarrier(_ number: UInt8, _ up: Bool) {
+        let watch = state.withLock { state -> SimulatedWatch? in
+            state.hosts[number]?.connected = up
+            state.hosts[number]?.carrier = up
+            return state.hosts[number]?.watch
+        }
+        guard let watch else { return }
+        scheduler.schedule(after: delay, on: watch.queue) { watch.notify() }
     }
 
     /// Host `number`'s next `count` socket opens fail.
@@ -111,12 +127,19 @@ final class SimulatedLink: Sendable {
     }
 
     fileprivate func interfaces(of host: UInt8) -> [InterfaceInfo] {
-        [
+        let carrier = state.withLock { $0.hosts[host]?.carrier ?? false }
+        return [
             InterfaceInfo(
                 name: "sim0", index: Self.interfaceIndex,
-                flags: UInt32(IFF_UP) | UInt32(IFF_RUNNING) | UInt32(IFF_MULTICAST) | UInt32(IFF_BROADCAST),
+                flags: UInt32(IFF_UP) | (carrier ? UInt32(IFF_RUNNING) : 0) | UInt32(IFF_MULTICAST) | UInt32(IFF_BROADCAST),
                 ipv4: [Self.ipv4(host)], ipv6: [Self.ipv6(host)])
         ]
+    }
+
+    fileprivate func watch(host: UInt8, queue: DispatchQueue, changed: @escaping @Sendable () -> Void) -> SimulatedWatch {
+        let watch = SimulatedWatch(queue: queue, changed: changed)
+        state.withLock { $0.hosts[host]?.watch = watch }
+        return watch
     }
 
     private struct Layer: EmbeddedLinkLayer {
@@ -132,7 +155,7 @@ final class SimulatedLink: Sendable {
         func interfaces() -> [InterfaceInfo] { link.interfaces(of: host) }
 
         func watchInterfaces(queue: DispatchQueue, changed: @escaping @Sendable () -> Void) -> (any EmbeddedInterfaceWatch)? {
-            nil
+            link.watch(host: host, queue: queue, changed: changed)
         }
     }
 }
@@ -190,6 +213,25 @@ final class SimulatedPort: EmbeddedPort, Sendable {
     func close() {
         state.withLock { $0.open = false }
     }
+}
+
+/// One host's interface watch (netlink's part): told of a carrier change on the backend's queue.
+final class SimulatedWatch: EmbeddedInterfaceWatch, Sendable {
+    let queue: DispatchQueue
+    private let changed: @Sendable () -> Void
+    private let open = Locked(true)
+
+    fileprivate init(queue: DispatchQueue, changed: @escaping @Sendable () -> Void) {
+        self.queue = queue
+        self.changed = changed
+    }
+
+    fileprivate func notify() {
+        if open.withLock({ $0 }) { changed() }
+    }
+
+    func drain() {}
+    func close() { open.withLock { $0 = false } }
 }
 
 /// Events of a stream, read up to now: `take()` puts a marker behind what was yielded so far and
