@@ -394,14 +394,15 @@ if [ "$tsan" = yes ]; then
   # Likewise the wide-area simulation: 30 seeds under TSan (the unit stage runs 150; 150 took 51 s
   # here, 30 keep every driver, the Wakeup and the merged browse racing under the sanitizer), and
   # the session simulation 20 seeds (the unit stage runs 200; its journals sync on their queues)
-  # and 10 of its three-client form (the unit stage runs 40),
+  # and 10 of its three-client form (the unit stage runs 40), the embedded link simulation 5 (the
+  # unit stage runs 30: four hosts' backends, each on its queue, on one manual clock),
   # and the small-disk journals 3 rounds (the unit stage runs 10; 61 s of the stage under TSan).
   # The client's and the server's lifecycle simulations are one thread's pure code: 50 and 200
   # seeds (the unit stage runs 500 and 2,000).
   run_suite tsan env "${unit_env[@]}" TSAN_OPTIONS=halt_on_error=1 LANMSG_CRASH_STATES="${TSAN_CRASH_STATES:-300}" \
     LANMSG_SMALL_DISK_ROUNDS="${TSAN_SMALL_DISK_ROUNDS:-3}" LANMSG_CLIENT_SIM_SEEDS=50 LANMSG_SERVER_SIM_SEEDS=200 \
     LANMSG_SIM_SEEDS="${TSAN_SIM_SEEDS:-30}" LANMSG_SESSION_SIM_SEEDS="${TSAN_SESSION_SIM_SEEDS:-20}" \
-    LANMSG_SESSIONS_SIM_SEEDS="${TSAN_SESSIONS_SIM_SEEDS:-10}" \
+    LANMSG_SESSIONS_SIM_SEEDS="${TSAN_SESSIONS_SIM_SEEDS:-10}" LANMSG_EMBEDDED_SIM_SEEDS="${TSAN_EMBEDDED_SIM_SEEDS:-5}" \
     .build-tsan/debug/swift-lan-messagingPackageTests.xctest --testing-library swift-testing --no-parallel "${tsan_filter[@]}"
   # The programs' tests (all but the page's route tests, above; TSAN_PROGRAMS_FILTER narrows them; a
   # TSAN_FILTER alone leaves them out).

@@ -190,10 +190,10 @@ final class EmbeddedWorld: Sendable {
     var seconds: Double { Double(scheduler.now - start) / 1e9 }
 
     /// A host with its backend started: its sockets open (or failed) and its first probe armed.
-    func add(_ number: UInt8, hostName: String) async -> EmbeddedBackend {
+    func add(_ number: UInt8, hostName: String, seed: UInt64? = nil) async -> EmbeddedBackend {
         let backend = EmbeddedBackend(
             logger: Self.logger, programName: "sim", configuration: DiscoveryConfiguration(hostName: hostName),
-            linkLayer: link.layer(for: number), scheduler: scheduler, seed: UInt64(number))
+            linkLayer: link.layer(for: number), scheduler: scheduler, seed: seed ?? UInt64(number))
         backends.withLock { $0.append(backend) }
         backend.start()
         await backend.perform {}
