@@ -125,7 +125,9 @@ let package = Package(
         ),
         .testTarget(
             name: "DiscoveryTests",
-            dependencies: ["Discovery", "MDNSCore", "Locks", "Scheduling", "TestWaits", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "Discovery", "MDNSCore", "Locks", "Scheduling", "SystemCalls", "TestWaits", .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),
         .testTarget(name: "ProtocolCoreTests", dependencies: ["ProtocolCore", "FastJSON"], swiftSettings: strict),

@@ -115,7 +115,7 @@ start_sanitizer_builds() {
 # background at the builds' priority: started before the embedded-backend stages, whose tests mostly
 # wait (the machine was idle for 30 s of their end on 2026-12-05), waited for at its stage below.
 start_docs() {
-  ( "${background[@]}" env DOCS_TIMEOUT=600 Tests/docs/build-docs.sh > "$logs/docs.log" 2>&1
+  ( "${background[@]}" env DOCS_TIMEOUT=900 Tests/docs/build-docs.sh > "$logs/docs.log" 2>&1
     rc=$?; echo "$SECONDS" > "$logs/build-docs.done"; exit $rc ) &
   docs_pid=$!; background_pids+=("$docs_pid")
 }
@@ -264,8 +264,9 @@ if [ "$unit_only" = no ]; then
   # Wide-area DNS-SD across a router: BIND 9 in a DNS namespace, hosts on two subnets (Tests/harness/
   # widearea-harness.sh), avahi-daemon on host c for its wide-area browser. Its own namespaces and
   # daemons, and most of its 90 s spent waiting on leases and polls (the ghost test, 2.5 minutes of
-  # waiting, runs in a lab of its own, started above): it runs beside the two embedded-backend stages below and the API, documentation,
-  # fuzz and soak stages after them, and is joined before the ThreadSanitizer stage. (Not beside the
+  # waiting, runs in a lab of its own, started above): it runs beside the two embedded-backend
+  # stages below and the API, documentation, fuzz and soak stages after them, and is joined before
+  # the ThreadSanitizer stage. (Not beside the
   # Avahi stage: its probe-stall test, the guard of Avahi's stuck-REGISTERING bug, is the most
   # timing-bound of the suites and failed once with the wide-area suite running beside it.)
   start_suite widearea env HARNESS_LOG_DIR="$logs/widearea-daemons" DNSPYTHON="$dnspython" \
@@ -292,8 +293,6 @@ if [ "$unit_only" = no ]; then
   join_suite chat-preview-embedded
 fi
 
-# The public API promise (README, "Versioning"): no public declaration of the products gone or
-# changed against Tests/api/baseline.txt, and an app written against 1.0's README still builds.
 # The soak in its short form (issue 28; the hour is Benchmarks/soak.sh --minutes 60, the 2 minutes
 # of earlier CI runs SOAK_SECONDS=120 Tests/run.sh): 60 s of churn, resumes, a flat-out requester and
 # broadcasts in-process, judged for growth from its middle to its end and for lost or duplicated
@@ -304,14 +303,6 @@ fi
 start_suite soak env "${unit_env[@]}" LANMSG_SOAK_SECONDS="${SOAK_SECONDS:-60}" \
   "$bin" --testing-library swift-testing --no-parallel --filter SoakTests
 
-echo "== api (the 1.x promise)"
-if ! Tests/api/check-api.sh > "$logs/api.log" 2>&1; then
-  echo "!! the public API check failed:"; grep -v "^new:" "$logs/api.log" | tail -n 30; status=1
-else
-  grep -h "^check-api:" "$logs/api.log"
-fi
-stage_done "api"
-
 # The documentation (started in the background above; here without the namespace stages).
 echo "== docs (DocC, warnings as errors)"
 [ -n "${docs_pid:-}" ] || start_docs
@@ -321,6 +312,17 @@ else
   grep -h "^build-docs:" "$logs/docs.log"
 fi
 stage_done "docs"
+
+# The public API promise (README, "Versioning"): no public declaration of the products gone or
+# changed against Tests/api/baseline.txt, and an app written against 1.0's README still builds.
+# It reads .build/debug/Modules, which the documentation build may have been writing: after it.
+echo "== api (the 1.x promise)"
+if ! Tests/api/check-api.sh > "$logs/api.log" 2>&1; then
+  echo "!! the public API check failed:"; grep -v "^new:" "$logs/api.log" | tail -n 30; status=1
+else
+  grep -h "^check-api:" "$logs/api.log"
+fi
+stage_done "api"
 
 # Fuzzing, short and bounded: a smoke run, built without optimization (FUZZ_OPT=-Onone,
 # FUZZ_CONFIG=debug: the builds take 190 s instead of 315 s, for fewer executions). Long runs are

@@ -17,6 +17,11 @@ public protocol Scheduler: Sendable {
     @discardableResult
     func schedule(after delay: Duration, on queue: DispatchQueue?, _ work: @escaping @Sendable () -> Void) -> ScheduledWork
 
+    /// A timer on `queue` that is moved, not made anew, each time it is armed: for an owner whose
+    /// one deadline moves often (the mDNS engine's next deadline moves with most packets). Dispatch's
+    /// is one timer source rescheduled in place; a manual clock's cancels and schedules again.
+    func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer
+
     /// A random number in `range` for a timer's jitter (a poll interval spread over 80–100 %): the
     /// system's generator, or a seeded one of a simulation (``ManualScheduler/init(start:seed:)``),
     /// so that a seed fixes when every jittered timer fires.
@@ -24,6 +29,12 @@ public protocol Scheduler: Sendable {
 }
 
 extension Scheduler {
+    /// Cancels and schedules again on this scheduler (what a manual clock needs: every arming is a
+    /// work it can run or count).
+    public func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
+        ScheduledTimer(scheduler: self, queue: queue, handler: handler)
+    }
+
     /// The system's generator.
     public func random(in range: ClosedRange<Double>) -> Double { Double.random(in: range) }
 
@@ -94,8 +105,10 @@ public final class ScheduledWork: Sendable {
     }
 }
 
-/// Real time: Dispatch's uptime clock and `asyncAfter` (one Dispatch timer for them all; no timer
-/// source per work, so a timer per send of a broadcast to thousands of connections stays cheap).
+/// Real time: Dispatch's uptime clock and `asyncAfter`. (libdispatch makes a one-shot timer source
+/// per `asyncAfter`, cheap to make and gone once it fired; a cancelled work's stays until its
+/// deadline and then runs nothing. An owner whose deadline moves often takes a ``makeTimer(on:_:)``
+/// instead: one timer source, moved in place.)
 public struct DispatchScheduler: Scheduler {
     public init() {}
 
@@ -108,6 +121,74 @@ public struct DispatchScheduler: Scheduler {
             scheduled.run()
         }
         return scheduled
+    }
+
+    /// One Dispatch timer source, rescheduled in place (leeway 2 ms).
+    public func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
+        DispatchRearmableTimer(queue: queue, handler: handler)
+    }
+}
+
+/// A timer armed again and again at a moving deadline, firing once per arming (unless moved or
+/// cancelled first), on the queue it was made for.
+public protocol RearmableTimer: AnyObject, Sendable {
+    /// Fires once at `deadline` (nanoseconds of its scheduler's clock; one already past fires at
+    /// once), instead of any deadline it was armed at before.
+    func arm(at deadline: UInt64)
+
+    /// Never fires again (arming it afterwards does nothing).
+    func cancel()
+}
+
+/// ``DispatchScheduler``'s: one timer source, resumed once, rescheduled in place, cancelled once.
+private final class DispatchRearmableTimer: RearmableTimer, @unchecked Sendable {  // a Dispatch source is thread-safe
+    private let source: any DispatchSourceTimer
+
+    init(queue: DispatchQueue, handler: @escaping @Sendable () -> Void) {
+        source = DispatchSource.makeTimerSource(queue: queue)
+        source.setEventHandler(handler: handler)
+        source.resume()
+    }
+
+    func arm(at deadline: UInt64) {
+        source.schedule(deadline: DispatchTime(uptimeNanoseconds: deadline), leeway: .milliseconds(2))
+    }
+
+    func cancel() { source.cancel() }
+}
+
+/// Any other scheduler's: each arming cancels the work of the one before and schedules anew.
+private final class ScheduledTimer: RearmableTimer, Sendable {
+    private let scheduler: any Scheduler
+    private let queue: DispatchQueue
+    private let handler: @Sendable () -> Void
+    /// The armed work; nil once cancelled for good.
+    private let state = Locked<(work: ScheduledWork?, cancelled: Bool)>((nil, false))
+
+    init(scheduler: any Scheduler, queue: DispatchQueue, handler: @escaping @Sendable () -> Void) {
+        self.scheduler = scheduler
+        self.queue = queue
+        self.handler = handler
+    }
+
+    func arm(at deadline: UInt64) {
+        guard !state.withLock({ $0.cancelled }) else { return }
+        let work = scheduler.schedule(at: deadline, on: queue, handler)
+        let previous = state.withLock { state -> ScheduledWork? in
+            guard !state.cancelled else { return work }
+            defer { state.work = work }
+            return state.work
+        }
+        previous?.cancel()
+    }
+
+    func cancel() {
+        let previous = state.withLock { state -> ScheduledWork? in
+            state.cancelled = true
+            defer { state.work = nil }
+            return state.work
+        }
+        previous?.cancel()
     }
 }
 

@@ -30,7 +30,8 @@ import Testing
         #expect(await browse.take().added == ["Kitchen"])
         #expect(published.name == "Kitchen")
 
-        let resolved = try await world.resolve("Kitchen", on: bravo, timeout: .seconds(5), running: 1).get()
+        let answer = await world.resolve("Kitchen", on: bravo, timeout: .seconds(5), running: 1)
+        let resolved = try #require(answer, "no answer within a second").get()
         #expect(resolved.port == 4242)
         #expect(resolved.txt["room"] == "kitchen")
         #expect(resolved.hostName == "alpha.local")
@@ -222,19 +223,16 @@ final class EmbeddedWorld: Sendable {
         ResolveRequest(identity: ServiceIdentity(name: name, type: EmbeddedLinkTests.type), sightings: [], interface: nil, ipVersion: .any)
     }
 
-    /// A one-shot resolve, with the clock turned `running` seconds once its timeout is armed: its
-    /// result by then.
+    /// A one-shot resolve started (on the backend's queue, waited for: it may answer at once from
+    /// the cache), then the clock turned `running` seconds: its result by then, or nil.
     func resolve(_ name: String, on backend: EmbeddedBackend, timeout: Duration, running: Int64) async
-        -> Result<ResolvedService, DiscoveryError>
+        -> Result<ResolvedService, DiscoveryError>?
     {
-        let deadline = scheduler.now + timeout.schedulerNanoseconds
-        let resolving = Task { await backend.resolve(request(name), timeout: timeout) }
-        _ = await scheduler.waitForPending { $0.contains(deadline) }
+        let result = Locked<Result<ResolvedService, DiscoveryError>?>(nil)
+        backend.startResolve(request(name), timeout: timeout) { answer in result.withLock { $0 = answer } }
+        await backend.perform {}
         run(seconds: running)
-        // Its answer (or timeout) came on the backend's queue while the clock turned; one still
-        // running is ended here (said as `.shutDown`) rather than waited for.
-        resolving.cancel()
-        return await resolving.value
+        return result.withLock { $0 }
     }
 
     func shutdown() async {

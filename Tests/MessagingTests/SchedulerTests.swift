@@ -206,4 +206,64 @@ import Testing
         sleeper.cancel()
         await sleeper.value  // an hour's sleep, ended by the cancellation
     }
+
+    /// A re-armable timer on a manual clock: armed, moved earlier and later, it fires once per
+    /// arming at the last deadline it was given, on its queue; cancelled, it never fires again.
+    @Test func aRearmableTimerFiresOnceAtItsLastDeadlineAndNotAfterItsCancel() {
+        let clock = ManualScheduler()
+        let start = clock.now
+        let queue = DispatchQueue(label: "timer")
+        let fired = Locked<[UInt64]>([])
+        let timer = clock.makeTimer(on: queue) {
+            dispatchPrecondition(condition: .onQueue(queue))
+            fired.withLock { $0.append(clock.now - start) }
+        }
+        timer.arm(at: start + 5_000_000_000)
+        timer.arm(at: start + 2_000_000_000)  // moved earlier
+        timer.arm(at: start + 3_000_000_000)  // and later again
+        #expect(clock.pendingCount == 1, "one armed deadline, not one per arming")
+        clock.advance(by: .seconds(10))
+        #expect(fired.withLock { $0 } == [3_000_000_000])
+        timer.arm(at: start + 12_000_000_000)
+        clock.advance(by: .seconds(5))
+        #expect(fired.withLock { $0 } == [3_000_000_000, 12_000_000_000], "armed again after it fired")
+        timer.arm(at: start + 20_000_000_000)
+        timer.cancel()
+        timer.arm(at: start + 21_000_000_000)
+        #expect(clock.pendingCount == 0)
+        clock.advance(by: .seconds(10))
+        #expect(fired.withLock { $0 } == [3_000_000_000, 12_000_000_000], "fired after its cancel")
+    }
+
+    /// The same on Dispatch's clock (one timer source, moved in place): moved from an hour away to
+    /// 20 ms, it fires once, not before its deadline, on its queue; cancelled while armed, never.
+    @Test func aDispatchRearmableTimerIsMovedInPlaceAndFiresOnce() async {
+        let clock = DispatchScheduler()
+        let queue = DispatchQueue(label: "timer")
+        let fired = Locked<[UInt64]>([])
+        let waiter = Locked<CheckedContinuation<Void, Never>?>(nil)
+        let timer = clock.makeTimer(on: queue) {
+            dispatchPrecondition(condition: .onQueue(queue))
+            fired.withLock { $0.append(clock.now) }
+            waiter.withLock { continuation in
+                continuation?.resume()
+                continuation = nil
+            }
+        }
+        let deadline = clock.now + 20_000_000
+        await withCheckedContinuation { continuation in
+            waiter.withLock { $0 = continuation }
+            timer.arm(at: clock.now + 3_600_000_000_000)
+            timer.arm(at: deadline)
+        }
+        let times = fired.withLock { $0 }
+        #expect(times.count == 1 && times[0] >= deadline, "fired at \(times), deadline \(deadline)")
+        let cancelled = clock.makeTimer(on: queue) { fired.withLock { $0.append(0) } }
+        cancelled.arm(at: clock.now + 1_000_000)
+        cancelled.cancel()
+        // A later work on the same queue: the cancelled timer's deadline has passed by then.
+        await withCheckedContinuation { continuation in clock.schedule(after: .milliseconds(10), on: queue) { continuation.resume() } }
+        #expect(fired.withLock { $0.count } == 1, "a cancelled timer fired")
+        timer.cancel()
+    }
 }

@@ -33,7 +33,8 @@ final class EmbeddedBackend: @unchecked Sendable {
     private var sockets: [AddressFamily: any EmbeddedPort] = [:]
     private var interfaceWatch: (any EmbeddedInterfaceWatch)?
     private var rescanTimer: ScheduledWork?
-    private var timer: ScheduledWork?
+    /// At the engine's next deadline: moved, not made anew, as that deadline moves.
+    private var timer: (any RearmableTimer)?
     private var timerDeadline: MDNSInstant?
     private var retryTimer: ScheduledWork?
     private var retryDelay: Duration = .milliseconds(250)
@@ -263,14 +264,15 @@ final class EmbeddedBackend: @unchecked Sendable {
             return
         }
         if timer != nil, timerDeadline == deadline { return }
-        timer?.cancel()
+        if timer == nil {
+            timer = scheduler.makeTimer(on: queue) { [weak self] in self?.timerFired() }
+        }
         timerDeadline = deadline
-        timer = scheduler.schedule(at: deadline.nanoseconds, on: queue) { [weak self] in self?.timerFired() }
+        timer?.arm(at: deadline.nanoseconds)
     }
 
     private func timerFired() {
         wakeups += 1
-        timer = nil
         timerDeadline = nil
         engine.advance(now: now())
         pump()
@@ -375,7 +377,8 @@ final class EmbeddedBackend: @unchecked Sendable {
         sockets.removeAll()
         interfaceWatch?.close()
         interfaceWatch = nil
-        for pending in [timer, rescanTimer, retryTimer] { pending?.cancel() }
+        timer?.cancel()
+        for pending in [rescanTimer, retryTimer] { pending?.cancel() }
         timer = nil
         rescanTimer = nil
         retryTimer = nil
@@ -538,6 +541,14 @@ extension EmbeddedBackend: DiscoveryBackend, PublicationOwner {
         } onCancel: {
             cancellation.cancel()
         }
+    }
+
+    /// A one-shot resolve registered by a block queued now (a later `perform` finds it started),
+    /// answered through `completion` on the queue: what `resolve(_:timeout:)` does, without a task.
+    func startResolve(
+        _ request: ResolveRequest, timeout: Duration, completion: @escaping @Sendable (Result<ResolvedService, DiscoveryError>) -> Void
+    ) {
+        queue.async { [self] in _ = addResolve(request, mode: .once(timeout: timeout, completion: completion)) }
     }
 
     func startWatch(_ request: ResolveRequest, continuation: AsyncStream<ResolvedService>.Continuation)
