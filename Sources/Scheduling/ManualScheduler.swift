@@ -101,9 +101,16 @@ public final class ManualScheduler: Scheduler {
         advance(to: target)
     }
 
+    /// Works run at one instant, the clock not moving, before ``advance(to:)`` calls it a livelock:
+    /// a timer that re-arms itself with no delay would otherwise hang the test (and CI) for good.
+    public static let worksPerInstantLimit = 100_000
+
     /// Moves the clock to `target` (nanoseconds; an earlier one leaves it where it is), as
-    /// ``advance(by:)``.
+    /// ``advance(by:)``. Stops the process with a message naming the instant if more than
+    /// ``worksPerInstantLimit`` works run there (a timer that re-arms itself with no delay).
     public func advance(to target: UInt64) {
+        var instant = UInt64.max
+        var worksAtInstant = 0
         while let entry = state.withLock({ state -> Entry? in
             state.entries.removeAll { !$0.work.isPending }
             guard let index = state.entries.indices.filter({ state.entries[$0].deadline <= target })
@@ -113,6 +120,17 @@ public final class ManualScheduler: Scheduler {
             state.now = max(state.now, entry.deadline)
             return entry
         }) {
+            if entry.deadline == instant {
+                worksAtInstant += 1
+                if worksAtInstant > Self.worksPerInstantLimit {
+                    fatalError(
+                        "ManualScheduler.advance: \(Self.worksPerInstantLimit) works ran at \(instant) ns without the clock moving; a timer re-arms itself with no delay (a livelock in the code under test)"
+                    )
+                }
+            } else {
+                instant = entry.deadline
+                worksAtInstant = 1
+            }
             if let queue = entry.queue {
                 queue.sync { entry.work.run() }
             } else {

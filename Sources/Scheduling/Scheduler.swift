@@ -18,9 +18,11 @@ public protocol Scheduler: Sendable {
     func schedule(after delay: Duration, on queue: DispatchQueue?, _ work: @escaping @Sendable () -> Void) -> ScheduledWork
 
     /// A timer on `queue` that is moved, not made anew, each time it is armed: for an owner whose
-    /// one deadline moves often (the mDNS engine's next deadline moves with most packets). Dispatch's
-    /// is one timer source rescheduled in place; a manual clock's cancels and schedules again.
-    func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer
+    /// one deadline moves often (the mDNS engine's next deadline moves with most packets; a
+    /// connection's handshake, request and acknowledgement deadlines). Dispatch's is one timer
+    /// source rescheduled in place, allowed to fire up to `leeway` late (which lets the system
+    /// coalesce wake-ups); a manual clock's cancels and schedules again, and fires on time.
+    func makeTimer(on queue: DispatchQueue, leeway: Duration, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer
 
     /// A random number in `range` for a timer's jitter (a poll interval spread over 80–100 %): the
     /// system's generator, or a seeded one of a simulation (``ManualScheduler/init(start:seed:)``),
@@ -30,9 +32,14 @@ public protocol Scheduler: Sendable {
 
 extension Scheduler {
     /// Cancels and schedules again on this scheduler (what a manual clock needs: every arming is a
-    /// work it can run or count).
-    public func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
+    /// work it can run or count); `leeway` is Dispatch's only.
+    public func makeTimer(on queue: DispatchQueue, leeway: Duration, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
         ScheduledTimer(scheduler: self, queue: queue, handler: handler)
+    }
+
+    /// ``makeTimer(on:leeway:_:)`` with a leeway of 2 ms.
+    public func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
+        makeTimer(on: queue, leeway: .milliseconds(2), handler)
     }
 
     /// The system's generator.
@@ -123,9 +130,9 @@ public struct DispatchScheduler: Scheduler {
         return scheduled
     }
 
-    /// One Dispatch timer source, rescheduled in place (leeway 2 ms).
-    public func makeTimer(on queue: DispatchQueue, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
-        DispatchRearmableTimer(queue: queue, handler: handler)
+    /// One Dispatch timer source, rescheduled in place.
+    public func makeTimer(on queue: DispatchQueue, leeway: Duration, _ handler: @escaping @Sendable () -> Void) -> any RearmableTimer {
+        DispatchRearmableTimer(queue: queue, leeway: leeway, handler: handler)
     }
 }
 
@@ -143,15 +150,17 @@ public protocol RearmableTimer: AnyObject, Sendable {
 /// ``DispatchScheduler``'s: one timer source, resumed once, rescheduled in place, cancelled once.
 private final class DispatchRearmableTimer: RearmableTimer, @unchecked Sendable {  // a Dispatch source is thread-safe
     private let source: any DispatchSourceTimer
+    private let leeway: DispatchTimeInterval
 
-    init(queue: DispatchQueue, handler: @escaping @Sendable () -> Void) {
+    init(queue: DispatchQueue, leeway: Duration, handler: @escaping @Sendable () -> Void) {
         source = DispatchSource.makeTimerSource(queue: queue)
         source.setEventHandler(handler: handler)
         source.resume()
+        self.leeway = .nanoseconds(Int(clamping: leeway.schedulerNanoseconds))
     }
 
     func arm(at deadline: UInt64) {
-        source.schedule(deadline: DispatchTime(uptimeNanoseconds: deadline), leeway: .milliseconds(2))
+        source.schedule(deadline: DispatchTime(uptimeNanoseconds: deadline), leeway: leeway)
     }
 
     func cancel() { source.cancel() }

@@ -92,10 +92,11 @@ package final class ConnectionDriver: @unchecked Sendable {
     /// and released when none is left: an idle connection holds no timer state of its own.
     private final class Timing {
         var deadlines = Deadlines()
+        /// When `timer` fires (ns on the connection's clock); 0 when it is not armed.
         var armed: UInt64 = 0
-        var source: (any DispatchSourceTimer)?
-        /// The timer on a virtual clock (``ConnectionConfiguration/virtualClock``) instead of `source`.
-        var scheduled: ScheduledWork?
+        /// The connection's scheduler's (``ConnectionConfiguration/scheduler``): on Dispatch's, one
+        /// timer source moved in place.
+        var timer: (any RearmableTimer)?
     }
     private var timing: Timing?
     /// The heartbeat, the idle check and the linger, served by the loop's one timer (``LoopSweep``).
@@ -317,8 +318,7 @@ package final class ConnectionDriver: @unchecked Sendable {
         }
         let error = TransportError.closed(reason)
         for waiter in waiters { waiter(.failure(error)) }
-        timing?.source?.cancel()
-        timing?.scheduled?.cancel()
+        timing?.timer?.cancel()
         timing = nil
         coarseDeadlines.clearAll()
         sweep.remove(self)
@@ -370,33 +370,30 @@ package final class ConnectionDriver: @unchecked Sendable {
         guard let earliest = timing.deadlines.earliest else {
             // No deadline left (an idle connection without heartbeat): no timer either, it costs
             // a few hundred bytes per connection.
-            timing.source?.cancel()
-            timing.scheduled?.cancel()
+            timing.timer?.cancel()
             self.timing = nil
             return
         }
         guard earliest != timing.armed else { return }
-        if let clock = configuration.virtualClock {
-            timing.scheduled?.cancel()
-            timing.armed = earliest
-            timing.scheduled = clock.schedule(at: earliest, on: queue) {
-                [weak self] in self?.timerFired()
-            }
-            return
-        }
-        let source: any DispatchSourceTimer
-        if let existing = timing.source {
-            source = existing
+        let timer: any RearmableTimer
+        if let existing = timing.timer {
+            timer = existing
         } else {
-            source = DispatchSource.makeTimerSource(queue: queue)
-            // Unowned: the timer is cancelled (on this queue) before the driver can go away, and a
-            // weak reference would give every connection a side table for its whole life.
-            source.setEventHandler { [unowned self] in self.timerFired() }
-            source.resume()
-            timing.source = source
+            // On Dispatch's clock unowned: the timer is cancelled (on this queue) before the driver
+            // can go away, and a weak reference would give every connection a side table for its
+            // whole life. On a test's clock weak: its work may outlive a driver a test dropped. No
+            // leeway: the deadlines fire as they did before they came through the scheduler.
+            let fired: @Sendable () -> Void
+            if configuration.virtualClock == nil {
+                fired = { [unowned self] in self.timerFired() }
+            } else {
+                fired = { [weak self] in self?.timerFired() }
+            }
+            timer = configuration.scheduler.makeTimer(on: queue, leeway: .zero, fired)
+            timing.timer = timer
         }
         timing.armed = earliest
-        source.schedule(deadline: DispatchTime(uptimeNanoseconds: earliest))
+        timer.arm(at: earliest)
     }
 
     private func timerFired() {

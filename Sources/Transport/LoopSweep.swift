@@ -19,9 +19,8 @@ package final class LoopSweep: @unchecked Sendable {
     /// nil: Dispatch's clock and `timer`.
     private let clock: (any Scheduler)?
     private var members: [ConnectionDriver] = []
-    private var timer: (any DispatchSourceTimer)?
-    /// The timer on `clock`.
-    private var scheduled: ScheduledWork?
+    /// The clock's (one Dispatch timer source for Dispatch's), made at the first arming.
+    private var timer: (any RearmableTimer)?
     /// When the timer fires (ns on the sweep's clock); 0 when it is not armed.
     private var armed: UInt64 = 0
 
@@ -61,33 +60,22 @@ package final class LoopSweep: @unchecked Sendable {
             // No member: no timer (an idle process holds none).
             timer?.cancel()
             timer = nil
-            scheduled?.cancel()
-            scheduled = nil
             armed = 0
         }
     }
 
     private func arm(_ time: UInt64) {
-        if let clock {
-            scheduled?.cancel()
-            armed = time
-            scheduled = clock.schedule(at: time, on: queue) {
-                [weak self] in self?.fire()
-            }
-            return
-        }
-        let source: any DispatchSourceTimer
-        if let timer {
-            source = timer
+        let timer: any RearmableTimer
+        if let existing = self.timer {
+            timer = existing
         } else {
-            source = DispatchSource.makeTimerSource(queue: queue)
-            // Unowned: the loop owns the sweep for its whole life and cancels nothing but this.
-            source.setEventHandler { [unowned self] in self.fire() }
-            source.resume()
-            timer = source
+            // Weak: one side table per loop, and a manual clock's work may outlive a test's loop.
+            // No leeway: the connections' slack (``CoarseDeadlines``) is the sweep's coalescing.
+            timer = (clock ?? DispatchScheduler()).makeTimer(on: queue, leeway: .zero) { [weak self] in self?.fire() }
+            self.timer = timer
         }
         armed = time
-        source.schedule(deadline: DispatchTime(uptimeNanoseconds: time))
+        timer.arm(at: time)
     }
 
     private func fire() {

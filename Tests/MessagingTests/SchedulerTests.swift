@@ -266,4 +266,29 @@ import Testing
         #expect(fired.withLock { $0.count } == 1, "a cancelled timer fired")
         timer.cancel()
     }
+
+    /// A timer that re-arms itself with no delay would turn `advance` into a loop without end (a CI
+    /// run held until its 90 minutes): after ``ManualScheduler/worksPerInstantLimit`` works at one
+    /// instant the process stops, saying where. Work at many instants is not counted against it.
+    @Test func aTimerReArmingItselfWithNoDelayStopsTheProcessWithAMessage() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let clock = ManualScheduler()
+            @Sendable func again() { clock.schedule(after: .zero) { again() } }
+            again()
+            clock.advance(by: .seconds(1))
+        }
+        let stderr = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(stderr.contains("works ran at 1000000000 ns without the clock moving"), "\(stderr.suffix(500))")
+        // Many more works than the limit, spread over instants: no livelock, advance returns.
+        let clock = ManualScheduler()
+        let runs = Locked(0)
+        @Sendable func tick() {
+            if runs.withLock({ count in count += 1; return count }) < ManualScheduler.worksPerInstantLimit + 10 {
+                clock.schedule(after: .nanoseconds(1)) { tick() }
+            }
+        }
+        tick()
+        clock.advance(by: .seconds(1))
+        #expect(runs.withLock { $0 } == ManualScheduler.worksPerInstantLimit + 10)
+    }
 }
