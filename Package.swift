@@ -127,6 +127,7 @@ let package = Package(
             name: "DiscoveryTests",
             dependencies: [
                 "Discovery", "MDNSCore", "Locks", "Scheduling", "SystemCalls", "TestWaits", .product(name: "Logging", package: "swift-log"),
+                "Messaging",  // the one-clock world: a server and a client on the simulated link's backends
             ],
             swiftSettings: strict),
         .testTarget(name: "MDNSCoreTests", dependencies: ["MDNSCore"], swiftSettings: strict),

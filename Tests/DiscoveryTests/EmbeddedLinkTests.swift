@@ -182,8 +182,9 @@ final class EmbeddedWorld: Sendable {
     static let marker = DiscoveredService(
         identity: ServiceIdentity(name: "end of what was yielded", type: "_marker._tcp"), seenOn: [], isLocal: false, isOwn: false)
 
-    init() {
-        link = SimulatedLink(scheduler: scheduler)
+    /// A world on 10.0.0.N and fe80::N, or on `ipv4Network` (/24) without IPv6 (``SimulatedLink``).
+    init(ipv4Network: [UInt8] = [10, 0, 0], hasIPv6: Bool = true) {
+        link = SimulatedLink(scheduler: scheduler, ipv4Network: ipv4Network, hasIPv6: hasIPv6)
         start = scheduler.now
     }
 

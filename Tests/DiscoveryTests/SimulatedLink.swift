@@ -10,7 +10,9 @@ import SystemCalls
 
 /// One simulated Ethernet segment for embedded backends in one process, in virtual time (issue 54,
 /// 2): each host has one interface, `sim0` (index 2), with the IPv4 address 10.0.0.N and the
-/// link-local IPv6 address fe80::N. A multicast datagram reaches every socket of its family that
+/// link-local IPv6 address fe80::N (or, for a world whose programs connect for real, 127.0.0.N and
+/// no IPv6 address: addresses this machine's loopback answers, and nothing a TCP connection could
+/// take off the machine). A multicast datagram reaches every socket of its family that
 /// joined the group on that interface — the sender's own too, as `IP_MULTICAST_LOOP` makes the real
 /// sockets do — a unicast one the socket of the host with that address; each `delay` later, on the
 /// shared ``ManualScheduler``, on the receiving backend's queue. A host cut off (power lost)
@@ -24,6 +26,10 @@ import SystemCalls
 final class SimulatedLink: Sendable {
     let scheduler: ManualScheduler
     let delay: Duration
+    /// The hosts' IPv4 network (/24): host N is its .N.
+    let ipv4Network: [UInt8]
+    /// Whether the hosts have their link-local IPv6 address.
+    let hasIPv6: Bool
 
     private struct Host {
         var connected = true
@@ -38,13 +44,16 @@ final class SimulatedLink: Sendable {
     }
     private let state = Locked(State())
 
-    init(scheduler: ManualScheduler, delay: Duration = .milliseconds(1)) {
+    init(scheduler: ManualScheduler, delay: Duration = .milliseconds(1), ipv4Network: [UInt8] = [10, 0, 0], hasIPv6: Bool = true) {
+        precondition(ipv4Network.count == 3, "a /24: three bytes")
         self.scheduler = scheduler
         self.delay = delay
+        self.ipv4Network = ipv4Network
+        self.hasIPv6 = hasIPv6
     }
 
     static let interfaceIndex: Int32 = 2
-    static func ipv4(_ host: UInt8) -> [UInt8] { [10, 0, 0, host] }
+    func ipv4(_ host: UInt8) -> [UInt8] { ipv4Network + [host] }
     static func ipv6(_ host: UInt8) -> [UInt8] { [0xfe, 0x80] + [UInt8](repeating: 0, count: 13) + [host] }
 
     /// Host `number`'s view of the link (its sockets and its one interface).
@@ -100,7 +109,7 @@ final class SimulatedLink: Sendable {
     }
 
     fileprivate func send(_ bytes: [UInt8], from sender: SimulatedPort, to destination: MDNSPacket.Destination) {
-        let source = sender.family == .v4 ? Self.ipv4(sender.host) : Self.ipv6(sender.host)
+        let source = sender.family == .v4 ? ipv4(sender.host) : Self.ipv6(sender.host)
         let receivers = state.withLock { state -> [SimulatedPort] in
             guard state.hosts[sender.host]?.connected == true else { return [] }
             return state.hosts.filter { $0.value.connected }.compactMap { number, host -> SimulatedPort? in
@@ -109,7 +118,7 @@ final class SimulatedLink: Sendable {
                 case .multicast:
                     return port.hasJoined(Self.interfaceIndex) ? port : nil
                 case .unicast(let address, _):
-                    return address == (sender.family == .v4 ? Self.ipv4(number) : Self.ipv6(number)) ? port : nil
+                    return address == (sender.family == .v4 ? ipv4(number) : Self.ipv6(number)) ? port : nil
                 }
             }.sorted { $0.host < $1.host }
         }
@@ -132,7 +141,7 @@ final class SimulatedLink: Sendable {
             InterfaceInfo(
                 name: "sim0", index: Self.interfaceIndex,
                 flags: UInt32(IFF_UP) | (carrier ? UInt32(IFF_RUNNING) : 0) | UInt32(IFF_MULTICAST) | UInt32(IFF_BROADCAST),
-                ipv4: [Self.ipv4(host)], ipv6: [Self.ipv6(host)])
+                ipv4: [ipv4(host)], ipv6: hasIPv6 ? [Self.ipv6(host)] : [])
         ]
     }
 
