@@ -62,6 +62,14 @@ final class HostilePeer: @unchecked Sendable {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
+    /// The accepting side of a connection (`fd`, from `accept`): a server by hand.
+    init(accepted fd: Int32) throws {
+        guard fd >= 0 else { throw TestFailure("accept failed: errno \(errno)") }
+        self.fd = fd
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
     func write(_ bytes: [UInt8]) {
         var offset = 0
         while offset < bytes.count {

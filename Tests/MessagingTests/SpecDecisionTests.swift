@@ -4,9 +4,9 @@ import Testing
 
 import Locks
 @testable import Messaging
-import ProtocolCore
+@_spi(Programs) import ProtocolCore
 import Scheduling
-import Transport
+@_spi(Programs) import Transport
 
 /// Where the spec was silent or ambiguous (issue 43, "Decide and write down"): what a version-1
 /// server does, with hand-made frames, as docs/PROTOCOL.md now states it.
@@ -54,6 +54,118 @@ import Transport
         #expect(!closed && !frames.contains { $0.kind == .goodbye })
         peer.endWriting()  // (it hangs up: stop() need not linger 2 s for its end)
         await harness.server.stop()
+    }
+
+    /// A session the store kept from before a restart, whose first resume's connection closes
+    /// after the server took the session for it and before the session attached (a window the
+    /// test holds open with a hook): the session stays the store's, and the client's next
+    /// connection resumes it. (It was ended: the next resume was answered as a new
+    /// session, and what was in flight reported undelivered — found by `OneClockWorldTests`, once
+    /// in about 420 runs.)
+    @Test func aRestoredSessionStaysWhenItsFirstResumeClosesBeforeItAttaches() async throws {
+        let store = DurableSessionTests.store("restored-brief")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        let log = CapturedLog()
+        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.store = store
+        }
+        let first = try await LoopbackServer(security: .plaintext, configure: configure)
+        let opener = try HostilePeer(port: port)
+        hello(opener)
+        session(opener, received: 0)
+        let (opened, _) = await offThePool { opener.readFrames { Self.answer($0) != nil } }
+        #expect(Self.answer(opened)?["resumed"] as? Bool == false, "a new session")
+        // One message to the client, never acknowledged: kept by the session, and by the store.
+        let connection = try #require(first.server.connections.first)
+        try await connection.send(SessionTests.Numbered(n: 1), type: "n")
+        opener.reset()  // lost: the session waits for its client
+        try await first.events.wait("interrupted") { if case .interrupted = $0 { true } else { false } }
+        await first.server.stop()  // with a store: the session stays in it
+
+        let second = try await LoopbackServer(security: .plaintext, logger: log.logger(), configure: configure)
+        // The first resume's connection closes after the server took the session for it and
+        // before the session attaches: a window of microseconds, held open here by the test's hook.
+        let hooked = Observed(0)
+        second.server.beforeRestoredSessionAttaches.withLock {
+            $0 = { channel in
+                channel.abort()
+                hooked.update { $0 += 1 }
+            }
+        }
+        let brief = try HostilePeer(port: port)
+        hello(brief)
+        session(brief, received: 0)
+        #expect(await offThePool { brief.serverClosed() })
+        try await hooked.wait("the hook ran") { $0 == 1 }
+        second.server.beforeRestoredSessionAttaches.withLock { $0 = nil }
+        // The server's handling of that connection ends when it leaves the server's connections,
+        // whether the session is kept or ended: a resume made before could race it.
+        try await waitUntil("the brief resume handled", seconds: 10) { second.server.connections.isEmpty }
+        let kept = log.lines.contains { $0.message.contains("closed before the session attached") }
+        let again = try HostilePeer(port: port)
+        hello(again)
+        session(again, received: 0)
+        let (answered, _) = await offThePool { again.readFrames { Self.answer($0) != nil } }
+        let answer = try #require(Self.answer(answered), "\(answered.map(\.kind))")
+        #expect(answer["resumed"] as? Bool == true, "the session kept in the store is resumed: \(answer) (kept: \(kept))")
+        // The message kept from before the restart goes again; nothing is reported undelivered.
+        try await second.events.wait("resumed") { if case .resumed(_, 1) = $0 { true } else { false } }
+        #expect(second.events.count { if case .undelivered = $0 { true } else { false } } == 0)
+        again.endWriting()
+        await second.server.stop()
+    }
+
+    /// A client whose SESSION the server does not answer within the hello timeout closes the
+    /// connection without GOODBYE: to the server a lost connection, which keeps the session for the
+    /// client's next connection. (It said GOODBYE `protocol error: …`, and every GOODBYE ends the
+    /// session: a server only slow to answer lost the session and what was in flight with it.)
+    @Test func aClientWhoseSessionIsNotAnsweredClosesWithoutGoodbye() async throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(listener) }
+        _ = try SocketAddress.ipv4Loopback(port: 0).withSockAddr { (address, length) throws(TransportError) in
+            try syscallValue("bind") { bind(listener, address, length) }
+        }
+        #expect(Glibc.listen(listener, 1) == 0)
+        var bound = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &bound) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) } }
+        let port = UInt16(bigEndian: bound.sin_port)
+
+        let clock = ManualScheduler()
+        var configuration = ChannelConfiguration(name: "patient")
+        configuration.security = .plaintext
+        configuration.offersSessions = true
+        configuration.scheduler = clock
+        let settings = configuration
+        let connecting = Task {
+            try await MessageChannel.connect(
+                to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)], configuration: settings, logger: testLogger())
+        }
+        // The server: this test, by hand. It completes the hello, offers sessions, and never answers SESSION.
+        let server = try HostilePeer(accepted: await offThePool { accept(listener, nil, nil) })
+        let (hello, _) = await offThePool { server.readFrames { $0.contains { $0.kind == .hello } } }
+        #expect(hello.first?.kind == .hello)
+        var info = PeerInfo(version: 1, name: "slow")
+        info.sessions = true
+        server.write(server.frame(.helloAck, codec: 1, payload: Array(try JSONEncoder().encode(info))))
+        let channel = try await connecting.value
+        let opening = Task {
+            try await channel.openSession(
+                MessageSession(id: MessageSession.makeID(), configuration: SessionConfiguration(), logger: testLogger()),
+                timeout: .seconds(10))
+        }
+        let (asked, _) = await offThePool { server.readFrames { $0.contains { $0.kind == .session } } }
+        #expect(asked.contains { $0.kind == .session })
+        let start = clock.now
+        #expect(await clock.waitForPending(where: { $0.contains { $0 >= start + 10_000_000_000 } }), "the answer's deadline armed")
+        clock.advance(by: .seconds(10))
+        await #expect(throws: TransportError.self) { try await opening.value }
+        let (after, closed) = await offThePool { server.readFrames { _ in false } }
+        #expect(closed, "the client closed the connection")
+        #expect(!after.contains { $0.kind == .goodbye }, "no GOODBYE: \(after.map { String(decoding: $0.payload, as: UTF8.self) })")
     }
 
     /// 13: every GOODBYE ends the session, whatever its reason (the client's, or the server's for a

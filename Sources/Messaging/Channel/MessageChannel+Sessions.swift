@@ -66,7 +66,7 @@ extension MessageChannel {
     /// Client: opens `session` on this connection (sends SESSION, waits for the answer, resends).
     func openSession(_ session: MessageSession, timeout: Duration) async throws -> MessageSession.Opened {
         try await awaitSessionFrame(
-            within: timeout, "the server did not answer the SESSION frame within \(timeout)",
+            within: timeout, "the server did not answer the SESSION frame within \(timeout)", saysGoodbye: false,
             register: { link, promise in
                 guard link.gate.waitForAnswer(promise) else {
                     promise.fail(TransportError(.helloFailed, "a session is being opened on this connection already"))
@@ -81,7 +81,7 @@ extension MessageChannel {
     /// Server: waits for the client's SESSION frame (it offered a session in its hello).
     func sessionHello(timeout: Duration) async throws -> SessionHello {
         try await awaitSessionFrame(
-            within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)",
+            within: timeout, "the client offered a session but sent no SESSION frame within \(timeout)", saysGoodbye: true,
             register: { link, promise in
                 switch link.gate.waitForHello(promise) {
                 case .arrived(let hello): promise.succeed(hello)
@@ -95,10 +95,11 @@ extension MessageChannel {
     /// Runs `register` on the loop with this channel's session box and a promise that the SESSION
     /// frame's handler (or the close) completes. A timer on the loop ends the wait after `timeout`
     /// when `expire` still finds the promise waiting in the machine (and takes it): the connection
-    /// is told why and closed. No task waits beside it (a task and a timeout race per session
-    /// opened, before).
+    /// closes, told why with a GOODBYE when `saysGoodbye` (the server's wait for a SESSION), without
+    /// one otherwise (the client's wait for the answer: a GOODBYE would end the session). No task
+    /// waits beside it (a task and a timeout race per session opened, before).
     private func awaitSessionFrame<T: Sendable>(
-        within timeout: Duration, _ timeoutText: String,
+        within timeout: Duration, _ timeoutText: String, saysGoodbye: Bool,
         register: @escaping @Sendable (SessionLink, Promise<T>) -> Void,
         expire: @escaping @Sendable (SessionLink) -> Promise<T>?
     ) async throws -> T {
@@ -117,7 +118,15 @@ extension MessageChannel {
                 // (the link stays the channel's once made)
                 guard let self, let link = self.sessionLink, let waiter = expire(link) else { return }  // answered, or closed
                 waiter.fail(TransportError(.helloFailed, timeoutText))
-                self.violation(timeoutText)  // said to the peer, then closed (not a silent drop)
+                if saysGoodbye {
+                    self.violation(timeoutText)  // said to the peer, then closed (not a silent drop)
+                } else {
+                    // A server slow to answer is no protocol error, and a GOODBYE would end the
+                    // session (every GOODBYE does): closed without one, a lost connection to the
+                    // server, which keeps the session for the client's next connection.
+                    self.logger.warning("\(timeoutText); closing the connection without GOODBYE, so that the session continues on the next one")
+                    self.driver.closeGracefully(reason: .protocolError(timeoutText))
+                }
             }
             deadline.withLock { $0 = timer }
         }

@@ -144,7 +144,7 @@ extension MessageServer {
             case stopping
             case refuse(String)
             /// A new connection; `restored`: its session is one the store kept from before a restart.
-            case new(ServerConnection, restored: Bool)
+            case new(ServerConnection, restored: Journal.Restored?)
             case resume(ServerConnection, old: MessageChannel)
         }
         let owner = channel.peerIdentity?.fingerprint
@@ -183,7 +183,7 @@ extension MessageServer {
             case .resumed(let existing): return .resume(existing, old: existing.replace(with: channel))
             case .new(let connection):
                 paced(connections: state.registry.count)
-                return .new(connection, restored: restored != nil)
+                return .new(connection, restored: restored)
             }
         }
         switch decision {
@@ -202,8 +202,9 @@ extension MessageServer {
                     // A store that failed keeps no session's new state: none attaches (its state
                     // in memory may be ahead of the store's) until the process restarts.
                     if let failure = session.storeFailure { throw failure }
-                    if !restored { try await session.begin(everConnected: true) }
-                    switch try await channel.attachSession(session, hello: hello, isNew: !restored) {
+                    if restored == nil { try await session.begin(everConnected: true) }
+                    if restored != nil, let hook = beforeRestoredSessionAttaches.withLock({ $0 }) { await hook(channel) }
+                    switch try await channel.attachSession(session, hello: hello, isNew: restored == nil) {
                     case .resumed(let count): resent = count
                     case .restarted(let reason, let undelivered):
                         // The store lost part of the session (or the client did): a new one.
@@ -219,6 +220,20 @@ extension MessageServer {
                         // The store cannot keep it: the client is told and tries again later.
                         logger.error("cannot keep a new session: \(error.message)")
                         channel.close(reason: MessageSession.storeFailedReason)
+                    } else if let restored, (error as? TransportError)?.code == .connectionClosed,
+                        withState({ $0.returnRestored(restored) })
+                    {
+                        // The connection closed before the session the store kept attached to it
+                        // (the client's SESSION and its end read together, or a client that gave
+                        // up waiting): nothing of the session changed, and it stays the store's for
+                        // its client's next connection, as if this one had not come. Ending it
+                        // here forgot it: the next resume started a new session, and reported
+                        // what was in flight undelivered.
+                        logger.notice(
+                            "a resume of a session kept from before the restart closed before the session attached; the session waits for its client",
+                            metadata: ["connection": "\(connection)"])
+                        endSession(connection, reason: await channel.closed(), keepStored: true)
+                        return
                     }
                     endSession(connection, reason: await channel.closed())
                     return

@@ -51,6 +51,9 @@ public final class MessageServer: Service, Sendable {
     let acceptedChannel: ChannelConfiguration
     /// The grace periods' timers; ``stop()`` cancels what is left.
     let timers: ServerTimers
+    /// Tests: runs after a session the store kept from before a restart was taken for a connection
+    /// and before it attaches to it (the moment a connection that closes costs that session most).
+    let beforeRestoredSessionAttaches = Locked<(@Sendable (MessageChannel) async -> Void)?>(nil)
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.

@@ -22,6 +22,8 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
     var stopWaiters: [CheckedContinuation<Void, Never>] = []
     /// The sessions the store held at the start that no client has resumed yet, by session id.
     private(set) var restored: [String: Journal.Restored] = [:]
+    /// The grace period's end took the unclaimed sessions (``takeUnclaimed()``): none is given back after it.
+    private var unclaimedTaken = false
     /// This second (uptime) and the refused events reported in it.
     private var refusedEvents = PerSecondCount()
     /// Refused connections since the start (tests).
@@ -141,8 +143,22 @@ struct ServerState<Listener, Publication, Work, Connection: AnyObject, Owner: Eq
     /// The grace period since the start passed: the sessions from before the restart that no client
     /// resumed, taken to end.
     mutating func takeUnclaimed() -> (SessionJournal?, [Journal.Restored]) {
-        defer { restored = [:] }
+        defer {
+            restored = [:]
+            unclaimedTaken = true
+        }
         return (store, Array(restored.values))
+    }
+
+    /// A session taken for a connection that closed before the session attached to it (unchanged):
+    /// the store's again, for its client's next connection. True when it is kept — given back, or
+    /// left in the store's file for the next start when the server stopped meanwhile; false when
+    /// the grace period's end already took the unclaimed ones (it ends as they did).
+    mutating func returnRestored(_ found: Journal.Restored) -> Bool {
+        guard store != nil else { return true }
+        guard !unclaimedTaken else { return false }
+        restored[found.snapshot.key.hex] = found
+        return true
     }
 
     /// A connection was refused at `now`: counted; returns how many this second had, this one
