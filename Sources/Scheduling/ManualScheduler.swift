@@ -101,8 +101,10 @@ public final class ManualScheduler: Scheduler {
         advance(to: target)
     }
 
-    /// Works run at one instant, the clock not moving, before ``advance(to:)`` calls it a livelock:
-    /// a timer that re-arms itself with no delay would otherwise hang the test (and CI) for good.
+    /// Works run in a row at one instant, the clock not moving, before ``advance(to:)`` calls it a
+    /// livelock: a timer that re-arms itself with no delay would otherwise hang the test (and CI)
+    /// for good. A guard, not a proof: timers that move the clock by a nanosecond each time, or
+    /// alternate between two past deadlines, are not caught.
     public static let worksPerInstantLimit = 100_000
 
     /// Moves the clock to `target` (nanoseconds; an earlier one leaves it where it is), as

@@ -32,7 +32,9 @@ import Testing
     /// most likely a timeout there ended the session the store kept. The two ways a read of the
     /// code found are mended, each with its own test: `SpecDecisionTests.aClientWhoseSessionIsNotAnsweredClosesWithoutGoodbye`
     /// and `aRestoredSessionStaysWhenItsFirstResumeClosesBeforeItAttaches`.
-    static let helloTimeout = Duration.seconds(60)
+    /// (`LANMSG_WORLD_HELLO_SECONDS=10` runs it at the default, for a loop that looks for more.)
+    static let helloTimeout = Duration.seconds(
+        Int64(ProcessInfo.processInfo.environment["LANMSG_WORLD_HELLO_SECONDS"].flatMap { Int64($0) } ?? 60))
     /// Silent, or on standard error at debug level with `LANMSG_WORLD_LOG=1` (a failing run's story).
     static let logger = Logger(
         label: "one-clock-world",

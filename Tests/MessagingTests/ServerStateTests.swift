@@ -136,4 +136,34 @@ import Transport
         #expect(state.closedStore() === journal && state.store == nil)
         journal.close()
     }
+
+    /// A restored session given back (its connection closed before it attached) is taken again by
+    /// the next resume; after the grace period took the unclaimed ones, none is given back; with
+    /// the store closed (the server stopped), it stays in the store's file: kept, not given back.
+    @Test func aRestoredSessionGivenBackIsTakenAgainUntilTheGracePeriodsEnd() throws {
+        let directory = SessionStoreTests.directory("give-back")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let written = try SessionStoreTests.open(directory)
+        try written.append(
+            .session(Journal.Snapshot(key: SessionStoreTests.key, positionID: SessionStoreTests.position, owner: "aaaa")))
+        written.close()
+        let journal = try SessionStoreTests.open(directory)
+        defer { journal.close() }
+        var state = idle()
+        state.opened(journal)
+        let id = SessionStoreTests.key.hex
+        guard case .restored(let found) = state.takeRestored(id, owner: "aaaa") else { Issue.record("not restored"); return }
+        let givenBack = state.returnRestored(found)
+        #expect(givenBack)
+        guard case .restored(let again) = state.takeRestored(id, owner: "aaaa") else { Issue.record("not given back"); return }
+        #expect(again.snapshot == found.snapshot)
+        _ = state.takeUnclaimed()
+        let afterTheEnd = state.returnRestored(again)
+        #expect(!afterTheEnd, "given back after the grace period's end")
+        guard case .none = state.takeRestored(id, owner: "aaaa") else { Issue.record("taken after the grace period's end"); return }
+        _ = state.closedStore()
+        let afterTheStop = state.returnRestored(again)
+        #expect(afterTheStop, "the server stopped: it stays in the file")
+        guard case .none = state.takeRestored(id, owner: "aaaa") else { Issue.record("taken from a closed store"); return }
+    }
 }

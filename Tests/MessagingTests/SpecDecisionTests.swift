@@ -58,11 +58,12 @@ import Scheduling
 
     /// A session the store kept from before a restart, whose first resume's connection closes
     /// after the server took the session for it and before the session attached (a window the
-    /// test holds open with a hook): the session stays the store's, and the client's next
-    /// connection resumes it. (It was ended: the next resume was answered as a new
-    /// session, and what was in flight reported undelivered — found by `OneClockWorldTests`, once
-    /// in about 420 runs.)
-    @Test func aRestoredSessionStaysWhenItsFirstResumeClosesBeforeItAttaches() async throws {
+    /// test holds open with a hook): lost, the session stays the store's, and the client's next
+    /// connection resumes it (it was ended: the next resume was answered as a new session, and
+    /// what was in flight reported undelivered — found by `OneClockWorldTests`, once in about 420
+    /// runs). Ended with the client's GOODBYE, it ends, as every GOODBYE ends a session.
+    @Test(arguments: ["lost", "goodbye"])
+    func aRestoredSessionStaysWhenItsFirstResumeClosesBeforeItAttaches(ending: String) async throws {
         let store = DurableSessionTests.store("restored-brief")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
         let port = try freePort()
@@ -89,15 +90,17 @@ import Scheduling
         // The first resume's connection closes after the server took the session for it and
         // before the session attaches: a window of microseconds, held open here by the test's hook.
         let hooked = Observed(0)
+        let lost = ending == "lost"
         second.server.beforeRestoredSessionAttaches.withLock {
             $0 = { channel in
-                channel.abort()
+                if lost { channel.abort() } else { _ = await channel.closed() }  // (the client's GOODBYE closes it)
                 hooked.update { $0 += 1 }
             }
         }
         let brief = try HostilePeer(port: port)
         hello(brief)
         session(brief, received: 0)
+        if !lost { brief.write(brief.frame(.goodbye, payload: Array("done".utf8))) }
         #expect(await offThePool { brief.serverClosed() })
         try await hooked.wait("the hook ran") { $0 == 1 }
         second.server.beforeRestoredSessionAttaches.withLock { $0 = nil }
@@ -110,10 +113,17 @@ import Scheduling
         session(again, received: 0)
         let (answered, _) = await offThePool { again.readFrames { Self.answer($0) != nil } }
         let answer = try #require(Self.answer(answered), "\(answered.map(\.kind))")
-        #expect(answer["resumed"] as? Bool == true, "the session kept in the store is resumed: \(answer) (kept: \(kept))")
-        // The message kept from before the restart goes again; nothing is reported undelivered.
-        try await second.events.wait("resumed") { if case .resumed(_, 1) = $0 { true } else { false } }
-        #expect(second.events.count { if case .undelivered = $0 { true } else { false } } == 0)
+        if lost {
+            #expect(answer["resumed"] as? Bool == true, "the session kept in the store is resumed: \(answer) (kept: \(kept))")
+            // The message kept from before the restart goes again; nothing is reported undelivered.
+            try await second.events.wait("resumed") { if case .resumed(_, 1) = $0 { true } else { false } }
+            #expect(second.events.count { if case .undelivered = $0 { true } else { false } } == 0)
+        } else {
+            #expect(answer["resumed"] as? Bool == false, "the GOODBYE ended the session: \(answer)")
+            #expect(!kept)
+            // Its unacknowledged message is reported, once.
+            try await second.events.wait("undelivered") { if case .undelivered(_, let lost) = $0 { lost.count == 1 } else { false } }
+        }
         again.endWriting()
         await second.server.stop()
     }

@@ -125,7 +125,7 @@ extension MessageChannel {
                     // session (every GOODBYE does): closed without one, a lost connection to the
                     // server, which keeps the session for the client's next connection.
                     self.logger.warning("\(timeoutText); closing the connection without GOODBYE, so that the session continues on the next one")
-                    self.driver.closeGracefully(reason: .protocolError(timeoutText))
+                    self.driver.closeGracefully(reason: .helloFailed(timeoutText))
                 }
             }
             deadline.withLock { $0 = timer }

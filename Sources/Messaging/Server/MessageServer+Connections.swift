@@ -215,25 +215,14 @@ extension MessageServer {
                     case .new: break
                     }
                 } catch {
+                    if let restored, (error as? TransportError)?.code == .connectionClosed {
+                        return await restoredResumeClosed(connection, channel, restored)
+                    }
                     withState { $0.registry.neverOpened(connection.id) }  // never accepted: no `.closed`
                     if let error = error as? FileError {
                         // The store cannot keep it: the client is told and tries again later.
                         logger.error("cannot keep a new session: \(error.message)")
                         channel.close(reason: MessageSession.storeFailedReason)
-                    } else if let restored, (error as? TransportError)?.code == .connectionClosed,
-                        withState({ $0.returnRestored(restored) })
-                    {
-                        // The connection closed before the session the store kept attached to it
-                        // (the client's SESSION and its end read together, or a client that gave
-                        // up waiting): nothing of the session changed, and it stays the store's for
-                        // its client's next connection, as if this one had not come. Ending it
-                        // here forgot it: the next resume started a new session, and reported
-                        // what was in flight undelivered.
-                        logger.notice(
-                            "a resume of a session kept from before the restart closed before the session attached; the session waits for its client",
-                            metadata: ["connection": "\(connection)"])
-                        endSession(connection, reason: await channel.closed(), keepStored: true)
-                        return
                     }
                     endSession(connection, reason: await channel.closed())
                     return
@@ -337,6 +326,50 @@ extension MessageServer {
         channelClosed(connection, channel, reason: reason)
     }
 
+    /// The connection that resumed a session the store kept from before the restart closed after
+    /// the session was taken for it and before the session attached to it (the client's SESSION and
+    /// its end read together, or a client that gave up waiting for the answer). Nothing of the
+    /// session changed. Lost without a goodbye, the session goes back to the store's for its
+    /// client's next connection, as if this one had not come — in one step with the registry, so
+    /// that a resume comes either before (it took the session over: it stays that resume's) or
+    /// after (it finds the session in the store). Ending it here forgot it: the next resume
+    /// started a new session, and what was in flight was reported undelivered. A GOODBYE or a
+    /// protocol error ends it, as on any connection.
+    private func restoredResumeClosed(_ connection: ServerConnection, _ channel: MessageChannel, _ restored: Journal.Restored) async {
+        let reason = await channel.closed()
+        guard !Self.endsSession(reason) else {
+            withState { $0.registry.neverOpened(connection.id) }
+            return endSession(connection, reason: reason)
+        }
+        enum Outcome { case takenOver, givenBack, expired }
+        let outcome = withState { state -> Outcome in
+            guard connection.channel === channel else { return .takenOver }
+            state.registry.neverOpened(connection.id)  // never accepted: no `.closed`
+            if let session = connection.session { state.registry.sessionEnded(session.id, of: connection) }
+            return state.returnRestored(restored) ? .givenBack : .expired
+        }
+        switch outcome {
+        case .takenOver:
+            return  // a resume replaced this channel: the session serves it
+        case .givenBack:
+            logger.notice(
+                "a resume of a session kept from before the restart closed before the session attached; the session waits for its client",
+                metadata: ["connection": "\(connection)", "reason": "\(reason)"])
+            endSession(connection, reason: reason, keepStored: true)
+        case .expired:
+            endSession(connection, reason: reason)  // the grace period since the start is over
+        }
+    }
+
+    /// Whether a connection that closed for `reason` ends its session: a GOODBYE (the peer ended it)
+    /// or a protocol error (its state cannot be trusted) does; a lost connection does not.
+    static func endsSession(_ reason: CloseReason) -> Bool {
+        switch reason {
+        case .goodbye, .protocolError, .frameTooLarge: true
+        default: false
+        }
+    }
+
     /// A channel of `connection` closed: the connection ends, or (with a session, lost without a
     /// goodbye) waits for its client for the grace period.
     private func channelClosed(_ connection: ServerConnection, _ channel: MessageChannel, reason: CloseReason) {
@@ -346,13 +379,10 @@ extension MessageServer {
         guard connection.channel === channel else { return }  // replaced by a resume
         let running = withState { $0.lifecycle.isRunning }
         let ended = session.isEnded
-        switch reason {
-        case .goodbye, .protocolError, .frameTooLarge:
+        if Self.endsSession(reason) {
             // The client ended it or misbehaved: not a lost network. (`ServerConnection.close` ends
             // the session itself; a bare `channel.abort()` is treated like a lost connection.)
             return endSession(connection, reason: reason)
-        default:
-            break
         }
         guard running, !ended else { return endSession(connection, reason: reason) }
         logger.info(
