@@ -50,17 +50,8 @@ import Testing
     /// the first ten at the first server, the fifty sent while it was away at the second. A
     /// newcomer then finds the second server by name through discovery alone.
     @Test func aClientFindsItsServerByNameAndLosesNothingAcrossTheServersRestart() async throws {
-        let world = EmbeddedWorld(ipv4Network: [127, 0, 0], hasIPv6: false)
-        let clock = world.scheduler
-        let serverHost = await world.add(1, hostName: "ledger-host")
-        let clientHost = await world.add(2, hostName: "till-host")
-        world.run(seconds: 3)  // the host names claimed
-        let serverDiscovery = ServiceDiscovery(
-            logger: Self.logger, configuration: DiscoveryConfiguration(), backend: serverHost, wideArea: nil, scheduler: clock)
-        // (IPv4 only besides: the simulated hosts have no IPv6 address to resolve to anyway.)
-        let clientDiscovery = ServiceDiscovery(
-            logger: Self.logger, configuration: DiscoveryConfiguration(ipVersion: .ipv4), backend: clientHost, wideArea: nil,
-            scheduler: clock)
+        let ledger = await LedgerWorld()
+        let (world, clock, serverDiscovery) = (ledger.world, ledger.world.scheduler, ledger.serverDiscovery)
         let directory = NSTemporaryDirectory() + "one-clock-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let identity = Identity.ephemeral()  // the server's key, the same after its restart
@@ -74,17 +65,7 @@ import Testing
         let port = try #require(first.server.port)
 
         // The client, on the other host, asks for the server by name.
-        var configuration = ClientConfiguration(peerName: "till", reconnect: ReconnectPolicy())
-        configuration.channel.scheduler = clock
-        configuration.channel.helloTimeout = Self.helloTimeout
-        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
-        configuration.peerMemory = nil
-        let clientConfiguration = configuration
-        let client = try await world.turning("the client connected by name") {
-            try await MessageClient.connect(
-                to: .service(name: "Ledger", type: Self.type, discovery: clientDiscovery), configuration: clientConfiguration,
-                logger: Self.logger)
-        }
+        let client = try await ledger.connectClient("till")
         let clientEvents = Observed<[String]>([])
         let clientReader = Task {
             for await event in client.events {
@@ -118,15 +99,7 @@ import Testing
         try await world.turning("the second server published") { try await second.log.wait("published") { $0.published } }
 
         // A newcomer finds the restarted server by name: through discovery only (it has no last address).
-        var newcomerConfiguration = configuration
-        newcomerConfiguration.channel.name = "newcomer"
-        newcomerConfiguration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
-        let newcomerSettings = newcomerConfiguration
-        let newcomer = try await world.turning("the newcomer connected by name") {
-            try await MessageClient.connect(
-                to: .service(name: "Ledger", type: Self.type, discovery: clientDiscovery), configuration: newcomerSettings,
-                logger: Self.logger)
-        }
+        let newcomer = try await ledger.connectClient("newcomer")
         try await newcomer.send(Numbered(n: 1_000), type: "n")
         let newcomerAcknowledged = try await world.turning("the newcomer's message acknowledged") {
             await newcomer.acknowledged(within: Duration.seconds(30))
@@ -145,18 +118,98 @@ import Testing
         clientReader.cancel()
         first.stopReading()
         second.stopReading()
-        await clientDiscovery.shutdown()
-        await serverDiscovery.shutdown()
-        await world.shutdown()
+        await ledger.shutdown()
     }
 
-    static func makeServer(directory: String, identity: Identity, discovery: ServiceDiscovery, clock: ManualScheduler) -> MessageServer {
+    /// A server without a session store stopped and started again: on a new port, under the same
+    /// name. The client's last address is refused, and it follows the server through discovery —
+    /// the goodbye of the old announcement, the probe and announcement of the new one, a resolve —
+    /// to the new port. The stop's GOODBYE ended the session; what the client sent while no
+    /// server ran was never transmitted, and goes on the new session, each message once.
+    @Test func aClientFollowsItsServerToANewPortThroughDiscovery() async throws {
+        let ledger = await LedgerWorld()
+        let world = ledger.world
+        let identity = Identity.ephemeral()
+        let first = ServerProbe(Self.makeServer(directory: nil, identity: identity, discovery: ledger.serverDiscovery, clock: world.scheduler))
+        try await world.turning("the first server started") { try await first.server.start() }
+        let firstPort = try #require(first.server.port)
+        let client = try await ledger.connectClient("till")
+        for n in 1...5 { try await client.send(Numbered(n: n), type: "n") }
+        #expect(try await world.turning("the first five acknowledged") { await client.acknowledged(within: Duration.seconds(30)) })
+
+        try await world.turning("the first server stopped") { await first.server.stop() }
+        for n in 6...25 { try await client.send(Numbered(n: n), type: "n") }
+        let second = ServerProbe(Self.makeServer(directory: nil, identity: identity, discovery: ledger.serverDiscovery, clock: world.scheduler))
+        try await world.turning("the second server started") { try await second.server.start() }
+        let secondPort = try #require(second.server.port)
+        let followed = try await world.turning("the twenty acknowledged by the server on its new port") {
+            await client.acknowledged(within: Duration.seconds(60))
+        }
+        #expect(followed)
+        #expect(secondPort != firstPort, "the kernel gave the same port again: the last address, not discovery, may have found it")
+        #expect(client.channel?.remoteAddress?.port == secondPort)
+        #expect(first.log.value.received == Array(1...5))
+        #expect(second.log.value.received == Array(6...25), "each once, in order: \(second.log.value.received)")
+        #expect(!client.resumedSession, "a new server without a store: a new session")
+        try await world.turning("the client closed") { await client.close() }
+        try await world.turning("the second server stopped") { await second.server.stop() }
+        first.stopReading()
+        second.stopReading()
+        await ledger.shutdown()
+    }
+
+    /// A server publishing "Ledger" on the world's clock; its sessions kept in `directory` (nil: none).
+    static func makeServer(directory: String?, identity: Identity, discovery: ServiceDiscovery, clock: ManualScheduler) -> MessageServer {
         var configuration = ServerConfiguration(serviceType: type, serviceName: "Ledger")
         configuration.channel.scheduler = clock
         configuration.channel.helloTimeout = helloTimeout
         configuration.channel.security = .encrypted(identity: identity, trust: .anyKey)
-        configuration.session?.store = SessionStore(directory: directory)
+        configuration.session?.store = directory.map { SessionStore(directory: $0) }
         return MessageServer(configuration: configuration, discovery: discovery, logger: logger)
+    }
+}
+
+/// The world of these tests: the simulated link on 127.0.0.N, the server's host (1) and the
+/// client's (2) with their names claimed, and a `ServiceDiscovery` on each host's backend.
+struct LedgerWorld {
+    let world = EmbeddedWorld(ipv4Network: [127, 0, 0], hasIPv6: false)
+    let serverDiscovery: ServiceDiscovery
+    let clientDiscovery: ServiceDiscovery
+
+    init() async {
+        let clock = world.scheduler
+        let serverHost = await world.add(1, hostName: "ledger-host")
+        let clientHost = await world.add(2, hostName: "till-host")
+        world.run(seconds: 3)  // the host names claimed
+        serverDiscovery = ServiceDiscovery(
+            logger: OneClockWorldTests.logger, configuration: DiscoveryConfiguration(), backend: serverHost, wideArea: nil,
+            scheduler: clock)
+        // (IPv4 only besides: the simulated hosts have no IPv6 address to resolve to anyway.)
+        clientDiscovery = ServiceDiscovery(
+            logger: OneClockWorldTests.logger, configuration: DiscoveryConfiguration(ipVersion: .ipv4), backend: clientHost,
+            wideArea: nil, scheduler: clock)
+    }
+
+    /// A client on the client's host, connected to "Ledger" by name (the clock turned until it is).
+    func connectClient(_ name: String) async throws -> MessageClient {
+        var configuration = ClientConfiguration(peerName: name, reconnect: ReconnectPolicy())
+        configuration.channel.scheduler = world.scheduler
+        configuration.channel.helloTimeout = OneClockWorldTests.helloTimeout
+        configuration.channel.security = .encrypted(identity: .ephemeral(), trust: .anyKey)
+        configuration.peerMemory = nil
+        let settings = configuration
+        let discovery = clientDiscovery
+        return try await world.turning("\(name) connected by name") {
+            try await MessageClient.connect(
+                to: .service(name: "Ledger", type: OneClockWorldTests.type, discovery: discovery), configuration: settings,
+                logger: OneClockWorldTests.logger)
+        }
+    }
+
+    func shutdown() async {
+        await clientDiscovery.shutdown()
+        await serverDiscovery.shutdown()
+        await world.shutdown()
     }
 }
 

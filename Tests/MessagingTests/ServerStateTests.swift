@@ -114,16 +114,21 @@ import Transport
         #expect(state.refusals == 3)
     }
 
+    /// A store in `directory` opened again after a process wrote one session to it (opened by `owner`).
+    static func storeKeepingOneSession(in directory: String, owner: String) throws -> SessionJournal {
+        let written = try SessionStoreTests.open(directory)
+        try written.append(
+            .session(Journal.Snapshot(key: SessionStoreTests.key, positionID: SessionStoreTests.position, owner: owner)))
+        written.close()
+        return try SessionStoreTests.open(directory)
+    }
+
     /// A session the store kept from before a restart is taken once, by the key that opened it;
     /// another key (or none) is refused and leaves it in place.
     @Test func aRestoredSessionIsTakenOnceByItsOwnKey() throws {
         let directory = SessionStoreTests.directory("decision")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let written = try SessionStoreTests.open(directory)
-        try written.append(
-            .session(Journal.Snapshot(key: SessionStoreTests.key, positionID: SessionStoreTests.position, owner: "aaaa")))
-        written.close()
-        let journal = try SessionStoreTests.open(directory)
+        let journal = try Self.storeKeepingOneSession(in: directory, owner: "aaaa")
         var state = idle()
         state.opened(journal)
         let id = SessionStoreTests.key.hex
@@ -143,11 +148,7 @@ import Transport
     @Test func aRestoredSessionGivenBackIsTakenAgainUntilTheGracePeriodsEnd() throws {
         let directory = SessionStoreTests.directory("give-back")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let written = try SessionStoreTests.open(directory)
-        try written.append(
-            .session(Journal.Snapshot(key: SessionStoreTests.key, positionID: SessionStoreTests.position, owner: "aaaa")))
-        written.close()
-        let journal = try SessionStoreTests.open(directory)
+        let journal = try Self.storeKeepingOneSession(in: directory, owner: "aaaa")
         defer { journal.close() }
         var state = idle()
         state.opened(journal)

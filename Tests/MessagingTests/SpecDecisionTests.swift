@@ -89,10 +89,12 @@ import Scheduling
         let second = try await LoopbackServer(security: .plaintext, logger: log.logger(), configure: configure)
         // The first resume's connection closes after the server took the session for it and
         // before the session attaches: a window of microseconds, held open here by the test's hook.
+        let entered = Observed(0)
         let hooked = Observed(0)
         let lost = ending == "lost"
         second.server.beforeRestoredSessionAttaches.withLock {
             $0 = { channel in
+                entered.update { $0 += 1 }
                 if lost { channel.abort() } else { _ = await channel.closed() }  // (the client's GOODBYE closes it)
                 hooked.update { $0 += 1 }
             }
@@ -100,6 +102,9 @@ import Scheduling
         let brief = try HostilePeer(port: port)
         hello(brief)
         session(brief, received: 0)
+        // In the window (a GOODBYE sent with the SESSION may close the connection before the
+        // server has taken the session: then it never was, and nothing is tested).
+        try await entered.wait("the server took the session") { $0 == 1 }
         if !lost { brief.write(brief.frame(.goodbye, payload: Array("done".utf8))) }
         #expect(await offThePool { brief.serverClosed() })
         try await hooked.wait("the hook ran") { $0 == 1 }
