@@ -337,20 +337,20 @@ extension MessageServer {
     /// protocol error ends it, as on any connection.
     private func restoredResumeClosed(_ connection: ServerConnection, _ channel: MessageChannel, _ restored: Journal.Restored) async {
         let reason = await channel.closed()
-        guard !Self.endsSession(reason) else {
-            withState { $0.registry.neverOpened(connection.id) }
-            return endSession(connection, reason: reason)
-        }
-        enum Outcome { case takenOver, givenBack, expired }
+        enum Outcome { case takenOver, ends, givenBack, expired }
         let outcome = withState { state -> Outcome in
+            // A resume that replaced this channel meanwhile owns the session, however this one ended.
             guard connection.channel === channel else { return .takenOver }
             state.registry.neverOpened(connection.id)  // never accepted: no `.closed`
+            if Self.endsSession(reason) { return .ends }
             if let session = connection.session { state.registry.sessionEnded(session.id, of: connection) }
             return state.returnRestored(restored) ? .givenBack : .expired
         }
         switch outcome {
         case .takenOver:
-            return  // a resume replaced this channel: the session serves it
+            return  // the session serves the resume's channel
+        case .ends:
+            endSession(connection, reason: reason)  // a GOODBYE or a protocol error, as on any connection
         case .givenBack:
             logger.notice(
                 "a resume of a session kept from before the restart closed before the session attached; the session waits for its client",
