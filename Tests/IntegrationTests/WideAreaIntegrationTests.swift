@@ -1,4 +1,5 @@
 import Foundation
+import TestWaits
 import Testing
 
 @testable import Discovery
@@ -589,11 +590,11 @@ struct WideAreaIntegrationTests {
 
     @Test func anIdleBrowserAsksTheServerAFewTimesAMinute() async throws {
         // Counted at the DNS server's interface: every query from host b while one browse idles at
-        // the default 10 s poll, for 20 s.
+        // the default 10 s poll — the gaps between the next polls, from tcpdump's own timestamps.
         let capture = try ChatProcess(
             prefix: Lab.prefix(.dns),
             [
-                "timeout", "25", "tcpdump", "-i", "eth0", "-n", "-l",
+                "timeout", "45", "tcpdump", "-i", "eth0", "-n", "-l",
                 "udp dst port 53 and (src host \(Lab.Host.b.address) or src host \(Lab.Host.b.address6))",
             ])
         defer { capture.stop() }
@@ -601,13 +602,33 @@ struct WideAreaIntegrationTests {
         let browser = try await Lab.peer(.b, ["LANMSG_WIDE_AREA_POLL": "10"])
         try browser.send("browse _wa-idle._tcp")
         try await browser.wait("ALLFORNOW", timeout: .seconds(10))
-        let settled = capture.lines.filter { $0.contains(" > ") }.count  // start-up: enumeration + first poll
-        try await Task.sleep(for: .seconds(20))
-        let total = capture.lines.filter { $0.contains(" > ") }.count
-        let perMinute = Double(total - settled) * 3
+        // Start-up: domain enumeration and the first poll, all within a second or so of each other.
+        let queries = { capture.lines.filter { $0.contains(" > ") } }
+        let settled = queries().count
+        try #require(settled >= 1, "no query at the start of the browse")
+        // The next two polls (woken by tcpdump's output, not slept for): 10 s apart if the browse
+        // idles as it should, much less if it spins; none within 30 s if it stopped polling.
+        try await waitUntil("two polls after the start", timeout: .seconds(30), wokenBy: capture.watch.changes) {
+            queries().count >= settled + 2
+        }
+        let seen = queries()
+        let times = try seen.map { line in
+            try #require(Self.secondsOfDay(line), "no timestamp in tcpdump's line: \(line)")
+        }
+        let gaps = zip(times.dropFirst(settled - 1), times.dropFirst(settled)).map { $1 - $0 }
+        let perMinute = 60 / (gaps.reduce(0, +) / Double(gaps.count))
         Harness.measured("wide-area: DNS queries per minute by an idle browser (poll 10 s)", perMinute, "queries/min")
         Harness.measured("wide-area: DNS queries at browse start (domain enumeration + first poll)", Double(settled), "queries")
-        #expect(perMinute >= 3 && perMinute <= 12, "\(total - settled) queries in 20 s")
+        #expect(perMinute >= 3 && perMinute <= 12, "gaps between queries after the start: \(gaps) s")
+    }
+
+    /// Seconds since midnight of a tcpdump line's timestamp (`HH:MM:SS.ffffff …`).
+    static func secondsOfDay(_ line: String) -> Double? {
+        let parts = line.prefix(while: { $0 != " " }).split(separator: ":")
+        guard parts.count == 3, let hours = Double(parts[0]), let minutes = Double(parts[1]), let seconds = Double(parts[2]) else {
+            return nil
+        }
+        return hours * 3_600 + minutes * 60 + seconds
     }
 }
 
