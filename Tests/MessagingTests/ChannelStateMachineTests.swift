@@ -39,6 +39,7 @@ import ProtocolCore
         case .sessionAnswer(let waiter, _): "answer(\(waiter))"
         case .sessionHello(let waiter, _): "hello(\(waiter))"
         case .sessionKept: "kept"
+        case .lateSessionAnswer: "lateAnswer"
         case .ack(let count): "ack(\(count))"
         case .goodbye(let reason): "goodbye(\(reason))"
         case .startTransfer(let header): "start(\(header.size))"

@@ -92,6 +92,14 @@ import ProtocolCore
         _ = machine.waitForAnswer("slow")
         let result9 = machine.answerTimedOut()
         #expect(result9 == "slow")
+        // Timed out, the connection closes: an answer now is late, dropped without a protocol
+        // error (the next connection resumes the session); no second wait on this connection.
+        let again = machine.waitForAnswer("again")
+        #expect(!again)
+        guard case .lateAnswer = frame(&machine) else { Issue.record("a late answer was taken for a protocol error"); return }
+        guard case .violation = frame(&machine) else { Issue.record("a second late answer passed"); return }
+
+        machine = Machine()
         _ = machine.waitForAnswer("closing")
         let result10 = machine.closed()
         #expect(result10.answer == "closing")

@@ -150,6 +150,7 @@ import Scheduling
         let port = UInt16(bigEndian: bound.sin_port)
 
         let clock = ManualScheduler()
+        let log = CapturedLog()
         var configuration = ChannelConfiguration(name: "patient")
         configuration.security = .plaintext
         configuration.offersSessions = true
@@ -157,9 +158,9 @@ import Scheduling
         let settings = configuration
         let connecting = Task {
             try await MessageChannel.connect(
-                to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)], configuration: settings, logger: testLogger())
+                to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)], configuration: settings, logger: log.logger())
         }
-        // The server: this test, by hand. It completes the hello, offers sessions, and never answers SESSION.
+        // The server: this test, by hand. It completes the hello, offers sessions, and answers SESSION only too late.
         let server = try HostilePeer(accepted: await offThePool { accept(listener, nil, nil) })
         let (hello, _) = await offThePool { server.readFrames { $0.contains { $0.kind == .hello } } }
         #expect(hello.first?.kind == .hello)
@@ -178,9 +179,18 @@ import Scheduling
         #expect(await clock.waitForPending(where: { $0.contains { $0 >= start + 10_000_000_000 } }), "the answer's deadline armed")
         clock.advance(by: .seconds(10))
         await #expect(throws: TransportError.self) { try await opening.value }
+        // The answer, late: the client drops it (no protocol error in its log), reads on to the end.
+        let late = try JSONSerialization.data(withJSONObject: ["id": String(repeating: "ab", count: 16), "received": 0, "resumed": false])
+        server.write(server.frame(.session, payload: Array(late)))
+        shutdown(server.fd, Int32(SHUT_WR))
         let (after, closed) = await offThePool { server.readFrames { _ in false } }
         #expect(closed, "the client closed the connection")
         #expect(!after.contains { $0.kind == .goodbye }, "no GOODBYE: \(after.map { String(decoding: $0.payload, as: UTF8.self) })")
+        // Closed once it read the end, which came after the answer: it read the answer first.
+        _ = try await value(of: Task { await channel.closed() }, "the client's close after the server's end")
+        #expect(log.lines.contains { $0.message.contains("after the wait for it timed out") }, "the late answer was not read: \(log.lines.map { "\($0.level): \($0.message)" })")
+        let warnings = log.lines.filter { $0.level >= .warning }.map(\.message)
+        #expect(!warnings.contains { $0.contains("violated the protocol") }, "\(warnings)")
     }
 
     /// 13: every GOODBYE ends the session, whatever its reason (the client's, or the server's for a

@@ -77,6 +77,9 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
         case sessionHello(Link.HelloWaiter, SessionHello)
         /// Server: the client's SESSION, kept until the server asks for it.
         case sessionKept
+        /// Client: the server's SESSION answer after the wait for it timed out (the connection
+        /// is closing): drop it.
+        case lateSessionAnswer
         /// The peer acknowledged this many session messages in all: tell the session.
         case ack(UInt64)
         /// The peer said goodbye (with its reason): close gracefully.
@@ -147,6 +150,7 @@ struct ChannelStateMachine<Link: SessionLinking, Token, Sink> {
         case .answer(let waiter): return .sessionAnswer(waiter, hello)
         case .hello(let waiter): return .sessionHello(waiter, hello)
         case .kept: return .sessionKept
+        case .lateAnswer: return .lateSessionAnswer
         case .violation(let text): return .violation(text)
         }
     }

@@ -41,6 +41,8 @@ extension MessageChannel: ConnectionHandler {
             waiter.succeed(hello)
         case .sessionKept:
             break
+        case .lateSessionAnswer:
+            logger.debug("the server answered the SESSION frame after the wait for it timed out; the connection is closing, and the session continues on the next one")
         case .ack(let count):
             if let text = sessionLink?.session?.acknowledged(count, on: self) { violation(text) }
         case .goodbye(let reason):

@@ -25,6 +25,9 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
         case helloArrived(SessionHello)
         /// Client: waiting for the server's answer to its SESSION.
         case awaitingAnswer(AnswerWaiter)
+        /// Client: the wait for the answer timed out, and the connection closes. An answer that
+        /// comes now is late, not a protocol error: it is dropped.
+        case answerAbandoned
     }
 
     private(set) var exchange: Exchange
@@ -54,6 +57,9 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
         case hello(HelloWaiter)
         /// Server: the client's SESSION, kept until the server asks (``waitForHello(_:)``).
         case kept
+        /// Client: the server's answer after the wait for it timed out (the connection is
+        /// closing): dropped, without a word to the peer.
+        case lateAnswer
         /// Nobody expects a SESSION frame now: close with this protocol error.
         case violation(String)
     }
@@ -73,6 +79,9 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
             return .kept
         case .helloArrived:
             return .violation("a second SESSION frame")
+        case .answerAbandoned:
+            exchange = .none
+            return .lateAnswer
         case .none:
             return .violation(Self.unexpectedSession(peerOfferedSessions: peerOfferedSessions, peerName: peerName))
         }
@@ -105,7 +114,7 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
         case .awaitingClientSession(nil):
             exchange = .awaitingClientSession(waiter)
             return .waiting
-        case .awaitingClientSession(.some), .awaitingAnswer, .none:
+        case .awaitingClientSession(.some), .awaitingAnswer, .answerAbandoned, .none:
             return .notExpected
         }
     }
@@ -122,17 +131,18 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
     }
 
     /// Client: sent its SESSION; `waiter` waits for the server's answer. False when a wait is
-    /// under way already (the waiter is not kept).
+    /// under way already, or one timed out on this connection (the waiter is not kept).
     mutating func waitForAnswer(_ waiter: AnswerWaiter) -> Bool {
         guard case .none = exchange else { return false }
         exchange = .awaitingAnswer(waiter)
         return true
     }
 
-    /// Client: the wait for the server's answer timed out: the waiter, if it still waits.
+    /// Client: the wait for the server's answer timed out: the waiter, if it still waits. The
+    /// connection closes; an answer that comes after this is dropped (``SessionFrame/lateAnswer``).
     mutating func answerTimedOut() -> AnswerWaiter? {
         guard case .awaitingAnswer(let waiter) = exchange else { return nil }
-        exchange = .none
+        exchange = .answerAbandoned
         return waiter
     }
 
@@ -142,7 +152,7 @@ struct SessionGate<HelloWaiter, AnswerWaiter> {
         switch exchange {
         case .awaitingClientSession(let waiter): return (waiter, nil)
         case .awaitingAnswer(let waiter): return (nil, waiter)
-        case .none, .helloArrived: return (nil, nil)
+        case .none, .helloArrived, .answerAbandoned: return (nil, nil)
         }
     }
 }
