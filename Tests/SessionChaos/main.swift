@@ -77,6 +77,39 @@ func fail(_ message: String) -> Never {
     exit(2)
 }
 
+/// The connections made so far (the server's accepted, the client's connected): a sender with
+/// nothing to send on waits for the next one, woken by it — not on a timer.
+final class Connections: Sendable {
+    private let state = Locked<(count: Int, waiters: [(after: Int, CheckedContinuation<Void, Never>)])>((0, []))
+
+    var count: Int { state.withLock { $0.count } }
+
+    /// One more connection: every sender waiting for one past the count it saw goes on.
+    func made() {
+        let woken = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.count += 1
+            let count = state.count
+            let due = state.waiters.filter { $0.after < count }.map(\.1)
+            state.waiters.removeAll { $0.after < count }
+            return due
+        }
+        for waiter in woken { waiter.resume() }
+    }
+
+    /// Returns once a connection after the `seen`-th was made (at once if one was). Unbounded: the
+    /// test's harness bounds the run, and a process that ends does not wait for it.
+    func next(after seen: Int) async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Bool in
+                if state.count > seen { return true }
+                state.waiters.append((seen, continuation))
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+}
+
 /// An append-only log file written with `write(2)`: in the operating system when it returns.
 final class LogFile: Sendable {
     let path: String
@@ -205,7 +238,8 @@ func lostByTheStore(progress: SessionProgress?, kept: [UndeliveredMessage]) -> [
 /// the connection it waited on was replaced, or a second passed).
 func stream(
     _ send: @escaping @Sendable (Value) async throws -> Void, kept: @escaping @Sendable () -> [UndeliveredMessage],
-    progress: @escaping @Sendable () -> SessionProgress?, acknowledged: @escaping @Sendable (Duration) async -> Bool
+    progress: @escaping @Sendable () -> SessionProgress?, acknowledged: @escaping @Sendable (Duration) async -> Bool,
+    connections: Connections
 ) async {
     if options.recover {
         let lost = lostByTheStore(progress: progress(), kept: kept())
@@ -224,22 +258,25 @@ func stream(
             // still come and owe more).
             if kept().isEmpty { break }
             let waited = ContinuousClock.now
+            let seen = connections.count
             let done = await acknowledged(.seconds(1))
             if !(done && kept().isEmpty), ContinuousClock.now - waited < .milliseconds(20) {
-                // Ended at once with messages kept: the server's connection closed and the
-                // client's next one not accepted yet (it replaces the one waited on).
-                try? await Task.sleep(for: .milliseconds(20))
+                // Ended at once with messages kept: the connection closed and the next one not
+                // made yet (it replaces the one waited on) — waited for.
+                await connections.next(after: seen)
             }
             continue
         }
         let next = again ?? value
         if again == nil { intents.append("\(next)") }
+        let seen = connections.count
         do {
             try await send(Value(v: next))
         } catch {
+            // No connection to send on (the server's closed): the next one made, the value goes on it.
             logger.warning("send \(next) failed: \(error)")
             if let again { owed.withLock { $0.insert(again, at: 0) } }
-            try? await Task.sleep(for: .milliseconds(20))
+            await connections.next(after: seen)
             continue
         }
         let where_ = progress().map { "\($0.session) \($0.epoch) \($0.sent)" } ?? "- 0 0"
@@ -299,6 +336,7 @@ if options.role == "server" {
     say("READY \(options.port)")
     let current = Locked<ServerConnection?>(nil)
     let streaming = Locked(false)
+    let connections = Connections()
     for await event in server.events {
         switch event {
         case .received(_, let message):
@@ -306,6 +344,7 @@ if options.role == "server" {
             await work(message)
         case .accepted(let connection):
             current.withLock { $0 = connection }
+            connections.made()
             let first = streaming.withLock { started -> Bool in
                 defer { started = true }
                 return !started
@@ -316,7 +355,7 @@ if options.role == "server" {
                     guard let connection = current.withLock({ $0 }) else { throw CancellationError() }
                     try await connection.send(value, type: "value")
                 }, kept: { current.withLock { $0 }?.unacknowledgedMessages ?? [] }, progress: { current.withLock { $0 }?.sendProgress },
-                    acknowledged: { await current.withLock { $0 }?.acknowledged(within: $0) ?? false })
+                    acknowledged: { await current.withLock { $0 }?.acknowledged(within: $0) ?? false }, connections: connections)
                 say("DRAINED")
             }
         case .undelivered(_, let lost):
@@ -342,11 +381,13 @@ if options.role == "server" {
     term.setEventHandler(handler: closeOnTERM)
     term.resume()
     say("READY")
+    let connections = Connections()
+    if case .connected = client.connectionState { connections.made() }
     if options.send {
         Task {
             await stream(
                 { try await client.send($0, type: "value") }, kept: { client.unacknowledgedMessages }, progress: { client.sendProgress },
-                acknowledged: { await client.acknowledged(within: $0) })
+                acknowledged: { await client.acknowledged(within: $0) }, connections: connections)
             say("DRAINED")
         }
     }
@@ -355,6 +396,8 @@ if options.role == "server" {
         case .received(let message):
             take(message)
             await work(message)
+        case .connected:
+            connections.made()
         case .undelivered(let lost):
             report(lost)
         default: break
