@@ -12,7 +12,7 @@ import Testing
 /// ``OneClockWorldTests`` — real embedded mDNS backends on a ``SimulatedLink``, a real
 /// `MessageServer` with its session store on disk, real `MessageClient`s that find it by name, all
 /// timers on one `ManualScheduler` — driven by a seed. The seed picks every step: a client sends a
-/// few numbered messages, time passes (10 ms to 2 s), a connection is cut without GOODBYE (the
+/// few numbered messages, the server's app sends a few to a client it has a connection to, time passes (10 ms to 2 s), a connection is cut without GOODBYE (the
 /// client's end or the server's: what is in flight is lost), the server stops and a new one starts
 /// on the same store, a newcomer finds the server by name, the client host's cable is pulled from
 /// the mDNS link or plugged in again.
@@ -22,8 +22,10 @@ import Testing
 /// the order sent, each once, never more than were sent; a message that came again carries the
 /// position it had, and came again only at a new server (a dropped connection repeats nothing; a
 /// stopped server may leave the one its app was handling); nothing reported undelivered and no
-/// client gave up. At the end (the cable in, the server running): every message acknowledged, and
-/// the app's messages from each client exactly 1…sent.
+/// client gave up; each client's app got the server's messages in the order sent, none twice (its
+/// inbox lives on across its reconnects and the server's restarts). At the end (the cable in, the
+/// server running): every message acknowledged, the app's messages from each client exactly
+/// 1…sent, and every message of the server's whose `send` returned at its client.
 ///
 /// What replays: the seed's steps (the trace holds only them, and `aSeedReplaysItsSteps` checks
 /// two runs give the same). What does not: the sockets are real TCP on loopback and the tasks are
@@ -44,7 +46,7 @@ import Testing
         print(totals.measured("seeded world"))
         // A long run proves something only if its seeds reached each kind of step.
         let kinds = chosen.seeds.count >= 50
-            ? ["send", "time", "client's end cut", "server's end cut", "server stopped", "server started", "sent and cut", "newcomer", "cable"]
+            ? ["send", "server sends", "time", "client's end cut", "server's end cut", "server stopped", "server started", "sent and cut", "newcomer", "cable"]
             : ["send", "time"]
         for kind in kinds {
             #expect(totals.counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
@@ -92,16 +94,20 @@ struct SeededWorld: SimulationOutcome {
         let client: MessageClient
         /// What the library reported: undelivered messages, a give-up.
         let reports = Observed<[String]>([])
+        /// The numbers of the server's messages the client's app got, in order.
+        let got = Observed<[Int]>([])
         private let reader: Task<Void, Never>
 
         init(index: Int, name: String, client: MessageClient) {
             self.index = index
             self.name = name
             self.client = client
-            let reports = self.reports
+            let (reports, got) = (self.reports, self.got)
             reader = Task {
                 for await event in client.events {
                     switch event {
+                    case .received(let message):
+                        if let value = try? message.decode(Valued.self) { got.update { $0.append(value.n) } }
                     case .undelivered(let messages): reports.update { $0.append("undelivered \(messages.count)") }
                     case .gaveUp(let error): reports.update { $0.append("gave up: \(error)") }
                     default: break
@@ -145,6 +151,10 @@ struct SeededWorld: SimulationOutcome {
         var running: Server?
         var clients: [Client] = []
         var sent: [Int] = []
+        // The server's messages to each client: numbers tried (a `send` that threw may or may not
+        // have gone), and those whose `send` returned (owed to the client).
+        var serverTried: [Int] = []
+        var serverOwed: [Set<Int>] = []
         var cablePlugged = true
 
         func note(_ kind: String, _ line: String) {
@@ -170,6 +180,8 @@ struct SeededWorld: SimulationOutcome {
             let name = "till-\(index)"
             clients.append(Client(index: index, name: name, client: try await ledger.connectClient(name)))
             sent.append(0)
+            serverTried.append(0)
+            serverOwed.append([])
         }
 
         do {
@@ -191,13 +203,39 @@ struct SeededWorld: SimulationOutcome {
                         await world.scheduler.sleep(for: .milliseconds(milliseconds))
                     }
                     note("time", "\(milliseconds) ms pass")
-                case 60..<68:
+                case 60..<66:
+                    // The server's app sends to one of the connections it has (which ones it has
+                    // is the machine's: the trace holds the pick).
+                    let pick = Int.random(in: 0..<4, using: &random)
+                    let count = Int.random(in: 1...6, using: &random)
+                    let connections = (running?.server.connections ?? []).filter(\.hasSession)
+                    if !connections.isEmpty {
+                        let connection = connections[pick % connections.count]
+                        if let which = clients.firstIndex(where: { $0.name == connection.peer.name }) {
+                            var returned = 0
+                            for _ in 0..<count {
+                                serverTried[which] += 1
+                                do {
+                                    try await connection.send(Valued(client: which, n: serverTried[which]), type: "n")
+                                    serverOwed[which].insert(serverTried[which])
+                                    returned += 1
+                                } catch {
+                                    break
+                                }
+                            }
+                            run.observed.append("\(run.steps): the server sent \(returned) of \(count) to till-\(which)")
+                        }
+                    } else {
+                        run.observed.append("\(run.steps): the server had no connection to send on")
+                    }
+                    note("server sends", "the server sends \(count) on a connection (\(pick))")
+                case 66..<70:
                     let which = Int.random(in: 0..<clients.count, using: &random)
                     let channel = clients[which].client.channel
                     channel?.abort()
                     run.observed.append("\(run.steps): till-\(which)'s end cut: \(channel == nil ? "no connection" : "cut")")
                     note("client's end cut", "till-\(which)'s end of its connection cut")
-                case 68..<75:
+                case 70..<75:
                     let pick = Int.random(in: 0..<4, using: &random)
                     let connections = running?.server.connections ?? []
                     if !connections.isEmpty { connections[pick % connections.count].channel.abort() }
@@ -236,7 +274,9 @@ struct SeededWorld: SimulationOutcome {
                     world.link.setCarrier(2, cablePlugged)
                     note("cable", "the clients' host's cable \(cablePlugged ? "plugged in" : "pulled")")
                 }
-                if let broken = check(arrivals.value, sent: sent, clients: clients, final: false) {
+                if let broken = check(arrivals.value, sent: sent, clients: clients, final: false)
+                    ?? checkDown(clients, tried: serverTried, owed: serverOwed, final: false)
+                {
                     run.failure = "after step \(run.steps): \(broken)"
                     break
                 }
@@ -254,10 +294,25 @@ struct SeededWorld: SimulationOutcome {
                         run.failure = "till-\(client.index): \(client.client.unacknowledgedCount) of \(sent[client.index]) not acknowledged at the end (\(got))"
                     }
                 }
-                if run.failure == nil, let broken = check(arrivals.value, sent: sent, clients: clients, final: true) {
+                for client in clients where run.failure == nil {
+                    let owed = serverOwed[client.index]
+                    do {
+                        try await world.turning("till-\(client.index) got the server's messages", limit: .seconds(180)) {
+                            try await client.got.wait("till-\(client.index) got the server's messages", timeout: .seconds(60)) {
+                                owed.isSubset(of: Set($0))
+                            }
+                        }
+                    } catch {
+                        run.failure = "till-\(client.index): not every message of the server's arrived at the end: \(error)"
+                    }
+                }
+                if run.failure == nil, let broken = check(arrivals.value, sent: sent, clients: clients, final: true)
+                    ?? checkDown(clients, tried: serverTried, owed: serverOwed, final: true)
+                {
                     run.failure = "at the end: \(broken)"
                 }
                 if run.failure == nil { note("end", "every message acknowledged: \(sent.map(String.init).joined(separator: ", ")) sent") }
+                run.observed.append("the server's messages owed to each client: \(serverOwed.map(\.count)), tried: \(serverTried)")
             }
         } catch {
             run.failure = "after step \(run.steps): \(error)"
@@ -278,6 +333,27 @@ struct SeededWorld: SimulationOutcome {
         for server in servers { server.stopReading() }
         await ledger.shutdown()
         return run
+    }
+
+    /// The first broken promise in what the clients' apps got from the servers (nil: none): each
+    /// client's in the order tried, each once — the client's inbox lives on across its reconnects
+    /// and the server's restarts, so nothing comes again — never one not tried. `final`: every one
+    /// whose `send` returned arrived.
+    static func checkDown(_ clients: [Client], tried: [Int], owed: [Set<Int>], final: Bool) -> String? {
+        for client in clients {
+            let got = client.got.value
+            for (index, n) in got.enumerated() {
+                guard n >= 1, n <= tried[client.index] else { return "till-\(client.index) got the server's #\(n), never sent (\(tried[client.index]) tried)" }
+                if index > 0, n <= got[index - 1] {
+                    return "till-\(client.index) got the server's #\(n) after #\(got[index - 1]) (again, or out of order): \(got)"
+                }
+            }
+            if final {
+                let missing = owed[client.index].subtracting(got)
+                if !missing.isEmpty { return "till-\(client.index) never got the server's \(missing.sorted())" }
+            }
+        }
+        return nil
     }
 
     /// The first broken promise in what the servers' apps got (nil: none). `final`: also every
