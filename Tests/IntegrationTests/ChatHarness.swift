@@ -38,7 +38,7 @@ final class ChatProcess: Sendable {
         let argv = (["/usr/bin/env"] + self.arguments).map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var child: pid_t = 0
-        let result = posix_spawn(&child, "/usr/bin/env", &actions, nil, argv, environ)
+        let result = spawnWithCleanSignals(&child, "/usr/bin/env", &actions, argv)
         close(fds[0])
         guard result == 0 else {
             close(fds[1])
