@@ -16,20 +16,40 @@ struct WideAreaIntegrationTests {
 
     @Test func mdnsDoesNotCrossTheRouterButReachesTheSameLink() async throws {
         let type = "_wa-control._tcp"
+        let instance = "Control._wa-control._tcp.local"
         let off = ["LANMSG_WIDE_AREA": "off"]
+        // Every mDNS packet as each side's link carries it: from the publisher on its own link
+        // (host c's interface), and anything at all on the other subnet (host b's).
+        let sameLinkCapture = try ChatProcess(
+            prefix: Lab.prefix(.c),
+            ["timeout", "40", "tcpdump", "-i", "eth0", "-n", "-l", "udp port 5353 and src host \(Lab.Host.a.address)"])
+        defer { sameLinkCapture.stop() }
+        let otherSubnetCapture = try ChatProcess(
+            prefix: Lab.prefix(.b), ["timeout", "40", "tcpdump", "-i", "eth0", "-n", "-l", "udp port 5353"])
+        defer { otherSubnetCapture.stop() }
+        try await sameLinkCapture.waitForOutput("listening on eth0")
+        try await otherSubnetCapture.waitForOutput("listening on eth0")
         let publisher = try await Lab.peer(.a, off)
-        let sameLink = try await Lab.peer(.c, off)
         let otherSubnet = try await Lab.peer(.b, off)
         try otherSubnet.send("browse \(type)")
-        try sameLink.send("browse \(type)")
         try publisher.send("publish Control \(type) 4000")
         try await publisher.wait("PUBLISHED Control")
-        // Positive control: on the same link it is seen.
+        // The publisher announces three times (at once, 1 s and 3 s later: MDNSCore's
+        // announcementDelays), unasked: nobody on its link browses the type yet. Waited for as the
+        // link carried them (tcpdump's output), not slept for.
+        let announcements = { sameLinkCapture.lines.filter { $0.contains(instance) && $0.contains("*-") } }
+        try await waitUntil("the publisher's three announcements on its link", timeout: .seconds(15), wokenBy: sameLinkCapture.watch.changes) {
+            announcements().count >= 3
+        }
+        // Positive control: on the same link a browser finds it.
+        let sameLink = try await Lab.peer(.c, off)
+        try sameLink.send("browse \(type)")
         let seen = try await sameLink.wait("ADDED Control", timeout: .seconds(10))
-        // Across the router: the browse has answered and the announcements are long over, nothing came.
+        // Across the router: the browse has answered, the announcements are over, and not one
+        // packet naming the instance reached the other subnet's link, nor its browser.
         try await otherSubnet.wait("ALLFORNOW")
-        try await Task.sleep(for: .seconds(2))  // the publisher's announcements (1 s apart) are over
         #expect(seen.time > 0)
+        #expect(!otherSubnetCapture.lines.contains { $0.contains(instance) }, "\(otherSubnetCapture.lines)")
         #expect(!otherSubnet.lines.contains { $0.text.hasPrefix("ADDED") }, "\(otherSubnet.lines)")
     }
 
