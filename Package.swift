@@ -156,7 +156,7 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "Discovery", "MDNSCore", "Messaging", "TestWaits", .product(name: "Logging", package: "swift-log"),
+                "Discovery", "MDNSCore", "Messaging", "SystemCalls", "TestWaits", .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),  // the README's example
             ],
             swiftSettings: strict

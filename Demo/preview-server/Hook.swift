@@ -4,8 +4,8 @@ import Logging
 import SystemCalls
 
 /// Runs the `--on-receive` command for a stored file: `/bin/sh -c '<command> "$1"' preview-on-receive <path>`
-/// (posix_spawn; the path is passed as an argument, never interpolated into the command). Its exit
-/// status is logged; a failure never affects the daemon.
+/// (posix_spawn; the path is passed as an argument, never interpolated into the command), with no
+/// signal blocked or ignored. Its exit status is logged; a failure never affects the daemon.
 enum Hook {
     static func run(_ command: String, path: String, logger: Logger) {
         var actions = posix_spawn_file_actions_t()
@@ -16,7 +16,9 @@ enum Hook {
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, "/bin/sh", &actions, nil, argv, environ)
+        // Signals as a shell would start it: the daemon ignores SIGTERM and SIGINT (the service
+        // group's signal source takes them), and a hook that inherited that could not be stopped.
+        let result = withDefaultSignalsSpawnAttributes { posix_spawn(&pid, "/bin/sh", &actions, $0, argv, environ) }
         guard result == 0 else {
             logger.error("--on-receive: cannot start /bin/sh: \(String(cString: strerror(result)))")
             return

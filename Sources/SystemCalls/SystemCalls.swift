@@ -28,3 +28,23 @@ public func retryingInterrupts<T: BinaryInteger>(_ body: () -> T) -> Result<T, E
         return .failure(Errno(code))
     }
 }
+
+/// `posix_spawn` attributes for a child that starts as a shell would start it: no signal blocked
+/// and every signal at its default action, whatever the spawning process set up. A child inherits
+/// the calling thread's signal mask and every signal its parent ignores — and a daemon ignores
+/// SIGTERM and SIGINT while a signal source takes them (swift-service-lifecycle does), and often
+/// SIGPIPE. Spawned without these, a hook could not be stopped with `kill`, nor a `timeout` in it
+/// stop its command. `body` gets the attributes to pass to `posix_spawn`.
+public func withDefaultSignalsSpawnAttributes<R>(_ body: (UnsafePointer<posix_spawnattr_t>) -> R) -> R {
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var none = sigset_t()
+    sigemptyset(&none)
+    posix_spawnattr_setsigmask(&attributes, &none)
+    var all = sigset_t()
+    sigfillset(&all)  // (SIGKILL and SIGSTOP, which cannot be reset, are left out by the C library)
+    posix_spawnattr_setsigdefault(&attributes, &all)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    return withUnsafePointer(to: &attributes) { body($0) }
+}

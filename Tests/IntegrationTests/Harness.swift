@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Synchronization
+import SystemCalls
 import TestWaits
 import Testing
 
@@ -88,26 +89,15 @@ enum Harness {
 }
 
 /// SIGTERM to `pid` (only that one), then SIGKILL if `poll` reports no exit within 5 s.
-/// `posix_spawn` of `path` with a child that starts with no signal blocked and the default action
-/// for SIGTERM, SIGINT and SIGPIPE. A child inherits the spawning thread's signal mask and the
-/// signals the runner ignores (SIGPIPE, below); a child that started with SIGTERM blocked (a
-/// Dispatch signal source blocks it on the runner's threads) sat out ``terminate(_:poll:)``'s
-/// SIGTERM until its SIGKILL 5 s later — `timeout` then died without stopping its command.
+/// `posix_spawn` of `path` with a child that starts with no signal blocked and every signal at its
+/// default action (``withDefaultSignalsSpawnAttributes(_:)``). A child inherits the spawning
+/// thread's signal mask and the signals the runner ignores (SIGPIPE, below; SIGTERM where a test
+/// ran a service group); one that started with SIGTERM blocked or ignored sat out
+/// ``terminate(_:poll:)``'s SIGTERM until its SIGKILL 5 s later.
 func spawnWithCleanSignals(
     _ child: inout pid_t, _ path: String, _ actions: inout posix_spawn_file_actions_t, _ argv: [UnsafeMutablePointer<CChar>?]
 ) -> Int32 {
-    var attributes = posix_spawnattr_t()
-    posix_spawnattr_init(&attributes)
-    defer { posix_spawnattr_destroy(&attributes) }
-    var none = sigset_t()
-    sigemptyset(&none)
-    posix_spawnattr_setsigmask(&attributes, &none)
-    var defaults = sigset_t()
-    sigemptyset(&defaults)
-    for number in [SIGTERM, SIGINT, SIGPIPE] { sigaddset(&defaults, number) }
-    posix_spawnattr_setsigdefault(&attributes, &defaults)
-    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-    return posix_spawn(&child, path, &actions, &attributes, argv, environ)
+    withDefaultSignalsSpawnAttributes { posix_spawn(&child, path, &actions, $0, argv, environ) }
 }
 
 func terminate(_ pid: pid_t, poll: () -> Int32?) {

@@ -74,12 +74,15 @@ struct PreviewIntegrationTests {
     }
 
     /// Starts preview-server on host b and waits until it is published; returns it and its port.
+    /// `ignoring`: signals the daemon's parent ignores when it starts it (a shell's `trap ''`, as
+    /// `nohup` or a background job does), which a child inherits.
     func startServer(
-        directory: String, name: String, _ extra: [String] = []
+        directory: String, name: String, _ extra: [String] = [], ignoring: String? = nil
     ) async throws -> (server: Background, port: UInt16) {
+        let launcher = ignoring.map { ["/bin/sh", "-c", "trap '' \($0); exec \"$0\" \"$@\""] } ?? []
         let server = try Harness.spawn(
             onB: true,
-            [Harness.binary("preview-server"), "--directory", directory, "--name", name, "--log-level", "info"] + extra)
+            launcher + [Harness.binary("preview-server"), "--directory", directory, "--name", name, "--log-level", "info"] + extra)
         try await server.waitForOutput("published as", timeout: .seconds(15))
         let line = try #require(server.text.split(separator: "\n").first { $0.hasPrefix("listening on port ") })
         let port = try #require(UInt16(line.dropFirst("listening on port ".count)))
@@ -600,11 +603,22 @@ struct PreviewIntegrationTests {
         let (directory, source) = (try makeDirectory(), try makeDirectory())
         defer { remove(directory, source) }
         let marker = source + "/marker"
+        let signals = source + "/signals"
         let hook = source + "/hook.sh"
-        try "#!/bin/sh\necho \"$1\" >> '\(marker)'\nexit 3\n".write(toFile: hook, atomically: true, encoding: .utf8)
+        // (It also writes down the signals it started with, blocked and ignored, read by the shell
+        // itself: a `grep` of the shell's status raced the shell's fork, which blocks every signal.)
+        try """
+            #!/bin/sh
+            while IFS= read -r line; do case "$line" in SigBlk:*|SigIgn:*) echo "$line";; esac; done < /proc/self/status > '\(signals)'
+            echo "$1" >> '\(marker)'
+            exit 3
+
+            """.write(toFile: hook, atomically: true, encoding: .utf8)
         chmod(hook, 0o755)
+        // Started the way a shell starts a job in the background or under nohup: SIGINT and SIGHUP
+        // ignored, which the daemon inherits.
         let (server, port) = try await startServer(
-            directory: directory, name: "Preview ITest Hook", ["--on-receive", hook])
+            directory: directory, name: "Preview ITest Hook", ["--on-receive", hook], ignoring: "INT HUP")
         defer { server.stop() }
         let file = source + "/shown.txt"
         try makeFile(file, size: 4096)
@@ -614,6 +628,17 @@ struct PreviewIntegrationTests {
             ((try? String(contentsOfFile: marker, encoding: .utf8)) ?? "").contains(directory + "/shown.txt")
         }
         try await server.waitForOutput("--on-receive failed")
+        // The hook starts as a shell would start it: what the daemon ignores or blocks is not
+        // passed on, so `kill`, Ctrl-C in its terminal and `timeout` stop a hook.
+        let states = try String(contentsOfFile: signals, encoding: .utf8)
+        let masks = Dictionary(uniqueKeysWithValues: states.split(separator: "\n").compactMap { line -> (String, UInt64)? in
+            let parts = line.split(separator: ":").map { $0.trimmingCharacters(in: .whitespaces) }
+            guard parts.count == 2, let value = UInt64(parts[1], radix: 16) else { return nil }
+            return (parts[0], value)
+        })
+        let stopping: UInt64 = [SIGTERM, SIGINT, SIGHUP].reduce(0) { $0 | 1 << (UInt64($1) - 1) }
+        #expect(masks["SigBlk"] == 0, "the hook started with signals blocked: \(states)")
+        #expect(masks["SigIgn"].map { $0 & stopping == 0 } == true, "the hook started with SIGTERM, SIGINT or SIGHUP ignored: \(states)")
         let second = try push([file], ["--host", Self.hostB, "--port", String(port)])
         #expect(second.status == 0, "\(second.output)")
         try await waitUntil("the hook runs for the second file", watching: [source]) {
