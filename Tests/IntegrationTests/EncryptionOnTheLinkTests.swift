@@ -1,5 +1,6 @@
 import Foundation
 import Messaging
+import TestWaits
 import Testing
 
 /// Version 2 across the veth link between the two hosts: what a capture of the link holds, and what
@@ -33,11 +34,15 @@ struct EncryptionOnTheLinkTests {
     }
 
     @Test func aCaptureOfTheLinkHoldsNoPlaintextOfAnEncryptedConnection() async throws {
-        let pcap = NSTemporaryDirectory() + "link-\(UUID().uuidString).pcap"
-        defer { try? FileManager.default.removeItem(atPath: pcap) }
-        // tcpdump in host b's network namespace (host a's file system), on b's end of the veth link.
+        let folder = NSTemporaryDirectory() + "link-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let pcap = folder + "/link.pcap"
+        let written = try DirectoryWatch([folder])
+        // tcpdump in host b's network namespace (host a's file system), on b's end of the veth link;
+        // each packet handed over and written as it comes (--immediate-mode, -U).
         let capture = try Background([
-            "nsenter", "-t", Harness.hostBPID, "-n", "--", "tcpdump", "-i", "vb", "-U", "-s", "0", "-w", pcap,
+            "nsenter", "-t", Harness.hostBPID, "-n", "--", "tcpdump", "-i", "vb", "--immediate-mode", "-U", "-s", "0", "-w", pcap,
             "tcp portrange 47311-47312",
         ])
         defer { capture.stop() }
@@ -59,9 +64,15 @@ struct EncryptionOnTheLinkTests {
         clear.close()
         _ = await clear.closed()
 
-        capture.stop()  // SIGTERM: tcpdump writes out what it holds
-        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: pcap)))
-        // The control proves the capture saw the traffic: the plaintext connection's marker is there.
+        // The control proves the capture saw the traffic: the plaintext connection's marker, both
+        // ways, in the file — waited for (woken by tcpdump's writes), then the capture stopped. (Stopped
+        // at once, before the harness gave children their default SIGTERM, it was stopped 5 s later.)
+        let captured = { (try? [UInt8](Data(contentsOf: URL(fileURLWithPath: pcap)))) ?? [] }
+        try await waitUntil("the plaintext control in the capture, both ways", timeout: .seconds(15), wokenBy: written.changes) {
+            Self.count(of: control, in: captured()) >= 2
+        }
+        capture.stop()
+        let bytes = captured()
         #expect(Self.count(of: control, in: bytes) >= 2, "the capture missed the plaintext control (\(bytes.count) bytes)")
         #expect(Self.count(of: secret, in: bytes) == 0, "the encrypted marker travelled in plaintext")
         #expect(Self.count(of: "Capture Echo", in: bytes) == 0, "the server's hello travelled in plaintext")
