@@ -43,7 +43,7 @@ public func withDefaultSignalsSpawnAttributes<R>(_ body: (UnsafePointer<posix_sp
     sigemptyset(&none)
     posix_spawnattr_setsigmask(&attributes, &none)
     var all = sigset_t()
-    sigfillset(&all)  // (SIGKILL and SIGSTOP, which cannot be reset, are left out by the C library)
+    sigfillset(&all)  // (the child's reset of SIGKILL and SIGSTOP fails, and is ignored: they stay default)
     posix_spawnattr_setsigdefault(&attributes, &all)
     posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
     return withUnsafePointer(to: &attributes) { body($0) }

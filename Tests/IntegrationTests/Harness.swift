@@ -88,18 +88,17 @@ enum Harness {
     }
 }
 
-/// SIGTERM to `pid` (only that one), then SIGKILL if `poll` reports no exit within 5 s.
 /// `posix_spawn` of `path` with a child that starts with no signal blocked and every signal at its
 /// default action (``withDefaultSignalsSpawnAttributes(_:)``). A child inherits the spawning
-/// thread's signal mask and the signals the runner ignores (SIGPIPE, below; SIGTERM where a test
-/// ran a service group); one that started with SIGTERM blocked or ignored sat out
-/// ``terminate(_:poll:)``'s SIGTERM until its SIGKILL 5 s later.
+/// thread's signal mask and the signals the runner ignores (SIGPIPE, below); one that started with
+/// SIGTERM blocked or ignored sat out ``terminate(_:poll:)``'s SIGTERM until its SIGKILL 5 s later.
 func spawnWithCleanSignals(
     _ child: inout pid_t, _ path: String, _ actions: inout posix_spawn_file_actions_t, _ argv: [UnsafeMutablePointer<CChar>?]
 ) -> Int32 {
     withDefaultSignalsSpawnAttributes { posix_spawn(&child, path, &actions, $0, argv, environ) }
 }
 
+/// SIGTERM to `pid` (only that one), then SIGKILL if `poll` reports no exit within 5 s.
 func terminate(_ pid: pid_t, poll: () -> Int32?) {
     guard poll() == nil else { return }
     kill(pid, SIGTERM)
