@@ -345,8 +345,6 @@ if options.role == "server" {
         case .accepted(let connection):
             current.withLock { $0 = connection }
             connections.made()
-        case .resumed:
-            connections.made()  // (a resume on a new connection: the session's sends go on it)
             let first = streaming.withLock { started -> Bool in
                 defer { started = true }
                 return !started
