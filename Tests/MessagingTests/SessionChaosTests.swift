@@ -84,6 +84,14 @@ import Testing
             LineCounts(receivers.flatMap { [$0 + "/received.log", $0 + "/duplicates.log"] }, within: bound)
         }
         var taken = takenBy(receivers)
+        // What the test did, beside the sides' program.log (times comparable): for a kept run.
+        _ = FileManager.default.createFile(atPath: root + "/cycles.log", contents: nil)
+        let cycleLog = FileHandle(forWritingAtPath: root + "/cycles.log")
+        defer { try? cycleLog?.close() }
+        func record(_ line: String) {
+            let now = Date().timeIntervalSince1970
+            cycleLog?.write(Data((String(format: "%.6f ", now) + line + "\n").utf8))
+        }
         var kills = (server: 0, client: 0)
         var cut = 0
         var powerLosses = 0
@@ -114,9 +122,12 @@ import Testing
                 try await sent.waitForMore(Int.random(in: 1...40, using: &generator), watch: watch, sides: [client])
             }
             for side in victims { side.kill() }
+            record("cycle: killed \(victims.map(\.name))" + (away ? " (the receiver away)" : ""))
             if phase.truncate {
                 for side in victims {
-                    cut += Self.cutStore(root + (side === server ? "/server" : "/client") + "/store/sessions.journal", using: &generator)
+                    let bytes = Self.cutStore(root + (side === server ? "/server" : "/client") + "/store/sessions.journal", using: &generator)
+                    record("cut \(bytes) bytes of the \(side.name)'s journal")
+                    cut += bytes
                     // A power loss (the machine starts again: a new boot) — always when both
                     // stores lost records at once, as nothing else could tell the two stores'
                     // earlier agreement from the truth (MessageSessions.md); else half the time,
@@ -124,6 +135,7 @@ import Testing
                     if victims.count == 2 || Bool.random(using: &generator) {
                         side.boot = UUID().uuidString
                         powerLosses += 1
+                        record("the \(side.name) starts in a new boot (a power loss)")
                     }
                 }
             }
