@@ -38,8 +38,9 @@ public struct Locked<Value>: @unchecked Sendable {
             // kernel. Our critical sections are a few hundred nanoseconds (a queue's append, a
             // state machine's step), shorter than a `futex` sleep and wake-up.
             var attributes = pthread_mutexattr_t()
-            pthread_mutexattr_init(&attributes)
-            pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
+            let made = pthread_mutexattr_init(&attributes)
+            let typed = pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
+            precondition(made == 0 && typed == 0, "pthread_mutexattr_init or _settype failed: \(made), \(typed)")
             let status = pthread_mutex_init(mutex, &attributes)
             pthread_mutexattr_destroy(&attributes)
             precondition(status == 0, "pthread_mutex_init failed: \(status)")

@@ -11,7 +11,9 @@
 //   received.log     "<session> <number> <value>" per message taken, in order (the app's effect)
 //   intents.log      one value per line, written before its `send` (where a restarted sender goes on)
 //   sent.log         "<value> <session> <epoch> <number> <acknowledged>" per line, written once `send`
-//                    returned (the message is in the store), with where the session's sending stood then
+//                    returned (the message is in the store), with where the session's sending stood
+//                    then (number "-" when the epoch changed during the send); "# start <pid>" as each
+//                    process starts
 //   undelivered.log  what the library reported as never acknowledged (must stay empty, unless --recover)
 //   duplicates.log   with --recover: values that arrived again and were dropped by the app
 //   owed.log, settled.log  with --recover: what the sender owes (below)
@@ -159,7 +161,7 @@ let programLog = LogFile(options.directory + "/program.log")
 func stamped(_ line: String) -> String {
     var now = timespec()
     clock_gettime(CLOCK_REALTIME, &now)
-    return "\(now.tv_sec).\(String(format: "%06d", now.tv_nsec / 1000)) \(getpid()) \(line)"
+    return "\(now.tv_sec).\(String(format: "%06ld", now.tv_nsec / 1000)) \(getpid()) \(line)"
 }
 
 /// A line in DIR/program.log whatever the log level: what the app saw (events, skips, the start).
@@ -174,6 +176,10 @@ let logger = {
 }()
 let received = LogFile(options.directory + "/received.log")
 let sent = LogFile(options.directory + "/sent.log")
+// Each process's lines after a line of its own: a (session, epoch) pair can come back after the
+// store lost records (the epoch is counted from what the store kept), so an epoch is known by the
+// process that sent in it (`reportedAndForgotten`).
+sent.append("# start \(getpid())")
 let undelivered = LogFile(options.directory + "/undelivered.log")
 let intents = LogFile(options.directory + "/intents.log")
 let duplicates = LogFile(options.directory + "/duplicates.log")
@@ -213,10 +219,14 @@ let owed: Locked<[Int]> = {
 
 /// A value is owed: written down, then queued.
 func owe(_ values: [Int]) {
-    // Written and queued under the list's lock: the log's order is the list's (see `paid`).
+    // Written and queued under the list's lock: the log's order is the list's (see `paid`). A value
+    // in the list is owed in the log already (its last line is "+v"): not twice.
     owed.withLock { list in
-        for value in values { owedLog.append("+\(value)") }
-        list += values
+        var queued = Set(list)
+        for value in values where queued.insert(value).inserted {
+            owedLog.append("+\(value)")
+            list.append(value)
+        }
     }
 }
 
@@ -270,20 +280,31 @@ struct SentEntry {
     var value: Int
     var session: Substring
     var epoch: UInt64
-    /// The session's `sent` count then: the value's number in that epoch.
+    /// The session's `sent` count then: the value's number in that epoch (`UInt64.max`: the epoch
+    /// changed while it was sent, so its number is unknown).
     var number: UInt64
     /// What the peer had acknowledged of that epoch then.
     var acknowledged: UInt64
-    var epochKey: String { "\(session) \(epoch)" }
+    /// How many processes started before the line was written.
+    var process: Int
+    /// The epoch as the process that sent in it knew it.
+    var epochKey: String { "\(process) \(session) \(epoch)" }
 }
 
 func readSentEntries() -> [SentEntry] {
-    sent.lines.compactMap { line in
+    var process = 0
+    return sent.lines.compactMap { line in
+        if line.hasPrefix("# start") {
+            process += 1
+            return nil
+        }
         let fields = line.split(separator: " ")
-        guard fields.count == 5, let value = Int(fields[0]), let epoch = UInt64(fields[2]), let number = UInt64(fields[3]),
-            let acknowledged = UInt64(fields[4])
-        else { return nil }
-        return SentEntry(value: value, session: fields[1], epoch: epoch, number: number, acknowledged: acknowledged)
+        guard fields.count == 5, let value = Int(fields[0]), let epoch = UInt64(fields[2]), let acknowledged = UInt64(fields[4]) else {
+            return nil
+        }
+        return SentEntry(
+            value: value, session: fields[1], epoch: epoch, number: UInt64(fields[3]) ?? .max, acknowledged: acknowledged,
+            process: process)
     }
 }
 
@@ -297,25 +318,28 @@ func lostByTheStore(progress: SessionProgress?, kept: [UndeliveredMessage]) -> (
     let known = entries.lastIndex { $0.session == progress.session && $0.epoch == progress.epoch && $0.number <= progress.sent }
     let keptValues = Set(kept.compactMap { try? $0.decode(Value.self).v })
     let lost = entries[(known.map { $0 + 1 } ?? 0)...].map(\.value).filter { !keptValues.contains($0) }
-    let (earlier, epochs) = reportedAndForgotten(entries[..<(known.map { $0 + 1 } ?? 0)], current: progress)
-    return (lost, earlier.filter { !keptValues.contains($0) }, epochs)
+    // (Not filtered by what the store keeps: a kept value may be reported in a later epoch, whose
+    // report a kill may take too — and its only line is this epoch's, marked settled below.)
+    let (earlier, epochs) = reportedAndForgotten(entries[..<(known.map { $0 + 1 } ?? 0)])
+    return (lost, earlier, epochs)
 }
 
-/// Values of earlier epochs (or earlier sessions) this side never saw acknowledged — after the
-/// highest `acknowledged` its log wrote down for the epoch — unless an earlier start owed them
-/// already (settled.log). The library reports such messages undelivered when the session starts
+/// Values sent by earlier processes this side never saw acknowledged — after the highest
+/// `acknowledged` its log wrote down for the epoch, as that process knew it — unless an earlier
+/// start owed them already (settled.log). (Every earlier process's epochs: one this process
+/// resumes holds its values in the store, and they are sent again by the library too — a
+/// duplicate the receiver drops.) The library reports such messages undelivered when the session starts
 /// anew, and forgets them: the report is made once, from memory, and a kill before the app wrote
 /// it down (a report of hundreds of values is written line by line; a busy app has not taken the
 /// event yet) loses it. So they are owed again; one the receiver had is dropped there by its id.
 /// Returns the values and the epochs to mark settled once they are owed.
-func reportedAndForgotten(_ entries: ArraySlice<SentEntry>, current: SessionProgress) -> ([Int], [String]) {
+func reportedAndForgotten(_ entries: ArraySlice<SentEntry>) -> ([Int], [String]) {
     let settled = Set(settledLog.lines.map(String.init))
-    let currentKey = "\(current.session) \(current.epoch)"
     var acknowledged: [String: UInt64] = [:]
     for entry in entries { acknowledged[entry.epochKey] = max(acknowledged[entry.epochKey] ?? 0, entry.acknowledged) }
     var values: [Int] = []
     var epochs: [String] = []
-    for entry in entries where entry.epochKey != currentKey && !settled.contains(entry.epochKey) {
+    for entry in entries where !settled.contains(entry.epochKey) {
         if entry.number > acknowledged[entry.epochKey] ?? 0 { values.append(entry.value) }
         if epochs.last != entry.epochKey && !epochs.contains(entry.epochKey) { epochs.append(entry.epochKey) }
     }
@@ -364,6 +388,7 @@ func stream(
         let next = again ?? value
         if again == nil { intents.append("\(next)") }
         let seen = connections.count
+        let before = progress()
         do {
             try await send(Value(v: next))
         } catch {
@@ -373,7 +398,11 @@ func stream(
             await connections.next(after: seen)
             continue
         }
-        let where_ = progress().map { "\($0.session) \($0.epoch) \($0.sent) \($0.acknowledged)" } ?? "- 0 0 0"
+        // The value's number is `sent` after it, unless the session started anew meanwhile (then
+        // "-": whether it went in the old epoch or the new is not known).
+        let after = progress()
+        let same = before?.session == after?.session && before?.epoch == after?.epoch
+        let where_ = after.map { "\($0.session) \($0.epoch) \(same ? "\($0.sent)" : "-") \($0.acknowledged)" } ?? "- 0 - 0"
         sent.append("\(next) \(where_)")
         if again == nil { value += 1 } else { paid(next) }
         sends += 1
