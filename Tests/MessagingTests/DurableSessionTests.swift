@@ -170,25 +170,30 @@ import Scheduling
         await server.server.stop()
     }
 
+    /// A client's store holding two sessions, each with one message kept ({"n":0} in the older,
+    /// {"n":1} in the newer), and a client configuration on it that waits for its server.
+    static func twoSessions(in store: SessionStore) throws -> ClientConfiguration {
+        let journal = try SessionJournal(store, role: .client, identity: "plaintext", logger: testLogger())
+        for (index, key) in [Journal.Key(high: 1, low: 1), Journal.Key(high: 2, low: 2)].enumerated() {
+            try journal.append(.session(Journal.Snapshot(key: key, positionID: .random(), everConnected: true)))
+            try journal.append(.message(key, epoch: 0, number: 1, codecID: 1, typeID: "n", payload: Array("{\"n\":\(index)}".utf8)))
+        }
+        journal.close()
+        var configuration = ClientConfiguration(peerName: "sensor", reconnect: ReconnectPolicy())
+        configuration.channel.security = .plaintext
+        configuration.waitsForServer = true
+        configuration.session?.store = store
+        configuration.peerMemory = nil
+        return configuration
+    }
+
     /// Issue 53, 2: a client's store holding more than one session (an earlier version could leave
     /// them) continues the newest and ends the others: what they kept is reported undelivered
     /// first, and they are gone from the store.
     @Test func aClientStoresOtherSessionsAreEndedAndReported() async throws {
         let store = Self.store("several")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
-        do {
-            let journal = try SessionJournal(store, role: .client, identity: "plaintext", logger: testLogger())
-            for (index, key) in [Journal.Key(high: 1, low: 1), Journal.Key(high: 2, low: 2)].enumerated() {
-                try journal.append(.session(Journal.Snapshot(key: key, positionID: .random(), everConnected: true)))
-                try journal.append(.message(key, epoch: 0, number: 1, codecID: 1, typeID: "n", payload: Array("{\"n\":\(index)}".utf8)))
-            }
-            journal.close()
-        }
-        var configuration = ClientConfiguration(peerName: "sensor", reconnect: ReconnectPolicy())
-        configuration.channel.security = .plaintext
-        configuration.waitsForServer = true
-        configuration.session?.store = store
-        configuration.peerMemory = nil
+        let configuration = try Self.twoSessions(in: store)
         let client = try await MessageClient.connect(to: .host("127.0.0.1", port: try freePort()), configuration: configuration, logger: testLogger())
         #expect(client.unacknowledgedCount == 1 && client.unacknowledgedMessages.first?.payload == Array("{\"n\":1}".utf8))
         var iterator = client.events.makeAsyncIterator()
@@ -201,6 +206,43 @@ import Scheduling
         let journal = try SessionJournal(store, role: .client, identity: "plaintext", logger: testLogger())
         #expect(journal.restored.keys.map(\.high) == [2])
         journal.close()
+    }
+
+    /// A report of undelivered messages stays in the store until the app took it — its events loop
+    /// asked for the next event: a client made again on the store before that (the app died with
+    /// the report in hand) makes the same report again, first; once taken, never again.
+    @Test(.timeLimit(.minutes(1))) func aReportTheAppDidNotTakeIsMadeAgain() async throws {
+        let store = Self.store("report")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let configuration = try Self.twoSessions(in: store)
+        let port = try freePort()  // nobody listens: the client waits (`.waiting` events)
+        func firstEvents() async throws -> (MessageClient, [UndeliveredMessage]?, ClientEvents.AsyncIterator) {
+            let client = try await MessageClient.connect(to: .host("127.0.0.1", port: port), configuration: configuration, logger: testLogger())
+            var iterator = client.events.makeAsyncIterator()
+            let first = await iterator.next()
+            if case .undelivered(let lost)? = first { return (client, lost, iterator) }
+            return (client, nil, iterator)
+        }
+        // The first process reports the older session's message and dies before its loop goes on.
+        let (first, lost, firstIterator) = try await firstEvents()
+        #expect(lost.map { $0.map(\.payload) } == [Array("{\"n\":0}".utf8)])
+        await first.close()
+        _ = firstIterator
+        // The next one makes the report again; its loop goes on (the next event: it waits).
+        let (second, again, secondIterator) = try await firstEvents()
+        #expect(again.map { $0.map(\.payload) } == [Array("{\"n\":0}".utf8)], "the report was made again")
+        #expect(again?.first?.wasTransmitted == true && again?.first?.typeID == "n")
+        var iterator = secondIterator
+        guard case .waiting? = await iterator.next() else {
+            Issue.record("no waiting event after the report")
+            return
+        }
+        await second.close()
+        // Taken: the third makes none (its first event is its wait for the server).
+        let (third, none, _) = try await firstEvents()
+        #expect(none == nil, "a report taken was made again")
+        #expect(third.unacknowledgedMessages.map(\.payload) == [Array("{\"n\":1}".utf8)], "the newest session goes on")
+        await third.close()
     }
 
     /// Issue 53, 7: a server with a store and a kernel-assigned port listens again on the port it

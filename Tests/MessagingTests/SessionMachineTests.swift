@@ -559,6 +559,60 @@ import Testing
         #expect(written.outgoingAdded == 2 && written.senders.map(\.0) == ["sender 4"], "message 4 went as number 2")
     }
 
+    /// A report of undelivered messages goes into the store ahead of the records that drop its
+    /// messages (the new epoch's snapshot, the session's end), in the same batch: whatever prefix of
+    /// that batch a crash leaves in the file, each reported message is in the session still (it
+    /// will be reported again) or in a report the next process makes again — never in neither.
+    /// Without ``SessionMachine/reportsDurably`` (``SessionAcknowledgement/onArrival``): no report
+    /// in the store, as before.
+    @Test(arguments: [true, false]) func aReportIsStoredAheadOfWhatDropsItsMessages(_ durably: Bool) throws {
+        var machine = Self.machine(.written)
+        machine.reportsDurably = durably
+        var records: [Journal.Record] = []
+        var effects = Effects()
+        machine.begin(everConnected: false, &effects)
+        _ = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: Link(), &effects)
+        machine.written(.begun(through: 0, epoch: 1), &effects)
+        records += effects.records
+        for n in 1...3 { records += try Self.send(n, &machine).1.records }
+        var written = Effects()
+        machine.written(.messages(through: 3, epoch: 1), &written)
+        _ = Self.numbers(&machine)  // 1, 2 and 3 went
+        // The server forgot the session: a new epoch; 1…3 are reported.
+        var opened = Effects()
+        guard case .success(.new(let lost)) = machine.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: Link(), &opened)
+        else { return fail("not opened") }
+        #expect(lost.map(\.number) == [1, 2, 3])
+        let report = machine.takeReport()
+        #expect((report != nil) == durably && machine.takeReport() == nil)
+        func check(_ before: [Journal.Record], _ batch: [Journal.Record], _ numbers: ClosedRange<Int>, _ what: String) {
+            for length in 0...batch.count {
+                let kept = (before + batch.prefix(length)).map { ($0, 0, 0) }
+                guard case .success(let sessions) = Journal.replay(kept) else { return fail("\(what), \(length): the records do not replay") }
+                let inSession = Set(sessions[Self.id]?.messages.map(\.payload) ?? [])
+                let inReports = Set(Journal.reports(kept).flatMap { $0.messages.map(\.payload) })
+                let nowhere = numbers.map { Array("\($0)".utf8) }.filter { !inSession.contains($0) && !inReports.contains($0) }
+                if durably && !nowhere.isEmpty { fail("\(what): the first \(length) of \(batch.count) records keep neither message \(nowhere)") }
+                if !durably && !inReports.isEmpty { fail("\(what): a report in the store without reportsDurably") }
+            }
+        }
+        check(records, opened.records, 1...3, "a new epoch")
+        if durably {
+            guard case .reported(_, let first)? = opened.records.first else { return fail("\(opened.records)") }
+            #expect(first.report == report && first.owner == "owner" && first.transmitted)
+        }
+        // The new epoch's records written; the session ends with 1…3 kept again (sent anew): the
+        // report of its end goes ahead of the end.
+        records += opened.records
+        var begun = Effects()
+        machine.written(.begun(through: 0, epoch: 2), &begun)
+        for n in 4...6 { records += try Self.send(n, &machine).1.records }
+        var ended = Effects()
+        let gone = machine.end(MessagingError(.stopped, "bye"), keepStored: false, &ended).lost
+        #expect(gone.count == 3 && (machine.takeReport() != nil) == durably)
+        check(records, ended.records, 4...6, "the end")
+    }
+
     @Test func aServerAnswersResumesAndStartsAnewOnACountItCannotHaveSent() throws {
         let link = Link()
         var machine = Self.machine()

@@ -87,7 +87,11 @@ final class SessionSimulation {
         /// The messages sent, by the code of their sender and receiver.
         var sent: [Int: Int] = [:]
         var promised: [Int] = []
+        /// What the app wrote down of the reports of undelivered messages it took (durable).
         var reported: Set<Int> = []
+        /// Reports made to the app and not taken yet (lost with the process): its session, the
+        /// report's id in the store, the messages.
+        var reportsToTake: [(key: Journal.Key, id: UInt64, payloads: [Int])] = []
         var mayLose: Set<Int> = []
         /// Payloads admitted and waiting for their `send` to return (lost with the process).
         var waiting: Set<Int> = []
@@ -261,7 +265,7 @@ final class SessionSimulation {
             if connections[client.number]?.toClient.isEmpty == false { return await perform("to client", client) }
         }
         for side in sides {
-            if !side.toHandle.isEmpty { return await perform("handles", side) }
+            if !side.toHandle.isEmpty || !side.reportsToTake.isEmpty { return await perform("handles", side) }
             if !side.pendingSyncs.isEmpty { return await perform("syncs", side) }
             if !side.ackArmed.isEmpty { return await perform("ack deadline", side) }
         }
@@ -324,6 +328,13 @@ final class SessionSimulation {
         side.currentOf = [:]
         side.injected = false
         let journal = side.journal!
+        // As `MessageServer.openStore` and `MessageClient.connect`: the reports an earlier process
+        // made and its app never took, made again first.
+        for report in journal.pendingReports {
+            let payloads = report.messages.map { Int(String(decoding: $0.payload, as: UTF8.self)) ?? -1 }
+            side.reportsToTake.append((report.key, report.id, payloads))
+            if !fresh { count("reports made again after a restart") }
+        }
         switch side.role {
         case .client:
             // As `MessageClient.makeSession`: the newest session goes on, older ones end.
@@ -337,9 +348,10 @@ final class SessionSimulation {
                 side.sessions[newest] = restored(old)
                 side.current = newest
             } else {
-                let machine = Machine(
+                var machine = Machine(
                     id: .random(), maxCount: Self.maxCount, maxBytes: 1 << 20, stored: true, syncs: syncs, owner: nil,
                     ackEvery: Self.ackEvery)
+                machine.reportsDurably = true
                 do {
                     try journal.append(.session(machine.snapshot))
                 } catch {
@@ -355,7 +367,9 @@ final class SessionSimulation {
     }
 
     func restored(_ old: Journal.Restored) -> Machine {
-        Machine(restoring: old, maxCount: Self.maxCount, maxBytes: 1 << 20, syncs: syncs, ackEvery: Self.ackEvery)
+        var machine = Machine(restoring: old, maxCount: Self.maxCount, maxBytes: 1 << 20, syncs: syncs, ackEvery: Self.ackEvery)
+        machine.reportsDurably = true
+        return machine
     }
 
     /// The process ends (`kill -9`, or the power) and starts again at once.
@@ -390,6 +404,7 @@ final class SessionSimulation {
         }
         side.journal = nil
         side.toHandle = []
+        side.reportsToTake = []
         side.ackArmed = []
         side.pendingSyncs = []
         side.waiting = []
@@ -474,7 +489,7 @@ final class SessionSimulation {
 
     /// As ``MessageSession`` hands its records to the store: queued with their session's chain
     /// (a failed write fails the rest of its generation), then written.
-    func store(_ records: [Journal.Record], of side: Side, chain: (key: Journal.Key, generation: UInt32)) -> Result<UInt64, FileError> {
+    func store(_ records: [Journal.Record], of side: Side, chain: (key: Journal.Key, generation: UInt32)?) -> Result<UInt64, FileError> {
         let result = Locked<Result<UInt64, FileError>?>(nil)
         side.journal.enqueue(records, chain: chain) { outcome in result.withLock { $0 = outcome } }
         side.journal.write()
@@ -735,6 +750,7 @@ final class SessionSimulation {
             var machine = Machine(
                 id: key, maxCount: Self.maxCount, maxBytes: 1 << 20, stored: true, syncs: syncs, owner: client.name,
                 ackEvery: Self.ackEvery)
+            machine.reportsDurably = true
             var begun = Effects()
             machine.begin(everConnected: true, &begun)
             do {
@@ -759,11 +775,11 @@ final class SessionSimulation {
         case .success(.resumed(let resent)): text += "resumed, \(resent) resent"
         case .success(.new(let lost)):
             text += "new session"
-            server.reported.formUnion(lost.map(payload))
+            madeReport(server, key, lost)
         case .success(.restarted(let reason, let lost)), .success(.diverged(let reason, let lost)):
             count("server started anew")
             text += "restarted (\(reason.prefix(40))…), \(lost.count) undelivered"
-            server.reported.formUnion(lost.map(payload))
+            madeReport(server, key, lost)
         case .failure(let error):
             text += "refused: \(error.message)"
             settle(server, key, effects)
@@ -787,6 +803,7 @@ final class SessionSimulation {
         var effects = Effects()
         let opened = client.sessions[key]!.clientOpened(reply, on: link, &effects)
         let newKey = client.sessions[key]!.id
+        let reportID = client.sessions[key]!.takeReport()
         if newKey != key {
             client.sessions[newKey] = client.sessions.removeValue(forKey: key)
             client.current = newKey
@@ -796,11 +813,11 @@ final class SessionSimulation {
         case .success(.resumed(let resent)): text += "resumed, \(resent) resent"
         case .success(.new(let lost)), .success(.restarted(_, let lost)):
             text += "new epoch, \(lost.count) undelivered"
-            client.reported.formUnion(lost.map(payload))
+            madeReport(client, newKey, lost, id: reportID)
         case .success(.diverged(let reason, let lost)):
             count("client renewed its session")
             text += "diverged (\(reason.prefix(40))…): renewed, \(lost.count) undelivered"
-            client.reported.formUnion(lost.map(payload))
+            madeReport(client, newKey, lost, id: reportID)
             settle(client, newKey, effects)
             // The connection closes for a protocol error; its GOODBYE ends the old session at the
             // server (the frame goes before the close: it arrives if the server is there).
@@ -846,16 +863,43 @@ final class SessionSimulation {
         guard side.sessions[key] != nil else { return }
         var effects = Effects()
         let (lost, _) = side.sessions[key]!.end(MessagingError(.stopped, reason), keepStored: false, &effects)
-        side.reported.formUnion(lost.map(payload))
+        madeReport(side, key, lost)
         settle(side, key, effects)
         side.sessions[key] = nil
         if side.current == key { side.current = nil }
         side.currentOf = side.currentOf.filter { $0.value != key }
     }
 
-    /// The app handles the first message delivered to it: its own durable log first (with the
-    /// message's position), then the library learns it was handled.
+    /// `lost` were reported undelivered to `side`'s app (nothing when empty): a report it takes
+    /// later (``takeReport(_:)``), kept in the store until then — the machine wrote it there, ahead
+    /// of the records that drop its messages (`id`: read from the machine already, else now).
+    func madeReport(_ side: Side, _ key: Journal.Key, _ lost: [SessionOutbox<Frame>.Entry], id: UInt64? = nil) {
+        let id = id ?? side.sessions[key]?.takeReport()
+        guard !lost.isEmpty else { return }
+        guard let id else { return fail("\(side.name): \(lost.count) messages reported undelivered, and no report in the store") }
+        count("reports made")
+        side.reportsToTake.append((key, id, lost.map(payload)))
+    }
+
+    /// The app takes the first report made to it: writes its messages down (its own durable log),
+    /// then the library learns it was taken (as the events loop asking for the next event).
+    func takeReport(_ side: Side) -> String {
+        let report = side.reportsToTake.removeFirst()
+        side.reported.formUnion(report.payloads)
+        if !side.storeFailed, case .failure(let error) = store([.reportTaken(report.key, report: report.id)], of: side, chain: nil),
+            !side.injected
+        {
+            fail("\(side.name)'s store refused a report's end: \(error.message)")
+        }
+        count("reports taken")
+        return "\(side.name) takes a report of \(report.payloads.count) undelivered"
+    }
+
+    /// The app handles the first event for it: a report of undelivered messages (``takeReport(_:)``),
+    /// or a message delivered to it — its own durable log first (with the message's position), then
+    /// the library learns it was handled.
     func handle(_ side: Side) -> String {
+        if !side.reportsToTake.isEmpty { return takeReport(side) }
         guard !side.toHandle.isEmpty else { return "\(side.name) has nothing to handle" }
         let item = side.toHandle.removeFirst()
         let tag = "\(item.position.hex)#\(item.number)"
@@ -967,6 +1011,8 @@ final class SessionSimulation {
             count("server session ended by its grace period")
             endSession(server, other, "its grace period passed")
         }
+        // The apps take what was reported to them last.
+        for side in sides { while !side.reportsToTake.isEmpty { _ = takeReport(side) } }
         for side in sides where !side.acknowledgementWaits.isEmpty {
             fail("\(side.name): \(side.acknowledgementWaits.count) acknowledgement waits never ended after everything settled")
         }

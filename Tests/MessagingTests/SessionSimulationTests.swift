@@ -31,6 +31,7 @@ import Testing
                 "killed", "power loss", "cut", "store may have lost records", "server started anew", "client renewed its session",
                 "half-open cut", "resumed over a connection lost unnoticed", "server noticed a half-open connection",
                 "a frame arrived on a half-open connection", "a hello arrived on a half-open connection",
+                "reports made again after a restart",
             ] {
                 #expect(counts[kind, default: 0] > 0, "no seed reached '\(kind)'")
             }

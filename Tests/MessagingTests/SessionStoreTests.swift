@@ -230,8 +230,8 @@ import ProtocolCore
 
     @Test func anotherVersionAndAnotherFileAreNamed() {
         var bytes = Self.file(messages: 1)
-        bytes[9] = 4  // version 4
-        #expect(Self.scan(bytes).failure == .otherVersion(4))
+        bytes[9] = UInt8(Journal.version + 1)  // a version to come
+        #expect(Self.scan(bytes).failure == .otherVersion(Journal.version + 1))
         #expect(Self.scan(Array("hello, world, not a journal".utf8)).failure == .notAJournal)
         if case .damagedHeader = Self.scan(Array(bytes[0..<10])).failure {} else { Issue.record("a cut header passed") }
     }
@@ -528,11 +528,79 @@ import ProtocolCore
         let again = try Self.open(directory)
         #expect(!again.opening.migrated && again.restored[Self.key]?.messages.map(\.payload) == [[2], [3], [4]])
         #expect(again.restored[Self.key]?.snapshot.epoch == 1)
-        #expect(Array(try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]) == [0, 3])
+        #expect(Array(try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]) == [0, UInt8(Journal.version)])
         again.close()
     }
 
-    /// A store written by the version before (format 1) is read and rewritten in format 3.
+    /// A store of version 3 (every store before reports were kept) is read and rewritten in the
+    /// current version, its sessions and messages whole, and nothing reported.
+    @Test func aVersion3StoreIsReadAndRewritten() throws {
+        let directory = Self.directory("v3")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        var bytes = Self.version2Store()
+        bytes[9] = 3
+        let headerSize = Self.header.encoded.count
+        bytes.replaceSubrange((headerSize - 4)..<headerSize, with: Self.bigEndian(CRC32C.checksum(Array(bytes[0..<headerSize - 4]))))
+        #expect(Self.scan(bytes).map(\.header.version) == .success(3))
+        try Data(bytes).write(to: URL(fileURLWithPath: directory + "/" + SessionJournal.fileName))
+        let journal = try Self.open(directory)
+        #expect(journal.opening.migrated && journal.pendingReports.isEmpty)
+        #expect(journal.restored[Self.key]?.messages.map(\.payload) == [[2], [3]] && journal.restored[Self.key]?.snapshot.handled == 7)
+        journal.close()
+        let again = try Self.open(directory)
+        #expect(!again.opening.migrated && again.restored[Self.key]?.messages.map(\.payload) == [[2], [3]])
+        #expect(Array(try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]) == [0, UInt8(Journal.version)])
+        again.close()
+    }
+
+    /// A report of undelivered messages (``Journal/Record/reported(_:_:)``) stays in the store
+    /// until it is taken — after its session ended, and through compactions of the file — and a
+    /// report taken is gone; the next opening finds the ones not taken, in the order they were made,
+    /// each message whole.
+    @Test func aReportStaysUntilTakenThroughCompactions() throws {
+        let directory = Self.directory("reports")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func open() throws -> SessionJournal {
+            try SessionJournal(SessionStore(directory: directory), role: .server, identity: "plaintext", logger: testLogger(), compactionFloor: 4096)
+        }
+        func reported(_ report: UInt64, _ number: UInt64, transmitted: Bool = true) -> Journal.Record {
+            .reported(
+                Self.key,
+                Journal.Reported(
+                    report: report, owner: "owner", number: number, transmitted: transmitted, codecID: 1, typeID: "t",
+                    payload: Array("{\"n\":\(number)}".utf8)))
+        }
+        let journal = try open()
+        try journal.append(.session(Journal.Snapshot(key: Self.key, positionID: Self.position, owner: "owner")))
+        try journal.append(reported(7, 1), reported(7, 2))
+        try journal.append(reported(9, 3, transmitted: false), .ended(Self.key))
+        try journal.append(.reportTaken(Self.key, report: 7))
+        // Another session's traffic, released as it goes: the file is compacted again and again.
+        let other = Journal.Key(high: 5, low: 5)
+        try journal.append(.session(Journal.Snapshot(key: other, positionID: Self.position)))
+        for number in UInt64(1)...2_000 {
+            try journal.append(
+                .message(other, epoch: 0, number: number, codecID: 0, typeID: "m", payload: [UInt8](repeating: 1, count: 100)),
+                .released(other, epoch: 0, through: number))
+        }
+        #expect(journal.compactionCount > 3)
+        journal.close()
+        let again = try open()
+        #expect(again.pendingReports.map(\.id) == [9])
+        let report = try #require(again.pendingReports.first)
+        #expect(report.key == Self.key && report.owner == "owner")
+        #expect(report.messages.map(\.number) == [3] && report.messages.map(\.transmitted) == [false])
+        #expect(report.messages.first?.payload == Array("{\"n\":3}".utf8) && report.messages.first?.typeID == "t")
+        #expect(again.restored[Self.key] == nil, "the session itself ended")
+        try again.append(.reportTaken(Self.key, report: 9))
+        again.close()
+        let third = try open()
+        #expect(third.pendingReports.isEmpty)
+        third.close()
+    }
+
+    /// A store written by the version before (format 1) is read and rewritten in the current format.
     @Test func aVersion1StoreIsReadAndRewritten() throws {
         let directory = Self.directory("v1")
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -559,7 +627,7 @@ import ProtocolCore
         let again = try Self.open(directory)
         #expect(!again.opening.migrated && again.restored[Self.key]?.messages.map(\.payload) == [[2], [3], [4]])
         let header = try [UInt8](Data(contentsOf: URL(fileURLWithPath: again.path)))[8..<10]
-        #expect(Array(header) == [0, 3])
+        #expect(Array(header) == [0, UInt8(Journal.version)])
         again.close()
     }
 

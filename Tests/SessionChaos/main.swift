@@ -12,11 +12,11 @@
 //   intents.log      one value per line, written before its `send` (where a restarted sender goes on)
 //   sent.log         "<value> <session> <epoch> <number> <acknowledged>" per line, written once `send`
 //                    returned (the message is in the store), with where the session's sending stood
-//                    then (number "-" when the epoch changed during the send); "# start <pid>" as each
-//                    process starts
+//                    then (number "-" when the epoch changed during the send; the acknowledged count
+//                    for reading a failed run); "# start <pid>" as each process starts
 //   undelivered.log  what the library reported as never acknowledged (must stay empty, unless --recover)
 //   duplicates.log   with --recover: values that arrived again and were dropped by the app
-//   owed.log, settled.log  with --recover: what the sender owes (below)
+//   owed.log         with --recover: what the sender owes (below)
 //   program.log      the log, and what the app saw (events, skipped positions), with times and pids
 // Exactly once to the app (the recipe of MessageSessions.md): a message whose position (session,
 // number) the file has already is skipped — it came again because the process died between
@@ -24,8 +24,10 @@
 //
 // --recover: the recipe for stores that may lose records (MessageSessions.md, "When the store lost
 // records"; the test cuts the stores between kills): the receiver also skips a value it has (an
-// idempotency key, as an order id); the sender sends again what was reported undelivered and, when
-// it starts, what its own log says it sent and the store no longer knows (`sendProgress`).
+// idempotency key, as an order id); the sender sends again what was reported undelivered (the
+// library keeps a report in the store until the events loop asked for the next event, and makes
+// it again after a restart: a kill before the app wrote it down loses nothing) and, when it starts,
+// what its own log says it sent and the store no longer knows (`sendProgress`).
 //
 // --boot ID: the boot of the machine the store takes itself to run in (the test gives a side whose
 // store it cut as a power loss would a new one, as the restart after a power loss is a new boot).
@@ -176,9 +178,8 @@ let logger = {
 }()
 let received = LogFile(options.directory + "/received.log")
 let sent = LogFile(options.directory + "/sent.log")
-// Each process's lines after a line of its own: a (session, epoch) pair can come back after the
-// store lost records (the epoch is counted from what the store kept), so an epoch is known by the
-// process that sent in it (`reportedAndForgotten`).
+// Each process's lines after a line of its own (for reading a failed run: a (session, epoch) pair
+// can come back after the store lost records, the epoch being counted from what the store kept).
 sent.append("# start \(getpid())")
 let undelivered = LogFile(options.directory + "/undelivered.log")
 let intents = LogFile(options.directory + "/intents.log")
@@ -187,9 +188,6 @@ let duplicates = LogFile(options.directory + "/duplicates.log")
 /// `send` returned again: what is owed survives a kill too. A value is owed while its last line is
 /// "+v": one send that returned pays every debt written before it.
 let owedLog = LogFile(options.directory + "/owed.log")
-/// --recover: "<session> <epoch>" of the earlier epochs whose unacknowledged values a start owed
-/// (`reportedAndForgotten`): owed once.
-let settledLog = LogFile(options.directory + "/settled.log")
 
 // The recipe: the last position taken per session, from the file (the app's own durable state);
 // with --recover also the values taken.
@@ -285,65 +283,31 @@ struct SentEntry {
     var number: UInt64
     /// What the peer had acknowledged of that epoch then.
     var acknowledged: UInt64
-    /// How many processes started before the line was written.
-    var process: Int
-    /// The epoch as the process that sent in it knew it.
-    var epochKey: String { "\(process) \(session) \(epoch)" }
 }
 
 func readSentEntries() -> [SentEntry] {
-    var process = 0
-    return sent.lines.compactMap { line in
-        if line.hasPrefix("# start") {
-            process += 1
-            return nil
-        }
+    sent.lines.compactMap { line in
+        if line.hasPrefix("# start") { return nil }
         let fields = line.split(separator: " ")
         guard fields.count == 5, let value = Int(fields[0]), let epoch = UInt64(fields[2]), let acknowledged = UInt64(fields[4]) else {
             return nil
         }
         return SentEntry(
-            value: value, session: fields[1], epoch: epoch, number: UInt64(fields[3]) ?? .max, acknowledged: acknowledged,
-            process: process)
+            value: value, session: fields[1], epoch: epoch, number: UInt64(fields[3]) ?? .max, acknowledged: acknowledged)
     }
 }
 
 /// --recover, when the sender starts: what its log says it sent and its store no longer knows —
 /// every value after the last one the store still knows (same session and epoch, a number it has
-/// reached), unless the store keeps it — and, before that entry, what earlier epochs may have lost
-/// with a report (`reportedAndForgotten`).
-func lostByTheStore(progress: SessionProgress?, kept: [UndeliveredMessage]) -> (lost: [Int], earlier: [Int], epochs: [String]) {
-    guard let progress else { return ([], [], []) }
+/// reached), unless the store keeps it. (What an earlier epoch reported undelivered is not owed
+/// here: the library keeps a report until the events loop went on, and makes it again at the
+/// start — `report(_:)` owes it then.)
+func lostByTheStore(progress: SessionProgress?, kept: [UndeliveredMessage]) -> [Int] {
+    guard let progress else { return [] }
     let entries = readSentEntries()
     let known = entries.lastIndex { $0.session == progress.session && $0.epoch == progress.epoch && $0.number <= progress.sent }
     let keptValues = Set(kept.compactMap { try? $0.decode(Value.self).v })
-    let lost = entries[(known.map { $0 + 1 } ?? 0)...].map(\.value).filter { !keptValues.contains($0) }
-    // (Not filtered by what the store keeps: a kept value may be reported in a later epoch, whose
-    // report a kill may take too — and its only line is this epoch's, marked settled below.)
-    let (earlier, epochs) = reportedAndForgotten(entries[..<(known.map { $0 + 1 } ?? 0)])
-    return (lost, earlier, epochs)
-}
-
-/// Values sent by earlier processes this side never saw acknowledged — after the highest
-/// `acknowledged` its log wrote down for the epoch, as that process knew it — unless an earlier
-/// start owed them already (settled.log). (Every earlier process's epochs: one this process
-/// resumes holds its values in the store, and they are sent again by the library too — a
-/// duplicate the receiver drops.) The library reports such messages undelivered when the session starts
-/// anew, and forgets them: the report is made once, from memory, and a kill before the app wrote
-/// it down (a report of hundreds of values is written line by line; a busy app has not taken the
-/// event yet) loses it. So they are owed again; one the receiver had is dropped there by its id.
-/// Returns the values and the epochs to mark settled once they are owed.
-func reportedAndForgotten(_ entries: ArraySlice<SentEntry>) -> ([Int], [String]) {
-    let settled = Set(settledLog.lines.map(String.init))
-    var acknowledged: [String: UInt64] = [:]
-    for entry in entries { acknowledged[entry.epochKey] = max(acknowledged[entry.epochKey] ?? 0, entry.acknowledged) }
-    var values: [Int] = []
-    var epochs: [String] = []
-    for entry in entries where !settled.contains(entry.epochKey) {
-        if entry.number > acknowledged[entry.epochKey] ?? 0 { values.append(entry.value) }
-        if epochs.last != entry.epochKey && !epochs.contains(entry.epochKey) { epochs.append(entry.epochKey) }
-    }
-    return (values, epochs)
+    return entries[(known.map { $0 + 1 } ?? 0)...].map(\.value).filter { !keptValues.contains($0) }
 }
 
 /// Sends values until SIGUSR1, a few hundred a second (with --recover, what is owed first); then
@@ -357,12 +321,10 @@ func stream(
 ) async {
     note("sending: progress \(progress().map { "\($0.session) \($0.epoch) \($0.sent)" } ?? "none"), \(kept().count) kept, \(owed.withLock { $0.count }) owed")
     if options.recover {
-        let (lost, earlier, epochs) = lostByTheStore(progress: progress(), kept: kept())
-        note("lost by the store: \(lost.count) \(lost.prefix(3))…\(lost.suffix(3)); earlier epochs' unacknowledged: \(earlier.count) of \(epochs.count) epochs")
+        let lost = lostByTheStore(progress: progress(), kept: kept())
+        note("lost by the store: \(lost.count) \(lost.prefix(3))…\(lost.suffix(3))")
         if !lost.isEmpty { logger.warning("the store lost \(lost.count) values this side had sent: sending them again") }
-        owe(lost + earlier)
-        // Owed (written down) first: a kill between the two owes them again at the next start.
-        for epoch in epochs { settledLog.append(epoch) }
+        owe(lost)
     }
     var value = firstValue(kept: kept())
     // Paced by the sends, not by the values: a value goes up only with new ones, and while owed

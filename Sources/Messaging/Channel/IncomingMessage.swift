@@ -123,6 +123,8 @@ final class HandledOnNext<Element: Sendable> {
     /// The element handed out and the way back to its message's session (its payload is the
     /// element's).
     private var current: (token: SessionMessageToken, element: Element)?
+    /// Or the report of undelivered messages handed out, kept in the store until it is taken.
+    private var report: (tokens: [ReportToken], element: Element)?
 
     init(_ queue: BoundedQueue<Element>) { self.queue = queue }
 
@@ -132,8 +134,23 @@ final class HandledOnNext<Element: Sendable> {
         current = (token, element)
     }
 
-    /// The app is done with what it was handling: handled.
+    /// The app is handling `element` now, a report of `messages` undelivered (those of a report
+    /// kept in the store stay there until the app took it; one event can carry several reports).
+    func handlingReport(_ element: Element, _ messages: [UndeliveredMessage]) {
+        var tokens: [ReportToken] = []
+        for message in messages {
+            if let token = message.report, !tokens.contains(where: { $0 === token }) { tokens.append(token) }
+        }
+        guard !tokens.isEmpty else { return }
+        report = (tokens, element)
+    }
+
+    /// The app is done with what it was handling: handled (a report: taken).
     func done() {
+        if let (tokens, _) = report {
+            report = nil
+            for token in tokens { token.taken() }
+        }
         guard let (token, _) = current else { return }
         current = nil
         token.handled(automatic: true)
@@ -141,5 +158,6 @@ final class HandledOnNext<Element: Sendable> {
 
     deinit {
         if let (_, element) = current { queue.putBack(element) }
+        if let (_, element) = report { queue.putBack(element) }
     }
 }

@@ -24,7 +24,9 @@ public enum ClientEvent: Sendable, CustomStringConvertible {
     case resumed(resent: Int)
     /// Messages sent in a message session that the server never acknowledged, when the session
     /// could not be resumed (the server restarted or forgot it) or ended: they may or may not have
-    /// arrived, and are not sent again. Never a silent loss.
+    /// arrived, and are not sent again. Never a silent loss: with a ``SessionStore`` the report
+    /// stays in the store until the events loop asks for the next event, and a client made again
+    /// on the store before that reports it again, first.
     case undelivered([UndeliveredMessage])
 
     public var description: String {
@@ -57,7 +59,11 @@ public struct ClientEvents: AsyncSequence, Sendable {
         public mutating func next() async -> ClientEvent? {
             handling.done()
             let event = try? await queue.next()
-            if case .received(let message)? = event { handling.handling(event, message) }
+            switch event {
+            case .received(let message)?: handling.handling(event, message)
+            case .undelivered(let messages)?: handling.handlingReport(event!, messages)
+            default: break
+            }
             return event
         }
     }

@@ -26,7 +26,10 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
     /// had not received were sent again.
     case resumed(ServerConnection, resent: Int)
     /// Messages sent to this connection's session that the client never acknowledged, reported when
-    /// the session ends without them (the client did not come back, or the server stops).
+    /// the session ends without them (the client did not come back, or the server stops) or starts
+    /// anew. With a ``SessionStore`` the report stays in the store until the events loop asks for
+    /// the next event; a server that died before reports it again when it starts, first, on a
+    /// connection made for the report (closed; its peer named by the key that opened the session).
     case undelivered(ServerConnection, [UndeliveredMessage])
     /// A connection was refused (connection limit, busy, failed hello or handshake), with the
     /// reason. At most 100 a second are reported, and none while the event queue is full (a flood
@@ -74,7 +77,11 @@ public struct ServerEvents: AsyncSequence, Sendable {
         public mutating func next() async -> ServerEvent? {
             handling.done()
             let event = try? await queue.next()
-            if case .received(_, let message)? = event { handling.handling(event, message) }
+            switch event {
+            case .received(_, let message)?: handling.handling(event, message)
+            case .undelivered(_, let messages)?: handling.handlingReport(event!, messages)
+            default: break
+            }
             return event
         }
     }

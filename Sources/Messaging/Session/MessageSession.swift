@@ -66,6 +66,7 @@ final class MessageSession: Sendable {
             id: key, maxCount: configuration.maxUnacknowledgedMessages, maxBytes: configuration.maxUnacknowledgedBytes,
             stored: store != nil, syncs: store?.configuration.durability.syncs ?? false, owner: owner)
         machine.serving = serving
+        machine.reportsDurably = configuration.acknowledgement != .onArrival
         state = Locked(machine)
     }
 
@@ -81,6 +82,7 @@ final class MessageSession: Sendable {
             restoring: restored, maxCount: configuration.maxUnacknowledgedMessages,
             maxBytes: configuration.maxUnacknowledgedBytes, syncs: store.configuration.durability.syncs)
         machine.serving = serving
+        machine.reportsDurably = configuration.acknowledgement != .onArrival
         state = Locked(machine)
     }
 
@@ -327,12 +329,20 @@ final class MessageSession: Sendable {
     func clientOpened(_ reply: SessionHello, on channel: MessageChannel) -> Result<Opened, any Error> {
         // The store failed while the SESSION was on its way: no attaching (final for the client).
         if let failure = storeFailure { return .failure(Self.storeFailed(failure)) }
-        switch apply({ $0.clientOpened(reply, on: channel, &$1) }) {
+        var report: ReportToken?
+        let opened = apply { machine, effects in
+            defer { report = token(machine.takeReport(), machine.id) }
+            return machine.clientOpened(reply, on: channel, &effects)
+        }
+        switch opened {
         case .success(.resumed(let resent)): return .success(.resumed(resent: resent))
-        case .success(.new(let lost)): return .success(.new(undelivered: lost.map(Self.undelivered)))
+        case .success(.new(let lost)): return .success(.new(undelivered: lost.map { Self.undelivered($0, report) }))
         case .success(.diverged(let reason, let lost)), .success(.restarted(let reason, let lost)):
             logger.warning("the server's state of the session does not match this side's (\(reason)); starting a new session")
-            return .failure(SessionDiverged(reason: "the server's state of the session does not match this client's: \(reason)", undelivered: lost.map(Self.undelivered)))
+            return .failure(
+                SessionDiverged(
+                    reason: "the server's state of the session does not match this client's: \(reason)",
+                    undelivered: lost.map { Self.undelivered($0, report) }))
         case .failure(let error): return .failure(error)
         }
     }
@@ -344,12 +354,17 @@ final class MessageSession: Sendable {
             // (The server checked before; the store failed since.)
             return .failure(TransportError(.helloFailed, Self.storeFailedReason))
         }
-        return apply { $0.serverOpen(hello, isNew: isNew, on: channel, &$1) }.map { opened in
+        var report: ReportToken?
+        let opened = apply { machine, effects in
+            defer { report = token(machine.takeReport(), machine.id) }
+            return machine.serverOpen(hello, isNew: isNew, on: channel, &effects)
+        }
+        return opened.map { opened in
             switch opened {
             case .resumed(let resent): .resumed(resent: resent)
-            case .new(let lost): .new(undelivered: lost.map(Self.undelivered))
+            case .new(let lost): .new(undelivered: lost.map { Self.undelivered($0, report) })
             case .restarted(let reason, let lost), .diverged(let reason, let lost):
-                .restarted(reason: reason, undelivered: lost.map(Self.undelivered))
+                .restarted(reason: reason, undelivered: lost.map { Self.undelivered($0, report) })
             }
         }
     }
@@ -360,9 +375,19 @@ final class MessageSession: Sendable {
     /// - Parameter keepStored: Leave it in the store for a later process to continue (a server
     ///   that stops, a client closed with messages in flight): nothing is reported undelivered.
     func end(_ reason: MessagingError, keepStored: Bool = false) -> [UndeliveredMessage] {
-        let (lost, ack) = apply { $0.end(reason, keepStored: keepStored, &$1) }
+        var report: ReportToken?
+        let (lost, ack) = apply { machine, effects in
+            defer { report = token(machine.takeReport(), machine.id) }
+            return machine.end(reason, keepStored: keepStored, &effects)
+        }
         if let (channel, count) = ack { channel.sendAck(count) }
-        return lost.map(Self.undelivered)
+        return lost.map { Self.undelivered($0, report) }
+    }
+
+    /// The way back to the store of a report the machine just wrote (nil: none).
+    private func token(_ report: UInt64?, _ key: Journal.Key) -> ReportToken? {
+        guard let report, let store else { return nil }
+        return ReportToken(store: store, key: key, id: report)
     }
 
     /// Waits (up to `timeout`) until every kept message is acknowledged, or the connection is lost.
@@ -400,10 +425,12 @@ final class MessageSession: Sendable {
         }
     }
 
-    static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage {
+    static func undelivered(_ entry: SessionOutbox<Frame>.Entry) -> UndeliveredMessage { undelivered(entry, nil) }
+
+    static func undelivered(_ entry: SessionOutbox<Frame>.Entry, _ report: ReportToken?) -> UndeliveredMessage {
         UndeliveredMessage(
             number: entry.number, typeID: entry.item.typeID, codecID: entry.item.codecID, payload: entry.item.payload,
-            wasTransmitted: entry.transmitted)
+            wasTransmitted: entry.transmitted, report: report)
     }
 }
 

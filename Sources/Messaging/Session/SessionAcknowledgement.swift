@@ -29,7 +29,8 @@ public struct SessionAcknowledgement: Sendable, Hashable, CustomStringConvertibl
     /// hands messages on to other tasks, or stores their effect before it acknowledges.
     public static let manual = SessionAcknowledgement(kind: .manual)
     /// A message counts as handled when it arrives in the library, before the app has seen it (the
-    /// behaviour of 1.0): a message still queued for the app when the process dies is lost.
+    /// behaviour of 1.0): a message still queued for the app when the process dies is lost. So is
+    /// a report of undelivered messages: it is made once, from memory, and not kept in the store.
     public static let onArrival = SessionAcknowledgement(kind: .onArrival)
 
     public var description: String { "\(kind)" }

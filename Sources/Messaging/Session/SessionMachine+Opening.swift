@@ -218,7 +218,9 @@ extension SessionMachine {
             // so that a power loss keeping only part of them leaves the session as it was, its
             // messages with it: they apply only with the snapshot after them (`Journal.Staged`;
             // found by the session simulation, seed 318: the snapshot first, a torn tail lost three
-            // messages whose `send` had returned). Written before any of them goes.
+            // messages whose `send` had returned). Written before any of them goes. Before them
+            // all, the report of what the new epoch drops (it stays until the app took it).
+            recordReport(lost, &effects)
             for entry in kept {
                 effects.records.append(
                     .message(
@@ -296,8 +298,11 @@ extension SessionMachine {
         wakeAcknowledgementWaiters(&effects)
         wakeRoomWaiters(&effects, with: reason)
         failTickets(with: reason, &effects)
-        if stored && !keepStored { effects.records.append(.ended(id)) }
         let kept = outbox.removeAll()
+        if stored && !keepStored {
+            recordReport(kept, &effects)  // (before the end that drops them)
+            effects.records.append(.ended(id))
+        }
         return (keepStored && stored ? [] : kept, ack)
     }
 }

@@ -177,6 +177,14 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     /// Its store may have lost its last records (a power loss under process-crash durability):
     /// it cannot go on as it stands, and starts anew at its next connection.
     var mayHaveLost = false
+    /// With a store: messages it reports undelivered stay in the store until the app took the
+    /// report (``Journal/Record/reported(_:_:)``), so that a process that dies first makes the
+    /// report again (not with ``SessionAcknowledgement/onArrival``: what the app was handed counts
+    /// as handled then, and a report as taken).
+    var reportsDurably = false
+    /// The report the last input wrote to the store, for the carrier to hand out with its
+    /// messages (``takeReport()``).
+    private var lastReport: UInt64?
 
     init(id: Journal.Key, maxCount: Int, maxBytes: Int, stored: Bool, syncs: Bool, owner: String?, ackEvery: UInt64 = 32) {
         self.id = id
@@ -218,6 +226,31 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
         epoch = UInt64(snapshot.epoch)
         peerEpoch = snapshot.peerEpoch
         mayHaveLost = restored.mayHaveLost
+    }
+
+    // MARK: Reports of undelivered messages
+
+    /// With a store and ``reportsDurably``: `lost` (about to be reported undelivered) go into the
+    /// store as one report, ahead of the records that drop them (the epoch's new snapshot, the
+    /// session's end) — no crash can take the messages from the store and leave no report.
+    mutating func recordReport(_ lost: [SessionOutbox<Frame>.Entry], _ effects: inout Effects) {
+        guard stored, reportsDurably, !lost.isEmpty else { return }
+        let report = UInt64.random(in: 1...UInt64.max)
+        for entry in lost {
+            effects.records.append(
+                .reported(
+                    id,
+                    Journal.Reported(
+                        report: report, owner: owner, number: entry.number, transmitted: entry.transmitted,
+                        codecID: entry.item.codecID, typeID: entry.item.typeID, payload: entry.item.payload)))
+        }
+        lastReport = report
+    }
+
+    /// The report the last input wrote (nil: none), once.
+    mutating func takeReport() -> UInt64? {
+        defer { lastReport = nil }
+        return lastReport
     }
 
     // MARK: Reading

@@ -18,6 +18,8 @@ final class JournalCompaction: @unchecked Sendable {
     let old: (file: any StoreFile, header: Journal.Header, generation: Int)
     let header: Journal.Header
     private let sessions: [(Journal.Key, JournalWriter.Live)]
+    /// The reports not taken when it began (written anew into the new file, after the sessions).
+    private let reports: [Journal.Report]
     /// The new file and its length.
     private(set) var file: (any StoreFile)?
     private(set) var size = 0
@@ -39,8 +41,9 @@ final class JournalCompaction: @unchecked Sendable {
 
     init(
         path: String, fileSystem: any StoreFileSystem, old: (file: any StoreFile, header: Journal.Header, generation: Int),
-        sessions: [Journal.Key: JournalWriter.Live], cut: Int
+        sessions: [Journal.Key: JournalWriter.Live], reports: [Journal.Report], cut: Int
     ) {
+        self.reports = reports
         temporary = path + ".new"
         self.fileSystem = fileSystem
         self.old = old
@@ -72,6 +75,7 @@ final class JournalCompaction: @unchecked Sendable {
                 Journal.Record.session(snapshot).encode(into: &buffer, header: header, synced: 0)
                 messages += live.kept.map { ($0.offset, $0.length, index, $0.number) }
             }
+            Journal.encode(reports, into: &buffer, header: header)
             messages.sort { $0.offset < $1.offset }
             // (Room to grow: the writer appends to them under its role, where a copy of a long list would stall it.)
             var lists: [[(number: UInt64, offset: Int, length: Int)]] = []
@@ -207,8 +211,8 @@ final class JournalCompaction: @unchecked Sendable {
     /// start, before any writer): the new file is written, synced and renamed over the old one, the
     /// directory synced. Each session's messages keep its epoch (version 1 had none: 0).
     static func rewrite(
-        path: String, restored: [Journal.Key: Journal.Restored], order: [Journal.Key], role: Journal.Role, identity: String,
-        old: any StoreFile, fileSystem: any StoreFileSystem
+        path: String, restored: [Journal.Key: Journal.Restored], order: [Journal.Key], reports: [Journal.Report],
+        role: Journal.Role, identity: String, old: any StoreFile, fileSystem: any StoreFileSystem
     ) throws(FileError) -> JournalWriter.State {
         let header = Journal.Header.fresh(role: role, identity: identity)
         var bytes = header.encoded
@@ -233,6 +237,7 @@ final class JournalCompaction: @unchecked Sendable {
             }
             live[key] = entry
         }
+        Journal.encode(reports, into: &bytes, header: header)
         let temporary = path + ".new"
         do throws(StoreCallError) {
             let file = try fileSystem.create(temporary)
@@ -247,7 +252,7 @@ final class JournalCompaction: @unchecked Sendable {
                 throw error
             }
             old.close()
-            return JournalWriter.State(file: file, header: header, size: bytes.count, live: live)
+            return JournalWriter.State(file: file, header: header, size: bytes.count, live: live, reports: reports)
         } catch {
             throw FileError.system(path, "cannot rewrite the session store '\(path)' in the current format", errno: error.code)
         }
@@ -311,7 +316,7 @@ extension SessionJournal {
         let generation = shared.withLock { $0.generation }
         return JournalCompaction(
             path: path, fileSystem: fileSystem, old: (writer.state.file, writer.state.header, generation),
-            sessions: writer.state.sessions, cut: writer.state.size)
+            sessions: writer.state.sessions, reports: writer.state.reports, cut: writer.state.size)
     }
 
     /// Holding the role: waits for the background copy, and finishes the compaction.
@@ -401,5 +406,15 @@ extension Array where Element == UInt8 {
     /// The big-endian integer at `offset`.
     func loadBigEndian<T: FixedWidthInteger>(at offset: Int, as _: T.Type) -> T {
         withUnsafeBytes { T(bigEndian: $0.loadUnaligned(fromByteOffset: offset, as: T.self)) }
+    }
+}
+
+extension Journal {
+    /// Appends the records of `reports` (a compaction's or a rewrite's new file: they apply on their
+    /// own, wherever they stand).
+    static func encode(_ reports: [Report], into bytes: inout [UInt8], header: Header) {
+        for report in reports {
+            for message in report.messages { Record.reported(report.key, message).encode(into: &bytes, header: header, synced: 0) }
+        }
     }
 }

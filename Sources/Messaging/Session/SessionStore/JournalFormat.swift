@@ -20,8 +20,10 @@ enum Journal {
     /// The version written; 1 and 2 are read too (and the file rewritten in this one). 3: a session
     /// that begins again writes the messages it carries over before its *session* record, and they
     /// apply only with it (``Journal/Staged``) — a reader of version 2 would drop them, so it must
-    /// refuse such a file.
-    static let version: UInt16 = 3
+    /// refuse such a file. 4: messages reported undelivered are kept until the app took the report
+    /// (``Record/reported(_:_:)``, ``Record/reportTaken(_:report:)``) — a reader of version 3 would
+    /// call those records damage.
+    static let version: UInt16 = 4
     /// Bytes before a record's body.
     static let recordHeaderSize = 20
     /// Version 1's record header: length, its check, the body's check.
@@ -124,6 +126,20 @@ enum Journal {
         var peerEpoch: Key?
     }
 
+    /// A message the app was told of as undelivered (``UndeliveredMessage``), kept until the app
+    /// took that report: a process that dies first makes the report again when it starts.
+    struct Reported: Equatable, Sendable {
+        /// The report it belongs to (random, nonzero; one per event).
+        var report: UInt64
+        /// The key of the session's peer, as the session's snapshot names it (a server's), if any.
+        var owner: String?
+        var number: UInt64
+        var transmitted: Bool
+        var codecID: UInt8
+        var typeID: String
+        var payload: [UInt8]
+    }
+
     enum Record: Equatable, Sendable {
         /// A session begins, or begins again (what the store had of it before is void).
         case session(Snapshot)
@@ -137,14 +153,20 @@ enum Journal {
         case connected(Key, epoch: UInt32)
         /// It ended: nothing of it is kept (whatever its epoch).
         case ended(Key)
+        /// A message of the session reported undelivered, kept until its report is taken — also
+        /// after the session began again or ended (written before the record that drops the
+        /// message, so that no crash loses both the message and its report). Version 4.
+        case reported(Key, Reported)
+        /// The app took the report (its events loop asked for the next event): its messages go.
+        case reportTaken(Key, report: UInt64)
 
-        enum Kind: UInt8 { case session = 1, message, released, handled, connected, ended }
+        enum Kind: UInt8 { case session = 1, message, released, handled, connected, ended, reported, reportTaken }
 
         var key: Key {
             switch self {
             case .session(let snapshot): snapshot.key
             case .message(let key, _, _, _, _, _), .released(let key, _, _), .handled(let key, _, _), .connected(let key, _),
-                .ended(let key):
+                .ended(let key), .reported(let key, _), .reportTaken(let key, _):
                 key
             }
         }
@@ -154,7 +176,7 @@ enum Journal {
             case .session(let snapshot): snapshot.epoch
             case .message(_, let epoch, _, _, _, _), .released(_, let epoch, _), .handled(_, let epoch, _), .connected(_, let epoch):
                 epoch
-            case .ended: 0
+            case .ended, .reported, .reportTaken: 0
             }
         }
 
@@ -194,6 +216,20 @@ enum Journal {
                 bytes.appendInteger(through)
             case .connected, .ended:
                 break
+            case .reported(_, let reported):
+                bytes.appendInteger(reported.report)
+                bytes.append((reported.transmitted ? 1 : 0) | (reported.owner != nil ? 2 : 0))
+                let owner = Array((reported.owner ?? "").utf8.prefix(255))
+                bytes.append(UInt8(owner.count))
+                bytes += owner
+                bytes.appendInteger(reported.number)
+                bytes.append(reported.codecID)
+                let type = Array(reported.typeID.utf8.prefix(Int(UInt16.max)))
+                bytes.appendInteger(UInt16(type.count))
+                bytes += type
+                bytes += reported.payload
+            case .reportTaken(_, let report):
+                bytes.appendInteger(report)
             }
             let length = UInt32(bytes.count - body)
             bytes.withUnsafeMutableBytes { raw in
@@ -213,10 +249,12 @@ enum Journal {
             case .handled: .handled
             case .connected: .connected
             case .ended: .ended
+            case .reported: .reported
+            case .reportTaken: .reportTaken
             }
         }
 
-        /// Parses a version-2 body whose check matched; nil when it does not parse.
+        /// Parses a body of version 2 or later whose check matched; nil when it does not parse.
         static func decode(_ body: UnsafeRawBufferPointer) -> Record? {
             var reader = ByteReader(body)
             guard let raw = reader.byte(), let kind = Kind(rawValue: raw), let id = reader.key(),
@@ -257,8 +295,24 @@ enum Journal {
                 record = .connected(id, epoch: epoch)
             case .ended:
                 record = .ended(id)
+            case .reported:
+                guard let report = reader.integer(UInt64.self), report != 0, let flags = reader.byte(), flags <= 3,
+                    let ownerLength = reader.byte(), let owner = reader.bytes(Int(ownerLength)),
+                    flags & 2 != 0 || ownerLength == 0, let number = reader.integer(UInt64.self), let codec = reader.byte(),
+                    let typeLength = reader.integer(UInt16.self), let type = reader.bytes(Int(typeLength))
+                else { return nil }
+                let typeID = String(decoding: type, as: UTF8.self)
+                guard Array(typeID.utf8) == type else { return nil }
+                record = .reported(
+                    id,
+                    Reported(
+                        report: report, owner: flags & 2 != 0 ? String(decoding: owner, as: UTF8.self) : nil, number: number,
+                        transmitted: flags & 1 != 0, codecID: codec, typeID: typeID, payload: reader.rest()))
+            case .reportTaken:
+                guard let report = reader.integer(UInt64.self) else { return nil }
+                record = .reportTaken(id, report: report)
             }
-            return kind == .message || reader.isAtEnd ? record : nil
+            return kind == .message || kind == .reported || reader.isAtEnd ? record : nil
         }
 
         /// Parses a version-1 body (no epoch: every record is of epoch 0).
@@ -294,6 +348,8 @@ enum Journal {
                 record = .connected(id, epoch: 0)
             case .ended:
                 record = .ended(id)
+            case .reported, .reportTaken:
+                return nil  // (version 4's)
             }
             return kind == .message || reader.isAtEnd ? record : nil
         }

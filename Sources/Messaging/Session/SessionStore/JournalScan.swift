@@ -285,6 +285,8 @@ extension Journal {
                 staged.drop(key)
                 ended.insert(key)
                 continue
+            case .reported, .reportTaken:
+                continue  // (of no session's state: ``reports(_:)``)
             default:
                 break
             }
@@ -307,7 +309,7 @@ extension Journal {
             guard record.epoch == current else { continue }
             let next = sessions.values[slot].snapshot.nextNumber
             switch record {
-            case .session, .ended: break
+            case .session, .ended, .reported, .reportTaken: break
             case .message(_, _, let number, let codecID, let typeID, let payload):
                 guard number == next else {
                     return .failure(.damagedRecord(offset: offset, "message #\(number) of session \(key) where #\(next) was next"))
@@ -327,5 +329,40 @@ extension Journal {
             }
         }
         return .success(sessions)
+    }
+
+    /// A report of undelivered messages the app had not taken when the file was last written: made
+    /// again when the store opens (``SessionJournal/pendingReports``).
+    struct Report: Sendable {
+        var id: UInt64
+        /// The session the messages were sent in.
+        var key: Key
+        var owner: String?
+        var messages: [Reported]
+    }
+
+    /// The reports in `records` not taken, in the order they were made. A report's records apply
+    /// on their own, whatever became of their session; a `reportTaken` of a report not in the
+    /// file (taken before a compaction) applies to nothing.
+    static func reports(_ records: [(record: Record, offset: Int, length: Int)]) -> [Report] {
+        var reports: [Report] = []
+        var index: [UInt64: Int] = [:]
+        var taken: Set<UInt64> = []
+        for (record, _, _) in records {
+            switch record {
+            case .reported(let key, let message):
+                if let at = index[message.report] {
+                    reports[at].messages.append(message)
+                } else {
+                    index[message.report] = reports.count
+                    reports.append(Report(id: message.report, key: key, owner: message.owner, messages: [message]))
+                }
+            case .reportTaken(_, let report):
+                taken.insert(report)
+            default:
+                break
+            }
+        }
+        return reports.filter { !taken.contains($0.id) }
     }
 }

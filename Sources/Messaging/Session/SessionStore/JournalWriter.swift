@@ -57,18 +57,26 @@ final class JournalWriter: @unchecked Sendable {
         var staged = Journal.Staged<(number: UInt64, offset: Int, length: Int)>()
         /// Bytes of kept messages.
         var liveBytes: Int
+        /// Reports of undelivered messages the app has not taken (``Journal/Record/reported(_:_:)``),
+        /// oldest first: a compaction writes them into its new file. (Rare and short-lived: the
+        /// app takes a report when its events loop goes on.)
+        var reports: [Journal.Report]
 
-        init(file: any StoreFile, header: Journal.Header, size: Int, sessions: [Journal.Key: Journal.Restored]) {
-            self.init(file: file, header: header, size: size, live: sessions.mapValues(Live.init))
+        init(
+            file: any StoreFile, header: Journal.Header, size: Int, sessions: [Journal.Key: Journal.Restored],
+            reports: [Journal.Report]
+        ) {
+            self.init(file: file, header: header, size: size, live: sessions.mapValues(Live.init), reports: reports)
         }
 
-        init(file: any StoreFile, header: Journal.Header, size: Int, live: [Journal.Key: Live]) {
+        init(file: any StoreFile, header: Journal.Header, size: Int, live: [Journal.Key: Live], reports: [Journal.Report]) {
             self.file = file
             self.header = header
             self.size = size
             allocated = size
             sessions = live
             liveBytes = live.values.reduce(0) { $0 + $1.bytes }
+            self.reports = reports
         }
     }
 
@@ -120,6 +128,16 @@ final class JournalWriter: @unchecked Sendable {
             let old = state.sessions.removeValue(forKey: key)
             state.liveBytes -= old?.bytes ?? 0
             return old?.bytes ?? 0
+        case .reported(_, let message):
+            if let at = state.reports.lastIndex(where: { $0.id == message.report }) {
+                state.reports[at].messages.append(message)
+            } else {
+                state.reports.append(Journal.Report(id: message.report, key: key, owner: message.owner, messages: [message]))
+            }
+            return 0
+        case .reportTaken(_, let report):
+            state.reports.removeAll { $0.id == report }
+            return 0
         default:
             break
         }
@@ -156,7 +174,7 @@ final class JournalWriter: @unchecked Sendable {
             modify(&state.sessions.values[slot]) { $0.snapshot.handled = max($0.snapshot.handled, through) }
         case .connected:
             state.sessions.values[slot].snapshot.everConnected = true
-        case .session, .ended:
+        case .session, .ended, .reported, .reportTaken:
             break
         }
         return 0

@@ -38,6 +38,9 @@ final class SessionJournal: Sendable {
     let restored: [Journal.Key: Journal.Restored]
     /// The order their sessions began in the file (the newest last).
     let restoredOrder: [Journal.Key]
+    /// Reports of undelivered messages an earlier process made and its app never took (it died
+    /// first): the server or client that opened the store makes them again, first.
+    let pendingReports: [Journal.Report]
     /// What opening found and did.
     let opening: Opening
 
@@ -49,7 +52,7 @@ final class SessionJournal: Sendable {
         var cutAt = 0
         /// Complete records among them, behind bytes that never arrived whole (cut with them).
         var droppedRecords = 0
-        /// The file was in an older format version (1 or 2) and was rewritten in ``Journal/version``.
+        /// The file was in an older format version (1, 2 or 3) and was rewritten in ``Journal/version``.
         var migrated = false
         /// The last process wrote in another boot of the machine with process-crash durability
         /// and did not close the store: its boot id (its last records may be lost).
@@ -159,13 +162,16 @@ final class SessionJournal: Sendable {
             }
             restored = sessions
             restoredOrder = opened.order
+            pendingReports = opened.writer.reports
             var state = opened.writer
             if opened.header.version < Journal.version {
                 // Rewritten in this version at once: records of version 1 say nothing of syncs or
                 // epochs; a file of version 2 must not be appended to in version 3's order (a
-                // version-2 reader would drop the messages an epoch change carries over).
+                // version-2 reader would drop the messages an epoch change carries over), nor one of
+                // version 3 with reports in it (a version-3 reader would call them damage).
                 state = try JournalCompaction.rewrite(
-                    path: path, restored: opened.restored, order: opened.order, role: role, identity: identity,
+                    path: path, restored: opened.restored, order: opened.order, reports: opened.writer.reports, role: role,
+                    identity: identity,
                     old: state.file, fileSystem: fileSystem)
                 opening.migrated = true
                 logger.notice(
@@ -283,7 +289,8 @@ final class SessionJournal: Sendable {
             var latest: [Journal.Key: Int] = [:]
             for (offset, key) in order { latest[key] = offset }
             let keys = sessions.keys.sorted { latest[$0, default: 0] < latest[$1, default: 0] }
-            let state = JournalWriter.State(file: file, header: scan.header, size: scan.end, sessions: sessions)
+            let state = JournalWriter.State(
+                file: file, header: scan.header, size: scan.end, sessions: sessions, reports: Journal.reports(scan.records))
             return Opened(header: scan.header, writer: state, restored: sessions, order: keys, opening: opening)
         } catch {
             file.close()
