@@ -285,13 +285,7 @@ import Scheduling
         }
         let first = try await LoopbackServer(configure: configure)
         // A client that opens a session, reads nothing (acknowledges nothing) and is gone.
-        var options = ChannelConfiguration(name: "leaver")
-        options.offersSessions = true
-        let channel = try await MessageChannel.connect(
-            to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)], configuration: options, logger: testLogger())
-        _ = try await channel.openSession(
-            MessageSession(id: MessageSession.makeID(), configuration: SessionConfiguration(), logger: testLogger()),
-            timeout: .seconds(5))
+        let channel = try await Self.leaver(port: port)
         let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
         guard case .accepted(let connection) = accepted else { return }
         for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
@@ -316,6 +310,89 @@ import Scheduling
         let third = try await LoopbackServer(configure: configure)
         #expect(third.server.withState { $0.restored.isEmpty }, "the store forgot it")
         await third.server.stop()
+    }
+
+    /// The server's app had a report of undelivered messages in hand — its loop busy with it, not
+    /// asking for the next event — when the server stopped: the next server on the store makes the
+    /// report again before anything else, with the same messages, on a connection made for it
+    /// (closed, its peer named by the key that opened the session); its store knew the report from
+    /// the file, not from memory.
+    @Test(.timeLimit(.minutes(1))) func aReportTheServersAppDidNotTakeIsMadeAgain() async throws {
+        let store = Self.store("server-report")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.store = store
+            $0.session?.gracePeriod = .seconds(3_600)
+        }
+        let first = try await LoopbackServer(configure: configure)
+        // A client that opens a session, reads nothing (acknowledges nothing) and is gone.
+        let channel = try await Self.leaver(port: port)
+        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        await first.server.stop()
+        channel.abort()
+        // The next server reports them when the grace period passes, and its app never goes on.
+        let clock = ManualScheduler()
+        let busy = Gate()
+        let second = try await LoopbackServer(
+            configure: {
+                configure(&$0)
+                $0.channel.scheduler = clock
+            },
+            handle: { _, event in if case .undelivered = event { try? await busy.pass() } })
+        clock.advance(by: .seconds(3_600))
+        try await second.events.wait("reported") { if case .undelivered = $0 { true } else { false } }
+        await second.server.stop()
+        let third = try await LoopbackServer(configure: configure)
+        let again = try await third.events.wait("reported again") { if case .undelivered = $0 { true } else { false } }
+        guard case .undelivered(let placeholder, let lost) = again else { return }
+        #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3] && lost.allSatisfy(\.wasTransmitted))
+        #expect(placeholder.peer.name.hasPrefix("session") && !placeholder.hasSession)
+        if case .undelivered? = third.events.all.first {} else { Issue.record("the report was not the first event: \(third.events.all)") }
+        #expect(third.server.withState { $0.restored.isEmpty }, "the session itself had ended")
+        await third.server.stop()
+        busy.open()
+    }
+
+    /// A client that opens a session on `port` and reads nothing: it acknowledges nothing.
+    static func leaver(port: UInt16) async throws -> MessageChannel {
+        var options = ChannelConfiguration(name: "leaver")
+        options.offersSessions = true
+        let channel = try await MessageChannel.connect(
+            to: [try SocketAddress(ipAddress: "127.0.0.1", port: port)], configuration: options, logger: testLogger())
+        _ = try await channel.openSession(
+            MessageSession(id: MessageSession.makeID(), configuration: SessionConfiguration(), logger: testLogger()),
+            timeout: .seconds(5))
+        return channel
+    }
+
+    /// A connection the server's app closes ends its session: what the client never acknowledged
+    /// is reported (`.undelivered`), as at every other end of a session — it was dropped silently
+    /// before. (With a store the report is in it too, until taken.)
+    @Test(arguments: [false, true]) func aConnectionTheAppClosesReportsWhatWasNotAcknowledged(stored: Bool) async throws {
+        let store = Self.store("closed-report")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        let harness = try await LoopbackServer(configure: {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            if stored { $0.session?.store = store }
+        })
+        let channel = try await Self.leaver(port: port)
+        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        guard case .accepted(let connection) = accepted else { return }
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        connection.close(reason: "enough")
+        let report = try await harness.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
+        guard case .undelivered(let closed, let lost) = report else { return }
+        let numbers = try lost.map { try $0.decode(Numbered.self).n }
+        #expect(closed == connection && numbers == [1, 2, 3])
+        await harness.server.stop()
+        channel.abort()
     }
 
     /// The store is refused with the file named when another server holds it.

@@ -593,6 +593,10 @@ import Testing
                 let inReports = Set(Journal.reports(kept).flatMap { $0.messages.map(\.payload) })
                 let nowhere = numbers.map { Array("\($0)".utf8) }.filter { !inSession.contains($0) && !inReports.contains($0) }
                 if durably && !nowhere.isEmpty { fail("\(what): the first \(length) of \(batch.count) records keep neither message \(nowhere)") }
+                // Nor both: a message reported as never to be sent again must not be in the session
+                // still (a resume would send it).
+                let both = inSession.intersection(inReports)
+                if !both.isEmpty { fail("\(what): the first \(length) of \(batch.count) records keep \(both.count) messages in both") }
                 if !durably && !inReports.isEmpty { fail("\(what): a report in the store without reportsDurably") }
             }
         }
@@ -611,6 +615,25 @@ import Testing
         let gone = machine.end(MessagingError(.stopped, "bye"), keepStored: false, &ended).lost
         #expect(gone.count == 3 && (machine.takeReport() != nil) == durably)
         check(records, ended.records, 4...6, "the end")
+        // A renewal (the client's session diverged): the report belongs to the old session, applied
+        // with its end — the last record of the change.
+        var renewing = Self.machine(.written)
+        renewing.reportsDurably = durably
+        var renewed = Effects()
+        renewing.begin(everConnected: false, &renewed)
+        _ = renewing.clientOpened(SessionHello(id: Self.id.hex, received: 0, resumed: false), on: Link(), &renewed)
+        renewing.written(.begun(through: 0, epoch: 1), &renewed)
+        var before = renewed.records
+        for n in 7...9 { before += try Self.send(n, &renewing).1.records }
+        var sent = Effects()
+        renewing.written(.messages(through: 3, epoch: 1), &sent)
+        _ = Self.numbers(&renewing)
+        var diverged = Effects()
+        guard case .success(.diverged) = renewing.clientOpened(
+            SessionHello(id: Self.id.hex, received: 5, resumed: true, epoch: Journal.Key.random().hex, sent: 0), on: Link(), &diverged)
+        else { return fail("not renewed") }
+        if durably, case .reported(let key, _)? = diverged.records.first { #expect(key == Self.id, "the old session's") }
+        check(before, diverged.records, 7...9, "a renewal")
     }
 
     @Test func aServerAnswersResumesAndStartsAnewOnACountItCannotHaveSent() throws {

@@ -555,20 +555,22 @@ import ProtocolCore
     }
 
     /// A report of undelivered messages (``Journal/Record/reported(_:_:)``) stays in the store
-    /// until it is taken — after its session ended, and through compactions of the file — and a
-    /// report taken is gone; the next opening finds the ones not taken, in the order they were made,
-    /// each message whole.
+    /// until it is taken — after its session ended, and through compactions of the file, also a
+    /// report made or taken while a compaction copies in the background — and a report taken is
+    /// gone; one written with the records that drop its messages (staged) applies only once its
+    /// session's *ended* (or *session*) record follows. The next opening finds the ones not taken,
+    /// in the order they were made, each message whole.
     @Test func aReportStaysUntilTakenThroughCompactions() throws {
         let directory = Self.directory("reports")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         func open() throws -> SessionJournal {
             try SessionJournal(SessionStore(directory: directory), role: .server, identity: "plaintext", logger: testLogger(), compactionFloor: 4096)
         }
-        func reported(_ report: UInt64, _ number: UInt64, transmitted: Bool = true) -> Journal.Record {
+        func reported(_ report: UInt64, _ number: UInt64, key: Journal.Key = Self.key, staged: Bool = true, transmitted: Bool = true) -> Journal.Record {
             .reported(
-                Self.key,
+                key,
                 Journal.Reported(
-                    report: report, owner: "owner", number: number, transmitted: transmitted, codecID: 1, typeID: "t",
+                    report: report, owner: "owner", staged: staged, number: number, transmitted: transmitted, codecID: 1, typeID: "t",
                     payload: Array("{\"n\":\(number)}".utf8)))
         }
         let journal = try open()
@@ -576,24 +578,32 @@ import ProtocolCore
         try journal.append(reported(7, 1), reported(7, 2))
         try journal.append(reported(9, 3, transmitted: false), .ended(Self.key))
         try journal.append(.reportTaken(Self.key, report: 7))
-        // Another session's traffic, released as it goes: the file is compacted again and again.
+        // Another session's traffic, released as it goes: the file is compacted again and again;
+        // a report of its own every 100 messages, the one before it taken.
         let other = Journal.Key(high: 5, low: 5)
         try journal.append(.session(Journal.Snapshot(key: other, positionID: Self.position)))
         for number in UInt64(1)...2_000 {
             try journal.append(
                 .message(other, epoch: 0, number: number, codecID: 0, typeID: "m", payload: [UInt8](repeating: 1, count: 100)),
                 .released(other, epoch: 0, through: number))
+            if number % 100 == 0 {
+                try journal.append(reported(1_000 + number, number, key: other, staged: false))
+                if number > 100 { try journal.append(.reportTaken(other, report: 1_000 + number - 100)) }
+            }
         }
         #expect(journal.compactionCount > 3)
+        // Staged, and its session's end never written (a crash took it): the message is in its
+        // session still, so the report must not apply.
+        try journal.append(reported(13, 2_001, key: other))
         journal.close()
         let again = try open()
-        #expect(again.pendingReports.map(\.id) == [9])
+        #expect(again.pendingReports.map(\.id) == [9, 3_000])
         let report = try #require(again.pendingReports.first)
         #expect(report.key == Self.key && report.owner == "owner")
         #expect(report.messages.map(\.number) == [3] && report.messages.map(\.transmitted) == [false])
         #expect(report.messages.first?.payload == Array("{\"n\":3}".utf8) && report.messages.first?.typeID == "t")
         #expect(again.restored[Self.key] == nil, "the session itself ended")
-        try again.append(.reportTaken(Self.key, report: 9))
+        try again.append(.reportTaken(Self.key, report: 9), .reportTaken(other, report: 3_000))
         again.close()
         let third = try open()
         #expect(third.pendingReports.isEmpty)

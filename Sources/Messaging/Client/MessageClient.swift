@@ -104,13 +104,12 @@ public final class MessageClient: Sendable {
         let (session, leftover) = try makeSession(configuration, logger: logger)
         let client = MessageClient(target: target, configuration: configuration, logger: logger, session: session)
         // Reports an earlier process made and its app never took (it died first): made again,
-        // first, one event each as they were made. (With `.onArrival`, which keeps no report, one
-        // left by an earlier configuration is made once more and taken at once.)
+        // first, one event each as they were made (also with `.onArrival`, which keeps no report of
+        // its own: one an earlier configuration left), taken when the events loop goes on.
         for report in session?.store?.reportsToMakeAgain() ?? [] {
             logger.notice(
                 "session store: \(report.count) messages reported undelivered before the restart, and not taken by the app then, are reported again")
             client.queue.push(.undelivered(report))
-            if configuration.session?.acknowledgement == .onArrival { report.first?.report?.taken() }
         }
         // The store's other sessions (a client keeps one): ended, what they kept reported first.
         if !leftover.isEmpty { client.queue.push(.undelivered(leftover)) }

@@ -21,7 +21,7 @@ extension MessageServer {
             throw MessagingError(.sessionStoreUnusable, "cannot start the server: \(error.message)", underlying: error)
         }
         withState { $0.opened(journal) }
-        reportAgain(journal, takenAtOnce: options.acknowledgement == .onArrival)
+        reportAgain(journal)
         if !journal.restored.isEmpty {
             let messages = journal.restored.values.reduce(0) { $0 + $1.messages.count }
             logger.info(
@@ -33,11 +33,11 @@ extension MessageServer {
 
     /// Reports of undelivered messages an earlier process made and its app never took (it died
     /// first): made again, first, each on a connection made for the report (closed; its peer named
-    /// by the key that opened the session), as ``expireRestored()`` does. Taken like any report:
-    /// when the events loop asks for the next event — or at once (`takenAtOnce`: with
-    /// ``SessionAcknowledgement/onArrival``, which keeps no report, one an earlier configuration
-    /// left is made once more).
-    func reportAgain(_ journal: SessionJournal, takenAtOnce: Bool) {
+    /// by the key that opened the session; no other event names it), as ``expireRestored()`` does.
+    /// Taken like any report: when the events loop asks for the next event (also with
+    /// ``SessionAcknowledgement/onArrival``, which keeps no report of its own: one an earlier
+    /// configuration left).
+    func reportAgain(_ journal: SessionJournal) {
         for (report, messages) in zip(journal.pendingReports, journal.reportsToMakeAgain()) {
             let channel = MessageChannel.closedPlaceholder(
                 peerName: report.owner.map { "session of " + (Fingerprint($0)?.short ?? $0) } ?? "session",
@@ -47,7 +47,6 @@ extension MessageServer {
             logger.notice(
                 "session store: \(messages.count) messages of session \(report.key), reported undelivered before the restart and not taken by the app then, are reported again")
             queue.push(.undelivered(connection, messages))
-            if takenAtOnce { messages.first?.report?.taken() }
         }
     }
 

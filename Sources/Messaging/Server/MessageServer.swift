@@ -390,7 +390,8 @@ func sendWithDeadline(
     let timer = channel.configuration.scheduler.schedule(after: timeout, on: channel.queue) {
         guard outcome.expire() else { return }  // the send finished first
         if let session = connection.session {
-            _ = session.end(MessagingError(.peerTooSlow, "\(connection) did not acknowledge messages for \(timeout)"))
+            let lost = session.end(MessagingError(.peerTooSlow, "\(connection) did not acknowledge messages for \(timeout)"))
+            if !lost.isEmpty { connection.events.push(.undelivered(connection, lost)) }
         }
         channel.abort()
     }

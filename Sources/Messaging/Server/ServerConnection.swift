@@ -106,9 +106,13 @@ public final class ServerConnection: Sendable, Hashable, CustomStringConvertible
         try await channel.reply(to: message, error: error)
     }
 
-    /// Closes gracefully (queued messages are flushed first); ends its message session.
+    /// Closes gracefully (queued messages are flushed first); ends its message session: what it
+    /// sent and the client never acknowledged is reported (``ServerEvent/undelivered(_:_:)``).
     public func close(reason: String = "closed by server") {
-        if let session { _ = session.end(MessagingError(.stopped, "the server closed the connection: \(reason)")) }
+        if let session {
+            let lost = session.end(MessagingError(.stopped, "the server closed the connection: \(reason)"))
+            if !lost.isEmpty { events.push(.undelivered(self, lost)) }
+        }
         channel.close(reason: reason)
     }
 

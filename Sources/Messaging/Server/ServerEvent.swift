@@ -26,10 +26,11 @@ public enum ServerEvent: Sendable, CustomStringConvertible {
     /// had not received were sent again.
     case resumed(ServerConnection, resent: Int)
     /// Messages sent to this connection's session that the client never acknowledged, reported when
-    /// the session ends without them (the client did not come back, or the server stops) or starts
-    /// anew. With a ``SessionStore`` the report stays in the store until the events loop asks for
-    /// the next event; a server that died before reports it again when it starts, first, on a
-    /// connection made for the report (closed; its peer named by the key that opened the session).
+    /// the session ends without them (the client did not come back, the app closed the connection,
+    /// the client did not read) or starts anew. With a ``SessionStore`` the report stays in the
+    /// store until the events loop asks for the next event; a server that stopped or died before
+    /// reports it again when it starts, first, on a connection made for the report (its channel
+    /// closed, its peer named by the key that opened the session; no other event names it).
     case undelivered(ServerConnection, [UndeliveredMessage])
     /// A connection was refused (connection limit, busy, failed hello or handshake), with the
     /// reason. At most 100 a second are reported, and none while the event queue is full (a flood

@@ -220,7 +220,7 @@ extension SessionMachine {
             // found by the session simulation, seed 318: the snapshot first, a torn tail lost three
             // messages whose `send` had returned). Written before any of them goes. Before them
             // all, the report of what the new epoch drops (it stays until the app took it).
-            recordReport(lost, &effects)
+            recordReport(lost, key: old ?? id, &effects)
             for entry in kept {
                 effects.records.append(
                     .message(
@@ -300,7 +300,7 @@ extension SessionMachine {
         failTickets(with: reason, &effects)
         let kept = outbox.removeAll()
         if stored && !keepStored {
-            recordReport(kept, &effects)  // (before the end that drops them)
+            recordReport(kept, key: id, &effects)  // (before the end that drops them)
             effects.records.append(.ended(id))
         }
         return (keepStored && stored ? [] : kept, ack)

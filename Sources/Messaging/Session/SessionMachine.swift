@@ -232,16 +232,19 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
 
     /// With a store and ``reportsDurably``: `lost` (about to be reported undelivered) go into the
     /// store as one report, ahead of the records that drop them (the epoch's new snapshot, the
-    /// session's end) — no crash can take the messages from the store and leave no report.
-    mutating func recordReport(_ lost: [SessionOutbox<Frame>.Entry], _ effects: inout Effects) {
+    /// session's end) and staged (``Journal/Reported/staged``): applied only with them, so no crash
+    /// can take the messages from the store and leave no report, nor leave them in both (then the
+    /// session would send again what the app was told it never would). `key`: the session they were
+    /// sent in (a renewal's old one: its *ended* applies the report).
+    mutating func recordReport(_ lost: [SessionOutbox<Frame>.Entry], key: Journal.Key, _ effects: inout Effects) {
         guard stored, reportsDurably, !lost.isEmpty else { return }
         let report = UInt64.random(in: 1...UInt64.max)
         for entry in lost {
             effects.records.append(
                 .reported(
-                    id,
+                    key,
                     Journal.Reported(
-                        report: report, owner: owner, number: entry.number, transmitted: entry.transmitted,
+                        report: report, owner: owner, staged: true, number: entry.number, transmitted: entry.transmitted,
                         codecID: entry.item.codecID, typeID: entry.item.typeID, payload: entry.item.payload)))
         }
         lastReport = report

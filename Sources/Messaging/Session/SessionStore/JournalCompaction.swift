@@ -374,7 +374,7 @@ extension SessionJournal {
         writer.state.allocated = job.size
         writer.state.allocateAgainAt = 0
         if !writer.fixedFloor { writer.floor = Self.compactionFloor(fileSystem.freeSpace(at: directory)) }
-        writer.compactAt = max(writer.floor, 2 * (writer.state.liveBytes + 256 * writer.state.sessions.count))
+        writer.compactAt = max(writer.floor, 2 * (writer.state.keptBytes + 256 * writer.state.sessions.count))
         shared.withLock { state in
             state.file = job.file!
             state.generation += 1

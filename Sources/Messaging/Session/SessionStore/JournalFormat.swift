@@ -133,6 +133,11 @@ enum Journal {
         var report: UInt64
         /// The key of the session's peer, as the session's snapshot names it (a server's), if any.
         var owner: String?
+        /// Written with the records that drop the message (a session's): it applies only when the
+        /// session's next *session* or *ended* record follows in the file, as carried messages do
+        /// (``Journal/Staged``) — a crash that keeps the report without them leaves the message in
+        /// its session, not in both. A compaction writes reports that apply on their own.
+        var staged = false
         var number: UInt64
         var transmitted: Bool
         var codecID: UInt8
@@ -218,7 +223,7 @@ enum Journal {
                 break
             case .reported(_, let reported):
                 bytes.appendInteger(reported.report)
-                bytes.append((reported.transmitted ? 1 : 0) | (reported.owner != nil ? 2 : 0))
+                bytes.append((reported.transmitted ? 1 : 0) | (reported.owner != nil ? 2 : 0) | (reported.staged ? 4 : 0))
                 let owner = Array((reported.owner ?? "").utf8.prefix(255))
                 bytes.append(UInt8(owner.count))
                 bytes += owner
@@ -296,7 +301,7 @@ enum Journal {
             case .ended:
                 record = .ended(id)
             case .reported:
-                guard let report = reader.integer(UInt64.self), report != 0, let flags = reader.byte(), flags <= 3,
+                guard epoch == 0, let report = reader.integer(UInt64.self), report != 0, let flags = reader.byte(), flags <= 7,
                     let ownerLength = reader.byte(), let owner = reader.bytes(Int(ownerLength)),
                     flags & 2 != 0 || ownerLength == 0, let number = reader.integer(UInt64.self), let codec = reader.byte(),
                     let typeLength = reader.integer(UInt16.self), let type = reader.bytes(Int(typeLength))
@@ -306,10 +311,11 @@ enum Journal {
                 record = .reported(
                     id,
                     Reported(
-                        report: report, owner: flags & 2 != 0 ? String(decoding: owner, as: UTF8.self) : nil, number: number,
-                        transmitted: flags & 1 != 0, codecID: codec, typeID: typeID, payload: reader.rest()))
+                        report: report, owner: flags & 2 != 0 ? String(decoding: owner, as: UTF8.self) : nil,
+                        staged: flags & 4 != 0, number: number, transmitted: flags & 1 != 0, codecID: codec, typeID: typeID,
+                        payload: reader.rest()))
             case .reportTaken:
-                guard let report = reader.integer(UInt64.self) else { return nil }
+                guard epoch == 0, let report = reader.integer(UInt64.self), report != 0 else { return nil }
                 record = .reportTaken(id, report: report)
             }
             return kind == .message || kind == .reported || reader.isAtEnd ? record : nil

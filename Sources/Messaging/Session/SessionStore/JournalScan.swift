@@ -161,6 +161,11 @@ extension Journal {
         guard let record = header.version == 1 ? Record.decodeVersion1(body) : Record.decode(body) else {
             return .invalid("its checksum matches but its content does not parse")
         }
+        switch record {
+        case .reported, .reportTaken:
+            guard header.version >= 4 else { return .invalid("a record of format 4 in a file of format \(header.version)") }
+        default: break
+        }
         return .record(record, size: headerSize + length, synced: synced)
     }
 
@@ -339,30 +344,63 @@ extension Journal {
         var key: Key
         var owner: String?
         var messages: [Reported]
+        /// About the bytes of its records.
+        var bytes: Int { messages.reduce(0) { $0 + 64 + $1.payload.count + $1.typeID.utf8.count + ($1.owner?.utf8.count ?? 0) } }
     }
 
-    /// The reports in `records` not taken, in the order they were made. A report's records apply
-    /// on their own, whatever became of their session; a `reportTaken` of a report not in the
-    /// file (taken before a compaction) applies to nothing.
+    /// The reports in `records` not taken, in the order they were made. A report written with the
+    /// records that drop its messages (``Reported/staged``) applies once its session's next
+    /// *session* or *ended* record follows, and never when the file ends first (a crash kept the
+    /// report and not them: the messages are in their session still); then, or one a compaction
+    /// wrote, whatever becomes of the session. A `reportTaken` of a report not in the file (taken
+    /// before a compaction) applies to nothing.
     static func reports(_ records: [(record: Record, offset: Int, length: Int)]) -> [Report] {
-        var reports: [Report] = []
-        var index: [UInt64: Int] = [:]
-        var taken: Set<UInt64> = []
-        for (record, _, _) in records {
+        var reports = Reports()
+        for (record, _, _) in records { reports.apply(record) }
+        return reports.pending
+    }
+
+    /// The reports of undelivered messages a file's records leave, record by record (``reports(_:)``,
+    /// and the writer's index of them).
+    struct Reports: Sendable {
+        /// Those that apply and were not taken, oldest first.
+        private(set) var pending: [Report] = []
+        /// Messages of reports waiting for their session's next *session* or *ended* record.
+        private var staged: [Key: [Reported]] = [:]
+
+        /// Bytes of their messages, about (what a compaction copies of them).
+        var bytes: Int { pending.reduce(0) { $0 + $1.bytes } }
+
+        init(_ pending: [Report] = []) { self.pending = pending }
+
+        mutating func apply(_ record: Record) {
             switch record {
             case .reported(let key, let message):
-                if let at = index[message.report] {
-                    reports[at].messages.append(message)
-                } else {
-                    index[message.report] = reports.count
-                    reports.append(Report(id: message.report, key: key, owner: message.owner, messages: [message]))
-                }
+                if message.staged { staged[key, default: []].append(message) } else { add(key, message) }
+            case .session(let snapshot):
+                commit(snapshot.key)
+            case .ended(let key):
+                commit(key)
             case .reportTaken(_, let report):
-                taken.insert(report)
+                pending.removeAll { $0.id == report }
             default:
                 break
             }
         }
-        return reports.filter { !taken.contains($0.id) }
+
+        private mutating func commit(_ key: Key) {
+            guard let messages = staged.removeValue(forKey: key) else { return }
+            for message in messages { add(key, message) }
+        }
+
+        private mutating func add(_ key: Key, _ message: Reported) {
+            var message = message
+            message.staged = false
+            if let at = pending.lastIndex(where: { $0.id == message.report }) {
+                pending[at].messages.append(message)
+            } else {
+                pending.append(Report(id: message.report, key: key, owner: message.owner, messages: [message]))
+            }
+        }
     }
 }

@@ -60,7 +60,10 @@ final class JournalWriter: @unchecked Sendable {
         /// Reports of undelivered messages the app has not taken (``Journal/Record/reported(_:_:)``),
         /// oldest first: a compaction writes them into its new file. (Rare and short-lived: the
         /// app takes a report when its events loop goes on.)
-        var reports: [Journal.Report]
+        var reportIndex: Journal.Reports
+        var reports: [Journal.Report] { reportIndex.pending }
+        /// What compaction weighs: kept messages and the reports not taken.
+        var keptBytes: Int { liveBytes + reportIndex.bytes }
 
         init(
             file: any StoreFile, header: Journal.Header, size: Int, sessions: [Journal.Key: Journal.Restored],
@@ -76,7 +79,7 @@ final class JournalWriter: @unchecked Sendable {
             allocated = size
             sessions = live
             liveBytes = live.values.reduce(0) { $0 + $1.bytes }
-            self.reports = reports
+            reportIndex = Journal.Reports(reports)
         }
     }
 
@@ -102,12 +105,13 @@ final class JournalWriter: @unchecked Sendable {
         self.state = state
         self.floor = floor
         fixedFloor = fixed
-        compactAt = max(floor, 2 * (state.liveBytes + 256 * state.sessions.count))
+        compactAt = max(floor, 2 * (state.keptBytes + 256 * state.sessions.count))
     }
 
     /// Updates the index for a record written at `offset`. Returns the kept bytes it freed.
     func index(_ record: Journal.Record, offset: Int, length: Int) -> Int {
         let key = record.key
+        if case .message = record {} else { state.reportIndex.apply(record) }  // (reports: ``Journal/Reports``)
         switch record {
         case .session(let snapshot):
             var live = Live(snapshot: snapshot)
@@ -128,15 +132,7 @@ final class JournalWriter: @unchecked Sendable {
             let old = state.sessions.removeValue(forKey: key)
             state.liveBytes -= old?.bytes ?? 0
             return old?.bytes ?? 0
-        case .reported(_, let message):
-            if let at = state.reports.lastIndex(where: { $0.id == message.report }) {
-                state.reports[at].messages.append(message)
-            } else {
-                state.reports.append(Journal.Report(id: message.report, key: key, owner: message.owner, messages: [message]))
-            }
-            return 0
-        case .reportTaken(_, let report):
-            state.reports.removeAll { $0.id == report }
+        case .reported, .reportTaken:
             return 0
         default:
             break
