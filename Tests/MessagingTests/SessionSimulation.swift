@@ -38,7 +38,10 @@ final class SimulatedLink: SessionLink {
 /// message, also after a store lost records); each app's log holds each peer's messages in the
 /// order they were sent, each once (the server's: each client's in its order); ACKs never claim
 /// more than was sent; every inbox counts in order (acknowledged ≤ stored ≤ handled ≤ delivered); a
-/// store always opens again. At the end (the faults stop, every client connects and everything in
+/// store always opens again; a message once reported undelivered never goes on the wire again, in
+/// any later process. A report is the app's only once it took it (``takeReport(_:)``, as its
+/// events loop going on): one made and not taken is lost with the process, and the store must
+/// make it again (``Side/reportsToTake``). At the end (the faults stop, every client connects and everything in
 /// flight settles): each client's session and the server's of its id on that client's connection,
 /// nothing left unacknowledged in them, and — once the server's other sessions ended with their
 /// grace period — every message whose `send` returned is in its receiver's log or was reported
@@ -92,6 +95,9 @@ final class SessionSimulation {
         /// Reports made to the app and not taken yet (lost with the process): its session, the
         /// report's id in the store, the messages.
         var reportsToTake: [(key: Journal.Key, id: UInt64, payloads: [Int])] = []
+        /// Every message the library ever reported undelivered to this side's app, in any process
+        /// (the library's promise: never sent again).
+        var everReported: Set<Int> = []
         var mayLose: Set<Int> = []
         /// Payloads admitted and waiting for their `send` to return (lost with the process).
         var waiting: Set<Int> = []
@@ -518,6 +524,12 @@ final class SessionSimulation {
         var batch: [Machine.Outgoing] = []
         let (driver, epoch, _) = side.sessions[key]!.takeOutgoing(&batch)
         guard !batch.isEmpty else { return }
+        for item in batch where item.number != nil {
+            let sent = Int(String(decoding: item.frame.payload, as: UTF8.self)) ?? -1
+            if side.everReported.contains(sent) {
+                fail("\(side.name): \(sent % 1_000_000) goes on the wire again after it was reported undelivered")
+            }
+        }
         if let connection = connections.values.first(where: { driver === $0.link.sessionDriver }) {
             for item in batch { push(item.frame, from: side, on: connection.link) }
         } else if side === server, stale.contains(where: { driver === $0.connection.link.sessionDriver }) {
@@ -879,6 +891,7 @@ final class SessionSimulation {
         guard let id else { return fail("\(side.name): \(lost.count) messages reported undelivered, and no report in the store") }
         count("reports made")
         side.reportsToTake.append((key, id, lost.map(payload)))
+        side.everReported.formUnion(lost.map(payload))
     }
 
     /// The app takes the first report made to it: writes its messages down (its own durable log),
