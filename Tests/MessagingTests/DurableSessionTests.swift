@@ -276,21 +276,7 @@ import Scheduling
     @Test func aRestoredSessionWhoseClientNeverComesBackIsReported() async throws {
         let store = Self.store("expiry")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
-        let port = try freePort()
-        let configure: @Sendable (inout ServerConfiguration) -> Void = {
-            $0.listener.port = port
-            $0.listener.families = [.ipv4]
-            $0.session?.store = store
-            $0.session?.gracePeriod = .seconds(3_600)
-        }
-        let first = try await LoopbackServer(configure: configure)
-        // A client that opens a session, reads nothing (acknowledges nothing) and is gone.
-        let channel = try await Self.leaver(port: port)
-        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
-        guard case .accepted(let connection) = accepted else { return }
-        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
-        await first.server.stop()
-        channel.abort()
+        let configure = try await Self.leftByAClient(store)
 
         let clock = ManualScheduler()
         let second = try await LoopbackServer(configure: {
@@ -320,21 +306,7 @@ import Scheduling
     @Test(.timeLimit(.minutes(1))) func aReportTheServersAppDidNotTakeIsMadeAgain() async throws {
         let store = Self.store("server-report")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
-        let port = try freePort()
-        let configure: @Sendable (inout ServerConfiguration) -> Void = {
-            $0.listener.port = port
-            $0.listener.families = [.ipv4]
-            $0.session?.store = store
-            $0.session?.gracePeriod = .seconds(3_600)
-        }
-        let first = try await LoopbackServer(configure: configure)
-        // A client that opens a session, reads nothing (acknowledges nothing) and is gone.
-        let channel = try await Self.leaver(port: port)
-        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
-        guard case .accepted(let connection) = accepted else { return }
-        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
-        await first.server.stop()
-        channel.abort()
+        let configure = try await Self.leftByAClient(store)
         // The next server reports them when the grace period passes, and its app never goes on.
         let clock = ManualScheduler()
         let busy = Gate()
@@ -356,6 +328,27 @@ import Scheduling
         #expect(third.server.withState { $0.restored.isEmpty }, "the session itself had ended")
         await third.server.stop()
         busy.open()
+    }
+
+    /// A server on `store` (IPv4, a free port, a grace period of an hour) that sent 1…3 in the
+    /// session of a client that read nothing and is gone, and stopped: its configuration, for the
+    /// next server on the store.
+    static func leftByAClient(_ store: SessionStore) async throws -> @Sendable (inout ServerConfiguration) -> Void {
+        let port = try freePort()
+        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.store = store
+            $0.session?.gracePeriod = .seconds(3_600)
+        }
+        let first = try await LoopbackServer(configure: configure)
+        let channel = try await leaver(port: port)
+        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        let connection = try #require({ if case .accepted(let connection) = accepted { connection } else { nil } }())
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        await first.server.stop()
+        channel.abort()
+        return configure
     }
 
     /// A client that opens a session on `port` and reads nothing: it acknowledges nothing.
