@@ -198,9 +198,16 @@ import Testing
             clock.schedule(after: .milliseconds(20)) { continuation.resume(returning: clock.now) }
         }
         #expect(ranAt - start >= 20_000_000)
+        // Cancelled before its time; its queue held until then, so that the cancel never races the
+        // work (with 1 ms to go and the queue free, a loaded machine — the TSan stage beside a CI
+        // run — let it run first, once in 3 runs of the flake check). Its timer still fires,
+        // after the cancel, and must run nothing: the later work on the same queue comes after it.
+        let queue = DispatchQueue(label: "held until the cancel")
+        queue.suspend()
         let cancelledWork = Locked(false)
-        clock.schedule(after: .milliseconds(1)) { cancelledWork.withLock { $0 = true } }.cancel()
-        await withCheckedContinuation { continuation in clock.schedule(after: .milliseconds(5)) { continuation.resume() } }
+        clock.schedule(after: .milliseconds(1), on: queue) { cancelledWork.withLock { $0 = true } }.cancel()
+        queue.resume()
+        await withCheckedContinuation { continuation in clock.schedule(after: .milliseconds(5), on: queue) { continuation.resume() } }
         #expect(!cancelledWork.withLock { $0 }, "a cancelled work ran")
         let sleeper = Task { await clock.sleep(for: .seconds(3_600)) }
         sleeper.cancel()
