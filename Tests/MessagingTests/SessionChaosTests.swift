@@ -178,8 +178,14 @@ import Testing
             counts.undelivered += down.undelivered
         }
         let what = phase.truncate ? "reported undelivered (and sent again)" : "undelivered"
+        // Reports a killed side's app had not taken, made again by its next process (the library's
+        // notice in each side's program.log).
+        let again = [root + "/server", root + "/client"].reduce(0) { total, side in
+            total + (((try? String(contentsOfFile: side + "/program.log", encoding: .utf8)) ?? "").components(separatedBy: "are reported again").count - 1)
+        }
         print(
-            "MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), \(what) \(counts.undelivered);"
+            "MEASURED session chaos \(report); lost \(counts.lost), duplicated \(counts.duplicated), \(what) \(counts.undelivered)"
+                + " (\(again) reports made again after a restart);"
                 + " drained in \(String(format: "%.1f", Double(drained.components.seconds) + Double(drained.components.attoseconds) / 1e18)) s")
     }
 

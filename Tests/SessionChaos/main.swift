@@ -173,7 +173,9 @@ let logger = {
     var logger = Logger(label: "session-chaos-\(options.role)") {
         MultiplexLogHandler([StreamLogHandler.standardError(label: $0), FileLogHandler(file: programLog)])
     }
-    logger.logLevel = ProcessInfo.processInfo.environment["CHAOS_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .warning
+    // (Notices by default: the library says so when it makes a report again after a restart,
+    // which the test counts.)
+    logger.logLevel = ProcessInfo.processInfo.environment["CHAOS_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .notice
     return logger
 }()
 let received = LogFile(options.directory + "/received.log")
