@@ -283,19 +283,17 @@ struct SentEntry {
     /// The session's `sent` count then: the value's number in that epoch (`UInt64.max`: the epoch
     /// changed while it was sent, so its number is unknown).
     var number: UInt64
-    /// What the peer had acknowledged of that epoch then.
-    var acknowledged: UInt64
 }
 
 func readSentEntries() -> [SentEntry] {
     sent.lines.compactMap { line in
         if line.hasPrefix("# start") { return nil }
         let fields = line.split(separator: " ")
-        guard fields.count == 5, let value = Int(fields[0]), let epoch = UInt64(fields[2]), let acknowledged = UInt64(fields[4]) else {
+        guard fields.count == 5, let value = Int(fields[0]), let epoch = UInt64(fields[2]) else {
             return nil
         }
         return SentEntry(
-            value: value, session: fields[1], epoch: epoch, number: UInt64(fields[3]) ?? .max, acknowledged: acknowledged)
+            value: value, session: fields[1], epoch: epoch, number: UInt64(fields[3]) ?? .max)
     }
 }
 

@@ -106,10 +106,10 @@ public final class MessageClient: Sendable {
         // Reports an earlier process made and its app never took (it died first): made again,
         // first, one event each as they were made (also with `.onArrival`, which keeps no report of
         // its own: one an earlier configuration left), taken when the events loop goes on.
-        for report in session?.store?.reportsToMakeAgain() ?? [] {
+        for (_, messages) in session?.store?.reportsToMakeAgain() ?? [] {
             logger.notice(
-                "session store: \(report.count) messages reported undelivered before the restart, and not taken by the app then, are reported again")
-            client.queue.push(.undelivered(report))
+                "session store: \(messages.count) messages reported undelivered before the restart, and not taken by the app then, are reported again")
+            client.queue.push(.undelivered(messages))
         }
         // The store's other sessions (a client keeps one): ended, what they kept reported first.
         if !leftover.isEmpty { client.queue.push(.undelivered(leftover)) }

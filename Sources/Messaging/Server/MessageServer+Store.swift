@@ -38,16 +38,21 @@ extension MessageServer {
     /// ``SessionAcknowledgement/onArrival``, which keeps no report of its own: one an earlier
     /// configuration left).
     func reportAgain(_ journal: SessionJournal) {
-        for (report, messages) in zip(journal.pendingReports, journal.reportsToMakeAgain()) {
-            let channel = MessageChannel.closedPlaceholder(
-                peerName: report.owner.map { "session of " + (Fingerprint($0)?.short ?? $0) } ?? "session",
-                configuration: acceptedChannel, logger: logger)
+        for (report, messages) in journal.reportsToMakeAgain() {
             let id = withState { $0.registry.makeID() }
-            let connection = ServerConnection(id: id, channel: channel, events: queue, server: nil)
+            let connection = ServerConnection(id: id, channel: reportChannel(owner: report.owner), events: queue, server: nil)
             logger.notice(
                 "session store: \(messages.count) messages of session \(report.key), reported undelivered before the restart and not taken by the app then, are reported again")
             queue.push(.undelivered(connection, messages))
         }
+    }
+
+    /// The channel of a connection made for a report of a session whose client is not connected:
+    /// closed from the start, its peer known only by the key that opened the session.
+    private func reportChannel(owner: String?) -> MessageChannel {
+        MessageChannel.closedPlaceholder(
+            peerName: owner.map { "session of " + (Fingerprint($0)?.short ?? $0) } ?? "session",
+            configuration: acceptedChannel, logger: logger)
     }
 
     /// Closes the store (its lock is released: a new server may open it).
@@ -63,11 +68,7 @@ extension MessageServer {
         guard let journal, !expired.isEmpty else { return }
         logger.notice("session store: \(expired.count) sessions from before the restart were not resumed within the grace period; they end")
         for restored in expired {
-            // A connection made for the report: its channel is closed from the start (the client
-            // never came back), its peer known only by the key that opened the session.
-            let channel = MessageChannel.closedPlaceholder(
-                peerName: restored.snapshot.owner.map { "session of " + (Fingerprint($0)?.short ?? $0) } ?? "session",
-                configuration: acceptedChannel, logger: logger)
+            let channel = reportChannel(owner: restored.snapshot.owner)
             let session = MessageSession(
                 restoring: restored, configuration: configuration.session ?? SessionConfiguration(), logger: logger,
                 serving: channel, store: journal)

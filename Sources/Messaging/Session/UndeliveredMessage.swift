@@ -66,14 +66,17 @@ final class ReportToken: Sendable {
 extension SessionJournal {
     /// The reports an earlier process made and its app never took, each with its way back here:
     /// made again, first, by the server or client that opened the store.
-    func reportsToMakeAgain() -> [[UndeliveredMessage]] {
+    func reportsToMakeAgain() -> [(report: Journal.Report, messages: [UndeliveredMessage])] {
         pendingReports.map { report in
             let token = ReportToken(store: self, key: report.key, id: report.id)
-            return report.messages.map {
-                UndeliveredMessage(
-                    number: $0.number, typeID: $0.typeID, codecID: $0.codecID, payload: $0.payload,
-                    wasTransmitted: $0.transmitted, report: token)
-            }
+            return (
+                report,
+                report.messages.map {
+                    UndeliveredMessage(
+                        number: $0.number, typeID: $0.typeID, codecID: $0.codecID, payload: $0.payload,
+                        wasTransmitted: $0.transmitted, report: token)
+                }
+            )
         }
     }
 }
