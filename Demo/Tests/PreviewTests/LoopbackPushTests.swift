@@ -4,6 +4,7 @@ import Messaging
 import PreviewKit
 import Scheduling
 import Locks
+import DemoTestWaits
 import Testing
 
 /// The push protocol end to end over loopback TCP, in process (no discovery, no harness).
@@ -123,10 +124,9 @@ import Testing
         let file = try source.write("slow.bin", pattern(4 << 20))
         // 1 MiB/s: still in flight when the service aborts it.
         let push = Task { try await pusher.push(path: file, chunkSize: 64 * 1024, bytesPerSecond: 1 << 20) }
-        let deadline = ContinuousClock.now + .seconds(10)
-        while service.inFlightCount == 0 || !directory.entries.contains(where: FileName.isTempFile) {
-            guard ContinuousClock.now < deadline else { throw TestError("the push did not start") }
-            try await Task.sleep(for: .milliseconds(10))
+        // (the service tells no one of its partial files: the tests' one poll)
+        try await waitUntil("the push started (a transfer in flight and its partial file)", timeout: .seconds(10)) {
+            service.inFlightCount > 0 && directory.entries.contains(where: FileName.isTempFile)
         }
         service.beginDraining()
         let other = try source.write("late.txt", [1, 2, 3])
@@ -171,7 +171,7 @@ final class ProgressLog: Sendable {
         let stream = try await channel.startTransfer(type: PreviewProtocol.TypeID.file, totalSize: 5, metadata: ["name": "sneaky.txt"])
         try await stream.send(Array("hello".utf8))
         try await stream.finish()
-        let result = try #require(await withTimeout(.seconds(5)) { await results.value } ?? nil)
+        let result = try #require(try await value(of: results, "the service's answer", within: .seconds(5)))
         #expect(result.failure?.code == PreviewFailure.badRequest)
         #expect(result.failure?.message.contains("offer the file first") == true, "\(String(describing: result.failure))")
         #expect(directory.entries.isEmpty)
@@ -197,19 +197,5 @@ final class ProgressLog: Sendable {
         // Ordinary non-ASCII names stay as they are.
         #expect((try? FileName.validate("Überweisung – März.pdf")) != nil)
         #expect(FileName.printable("Überweisung – März.pdf") == "Überweisung – März.pdf")
-    }
-}
-
-/// `body`'s result, or nil after `timeout`.
-func withTimeout<T: Sendable>(_ timeout: Duration, _ body: @escaping @Sendable () async -> T) async -> T? {
-    await withTaskGroup(of: T?.self) { group in
-        group.addTask { await body() }
-        group.addTask {
-            try? await Task.sleep(for: timeout)
-            return nil
-        }
-        let first = await group.next() ?? nil
-        group.cancelAll()
-        return first
     }
 }

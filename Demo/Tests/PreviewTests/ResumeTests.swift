@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import PreviewKit
 import Locks
+import DemoTestWaits
 import Testing
 
 /// Resumable transfers: the partial-transfer store on its own, then an interrupted push over
@@ -120,11 +121,8 @@ import Testing
         }
         // Cut the connection once the server has kept about 2 MiB.
         let partialDirectory = directory.path + "/.lanmsg-partial"
-        let deadline = ContinuousClock.now + .seconds(20)
-        while Self.bytesIn(partialDirectory) < 2 << 20 {
-            guard ContinuousClock.now < deadline else { throw TestError("the push did not start") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        // (the server tells no one how much it kept: the tests' one poll)
+        try await waitUntil("the server kept 2 MiB of the push", timeout: .seconds(20)) { Self.bytesIn(partialDirectory) >= 2 << 20 }
         client.channel?.abort()
         let result = try await push.value
         #expect(result.sha256 == Self.hex(bytes))
