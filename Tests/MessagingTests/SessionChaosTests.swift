@@ -116,7 +116,7 @@ import Testing
             let away = phase.victim == .sender && kills.client % 2 == 1
             if away {
                 server.signal(SIGTERM)
-                server.waitForExit()
+                await server.waitForExit()
                 // The sender goes on while the receiver is away: 1–40 values more in its file.
                 var sent = LineCounts([root + "/client/sent.log"], within: bound)
                 try await sent.waitForMore(Int.random(in: 1...40, using: &generator), watch: watch, sides: [client])
@@ -164,7 +164,7 @@ import Testing
         for side in senders { try await side.waitFor("DRAINED", timeout: drain) }
         let drained = ContinuousClock.now - calm
         for side in [client, server] { side.signal(SIGTERM) }
-        for side in [client, server] { side.waitForExit() }
+        for side in [client, server] { await side.waitForExit() }
 
         let check = phase.truncate ? Self.checkRecovered : Self.check
         var counts = check(root + "/server", root + "/client", "sensor → collector")
@@ -380,11 +380,15 @@ import Testing
             try? FileManager.default.removeItem(atPath: output)
         }
 
-        /// Waits (up to 30 s) for it to end after SIGTERM; then SIGKILL.
-        func waitForExit() {
+        /// Waits (up to 30 s, woken by its exit: its pidfd) for it to end after SIGTERM; then SIGKILL.
+        func waitForExit() async {
             guard let process else { return }
-            let deadline = ContinuousClock.now + .seconds(30)
-            while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+            if let watch {
+                try? await waitUntil("\(name) exited", timeout: .seconds(30), wokenBy: watch.changes) {
+                    watch.exited || !process.isRunning
+                }
+            }
+            if watch?.exited == true { process.waitUntilExit() }  // gone: reaped in a moment
             if process.isRunning { kill() }
             try? FileManager.default.removeItem(atPath: output)
         }
