@@ -323,6 +323,7 @@ extension MessageServer {
         // While stopping, stop() reports every connection's end once all are closed: the loops
         // only close (at 19,000 connections, reporting from them as well made stop() slower).
         guard !isStopping else { return }
+        beforeALostConnectionIsHandled.withLock { $0 }?()
         channelClosed(connection, channel, reason: reason)
     }
 
@@ -377,13 +378,19 @@ extension MessageServer {
             return connectionClosed(connection, reason: reason)
         }
         guard connection.channel === channel else { return }  // replaced by a resume
-        let running = withState { $0.lifecycle.isRunning }
+        let (running, stoppingWithStore) = withState { ($0.lifecycle.isRunning, $0.lifecycle.isStopping && $0.store != nil) }
         let ended = session.isEnded
         if Self.endsSession(reason) {
             // The client ended it or misbehaved: not a lost network. (`ServerConnection.close` ends
             // the session itself; a bare `channel.abort()` is treated like a lost connection.)
             return endSession(connection, reason: reason)
         }
+        // A stop() with a session store began after the loop looked (`routeClosed`): the session
+        // stays in the store for the restarted server, as stop() keeps every other. (Ended here, a
+        // connection lost at the moment the server stopped took its session with it: the next
+        // server did not know it, and the client was told its unacknowledged messages may not have
+        // arrived — found by the seeded world under ThreadSanitizer, seed 2.)
+        if stoppingWithStore { return endSession(connection, reason: reason, keepStored: true) }
         guard running, !ended else { return endSession(connection, reason: reason) }
         logger.info(
             "connection lost; keeping its session for \(grace)",

@@ -54,6 +54,9 @@ public final class MessageServer: Service, Sendable {
     /// Tests: runs after a session the store kept from before a restart was taken for a connection
     /// and before it attaches to it (the moment a connection that closes costs that session most).
     let beforeRestoredSessionAttaches = Locked<(@Sendable (MessageChannel) async -> Void)?>(nil)
+    /// Tests: runs on a channel's loop after it found the server not stopping and before it handles
+    /// the connection's loss (a stop() can begin in between).
+    let beforeALostConnectionIsHandled = Locked<(@Sendable () -> Void)?>(nil)
 
     /// - Parameters:
     ///   - configuration: Service type and name, limits, channel settings.
