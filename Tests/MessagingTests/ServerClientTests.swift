@@ -29,16 +29,20 @@ final class LoopbackServer: Sendable {
 
     init(
         security: ChannelSecurity = .standard, logger: Logger = testLogger(), keepEvents: Bool = true,
+        publisher: (any ServicePublisher)? = nil,
+        prepare: Preparation? = nil,
         configure: (inout ServerConfiguration) -> Void = { _ in },
         handle: @escaping @Sendable (MessageServer, ServerEvent) async -> Void = { _, _ in }
     ) async throws {
         self.security = security
         var configuration = ServerConfiguration(serviceType: "_test._tcp", serviceName: "Test")
         configuration.channel.security = security
-        configuration.publish = false
+        configuration.publish = publisher != nil
         configuration.listener.loopbackOnly = true
         configure(&configuration)
-        let server = MessageServer(configuration: configuration, discovery: nil, logger: logger)
+        let server = publisher.map { MessageServer(configuration: configuration, publisher: $0, logger: logger) }
+            ?? MessageServer(configuration: configuration, discovery: nil, logger: logger)
+        prepare?.body(server)
         try await server.start()
         self.server = server
         let events = self.events
@@ -51,6 +55,12 @@ final class LoopbackServer: Sendable {
     }
 
     var port: UInt16 { server.port! }
+
+    /// What to do to the server before it starts (set a test hook). Not a closure parameter of its
+    /// own: the callers' trailing closure is `handle`.
+    struct Preparation {
+        let body: (MessageServer) -> Void
+    }
 
     func client(_ name: String, configure: (inout ClientConfiguration) -> Void = { _ in }) async throws -> MessageClient {
         var configuration = ClientConfiguration(peerName: name)

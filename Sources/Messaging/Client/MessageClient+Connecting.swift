@@ -18,7 +18,13 @@ extension MessageClient {
             return state.lifecycle.established(channel, peer: channel.peer, via: channel.remoteAddress, resumed: resumed)
         }
         guard case .connected(let waiters) = outcome else {
-            channel.close(reason: "client closed")
+            // Closed meanwhile. With a store and messages not acknowledged, close() keeps the
+            // session there for the next client: no GOODBYE, which would end it at the server.
+            if let session, session.store != nil, session.unacknowledgedCount > 0 {
+                channel.closeWithoutGoodbye()
+            } else {
+                channel.close(reason: "client closed")
+            }
             return
         }
         if let key = channel.peerIdentity?.fingerprint, let address = channel.remoteAddress {

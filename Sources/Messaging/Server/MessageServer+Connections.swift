@@ -141,7 +141,8 @@ extension MessageServer {
             }
         }
         enum Decision {
-            case stopping
+            /// `keepsSession`: the client named a session, and the stop keeps sessions in the store.
+            case stopping(keepsSession: Bool)
             case refuse(String)
             /// A new connection; `restored`: its session is one the store kept from before a restart.
             case new(ServerConnection, restored: Journal.Restored?)
@@ -178,7 +179,7 @@ extension MessageServer {
                 return ServerConnection(id: id, channel: channel, session: session, events: queue, server: self)
             }
             switch registration {
-            case nil: return .stopping
+            case nil: return .stopping(keepsSession: sessionID != nil && state.store != nil)
             case .refused(let reason): return .refuse(reason)
             case .resumed(let existing): return .resume(existing, old: existing.replace(with: channel))
             case .new(let connection):
@@ -187,8 +188,10 @@ extension MessageServer {
             }
         }
         switch decision {
-        case .stopping:
-            channel.close(reason: "server stopping")
+        case .stopping(let keepsSession):
+            // A GOODBYE ends the session it names there: not one the store keeps for the next
+            // server (a client resuming it as the stop began).
+            if keepsSession { channel.closeWithoutGoodbye() } else { channel.close(reason: "server stopping") }
         case .refuse(let reason):
             channel.close(reason: reason)
             refused(channel.remoteAddress, .session, "refusing a session resume: \(reason)")
@@ -224,7 +227,9 @@ extension MessageServer {
                         logger.error("cannot keep a new session: \(error.message)")
                         channel.close(reason: MessageSession.storeFailedReason)
                     }
-                    endSession(connection, reason: await channel.closed())
+                    // Closed by a stop() that keeps sessions in the store: this one stays there too.
+                    let reason = await channel.closed()
+                    endSession(connection, reason: reason, keepStored: stopsKeepingSessions && !Self.endsSession(reason))
                     return
                 }
                 channel.onLoopPing()
@@ -309,6 +314,10 @@ extension MessageServer {
     }
 
     private var isStopping: Bool { withState { $0.lifecycle.isStopping } }
+
+    /// Stopping with a session store: every session stays in it for the next server (stop() keeps
+    /// them; nothing may end one meanwhile).
+    var stopsKeepingSessions: Bool { withState { $0.lifecycle.isStopping && $0.store != nil } }
 
     /// Hands `channel`'s messages and transfers to the events from its loop (the previous channel
     /// of a resumed session was closed before, so order is kept), and reports its end. While the

@@ -263,7 +263,7 @@ extension MessageServer {
             for connection in targets {
                 group.addTask {
                     do {
-                        try await sendWithDeadline(connection: connection, timeout: timeout) {
+                        try await sendWithDeadline(connection: connection, timeout: timeout, server: self) {
                             try await connection.sendEncoded(encoded.payload, codecID: encoded.codecID, type: type)
                         }
                         return BroadcastResult(connection: connection, error: nil)
@@ -385,14 +385,16 @@ extension MessageServer {
 /// among the unacknowledged) after `timeout`, drops the connection — a peer that does not read —
 /// so the send fails instead of hanging. The deadline is a timer on the connection's loop (a
 /// broadcast to 19,000 connections made three tasks for each, before).
+/// A stop() with a session store that begins meanwhile keeps the session there: the connection is
+/// dropped, and the stop ends it as it does every other.
 func sendWithDeadline(
-    connection: ServerConnection, timeout: Duration, _ send: () async throws -> Void
+    connection: ServerConnection, timeout: Duration, server: MessageServer, _ send: () async throws -> Void
 ) async throws {
     let outcome = RaceOutcome()
     let channel = connection.channel
-    let timer = channel.configuration.scheduler.schedule(after: timeout, on: channel.queue) {
+    let timer = channel.configuration.scheduler.schedule(after: timeout, on: channel.queue) { [weak server] in
         guard outcome.expire() else { return }  // the send finished first
-        if let session = connection.session {
+        if let session = connection.session, server?.stopsKeepingSessions != true {
             let lost = session.end(MessagingError(.peerTooSlow, "\(connection) did not acknowledge messages for \(timeout)"))
             if !lost.isEmpty { connection.events.push(.undelivered(connection, lost)) }
         }

@@ -330,10 +330,18 @@ final class MessageSession: Sendable {
         // The store failed while the SESSION was on its way: no attaching (final for the client).
         if let failure = storeFailure { return .failure(Self.storeFailed(failure)) }
         var report: ReportToken?
-        let opened = apply { machine, effects in
+        var endedFirst: SessionEndedFirst?
+        let answered = apply { machine, effects -> Result<Machine.Opened, TransportError>? in
             defer { report = token(machine.takeReport(), machine.id) }
+            // It ended while its SESSION was on the way (the app closed the client): nothing
+            // attaches, and the answer says nothing about a session that is over here.
+            if machine.ended != nil {
+                endedFirst = SessionEndedFirst(keptInStore: machine.endKeptStored)
+                return nil
+            }
             return machine.clientOpened(reply, on: channel, &effects)
         }
+        guard let opened = answered else { return .failure(endedFirst ?? SessionEndedFirst(keptInStore: false)) }
         switch opened {
         case .success(.resumed(let resent)): return .success(.resumed(resent: resent))
         case .success(.new(let lost)): return .success(.new(undelivered: lost.map { Self.undelivered($0, report) }))
@@ -437,6 +445,14 @@ final class MessageSession: Sendable {
 /// A client's session could not continue as its server knows it (one of them lost part of its
 /// state): it was renewed under a new id; `undelivered` were sent before and are reported, never
 /// sent again. The connection closes for a protocol error and the client connects again at once.
+/// Client: the session ended before the server's answer to its SESSION arrived (the app closed the
+/// client). The connection closes without a protocol error: without GOODBYE when the session stays
+/// in the store (a GOODBYE would end it at the server too), with one that says it ended otherwise.
+struct SessionEndedFirst: Error, Sendable, CustomStringConvertible {
+    let keptInStore: Bool
+    var description: String { "the session ended before the server answered its SESSION frame" }
+}
+
 struct SessionDiverged: Error, Sendable, CustomStringConvertible {
     let reason: String
     let undelivered: [UndeliveredMessage]

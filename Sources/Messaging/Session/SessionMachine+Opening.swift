@@ -293,6 +293,7 @@ extension SessionMachine {
         guard ended == nil else { return ([], nil) }
         let ack = channel.flatMap { channel in inbox.takeAck().map { (channel, $0) } }
         phase = .ended(reason)
+        endKeptStored = keepStored && stored
         epochDurable(&effects)
         wakeDrainsIfDue(&effects)
         wakeAcknowledgementWaiters(&effects)

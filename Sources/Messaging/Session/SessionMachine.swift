@@ -86,6 +86,8 @@ struct SessionMachine<Link: SessionLink, Sender, Drain> {
     let syncs: Bool
 
     var phase: Phase = .detached
+    /// It ended leaving itself in the store for a later process to continue (``end(_:keepStored:_:)``).
+    var endKeptStored = false
     var outbox: SessionOutbox<Frame>
     var inbox: SessionInbox
     /// A server's session: the channel its ``ServerConnection`` serves now (kept after the
