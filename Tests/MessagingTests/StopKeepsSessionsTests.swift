@@ -86,6 +86,41 @@ final class StopHeldPublisher: ServicePublisher, @unchecked Sendable {  // immut
         await second.server.stop()
     }
 
+    /// The client ends its session (GOODBYE) while the server stops: the session ends — what the
+    /// server had sent it and it never acknowledged is reported, and the next server does not hold
+    /// it for a client that will not come back. (The stop kept it.)
+    @Test(.timeLimit(.minutes(1))) func aSessionItsClientEndsAsTheServerStopsEnds() async throws {
+        let store = DurableSessionTests.store("goodbye-at-stop")
+        defer { try? FileManager.default.removeItem(atPath: store.directory) }
+        let port = try freePort()
+        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+            $0.listener.port = port
+            $0.listener.families = [.ipv4]
+            $0.session?.store = store
+            $0.session?.gracePeriod = .seconds(3_600)
+        }
+        let held = StopHeldPublisher()
+        let first = try await LoopbackServer(publisher: held, configure: configure)
+        let channel = try await DurableSessionTests.leaver(port: port)
+        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+        let connection = try #require({ if case .accepted(let connection) = accepted { connection } else { nil } }())
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        let serving = connection.channel
+        let stopping = Task { await first.server.stop() }
+        try await waitUntil("the stop began") { first.server.withState { $0.lifecycle.isStopping } }
+        channel.close(reason: "done")
+        let reason = await serving.closed()
+        #expect({ if case .goodbye = reason { true } else { false } }(), "closed for \(reason)")
+        held.gate.open()
+        await stopping.value
+        let report = try await first.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }
+        if case .undelivered(_, let lost) = report { #expect(try lost.map { try $0.decode(Numbered.self).n } == [1, 2, 3]) }
+
+        let second = try await LoopbackServer(configure: configure)
+        #expect(second.server.withState { $0.restored.isEmpty }, "the next server holds a session its client ended")
+        await second.server.stop()
+    }
+
     /// A client's SESSION arrives after the stop began (its handshake was under way): the server
     /// closes the connection without GOODBYE, which would end that session at the client — one the
     /// store keeps for the next server. (It said GOODBYE.)

@@ -57,11 +57,13 @@ extension MessageChannel {
         switch session.clientOpened(hello, on: self) {
         case .success(let opened): waiter.succeed(opened)
         case .failure(let ended as SessionEndedFirst):
-            waiter.fail(TransportError(.connectionClosed, "\(ended)"))
+            // (Closing before the waiter hears: its connect path aborts the channel, which would
+            // drop a GOODBYE queued after.)
             if !ended.keptInStore {
                 driver.enqueue(Frame(kind: .goodbye, payload: Array("the session ended".utf8)), bypassLimit: true) { _ in }
             }
             driver.closeGracefully()
+            waiter.fail(TransportError(.connectionClosed, "\(ended)"))
         case .failure(let error):
             waiter.fail(error)
             // (A diverged session: the GOODBYE ends the old session at the server too.)

@@ -20,7 +20,8 @@ extension MessageClient {
         guard case .connected(let waiters) = outcome else {
             // Closed meanwhile. With a store and messages not acknowledged, close() keeps the
             // session there for the next client: no GOODBYE, which would end it at the server.
-            if let session, session.store != nil, session.unacknowledgedCount > 0 {
+            // (Once ended, the session's own word: its outbox is empty then, kept or not.)
+            if let session, session.isEnded ? session.endKeptStored : session.store != nil && session.unacknowledgedCount > 0 {
                 channel.closeWithoutGoodbye()
             } else {
                 channel.close(reason: "client closed")

@@ -354,10 +354,12 @@ extension MessageServer {
         // pushed its last message before its `closed()` returned; while stopping, the loops do
         // not report ends themselves).
         for (connection, reason) in zip(connections, reasons) {
-            endSession(connection, reason: reason ?? .localClose, keepStored: keepSessions)
+            // (A session the client ended meanwhile — its GOODBYE, a protocol error — ends here.)
+            let reason = reason ?? .localClose
+            endSession(connection, reason: reason, keepStored: keepSessions && !Self.endsSession(reason))
         }
         if keepSessions {
-            let kept = connections.filter { $0.session != nil }.count
+            let kept = connections.filter { $0.session?.endKeptStored == true }.count
             logger.info("session store: \(kept) sessions kept for their clients to continue after a restart")
         }
         closeStore()

@@ -202,6 +202,8 @@ final class MessageSession: Sendable {
         read { SessionProgress(session: $0.id.hex, epoch: $0.epoch, sent: $0.outbox.nextNumber - 1, acknowledged: $0.outbox.acknowledged) }
     }
     var isEnded: Bool { read { $0.ended != nil } }
+    /// It ended leaving itself in the store for a later process to continue.
+    var endKeptStored: Bool { read { $0.endKeptStored } }
     /// The inbox's counts (delivered, handled, stored, acknowledged), read through the one door.
     var inbox: SessionInbox { read { $0.inbox } }
     /// Senders waiting for room.
