@@ -339,17 +339,9 @@ import Scheduling
     @Test(.timeLimit(.minutes(1))) func aConnectionLostAsTheServerStopsKeepsItsSession() async throws {
         let store = Self.store("lost-at-stop")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
-        let port = try freePort()
-        let configure: @Sendable (inout ServerConfiguration) -> Void = {
-            $0.listener.port = port
-            $0.listener.families = [.ipv4]
-            $0.session?.store = store
-            $0.session?.gracePeriod = .seconds(3_600)
-        }
+        let configure = try Self.storedServer(store)
         let first = try await LoopbackServer(configure: configure)
-        let channel = try await Self.leaver(port: port)
-        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
-        let connection = try #require({ if case .accepted(let connection) = accepted { connection } else { nil } }())
+        let (channel, connection) = try await Self.leaverInSession(first)
         for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
         // The loop stops in the window until the stop has begun.
         let entered = Observed(false)
@@ -377,21 +369,33 @@ import Scheduling
     /// session of a client that read nothing and is gone, and stopped: its configuration, for the
     /// next server on the store.
     static func leftByAClient(_ store: SessionStore) async throws -> @Sendable (inout ServerConfiguration) -> Void {
+        let configure = try storedServer(store)
+        let first = try await LoopbackServer(configure: configure)
+        let (channel, connection) = try await leaverInSession(first)
+        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
+        await first.server.stop()
+        channel.abort()
+        return configure
+    }
+
+    /// A server's configuration with `store`: IPv4 on a free port (the same for every server made
+    /// with it), a grace period of an hour.
+    static func storedServer(_ store: SessionStore) throws -> @Sendable (inout ServerConfiguration) -> Void {
         let port = try freePort()
-        let configure: @Sendable (inout ServerConfiguration) -> Void = {
+        return {
             $0.listener.port = port
             $0.listener.families = [.ipv4]
             $0.session?.store = store
             $0.session?.gracePeriod = .seconds(3_600)
         }
-        let first = try await LoopbackServer(configure: configure)
-        let channel = try await leaver(port: port)
-        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
+    }
+
+    /// A ``leaver(port:)`` in a session on `server`: its channel, and its connection at the server.
+    static func leaverInSession(_ server: LoopbackServer) async throws -> (channel: MessageChannel, connection: ServerConnection) {
+        let channel = try await leaver(port: server.port)
+        let accepted = try await server.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
         let connection = try #require({ if case .accepted(let connection) = accepted { connection } else { nil } }())
-        for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
-        await first.server.stop()
-        channel.abort()
-        return configure
+        return (channel, connection)
     }
 
     /// A client that opens a session on `port` and reads nothing: it acknowledges nothing.
@@ -418,9 +422,7 @@ import Scheduling
             $0.listener.families = [.ipv4]
             if stored { $0.session?.store = store }
         })
-        let channel = try await Self.leaver(port: port)
-        let accepted = try await harness.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
-        guard case .accepted(let connection) = accepted else { return }
+        let (channel, connection) = try await Self.leaverInSession(harness)
         for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
         connection.close(reason: "enough")
         let report = try await harness.events.wait("undelivered") { if case .undelivered = $0 { true } else { false } }

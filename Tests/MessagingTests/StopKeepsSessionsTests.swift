@@ -50,12 +50,9 @@ final class StopHeldPublisher: ServicePublisher, @unchecked Sendable {  // immut
     @Test(.timeLimit(.minutes(1))) func aSendDeadlinePassingAsTheServerStopsKeepsTheSession() async throws {
         let store = DurableSessionTests.store("deadline-at-stop")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
-        let port = try freePort()
+        let stored = try DurableSessionTests.storedServer(store)
         let configure: @Sendable (inout ServerConfiguration) -> Void = {
-            $0.listener.port = port
-            $0.listener.families = [.ipv4]
-            $0.session?.store = store
-            $0.session?.gracePeriod = .seconds(3_600)
+            stored(&$0)
             $0.session?.maxUnacknowledgedMessages = 2
         }
         let clock = ManualScheduler()
@@ -64,10 +61,8 @@ final class StopHeldPublisher: ServicePublisher, @unchecked Sendable {  // immut
             configure(&$0)
             $0.channel.scheduler = clock
         })
-        let channel = try await DurableSessionTests.leaver(port: port)
+        let (channel, connection) = try await DurableSessionTests.leaverInSession(first)
         defer { channel.abort() }
-        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
-        let connection = try #require({ if case .accepted(let connection) = accepted { connection } else { nil } }())
         for n in 1...2 { try await connection.send(Numbered(n: n), type: "n") }  // the room is full
         let start = clock.now
         let broadcast = Task { await first.server.broadcast(Numbered(n: 3), type: "n", to: [connection], timeout: .seconds(5)) }
@@ -92,18 +87,10 @@ final class StopHeldPublisher: ServicePublisher, @unchecked Sendable {  // immut
     @Test(.timeLimit(.minutes(1))) func aSessionItsClientEndsAsTheServerStopsEnds() async throws {
         let store = DurableSessionTests.store("goodbye-at-stop")
         defer { try? FileManager.default.removeItem(atPath: store.directory) }
-        let port = try freePort()
-        let configure: @Sendable (inout ServerConfiguration) -> Void = {
-            $0.listener.port = port
-            $0.listener.families = [.ipv4]
-            $0.session?.store = store
-            $0.session?.gracePeriod = .seconds(3_600)
-        }
+        let configure = try DurableSessionTests.storedServer(store)
         let held = StopHeldPublisher()
         let first = try await LoopbackServer(publisher: held, configure: configure)
-        let channel = try await DurableSessionTests.leaver(port: port)
-        let accepted = try await first.events.wait("accepted") { if case .accepted = $0 { true } else { false } }
-        let connection = try #require({ if case .accepted(let connection) = accepted { connection } else { nil } }())
+        let (channel, connection) = try await DurableSessionTests.leaverInSession(first)
         for n in 1...3 { try await connection.send(Numbered(n: n), type: "n") }
         let serving = connection.channel
         let stopping = Task { await first.server.stop() }
@@ -159,13 +146,7 @@ final class StopHeldPublisher: ServicePublisher, @unchecked Sendable {  // immut
             try? FileManager.default.removeItem(atPath: store.directory)
             try? FileManager.default.removeItem(atPath: clientStore.directory)
         }
-        let port = try freePort()
-        let configure: @Sendable (inout ServerConfiguration) -> Void = {
-            $0.listener.port = port
-            $0.listener.families = [.ipv4]
-            $0.session?.store = store
-            $0.session?.gracePeriod = .seconds(3_600)
-        }
+        let configure = try DurableSessionTests.storedServer(store)
         let configureClient: @Sendable (inout ClientConfiguration) -> Void = {
             SessionTests.fastReconnect(&$0)
             $0.session?.store = clientStore
