@@ -227,9 +227,8 @@ extension MessageServer {
                         logger.error("cannot keep a new session: \(error.message)")
                         channel.close(reason: MessageSession.storeFailedReason)
                     }
-                    // Closed by a stop() that keeps sessions in the store: this one stays there too.
-                    let reason = await channel.closed()
-                    endSession(connection, reason: reason, keepStored: stopsKeepingSessions && !Self.endsSession(reason))
+                    // (Closed by a stop() with a store: the session stays there, endSession's rule.)
+                    endSession(connection, reason: await channel.closed())
                     return
                 }
                 channel.onLoopPing()
@@ -387,19 +386,18 @@ extension MessageServer {
             return connectionClosed(connection, reason: reason)
         }
         guard connection.channel === channel else { return }  // replaced by a resume
-        let (running, stoppingWithStore) = withState { ($0.lifecycle.isRunning, $0.lifecycle.isStopping && $0.store != nil) }
+        let running = withState { $0.lifecycle.isRunning }
         let ended = session.isEnded
         if Self.endsSession(reason) {
             // The client ended it or misbehaved: not a lost network. (`ServerConnection.close` ends
             // the session itself; a bare `channel.abort()` is treated like a lost connection.)
             return endSession(connection, reason: reason)
         }
-        // A stop() with a session store began after the loop looked (`routeClosed`): the session
-        // stays in the store for the restarted server, as stop() keeps every other. (Ended here, a
-        // connection lost at the moment the server stopped took its session with it: the next
-        // server did not know it, and the client was told its unacknowledged messages may not have
-        // arrived — found by the seeded world under ThreadSanitizer, seed 2.)
-        if stoppingWithStore { return endSession(connection, reason: reason, keepStored: true) }
+        // Not running: stopped, or a stop() began after the loop looked (`routeClosed`) — then,
+        // with a store, endSession keeps the session for the next server. (It ended it: a
+        // connection lost at the moment the server stopped took its session with it, the next
+        // server did not know it, and the client was told its unacknowledged messages may not
+        // have arrived — found by the seeded world under ThreadSanitizer, seed 2.)
         guard running, !ended else { return endSession(connection, reason: reason) }
         logger.info(
             "connection lost; keeping its session for \(grace)",
@@ -412,14 +410,19 @@ extension MessageServer {
     }
 
     /// Ends a connection's session (reporting what was never acknowledged) and the connection.
-    /// - Parameter keepStored: The server stops with a session store: the session stays there for
-    ///   a restarted server to continue (nothing is reported undelivered).
+    ///
+    /// While a stop() with a session store runs, the session stays in the store for the next
+    /// server instead (nothing is reported undelivered) — every session but one its client ended
+    /// (a GOODBYE or a protocol error). One rule for every path a stop can meet half way: a
+    /// connection lost, a new session's attach, the stop's own end of each connection.
+    /// - Parameter keepStored: Keep it in the store whatever the server does (a session from
+    ///   before a restart given back for its client).
     func endSession(_ connection: ServerConnection, reason: CloseReason, keepStored: Bool = false) {
         if let session = connection.session {
             withState { $0.registry.sessionEnded(session.id, of: connection) }
             // A store that failed keeps the session for the restarted process, which sends what it
             // holds: nothing of it is reported undelivered then (its end could not be stored).
-            let keep = keepStored || session.storeFailure != nil
+            let keep = keepStored || session.storeFailure != nil || (!Self.endsSession(reason) && stopsKeepingSessions)
             let lost = session.end(MessagingError(.stopped, "the session ended: \(reason)"), keepStored: keep)
             if !lost.isEmpty {
                 logger.notice("\(lost.count) messages to \(connection) were never acknowledged")

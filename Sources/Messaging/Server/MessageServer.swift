@@ -353,10 +353,10 @@ extension MessageServer {
         // Every connection's end is reported here, once all are closed (each channel's loop
         // pushed its last message before its `closed()` returned; while stopping, the loops do
         // not report ends themselves).
+        // With a store, endSession keeps each session there — but one its client ended meanwhile
+        // (its GOODBYE, a protocol error): that one ends.
         for (connection, reason) in zip(connections, reasons) {
-            // (A session the client ended meanwhile — its GOODBYE, a protocol error — ends here.)
-            let reason = reason ?? .localClose
-            endSession(connection, reason: reason, keepStored: keepSessions && !Self.endsSession(reason))
+            endSession(connection, reason: reason ?? .localClose)
         }
         if keepSessions {
             let kept = connections.filter { $0.session?.endKeptStored == true }.count
