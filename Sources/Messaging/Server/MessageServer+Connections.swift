@@ -314,8 +314,8 @@ extension MessageServer {
 
     private var isStopping: Bool { withState { $0.lifecycle.isStopping } }
 
-    /// Stopping with a session store: every session stays in it for the next server (stop() keeps
-    /// them; nothing may end one meanwhile).
+    /// Stopping with a session store: the sessions stay in it for the next server (``endSession(_:reason:keepStored:)``
+    /// keeps each but one its client ended).
     var stopsKeepingSessions: Bool { withState { $0.lifecycle.isStopping && $0.store != nil } }
 
     /// Hands `channel`'s messages and transfers to the events from its loop (the previous channel

@@ -444,9 +444,6 @@ final class MessageSession: Sendable {
     }
 }
 
-/// A client's session could not continue as its server knows it (one of them lost part of its
-/// state): it was renewed under a new id; `undelivered` were sent before and are reported, never
-/// sent again. The connection closes for a protocol error and the client connects again at once.
 /// Client: the session ended before the server's answer to its SESSION arrived (the app closed the
 /// client). The connection closes without a protocol error: without GOODBYE when the session stays
 /// in the store (a GOODBYE would end it at the server too), with one that says it ended otherwise.
@@ -455,6 +452,9 @@ struct SessionEndedFirst: Error, Sendable, CustomStringConvertible {
     var description: String { "the session ended before the server answered its SESSION frame" }
 }
 
+/// A client's session could not continue as its server knows it (one of them lost part of its
+/// state): it was renewed under a new id; `undelivered` were sent before and are reported, never
+/// sent again. The connection closes for a protocol error and the client connects again at once.
 struct SessionDiverged: Error, Sendable, CustomStringConvertible {
     let reason: String
     let undelivered: [UndeliveredMessage]
