@@ -20,8 +20,7 @@ extension MessageClient {
         guard case .connected(let waiters) = outcome else {
             // Closed meanwhile. With a store and messages not acknowledged, close() keeps the
             // session there for the next client: no GOODBYE, which would end it at the server.
-            // (Once ended, the session's own word: its outbox is empty then, kept or not.)
-            if let session, session.isEnded ? session.endKeptStored : session.store != nil && session.unacknowledgedCount > 0 {
+            if session?.staysInStore == true {
                 channel.closeWithoutGoodbye()
             } else {
                 channel.close(reason: "client closed")

@@ -202,6 +202,10 @@ final class MessageSession: Sendable {
         read { SessionProgress(session: $0.id.hex, epoch: $0.epoch, sent: $0.outbox.nextNumber - 1, acknowledged: $0.outbox.acknowledged) }
     }
     var isEnded: Bool { read { $0.ended != nil } }
+    /// Client: whether a connection made after the app closed the client must leave the session in
+    /// the store (close without GOODBYE): it ended kept there, or — close() still waiting for the
+    /// server's acknowledgements — it has a store and messages not acknowledged, which close() keeps.
+    var staysInStore: Bool { read { $0.ended != nil ? $0.endKeptStored : $0.stored && $0.outbox.count > 0 } }
     /// It ended leaving itself in the store for a later process to continue.
     var endKeptStored: Bool { read { $0.endKeptStored } }
     /// The inbox's counts (delivered, handled, stored, acknowledged), read through the one door.
